@@ -1,0 +1,1 @@
+"""Domain core: pure Python, no MLX import. Block accounting, cache layout, errors."""

@@ -1,0 +1,70 @@
+"""Domain errors. Adapters map them onto their protocol's error shapes."""
+
+from __future__ import annotations
+
+
+class SemanticError(Exception):
+    """Base of every error semantic raises on purpose."""
+
+
+class InvalidRequestError(SemanticError):
+    """The request itself is wrong (bad field, empty prompt, bad agent id)."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class PromptTooLongError(InvalidRequestError):
+    """A prompt longer than the model's context. The message wording is what Claude Code matches."""
+
+    def __init__(self, n_tokens: int, limit: int) -> None:
+        super().__init__(f"prompt is too long: {n_tokens} tokens > {limit} maximum", field="messages")
+        self.n_tokens = n_tokens
+        self.limit = limit
+
+
+class AgentNotFoundError(SemanticError):
+    def __init__(self, agent_id: str) -> None:
+        super().__init__(f"agent {agent_id!r} does not exist")
+        self.agent_id = agent_id
+
+
+class PoolExhaustedError(SemanticError):
+    """Admission needs more blocks than eviction can free right now."""
+
+    def __init__(self, message: str, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class RequestTooLargeForPoolError(InvalidRequestError):
+    """A single request that could never fit in the pool, even if it were empty."""
+
+
+class ModelLoadError(SemanticError):
+    """A model could not be found, imported or loaded."""
+
+
+class UnsupportedModelError(ModelLoadError):
+    """A GGUF architecture or tensor type the importer does not handle."""
+
+
+class CacheCorruptionError(SemanticError):
+    """A persisted cache failed validation (checksum, format, model, spec)."""
+
+
+class CachePersistenceError(SemanticError):
+    """A cache could not be written (disk full, unwritable directory)."""
+
+
+class EngineUnavailableError(SemanticError):
+    """The engine is swapping models, shutting down or has no model loaded."""
+
+    def __init__(self, message: str, retry_after_s: int = 5) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class ModelSwapError(SemanticError):
+    """A model swap failed; the previous model is serving again."""

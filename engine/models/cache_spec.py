@@ -1,0 +1,275 @@
+"""Derive a loaded mlx-lm model's KV-cache layout (:class:`ModelCacheSpec`).
+
+Two questions, answered from two sources:
+
+* *Which kind of cache does each layer keep?* The model's own ``make_cache()``
+  (mlx-lm's contract: ``KVCache`` = full attention, ``RotatingKVCache`` =
+  sliding window of ``max_size`` tokens). Asking the model beats re-deriving
+  the layer pattern from config fields, which every family spells differently.
+* *How big is one token of K and V?* The attention modules: the KV head count
+  they reshape to and the widths of ``k_proj``/``v_proj`` (the tensors the
+  cache actually stores), falling back to ``model.args``.
+
+Anything the block pool cannot hold (state-space/linear-attention
+``ArraysCache``, ``CacheList``, ``ChunkedKVCache``, MLA latent caches, layers of
+different geometry) raises :class:`UnsupportedModelError` here, at load time,
+rather than corrupting blocks later.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.cache import KVCache, RotatingKVCache
+
+from engine.domain.cache_spec import ModelCacheSpec, group_layers
+from engine.errors import UnsupportedModelError
+
+# Names mlx-lm families give a decoder block's attention module.
+_ATTENTION_ATTRS = ("self_attn", "attention", "attn", "mixer")
+# Names they give the number of KV heads the keys are reshaped to.
+_KV_HEADS_ATTRS = ("n_kv_heads", "num_key_value_heads", "num_kv_heads", "k_num_heads")
+# Names they give the number of query heads (multi-head families: also the KV heads).
+_QUERY_HEADS_ATTRS = ("n_heads", "num_attention_heads", "num_heads", "n_head")
+
+_MX_DTYPE_NAMES: dict[mx.Dtype, str] = {
+    mx.float32: "float32",
+    mx.float16: "float16",
+    mx.bfloat16: "bfloat16",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class KVGeometry:
+    """What one token of one layer stores: K and V widths per head, and their dtype."""
+
+    n_kv_heads: int
+    head_dim: int
+    v_head_dim: int
+    dtype: str
+
+
+def derive_cache_spec(
+    model: nn.Module, block_tokens: int, kv_dtype: str | None = None
+) -> ModelCacheSpec:
+    """The KV layout of ``model`` in blocks of ``block_tokens`` tokens.
+
+    ``kv_dtype`` overrides the dtype K/V are stored in; by default it is the
+    dtype the model produces them in (its attention weights' dtype, or the
+    quantization scales' dtype for quantized layers).
+    """
+    model_type = model_type_of(model)
+    layer_windows = cache_windows(model, model_type)
+    geometry = kv_geometry(model, model_type)
+    dtype = geometry.dtype if kv_dtype is None else _checked_override(kv_dtype)
+    return ModelCacheSpec(
+        n_layers=len(layer_windows),
+        n_kv_heads=geometry.n_kv_heads,
+        head_dim=geometry.head_dim,
+        v_head_dim=geometry.v_head_dim if geometry.v_head_dim != geometry.head_dim else None,
+        dtype=dtype,
+        block_tokens=block_tokens,
+        groups=group_layers(layer_windows),
+        layer_windows=tuple(layer_windows),
+    )
+
+
+def model_type_of(model: nn.Module) -> str:
+    """The mlx-lm model type (``llama``, ``gemma3_text``...), for error messages."""
+    declared = getattr(model, "model_type", None) or getattr(model_args(model), "model_type", None)
+    return str(declared or type(model).__module__)
+
+
+def model_args(model: nn.Module) -> Any:
+    """The ModelArgs the model was built from (a few families call it ``config``)."""
+    return getattr(model, "args", None) or getattr(model, "config", None)
+
+
+# -- cache kinds ------------------------------------------------------------------
+
+
+def cache_windows(model: nn.Module, model_type: str) -> list[int | None]:
+    """Per cache-holding layer: None for full attention, else the sliding window."""
+    caches = _fresh_caches(model)
+    if not caches:
+        raise UnsupportedModelError(f"model type {model_type!r} keeps no KV cache")
+    return [_window_of(cache, layer, model_type) for layer, cache in enumerate(caches)]
+
+
+def _fresh_caches(model: nn.Module) -> list[Any]:
+    # Same rule as mlx_lm.models.cache.make_prompt_cache without max_kv_size:
+    # a model without make_cache gets one plain KVCache per layer.
+    if hasattr(model, "make_cache"):
+        return list(model.make_cache())
+    return [KVCache() for _ in model.layers]
+
+
+def _window_of(cache: Any, layer: int, model_type: str) -> int | None:
+    # Exact type checks: a subclass may store its arrays differently, and the
+    # pool copies K/V blocks assuming exactly these two layouts.
+    if type(cache) is KVCache:
+        return None
+    if type(cache) is RotatingKVCache:
+        return _sliding_window(cache, layer, model_type)
+    raise UnsupportedModelError(
+        f"model type {model_type!r}: layer {layer} uses {type(cache).__name__}; "
+        "the KV block pool only holds KVCache and RotatingKVCache layers"
+    )
+
+
+def _sliding_window(cache: RotatingKVCache, layer: int, model_type: str) -> int:
+    # keep > 0 pins the first tokens forever (attention sinks); the pool's
+    # sliding groups assume a plain window of the most recent tokens.
+    if cache.keep != 0:
+        raise UnsupportedModelError(
+            f"model type {model_type!r}: layer {layer} is a RotatingKVCache with "
+            f"keep={cache.keep}; only plain sliding windows (keep=0) are supported"
+        )
+    if not isinstance(cache.max_size, int) or cache.max_size <= 0:
+        raise UnsupportedModelError(
+            f"model type {model_type!r}: layer {layer} has an invalid sliding window "
+            f"{cache.max_size!r}"
+        )
+    return cache.max_size
+
+
+# -- K/V geometry -----------------------------------------------------------------
+
+
+def kv_geometry(model: nn.Module, model_type: str) -> KVGeometry:
+    """The one K/V geometry shared by every attention layer of ``model``."""
+    args = model_args(model)
+    attentions = [attn for layer in model.layers if (attn := _attention_of(layer)) is not None]
+    for attn in attentions:
+        _reject_latent_attention(attn, model_type)
+    geometries = {_attention_geometry(attn, args, model_type) for attn in attentions}
+    if not geometries:
+        return _args_geometry(args, model, model_type)
+    if len(geometries) > 1:
+        raise UnsupportedModelError(
+            f"model type {model_type!r}: attention layers differ in K/V shape or dtype "
+            f"({sorted(geometries, key=repr)}); one block size must fit every layer"
+        )
+    return geometries.pop()
+
+
+def _attention_of(layer: nn.Module) -> nn.Module | None:
+    for name in _ATTENTION_ATTRS:
+        attn = getattr(layer, name, None)
+        if isinstance(attn, nn.Module):
+            return attn
+    return None
+
+
+def _reject_latent_attention(attn: nn.Module, model_type: str) -> None:
+    # Multi-head latent attention (DeepSeek V2/V3, Kimi...) caches a compressed
+    # latent or per-family K/V shapes inside a plain KVCache: the class check
+    # cannot see it, the kv_lora_rank attribute can.
+    if getattr(attn, "kv_lora_rank", None) is not None:
+        raise UnsupportedModelError(
+            f"model type {model_type!r}: multi-head latent attention ({type(attn).__name__}, "
+            f"kv_lora_rank={attn.kv_lora_rank}) caches compressed KVCache entries, "
+            "which the KV block pool does not support"
+        )
+
+
+def _attention_geometry(attn: nn.Module, args: Any, model_type: str) -> KVGeometry:
+    n_kv_heads = _kv_heads(attn, args, model_type)
+    head_dim = _proj_width(attn, "k_proj", n_kv_heads, model_type)
+    head_dim = head_dim or _head_dim(attn, args, model_type)
+    v_head_dim = _proj_width(attn, "v_proj", n_kv_heads, model_type) or head_dim
+    return KVGeometry(n_kv_heads, head_dim, v_head_dim, _module_kv_dtype(attn, model_type))
+
+
+def _args_geometry(args: Any, model: nn.Module, model_type: str) -> KVGeometry:
+    # Reached only when no layer exposes an attention module under a known name.
+    n_kv_heads = _kv_heads(None, args, model_type)
+    head_dim = _head_dim(None, args, model_type)
+    return KVGeometry(n_kv_heads, head_dim, head_dim, _module_kv_dtype(model, model_type))
+
+
+def _kv_heads(attn: nn.Module | None, args: Any, model_type: str) -> int:
+    """KV heads, from the most to the least direct evidence."""
+    counted = _first_positive_int(attn, _KV_HEADS_ATTRS) or _kv_heads_from_k_width(attn)
+    counted = counted or _first_positive_int(args, ("num_key_value_heads",))
+    # No KV-head count anywhere: a multi-head family, one KV head per query head.
+    counted = counted or _first_positive_int(attn, _QUERY_HEADS_ATTRS)
+    counted = counted or _first_positive_int(args, _QUERY_HEADS_ATTRS)
+    if counted is None:
+        raise UnsupportedModelError(f"model type {model_type!r}: cannot tell its KV head count")
+    return counted
+
+
+def _kv_heads_from_k_width(attn: nn.Module | None) -> int | None:
+    head_dim = _first_positive_int(attn, ("head_dim",))
+    weight = getattr(getattr(attn, "k_proj", None), "weight", None)
+    if head_dim is None or weight is None or weight.shape[0] % head_dim != 0:
+        return None
+    return weight.shape[0] // head_dim
+
+
+def _head_dim(attn: nn.Module | None, args: Any, model_type: str) -> int:
+    declared = _first_positive_int(attn, ("head_dim",))
+    declared = declared or _first_positive_int(args, ("head_dim",))
+    if declared is not None:
+        return declared
+    hidden = _first_positive_int(args, ("hidden_size",))
+    heads = _first_positive_int(args, _QUERY_HEADS_ATTRS)
+    if hidden is None or heads is None:
+        raise UnsupportedModelError(f"model type {model_type!r}: cannot tell its head_dim")
+    return hidden // heads
+
+
+def _first_positive_int(source: Any, names: tuple[str, ...]) -> int | None:
+    for name in names:
+        value = getattr(source, name, None)
+        # bool is an int subclass; a flag is never a head count.
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def _proj_width(attn: nn.Module, name: str, n_kv_heads: int, model_type: str) -> int | None:
+    """Per-head width of the K or V projection; None when the family fuses it."""
+    proj = getattr(attn, name, None)
+    weight = getattr(proj, "weight", None)
+    if weight is None:
+        return None
+    # Output features are the rows for Linear and QuantizedLinear alike
+    # (quantization packs the input dimension only).
+    out_features = weight.shape[0]
+    if out_features % n_kv_heads != 0:
+        raise UnsupportedModelError(
+            f"model type {model_type!r}: {name} has {out_features} outputs, "
+            f"not a multiple of {n_kv_heads} KV heads"
+        )
+    return out_features // n_kv_heads
+
+
+def _module_kv_dtype(module: nn.Module, model_type: str) -> str:
+    """The dtype K/V come out in: the projection's float dtype (scales when quantized)."""
+    for _, child in _projections_first(module):
+        params = child.parameters()
+        source = params.get("scales", params.get("weight"))
+        if isinstance(source, mx.array) and source.dtype in _MX_DTYPE_NAMES:
+            return _MX_DTYPE_NAMES[source.dtype]
+    raise UnsupportedModelError(f"model type {model_type!r}: cannot tell the dtype of its K/V")
+
+
+def _projections_first(module: nn.Module) -> list[tuple[str, nn.Module]]:
+    # k_proj decides when present; otherwise any weight-bearing submodule
+    # (fused qkv projections) is the best evidence available.
+    named = module.named_modules()
+    return sorted(named, key=lambda item: not item[0].endswith("k_proj"))
+
+
+def _checked_override(kv_dtype: str) -> str:
+    if kv_dtype not in _MX_DTYPE_NAMES.values():
+        raise ValueError(
+            f"kv_dtype {kv_dtype!r} is not a float dtype the KV cache can hold; "
+            f"choose one of {sorted(_MX_DTYPE_NAMES.values())}"
+        )
+    return kv_dtype

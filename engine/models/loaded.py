@@ -1,0 +1,41 @@
+"""A model that is loaded and ready to serve, plus its identity."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.domain.cache_spec import ModelCacheSpec
+
+
+@dataclass(frozen=True, slots=True)
+class ModelIdentity:
+    """Names a model's weights exactly: caches made by one never serve another.
+
+    ``digest`` hashes the config and the weights' fingerprint (the GGUF
+    source hash for imports; file names, sizes and mtimes otherwise).
+    """
+
+    name: str
+    digest: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.name}@{self.digest[:16]}"
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedModel:
+    model_id: str  # what users call it: alias, folder name or hub id
+    identity: ModelIdentity
+    path: Path | None
+    architecture: str
+    model: Any  # mlx.nn.Module
+    tokenizer: Any  # mlx_lm TokenizerWrapper
+    spec: ModelCacheSpec
+    context_length: int
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        return sorted(self.tokenizer.eos_token_ids)

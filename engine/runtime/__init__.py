@@ -1,0 +1,1 @@
+"""The engine thread: one thread owns MLX, the model and the BatchGenerator."""

@@ -1,0 +1,58 @@
+"""All agents the engine knows, with an LRU order for eviction."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Iterator
+
+from .agents import AgentRecord, Tier
+from .requests import GenerationRequest
+
+
+class AgentTable:
+    def __init__(self) -> None:
+        self._agents: dict[str, AgentRecord] = {}
+        self._tick = itertools.count(1)
+
+    def __contains__(self, agent_id: str) -> bool:
+        return agent_id in self._agents
+
+    def __iter__(self) -> Iterator[AgentRecord]:
+        return iter(list(self._agents.values()))
+
+    def __len__(self) -> int:
+        return len(self._agents)
+
+    def get(self, agent_id: str) -> AgentRecord | None:
+        return self._agents.get(agent_id)
+
+    def add(self, record: AgentRecord) -> AgentRecord:
+        self._agents[record.agent_id] = record
+        return record
+
+    def for_request(self, request: GenerationRequest) -> AgentRecord:
+        record = self._agents.get(request.agent_id)
+        if record is None:
+            record = self.add(AgentRecord(request.agent_id, request.source, request.display_name))
+        elif request.display_name and not record.display_name:
+            record.display_name = request.display_name
+        return record
+
+    def remove(self, agent_id: str) -> AgentRecord | None:
+        return self._agents.pop(agent_id, None)
+
+    def touch(self, record: AgentRecord) -> None:
+        record.touch(next(self._tick))
+
+    def eviction_order(self, protect: set[str], auxiliary_only: bool = False) -> list[AgentRecord]:
+        """Hot, idle, unpinned agents, least recently used first (auxiliary agents before others)."""
+        candidates = [
+            a
+            for a in self._agents.values()
+            if a.tier is Tier.HOT
+            and not a.is_busy
+            and not a.pinned
+            and a.agent_id not in protect
+            and (a.auxiliary or not auxiliary_only)
+        ]
+        return sorted(candidates, key=lambda a: (not a.auxiliary, a.lru_tick))

@@ -1,0 +1,78 @@
+"""Agent records: what the engine knows about each agent, hot or not."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+from engine.domain.block_layout import Run
+
+from .requests import AgentSource
+
+
+class AgentState(str, enum.Enum):
+    IDLE = "idle"
+    QUEUED = "queued"
+    PREFILLING = "prefilling"
+    DECODING = "decoding"
+
+
+class Tier(str, enum.Enum):
+    HOT = "hot"  # blocks in the pool
+    WARM = "warm"  # on disk
+    COLD = "cold"  # dropped; metadata only
+    EMPTY = "empty"  # nothing cached yet
+
+
+@dataclass(slots=True)
+class AgentRecord:
+    agent_id: str
+    source: AgentSource = AgentSource.API
+    display_name: str | None = None
+    model_id: str | None = None
+    tokens: list[int] = field(default_factory=list)
+    runs: dict[int, Run] = field(default_factory=dict)
+    tier: Tier = Tier.EMPTY
+    state: AgentState = AgentState.IDLE
+    pinned: bool = False
+    # Agents created by short side requests (titles, probes): evicted first,
+    # and never allowed to evict a main conversation.
+    auxiliary: bool = False
+    created_at: float = field(default_factory=time.time)
+    last_used: float = field(default_factory=time.time)
+    # Monotonic LRU clock: wall time can jump, this cannot.
+    lru_tick: int = 0
+    active_requests: int = 0
+    turns: int = 0
+    prompt_tokens_total: int = 0
+    reused_tokens_total: int = 0
+    prefill_done: int = 0
+    prefill_total: int = 0
+    last_ttft_s: float | None = None
+    last_decode_tok_s: float | None = None
+    generated_tokens_total: int = 0
+    # Cached token count while warm/cold (the hot count is len(tokens)).
+    stored_tokens: int = 0
+    stored_bytes: int = 0
+
+    @property
+    def is_busy(self) -> bool:
+        return self.active_requests > 0
+
+    @property
+    def cached_tokens(self) -> int:
+        return len(self.tokens) if self.tier is Tier.HOT else self.stored_tokens
+
+    @property
+    def reuse_ratio(self) -> float:
+        if self.prompt_tokens_total == 0:
+            return 0.0
+        return self.reused_tokens_total / self.prompt_tokens_total
+
+    def hot_block_ids(self) -> list[int]:
+        return [b for run in self.runs.values() for b in run.block_ids]
+
+    def touch(self, tick: int) -> None:
+        self.last_used = time.time()
+        self.lru_tick = tick

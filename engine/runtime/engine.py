@@ -1,0 +1,312 @@
+"""The engine: one thread that owns MLX, the model, the pool and the batch.
+
+Every other thread talks to it through ``submit``/``cancel``/``call``, which
+put commands on a queue, and reads ``snapshot()``, an immutable value the
+engine thread republishes a few times a second.
+"""
+
+from __future__ import annotations
+
+import atexit
+import gc
+import logging
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, replace
+from typing import Any, Callable, TypeVar
+
+from engine.domain.block_pool import BlockPool
+from engine.errors import EngineUnavailableError, PromptTooLongError, RequestTooLargeForPoolError
+from engine.models.loaded import LoadedModel
+
+from .agent_table import AgentTable
+from .agents import Tier
+from .batch_runner import BatchRunner, GeneratorFactory, RunnerLimits, mlx_generator_factory
+from .event_log import EventKind, EventLog
+from .hot_cache import HotCache
+from .requests import EventSink, FinishReason, GenerationRequest
+from .snapshot import EngineSnapshot
+from .snapshot_builder import build_snapshot
+from .tiers import TierManager, WarmStore
+from .turn import Turn
+
+T = TypeVar("T")
+log = logging.getLogger("semantic.engine")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    pool_budget_bytes: int
+    limits: RunnerLimits
+    max_context_tokens: int | None = None
+    snapshot_interval_s: float = 0.2
+    idle_wait_s: float = 0.05
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> "EngineConfig":
+        return cls(
+            pool_budget_bytes=settings.pool_budget_bytes,
+            limits=RunnerLimits(settings.max_batch_size, settings.prefill_batch_size, settings.prefill_step_size),
+            max_context_tokens=settings.max_context_tokens,
+        )
+
+
+class Engine:
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        config: EngineConfig,
+        *,
+        store: WarmStore | None = None,
+        generator_factory: GeneratorFactory = mlx_generator_factory,
+        events: EventLog | None = None,
+    ) -> None:
+        self.loaded = loaded
+        self.config = config
+        self.events = events or EventLog()
+        self._store = store
+        self._factory = generator_factory
+        self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._stop = threading.Event()
+        self._status = "starting"
+        self._startup_error: BaseException | None = None
+        self._snapshot = EngineSnapshot(status="starting", model=None, pool=None)
+        self._pool = BlockPool.from_budget(loaded.spec, config.pool_budget_bytes)
+        self.agents = AgentTable()
+        self.hot = HotCache(loaded.spec, self._pool)
+        self.tiers = TierManager(self.hot, self.agents, self.events, store)
+        self.runner: BatchRunner | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def start(self, timeout_s: float = 120.0) -> None:
+        self._thread = threading.Thread(target=self._run, name="semantic-engine", daemon=True)
+        self._thread.start()
+        atexit.register(self.stop, 0.0)
+        if not self._ready.wait(timeout_s):
+            raise EngineUnavailableError("engine thread did not start in time")
+        if self._startup_error is not None:
+            raise self._startup_error
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """Let running turns finish for ``grace_s``, cancel the rest, persist, and join."""
+        if self._thread is None or not self._thread.is_alive():
+            return
+        self._grace_deadline = time.monotonic() + grace_s
+        self._stop.set()
+        self._commands.put(lambda: None)
+        self._thread.join()
+        atexit.unregister(self.stop)
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    # -- client API (any thread) ------------------------------------------------------------
+    def submit(self, request: GenerationRequest, sink: EventSink) -> str:
+        """Queue a turn; events for it go to ``sink`` (called on the engine thread: keep it cheap)."""
+        if self._stop.is_set() or not self.is_running:
+            raise EngineUnavailableError("engine is not running")
+        request = self.validate(request)
+        turn = Turn(request, sink)
+        self._commands.put(lambda: self._runner().submit(turn))
+        return request.request_id
+
+    def validate(self, request: GenerationRequest) -> GenerationRequest:
+        """Reject what can never run; clamp ``max_tokens`` to the context. Raises domain errors."""
+        limit = self.context_length
+        n = len(request.prompt_tokens)
+        if n + 1 > limit:
+            raise PromptTooLongError(n, limit)
+        needed = self.loaded.spec.total_blocks_for_tokens(n + 1)
+        if needed > self._pool.total_blocks:
+            raise RequestTooLargeForPoolError(
+                f"a prompt of {n} tokens needs {needed} KV blocks "
+                f"({needed * self._pool.block_bytes / 2**20:.0f} MiB) but the whole pool holds "
+                f"{self._pool.total_blocks} blocks ({self._pool.total_bytes / 2**20:.0f} MiB); raise pool_budget_mb",
+                field="messages",
+            )
+        return replace(request, max_tokens=min(request.max_tokens, limit - n))
+
+    def cancel(self, request_id: str, reason: FinishReason = FinishReason.CANCELLED) -> None:
+        self._commands.put(lambda: self._runner().cancel(request_id, reason))
+
+    def call(self, fn: Callable[["Engine"], T]) -> "Future[T]":
+        """Run ``fn(engine)`` on the engine thread; the future carries its result or exception."""
+        future: Future[T] = Future()
+
+        def command() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                future.set_result(fn(self))
+            except BaseException as exc:  # handed to the caller, never kills the thread
+                future.set_exception(exc)
+
+        self._commands.put(command)
+        return future
+
+    def snapshot(self) -> EngineSnapshot:
+        """The latest published state (at most ``snapshot_interval_s`` old)."""
+        return self._snapshot
+
+    def fresh_snapshot(self, timeout_s: float = 30.0) -> EngineSnapshot:
+        """A snapshot taken after every command queued so far has run."""
+        self.call(lambda engine: engine._publish(force=True)).result(timeout_s)
+        return self._snapshot
+
+    @property
+    def context_length(self) -> int:
+        if self.config.max_context_tokens is not None:
+            return min(self.config.max_context_tokens, self.loaded.context_length)
+        return self.loaded.context_length
+
+    @property
+    def pool(self) -> BlockPool:
+        return self._pool
+
+    # -- engine-thread operations (call them through ``call``) ------------------------------
+    def evict_agent(self, agent_id: str, tier: Tier) -> None:
+        agent = self._agent(agent_id)
+        if agent.is_busy:
+            raise EngineUnavailableError(f"agent {agent_id!r} is generating; evict it when idle", retry_after_s=1)
+        self.tiers.evict(agent, tier, reason="requested")
+
+    def evict_idle(self, tier: Tier = Tier.WARM) -> int:
+        victims = self.agents.eviction_order(protect=set())
+        for agent in victims:
+            self.tiers.evict(agent, tier, reason="evict all idle")
+        return len(victims)
+
+    def pin_agent(self, agent_id: str, pinned: bool) -> None:
+        self._agent(agent_id).pinned = pinned
+
+    def delete_agent(self, agent_id: str) -> None:
+        agent = self._agent(agent_id)
+        if agent.is_busy:
+            raise EngineUnavailableError(f"agent {agent_id!r} is generating", retry_after_s=1)
+        self.hot.drop(agent)
+        if self._store is not None:
+            self._store.forget(agent_id)
+        self.agents.remove(agent_id)
+        self.events.emit(EventKind.INFO, f"{agent_id}: deleted", agent_id)
+
+    def _agent(self, agent_id: str) -> Any:
+        from engine.errors import AgentNotFoundError
+
+        agent = self.agents.get(agent_id)
+        if agent is None:
+            raise AgentNotFoundError(agent_id)
+        return agent
+
+    def _runner(self) -> BatchRunner:
+        assert self.runner is not None, "engine thread not started"
+        return self.runner
+
+    # -- the loop ---------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            self.runner = BatchRunner(
+                self.loaded, self.hot, self.agents, self.tiers, self.events, self.config.limits, self._factory
+            )
+        except BaseException as exc:
+            self._startup_error = exc
+            self._status = "failed"
+            self._ready.set()
+            return
+        self._status = "ready"
+        self.events.emit(EventKind.LOAD, f"engine ready: {self.loaded.model_id}, {self._pool.total_blocks} blocks")
+        self._publish(force=True)
+        self._ready.set()
+        try:
+            self._loop()
+        finally:
+            self._shutdown()
+
+    def _loop(self) -> None:
+        runner = self._runner()
+        last = 0.0
+        while True:
+            self._run_commands(block=not runner.has_work)
+            if self._stop.is_set() and self._drained_or_late(runner):
+                return
+            self._step_once(runner)
+            now = time.monotonic()
+            if now - last >= self.config.snapshot_interval_s:
+                self._publish()
+                last = now
+
+    def _drained_or_late(self, runner: BatchRunner) -> bool:
+        if not runner.has_work:
+            return True
+        if time.monotonic() >= self._grace_deadline:
+            runner.cancel_all(FinishReason.CANCELLED)
+            return True
+        return False
+
+    def _step_once(self, runner: BatchRunner) -> None:
+        try:
+            runner.admit()
+            runner.step()
+        except Exception as exc:
+            log.exception("engine step failed")
+            self.events.emit(EventKind.ERROR, f"engine step failed: {type(exc).__name__}: {exc}", level=logging.ERROR)
+            runner.fail_all(exc)
+
+    def _run_commands(self, block: bool) -> None:
+        timeout = self.config.idle_wait_s if block else 0
+        try:
+            command = self._commands.get(timeout=timeout) if block else self._commands.get_nowait()
+        except queue.Empty:
+            if block:
+                self._publish()
+            return
+        while True:
+            try:
+                command()
+            except Exception as exc:  # a bad command must not stop the engine
+                log.exception("engine command failed")
+                self.events.emit(EventKind.ERROR, f"command failed: {exc}", level=logging.ERROR)
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+
+    def _shutdown(self) -> None:
+        self._status = "stopping"
+        runner = self._runner()
+        runner.cancel_all(FinishReason.CANCELLED)
+        self._persist_all()
+        self._release_hot()
+        runner.close()
+        # mlx-lm's batch objects sit in reference cycles; collect them here,
+        # on the thread whose stream made their arrays.
+        gc.collect()
+        self._status = "stopped"
+        self._publish(force=True)
+
+    def _release_hot(self) -> None:
+        """Free every block on this thread: MLX aborts the process if arrays made
+        here are only freed during interpreter teardown."""
+        for agent in self.agents:
+            if agent.tier is Tier.HOT:
+                agent.stored_tokens = len(agent.tokens)
+                self.hot.drop(agent)
+                agent.tier = Tier.COLD
+        self.hot.store.clear()
+
+    def _persist_all(self) -> None:
+        if self._store is None:
+            return
+        for agent in self.agents:
+            if agent.tier is Tier.HOT:
+                self.tiers.evict(agent, Tier.WARM, reason="shutdown")
+        flush = getattr(self._store, "flush", None)
+        if flush is not None:
+            flush()
+
+    def _publish(self, force: bool = False) -> None:
+        self._snapshot = build_snapshot(self, self._status)

@@ -1,0 +1,95 @@
+"""Immutable views of engine state for other threads (UI, HTTP, metrics).
+
+The engine thread builds a new EngineSnapshot a few times a second and swaps
+one reference; readers never take a lock and never see a half-updated state.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from engine.domain.block_pool import PoolSnapshot
+
+
+@dataclass(frozen=True, slots=True)
+class AgentView:
+    agent_id: str
+    display_name: str | None
+    source: str
+    state: str
+    tier: str
+    pinned: bool
+    model_id: str | None
+    cached_tokens: int
+    blocks: int
+    bytes: int
+    turns: int
+    reuse_ratio: float
+    last_ttft_s: float | None
+    decode_tok_s: float | None
+    prefill_done: int
+    prefill_total: int
+    last_used: float
+    created_at: float
+
+    @property
+    def label(self) -> str:
+        return self.display_name or self.agent_id
+
+
+@dataclass(frozen=True, slots=True)
+class ThroughputView:
+    decode_tok_s: float = 0.0
+    prefill_tok_s: float = 0.0
+    batch_size: int = 0
+    queue_depth: int = 0
+    active_requests: int = 0
+    recent_ttft_s: tuple[float, ...] = ()
+    generated_total: int = 0
+    prefilled_total: int = 0
+    reused_total: int = 0
+    requests_total: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TierView:
+    hot_agents: int = 0
+    warm_agents: int = 0
+    cold_agents: int = 0
+    hot_bytes: int = 0
+    warm_bytes: int = 0
+    disk_budget_bytes: int = 0
+    evictions_total: dict[str, int] = field(default_factory=dict)
+    restores_total: int = 0
+    discards_total: int = 0
+    evictions_per_min: float = 0.0
+    restores_per_min: float = 0.0
+    prefix_hits: int = 0
+    prefix_misses: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ModelView:
+    model_id: str
+    identity: str
+    path: str | None
+    architecture: str
+    context_length: int
+    spec: dict[str, object]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSnapshot:
+    status: str  # "starting", "ready", "swapping", "stopping", "stopped", "failed"
+    model: ModelView | None
+    pool: PoolSnapshot | None
+    agents: tuple[AgentView, ...] = ()
+    throughput: ThroughputView = ThroughputView()
+    tiers: TierView = TierView()
+    backend: dict[str, object] = field(default_factory=dict)
+    at: float = field(default_factory=time.time)
+    detail: str | None = None
+
+    def agent(self, agent_id: str) -> AgentView | None:
+        return next((a for a in self.agents if a.agent_id == agent_id), None)

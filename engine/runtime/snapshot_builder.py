@@ -1,0 +1,101 @@
+"""Builds EngineSnapshot values from live engine state (engine thread only)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .agents import AgentRecord, Tier
+from .snapshot import AgentView, EngineSnapshot, ModelView, ThroughputView, TierView
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+
+def build_snapshot(engine: "Engine", status: str) -> EngineSnapshot:
+    pool = engine.pool
+    agents = tuple(_agent_view(a, engine) for a in engine.agents)
+    return EngineSnapshot(
+        status=status,
+        model=_model_view(engine),
+        pool=pool.snapshot(),
+        agents=agents,
+        throughput=_throughput(engine),
+        tiers=_tiers(engine, agents),
+        backend=engine.backend_info() if hasattr(engine, "backend_info") else {},
+    )
+
+
+def _agent_view(agent: AgentRecord, engine: "Engine") -> AgentView:
+    blocks = engine.pool.owned_blocks(agent.agent_id) if agent.tier is Tier.HOT else 0
+    nbytes = blocks * engine.pool.block_bytes if agent.tier is Tier.HOT else agent.stored_bytes
+    return AgentView(
+        agent_id=agent.agent_id,
+        display_name=agent.display_name,
+        source=agent.source.value,
+        state=agent.state.value,
+        tier=agent.tier.value,
+        pinned=agent.pinned,
+        model_id=agent.model_id,
+        cached_tokens=agent.cached_tokens,
+        blocks=blocks,
+        bytes=nbytes,
+        turns=agent.turns,
+        reuse_ratio=agent.reuse_ratio,
+        last_ttft_s=agent.last_ttft_s,
+        decode_tok_s=agent.last_decode_tok_s,
+        prefill_done=agent.prefill_done,
+        prefill_total=agent.prefill_total,
+        last_used=agent.last_used,
+        created_at=agent.created_at,
+    )
+
+
+def _model_view(engine: "Engine") -> ModelView:
+    loaded = engine.loaded
+    return ModelView(
+        model_id=loaded.model_id,
+        identity=loaded.identity.key,
+        path=str(loaded.path) if loaded.path else None,
+        architecture=loaded.architecture,
+        context_length=engine.context_length,
+        spec=loaded.spec.describe(),
+    )
+
+
+def _throughput(engine: "Engine") -> ThroughputView:
+    runner = engine.runner
+    if runner is None:
+        return ThroughputView()
+    stats = runner.stats
+    return ThroughputView(
+        decode_tok_s=stats.decode.rate(),
+        prefill_tok_s=stats.prefill.rate(),
+        batch_size=runner.batch_size,
+        queue_depth=len(runner.waiting),
+        active_requests=runner.batch_size + len(runner.waiting),
+        recent_ttft_s=stats.ttft.values(),
+        generated_total=stats.decode.total,
+        prefilled_total=stats.prefill.total,
+        reused_total=stats.reused_total,
+        requests_total=stats.requests_total,
+    )
+
+
+def _tiers(engine: "Engine", agents: tuple[AgentView, ...]) -> TierView:
+    runner = engine.runner
+    counts = {t.value: 0 for t in Tier}
+    warm_bytes = 0
+    for a in agents:
+        counts[a.tier] += 1
+        if a.tier == Tier.WARM.value:
+            warm_bytes += a.bytes
+    return TierView(
+        hot_agents=counts["hot"],
+        warm_agents=counts["warm"],
+        cold_agents=counts["cold"],
+        hot_bytes=engine.pool.used_bytes,
+        warm_bytes=warm_bytes,
+        evictions_total=dict(engine.tiers.evictions),
+        prefix_hits=runner.stats.cache_hits if runner else 0,
+        prefix_misses=runner.stats.cache_misses if runner else 0,
+    )

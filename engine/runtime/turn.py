@@ -1,0 +1,84 @@
+"""One admitted or waiting turn and its bookkeeping."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+from .agents import AgentRecord
+from .hot_cache import Reservation, ReusePlan
+from .requests import EventSink, FinishEvent, FinishReason, GenerationRequest, Usage
+from .text_stream import TextStream
+
+
+class TurnPhase(str, enum.Enum):
+    WAITING = "waiting"
+    PREFILLING = "prefilling"
+    DECODING = "decoding"
+    DONE = "done"
+
+
+@dataclass(slots=True, eq=False)
+class Turn:
+    request: GenerationRequest
+    sink: EventSink
+    submitted_at: float = field(default_factory=time.monotonic)
+    phase: TurnPhase = TurnPhase.WAITING
+    agent: AgentRecord | None = None
+    uid: int | None = None
+    plan: ReusePlan | None = None
+    reservation: Reservation = field(default_factory=Reservation)
+    text: TextStream | None = None
+    admitted_at: float | None = None
+    first_token_at: float | None = None
+    generated: int = 0
+    prefill_done: int = 0
+    cancel_reason: FinishReason | None = None
+    # Auxiliary turns on an agent with a cache run uncached and are not absorbed.
+    absorb: bool = True
+
+    def reservation_size(self) -> int:
+        return len(self.reservation.all_ids())
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def reused(self) -> int:
+        return self.plan.reused if self.plan else 0
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.request.prompt_tokens)
+
+    @property
+    def to_prefill(self) -> int:
+        return self.prompt_len - self.reused
+
+    @property
+    def cache_len(self) -> int:
+        """Tokens the sequence's KV cache holds once the current step is done."""
+        return self.reused + self.prefill_done + self.generated
+
+    def usage(self) -> Usage:
+        now = time.monotonic()
+        ttft = (self.first_token_at - self.submitted_at) if self.first_token_at else None
+        decode_rate = None
+        if self.first_token_at and self.generated > 1 and now > self.first_token_at:
+            decode_rate = (self.generated - 1) / (now - self.first_token_at)
+        return Usage(
+            prompt_tokens=self.prompt_len,
+            reused_tokens=self.reused,
+            prefilled_tokens=self.prompt_len - self.reused,
+            generated_tokens=self.generated,
+            reuse_source=self.plan.source if self.plan else "none",
+            reuse_note=self.plan.note if self.plan else None,
+            ttft_s=ttft,
+            decode_tok_s=decode_rate,
+            duration_s=now - self.submitted_at,
+        )
+
+    def finish_event(self, reason: FinishReason, **extra: object) -> FinishEvent:
+        return FinishEvent(self.request_id, reason, self.usage(), **extra)  # type: ignore[arg-type]

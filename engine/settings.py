@@ -1,0 +1,154 @@
+"""Every tunable of semantic in one frozen object.
+
+Precedence, highest first: CLI flags (passed as init values) > environment
+variables (``SEMANTIC_*``) > ``.env`` > TOML config file > defaults. The TOML
+file is ``--config PATH``, else ``$SEMANTIC_CONFIG``, else
+``<user config dir>/semantic/config.toml`` when it exists.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import platformdirs
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+APP_NAME = "semantic"
+DEFAULT_MODEL = "smollm2-135m"
+
+
+def default_config_file() -> Path:
+    return Path(platformdirs.user_config_dir(APP_NAME)) / "config.toml"
+
+
+def default_cache_dir() -> Path:
+    return Path(platformdirs.user_cache_dir(APP_NAME))
+
+
+class Settings(BaseSettings):
+    """Configuration of one semantic process. Field docs double as ``--help`` text."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="SEMANTIC_",
+        env_file=".env",
+        extra="ignore",
+        frozen=True,
+    )
+
+    config_file: Path | None = Field(None, description="TOML file with settings (lowest precedence above defaults).")
+
+    # -- model -------------------------------------------------------------
+    model: str = Field(
+        DEFAULT_MODEL,
+        description="Model to load: a registry alias (smollm2-135m, gemma3-270m), an MLX model folder, a .gguf file or a hub id.",
+    )
+    cache_dir: Path = Field(default_factory=default_cache_dir, description="Root for imported models and the warm cache tier.")
+    weights_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="dtype of imported GGUF weights; auto = float32 on CPU, bfloat16 on GPU backends."
+    )
+    trust_remote_code: bool = Field(False, description="Allow hub models with custom tokenizer code.")
+
+    # -- block pool ----------------------------------------------------------
+    block_tokens: int = Field(256, ge=16, le=4096, description="Tokens per KV block.")
+    pool_budget_mb: float = Field(1024.0, gt=0, description="Memory budget of the KV block pool in MiB.")
+
+    # -- batching ---------------------------------------------------------------
+    max_batch_size: int = Field(16, ge=1, le=512, description="Most sequences decoded together.")
+    prefill_batch_size: int = Field(4, ge=1, le=64, description="Most prompts prefilled together.")
+    prefill_step_size: int = Field(512, ge=16, description="Prompt tokens processed per prefill chunk (bounds memory; progress is reported per chunk).")
+    default_max_tokens: int = Field(1024, ge=1, description="Tokens generated when a request names no limit.")
+    max_context_tokens: int | None = Field(None, ge=16, description="Override the model's context length.")
+
+    # -- cache store (disk tier) ------------------------------------------------
+    disk_budget_mb: float = Field(4096.0, gt=0, description="Byte budget of the warm (disk) tier in MiB; past it the oldest warm entries go cold.")
+    prefix_sharing: bool = Field(True, description="Let a new agent start from another agent's cached prefix (block-aligned).")
+    persist_on_exit: bool = Field(True, description="Write every hot agent to the warm tier on clean shutdown.")
+
+    # -- HTTP ------------------------------------------------------------------
+    host: str = Field("127.0.0.1", description="Address the HTTP API binds.")
+    port: int = Field(8642, ge=0, le=65535, description="Port of the HTTP API (0 = any free port).")
+    allow_remote: bool = Field(False, description="Required to bind an address other than loopback.")
+    api_key: SecretStr | None = Field(None, description="When set, requests must carry it as x-api-key or Bearer token.")
+    max_body_mb: float = Field(32.0, gt=0, description="Largest accepted request body in MiB (413 above).")
+    ping_interval_s: float = Field(10.0, gt=0, description="Seconds between SSE ping events while a prompt is prefilled.")
+    request_timeout_s: float = Field(1800.0, gt=0, description="Longest a request may wait in the queue before 503.")
+    shutdown_grace_s: float = Field(10.0, ge=0, description="Seconds in-flight streams get to finish on shutdown.")
+    allow_model_swap_by_request: bool = Field(False, description="Let a request's model field trigger a swap.")
+
+    # -- platform -----------------------------------------------------------------
+    preload_openblas: bool = Field(True, description="On Linux CPU, re-exec once with OpenBLAS preloaded (about 30x faster matmul).")
+    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log verbosity.")
+    log_json: bool = Field(False, description="Structured JSON logs (default for --serve when not a terminal).")
+
+    @field_validator("cache_dir", mode="after")
+    @classmethod
+    def _expand(cls, v: Path) -> Path:
+        return v.expanduser()
+
+    @model_validator(mode="after")
+    def _remote_needs_opt_in(self) -> "Settings":
+        if self.host not in ("127.0.0.1", "localhost", "::1") and not self.allow_remote:
+            raise ValueError(
+                f"host {self.host!r} is not loopback; pass --allow-remote (SEMANTIC_ALLOW_REMOTE=1) to expose the API"
+            )
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        toml_file = _toml_path(getattr(init_settings, "init_kwargs", {}))
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings, dotenv_settings, file_secret_settings]
+        if toml_file is not None:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml_file))
+        return tuple(sources)
+
+    # -- derived -----------------------------------------------------------------
+    @property
+    def models_dir(self) -> Path:
+        return self.cache_dir / "models"
+
+    @property
+    def agents_dir(self) -> Path:
+        return self.cache_dir / "agents"
+
+    @property
+    def pool_budget_bytes(self) -> int:
+        return int(self.pool_budget_mb * 1024 * 1024)
+
+    @property
+    def disk_budget_bytes(self) -> int:
+        return int(self.disk_budget_mb * 1024 * 1024)
+
+    @property
+    def max_body_bytes(self) -> int:
+        return int(self.max_body_mb * 1024 * 1024)
+
+
+def _toml_path(init_kwargs: dict[str, Any]) -> Path | None:
+    explicit = init_kwargs.get("config_file") or os.environ.get("SEMANTIC_CONFIG") or os.environ.get("SEMANTIC_CONFIG_FILE")
+    if explicit:
+        path = Path(explicit).expanduser()
+        if not path.is_file():
+            raise FileNotFoundError(f"config file {path} does not exist")
+        return path
+    default = default_config_file()
+    return default if default.is_file() else None
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Build settings with ``overrides`` (e.g. parsed CLI flags) on top; ``None`` values are ignored."""
+    return Settings(**{k: v for k, v in overrides.items() if v is not None})

@@ -1,0 +1,124 @@
+"""The engine on tiny random-weight models: batching, reuse, trimming, cancellation."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.runtime.batch_runner import RunnerLimits
+from engine.runtime.engine import Engine, EngineConfig
+from engine.runtime.requests import FinishReason, GenerationRequest, SamplingParams
+from tests.support.byte_tokenizer import BOS, EOS
+from tests.support.engine_driver import reference_greedy, run_turn, run_turns
+from tests.support.tiny_models import loaded_tiny
+
+
+def make_engine(
+    kind: str = "llama", budget_mb: float = 64, batch: int = 8, prefill_step: int = 32,
+    blocks: int | None = None, **kw,
+) -> Engine:
+    """A started engine on a tiny model; ``blocks`` sizes the pool in blocks instead of MiB."""
+    loaded = loaded_tiny(kind, **kw)
+    budget = blocks * loaded.spec.block_bytes if blocks else int(budget_mb * 2**20)
+    config = EngineConfig(pool_budget_bytes=budget, limits=RunnerLimits(batch, 4, prefill_step))
+    engine = Engine(loaded, config)
+    engine.start()
+    return engine
+
+
+@pytest.fixture(params=["llama", "gemma"])
+def engine(request):
+    eng = make_engine(request.param)
+    yield eng
+    eng.stop()
+
+
+def prompt_for(i: int, repeat: int = 1) -> tuple[int, ...]:
+    return (BOS, *(f"agent {i} says hello. " * (repeat + i)).encode())
+
+
+def without_eos(tokens: list[int]) -> list[int]:
+    return tokens[:-1] if tokens and tokens[-1] == EOS else tokens
+
+
+@pytest.mark.parametrize("n_agents", [1, 3, 8])
+def test_batched_greedy_matches_single_stream(engine: Engine, n_agents: int) -> None:
+    requests = [GenerationRequest(f"agent-{i}", prompt_for(i), 24) for i in range(n_agents)]
+    results = run_turns(engine, requests)
+    for result in results:
+        expected = reference_greedy(engine.loaded.model, list(result.request.prompt_tokens), 24, {EOS})
+        assert result.tokens == without_eos(expected)
+        assert result.finish.usage.generated_tokens == len(expected)
+
+
+def test_second_turn_reuses_prefix_and_matches_fresh_prefill(engine: Engine) -> None:
+    first = run_turn(engine, GenerationRequest("a", prompt_for(0, 3), 16))
+    follow_up = first.request.prompt_tokens + tuple(first.tokens) + tuple(b" and then?")
+    second = run_turn(engine, GenerationRequest("a", follow_up, 16))
+    usage = second.finish.usage
+    cached = len(first.request.prompt_tokens) + first.finish.usage.generated_tokens
+    assert usage.reused_tokens == min(cached, len(follow_up) - 1)
+    assert usage.reused_tokens + usage.prefilled_tokens == usage.prompt_tokens
+    assert usage.reuse_source == "self"
+    expected = reference_greedy(engine.loaded.model, list(follow_up), 16, {EOS})
+    assert second.tokens == without_eos(expected)
+
+
+def test_divergent_history_trims_to_common_prefix() -> None:
+    engine = make_engine("llama")
+    try:
+        first = run_turn(engine, GenerationRequest("a", prompt_for(0, 4), 8))
+        edited = first.request.prompt_tokens[:40] + tuple(b"something else entirely")
+        second = run_turn(engine, GenerationRequest("a", edited, 8))
+        assert second.finish.usage.reused_tokens == 40
+        assert second.tokens == without_eos(reference_greedy(engine.loaded.model, list(edited), 8, {EOS}))
+        agent = engine.fresh_snapshot().agent("a")
+        assert agent is not None and agent.cached_tokens == len(edited) + second.finish.usage.generated_tokens
+    finally:
+        engine.stop()
+
+
+def test_sliding_window_cache_past_window_falls_back_to_full_prefill() -> None:
+    engine = make_engine("gemma")  # window 24
+    try:
+        first = run_turn(engine, GenerationRequest("g", prompt_for(0, 3), 8))
+        assert len(first.request.prompt_tokens) > 24
+        edited = first.request.prompt_tokens[:10] + tuple(b"divergent tail here")
+        second = run_turn(engine, GenerationRequest("g", edited, 8))
+        usage = second.finish.usage
+        assert usage.reused_tokens == 0
+        assert usage.reuse_note is not None and "sliding-window" in usage.reuse_note
+        assert second.tokens == without_eos(reference_greedy(engine.loaded.model, list(edited), 8, {EOS}))
+    finally:
+        engine.stop()
+
+
+def test_sliding_window_cache_within_window_can_be_trimmed() -> None:
+    engine = make_engine("gemma")
+    try:
+        short = (BOS, *b"hi there")
+        first = run_turn(engine, GenerationRequest("g", short, 4))
+        edited = short[:5] + tuple(b"XYZ")
+        second = run_turn(engine, GenerationRequest("g", edited, 6))
+        assert second.finish.usage.reused_tokens == 5
+        assert second.tokens == without_eos(reference_greedy(engine.loaded.model, list(edited), 6, {EOS}))
+        assert first.finish.reason in (FinishReason.LENGTH, FinishReason.STOP)
+    finally:
+        engine.stop()
+
+
+def test_seeded_sampling_is_independent_of_batch_company(engine: Engine) -> None:
+    sampling = SamplingParams(temperature=0.8, top_p=0.95, top_k=50, seed=1234)
+    alone = run_turn(engine, GenerationRequest("s1", prompt_for(1), 16, sampling))
+    company = [GenerationRequest(f"s{i}", prompt_for(i), 16, SamplingParams(0.8, seed=i)) for i in range(2, 5)]
+    together = run_turns(engine, [GenerationRequest("s9", prompt_for(1), 16, sampling), *company])
+    assert together[0].tokens == alone.tokens
+
+
+def test_max_tokens_is_clamped_to_context() -> None:
+    engine = make_engine("llama", context=64)
+    try:
+        prompt = prompt_for(0)
+        accepted = engine.validate(GenerationRequest("c", prompt, 10_000))
+        assert accepted.max_tokens == 64 - len(prompt)
+    finally:
+        engine.stop()

@@ -1,0 +1,210 @@
+"""Engine behaviour around the batch: cancellation, stops, budget, failures, stats."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+
+import pytest
+
+from engine.errors import EngineUnavailableError, PromptTooLongError, RequestTooLargeForPoolError
+from engine.runtime.agents import Tier
+from engine.runtime.batch_runner import mlx_generator_factory
+from engine.runtime.engine import Engine
+from engine.runtime.requests import FinishEvent, FinishReason, GenerationRequest, PrefillEvent, TokenEvent
+from tests.support.byte_tokenizer import BOS, EOS
+from tests.support.engine_driver import reference_greedy, run_turn, run_turns
+from tests.unit.test_engine_batching import make_engine, prompt_for, without_eos
+
+
+@pytest.fixture
+def llama():
+    eng = make_engine("llama")
+    yield eng
+    eng.stop()
+
+
+def test_cancel_mid_decode_finishes_cancelled_and_keeps_cache(llama: Engine) -> None:
+    inbox: queue.SimpleQueue = queue.SimpleQueue()
+    request = GenerationRequest("c", prompt_for(0), 400)
+    llama.submit(request, inbox.put)
+    tokens = 0
+    while tokens < 5:
+        event = inbox.get(timeout=30)
+        tokens += isinstance(event, TokenEvent)
+    llama.cancel(request.request_id)
+    while not isinstance(event := inbox.get(timeout=30), FinishEvent):
+        pass
+    assert event.reason is FinishReason.CANCELLED
+    assert 5 <= event.usage.generated_tokens < 400
+    agent = llama.fresh_snapshot().agent("c")
+    assert agent is not None and agent.tier == "hot"
+    assert agent.cached_tokens == len(request.prompt_tokens) + event.usage.generated_tokens
+
+
+def test_cancel_before_admission(llama: Engine) -> None:
+    inbox: queue.SimpleQueue = queue.SimpleQueue()
+    blocker = GenerationRequest("busy", prompt_for(0), 50)
+    waiting = GenerationRequest("busy", prompt_for(1), 50)  # same agent: waits for the first
+    llama.submit(blocker, lambda e: None)
+    llama.submit(waiting, inbox.put)
+    llama.cancel(waiting.request_id)
+    events = []
+    while not isinstance(event := inbox.get(timeout=30), FinishEvent):
+        events.append(event)
+    assert event.reason is FinishReason.CANCELLED
+    assert event.usage.generated_tokens == 0
+
+
+def test_stop_string_ends_turn_without_emitting_it(llama: Engine) -> None:
+    free = run_turn(llama, GenerationRequest("s", prompt_for(2), 30))
+    text = free.text
+    assert len(text) > 6, "tiny model produced too little text for this test"
+    stop = text[3:6]
+    stopped = run_turn(llama, GenerationRequest("s2", prompt_for(2), 30, stop_strings=(stop,)))
+    assert stopped.finish.reason is FinishReason.STOP_SEQUENCE
+    assert stopped.finish.stop_sequence == stop
+    assert stopped.text == text[: text.index(stop)]
+
+
+def test_prefill_progress_is_reported_in_chunks() -> None:
+    engine = make_engine("llama", prefill_step=16)
+    try:
+        result = run_turn(engine, GenerationRequest("p", prompt_for(0, 4), 2))
+        progress = [(e.done, e.total) for e in result.prefill_events]
+        total = len(result.request.prompt_tokens)
+        assert progress[0] == (0, total)
+        assert [d for d, _ in progress] == sorted(d for d, _ in progress)
+        assert len(progress) >= total // 16
+    finally:
+        engine.stop()
+
+
+def test_lru_idle_agents_are_evicted_when_pool_is_full() -> None:
+    engine = make_engine("llama", blocks=16)
+    try:
+        for i in range(3):
+            run_turn(engine, GenerationRequest(f"lru-{i}", prompt_for(i, 4), 8))
+        snap = engine.fresh_snapshot()
+        assert snap.pool.total_blocks == 16
+        tiers = {a.agent_id: a.tier for a in snap.agents}
+        assert tiers["lru-0"] == "cold", tiers
+        assert tiers["lru-2"] == "hot"
+        assert snap.tiers.evictions_total["cold"] >= 1
+    finally:
+        engine.stop()
+
+
+def test_pinned_agents_are_not_evicted_and_exhaustion_is_reported() -> None:
+    engine = make_engine("llama", blocks=16)
+    try:
+        run_turn(engine, GenerationRequest("pinned", prompt_for(0, 5), 30))
+        engine.call(lambda e: e.pin_agent("pinned", True)).result()
+        used = engine.fresh_snapshot().pool.used_blocks
+        assert used >= 8
+        big = run_turn(engine, GenerationRequest("other", prompt_for(1, 5), 4))
+        assert big.finish.reason is FinishReason.ERROR
+        assert big.finish.error_type == "rate_limit"
+        assert "exhausted" in (big.finish.error or "")
+        assert engine.fresh_snapshot().agent("pinned").tier == "hot"
+    finally:
+        engine.stop()
+
+
+def test_request_that_can_never_fit_is_rejected_with_numbers() -> None:
+    engine = make_engine("llama", blocks=4)
+    try:
+        with pytest.raises(RequestTooLargeForPoolError, match=r"needs \d+ KV blocks .* holds 4 blocks"):
+            engine.submit(GenerationRequest("x", prompt_for(0, 10), 4), lambda e: None)
+        with pytest.raises(PromptTooLongError, match=r"prompt is too long: \d+ tokens > 2048 maximum"):
+            engine.submit(GenerationRequest("x", (BOS,) * 3000, 4), lambda e: None)
+    finally:
+        engine.stop()
+
+
+def test_auxiliary_request_leaves_main_cache_intact(llama: Engine) -> None:
+    main = run_turn(llama, GenerationRequest("sess", prompt_for(0, 3), 8))
+    cached = llama.fresh_snapshot().agent("sess").cached_tokens
+    aux = run_turn(llama, GenerationRequest("sess", (BOS, *b"write a title"), 4, auxiliary=True))
+    assert aux.finish.usage.reused_tokens == 0
+    assert "auxiliary" in (aux.finish.usage.reuse_note or "")
+    assert llama.fresh_snapshot().agent("sess").cached_tokens == cached
+    follow = main.request.prompt_tokens + tuple(main.tokens) + tuple(b"next")
+    assert run_turn(llama, GenerationRequest("sess", follow, 4)).finish.usage.reused_tokens == cached
+
+
+def test_generator_failure_fails_turns_but_engine_survives() -> None:
+    calls = {"n": 0}
+
+    def flaky_factory(loaded, limits):
+        generator = mlx_generator_factory(loaded, limits)
+        calls["n"] += 1
+        if calls["n"] == 1:
+            original = generator.next
+
+            def explode():
+                raise RuntimeError("simulated MLX failure")
+
+            generator.next = explode
+            generator._original = original
+        return generator
+
+    from engine.runtime.engine import EngineConfig
+    from engine.runtime.batch_runner import RunnerLimits
+    from tests.support.tiny_models import loaded_tiny
+
+    engine = Engine(loaded_tiny("llama"), EngineConfig(64 << 20, RunnerLimits(4, 2, 32)), generator_factory=flaky_factory)
+    engine.start()
+    try:
+        failed = run_turn(engine, GenerationRequest("f", prompt_for(0), 8))
+        assert failed.finish.reason is FinishReason.ERROR
+        assert "simulated MLX failure" in failed.finish.error
+        ok = run_turn(engine, GenerationRequest("f", prompt_for(0), 8))
+        assert ok.finish.reason in (FinishReason.LENGTH, FinishReason.STOP)
+        assert ok.tokens == without_eos(reference_greedy(engine.loaded.model, list(prompt_for(0)), 8, {EOS}))
+    finally:
+        engine.stop()
+
+
+def test_submit_after_stop_is_refused() -> None:
+    engine = make_engine("llama")
+    engine.stop()
+    with pytest.raises(EngineUnavailableError):
+        engine.submit(GenerationRequest("x", prompt_for(0), 4), lambda e: None)
+
+
+def test_explicit_eviction_and_delete(llama: Engine) -> None:
+    run_turn(llama, GenerationRequest("e", prompt_for(0), 4))
+    llama.call(lambda e: e.evict_agent("e", Tier.COLD)).result()
+    snap = llama.fresh_snapshot()
+    assert snap.agent("e").tier == "cold" and snap.pool.used_blocks == 0
+    llama.call(lambda e: e.delete_agent("e")).result()
+    assert llama.fresh_snapshot().agent("e") is None
+
+
+def test_snapshot_is_consistent_while_decoding(llama: Engine) -> None:
+    stop = threading.Event()
+    problems: list[str] = []
+
+    def reader() -> None:
+        while not stop.is_set():
+            snap = llama.snapshot()
+            if snap.pool is not None:
+                owned = sum(a.blocks for a in snap.agents)
+                if snap.pool.used_blocks + snap.pool.free_blocks != snap.pool.total_blocks:
+                    problems.append("used + free != total")
+                if owned < snap.pool.used_blocks - snap.pool.shared_blocks - 64:
+                    problems.append("agent blocks do not cover the pool")
+            time.sleep(0.001)
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    run_turns(llama, [GenerationRequest(f"r{i}", prompt_for(i), 20) for i in range(6)])
+    stop.set()
+    thread.join()
+    assert not problems
+    snap = llama.fresh_snapshot()
+    assert snap.throughput.generated_total >= 6
+    assert snap.throughput.requests_total == 6
+    assert {a.agent_id for a in snap.agents} >= {f"r{i}" for i in range(6)}

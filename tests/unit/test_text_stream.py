@@ -1,0 +1,55 @@
+"""Incremental text with stop strings: never emit part of a stop string, never lose text."""
+
+from __future__ import annotations
+
+from hypothesis import given, strategies as st
+
+from engine.runtime.text_stream import TextStream
+from tests.support.byte_tokenizer import ByteDetokenizer
+
+
+def feed(text: str, stops: tuple[str, ...]) -> tuple[list[str], str | None, str]:
+    stream = TextStream(ByteDetokenizer(), stops)
+    deltas = []
+    for byte in text.encode():
+        delta = stream.push(byte)
+        deltas.append(delta.text)
+        if delta.stop_sequence:
+            return deltas, delta.stop_sequence, stream.text
+    deltas.append(stream.finish().text)
+    return deltas, None, stream.text
+
+
+def test_multibyte_characters_are_emitted_whole() -> None:
+    deltas, stop, text = feed("héllo → 世界", ())
+    assert text == "héllo → 世界" and stop is None
+    assert all("\ufffd" not in d for d in deltas)
+    assert "世" in deltas and "界" in deltas
+
+
+def test_stop_string_is_cut_and_never_emitted() -> None:
+    deltas, stop, text = feed("Hello</s>world", ("</s>",))
+    assert stop == "</s>" and text == "Hello"
+    assert "".join(deltas) == "Hello"
+
+
+def test_partial_stop_prefix_is_held_then_released() -> None:
+    deltas, stop, text = feed("a<b and <c", ("<cut>",))
+    assert stop is None and text == "a<b and <c"
+    assert deltas[1] == "" and deltas[2] == "<b"  # "<" held until "b" rules the stop out
+
+
+def test_earliest_of_several_stops_wins() -> None:
+    _, stop, text = feed("xx STOP yy END", ("END", "STOP"))
+    assert stop == "STOP" and text == "xx "
+
+
+@given(st.text(max_size=40), st.lists(st.text(min_size=1, max_size=4), max_size=3))
+def test_output_is_the_text_up_to_the_first_stop(text: str, stops: list[str]) -> None:
+    _, stop, emitted = feed(text, tuple(stops))
+    hits = [(text.find(s), s) for s in stops if s in text]
+    if not hits:
+        assert stop is None and emitted == text
+    else:
+        at = min(i for i, _ in hits)
+        assert stop is not None and emitted == text[:at]
