@@ -25,3 +25,14 @@ def pytest_report_header(config: pytest.Config) -> str:
     if sys.platform.startswith("linux") and "openblas" not in preload:
         return "BLAS: bundled reference BLAS (slow); run through `make test` to preload OpenBLAS"
     return f"BLAS: {'OpenBLAS preloaded' if 'openblas' in preload else 'platform default'}"
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Drain MLX streams: work still queued at interpreter exit aborts the process."""
+    if "mlx.core" not in sys.modules:
+        return
+    import mlx.core as mx
+    from mlx_lm.generate import generation_stream
+
+    mx.synchronize()
+    mx.synchronize(generation_stream)

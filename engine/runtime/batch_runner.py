@@ -39,6 +39,7 @@ GeneratorFactory = Callable[[LoadedModel, RunnerLimits], Any]
 
 
 def mlx_generator_factory(loaded: LoadedModel, limits: RunnerLimits) -> Any:
+    import mlx.core as mx
     from mlx_lm.generate import BatchGenerator
 
     return BatchGenerator(
@@ -47,6 +48,9 @@ def mlx_generator_factory(loaded: LoadedModel, limits: RunnerLimits) -> Any:
         completion_batch_size=limits.max_batch_size,
         prefill_batch_size=limits.prefill_batch_size,
         prefill_step_size=limits.prefill_step_size,
+        # The engine thread's own default stream: mlx-lm's module-level
+        # thread-local stream, shared with other threads, aborts at exit.
+        stream=mx.default_stream(mx.default_device()),
     )
 
 

@@ -17,6 +17,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import Any, Callable, TypeVar
 
+import mlx.core as mx
+
 from engine.domain.block_pool import BlockPool
 from engine.errors import EngineUnavailableError, PromptTooLongError, RequestTooLargeForPoolError
 from engine.models.loaded import LoadedModel
@@ -285,6 +287,7 @@ class Engine:
         # mlx-lm's batch objects sit in reference cycles; collect them here,
         # on the thread whose stream made their arrays.
         gc.collect()
+        mx.synchronize()
         self._status = "stopped"
         self._publish(force=True)
 

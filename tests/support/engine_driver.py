@@ -5,7 +5,7 @@ from __future__ import annotations
 import queue
 from dataclasses import dataclass, field
 
-from mlx_lm.generate import generate_step
+from mlx_lm.generate import generate_step, generation_stream
 
 from engine.runtime.engine import Engine
 from engine.runtime.requests import EngineEvent, FinishEvent, GenerationRequest, PrefillEvent, TokenEvent
@@ -63,9 +63,14 @@ def reference_greedy(model, prompt: list[int], max_tokens: int, eos: set[int]) -
     import mlx.core as mx
 
     out: list[int] = []
-    for (token, _), _ in zip(generate_step(mx.array(prompt), model, max_tokens=max_tokens), range(max_tokens)):
+    steps = generate_step(mx.array(prompt), model, max_tokens=max_tokens)
+    for (token, _), _ in zip(steps, range(max_tokens)):
         token = int(token)
         out.append(token)
         if token in eos:
             break
+    steps.close()
+    # generate_step leaves the next token in flight on mlx-lm's stream; an
+    # unfinished stream task at interpreter exit aborts the process.
+    mx.synchronize(generation_stream)
     return out

@@ -1,0 +1,69 @@
+"""Real packaged models, imported once per test session.
+
+``smollm2_path`` and ``gemma3_path`` are float32 MLX model folders imported from the GGUF files
+that ship in PyPI packages. Imports go to a session temporary directory, or to
+``$SEMANTIC_TEST_MODEL_CACHE`` when set, which keeps them across runs (the Gemma 3 import takes
+~13 s). A missing package fails the test with the exact install command.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from engine.errors import ModelLoadError
+from engine.models.gguf_import import import_gguf
+from engine.models.packaged import GEMMA3_270M, SMOLLM2_135M, PackagedModel, locate_packaged_gguf
+
+# float32 everywhere: the fastest matmul on CPU and exact enough for tight logits comparisons.
+TEST_MODEL_DTYPE = "float32"
+
+
+@pytest.fixture(scope="session")
+def model_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    persistent = os.environ.get("SEMANTIC_TEST_MODEL_CACHE")
+    return Path(persistent) if persistent else tmp_path_factory.mktemp("semantic-cache")
+
+
+def _packaged_gguf(model: PackagedModel, cache_dir: Path) -> Path:
+    try:
+        return locate_packaged_gguf(model.alias, cache_dir)
+    except ModelLoadError as exc:
+        # A missing model package is a broken set-up, not a reason to pass: fail with the fix.
+        pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf_path(model_cache_dir: Path) -> Path:
+    return _packaged_gguf(SMOLLM2_135M, model_cache_dir)
+
+
+@pytest.fixture(scope="session")
+def gemma3_gguf_path(model_cache_dir: Path) -> Path:
+    return _packaged_gguf(GEMMA3_270M, model_cache_dir)
+
+
+@pytest.fixture(scope="session")
+def smollm2_path(smollm2_gguf_path: Path, model_cache_dir: Path) -> Path:
+    return import_gguf(smollm2_gguf_path, model_cache_dir / "models", dtype=TEST_MODEL_DTYPE)
+
+
+@pytest.fixture(scope="session")
+def gemma3_path(gemma3_gguf_path: Path, model_cache_dir: Path) -> Path:
+    return import_gguf(gemma3_gguf_path, model_cache_dir / "models", dtype=TEST_MODEL_DTYPE)
+
+
+@pytest.fixture(scope="session")
+def smollm2(smollm2_path: Path, model_cache_dir: Path):
+    from tests.model.engine_fixtures import load_folder
+
+    return load_folder(smollm2_path, model_cache_dir)
+
+
+@pytest.fixture(scope="session")
+def gemma3(gemma3_path: Path, model_cache_dir: Path):
+    from tests.model.engine_fixtures import load_folder
+
+    return load_folder(gemma3_path, model_cache_dir)

@@ -1,0 +1,99 @@
+"""The engine on the real packaged models: batched greedy equals single-stream, reuse equals fresh prefill."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.runtime.requests import GenerationRequest
+from tests.model.engine_fixtures import start_engine
+from tests.support.engine_driver import reference_greedy, run_turn, run_turns
+
+QUESTIONS = [
+    "What is the capital of France?",
+    "Name three primary colours.",
+    "Write a haiku about the sea.",
+    "What is 12 times 12?",
+    "Who wrote Hamlet?",
+    "Give me a synonym for happy.",
+    "What does a CPU do?",
+    "Translate 'good morning' to Spanish.",
+]
+GEMMA_PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "The three primary colours are",
+    "Once upon a time, in a small village,",
+    "The speed of light is",
+    "Water boils at",
+    "The largest planet in the solar system is",
+    "In 1969, the first man on the moon was",
+]
+MAX_TOKENS = 24
+
+
+def chat_prompt(loaded, question: str, history: list[dict] | None = None) -> tuple[int, ...]:
+    messages = (history or []) + [{"role": "user", "content": question}]
+    return tuple(loaded.tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+
+
+def raw_prompt(loaded, text: str) -> tuple[int, ...]:
+    return tuple(loaded.tokenizer.encode(text))
+
+
+def without_eos(loaded, tokens: list[int]) -> list[int]:
+    eos = set(loaded.eos_token_ids)
+    return tokens[:-1] if tokens and tokens[-1] in eos else tokens
+
+
+def prompts_for(loaded, n: int) -> list[tuple[int, ...]]:
+    if loaded.architecture == "llama":
+        return [chat_prompt(loaded, q) for q in QUESTIONS[:n]]
+    return [raw_prompt(loaded, p) for p in GEMMA_PROMPTS[:n]]
+
+
+@pytest.fixture(params=["smollm2", "gemma3"], scope="module")
+def engine(request):
+    loaded = request.getfixturevalue(request.param)
+    eng = start_engine(loaded)
+    yield eng
+    eng.stop()
+
+
+@pytest.mark.parametrize("n_agents", [1, 3, 8])
+def test_concurrent_greedy_equals_single_stream_mlx_lm(engine, n_agents: int) -> None:
+    loaded = engine.loaded
+    prompts = prompts_for(loaded, n_agents)
+    results = run_turns(engine, [GenerationRequest(f"agent-{n_agents}-{i}", p, MAX_TOKENS) for i, p in enumerate(prompts)])
+    for result, prompt in zip(results, prompts):
+        expected = reference_greedy(loaded.model, list(prompt), MAX_TOKENS, set(loaded.eos_token_ids))
+        assert result.tokens == without_eos(loaded, expected), loaded.tokenizer.decode(result.tokens)
+
+
+def test_second_turn_reuses_cache_and_equals_fresh_prefill(engine) -> None:
+    loaded = engine.loaded
+    if loaded.architecture == "llama":
+        first_prompt = chat_prompt(loaded, QUESTIONS[0])
+    else:
+        first_prompt = raw_prompt(loaded, GEMMA_PROMPTS[1])
+    first = run_turn(engine, GenerationRequest("multi-turn", first_prompt, MAX_TOKENS))
+    if loaded.architecture == "llama":
+        history = [{"role": "user", "content": QUESTIONS[0]}, {"role": "assistant", "content": first.text}]
+        second_prompt = chat_prompt(loaded, "And the capital of Germany?", history)
+    else:
+        second_prompt = first_prompt + tuple(first.tokens) + raw_prompt(loaded, "\n\ndef factorial(n):")[1:]
+    second = run_turn(engine, GenerationRequest("multi-turn", second_prompt, MAX_TOKENS))
+    usage = second.finish.usage
+    assert usage.reuse_source == "self"
+    assert usage.reused_tokens >= len(first_prompt)
+    assert usage.reused_tokens + usage.prefilled_tokens == len(second_prompt)
+    expected = reference_greedy(loaded.model, list(second_prompt), MAX_TOKENS, set(loaded.eos_token_ids))
+    assert second.tokens == without_eos(loaded, expected)
+
+
+def test_smollm2_answers_paris(smollm2) -> None:
+    engine = start_engine(smollm2)
+    try:
+        result = run_turn(engine, GenerationRequest("paris", chat_prompt(smollm2, QUESTIONS[0]), MAX_TOKENS))
+        assert "Paris" in result.text
+    finally:
+        engine.stop()
