@@ -6,7 +6,8 @@ import pytest
 
 from engine.runtime.requests import GenerationRequest
 from tests.model.engine_fixtures import start_engine
-from tests.support.engine_driver import reference_greedy, run_turn, run_turns
+from engine.runtime.sync_client import run_turn, run_turns
+from tests.support.reference import reference_greedy
 
 QUESTIONS = [
     "What is the capital of France?",

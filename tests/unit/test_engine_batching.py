@@ -8,7 +8,8 @@ from engine.runtime.batch_runner import RunnerLimits
 from engine.runtime.engine import Engine, EngineConfig
 from engine.runtime.requests import FinishReason, GenerationRequest, SamplingParams
 from tests.support.byte_tokenizer import BOS, EOS
-from tests.support.engine_driver import reference_greedy, run_turn, run_turns
+from engine.runtime.sync_client import run_turn, run_turns
+from tests.support.reference import reference_greedy
 from tests.support.tiny_models import loaded_tiny
 
 

@@ -14,7 +14,8 @@ from engine.runtime.batch_runner import mlx_generator_factory
 from engine.runtime.engine import Engine
 from engine.runtime.requests import FinishEvent, FinishReason, GenerationRequest, PrefillEvent, TokenEvent
 from tests.support.byte_tokenizer import BOS, EOS
-from tests.support.engine_driver import reference_greedy, run_turn, run_turns
+from engine.runtime.sync_client import run_turn, run_turns
+from tests.support.reference import reference_greedy
 from tests.unit.test_engine_batching import make_engine, prompt_for, without_eos
 
 

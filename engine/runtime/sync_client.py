@@ -1,14 +1,16 @@
-"""Drive an Engine synchronously from a test: submit requests, collect their events."""
+"""Drive an Engine synchronously: submit requests and collect their events.
+
+For scripts, benchmarks and tests; servers use the event sink directly.
+"""
 
 from __future__ import annotations
 
 import queue
 from dataclasses import dataclass, field
+from typing import Iterator
 
-from mlx_lm.generate import generate_step, generation_stream
-
-from engine.runtime.engine import Engine
-from engine.runtime.requests import EngineEvent, FinishEvent, GenerationRequest, PrefillEvent, TokenEvent
+from .engine import Engine
+from .requests import EngineEvent, FinishEvent, GenerationRequest, PrefillEvent, TokenEvent
 
 
 @dataclass
@@ -58,19 +60,12 @@ def _collect(request: GenerationRequest, inbox: queue.SimpleQueue, timeout_s: fl
             return result
 
 
-def reference_greedy(model, prompt: list[int], max_tokens: int, eos: set[int]) -> list[int]:
-    """Single-stream mlx-lm greedy tokens, stopping after an EOS token like the engine does."""
-    import mlx.core as mx
-
-    out: list[int] = []
-    steps = generate_step(mx.array(prompt), model, max_tokens=max_tokens)
-    for (token, _), _ in zip(steps, range(max_tokens)):
-        token = int(token)
-        out.append(token)
-        if token in eos:
-            break
-    steps.close()
-    # generate_step leaves the next token in flight on mlx-lm's stream; an
-    # unfinished stream task at interpreter exit aborts the process.
-    mx.synchronize(generation_stream)
-    return out
+def stream_turn(engine: Engine, request: GenerationRequest, timeout_s: float = 120.0) -> Iterator[EngineEvent]:
+    """Submit one request and yield its events as they arrive, ending with the FinishEvent."""
+    inbox: queue.SimpleQueue[EngineEvent] = queue.SimpleQueue()
+    engine.submit(request, inbox.put)
+    while True:
+        event = inbox.get(timeout=timeout_s)
+        yield event
+        if isinstance(event, FinishEvent):
+            return

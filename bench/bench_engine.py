@@ -1,0 +1,104 @@
+"""Engine throughput and cache-reuse benchmark.
+
+1. Aggregate decode tok/s with 1, 4, 8 and 16 concurrent agents, and the
+   ratio to single-stream mlx_lm (``generate_step``) on the same model.
+2. Time-to-first-token of an agent's second turn with its cache reused,
+   against the same turn sent by a fresh agent (full prefill).
+
+Run: ``make bench`` or ``LD_PRELOAD=... python bench/bench_engine.py``.
+"""
+
+from __future__ import annotations
+
+import time
+
+import mlx.core as mx
+from mlx_lm.generate import generate_step, generation_stream
+
+from common import base_parser, load, median, print_table, start_engine
+
+from engine.runtime.requests import GenerationRequest
+from engine.runtime.sync_client import run_turn, run_turns
+
+TOPICS = ["the ocean", "mountains", "a city at night", "a robot", "autumn", "a library", "trains", "the moon",
+          "coffee", "a garden", "rain", "a lighthouse", "chess", "bees", "a desert", "snow"]
+
+
+def chat(loaded, text: str, history=None) -> tuple[int, ...]:
+    messages = (history or []) + [{"role": "user", "content": text}]
+    if getattr(loaded.tokenizer, "chat_template", None):
+        return tuple(loaded.tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+    return tuple(loaded.tokenizer.encode("\n".join(m["content"] for m in messages)))
+
+
+def single_stream_tok_s(loaded, prompt: tuple[int, ...], n: int) -> float:
+    steps = generate_step(mx.array(prompt), loaded.model, max_tokens=n)
+    next(steps)  # exclude prefill
+    t0 = time.perf_counter()
+    count = sum(1 for _ in steps)
+    mx.synchronize(generation_stream)
+    return count / (time.perf_counter() - t0)
+
+
+def decode_throughput(engine, loaded, concurrency: int, n_tokens: int) -> float:
+    """Aggregate generated tokens per second from first to last token across agents."""
+    requests = [
+        GenerationRequest(f"tp-{concurrency}-{i}", chat(loaded, f"Write a long story about {TOPICS[i % 16]}."), n_tokens)
+        for i in range(concurrency)
+    ]
+    results = run_turns(engine, requests, timeout_s=1800)
+    starts = [r.finish.usage.ttft_s for r in results]
+    durations = [r.finish.usage.duration_s for r in results]
+    generated = sum(r.finish.usage.generated_tokens - 1 for r in results)
+    window = max(durations) - max(starts)  # all agents admitted and decoding
+    return generated / max(window, 1e-6)
+
+
+def ttft_reuse(engine, loaded, context_tokens: int, repeats: int) -> tuple[float, float, int]:
+    filler = " ".join(f"Fact {i}: the value of item {i} is {i * 7 % 101}." for i in range(context_tokens // 12))
+    first_prompt = chat(loaded, f"Remember these facts.\n{filler}\nSay OK.")
+    with_reuse, without = [], []
+    for r in range(repeats):
+        agent = f"ttft-{context_tokens}-{r}"
+        first = run_turn(engine, GenerationRequest(agent, first_prompt, 8), timeout_s=1800)
+        history = [{"role": "user", "content": f"Remember these facts.\n{filler}\nSay OK."},
+                   {"role": "assistant", "content": first.text}]
+        second_prompt = chat(loaded, "What is the value of item 3?", history)
+        second = run_turn(engine, GenerationRequest(agent, second_prompt, 4), timeout_s=1800)
+        cold = run_turn(engine, GenerationRequest(f"{agent}-cold", second_prompt, 4), timeout_s=1800)
+        assert second.finish.usage.reused_tokens > 0 and cold.finish.usage.reused_tokens == 0
+        with_reuse.append(second.finish.usage.ttft_s)
+        without.append(cold.finish.usage.ttft_s)
+    return median(with_reuse), median(without), len(second_prompt)
+
+
+def main() -> None:
+    parser = base_parser(__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=64, help="tokens generated per agent")
+    args = parser.parse_args()
+    loaded = load(args)
+    n_tokens = 24 if args.quick else args.tokens
+    engine = start_engine(loaded, args.pool_mb)
+    try:
+        run_turn(engine, GenerationRequest("warmup", chat(loaded, "Hello"), 8))
+        baseline = single_stream_tok_s(loaded, chat(loaded, "Write a long story about the sea."), n_tokens)
+        print(f"\n## Decode throughput ({n_tokens} tokens per agent)")
+        rows = [["mlx_lm generate_step (single stream)", 1, baseline, 1.0]]
+        for concurrency in (1, 4, 8, 16):
+            rate = decode_throughput(engine, loaded, concurrency, n_tokens)
+            rows.append(["semantic engine", concurrency, rate, rate / baseline])
+        print_table(["path", "agents", "tok/s", "x single"], rows)
+
+        print("\n## Second-turn time to first token: cache reuse vs full prefill")
+        sizes = (512,) if args.quick else (512, 2048)
+        rows = []
+        for size in sizes:
+            reuse, fresh, n = ttft_reuse(engine, loaded, size, 1 if args.quick else 2)
+            rows.append([n, reuse, fresh, fresh / reuse])
+        print_table(["prompt tokens", "TTFT reuse s", "TTFT full s", "speed-up x"], rows)
+    finally:
+        engine.stop()
+
+
+if __name__ == "__main__":
+    main()

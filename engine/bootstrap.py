@@ -1,0 +1,47 @@
+"""The composition root: Settings in, a running Engine out."""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+import mlx.core as mx
+
+from engine.models.gguf_import import ImportProgress
+from engine.models.loaded import LoadedModel
+from engine.models.loader import load_model
+from engine.runtime.engine import Engine, EngineConfig
+from engine.runtime.event_log import EventKind, EventLog
+from engine.settings import Settings
+
+log = logging.getLogger("semantic")
+
+
+def load_configured_model(
+    settings: Settings, progress: Callable[[ImportProgress], None] | None = None, ref: str | None = None
+) -> LoadedModel:
+    loaded = load_model(
+        ref or settings.model,
+        settings.cache_dir,
+        settings.block_tokens,
+        dtype=settings.weights_dtype,
+        progress=progress,
+        trust_remote_code=settings.trust_remote_code,
+    )
+    # Loading evaluates weights on this thread's stream; drain it before the
+    # engine thread takes over (queued work at exit aborts MLX).
+    mx.synchronize()
+    return loaded
+
+
+def build_engine(settings: Settings, loaded: LoadedModel, events: EventLog | None = None) -> Engine:
+    events = events or EventLog()
+    engine = Engine(loaded, EngineConfig.from_settings(settings), events=events)
+    events.emit(EventKind.LOAD, f"loaded {loaded.model_id} ({loaded.architecture}, context {loaded.context_length})")
+    return engine
+
+
+def start_engine(settings: Settings, progress: Callable[[ImportProgress], None] | None = None) -> Engine:
+    engine = build_engine(settings, load_configured_model(settings, progress))
+    engine.start()
+    return engine

@@ -1,0 +1,1 @@
+"""semantic's terminal workbench (Textual) and its command line."""
