@@ -10,7 +10,7 @@ import enum
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from engine.errors import PoolExhaustedError
@@ -85,6 +85,7 @@ class BatchRunner:
         events: EventLog,
         limits: RunnerLimits,
         generator_factory: GeneratorFactory = mlx_generator_factory,
+        prefix_sharing: bool = True,
     ) -> None:
         self.loaded = loaded
         self.hot = hot
@@ -93,6 +94,7 @@ class BatchRunner:
         self.events = events
         self.limits = limits
         self._factory = generator_factory
+        self.prefix_sharing = prefix_sharing
         self._generator = generator_factory(loaded, limits)
         self.waiting: deque[Turn] = deque()
         self.by_uid: dict[int, Turn] = {}
@@ -156,9 +158,7 @@ class BatchRunner:
         self.tiers.ensure_hot(agent)
         plan, absorb = self._plan(agent, turn)
         if absorb:
-            # Positions past the divergence are useless to this turn; freeing
-            # them first can spare another agent an eviction.
-            self.hot.apply_trim(agent, plan.reused)
+            self._take_plan(agent, plan)
             if not self._reserve(turn, agent):
                 return self._no_room(turn)
         turn.plan, turn.absorb, turn.agent = plan, absorb, agent
@@ -166,12 +166,27 @@ class BatchRunner:
         return Admission.ADMITTED
 
     def _plan(self, agent: AgentRecord, turn: Turn) -> tuple[ReusePlan, bool]:
-        plan = self.hot.plan_reuse(agent, turn.request.prompt_tokens)
-        would_trim = agent.tier is Tier.HOT and plan.reused < len(agent.tokens)
-        if turn.request.auxiliary and would_trim and not agent.auxiliary:
+        donors = self.agents.get if self.prefix_sharing else None
+        plan = self.hot.plan_reuse(agent, turn.request.prompt_tokens, donors)
+        would_change = agent.tier is Tier.HOT and (plan.reused < len(agent.tokens) or plan.donor is not None)
+        if turn.request.auxiliary and would_change and not agent.auxiliary:
+            # Serve from the prefix without touching the main conversation's cache.
             note = "auxiliary request: the agent's cache was left intact"
-            return ReusePlan(0, {}, "none", note=note), False
+            return replace(plan, note=note), False
         return plan, True
+
+    def _take_plan(self, agent: AgentRecord, plan: ReusePlan) -> None:
+        """Make the agent's hot cache exactly the plan's prefix before prefill."""
+        donor = self.agents.get(plan.donor) if plan.donor else None
+        if donor is not None:
+            self.hot.adopt(agent, plan, donor)
+            self.events.emit(
+                EventKind.SHARE, f"{agent.agent_id}: shares {plan.reused} prefix tokens of {donor.agent_id}", agent.agent_id
+            )
+        else:
+            # Positions past the divergence are useless to this turn; freeing
+            # them first can spare another agent an eviction.
+            self.hot.apply_trim(agent, plan.reused)
 
     def _reserve(self, turn: Turn, agent: AgentRecord) -> bool:
         need = self.hot.blocks_needed(agent, turn.prompt_len + 1)
@@ -197,7 +212,7 @@ class BatchRunner:
     def _insert(self, turn: Turn, agent: AgentRecord) -> None:
         request = turn.request
         k = turn.reused
-        cache = self.hot.build_cache(self.loaded.model, agent) if (k and turn.absorb) else None
+        cache = self.hot.build_cache(self.loaded.model, turn.plan.runs) if k else None
         (uid,) = self._generator.insert(
             [list(request.prompt_tokens[k:])],
             max_tokens=[request.max_tokens],

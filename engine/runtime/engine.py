@@ -43,6 +43,7 @@ class EngineConfig:
     pool_budget_bytes: int
     limits: RunnerLimits
     max_context_tokens: int | None = None
+    prefix_sharing: bool = True
     snapshot_interval_s: float = 0.2
     idle_wait_s: float = 0.05
 
@@ -52,6 +53,7 @@ class EngineConfig:
             pool_budget_bytes=settings.pool_budget_bytes,
             limits=RunnerLimits(settings.max_batch_size, settings.prefill_batch_size, settings.prefill_step_size),
             max_context_tokens=settings.max_context_tokens,
+            prefix_sharing=settings.prefix_sharing,
         )
 
 
@@ -212,7 +214,8 @@ class Engine:
     def _run(self) -> None:
         try:
             self.runner = BatchRunner(
-                self.loaded, self.hot, self.agents, self.tiers, self.events, self.config.limits, self._factory
+                self.loaded, self.hot, self.agents, self.tiers, self.events, self.config.limits, self._factory,
+                prefix_sharing=self.config.prefix_sharing,
             )
         except BaseException as exc:
             self._startup_error = exc

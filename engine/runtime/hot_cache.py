@@ -7,12 +7,11 @@ methods run on the engine thread.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from engine.domain.block_layout import (
     BlockRef,
     Run,
-    Span,
     can_trim,
     common_prefix_length,
     plan_growth,
@@ -20,9 +19,15 @@ from engine.domain.block_layout import (
 )
 from engine.domain.block_pool import BlockPool
 from engine.domain.cache_spec import ModelCacheSpec
+from engine.domain.prefix_index import PrefixIndex
 
 from .agents import AgentRecord, Tier
 from .kv_blocks import BlockStore, build_prompt_cache, cut_block, eval_blocks, group_source_start
+
+
+# Donors whose tokens are compared per admission; they share the same hashed
+# prefix, so the first few are as good as any.
+MAX_DONORS_CHECKED = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,23 +64,58 @@ class HotCache:
         self.spec = spec
         self.pool = pool
         self.store = BlockStore()
+        self.prefix = PrefixIndex(spec.block_tokens)
 
     # -- reuse -------------------------------------------------------------------
-    def plan_reuse(self, agent: AgentRecord, prompt: tuple[int, ...]) -> ReusePlan:
-        """Longest prefix of ``prompt`` the agent's own hot cache can serve."""
+    def plan_reuse(
+        self, agent: AgentRecord, prompt: tuple[int, ...], donors: Callable[[str], AgentRecord | None] | None = None
+    ) -> ReusePlan:
+        """The longest prefix of ``prompt`` a hot cache can serve: the agent's own, else a donor's.
+
+        ``donors`` looks up other agents for prefix sharing (None disables it).
+        The returned plan's runs are already trimmed to ``reused`` tokens.
+        """
+        own = self._own_plan(agent, prompt)
+        if donors is None or own.reused >= len(prompt) - 1:
+            return own
+        shared = self._shared_plan(agent, prompt, donors)
+        return shared if shared is not None and shared.reused > own.reused else own
+
+    def _own_plan(self, agent: AgentRecord, prompt: tuple[int, ...]) -> ReusePlan:
         if agent.tier is not Tier.HOT or not agent.tokens:
             return ReusePlan(0, {}, "none")
-        k = common_prefix_length(agent.tokens, prompt)
-        # The generator needs at least one prompt token to feed.
-        k = min(k, len(prompt) - 1)
+        k = self._usable_prefix(agent, prompt)
         if k <= 0:
             return ReusePlan(0, {}, "none", note="cache diverges at the first token")
-        if not all(can_trim(agent.runs.get(g.index, Run()), k, g.window) for g in self.spec.groups):
+        if not self._trimmable(agent, k):
             return ReusePlan(
-                0, {}, "none",
-                note=f"sliding-window cache cannot be trimmed back to token {k}; full prefill",
+                0, {}, "none", note=f"sliding-window cache cannot be trimmed back to token {k}; full prefill"
             )
-        return ReusePlan(k, dict(agent.runs), "self")
+        return ReusePlan(k, self._trimmed_runs(agent, k), "self")
+
+    def _shared_plan(
+        self, agent: AgentRecord, prompt: tuple[int, ...], donors: Callable[[str], AgentRecord | None]
+    ) -> ReusePlan | None:
+        best: ReusePlan | None = None
+        for donor_id, _ in self.prefix.candidates(prompt, exclude=agent.agent_id)[:MAX_DONORS_CHECKED]:
+            donor = donors(donor_id)
+            if donor is None or donor.tier is not Tier.HOT:
+                continue
+            # Hashes nominate; only equal tokens decide.
+            k = self._usable_prefix(donor, prompt)
+            if k >= self.spec.block_tokens and self._trimmable(donor, k) and (best is None or k > best.reused):
+                best = ReusePlan(k, self._trimmed_runs(donor, k), f"shared:{donor_id}", donor=donor_id)
+        return best
+
+    def _usable_prefix(self, agent: AgentRecord, prompt: tuple[int, ...]) -> int:
+        # The generator needs at least one prompt token to feed.
+        return min(common_prefix_length(agent.tokens, prompt), len(prompt) - 1)
+
+    def _trimmable(self, agent: AgentRecord, k: int) -> bool:
+        return all(can_trim(agent.runs.get(g.index, Run()), k, g.window) for g in self.spec.groups)
+
+    def _trimmed_runs(self, agent: AgentRecord, k: int) -> dict[int, Run]:
+        return {g.index: trim_run(agent.runs.get(g.index, Run()), k)[0] for g in self.spec.groups}
 
     def apply_trim(self, agent: AgentRecord, k: int) -> None:
         """Cut the agent's hot cache back to its first ``k`` tokens, freeing the rest."""
@@ -88,9 +128,21 @@ class HotCache:
         self._release(agent.agent_id, dropped)
         if k == 0:
             self.drop(agent)
+        else:
+            self.prefix.update(agent.agent_id, agent.tokens)
 
-    def build_cache(self, model: Any, agent: AgentRecord) -> list[Any]:
-        return build_prompt_cache(model, self.spec, agent.runs, self.store)
+    def adopt(self, agent: AgentRecord, plan: ReusePlan, donor: AgentRecord) -> None:
+        """Replace the agent's cache with references to a donor's prefix blocks (no copy)."""
+        self.drop(agent)
+        ids = [b for run in plan.runs.values() for b in run.block_ids]
+        self.pool.share(ids, agent.agent_id)
+        agent.runs = dict(plan.runs)
+        agent.tokens = list(donor.tokens[: plan.reused])
+        agent.tier = Tier.HOT
+        self.prefix.update(agent.agent_id, agent.tokens)
+
+    def build_cache(self, model: Any, runs: dict[int, Run]) -> list[Any]:
+        return build_prompt_cache(model, self.spec, runs, self.store)
 
     # -- growth -------------------------------------------------------------------
     def blocks_needed(self, agent: AgentRecord, n_tokens: int) -> dict[int, int]:
@@ -142,6 +194,7 @@ class HotCache:
         self.release_reservation(agent.agent_id, reservation)
         agent.tokens = list(tokens)
         agent.tier = Tier.HOT
+        self.prefix.update(agent.agent_id, agent.tokens)
 
     def _ids_for(self, owner: str, reservation: Reservation, group: int, n: int) -> list[int]:
         ids = reservation.take(group, n)
@@ -160,6 +213,7 @@ class HotCache:
         freed = self._release(agent.agent_id, ids)
         agent.runs = {}
         agent.tokens = []
+        self.prefix.remove(agent.agent_id)
         return freed
 
     def _release(self, owner: str, block_ids: list[int]) -> int:

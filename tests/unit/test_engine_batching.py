@@ -15,12 +15,12 @@ from tests.support.tiny_models import loaded_tiny
 
 def make_engine(
     kind: str = "llama", budget_mb: float = 64, batch: int = 8, prefill_step: int = 32,
-    blocks: int | None = None, **kw,
+    blocks: int | None = None, prefix_sharing: bool = True, **kw,
 ) -> Engine:
     """A started engine on a tiny model; ``blocks`` sizes the pool in blocks instead of MiB."""
     loaded = loaded_tiny(kind, **kw)
     budget = blocks * loaded.spec.block_bytes if blocks else int(budget_mb * 2**20)
-    config = EngineConfig(pool_budget_bytes=budget, limits=RunnerLimits(batch, 4, prefill_step))
+    config = EngineConfig(pool_budget_bytes=budget, limits=RunnerLimits(batch, 4, prefill_step), prefix_sharing=prefix_sharing)
     engine = Engine(loaded, config)
     engine.start()
     return engine

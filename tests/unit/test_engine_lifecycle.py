@@ -127,9 +127,12 @@ def test_request_that_can_never_fit_is_rejected_with_numbers() -> None:
 def test_auxiliary_request_leaves_main_cache_intact(llama: Engine) -> None:
     main = run_turn(llama, GenerationRequest("sess", prompt_for(0, 3), 8))
     cached = llama.fresh_snapshot().agent("sess").cached_tokens
-    aux = run_turn(llama, GenerationRequest("sess", (BOS, *b"write a title"), 4, auxiliary=True))
-    assert aux.finish.usage.reused_tokens == 0
+    aux_prompt = main.request.prompt_tokens[:20] + tuple(b"write a title")
+    aux = run_turn(llama, GenerationRequest("sess", aux_prompt, 4, auxiliary=True))
+    # The shared prefix is served from the main cache without trimming it.
+    assert aux.finish.usage.reused_tokens == 20
     assert "auxiliary" in (aux.finish.usage.reuse_note or "")
+    assert aux.tokens == without_eos(reference_greedy(llama.loaded.model, list(aux_prompt), 4, {EOS}))
     assert llama.fresh_snapshot().agent("sess").cached_tokens == cached
     follow = main.request.prompt_tokens + tuple(main.tokens) + tuple(b"next")
     assert run_turn(llama, GenerationRequest("sess", follow, 4)).finish.usage.reused_tokens == cached
