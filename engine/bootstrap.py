@@ -13,6 +13,7 @@ from engine.models.loader import load_model
 from engine.runtime.engine import Engine, EngineConfig
 from engine.runtime.event_log import EventKind, EventLog
 from engine.settings import Settings
+from engine.store.warm_store import WarmStore
 
 log = logging.getLogger("semantic")
 
@@ -36,7 +37,8 @@ def load_configured_model(
 
 def build_engine(settings: Settings, loaded: LoadedModel, events: EventLog | None = None) -> Engine:
     events = events or EventLog()
-    engine = Engine(loaded, EngineConfig.from_settings(settings), events=events)
+    store = WarmStore(settings.agents_dir, loaded, settings.disk_budget_bytes, events)
+    engine = Engine(loaded, EngineConfig.from_settings(settings), store=store, events=events)
     events.emit(EventKind.LOAD, f"loaded {loaded.model_id} ({loaded.architecture}, context {loaded.context_length})")
     return engine
 

@@ -24,7 +24,7 @@ from .meters import RateMeter, RecentValues
 from .requests import FinishReason, PrefillEvent, QueuedEvent, TokenEvent
 from .sampling import build_sampler
 from .text_stream import TextDelta, TextStream
-from .tiers import TierManager
+from .tiers import HotState, TierManager
 from .turn import Turn, TurnPhase
 
 
@@ -57,6 +57,7 @@ def mlx_generator_factory(loaded: LoadedModel, limits: RunnerLimits) -> Any:
 class Admission(enum.Enum):
     ADMITTED = "admitted"
     LATER = "later"  # no room now; someone running will free blocks
+    DEFERRED = "deferred"  # this turn's cache is still being read; try the next turn
     FAILED = "failed"
 
 
@@ -117,6 +118,7 @@ class BatchRunner:
         agent = self.agents.for_request(turn.request)
         if not agent.is_busy:
             agent.state = AgentState.QUEUED
+        self.tiers.prefetch(agent)
         turn.sink(QueuedEvent(turn.request_id, len(self.waiting)))
 
     def cancel(self, request_id: str, reason: FinishReason = FinishReason.CANCELLED) -> bool:
@@ -132,22 +134,25 @@ class BatchRunner:
 
     # -- admission ---------------------------------------------------------------------
     def admit(self) -> None:
-        """Move waiting turns into the batch while it has room, oldest first."""
-        while self.waiting and len(self.by_uid) < self.limits.max_batch_size:
-            turn = self._next_admissible()
-            if turn is None:
+        """Move waiting turns into the batch while it has room, oldest first.
+
+        A turn whose agent is still being read from disk is skipped, not
+        waited for: the turns behind it go ahead.
+        """
+        # One turn per agent at a time: a second turn must see the first's cache.
+        running = {t.request.agent_id for t in self.by_uid.values()}
+        for turn in list(self.waiting):
+            if len(self.by_uid) >= self.limits.max_batch_size:
                 return
+            if turn.request.agent_id in running:
+                continue
             outcome = self._admit(turn)
             if outcome is Admission.LATER:
                 return
-            self.waiting.remove(turn)
-            if outcome is Admission.FAILED:
+            if outcome is Admission.DEFERRED:
                 continue
-
-    def _next_admissible(self) -> Turn | None:
-        # One turn per agent at a time: a second turn must see the first's cache.
-        running = {t.request.agent_id for t in self.by_uid.values()}
-        return next((t for t in self.waiting if t.request.agent_id not in running), None)
+            self.waiting.remove(turn)
+            running.add(turn.request.agent_id)
 
     def _admit(self, turn: Turn) -> Admission:
         request = turn.request
@@ -155,7 +160,11 @@ class BatchRunner:
         if agent.turns == 0 and agent.tier in (Tier.EMPTY, Tier.COLD):
             agent.auxiliary = request.auxiliary
         self.agents.touch(agent)
-        self.tiers.ensure_hot(agent)
+        state = self.tiers.ensure_hot(agent, protect={t.request.agent_id for t in self.by_uid.values()})
+        if state is HotState.PENDING:
+            return Admission.DEFERRED
+        if state is HotState.NO_ROOM:
+            return self._no_room(turn)
         plan, absorb = self._plan(agent, turn)
         if absorb:
             self._take_plan(agent, plan)

@@ -15,7 +15,7 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
-from typing import Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 import mlx.core as mx
 
@@ -24,15 +24,18 @@ from engine.errors import EngineUnavailableError, PromptTooLongError, RequestToo
 from engine.models.loaded import LoadedModel
 
 from .agent_table import AgentTable
-from .agents import Tier
+from .agents import AgentRecord, Tier
 from .batch_runner import BatchRunner, GeneratorFactory, RunnerLimits, mlx_generator_factory
 from .event_log import EventKind, EventLog
 from .hot_cache import HotCache
-from .requests import EventSink, FinishReason, GenerationRequest
+from .requests import AgentSource, EventSink, FinishReason, GenerationRequest
 from .snapshot import EngineSnapshot
 from .snapshot_builder import build_snapshot
-from .tiers import TierManager, WarmStore
+from .tiers import TierManager
 from .turn import Turn
+
+if TYPE_CHECKING:
+    from engine.store.warm_store import WarmStore
 
 T = TypeVar("T")
 log = logging.getLogger("semantic.engine")
@@ -44,6 +47,7 @@ class EngineConfig:
     limits: RunnerLimits
     max_context_tokens: int | None = None
     prefix_sharing: bool = True
+    persist_on_exit: bool = True
     snapshot_interval_s: float = 0.2
     idle_wait_s: float = 0.05
 
@@ -54,6 +58,7 @@ class EngineConfig:
             limits=RunnerLimits(settings.max_batch_size, settings.prefill_batch_size, settings.prefill_step_size),
             max_context_tokens=settings.max_context_tokens,
             prefix_sharing=settings.prefix_sharing,
+            persist_on_exit=settings.persist_on_exit,
         )
 
 
@@ -63,7 +68,7 @@ class Engine:
         loaded: LoadedModel,
         config: EngineConfig,
         *,
-        store: WarmStore | None = None,
+        store: "WarmStore | None" = None,
         generator_factory: GeneratorFactory = mlx_generator_factory,
         events: EventLog | None = None,
     ) -> None:
@@ -195,6 +200,7 @@ class Engine:
         self.hot.drop(agent)
         if self._store is not None:
             self._store.forget(agent_id)
+            self._store.forget_cold(agent_id)
         self.agents.remove(agent_id)
         self.events.emit(EventKind.INFO, f"{agent_id}: deleted", agent_id)
 
@@ -213,6 +219,7 @@ class Engine:
     # -- the loop ---------------------------------------------------------------------------
     def _run(self) -> None:
         try:
+            self._index_store()
             self.runner = BatchRunner(
                 self.loaded, self.hot, self.agents, self.tiers, self.events, self.config.limits, self._factory,
                 prefix_sharing=self.config.prefix_sharing,
@@ -231,11 +238,30 @@ class Engine:
         finally:
             self._shutdown()
 
+    def _index_store(self) -> None:
+        """Agents from earlier runs: warm ones resume from disk, cold ones are listed."""
+        if self._store is None:
+            return
+        for header in self._store.scan():
+            record = self.agents.add(AgentRecord(header.agent_id, _source(header.source), header.display_name))
+            record.tier, record.stored_tokens = Tier.WARM, header.n_tokens
+            record.stored_bytes = self._store.entries[header.agent_id].nbytes
+            record.created_at, record.last_used = header.created_at, header.last_used
+        for entry in self._store.cold.entries():
+            if entry.agent_id not in self.agents:
+                record = self.agents.add(AgentRecord(entry.agent_id, _source(entry.source), entry.display_name))
+                record.tier, record.stored_tokens, record.last_used = Tier.COLD, entry.n_tokens, entry.last_used
+        if len(self.agents):
+            self.events.emit(EventKind.RESTORE, f"indexed {len(self.agents)} agents from {self._store.directory}")
+
     def _loop(self) -> None:
         runner = self._runner()
         last = 0.0
         while True:
-            self._run_commands(block=not runner.has_work)
+            # Wait for commands only when nothing is decoding, and only briefly
+            # when turns are queued behind a disk read.
+            self._run_commands(block=not runner.by_uid, timeout=self._idle_wait(runner))
+            self.tiers.poll()
             if self._stop.is_set() and self._drained_or_late(runner):
                 return
             self._step_once(runner)
@@ -261,8 +287,10 @@ class Engine:
             self.events.emit(EventKind.ERROR, f"engine step failed: {type(exc).__name__}: {exc}", level=logging.ERROR)
             runner.fail_all(exc)
 
-    def _run_commands(self, block: bool) -> None:
-        timeout = self.config.idle_wait_s if block else 0
+    def _idle_wait(self, runner: BatchRunner) -> float:
+        return 0.005 if runner.waiting else self.config.idle_wait_s
+
+    def _run_commands(self, block: bool, timeout: float) -> None:
         try:
             command = self._commands.get(timeout=timeout) if block else self._commands.get_nowait()
         except queue.Empty:
@@ -307,12 +335,18 @@ class Engine:
     def _persist_all(self) -> None:
         if self._store is None:
             return
-        for agent in self.agents:
-            if agent.tier is Tier.HOT:
-                self.tiers.evict(agent, Tier.WARM, reason="shutdown")
-        flush = getattr(self._store, "flush", None)
-        if flush is not None:
-            flush()
+        if self.config.persist_on_exit:
+            for agent in self.agents:
+                if agent.tier is Tier.HOT and not agent.auxiliary:
+                    self.tiers.evict(agent, Tier.WARM, reason="shutdown")
+        self._store.close()
 
     def _publish(self, force: bool = False) -> None:
         self._snapshot = build_snapshot(self, self._status)
+
+
+def _source(value: str | None) -> AgentSource:
+    try:
+        return AgentSource(value)
+    except ValueError:
+        return AgentSource.API

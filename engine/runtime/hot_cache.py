@@ -22,7 +22,7 @@ from engine.domain.cache_spec import ModelCacheSpec
 from engine.domain.prefix_index import PrefixIndex
 
 from .agents import AgentRecord, Tier
-from .kv_blocks import BlockStore, build_prompt_cache, cut_block, eval_blocks, group_source_start
+from .kv_blocks import BlockData, BlockStore, build_prompt_cache, cut_block, eval_blocks, group_source_start
 
 
 # Donors whose tokens are compared per admission; they share the same hashed
@@ -205,6 +205,23 @@ class HotCache:
                 raise MemoryError(f"pool has no room for {n} blocks of group {group}")
             ids += more[group]
         return ids
+
+    def install(self, agent: AgentRecord, tokens: list[int], blocks: dict[int, list[BlockData]]) -> None:
+        """Put restored blocks into the pool as the agent's cache (the caller made room)."""
+        ids = self.pool.allocate(agent.agent_id, {g: len(b) for g, b in blocks.items()})
+        if ids is None:
+            raise MemoryError("pool has no room for the restored cache")
+        runs = {}
+        for group, datas in blocks.items():
+            refs = []
+            for block_id, data in zip(ids[group], datas):
+                self.store.put(block_id, data)
+                refs.append(BlockRef(block_id, data.start, data.length))
+            runs[group] = Run(tuple(refs))
+        agent.runs = runs
+        agent.tokens = list(tokens)
+        agent.tier = Tier.HOT
+        self.prefix.update(agent.agent_id, agent.tokens)
 
     # -- removal ------------------------------------------------------------------
     def drop(self, agent: AgentRecord) -> int:

@@ -5,31 +5,35 @@ Without a warm store (``store=None``) eviction drops caches straight to cold.
 
 from __future__ import annotations
 
+import enum
 import logging
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 from .agent_table import AgentTable
 from .agents import AgentRecord, Tier
 from .event_log import EventKind, EventLog
 from .hot_cache import HotCache
 
+if TYPE_CHECKING:
+    from engine.store.warm_store import WarmStore
 
-class WarmStore(Protocol):
-    """The disk tier, as the engine sees it (engine.store implements it)."""
 
-    def spill(self, agent: AgentRecord, hot: HotCache) -> int: ...
-    def restore(self, agent: AgentRecord, hot: HotCache) -> bool: ...
-    def forget(self, agent_id: str) -> None: ...
+class HotState(enum.Enum):
+    READY = "ready"  # hot (or nothing to restore): go ahead
+    PENDING = "pending"  # the disk read is still running
+    NO_ROOM = "no_room"  # restored data does not fit the pool right now
 
 
 class TierManager:
-    def __init__(self, hot: HotCache, agents: AgentTable, events: EventLog, store: WarmStore | None = None) -> None:
+    def __init__(self, hot: HotCache, agents: AgentTable, events: EventLog, store: "WarmStore | None" = None) -> None:
         self.hot = hot
         self.agents = agents
         self.events = events
         self.store = store
         self.evictions: dict[str, int] = {"warm": 0, "cold": 0}
+        self.restores = 0
 
+    # -- eviction ---------------------------------------------------------------------
     def make_room(self, free_blocks: int, protect: set[str], auxiliary_only: bool = False) -> bool:
         """Evict least-recently-used idle agents until the pool has ``free_blocks`` free."""
         while self.hot.pool.free_blocks < free_blocks:
@@ -40,44 +44,75 @@ class TierManager:
         return True
 
     def evict(self, agent: AgentRecord, tier: Tier, reason: str) -> None:
-        if agent.tier is not Tier.HOT:
-            if tier is Tier.COLD and agent.tier is Tier.WARM:
-                self._to_cold(agent, reason)
-            return
-        if tier is Tier.WARM and self.store is not None:
+        if agent.tier is Tier.HOT:
+            self._evict_hot(agent, tier, reason)
+        elif agent.tier is Tier.WARM and tier is Tier.COLD:
+            self._to_cold(agent, f"warm -> cold ({reason})")
+
+    def _evict_hot(self, agent: AgentRecord, tier: Tier, reason: str) -> None:
+        agent.stored_tokens = len(agent.tokens)
+        if tier is Tier.WARM and self.store is not None and self.store.usable:
             agent.stored_bytes = self.store.spill(agent, self.hot)
-            agent.stored_tokens = len(agent.tokens)
             agent.tier = Tier.WARM
             self.evictions["warm"] += 1
-            self.events.emit(EventKind.EVICT, f"{agent.agent_id}: hot -> warm ({reason})", agent.agent_id)
-        else:
-            agent.stored_tokens = len(agent.tokens)
-            agent.stored_bytes = 0
-            agent.tier = Tier.COLD
-            self.evictions["cold"] += 1
-            self.events.emit(EventKind.EVICT, f"{agent.agent_id}: hot -> cold ({reason})", agent.agent_id)
+            self.hot.drop(agent)
+            self.events.emit(
+                EventKind.EVICT, f"{agent.agent_id}: hot -> warm, {agent.stored_tokens} tokens ({reason})", agent.agent_id
+            )
+            return
         self.hot.drop(agent)
+        self._to_cold(agent, f"hot -> cold ({reason})")
 
-    def _to_cold(self, agent: AgentRecord, reason: str) -> None:
+    def _to_cold(self, agent: AgentRecord, message: str) -> None:
         if self.store is not None:
             self.store.forget(agent.agent_id)
+            self.store.remember_cold(agent)
         agent.tier = Tier.COLD
         agent.stored_bytes = 0
         self.evictions["cold"] += 1
-        self.events.emit(EventKind.EVICT, f"{agent.agent_id}: warm -> cold ({reason})", agent.agent_id)
+        self.events.emit(EventKind.EVICT, f"{agent.agent_id}: {message}", agent.agent_id)
 
-    def ensure_hot(self, agent: AgentRecord) -> bool:
-        """Bring a warm agent's cache back into the pool. False when it stays unusable."""
+    # -- restore ----------------------------------------------------------------------
+    def ensure_hot(self, agent: AgentRecord, protect: set[str] = frozenset()) -> HotState:  # type: ignore[assignment]
+        """Bring a warm agent's cache back into the pool without blocking on disk."""
         if agent.tier is not Tier.WARM or self.store is None:
-            return agent.tier is Tier.HOT
-        try:
-            restored = self.store.restore(agent, self.hot)
-        except MemoryError:
-            return False
-        if restored:
-            agent.tier = Tier.HOT
-            self.events.emit(EventKind.RESTORE, f"{agent.agent_id}: warm -> hot ({len(agent.tokens)} tokens)", agent.agent_id)
-        else:
+            return HotState.READY
+        from engine.store.warm_store import LoadState
+
+        state, loaded = self.store.load(agent.agent_id)
+        if state is LoadState.PENDING:
+            return HotState.PENDING
+        if state is LoadState.MISSING or loaded is None:
             agent.tier = Tier.COLD
             self.events.emit(EventKind.DISCARD, f"{agent.agent_id}: warm cache unusable, full prefill", agent.agent_id, logging.WARNING)
-        return restored
+            return HotState.READY
+        return self._install(agent, loaded, protect | {agent.agent_id})
+
+    def _install(self, agent: AgentRecord, loaded: object, protect: set[str]) -> HotState:
+        need = {group: len(blocks) for group, blocks in loaded.blocks.items()}  # type: ignore[attr-defined]
+        if not self.make_room(sum(need.values()), protect):
+            return HotState.NO_ROOM
+        self.hot.install(agent, loaded.tokens, loaded.blocks)  # type: ignore[attr-defined]
+        self.restores += 1
+        source = "memory" if loaded.from_memory else "disk"  # type: ignore[attr-defined]
+        self.events.emit(
+            EventKind.RESTORE, f"{agent.agent_id}: warm -> hot from {source}, {len(agent.tokens)} tokens", agent.agent_id
+        )
+        return HotState.READY
+
+    def prefetch(self, agent: AgentRecord) -> None:
+        if agent.tier is Tier.WARM and self.store is not None:
+            self.store.prefetch(agent.agent_id)
+
+    # -- the engine loop's hook -----------------------------------------------------------
+    def poll(self) -> None:
+        if self.store is None:
+            return
+        self.store.poll()
+        for agent_id in self.store.take_went_cold():
+            agent = self.agents.get(agent_id)
+            if agent is not None and agent.tier is Tier.WARM:
+                agent.tier = Tier.COLD
+                agent.stored_bytes = 0
+                self.evictions["cold"] += 1
+                self.store.remember_cold(agent)

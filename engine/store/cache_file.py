@@ -42,7 +42,7 @@ import stat
 import struct
 import time
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field, replace
 from itertools import pairwise
@@ -291,9 +291,9 @@ def _plan(record: CacheRecord) -> _Plan:
                          tensor_bytes=sum(e.end - e.begin for e in entries[1:]))
         _token_entry(_by_name(entries), header.n_tokens)
         _check_blocks(geometry, _by_name(entries), header)
+        head, checksum_at = _encode_head(header, entries)
     except CacheCorruptionError as err:
         raise ValueError(f"refusing to write a cache that would not read back: {err}") from None
-    head, checksum_at = _encode_head(header, entries)
     return _Plan(head, checksum_at, tuple(sources), len(head) + entries[-1].end)
 
 
@@ -310,7 +310,7 @@ def _block_sources(blocks: Sequence[PersistedBlock], dtype: _Dtype) -> list[_Sou
         for slot, (k, v) in enumerate(zip(block.keys, block.values)):
             prefix = f"g{block.group}.b{block.start}.l{slot}"
             sources += [_source(f"{prefix}.k", k, dtype), _source(f"{prefix}.v", v, dtype)]
-            if sources[-1].shape[2:3] != (block.length,) or sources[-2].shape[2:3] != (block.length,):
+            if {sources[-1].shape[2:3], sources[-2].shape[2:3]} != {(block.length,)}:
                 raise ValueError(f"{prefix}: arrays do not hold the block's {block.length} tokens")
     return sources
 
@@ -327,8 +327,9 @@ def _source(name: str, array: Any, dtype: _Dtype) -> _Source:
 def _lay_out(sources: Sequence[_Source]) -> list[_Entry]:
     entries, position = [], 0
     for source in sources:
-        entries.append(_Entry(source.name, source.dtype.code, source.shape, position, position + source.data.nbytes))
-        position += source.data.nbytes
+        end = position + source.data.nbytes
+        entries.append(_Entry(source.name, source.dtype.code, source.shape, position, end))
+        position = end
     if len({e.name for e in entries}) != len(entries):
         raise ValueError("two blocks of one group start at the same position")
     return entries
@@ -346,6 +347,7 @@ def _encode_head(header: CacheHeader, entries: Sequence[_Entry]) -> tuple[bytes,
     fields = {name: getattr(header, name) for name in _HEADER_FIELDS if name != "checksum"}
     fields["checksum"] = header.checksum  # last: see _AFTER_CHECKSUM
     semantic = json.dumps(fields, allow_nan=False, separators=(",", ":"))
+    _check_fields(json.loads(semantic))  # what the reader will see
     table["__metadata__"] = {"format": FORMAT_NAME, "semantic": semantic}
     text = json.dumps(table, separators=(",", ":")).encode("ascii")
     # Spaces pad the header so tensor data starts 8-byte aligned, as safetensors does.
@@ -444,7 +446,9 @@ def _read_layout(src: BinaryIO, size: int) -> _Layout:
     if type(table) is not dict:
         raise CacheCorruptionError("bad JSON header: not an object")
     header = _parse_header(table.get("__metadata__"))
-    entries = {name: _parse_entry(name, desc) for name, desc in table.items() if name != "__metadata__"}
+    entries = {
+        name: _parse_entry(name, desc) for name, desc in table.items() if name != "__metadata__"
+    }
     _check_offsets(entries.values(), size - len(head))
     checksum_at = _checksum_offset(head, header.checksum)
     return _Layout(header, entries, head, checksum_at, _token_entry(entries, header.n_tokens))
@@ -457,7 +461,8 @@ def _header_length(src: BinaryIO, size: int) -> int:
     if n < 2 or n > MAX_HEADER_BYTES:
         raise CacheCorruptionError(f"header length {n} is absurd")
     if n > size - _LENGTH.size:
-        raise CacheCorruptionError(f"truncated: the header claims {n} bytes, {size - _LENGTH.size} follow")
+        raise CacheCorruptionError(
+            f"truncated: the header claims {n} bytes, {size - _LENGTH.size} follow")
     return n
 
 
@@ -496,7 +501,8 @@ def _is_count(v: Any) -> bool:
 
 
 def _is_time(v: Any) -> bool:
-    return type(v) in (int, float) and math.isfinite(v)
+    # Checked by type first: math.isfinite overflows on huge ints.
+    return (type(v) is int and abs(v) < 2**63) or (type(v) is float and math.isfinite(v))
 
 
 def _is_optional_str(v: Any) -> bool:
@@ -507,7 +513,7 @@ def _is_dict(v: Any) -> bool:
     return type(v) is dict
 
 
-def _is_list_of(check: Any) -> Any:
+def _is_list_of(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
     return lambda v: type(v) is list and all(check(x) for x in v)
 
 
@@ -526,7 +532,8 @@ def _parse_header(metadata: Any) -> CacheHeader:
     if type(metadata) is not dict or "format" not in metadata:
         raise CacheCorruptionError("no format in the metadata: not a semantic agent cache")
     if metadata["format"] != FORMAT_NAME:
-        raise CacheCorruptionError(f"unknown format {_short(repr(metadata['format']))}, expected {FORMAT_NAME!r}")
+        raise CacheCorruptionError(
+            f"unknown format {_short(repr(metadata['format']))}, expected {FORMAT_NAME!r}")
     if type(metadata.get("semantic")) is not str:
         raise CacheCorruptionError("no semantic header in the metadata")
     fields = _parse_json(metadata["semantic"], "semantic header")
@@ -534,9 +541,12 @@ def _parse_header(metadata: Any) -> CacheHeader:
         raise CacheCorruptionError("bad JSON semantic header: not an object")
     version = fields.get("format_version")
     if type(version) is not int or version != FORMAT_VERSION:
-        raise CacheCorruptionError(f"unsupported format_version {_short(repr(version))} (this build reads {FORMAT_VERSION})")
+        raise CacheCorruptionError(
+            f"unsupported format_version {_short(repr(version))} "
+            f"(this build reads {FORMAT_VERSION})")
     _check_fields(fields)
-    fields["created_at"], fields["last_used"] = float(fields["created_at"]), float(fields["last_used"])
+    fields["created_at"] = float(fields["created_at"])
+    fields["last_used"] = float(fields["last_used"])
     return CacheHeader(token_ids=[], **fields)
 
 
@@ -547,25 +557,29 @@ def _check_fields(fields: dict[str, Any]) -> None:
         raise CacheCorruptionError(f"header fields missing {missing}, unknown {_short(unknown)}")
     for name, valid in _HEADER_FIELDS.items():
         if not valid(fields[name]):
-            raise CacheCorruptionError(f"header field {name} has a bad value {_short(repr(fields[name]))}")
+            raise CacheCorruptionError(
+                f"header field {name} has a bad value {_short(repr(fields[name]))}")
     if not _CHECKSUM_VALUE.fullmatch(fields["checksum"]):
-        raise CacheCorruptionError(f"unsupported checksum {_short(repr(fields['checksum']))}, expected {CHECKSUM_ALGORITHM}")
+        raise CacheCorruptionError(
+            f"unsupported checksum {_short(repr(fields['checksum']))}, "
+            f"expected {CHECKSUM_ALGORITHM}")
 
 
 def _parse_entry(name: str, desc: Any) -> _Entry:
+    tensor = f"tensor {_short(repr(name))}"
     if type(desc) is not dict or set(desc) != {"dtype", "shape", "data_offsets"}:
-        raise CacheCorruptionError(f"tensor {_short(repr(name))} has a malformed entry")
+        raise CacheCorruptionError(f"{tensor} has a malformed entry")
     dtype, shape, offsets = desc["dtype"], desc["shape"], desc["data_offsets"]
     if type(dtype) is not str or dtype not in _BY_CODE:
-        raise CacheCorruptionError(f"tensor {_short(repr(name))} has unexpected dtype {_short(repr(dtype))}")
+        raise CacheCorruptionError(f"{tensor} has unexpected dtype {_short(repr(dtype))}")
     if not _is_list_of(_is_count)(shape) or len(shape) > 8:
-        raise CacheCorruptionError(f"tensor {_short(repr(name))} has a bad shape {_short(shape)}")
+        raise CacheCorruptionError(f"{tensor} has a bad shape {_short(shape)}")
     if not _is_list_of(_is_count)(offsets) or len(offsets) != 2 or offsets[0] > offsets[1]:
-        raise CacheCorruptionError(f"tensor {_short(repr(name))} has bad data_offsets {_short(offsets)}")
-    needed = math.prod(shape) * _BY_CODE[dtype].itemsize
-    if offsets[1] - offsets[0] != needed:
+        raise CacheCorruptionError(f"{tensor} has bad data_offsets {_short(offsets)}")
+    needed, span = math.prod(shape) * _BY_CODE[dtype].itemsize, offsets[1] - offsets[0]
+    if span != needed:
         raise CacheCorruptionError(
-            f"tensor {_short(repr(name))}: {dtype} {shape} needs {needed} bytes, its data_offsets span {offsets[1] - offsets[0]}")
+            f"{tensor}: {dtype} {shape} needs {needed} bytes, its data_offsets span {span}")
     return _Entry(name, dtype, tuple(shape), offsets[0], offsets[1])
 
 
@@ -575,12 +589,15 @@ def _check_offsets(entries: Iterable[_Entry], data_len: int) -> None:
     for entry in sorted(entries, key=lambda e: (e.begin, e.end)):
         if entry.begin < position:
             raise CacheCorruptionError(
-                f"tensor {_short(repr(entry.name))} at bytes [{entry.begin}, {entry.end}) overlaps the tensor ending at {position}")
+                f"tensor {_short(repr(entry.name))} at bytes [{entry.begin}, {entry.end}) "
+                f"overlaps the tensor ending at {position}")
         if entry.begin > position:
-            raise CacheCorruptionError(f"data bytes [{position}, {entry.begin}) belong to no tensor")
+            raise CacheCorruptionError(
+                f"data bytes [{position}, {entry.begin}) belong to no tensor")
         position = entry.end
     if position > data_len:
-        raise CacheCorruptionError(f"truncated: the tensors need {position} bytes of data, the file holds {data_len}")
+        raise CacheCorruptionError(
+            f"truncated: the tensors need {position} bytes of data, the file holds {data_len}")
     if position < data_len:
         raise CacheCorruptionError(f"{data_len - position} trailing bytes after the last tensor")
 
@@ -597,21 +614,24 @@ def _token_entry(entries: dict[str, _Entry], n_tokens: int) -> _Entry:
     if entry is None:
         raise CacheCorruptionError("no token_ids tensor")
     if entry.dtype != _TOKEN_DTYPE.code or entry.shape != (n_tokens,):
-        raise CacheCorruptionError(f"token_ids is {entry.dtype} {list(entry.shape)}, the header needs U32 [{n_tokens}]")
+        raise CacheCorruptionError(
+            f"token_ids is {entry.dtype} {list(entry.shape)}, the header needs U32 [{n_tokens}]")
     return entry
 
 
-def _check_identity(header: CacheHeader, digest: str, fingerprint: str, model_name: str | None) -> None:
+def _check_identity(
+    header: CacheHeader, digest: str, fingerprint: str, model_name: str | None
+) -> None:
     if header.model_digest != digest:
-        loaded = f"{model_name or ''}@{digest[:16]}"
+        made_by = f"{header.model_name}@{header.model_digest[:16]}"
         raise CacheCorruptionError(
-            f"cache made by model {header.model_name}@{header.model_digest[:16]}, loaded model is {loaded}")
+            f"cache made by model {made_by}, loaded model is {model_name or ''}@{digest[:16]}")
     if _fingerprint(header.spec) != header.spec_fingerprint:
         raise CacheCorruptionError("the header's spec does not match its own fingerprint")
     if header.spec_fingerprint != fingerprint:
         raise CacheCorruptionError(
-            f"spec fingerprint mismatch: cache {header.spec_fingerprint[:16]}, loaded model {fingerprint[:16]} "
-            "(block size, KV dtype or layer grouping changed)")
+            f"spec fingerprint mismatch: cache {header.spec_fingerprint[:16]}, "
+            f"loaded model {fingerprint[:16]} (block size, KV dtype or layer grouping changed)")
 
 
 def _read_data(src: BinaryIO, data_start: int, data_len: int) -> np.ndarray:
@@ -632,7 +652,8 @@ def _check_checksum(layout: _Layout, data: np.ndarray) -> None:
     head[layout.checksum_at : layout.checksum_at + _CRC_DIGITS] = b"0" * _CRC_DIGITS
     actual = f"{CHECKSUM_ALGORITHM}:{zlib.crc32(data, zlib.crc32(head)):08x}"
     if actual != layout.header.checksum:
-        raise CacheCorruptionError(f"checksum mismatch: header says {layout.header.checksum}, contents give {actual}")
+        raise CacheCorruptionError(
+            f"checksum mismatch: header says {layout.header.checksum}, contents give {actual}")
 
 
 def _view(data: np.ndarray, entry: _Entry, dtype: _Dtype) -> np.ndarray:
@@ -671,28 +692,35 @@ def _geometry(spec: dict[str, Any]) -> _Geometry:
         return _Geometry(spec["n_layers"], spec["n_kv_heads"], spec["head_dim"], spec["v_head_dim"],
                          _KV_DTYPES[spec["dtype"]], spec["block_tokens"], groups)
     except (KeyError, TypeError, ValueError) as err:
-        raise CacheCorruptionError(f"spec is malformed or unsupported ({_short(repr(err))})") from None
+        raise CacheCorruptionError(
+            f"spec is malformed or unsupported ({_short(repr(err))})") from None
 
 
 def _window(kind: str) -> int | None:
     return None if kind == "global" else int(kind.removeprefix("sliding-"))
 
 
-def _check_blocks(geometry: _Geometry, entries: dict[str, _Entry], header: CacheHeader) -> dict[int, list[_BlockEntries]]:
+def _check_blocks(
+    geometry: _Geometry, entries: dict[str, _Entry], header: CacheHeader
+) -> dict[int, list[_BlockEntries]]:
     """Every tensor is a K or V of a whole block, and each group's blocks cover the cache."""
-    if len(header.cache_classes) != geometry.n_layers or len(header.cache_meta) != geometry.n_layers:
-        raise CacheCorruptionError(
-            f"header describes {len(header.cache_classes)} layer caches, the spec has {geometry.n_layers} layers")
+    layers = {len(header.cache_classes), len(header.cache_meta)}
+    if layers != {geometry.n_layers}:
+        raise CacheCorruptionError(f"header describes {sorted(layers)} layer caches, "
+                                   f"the spec has {geometry.n_layers} layers")
     runs = _group_blocks(geometry, entries)
     for index, (_, window) in geometry.groups.items():
         _check_run(index, runs.get(index, []), header.n_tokens, window)
     kv_bytes = sum(e.end - e.begin for name, e in entries.items() if name != TOKENS)
     if kv_bytes != header.tensor_bytes:
-        raise CacheCorruptionError(f"header says {header.tensor_bytes} tensor bytes, the tensors hold {kv_bytes}")
+        raise CacheCorruptionError(
+            f"header says {header.tensor_bytes} tensor bytes, the tensors hold {kv_bytes}")
     return runs
 
 
-def _group_blocks(geometry: _Geometry, entries: dict[str, _Entry]) -> dict[int, list[_BlockEntries]]:
+def _group_blocks(
+    geometry: _Geometry, entries: dict[str, _Entry]
+) -> dict[int, list[_BlockEntries]]:
     found: dict[tuple[int, int], dict[tuple[int, str], _Entry]] = {}
     for name, entry in entries.items():
         if name == TOKENS:
@@ -708,44 +736,52 @@ def _group_blocks(geometry: _Geometry, entries: dict[str, _Entry]) -> dict[int, 
     return runs
 
 
-def _block(geometry: _Geometry, group: int, start: int, tensors: dict[tuple[int, str], _Entry]) -> _BlockEntries:
+def _block(
+    geometry: _Geometry, group: int, start: int, tensors: dict[tuple[int, str], _Entry]
+) -> _BlockEntries:
     if group not in geometry.groups:
-        raise CacheCorruptionError(f"tensor group {group} is not in the spec (groups {sorted(geometry.groups)})")
+        raise CacheCorruptionError(
+            f"tensor group {group} is not in the spec (groups {sorted(geometry.groups)})")
     width = geometry.groups[group][0]
     if set(tensors) != {(slot, kind) for slot in range(width) for kind in "kv"}:
-        raise CacheCorruptionError(f"block g{group}.b{start} lacks k or v of some of the group's {width} layers")
+        raise CacheCorruptionError(
+            f"block g{group}.b{start} lacks k or v of some of the group's {width} layers")
     keys = tuple(tensors[(slot, "k")] for slot in range(width))
     values = tuple(tensors[(slot, "v")] for slot in range(width))
     lengths = {_tensor_length(geometry, e, geometry.head_dim) for e in keys}
     lengths |= {_tensor_length(geometry, e, geometry.v_head_dim) for e in values}
     length = min(lengths)
-    if len(lengths) != 1 or not 1 <= length <= geometry.block_tokens - start % geometry.block_tokens:
-        raise CacheCorruptionError(
-            f"block g{group}.b{start} holds {sorted(lengths)} tokens, which does not fit one {geometry.block_tokens}-token block")
+    room = geometry.block_tokens - start % geometry.block_tokens  # blocks sit on boundaries
+    if len(lengths) != 1 or not 1 <= length <= room:
+        raise CacheCorruptionError(f"block g{group}.b{start} holds {sorted(lengths)} tokens, "
+                                   f"which does not fit one {geometry.block_tokens}-token block")
     return _BlockEntries(group, start, length, keys, values)
 
 
 def _tensor_length(geometry: _Geometry, entry: _Entry, head_dim: int) -> int:
     if entry.dtype != geometry.dtype.code:
-        raise CacheCorruptionError(f"tensor {entry.name} has unexpected dtype {entry.dtype}, the spec stores {geometry.dtype.name}")
+        raise CacheCorruptionError(f"tensor {entry.name} has unexpected dtype {entry.dtype}, "
+                                   f"the spec stores {geometry.dtype.name}")
     shape = entry.shape
     if len(shape) != 4 or shape[0] != 1 or shape[1] != geometry.kv_heads or shape[3] != head_dim:
-        raise CacheCorruptionError(
-            f"tensor {entry.name} has shape {list(shape)}, the spec needs [1, {geometry.kv_heads}, n, {head_dim}]")
+        raise CacheCorruptionError(f"tensor {entry.name} has shape {list(shape)}, "
+                                   f"the spec needs [1, {geometry.kv_heads}, n, {head_dim}]")
     return shape[2]
 
 
 def _check_run(index: int, run: list[_BlockEntries], n_tokens: int, window: int | None) -> None:
     for before, after in pairwise(run):
         if after.start != before.end:
-            raise CacheCorruptionError(
-                f"group {index} is not contiguous: a block starts at {after.start} after one ending at {before.end}")
+            raise CacheCorruptionError(f"group {index} is not contiguous: a block starts at "
+                                       f"{after.start} after one ending at {before.end}")
     end = run[-1].end if run else 0
     if end != n_tokens:
-        raise CacheCorruptionError(f"group {index} covers tokens up to {end}, the cache holds {n_tokens}")
+        raise CacheCorruptionError(
+            f"group {index} covers tokens up to {end}, the cache holds {n_tokens}")
     needed = first_needed_position(n_tokens, window)
     if run and run[0].start > needed:
-        raise CacheCorruptionError(f"group {index} starts at token {run[0].start}, but must hold token {needed} on")
+        raise CacheCorruptionError(
+            f"group {index} starts at token {run[0].start}, but must hold token {needed} on")
 
 
 # -- the directory ---------------------------------------------------------------------------

@@ -11,7 +11,8 @@ from engine.store.file_names import DIGEST_HEX_CHARS, STEM_MAX_CHARS, agent_file
 SAFE_STEM = re.compile(r"[A-Za-z0-9_-]+")
 HOSTILE_IDS = [
     "", "../x", "../../etc/passwd", "/etc/passwd", "a\x00b", ".", "..", "-rf", "a/b\\c",
-    "x" * 100_000, "\u202eevil\u202c.exe", "مرحبا بالعالم", "🦀🚀", "café", "cafe\u0301",
+    "x" * 100_000, "\u202eevil\u202c.exe", "مرحبا بالعالم", "🦀🚀",
+    "café", "cafe\u0301",
     "CON", "Agent", "agent", "\ud800lone surrogate", " spaces  and\ttabs ",
 ]
 

@@ -1,0 +1,364 @@
+"""The warm tier: agent caches on disk, one safetensors file per agent per model.
+
+File I/O runs on one I/O thread; everything else (the index, budgets,
+events) happens on the engine thread, which calls ``poll()`` every loop turn
+to pick up finished jobs. The engine waits only where it needs the data: a
+restore starts a read and the turn waits while other agents keep decoding.
+
+A spilled agent's arrays stay referenced by its pending write until the file
+is on disk, so an agent that comes back before then is restored from memory.
+A restored agent's file is kept as a checkpoint: it is still a valid prefix
+after a crash, and it is rewritten only when the cache changed.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import logging
+import os
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+
+from engine.errors import CacheCorruptionError, CachePersistenceError
+from engine.models.loaded import LoadedModel
+from engine.runtime.agents import AgentRecord
+from engine.runtime.event_log import EventKind, EventLog
+from engine.runtime.hot_cache import HotCache
+from engine.runtime.kv_blocks import BlockData
+
+from .cache_file import (
+    CacheHeader,
+    CacheRecord,
+    PersistedBlock,
+    WrittenFile,
+    cache_file_path,
+    new_header,
+    quarantine,
+    read_cache_file,
+    scan_directory,
+    spec_fingerprint,
+    write_cache_file,
+)
+from .cold_index import ColdIndex, ColdEntry
+from .to_mlx import to_mx_blocks
+
+log = logging.getLogger("semantic.store")
+
+
+class LoadState(enum.Enum):
+    READY = "ready"
+    PENDING = "pending"
+    MISSING = "missing"
+
+
+@dataclass(slots=True)
+class WarmEntry:
+    agent_id: str
+    path: Path
+    n_tokens: int
+    token_hash: str
+    nbytes: int
+    last_used: float
+    display_name: str | None = None
+    source: str | None = None
+
+
+@dataclass(slots=True)
+class PendingWrite:
+    record: CacheRecord
+    future: "Future[WrittenFile]"
+    token_hash: str
+
+
+@dataclass(slots=True)
+class Loaded:
+    """A cache ready to be installed into the pool."""
+
+    tokens: list[int]
+    blocks: dict[int, list[BlockData]]
+    from_memory: bool
+
+
+@dataclass(slots=True)
+class StoreStats:
+    writes: int = 0
+    bytes_written: int = 0
+    write_seconds: float = 0.0
+    reads: int = 0
+    bytes_read: int = 0
+    read_seconds: float = 0.0
+    discards: int = 0
+    write_failures: int = 0
+    went_cold: list[str] = field(default_factory=list)
+
+
+def model_directory(root: Path, loaded: LoadedModel) -> Path:
+    slug = "".join(c if c.isalnum() or c in "-_." else "-" for c in loaded.identity.name)[:40]
+    return root / f"{slug}-{loaded.identity.digest[:16]}"
+
+
+def token_hash(tokens: list[int]) -> str:
+    return hashlib.blake2b(repr(tokens).encode(), digest_size=16).hexdigest()
+
+
+class WarmStore:
+    def __init__(self, root: Path, loaded: LoadedModel, disk_budget_bytes: int, events: EventLog) -> None:
+        self.directory = model_directory(root, loaded)
+        self.loaded = loaded
+        self.disk_budget_bytes = disk_budget_bytes
+        self.events = events
+        self.fingerprint = spec_fingerprint(loaded.spec)
+        self.entries: dict[str, WarmEntry] = {}
+        self.cold = ColdIndex(self.directory / "cold.json")
+        self.stats = StoreStats()
+        self._writes: dict[str, PendingWrite] = {}
+        self._reads: dict[str, tuple[Future[CacheRecord], float]] = {}
+        self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="semantic-io")
+        self.usable = self._prepare_directory()
+
+    # -- start-up -------------------------------------------------------------------------
+    def _prepare_directory(self) -> bool:
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            probe = self.directory / f".probe-{os.getpid()}"
+            probe.write_bytes(b"")
+            probe.unlink()
+            return True
+        except OSError as exc:
+            self.events.emit(
+                EventKind.ERROR, f"warm tier disabled: cache directory {self.directory} is not writable ({exc})",
+                level=logging.ERROR,
+            )
+            return False
+
+    def scan(self) -> list[CacheHeader]:
+        """Index the warm files of this model; quarantine the ones that are not usable."""
+        if not self.usable:
+            return []
+        result = scan_directory(self.directory)
+        for path, reason in result.bad:
+            self._discard_file(path, reason, agent_id=None)
+        headers = []
+        for path, header in result.headers:
+            if header.model_digest != self.loaded.identity.digest or header.spec_fingerprint != self.fingerprint:
+                self._discard_file(path, "made by another model or cache layout", header.agent_id)
+                continue
+            self.entries[header.agent_id] = WarmEntry(
+                header.agent_id, path, header.n_tokens, token_hash(header.token_ids), path.stat().st_size,
+                header.last_used, header.display_name, header.source,
+            )
+            headers.append(header)
+        self.cold.load()
+        self._enforce_budget()
+        return headers
+
+    # -- spill (hot -> warm) ------------------------------------------------------------------
+    def spill(self, agent: AgentRecord, hot: HotCache) -> int:
+        """Start writing the agent's hot cache; returns its size in bytes. Engine thread."""
+        if not self.usable or not agent.tokens:
+            return 0
+        digest = token_hash(agent.tokens)
+        entry = self.entries.get(agent.agent_id)
+        if entry is not None and entry.token_hash == digest and agent.agent_id not in self._writes:
+            return entry.nbytes  # the file on disk already holds exactly this cache
+        record = self._record(agent, hot)
+        self._cancel_read(agent.agent_id)
+        future = self._io.submit(write_cache_file, self.directory, record)
+        self._writes[agent.agent_id] = PendingWrite(record, future, digest)
+        return sum(_nbytes(a) for b in record.blocks for a in (*b.keys, *b.values))
+
+    def _record(self, agent: AgentRecord, hot: HotCache) -> CacheRecord:
+        blocks = [
+            _persisted(group, ref, hot.store.get(ref.block_id))
+            for group, run in sorted(agent.runs.items())
+            for ref in run.refs
+        ]
+        mx.eval([a for b in blocks for a in (*b.keys, *b.values)])
+        header = new_header(
+            agent.agent_id, self.loaded.identity, self.loaded.spec, agent.tokens,
+            *_cache_classes(self.loaded),
+            created_at=agent.created_at, last_used=agent.last_used,
+            display_name=agent.display_name, source=agent.source.value,
+        )
+        return CacheRecord(header, tuple(blocks))
+
+    # -- restore (warm -> hot) ------------------------------------------------------------------
+    def load(self, agent_id: str) -> tuple[LoadState, Loaded | None]:
+        """Poll for an agent's cache: from a pending write, a finished read, or start a read."""
+        pending = self._writes.get(agent_id)
+        if pending is not None:
+            return LoadState.READY, _from_record(pending.record, from_memory=True)
+        if agent_id in self._reads:
+            return self._finish_read(agent_id)
+        entry = self.entries.get(agent_id)
+        if entry is None:
+            return LoadState.MISSING, None
+        self.prefetch(agent_id)
+        return LoadState.PENDING, None
+
+    def prefetch(self, agent_id: str) -> None:
+        """Start reading an agent's file before its turn needs it."""
+        entry = self.entries.get(agent_id)
+        if entry is None or agent_id in self._reads or agent_id in self._writes:
+            return
+        future = self._io.submit(
+            read_cache_file, entry.path, self.loaded.identity.digest, self.fingerprint,
+            expect_model_name=self.loaded.identity.name,
+        )
+        self._reads[agent_id] = (future, time.monotonic())
+
+    def _finish_read(self, agent_id: str) -> tuple[LoadState, Loaded | None]:
+        future, started = self._reads[agent_id]
+        if not future.done():
+            return LoadState.PENDING, None
+        del self._reads[agent_id]
+        try:
+            record = future.result()
+        except CacheCorruptionError as exc:
+            entry = self.entries.pop(agent_id, None)
+            if entry is not None:
+                self._discard_file(entry.path, str(exc), agent_id)
+            return LoadState.MISSING, None
+        self.stats.reads += 1
+        self.stats.read_seconds += time.monotonic() - started
+        self.stats.bytes_read += self.entries[agent_id].nbytes if agent_id in self.entries else 0
+        return LoadState.READY, _from_record(record, from_memory=False)
+
+    def _cancel_read(self, agent_id: str) -> None:
+        read = self._reads.pop(agent_id, None)
+        if read is not None:
+            read[0].cancel()
+
+    # -- forgetting and the budget ------------------------------------------------------------
+    def forget(self, agent_id: str) -> None:
+        """Delete an agent's file (explicit delete or drop to cold)."""
+        self._cancel_read(agent_id)
+        pending = self._writes.pop(agent_id, None)
+        if pending is not None:
+            pending.future.cancel()
+        entry = self.entries.pop(agent_id, None)
+        path = entry.path if entry is not None else cache_file_path(self.directory, agent_id)
+        # Ordered after any write of this agent already running on the I/O thread.
+        self._io.submit(_unlink_quietly, path)
+
+    def remember_cold(self, agent: AgentRecord) -> None:
+        self.cold.add(ColdEntry(agent.agent_id, agent.stored_tokens or len(agent.tokens), agent.last_used,
+                                agent.display_name, agent.source.value))
+        self._io.submit(self.cold.save)
+
+    def forget_cold(self, agent_id: str) -> None:
+        if self.cold.remove(agent_id):
+            self._io.submit(self.cold.save)
+
+    @property
+    def disk_bytes(self) -> int:
+        return sum(e.nbytes for e in self.entries.values())
+
+    def _enforce_budget(self) -> None:
+        """Oldest warm files become cold until the warm tier fits its budget."""
+        for entry in sorted(self.entries.values(), key=lambda e: e.last_used):
+            if self.disk_bytes <= self.disk_budget_bytes:
+                return
+            if entry.agent_id in self._writes:
+                continue
+            self.entries.pop(entry.agent_id)
+            self._io.submit(_unlink_quietly, entry.path)
+            self.stats.went_cold.append(entry.agent_id)
+            self.events.emit(EventKind.EVICT, f"{entry.agent_id}: warm -> cold (disk budget)", entry.agent_id)
+
+    # -- the engine loop's hook ------------------------------------------------------------------
+    def poll(self) -> None:
+        """Apply finished writes and the disk budget (engine thread, every loop turn)."""
+        for agent_id, pending in list(self._writes.items()):
+            if pending.future.done():
+                del self._writes[agent_id]
+                self._settle_write(agent_id, pending)
+        self._enforce_budget()
+
+    def take_went_cold(self) -> list[str]:
+        """Agents whose warm copy is gone since the last call (budget, write failure)."""
+        went_cold, self.stats.went_cold = self.stats.went_cold, []
+        return went_cold
+
+    def _settle_write(self, agent_id: str, pending: PendingWrite) -> None:
+        if pending.future.cancelled():
+            return
+        try:
+            written = pending.future.result()
+        except CachePersistenceError as exc:
+            self.stats.write_failures += 1
+            self.stats.went_cold.append(agent_id)
+            self.entries.pop(agent_id, None)
+            self.events.emit(EventKind.DISCARD, f"{agent_id}: could not write warm cache ({exc})", agent_id, logging.WARNING)
+            return
+        header = pending.record.header
+        self.entries[agent_id] = WarmEntry(
+            agent_id, written.path, header.n_tokens, pending.token_hash, written.nbytes, header.last_used,
+            header.display_name, header.source,
+        )
+        self.stats.writes += 1
+        self.stats.bytes_written += written.nbytes
+        self.stats.write_seconds += written.seconds
+        mb_s = written.nbytes / 2**20 / max(written.seconds, 1e-6)
+        log.debug("wrote %s: %d bytes in %.3f s (%.0f MB/s)", agent_id, written.nbytes, written.seconds, mb_s)
+
+    def flush(self) -> None:
+        """Wait for every queued write and delete (shutdown, tests)."""
+        self._io.submit(lambda: None).result()
+        self.poll()
+
+    def close(self) -> None:
+        self.flush()
+        self._io.shutdown(wait=True)
+
+    def _discard_file(self, path: Path, reason: str, agent_id: str | None) -> None:
+        self.stats.discards += 1
+        where = quarantine(path, reason)
+        target = f"moved to {where}" if where else "deleted"
+        self.events.emit(EventKind.DISCARD, f"discarded {path.name}: {reason} ({target})", agent_id, logging.WARNING)
+
+
+def _persisted(group: int, ref: Any, data: BlockData) -> PersistedBlock:
+    keys, values = data.keys, data.values
+    if ref.length < data.length:
+        keys = tuple(mx.contiguous(k[..., : ref.length, :]) for k in keys)
+        values = tuple(mx.contiguous(v[..., : ref.length, :]) for v in values)
+    return PersistedBlock(group, ref.start, ref.length, keys, values)
+
+
+def _from_record(record: CacheRecord, from_memory: bool) -> Loaded:
+    if from_memory:
+        blocks: dict[int, list[BlockData]] = {}
+        for b in record.blocks:
+            blocks.setdefault(b.group, []).append(BlockData(b.start, b.length, b.keys, b.values))
+    else:
+        blocks = to_mx_blocks(record)
+    return Loaded(list(record.header.token_ids), blocks, from_memory)
+
+
+def _cache_classes(loaded: LoadedModel) -> tuple[list[str], list[dict[str, Any]]]:
+    caches = loaded.model.make_cache() if hasattr(loaded.model, "make_cache") else [None] * loaded.spec.n_layers
+    classes, meta = [], []
+    for cache in caches:
+        classes.append(type(cache).__name__ if cache is not None else "KVCache")
+        meta.append({"max_size": cache.max_size, "keep": cache.keep} if hasattr(cache, "max_size") else {})
+    return classes, meta
+
+
+def _nbytes(array: Any) -> int:
+    return int(array.nbytes)
+
+
+def _unlink_quietly(path: Path) -> None:
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        log.warning("could not delete %s: %s", path, exc)

@@ -1,0 +1,192 @@
+"""The warm (disk) tier on tiny models: eviction, restore, restart, failures."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from engine.runtime.agents import Tier
+from engine.runtime.batch_runner import RunnerLimits
+from engine.runtime.engine import Engine, EngineConfig
+from engine.runtime.event_log import EventKind, EventLog
+from engine.runtime.requests import GenerationRequest
+from engine.runtime.sync_client import run_turn
+from engine.store.warm_store import WarmStore
+from tests.support.byte_tokenizer import EOS
+from tests.support.reference import reference_greedy
+from tests.support.tiny_models import loaded_tiny
+from tests.unit.test_engine_batching import prompt_for, without_eos
+
+
+def engine_with_store(root: Path, kind: str = "llama", blocks: int = 64, disk_mb: float = 64, loaded=None) -> Engine:
+    loaded = loaded or loaded_tiny(kind)
+    events = EventLog()
+    store = WarmStore(root, loaded, int(disk_mb * 2**20), events)
+    config = EngineConfig(blocks * loaded.spec.block_bytes, RunnerLimits(8, 4, 32))
+    engine = Engine(loaded, config, store=store, events=events)
+    engine.start()
+    return engine
+
+
+def events_of(engine: Engine, kind: EventKind) -> list[str]:
+    return [e.message for e in engine.events.since(0) if e.kind is kind]
+
+
+def continue_turn(engine: Engine, agent: str, previous, extra: bytes, n: int = 8):
+    prompt = previous.request.prompt_tokens + tuple(previous.tokens) + tuple(extra)
+    return run_turn(engine, GenerationRequest(agent, prompt, n))
+
+
+@pytest.mark.parametrize("kind", ["llama", "gemma"])
+def test_evict_to_disk_and_restore_gives_identical_continuation(tmp_path: Path, kind: str) -> None:
+    engine = engine_with_store(tmp_path, kind)
+    try:
+        first = run_turn(engine, GenerationRequest("w", prompt_for(0, 3), 8))
+        engine.call(lambda e: e.evict_agent("w", Tier.WARM)).result()
+        engine.call(lambda e: e._store.flush()).result()
+        snap = engine.fresh_snapshot()
+        assert snap.agent("w").tier == "warm" and snap.pool.used_blocks == 0
+        second = continue_turn(engine, "w", first, b" go on")
+        expected = reference_greedy(engine.loaded.model, list(second.request.prompt_tokens), 8, {EOS})
+        assert second.tokens == without_eos(expected)
+        assert second.finish.usage.reused_tokens == len(first.request.prompt_tokens) + first.finish.usage.generated_tokens
+        assert any("from disk" in m for m in events_of(engine, EventKind.RESTORE))
+    finally:
+        engine.stop()
+
+
+def test_restore_before_the_write_finishes_comes_from_memory(tmp_path: Path) -> None:
+    engine = engine_with_store(tmp_path)
+    try:
+        first = run_turn(engine, GenerationRequest("m", prompt_for(1, 2), 6))
+
+        def evict_and_restore(e: Engine) -> str:
+            e.evict_agent("m", Tier.WARM)
+            state = e.tiers.ensure_hot(e.agents.get("m"))
+            return state.value
+
+        assert engine.call(evict_and_restore).result() == "ready"
+        assert any("from memory" in m for m in events_of(engine, EventKind.RESTORE))
+        second = continue_turn(engine, "m", first, b"!")
+        assert second.finish.usage.reuse_source == "self"
+    finally:
+        engine.stop()
+
+
+def test_pool_pressure_spills_least_recently_used_agents_to_warm(tmp_path: Path) -> None:
+    engine = engine_with_store(tmp_path, blocks=16)
+    try:
+        turns = [run_turn(engine, GenerationRequest(f"p{i}", prompt_for(i, 4), 8)) for i in range(3)]
+        tiers = {a.agent_id: a.tier for a in engine.fresh_snapshot().agents}
+        assert tiers["p0"] == "warm" and tiers["p2"] == "hot"
+        again = continue_turn(engine, "p0", turns[0], b" again")
+        assert again.finish.usage.reused_tokens > 0
+        assert again.tokens == without_eos(reference_greedy(engine.loaded.model, list(again.request.prompt_tokens), 8, {EOS}))
+    finally:
+        engine.stop()
+
+
+def test_a_restarted_engine_resumes_agents_from_disk(tmp_path: Path) -> None:
+    loaded = loaded_tiny("llama")
+    a = engine_with_store(tmp_path, loaded=loaded)
+    first = run_turn(a, GenerationRequest("r", prompt_for(2, 3), 8))
+    a.stop()  # persists hot agents
+    b = engine_with_store(tmp_path, loaded=loaded)
+    try:
+        assert b.fresh_snapshot().agent("r").tier == "warm"
+        second = continue_turn(b, "r", first, b" next")
+        usage = second.finish.usage
+        assert usage.reused_tokens == len(first.request.prompt_tokens) + first.finish.usage.generated_tokens
+        assert second.tokens == without_eos(reference_greedy(loaded.model, list(second.request.prompt_tokens), 8, {EOS}))
+    finally:
+        b.stop()
+
+
+def test_corrupt_file_is_discarded_and_the_turn_prefills(tmp_path: Path) -> None:
+    loaded = loaded_tiny("llama")
+    a = engine_with_store(tmp_path, loaded=loaded)
+    first = run_turn(a, GenerationRequest("c", prompt_for(0, 3), 6))
+    a.stop()
+    (path,) = [p for p in tmp_path.rglob("*.safetensors") if "quarantine" not in p.parts]
+    data = bytearray(path.read_bytes())
+    data[-10] ^= 0xFF
+    path.write_bytes(bytes(data))
+    b = engine_with_store(tmp_path, loaded=loaded)
+    try:
+        second = continue_turn(b, "c", first, b"?", 6)
+        assert second.finish.usage.reused_tokens == 0
+        assert second.tokens == without_eos(reference_greedy(loaded.model, list(second.request.prompt_tokens), 6, {EOS}))
+        discards = events_of(b, EventKind.DISCARD)
+        assert any("checksum" in m for m in discards), discards
+        assert list(tmp_path.rglob("quarantine/*.safetensors"))
+    finally:
+        b.stop()
+
+
+def test_files_of_another_model_are_never_served(tmp_path: Path) -> None:
+    a = engine_with_store(tmp_path, loaded=loaded_tiny("llama", seed=1))
+    run_turn(a, GenerationRequest("x", prompt_for(0), 4))
+    a.stop()
+    other = loaded_tiny("llama", seed=2)  # same layout, different weights and identity
+    directory = WarmStore(tmp_path, other, 1 << 20, EventLog()).directory
+    directory.mkdir(parents=True, exist_ok=True)
+    for p in tmp_path.rglob("*.safetensors"):
+        os.link(p, directory / p.name)
+    b = engine_with_store(tmp_path, loaded=other)
+    try:
+        assert b.fresh_snapshot().agent("x") is None
+        assert any("another model" in m for m in events_of(b, EventKind.DISCARD))
+    finally:
+        b.stop()
+
+
+def test_disk_budget_turns_the_oldest_warm_agents_cold(tmp_path: Path) -> None:
+    engine = engine_with_store(tmp_path, disk_mb=0.1)
+    try:
+        for i in range(4):
+            run_turn(engine, GenerationRequest(f"d{i}", prompt_for(i, 4), 4))
+            engine.call(lambda e, i=i: e.evict_agent(f"d{i}", Tier.WARM)).result()
+            engine.call(lambda e: e._store.flush()).result()
+        engine.call(lambda e: e.tiers.poll()).result()
+        snap = engine.fresh_snapshot()
+        tiers = {a.agent_id: a.tier for a in snap.agents}
+        assert tiers["d0"] == "cold" and tiers["d3"] == "warm", tiers
+        assert engine.call(lambda e: e._store.disk_bytes).result() <= 0.1 * 2**20
+    finally:
+        engine.stop()
+
+
+def test_write_failure_makes_the_agent_cold_and_the_engine_keeps_going(tmp_path: Path) -> None:
+    engine = engine_with_store(tmp_path)
+    try:
+        first = run_turn(engine, GenerationRequest("f", prompt_for(0), 4))
+        directory = engine.call(lambda e: e._store.directory).result()
+        for p in directory.iterdir():
+            if p.is_file():
+                p.unlink()
+        directory.rmdir()
+        directory.write_text("not a directory")  # every write into it now fails
+        engine.call(lambda e: e.evict_agent("f", Tier.WARM)).result()
+        engine.call(lambda e: e._store.flush()).result()
+        engine.call(lambda e: e.tiers.poll()).result()
+        assert engine.fresh_snapshot().agent("f").tier == "cold"
+        assert any("could not write" in m for m in events_of(engine, EventKind.DISCARD))
+        again = continue_turn(engine, "f", first, b"x", 4)
+        assert again.finish.usage.reused_tokens == 0 and again.finish.error is None
+    finally:
+        engine.stop()
+
+
+def test_unwritable_cache_directory_disables_the_warm_tier(tmp_path: Path) -> None:
+    blocker = tmp_path / "blocked"
+    blocker.write_text("a file where the directory should be")
+    engine = engine_with_store(blocker)
+    try:
+        assert any("warm tier disabled" in m for m in events_of(engine, EventKind.ERROR))
+        run_turn(engine, GenerationRequest("u", prompt_for(0), 4))
+        engine.call(lambda e: e.evict_agent("u", Tier.WARM)).result()
+        assert engine.fresh_snapshot().agent("u").tier == "cold"
+    finally:
+        engine.stop()
