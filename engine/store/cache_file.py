@@ -21,7 +21,7 @@ read with one ``np.frombuffer`` and covered by the checksum, instead of ~900 KB
 of digits parsed into Python ints out of a JSON string inside a JSON string.
 ``token_ids`` comes first so :func:`read_header` reads one prefix of the file.
 
-The checksum is crc32 (about 5.9 GB/s here against 1.1 GB/s for blake2b; it
+The checksum is crc32 (6.5 GB/s measured here against 1.3 GB/s for blake2b; it
 guards against torn and flipped bytes, not against attackers). It covers every
 byte of the file with its own 8 hex digits read as ``0``, the header included,
 so a flipped agent id or rotating-cache offset is caught, not only flipped
