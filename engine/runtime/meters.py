@@ -36,6 +36,11 @@ class RateMeter:
         # single step does not read as an enormous rate.
         return sum(n for _, n in self._marks) / max(span, min(self._window, 1.0))
 
+    def count(self, now: float | None = None) -> int:
+        """Events inside the window (per minute, for a 60 s window)."""
+        self._expire(time.monotonic() if now is None else now)
+        return sum(n for _, n in self._marks)
+
     def _expire(self, now: float) -> None:
         while self._marks and now - self._marks[0][0] > self._window:
             self._marks.popleft()

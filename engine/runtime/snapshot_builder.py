@@ -82,20 +82,22 @@ def _throughput(engine: "Engine") -> ThroughputView:
 
 
 def _tiers(engine: "Engine", agents: tuple[AgentView, ...]) -> TierView:
-    runner = engine.runner
+    runner, tiers, store = engine.runner, engine.tiers, engine.tiers.store
     counts = {t.value: 0 for t in Tier}
-    warm_bytes = 0
     for a in agents:
         counts[a.tier] += 1
-        if a.tier == Tier.WARM.value:
-            warm_bytes += a.bytes
     return TierView(
         hot_agents=counts["hot"],
         warm_agents=counts["warm"],
         cold_agents=counts["cold"],
         hot_bytes=engine.pool.used_bytes,
-        warm_bytes=warm_bytes,
-        evictions_total=dict(engine.tiers.evictions),
+        warm_bytes=store.disk_bytes if store is not None else 0,
+        disk_budget_bytes=store.disk_budget_bytes if store is not None else 0,
+        evictions_total=dict(tiers.evictions),
+        restores_total=tiers.restores,
+        discards_total=store.stats.discards if store is not None else 0,
+        evictions_per_min=float(tiers.eviction_rate.count()),
+        restores_per_min=float(tiers.restore_rate.count()),
         prefix_hits=runner.stats.cache_hits if runner else 0,
         prefix_misses=runner.stats.cache_misses if runner else 0,
     )

@@ -13,6 +13,7 @@ from .agent_table import AgentTable
 from .agents import AgentRecord, Tier
 from .event_log import EventKind, EventLog
 from .hot_cache import HotCache
+from .meters import RateMeter
 
 if TYPE_CHECKING:
     from engine.store.warm_store import WarmStore
@@ -32,6 +33,9 @@ class TierManager:
         self.store = store
         self.evictions: dict[str, int] = {"warm": 0, "cold": 0}
         self.restores = 0
+        # Per-minute rates for the workbench's tier pane.
+        self.eviction_rate = RateMeter(window_s=60.0)
+        self.restore_rate = RateMeter(window_s=60.0)
 
     # -- eviction ---------------------------------------------------------------------
     def make_room(self, free_blocks: int, protect: set[str], auxiliary_only: bool = False) -> bool:
@@ -55,6 +59,7 @@ class TierManager:
             agent.stored_bytes = self.store.spill(agent, self.hot)
             agent.tier = Tier.WARM
             self.evictions["warm"] += 1
+            self.eviction_rate.add(1)
             self.hot.drop(agent)
             self.events.emit(
                 EventKind.EVICT, f"{agent.agent_id}: hot -> warm, {agent.stored_tokens} tokens ({reason})", agent.agent_id
@@ -70,6 +75,7 @@ class TierManager:
         agent.tier = Tier.COLD
         agent.stored_bytes = 0
         self.evictions["cold"] += 1
+        self.eviction_rate.add(1)
         self.events.emit(EventKind.EVICT, f"{agent.agent_id}: {message}", agent.agent_id)
 
     # -- restore ----------------------------------------------------------------------
@@ -94,6 +100,7 @@ class TierManager:
             return HotState.NO_ROOM
         self.hot.install(agent, loaded.tokens, loaded.blocks)  # type: ignore[attr-defined]
         self.restores += 1
+        self.restore_rate.add(1)
         source = "memory" if loaded.from_memory else "disk"  # type: ignore[attr-defined]
         self.events.emit(
             EventKind.RESTORE, f"{agent.agent_id}: warm -> hot from {source}, {len(agent.tokens)} tokens", agent.agent_id

@@ -1,0 +1,175 @@
+"""Cache-store benchmark: what the warm tier and prefix sharing save.
+
+1. Resume time-to-first-token of 2K/4K/8K-token conversations restored from
+   the warm tier (disk) vs a cold re-prefill of the same prompt.
+2. Disk save/load throughput of the store vs a plain copy of the same file.
+3. A 16-agent multi-turn workload on a pool that fits ~6 agents, with the
+   warm tier vs without it (evicted agents re-prefill).
+4. Prefix hit rate of 8 agents sharing a long system prompt.
+
+Run: ``make bench`` or ``LD_PRELOAD=... python bench/bench_cache_store.py [--quick]``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from common import base_parser, load, print_table, start_engine
+
+from engine.runtime.agents import Tier
+from engine.runtime.event_log import EventLog
+from engine.runtime.requests import GenerationRequest
+from engine.runtime.sync_client import run_turn
+from engine.store.warm_store import WarmStore
+
+
+def facts(loaded, n_tokens: int) -> str:
+    """Filler text of about ``n_tokens`` tokens of this model's tokenizer."""
+    sentences: list[str] = []
+    while len(loaded.tokenizer.encode(" ".join(sentences))) < n_tokens:
+        start = len(sentences)
+        sentences += [f"Fact {i}: item {i} weighs {i * 7 % 101} grams." for i in range(start, start + 25)]
+    return " ".join(sentences)
+
+
+def chat(loaded, messages: list[dict]) -> tuple[int, ...]:
+    return tuple(loaded.tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+
+
+def drop_page_cache() -> bool:
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        return True
+    except OSError:
+        return False
+
+
+# -- 1 + 2: resume from warm vs cold prefill, and disk throughput --------------------------------
+def resume_vs_cold(loaded, pool_mb: float, sizes: list[int]) -> None:
+    print("\n## Resume TTFT: restored from the warm tier vs cold re-prefill")
+    rows, io_rows = [], []
+    for size in sizes:
+        with tempfile.TemporaryDirectory() as root:
+            store = WarmStore(Path(root), loaded, 1 << 40, EventLog())
+            engine = start_engine(loaded, pool_mb, store=store)
+            try:
+                rows.append(_one_resume(engine, loaded, size, io_rows))
+            finally:
+                engine.stop()
+    print_table(["prompt tokens", "TTFT warm s", "TTFT cold s", "speed-up x", "page cache dropped"], rows)
+    print("\n## Disk throughput of the warm tier vs a plain file copy (same bytes)")
+    print_table(["file MB", "save MB/s", "load MB/s", "copy MB/s", "save/copy", "load/copy"], io_rows)
+
+
+def _one_resume(engine, loaded, size: int, io_rows: list) -> list:
+    messages = [{"role": "user", "content": f"Remember these facts.\n{facts(loaded, size)}\nReply OK."}]
+    first = run_turn(engine, GenerationRequest("resume", chat(loaded, messages), 4), timeout_s=3600)
+    messages += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "What does item 3 weigh?"}]
+    prompt = chat(loaded, messages)
+    engine.call(lambda e: e.evict_agent("resume", Tier.WARM)).result()
+    engine.call(lambda e: e._store.flush()).result()
+    store = engine.call(lambda e: e._store).result()
+    path = store.entries["resume"].path
+    dropped = drop_page_cache()
+    warm = run_turn(engine, GenerationRequest("resume", prompt, 4), timeout_s=3600)
+    assert warm.finish.usage.reused_tokens > size * 0.9, warm.finish.usage
+    cold = run_turn(engine, GenerationRequest("resume-cold", prompt, 4), timeout_s=3600)
+    io_rows.append(_io_row(store, path))
+    w, c = warm.finish.usage.ttft_s, cold.finish.usage.ttft_s
+    return [len(prompt), w, c, c / w, "yes" if dropped else "no"]
+
+
+def _io_row(store: WarmStore, path: Path) -> list:
+    stats = store.stats
+    mb = stats.bytes_written / 2**20
+    with tempfile.TemporaryDirectory() as tmp:
+        drop_page_cache()
+        t0 = time.perf_counter()
+        shutil.copyfile(path, Path(tmp) / "copy")
+        copy_s = time.perf_counter() - t0
+    save = mb / max(stats.write_seconds, 1e-9)
+    read = (stats.bytes_read / 2**20) / max(stats.read_seconds, 1e-9)
+    copy = (path.stat().st_size / 2**20) / copy_s
+    return [mb, save, read, copy, save / copy, read / copy]
+
+
+# -- 3: many agents, small pool ---------------------------------------------------------------
+def crowded_pool(loaded, n_agents: int, turns: int, context: int, fit: int) -> None:
+    print(f"\n## {n_agents} agents x {turns} turns on a pool that fits ~{fit} agents")
+    blocks_per_agent = loaded.spec.total_blocks_for_tokens(context + 150)
+    pool_mb = fit * blocks_per_agent * loaded.spec.block_bytes / 2**20
+    rows = []
+    for label, with_store in (("warm tier", True), ("no warm tier (re-prefill)", False)):
+        with tempfile.TemporaryDirectory() as root:
+            store = WarmStore(Path(root), loaded, 1 << 40, EventLog()) if with_store else None
+            engine = start_engine(loaded, pool_mb, store=store)
+            try:
+                rows.append([label, *_crowd(engine, loaded, n_agents, turns, context)])
+            finally:
+                engine.stop()
+    print_table(["mode", "total s", "prompt tokens", "prefilled", "reused (avoided)", "avoided %"], rows)
+
+
+def _crowd(engine, loaded, n_agents: int, turns: int, context: int) -> list:
+    histories = {
+        i: [{"role": "user", "content": f"You are agent {i}. Notes:\n{facts(loaded, context)}\nSay ready."}] for i in range(n_agents)
+    }
+    totals = {"prompt": 0, "prefilled": 0, "reused": 0}
+
+    def turn(i: int) -> None:
+        prompt = chat(loaded, histories[i])
+        result = run_turn(engine, GenerationRequest(f"crowd-{i}", prompt, 8), timeout_s=3600)
+        histories[i] += [{"role": "assistant", "content": result.text}, {"role": "user", "content": "Continue."}]
+        usage = result.finish.usage
+        totals["prompt"] += usage.prompt_tokens
+        totals["prefilled"] += usage.prefilled_tokens
+        totals["reused"] += usage.reused_tokens
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(4) as pool:  # four clients at a time, round robin over agents
+        for _ in range(turns):
+            list(pool.map(turn, range(n_agents)))
+    elapsed = time.perf_counter() - t0
+    return [elapsed, totals["prompt"], totals["prefilled"], totals["reused"], 100 * totals["reused"] / totals["prompt"]]
+
+
+# -- 4: shared system prompt -------------------------------------------------------------------
+def shared_prefix(loaded, pool_mb: float, n_agents: int, system_tokens: int) -> None:
+    print(f"\n## Prefix sharing: {n_agents} agents with one {system_tokens}-token system prompt, 2 turns each")
+    system = f"You are a coding agent. Tools and rules follow.\n{facts(loaded, system_tokens)}"
+    engine = start_engine(loaded, pool_mb)
+    prompt_total = reused_total = shared_hits = 0
+    try:
+        for i in range(n_agents):
+            history = [{"role": "system", "content": system}, {"role": "user", "content": f"Task {i}: list files."}]
+            for _ in range(2):
+                result = run_turn(engine, GenerationRequest(f"share-{i}", chat(loaded, history), 8), timeout_s=3600)
+                usage = result.finish.usage
+                prompt_total += usage.prompt_tokens
+                reused_total += usage.reused_tokens
+                shared_hits += usage.reuse_source.startswith("shared:")
+                history += [{"role": "assistant", "content": result.text}, {"role": "user", "content": "Next step."}]
+        pool = engine.fresh_snapshot().pool
+    finally:
+        engine.stop()
+    print_table(
+        ["turns", "prompt tokens", "reused", "hit rate %", "first turns served by sharing", "shared blocks"],
+        [[2 * n_agents, prompt_total, reused_total, 100 * reused_total / prompt_total, f"{shared_hits}/{n_agents - 1}",
+          pool.shared_blocks]],
+    )
+
+
+def main() -> None:
+    args = base_parser(__doc__.splitlines()[0]).parse_args()
+    loaded = load(args)
+    resume_vs_cold(loaded, args.pool_mb, [2000] if args.quick else [2000, 4000, 7800])
+    crowded_pool(loaded, 8 if args.quick else 16, 2 if args.quick else 3, 300 if args.quick else 500, 6)
+    shared_prefix(loaded, args.pool_mb, 4 if args.quick else 8, 1000)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+"""Bridge from the engine thread's event sink to an asyncio consumer.
+
+The engine calls the sink on its own thread; ``call_soon_threadsafe`` hands
+each event to the event loop, so no request ever blocks the loop on MLX work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import AsyncIterator, Awaitable, Callable
+
+from engine.runtime.engine import Engine
+from engine.runtime.requests import EngineEvent, FinishEvent, FinishReason, GenerationRequest
+
+
+class AsyncTurn:
+    def __init__(self, engine: Engine, request: GenerationRequest) -> None:
+        self.engine = engine
+        self.request = request
+        self.finish: FinishEvent | None = None
+        self._queue: asyncio.Queue[EngineEvent] = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+        engine.submit(request, lambda event: loop.call_soon_threadsafe(self._queue.put_nowait, event))
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    async def next_event(self, timeout_s: float | None = None) -> EngineEvent | None:
+        """The next event, or None after ``timeout_s`` without one (time for a ping)."""
+        try:
+            event = await asyncio.wait_for(self._queue.get(), timeout_s)
+        except asyncio.TimeoutError:
+            return None
+        if isinstance(event, FinishEvent):
+            self.finish = event
+        return event
+
+    async def events(self, ping_every_s: float | None = None) -> AsyncIterator[EngineEvent | None]:
+        """Every event until the finish; None marks ``ping_every_s`` of silence."""
+        while self.finish is None:
+            yield await self.next_event(ping_every_s)
+
+    def cancel(self) -> None:
+        if self.finish is None:
+            self.engine.cancel(self.request_id, FinishReason.CANCELLED)
+
+    async def run_to_finish(self, disconnected: Callable[[], Awaitable[bool]], poll_s: float = 0.5) -> list[EngineEvent]:
+        """Collect every event (non-streaming responses), cancelling if the client goes away."""
+        collected: list[EngineEvent] = []
+        while self.finish is None:
+            event = await self.next_event(poll_s)
+            if event is None:
+                if await disconnected():
+                    self.cancel()
+                continue
+            collected.append(event)
+        return collected

@@ -1,0 +1,88 @@
+"""Error shapes of the two protocols, and how domain errors map onto HTTP statuses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+
+from engine.errors import (
+    AgentNotFoundError,
+    CachePersistenceError,
+    EngineUnavailableError,
+    InvalidRequestError,
+    ModelLoadError,
+    ModelSwapError,
+    PoolExhaustedError,
+    SemanticError,
+)
+
+ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ApiError(Exception):
+    status: int
+    message: str
+    retry_after_s: int | None = None
+    param: str | None = None
+
+
+def from_domain(exc: SemanticError) -> ApiError:
+    """The HTTP status and message for a domain error."""
+    if isinstance(exc, InvalidRequestError):
+        return ApiError(400, str(exc), param=exc.field)
+    if isinstance(exc, AgentNotFoundError):
+        return ApiError(404, str(exc))
+    if isinstance(exc, PoolExhaustedError):
+        return ApiError(429, str(exc), retry_after_s=exc.retry_after_s)
+    if isinstance(exc, EngineUnavailableError):
+        return ApiError(503, str(exc), retry_after_s=exc.retry_after_s)
+    if isinstance(exc, (ModelLoadError, ModelSwapError)):
+        return ApiError(400, str(exc))
+    if isinstance(exc, CachePersistenceError):
+        return ApiError(500, str(exc))
+    return ApiError(500, str(exc))
+
+
+def protocol_of(request: Request) -> str:
+    path = request.url.path
+    if path.startswith("/v1/chat/completions") or path.startswith("/v1/completions"):
+        return "openai"
+    if path.startswith("/v1/messages"):
+        return "anthropic"
+    if path == "/v1/models" and "anthropic-version" not in request.headers and "x-api-key" not in request.headers:
+        return "openai"
+    return "anthropic"
+
+
+def error_body(protocol: str, error: ApiError) -> dict:
+    if protocol == "openai":
+        kind = "invalid_request_error" if error.status < 500 else "server_error"
+        if error.status == 401:
+            kind = "authentication_error"
+        elif error.status == 429:
+            kind = "rate_limit_error"
+        return {"error": {"message": error.message, "type": kind, "param": error.param, "code": None}}
+    return {"type": "error", "error": {"type": ANTHROPIC_TYPES.get(error.status, "api_error"), "message": error.message}}
+
+
+def error_response(request: Request, error: ApiError) -> JSONResponse:
+    headers = {"retry-after": str(error.retry_after_s)} if error.retry_after_s is not None else None
+    return JSONResponse(error_body(protocol_of(request), error), status_code=error.status, headers=headers)
+
+
+def stream_error_payload(error: ApiError) -> dict:
+    """An Anthropic ``event: error`` payload for failures after the 200 was sent."""
+    return error_body("anthropic", error)

@@ -1,0 +1,120 @@
+"""Which agent a request belongs to (protocol.md, "Which agent a request belongs to").
+
+1. Claude Code's ``X-Claude-Code-Session-Id`` (a subagent's
+   ``x-claude-code-agent-id`` makes a separate agent);
+2. OpenAI ``session_id`` / ``X-Session-Id``; the direct API's URL id;
+3. ``metadata.user_id`` when it carries a session id;
+4. a hash of the canonical prompt prefix (tools + system, attribution
+   blocks stripped) — never of the first user message, where Claude Code
+   puts CLAUDE.md, so all sessions of a project would collide.
+
+Within one session the agent id also carries a short hash of that canonical
+prefix: Claude Code's side requests (titles, classifiers) use other system
+prompts, so they become their own small agents and can never trim or evict
+the main conversation's cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from engine.errors import InvalidRequestError
+from engine.runtime.requests import AgentSource
+
+from .chat import Conversation
+from .rendering import dumps
+
+AGENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+=-]{0,127}$")
+SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,95}$")
+AUX_MAX_TOKENS = 32
+
+
+@dataclass(frozen=True, slots=True)
+class AgentIdentity:
+    agent_id: str
+    source: AgentSource
+    display_name: str
+    auxiliary: bool = False
+
+
+def validate_agent_id(value: str, field: str = "agent_id") -> str:
+    if not isinstance(value, str) or not AGENT_ID.match(value):
+        raise InvalidRequestError(
+            f"{field} must be 1-128 characters of letters, digits and . _ : @ + = - (starting with a letter or digit)",
+            field=field,
+        )
+    return value
+
+
+def _session(value: str | None, field: str) -> str | None:
+    if value is None or value == "":
+        return None
+    if not SESSION_ID.match(value):
+        raise InvalidRequestError(f"{field} must be 1-96 characters of letters, digits, _ and -", field=field)
+    return value
+
+
+def prefix_hash(conversation: Conversation) -> str:
+    canonical = {
+        "system": conversation.system_text(),
+        "tools": [{"name": t.name, "description": t.description, "parameters": t.parameters} for t in conversation.tools],
+    }
+    return hashlib.sha256(dumps(canonical).encode()).hexdigest()[:16]
+
+
+def session_from_user_id(user_id: Any) -> str | None:
+    """Newer Claude Code sends JSON with a session_id; older ones ``..._session_<uuid>``."""
+    if not isinstance(user_id, str) or not user_id:
+        return None
+    try:
+        data = json.loads(user_id)
+        if isinstance(data, dict) and isinstance(data.get("session_id"), str):
+            return _clean(data["session_id"])
+    except ValueError:
+        pass
+    match = re.search(r"session_([A-Za-z0-9-]{8,})", user_id)
+    return _clean(match.group(1)) if match else None
+
+
+def _clean(value: str) -> str | None:
+    return value if SESSION_ID.match(value) else None
+
+
+def is_auxiliary(max_tokens: int, model: str | None) -> bool:
+    """Claude Code's side requests: tiny probes, and titles/classifiers on its small model."""
+    return max_tokens <= AUX_MAX_TOKENS or "haiku" in (model or "").lower()
+
+
+def anthropic_identity(
+    headers: Mapping[str, str], conversation: Conversation, metadata: Mapping[str, Any] | None,
+    max_tokens: int, model: str | None,
+) -> AgentIdentity:
+    aux = is_auxiliary(max_tokens, model)
+    prefix = prefix_hash(conversation)
+    session = _session(headers.get("x-claude-code-session-id"), "X-Claude-Code-Session-Id")
+    if session is not None:
+        sub = _session(headers.get("x-claude-code-agent-id"), "x-claude-code-agent-id")
+        base = f"cc-{session}" + (f"-sub-{sub}" if sub else "")
+        label = f"Claude Code {session[:8]}" + (f" / subagent {sub[:8]}" if sub else "")
+        return AgentIdentity(f"{base}-{prefix[:8]}", AgentSource.CLAUDE_CODE, _labelled(label, aux), aux)
+    meta_session = session_from_user_id((metadata or {}).get("user_id"))
+    if meta_session is not None:
+        return AgentIdentity(f"cc-{meta_session}-{prefix[:8]}", AgentSource.CLAUDE_CODE,
+                             _labelled(f"Claude Code {meta_session[:8]}", aux), aux)
+    return AgentIdentity(f"anthropic-{prefix}", AgentSource.ANTHROPIC, f"Anthropic client {prefix[:8]}", aux)
+
+
+def openai_identity(headers: Mapping[str, str], body_session: str | None, conversation: Conversation) -> AgentIdentity:
+    session = _session(body_session, "session_id") or _session(headers.get("x-session-id"), "X-Session-Id")
+    if session is not None:
+        return AgentIdentity(f"oa-{session}", AgentSource.OPENAI, f"OpenAI session {session[:24]}")
+    prefix = prefix_hash(conversation)
+    return AgentIdentity(f"openai-{prefix}", AgentSource.OPENAI, f"OpenAI client {prefix[:8]}")
+
+
+def _labelled(label: str, auxiliary: bool) -> str:
+    return f"{label} (side request)" if auxiliary else label

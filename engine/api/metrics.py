@@ -1,0 +1,103 @@
+"""Prometheus metrics: request counters and histograms recorded by the API,
+gauges read from the engine snapshot at scrape time.
+
+Each app has its own CollectorRegistry, so two apps (tests, a model swap)
+never share or double-register metrics.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from engine.runtime.requests import FinishEvent
+
+from .service import EngineService
+
+router = APIRouter(tags=["observability"])
+
+TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+DURATION_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
+
+
+class MetricsRecorder:
+    def __init__(self, service: EngineService) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter("semantic_requests", "Requests by protocol and outcome",
+                                ["protocol", "outcome"], registry=self.registry)
+        self.generated = Counter("semantic_tokens_generated", "Generated tokens", registry=self.registry)
+        self.prompt_tokens = Counter("semantic_prompt_tokens", "Prompt tokens by how they were served (reused from cache or prefilled)",
+                                     ["kind"], registry=self.registry)
+        self.ttft = Histogram("semantic_time_to_first_token_seconds", "Time to first token",
+                              buckets=TTFT_BUCKETS, registry=self.registry)
+        self.duration = Histogram("semantic_request_duration_seconds", "Request duration",
+                                  buckets=DURATION_BUCKETS, registry=self.registry)
+        self.registry.register(SnapshotCollector(service))
+
+    def observe(self, protocol: str, finish: FinishEvent | None, outcome: str | None = None) -> None:
+        """Record one finished (or failed before starting) request."""
+        if finish is None:
+            self.requests.labels(protocol, outcome or "error").inc()
+            return
+        usage = finish.usage
+        self.requests.labels(protocol, outcome or finish.reason.value).inc()
+        self.generated.inc(usage.generated_tokens)
+        self.prompt_tokens.labels("reused").inc(usage.reused_tokens)
+        self.prompt_tokens.labels("prefilled").inc(usage.prefilled_tokens)
+        if usage.ttft_s is not None:
+            self.ttft.observe(usage.ttft_s)
+        if usage.duration_s is not None:
+            self.duration.observe(usage.duration_s)
+
+
+class SnapshotCollector:
+    """Gauges and engine-side counters, read from the latest engine snapshot."""
+
+    def __init__(self, service: EngineService) -> None:
+        self.service = service
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        snapshot = self.service.snapshot()
+        yield GaugeMetricFamily("semantic_ready", "1 when a model is loaded and the engine runs",
+                                value=1.0 if self.service.is_ready else 0.0)
+        if snapshot is None or snapshot.pool is None:
+            return
+        pool, tiers, throughput = snapshot.pool, snapshot.tiers, snapshot.throughput
+        yield GaugeMetricFamily("semantic_pool_utilization_ratio", "Used share of the KV block pool", value=pool.pressure)
+        yield _labelled_gauge("semantic_pool_blocks", "KV pool blocks", "state",
+                              {"used": pool.used_blocks, "free": pool.free_blocks, "shared": pool.shared_blocks})
+        yield GaugeMetricFamily("semantic_pool_bytes", "Bytes held by used KV blocks", value=pool.used_bytes)
+        yield _labelled_gauge("semantic_agents", "Agents by cache tier", "tier",
+                              {"hot": tiers.hot_agents, "warm": tiers.warm_agents, "cold": tiers.cold_agents})
+        yield GaugeMetricFamily("semantic_agents_active", "Agents with a request queued or running",
+                                value=sum(a.state != "idle" for a in snapshot.agents))
+        yield GaugeMetricFamily("semantic_request_queue_depth", "Requests waiting for admission", value=throughput.queue_depth)
+        yield GaugeMetricFamily("semantic_batch_size", "Sequences in the running batch", value=throughput.batch_size)
+        yield GaugeMetricFamily("semantic_decode_tokens_per_second", "Aggregate decode rate", value=throughput.decode_tok_s)
+        yield GaugeMetricFamily("semantic_prefill_tokens_per_second", "Aggregate prefill rate", value=throughput.prefill_tok_s)
+        yield GaugeMetricFamily("semantic_warm_bytes", "Bytes of agent caches on disk", value=tiers.warm_bytes)
+        evictions = CounterMetricFamily("semantic_evictions", "Agent evictions by target tier", labels=["tier"])
+        for tier, count in sorted(tiers.evictions_total.items()):
+            evictions.add_metric([tier], count)
+        yield evictions
+        yield CounterMetricFamily("semantic_cache_restores", "Warm caches restored into the pool", value=tiers.restores_total)
+        yield CounterMetricFamily("semantic_cache_hits", "Turns that reused a cached prefix", value=tiers.prefix_hits)
+        yield CounterMetricFamily("semantic_cache_misses", "Turns that prefilled their whole prompt", value=tiers.prefix_misses)
+
+
+def _labelled_gauge(name: str, doc: str, label: str, values: dict[str, float]) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, doc, labels=[label])
+    for key, value in values.items():
+        family.add_metric([key], value)
+    return family
+
+
+@router.get("/metrics", summary="Prometheus metrics", response_class=Response)
+async def metrics(request: Request) -> Response:
+    recorder: MetricsRecorder = request.app.state.metrics
+    return Response(generate_latest(recorder.registry), media_type=CONTENT_TYPE_LATEST)

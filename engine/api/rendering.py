@@ -1,0 +1,141 @@
+"""Conversations to prompt tokens through the model's own chat template.
+
+Three paths, chosen per model:
+
+* template with tool support (mlx-lm found a tool parser for it): messages,
+  tool calls and tool results go to the template in the OpenAI shape it expects;
+* template without tool support (SmolLM2's ChatML): tool definitions are added
+  to the system message in the Hermes format, calls are rendered as
+  ``<tool_call>{"name": ..., "arguments": ...}</tool_call>`` and results as
+  ``<tool_response>...</tool_response>`` user turns — the one documented
+  fallback, parsed back by ``tool_calls.FALLBACK``;
+* no template at all (base models such as Gemma 3 270M): plain
+  ``System:`` / ``User:`` / ``Assistant:`` paragraphs.
+
+Rendering is deterministic (JSON with sorted keys), so the same history always
+yields the same tokens and the agent's cached prefix keeps matching.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from jinja2 import TemplateError
+
+from .chat import ChatMessage, Conversation, ToolSpec
+
+FALLBACK_TOOL_PROMPT = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{tools}\n</tools>\n\n"
+    "For each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n{{\"name\": <function-name>, \"arguments\": <args-json-object>}}\n</tool_call>"
+)
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, ensure_ascii=False)
+
+
+class PromptRenderer:
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.has_template = bool(getattr(tokenizer, "has_chat_template", False) or getattr(tokenizer, "chat_template", None))
+        self.native_tools = bool(getattr(tokenizer, "has_tool_calling", False))
+
+    def render(self, conversation: Conversation) -> list[int]:
+        if not self.has_template:
+            return self._plain(conversation)
+        messages = self._template_messages(conversation)
+        tools = [_tool_schema(t) for t in conversation.tools] if self.native_tools and conversation.tools else None
+        try:
+            return self._apply(messages, tools)
+        except TemplateError:
+            # Strict templates reject system turns mid-conversation or two
+            # turns of one role in a row; fold them into alternating turns.
+            return self._apply(_alternating(messages), tools)
+
+    def _apply(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+        kwargs: dict[str, Any] = {"add_generation_prompt": True}
+        if tools:
+            kwargs["tools"] = tools
+        return list(self.tokenizer.apply_chat_template(messages, **kwargs))
+
+    def _template_messages(self, conversation: Conversation) -> list[dict[str, Any]]:
+        if self.native_tools:
+            return [_native(m) for m in conversation.messages]
+        messages = [_fallback(m) for m in conversation.messages]
+        if conversation.tools and conversation.tool_choice != "none":
+            messages = _with_tool_prompt(messages, conversation.tools)
+        return _merge_adjacent_tool_results(messages)
+
+    def _plain(self, conversation: Conversation) -> list[int]:
+        parts = []
+        for message in _with_tool_prompt([_fallback(m) for m in conversation.messages], conversation.tools):
+            parts.append(f"{message['role'].capitalize()}: {message['content']}")
+        parts.append("Assistant:")
+        return list(self.tokenizer.encode("\n\n".join(parts)))
+
+
+def _tool_schema(tool: ToolSpec) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": tool.name, "description": tool.description, "parameters": tool.parameters}}
+
+
+def _native(message: ChatMessage) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.tool_calls:
+        out["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in message.tool_calls
+        ]
+    if message.role == "tool":
+        out["tool_call_id"] = message.tool_call_id
+        if message.name:
+            out["name"] = message.name
+    return out
+
+
+def _fallback(message: ChatMessage) -> dict[str, Any]:
+    if message.role == "tool":
+        return {"role": "user", "content": f"<tool_response>\n{message.content}\n</tool_response>", "_tool_result": True}
+    content = message.content
+    for call in message.tool_calls:
+        rendered = dumps({"name": call.name, "arguments": call.arguments})
+        content = f"{content}\n<tool_call>\n{rendered}\n</tool_call>" if content else f"<tool_call>\n{rendered}\n</tool_call>"
+    return {"role": message.role, "content": content}
+
+
+def _with_tool_prompt(messages: list[dict[str, Any]], tools: tuple[ToolSpec, ...]) -> list[dict[str, Any]]:
+    if not tools:
+        return messages
+    listing = "\n".join(dumps(_tool_schema(t)) for t in tools)
+    prompt = FALLBACK_TOOL_PROMPT.format(tools=listing)
+    if messages and messages[0]["role"] == "system":
+        first = dict(messages[0], content=f"{messages[0]['content']}\n\n{prompt}")
+        return [first, *messages[1:]]
+    return [{"role": "system", "content": prompt}, *messages]
+
+
+def _merge_adjacent_tool_results(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Several tool results in a row become one user turn, as one tool_result list is."""
+    merged: list[dict[str, Any]] = []
+    for message in messages:
+        if merged and message.get("_tool_result") and merged[-1].get("_tool_result"):
+            merged[-1] = dict(merged[-1], content=f"{merged[-1]['content']}\n{message['content']}")
+        else:
+            merged.append(message)
+    return [{k: v for k, v in m.items() if not k.startswith("_")} for m in merged]
+
+
+def _alternating(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for index, message in enumerate(messages):
+        role = message["role"]
+        content = message.get("content", "")
+        if role == "system" and index > 0:
+            role, content = "user", f"[system]\n{content}"
+        if out and out[-1]["role"] == role:
+            out[-1] = dict(out[-1], content=f"{out[-1]['content']}\n\n{content}")
+        else:
+            out.append(dict(message, role=role, content=content))
+    return out

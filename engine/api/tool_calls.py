@@ -1,0 +1,141 @@
+"""Finding tool calls in generated text, incrementally, as the text streams.
+
+A tool call is the text between a start and an end marker, parsed by a
+function: mlx-lm's tool parser for templates it recognises, else the JSON
+(Hermes) format of the rendering fallback. Text that might be the start of
+a marker is held back until it is decided, so no client ever sees half a
+marker as text.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import secrets
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .chat import ToolCall
+
+ParseFn = Callable[[str, Any], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolFormat:
+    start: str
+    end: str
+    parse: ParseFn
+
+
+def _parse_json_call(text: str, tools: Any = None) -> dict[str, Any]:
+    return json.loads(text.strip())
+
+
+FALLBACK = ToolFormat("<tool_call>", "</tool_call>", _parse_json_call)
+
+
+def tool_format_for(tokenizer: Any) -> ToolFormat:
+    if getattr(tokenizer, "has_tool_calling", False) and tokenizer.tool_parser is not None:
+        return ToolFormat(tokenizer.tool_call_start, tokenizer.tool_call_end or "", tokenizer.tool_parser)
+    return FALLBACK
+
+
+@dataclass(frozen=True, slots=True)
+class TextPiece:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolPiece:
+    call: ToolCall
+
+
+@dataclass(frozen=True, slots=True)
+class BadToolPiece:
+    """A marked tool call that did not parse: surfaced as text so nothing is lost."""
+
+    text: str
+    error: str
+
+
+Piece = TextPiece | ToolPiece | BadToolPiece
+_counter = itertools.count(1)
+
+
+def new_tool_id(prefix: str = "toolu_") -> str:
+    return f"{prefix}{secrets.token_hex(8)}{next(_counter):04d}"
+
+
+class ToolCallStream:
+    def __init__(self, fmt: ToolFormat, tools: Any = None, id_prefix: str = "toolu_") -> None:
+        self.fmt = fmt
+        self.tools = tools
+        self.id_prefix = id_prefix
+        self._buffer = ""
+        self._in_call = False
+        self.calls: list[ToolCall] = []
+
+    def feed(self, text: str) -> list[Piece]:
+        self._buffer += text
+        pieces: list[Piece] = []
+        while True:
+            piece = self._next_piece()
+            if piece is None:
+                return pieces
+            pieces.append(piece)
+
+    def finish(self) -> list[Piece]:
+        """End of generation: an unterminated call is parsed if it can be, else returned as text."""
+        pieces = self.feed("")
+        rest, self._buffer = self._buffer, ""
+        if self._in_call:
+            self._in_call = False
+            pieces.append(self._parsed(rest, self.fmt.start + rest))
+        elif rest:
+            pieces.append(TextPiece(rest))
+        return pieces
+
+    def _next_piece(self) -> Piece | None:
+        if self._in_call:
+            return self._close_call()
+        at = self._buffer.find(self.fmt.start)
+        if at >= 0:
+            text, self._buffer = self._buffer[:at], self._buffer[at + len(self.fmt.start):]
+            self._in_call = True
+            return TextPiece(text) if text else self._next_piece()
+        safe = len(self._buffer) - _partial_suffix(self._buffer, self.fmt.start)
+        if safe <= 0:
+            return None
+        text, self._buffer = self._buffer[:safe], self._buffer[safe:]
+        return TextPiece(text)
+
+    def _close_call(self) -> Piece | None:
+        if not self.fmt.end:
+            return None  # formats without an end marker run to the end of generation
+        at = self._buffer.find(self.fmt.end)
+        if at < 0:
+            return None
+        body, self._buffer = self._buffer[:at], self._buffer[at + len(self.fmt.end):]
+        self._in_call = False
+        return self._parsed(body, f"{self.fmt.start}{body}{self.fmt.end}")
+
+    def _parsed(self, body: str, raw: str) -> Piece:
+        try:
+            parsed = self.fmt.parse(body, self.tools)
+            first = parsed[0] if isinstance(parsed, list) else parsed
+            arguments = first.get("arguments", first.get("parameters", {}))
+            if isinstance(arguments, str):
+                arguments = json.loads(arguments)
+            call = ToolCall(new_tool_id(self.id_prefix), str(first["name"]), dict(arguments))
+        except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
+            return BadToolPiece(raw, f"{type(exc).__name__}: {exc}")
+        self.calls.append(call)
+        return ToolPiece(call)
+
+
+def _partial_suffix(text: str, marker: str) -> int:
+    """Length of the longest suffix of ``text`` that is a proper prefix of ``marker``."""
+    for n in range(min(len(marker) - 1, len(text)), 0, -1):
+        if text.endswith(marker[:n]):
+            return n
+    return 0

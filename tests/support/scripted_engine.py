@@ -1,0 +1,270 @@
+"""A deterministic fake engine with the real Engine's client interface.
+
+API and workbench tests use it to script exactly what the "model" says
+(tool calls, stop strings, long prefills, errors) without MLX. It keeps a
+real BlockPool and per-agent token lists, so reuse numbers, tiers and the
+pool map behave like the real engine's.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable
+
+from engine.domain.block_layout import common_prefix_length
+from engine.domain.block_pool import BlockPool
+from engine.domain.cache_spec import ModelCacheSpec, group_layers
+from engine.errors import AgentNotFoundError, EngineUnavailableError, PromptTooLongError
+from engine.models.loaded import LoadedModel, ModelIdentity
+from engine.runtime.agents import Tier
+from engine.runtime.event_log import EventKind, EventLog
+from engine.runtime.requests import (
+    EventSink,
+    FinishEvent,
+    FinishReason,
+    GenerationRequest,
+    PrefillEvent,
+    QueuedEvent,
+    TokenEvent,
+    Usage,
+)
+from engine.runtime.snapshot import AgentView, EngineSnapshot, ModelView, ThroughputView, TierView
+
+from .byte_tokenizer import ByteTokenizer
+
+Script = Callable[[GenerationRequest], str]
+
+
+def echo_script(request: GenerationRequest) -> str:
+    return "Hello from the scripted model."
+
+
+def scripted_loaded(context: int = 4096, block_tokens: int = 16) -> LoadedModel:
+    spec = ModelCacheSpec(4, 2, 8, "float32", block_tokens, group_layers([None] * 4))
+    return LoadedModel(
+        model_id="scripted",
+        identity=ModelIdentity("scripted", "0" * 64),
+        path=Path("/nonexistent/scripted"),
+        architecture="scripted",
+        model=None,
+        tokenizer=ByteTokenizer(),
+        spec=spec,
+        context_length=context,
+    )
+
+
+@dataclass
+class FakeAgent:
+    agent_id: str
+    source: str
+    display_name: str | None
+    tokens: list[int] = field(default_factory=list)
+    tier: Tier = Tier.EMPTY
+    state: str = "idle"
+    pinned: bool = False
+    turns: int = 0
+    prompt_total: int = 0
+    reused_total: int = 0
+    last_ttft_s: float | None = None
+    last_tok_s: float | None = None
+    created_at: float = field(default_factory=time.time)
+    last_used: float = field(default_factory=time.time)
+
+
+class ScriptedEngine:
+    """Emits ``script(request)`` one character per token after an optional prefill delay."""
+
+    def __init__(
+        self,
+        script: Script = echo_script,
+        *,
+        loaded: LoadedModel | None = None,
+        pool_blocks: int = 256,
+        prefill_delay_s: float = 0.0,
+        token_delay_s: float = 0.0,
+        fail_with: str | None = None,
+    ) -> None:
+        self.loaded = loaded or scripted_loaded()
+        self.script = script
+        self.prefill_delay_s = prefill_delay_s
+        self.token_delay_s = token_delay_s
+        self.fail_with = fail_with
+        self.events = EventLog()
+        self.pool = BlockPool(pool_blocks, self.loaded.spec.block_bytes, len(self.loaded.spec.groups))
+        self.agents: dict[str, FakeAgent] = {}
+        self.requests: list[GenerationRequest] = []
+        self.cancelled: set[str] = set()
+        self._lock = threading.RLock()
+        self._running = True
+        self.generated_total = 0
+
+    # -- Engine's client interface -----------------------------------------------------------
+    @property
+    def is_running(self) -> bool:
+        return self._running
+
+    @property
+    def context_length(self) -> int:
+        return self.loaded.context_length
+
+    def start(self) -> None:
+        self._running = True
+
+    def stop(self, grace_s: float = 0.0) -> None:
+        self._running = False
+
+    def validate(self, request: GenerationRequest) -> GenerationRequest:
+        n = len(request.prompt_tokens)
+        if n + 1 > self.context_length:
+            raise PromptTooLongError(n, self.context_length)
+        return replace(request, max_tokens=min(request.max_tokens, self.context_length - n))
+
+    def submit(self, request: GenerationRequest, sink: EventSink) -> str:
+        if not self._running:
+            raise EngineUnavailableError("engine is not running")
+        request = self.validate(request)
+        self.requests.append(request)
+        threading.Thread(target=self._serve, args=(request, sink), daemon=True).start()
+        return request.request_id
+
+    def cancel(self, request_id: str, reason: FinishReason = FinishReason.CANCELLED) -> None:
+        self.cancelled.add(request_id)
+
+    def call(self, fn: Callable[["ScriptedEngine"], object]) -> Future:
+        future: Future = Future()
+        try:
+            with self._lock:
+                future.set_result(fn(self))
+        except BaseException as exc:
+            future.set_exception(exc)
+        return future
+
+    def snapshot(self) -> EngineSnapshot:
+        with self._lock:
+            return self._build_snapshot()
+
+    fresh_snapshot = snapshot
+
+    # -- admin operations, same names as Engine's -------------------------------------------
+    def evict_agent(self, agent_id: str, tier: Tier) -> None:
+        agent = self._agent(agent_id)
+        self.pool.release_owner(agent_id)
+        agent.tier = tier
+        self.events.emit(EventKind.EVICT, f"{agent_id}: hot -> {tier.value} (requested)", agent_id)
+
+    def evict_idle(self, tier: Tier = Tier.WARM) -> int:
+        idle = [a for a in self.agents.values() if a.tier is Tier.HOT and a.state == "idle" and not a.pinned]
+        for agent in idle:
+            self.evict_agent(agent.agent_id, tier)
+        return len(idle)
+
+    def pin_agent(self, agent_id: str, pinned: bool) -> None:
+        self._agent(agent_id).pinned = pinned
+
+    def delete_agent(self, agent_id: str) -> None:
+        self._agent(agent_id)
+        self.pool.release_owner(agent_id)
+        del self.agents[agent_id]
+
+    def _agent(self, agent_id: str) -> FakeAgent:
+        agent = self.agents.get(agent_id)
+        if agent is None:
+            raise AgentNotFoundError(agent_id)
+        return agent
+
+    # -- serving ------------------------------------------------------------------------------
+    def _serve(self, request: GenerationRequest, sink: EventSink) -> None:
+        start = time.monotonic()
+        with self._lock:
+            agent = self._admit(request)
+            reused = self._reuse(agent, request)
+        sink(QueuedEvent(request.request_id, 1))
+        sink(PrefillEvent(request.request_id, 0, len(request.prompt_tokens) - reused, reused))
+        time.sleep(self.prefill_delay_s)
+        if self.fail_with:
+            return self._finish(request, sink, agent, reused, 0, start, FinishReason.ERROR, error=self.fail_with)
+        text, stop_hit = self._cut_at_stop(self.script(request), request.stop_strings)
+        generated, reason = self._emit(request, sink, text)
+        if reason is None:
+            reason = FinishReason.STOP_SEQUENCE if stop_hit else FinishReason.STOP
+        with self._lock:
+            agent.tokens = list(request.prompt_tokens) + list(text[:generated].encode())
+        self._finish(request, sink, agent, reused, generated, start, reason, stop_sequence=stop_hit)
+
+    def _admit(self, request: GenerationRequest) -> FakeAgent:
+        agent = self.agents.get(request.agent_id)
+        if agent is None:
+            agent = FakeAgent(request.agent_id, request.source.value, request.display_name)
+            self.agents[request.agent_id] = agent
+        agent.state, agent.last_used = "decoding", time.time()
+        return agent
+
+    def _reuse(self, agent: FakeAgent, request: GenerationRequest) -> int:
+        if agent.tier is not Tier.HOT:
+            return 0
+        return min(common_prefix_length(agent.tokens, request.prompt_tokens), len(request.prompt_tokens) - 1)
+
+    @staticmethod
+    def _cut_at_stop(text: str, stops: tuple[str, ...]) -> tuple[str, str | None]:
+        hits = [(text.find(s), s) for s in stops if s and s in text]
+        if not hits:
+            return text, None
+        at, stop = min(hits)
+        return text[:at], stop
+
+    def _emit(self, request: GenerationRequest, sink: EventSink, text: str) -> tuple[int, FinishReason | None]:
+        for i, char in enumerate(text):
+            if request.request_id in self.cancelled:
+                return i, FinishReason.CANCELLED
+            if i >= request.max_tokens:
+                return i, FinishReason.LENGTH
+            sink(TokenEvent(request.request_id, ord(char) % 256, char))
+            time.sleep(self.token_delay_s)
+        return len(text), None
+
+    def _finish(self, request, sink, agent, reused, generated, start, reason, error=None, stop_sequence=None) -> None:
+        with self._lock:
+            self._settle(agent, request, reused, generated)
+        usage = Usage(len(request.prompt_tokens), reused, len(request.prompt_tokens) - reused, generated,
+                      "self" if reused else "none", None, 0.001, 100.0, time.monotonic() - start)
+        sink(FinishEvent(request.request_id, reason, usage, stop_sequence=stop_sequence, error=error,
+                         error_type="api_error" if error else None))
+
+    def _settle(self, agent: FakeAgent, request: GenerationRequest, reused: int, generated: int) -> None:
+        agent.state, agent.turns = "idle", agent.turns + 1
+        agent.prompt_total += len(request.prompt_tokens)
+        agent.reused_total += reused
+        agent.last_ttft_s, agent.last_tok_s = 0.001, 100.0
+        self.generated_total += generated
+        self.pool.release_owner(agent.agent_id)
+        blocks = self.loaded.spec.total_blocks_for_tokens(len(agent.tokens))
+        if self.pool.allocate(agent.agent_id, {0: min(blocks, self.pool.free_blocks)}) is not None:
+            agent.tier = Tier.HOT
+        self.events.emit(EventKind.FINISH, f"{agent.agent_id}: {generated} tokens", agent.agent_id)
+
+    # -- snapshot -----------------------------------------------------------------------------
+    def _build_snapshot(self) -> EngineSnapshot:
+        spec = self.loaded.spec
+        agents = tuple(self._view(a) for a in self.agents.values())
+        tiers = TierView(
+            hot_agents=sum(a.tier is Tier.HOT for a in self.agents.values()),
+            warm_agents=sum(a.tier is Tier.WARM for a in self.agents.values()),
+            cold_agents=sum(a.tier is Tier.COLD for a in self.agents.values()),
+            hot_bytes=self.pool.used_bytes,
+        )
+        model = ModelView(self.loaded.model_id, self.loaded.identity.key, None, "scripted", self.context_length, spec.describe())
+        throughput = ThroughputView(generated_total=self.generated_total, requests_total=len(self.requests))
+        return EngineSnapshot("ready" if self._running else "stopped", model, self.pool.snapshot(), agents, throughput, tiers)
+
+    def _view(self, a: FakeAgent) -> AgentView:
+        blocks = self.pool.owned_blocks(a.agent_id)
+        return AgentView(
+            a.agent_id, a.display_name, a.source, a.state, a.tier.value, a.pinned, self.loaded.identity.key,
+            len(a.tokens), blocks, blocks * self.pool.block_bytes, a.turns,
+            a.reused_total / a.prompt_total if a.prompt_total else 0.0, a.last_ttft_s, a.last_tok_s, 0, 0,
+            a.last_used, a.created_at,
+        )
