@@ -21,7 +21,7 @@ from .agents import AgentRecord, AgentState, Tier
 from .event_log import EventKind, EventLog
 from .hot_cache import HotCache, ReusePlan
 from .meters import RateMeter, RecentValues
-from .requests import FinishReason, PrefillEvent, QueuedEvent, TokenEvent
+from .requests import EngineEvent, EventSink, FinishReason, PrefillEvent, QueuedEvent, TokenEvent
 from .sampling import build_sampler
 from .text_stream import TextDelta, TextStream
 from .tiers import HotState, TierManager
@@ -101,6 +101,22 @@ class BatchRunner:
         self.by_uid: dict[int, Turn] = {}
         self.by_request: dict[str, Turn] = {}
         self.stats = RunnerStats.new()
+        self.watchers: dict[str, list[EventSink]] = {}
+
+    # -- observers -----------------------------------------------------------------
+    def watch(self, agent_id: str, sink: EventSink) -> None:
+        """Also send every event of ``agent_id``'s turns to ``sink`` (the workbench's live view)."""
+        self.watchers.setdefault(agent_id, []).append(sink)
+
+    def unwatch(self, agent_id: str, sink: EventSink) -> None:
+        sinks = self.watchers.get(agent_id, [])
+        if sink in sinks:
+            sinks.remove(sink)
+
+    def _emit(self, turn: Turn, event: EngineEvent) -> None:
+        turn.sink(event)
+        for watcher in self.watchers.get(turn.request.agent_id, ()):
+            watcher(event)
 
     # -- queries -------------------------------------------------------------------
     @property
@@ -119,7 +135,7 @@ class BatchRunner:
         if not agent.is_busy:
             agent.state = AgentState.QUEUED
         self.tiers.prefetch(agent)
-        turn.sink(QueuedEvent(turn.request_id, len(self.waiting)))
+        self._emit(turn, QueuedEvent(turn.request_id, len(self.waiting)))
 
     def cancel(self, request_id: str, reason: FinishReason = FinishReason.CANCELLED) -> bool:
         turn = self.by_request.get(request_id)
@@ -236,7 +252,7 @@ class BatchRunner:
         agent.state = AgentState.PREFILLING
         agent.prefill_done, agent.prefill_total = 0, turn.to_prefill
         self._count_reuse(turn)
-        turn.sink(PrefillEvent(turn.request_id, 0, turn.to_prefill, k))
+        self._emit(turn, PrefillEvent(turn.request_id, 0, turn.to_prefill, k))
         self.events.emit(
             EventKind.ADMIT,
             f"{agent.agent_id}: admitted, {k} tokens reused ({turn.plan.source}), {turn.to_prefill} to prefill",
@@ -277,7 +293,7 @@ class BatchRunner:
         turn.prefill_done = done
         if turn.agent is not None:
             turn.agent.prefill_done = done
-        turn.sink(PrefillEvent(turn.request_id, done, total, turn.reused))
+        self._emit(turn, PrefillEvent(turn.request_id, done, total, turn.reused))
 
     def _on_token(self, response: Any) -> tuple[Turn, FinishReason, str | None] | None:
         turn = self.by_uid.get(response.uid)
@@ -288,7 +304,7 @@ class BatchRunner:
         self.stats.decode.add(1)
         delta = self._decode(turn, response)
         if response.finish_reason != "stop" or delta.text:
-            turn.sink(TokenEvent(turn.request_id, response.token, delta.text))
+            self._emit(turn, TokenEvent(turn.request_id, response.token, delta.text))
         if delta.stop_sequence is not None:
             return turn, FinishReason.STOP_SEQUENCE, delta.stop_sequence
         if response.finish_reason is not None:
@@ -360,7 +376,7 @@ class BatchRunner:
         event = turn.finish_event(reason, **extra)
         if agent is not None and turn.uid is not None:
             self._record_turn(agent, event.usage)
-        turn.sink(event)
+        self._emit(turn, event)
         self.events.emit(
             EventKind.FINISH if reason is not FinishReason.ERROR else EventKind.ERROR,
             f"{turn.request.agent_id}: {reason.value}, {turn.generated} tokens" + (f" ({extra['error']})" if "error" in extra else ""),

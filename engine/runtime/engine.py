@@ -143,6 +143,13 @@ class Engine:
     def cancel(self, request_id: str, reason: FinishReason = FinishReason.CANCELLED) -> None:
         self._commands.put(lambda: self._runner().cancel(request_id, reason))
 
+    def watch(self, agent_id: str, sink: EventSink) -> None:
+        """Receive the events of every turn of ``agent_id`` (also HTTP ones) until ``unwatch``."""
+        self._commands.put(lambda: self._runner().watch(agent_id, sink))
+
+    def unwatch(self, agent_id: str, sink: EventSink) -> None:
+        self._commands.put(lambda: self._runner().unwatch(agent_id, sink))
+
     def call(self, fn: Callable[["Engine"], T]) -> "Future[T]":
         """Run ``fn(engine)`` on the engine thread; the future carries its result or exception."""
         future: Future[T] = Future()

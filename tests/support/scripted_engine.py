@@ -98,6 +98,7 @@ class ScriptedEngine:
         self.agents: dict[str, FakeAgent] = {}
         self.requests: list[GenerationRequest] = []
         self.cancelled: set[str] = set()
+        self.watchers: dict[str, list[EventSink]] = {}
         self._lock = threading.RLock()
         self._running = True
         self.generated_total = 0
@@ -128,8 +129,24 @@ class ScriptedEngine:
             raise EngineUnavailableError("engine is not running")
         request = self.validate(request)
         self.requests.append(request)
-        threading.Thread(target=self._serve, args=(request, sink), daemon=True).start()
+        fan_out = self._fan_out(request.agent_id, sink)
+        threading.Thread(target=self._serve, args=(request, fan_out), daemon=True).start()
         return request.request_id
+
+    def watch(self, agent_id: str, sink: EventSink) -> None:
+        self.watchers.setdefault(agent_id, []).append(sink)
+
+    def unwatch(self, agent_id: str, sink: EventSink) -> None:
+        if sink in self.watchers.get(agent_id, []):
+            self.watchers[agent_id].remove(sink)
+
+    def _fan_out(self, agent_id: str, sink: EventSink) -> EventSink:
+        def deliver(event) -> None:
+            sink(event)
+            for watcher in list(self.watchers.get(agent_id, ())):
+                watcher(event)
+
+        return deliver
 
     def cancel(self, request_id: str, reason: FinishReason = FinishReason.CANCELLED) -> None:
         self.cancelled.add(request_id)

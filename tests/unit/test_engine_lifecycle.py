@@ -212,3 +212,16 @@ def test_snapshot_is_consistent_while_decoding(llama: Engine) -> None:
     assert snap.throughput.generated_total >= 6
     assert snap.throughput.requests_total == 6
     assert {a.agent_id for a in snap.agents} >= {f"r{i}" for i in range(6)}
+
+
+def test_watchers_see_every_event_of_an_agents_turns(llama: Engine) -> None:
+    seen: list = []
+    llama.watch("watched", seen.append)
+    result = run_turn(llama, GenerationRequest("watched", prompt_for(0), 6))
+    run_turn(llama, GenerationRequest("other", prompt_for(1), 3))
+    llama.fresh_snapshot()
+    assert [type(e).__name__ for e in seen] == [type(e).__name__ for e in result.events]
+    llama.unwatch("watched", seen.append)
+    run_turn(llama, GenerationRequest("watched", prompt_for(0), 2))
+    llama.fresh_snapshot()
+    assert len(seen) == len(result.events)
