@@ -48,11 +48,16 @@ class AsyncTurn:
     async def run_to_finish(self, disconnected: Callable[[], Awaitable[bool]], poll_s: float = 0.5) -> list[EngineEvent]:
         """Collect every event (non-streaming responses), cancelling if the client goes away."""
         collected: list[EngineEvent] = []
+        loop = asyncio.get_running_loop()
+        # Checked on a clock, not only on silence: a steady token stream would
+        # otherwise never look, and a gone client would hold the batch slot.
+        next_check = loop.time() + poll_s
         while self.finish is None:
             event = await self.next_event(poll_s)
-            if event is None:
+            if event is not None:
+                collected.append(event)
+            if loop.time() >= next_check and self.finish is None:
+                next_check = loop.time() + poll_s
                 if await disconnected():
                     self.cancel()
-                continue
-            collected.append(event)
         return collected

@@ -23,6 +23,7 @@ ANTHROPIC_TYPES = {
     401: "authentication_error",
     403: "permission_error",
     404: "not_found_error",
+    409: "invalid_request_error",
     413: "request_too_large",
     429: "rate_limit_error",
     500: "api_error",
@@ -31,7 +32,9 @@ ANTHROPIC_TYPES = {
 }
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: Starlette clears ``__traceback__`` on handled exceptions, which a
+# frozen dataclass refuses; eq=False keeps exceptions hashable by identity.
+@dataclass(slots=True, eq=False)
 class ApiError(Exception):
     status: int
     message: str

@@ -71,7 +71,8 @@ class PromptRenderer:
 
     def _plain(self, conversation: Conversation) -> list[int]:
         parts = []
-        for message in _with_tool_prompt([_fallback(m) for m in conversation.messages], conversation.tools):
+        tools = conversation.tools if conversation.tool_choice != "none" else ()
+        for message in _with_tool_prompt([_fallback(m) for m in conversation.messages], tools):
             parts.append(f"{message['role'].capitalize()}: {message['content']}")
         parts.append("Assistant:")
         return list(self.tokenizer.encode("\n\n".join(parts)))

@@ -123,3 +123,19 @@ def test_max_tokens_is_clamped_to_context() -> None:
         assert accepted.max_tokens == 64 - len(prompt)
     finally:
         engine.stop()
+
+
+@pytest.mark.parametrize("sampling", [
+    SamplingParams(temperature=0.7, seed=-5),
+    SamplingParams(temperature=0.7, seed=2**70),
+    SamplingParams(temperature=0.7, top_k=10**6),
+    SamplingParams(temperature=0.7),
+])
+def test_unusual_sampling_values_never_break_the_batch(sampling: SamplingParams) -> None:
+    engine = make_engine("llama")
+    try:
+        results = run_turns(engine, [GenerationRequest("odd", prompt_for(0), 6, sampling),
+                                     GenerationRequest("plain", prompt_for(1), 6)])
+        assert all(r.finish.error is None and r.finish.usage.generated_tokens >= 1 for r in results)
+    finally:
+        engine.stop()

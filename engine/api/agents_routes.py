@@ -1,0 +1,214 @@
+"""The direct agent API: create, list, inspect, delete, evict and pin agents,
+and hold stateful conversations with them.
+
+An agent is known to the engine (it has or had a KV cache), to the
+conversation store (created here, maybe not run yet), or to both. Every agent
+id from a URL or a body is validated before it is used for anything, a file
+name included: path parameters arrive percent-decoded, so ``a%20b`` or
+``%2E%2E`` reach the handler as ``a b`` and ``..``.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.background import BackgroundTask
+
+from engine.errors import AgentNotFoundError, SemanticError
+from engine.runtime.agents import Tier
+from engine.runtime.requests import AgentSource, FinishEvent
+from engine.runtime.snapshot import AgentView, EngineSnapshot
+
+from .admission import SSE_HEADERS, await_admission
+from .agent_turns import StatefulTurn, busy_error, start_turn
+from .agents_schemas import (
+    TURN_EVENT_SCHEMA,
+    AgentList,
+    AgentOut,
+    CreateAgentBody,
+    Deleted,
+    EvictBody,
+    MessageBody,
+    PinBody,
+    TurnResult,
+    errors,
+)
+from .conversations import AgentConversation, ConversationStore
+from .errors import ApiError
+from .identity import validate_agent_id
+from .metrics import MetricsRecorder
+from .service import EngineService
+
+router = APIRouter(tags=["agents"])
+
+
+def path_agent_id(agent_id: str) -> str:
+    return validate_agent_id(agent_id)
+
+
+def conversations(request: Request) -> ConversationStore:
+    """The app's store, made on first use (its directory follows the service's settings)."""
+    store = getattr(request.app.state, "conversations", None)
+    if store is None:
+        service: EngineService = request.app.state.service
+        store = ConversationStore(service.settings.cache_dir / "conversations")
+        request.app.state.conversations = store
+    return store
+
+
+async def fresh_snapshot(service: EngineService) -> EngineSnapshot | None:
+    """A snapshot that reflects every change made so far (the published one may lag)."""
+    if not service.is_ready:
+        return service.snapshot()
+    return await service.in_thread(service.engine.fresh_snapshot)
+
+
+_VIEW_FIELDS = ("agent_id", "display_name", "source", "state", "tier", "pinned", "cached_tokens", "blocks",
+                "bytes", "turns", "reuse_ratio", "last_ttft_s", "decode_tok_s", "last_used")
+
+
+def agent_body(view: AgentView | None, conversation: AgentConversation | None) -> dict[str, Any]:
+    """One agent as JSON, from the engine's view when it has one."""
+    if view is not None:
+        body = {name: getattr(view, name) for name in _VIEW_FIELDS}
+    else:
+        assert conversation is not None
+        body = _never_ran(conversation)
+    if conversation is not None and conversation.display_name:
+        body["display_name"] = conversation.display_name
+    body["messages"] = len(conversation.messages) if conversation else 0
+    body["has_conversation"] = conversation is not None
+    return body
+
+
+def _never_ran(conversation: AgentConversation) -> dict[str, Any]:
+    """An agent only the store knows: created here, no turn yet, so no cache anywhere."""
+    return {
+        "agent_id": conversation.agent_id, "display_name": conversation.display_name,
+        "source": AgentSource.API.value, "state": "idle", "tier": Tier.EMPTY.value, "pinned": False,
+        "cached_tokens": 0, "blocks": 0, "bytes": 0, "turns": 0, "reuse_ratio": 0.0,
+        "last_ttft_s": None, "decode_tok_s": None, "last_used": conversation.updated_at,
+    }
+
+
+async def _find(request: Request, agent_id: str) -> tuple[AgentView | None, AgentConversation | None]:
+    snapshot = await fresh_snapshot(request.app.state.service)
+    view = snapshot.agent(agent_id) if snapshot is not None else None
+    conversation = conversations(request).get(agent_id)
+    if view is None and conversation is None:
+        raise AgentNotFoundError(agent_id)
+    return view, conversation
+
+
+async def _current(request: Request, agent_id: str) -> dict[str, Any]:
+    return agent_body(*await _find(request, agent_id))
+
+
+# -- catalogue --------------------------------------------------------------------------------
+@router.post("/v1/agents", status_code=201, summary="Create an agent with an optional system prompt",
+             response_model=AgentOut, responses=errors(400, 409))
+async def create_agent(body: CreateAgentBody, request: Request) -> JSONResponse:
+    agent_id = validate_agent_id(body.agent_id) if body.agent_id is not None else f"agent-{secrets.token_hex(6)}"
+    store = conversations(request)
+    snapshot = await fresh_snapshot(request.app.state.service)
+    if agent_id in store or (snapshot is not None and snapshot.agent(agent_id) is not None):
+        raise ApiError(409, f"agent {agent_id!r} already exists")
+    conversation = store.create(agent_id, body.system, body.display_name)
+    return JSONResponse(agent_body(None, conversation), status_code=201)
+
+
+@router.get("/v1/agents", summary="Every agent: the engine's and those with only a stored conversation",
+            response_model=AgentList)
+async def list_agents(request: Request) -> dict[str, Any]:
+    snapshot = await fresh_snapshot(request.app.state.service)
+    views = {a.agent_id: a for a in snapshot.agents} if snapshot is not None else {}
+    stored = {c.agent_id: c for c in conversations(request).all()}
+    ids = list(views) + [agent_id for agent_id in stored if agent_id not in views]
+    return {"object": "list", "data": [agent_body(views.get(i), stored.get(i)) for i in ids]}
+
+
+@router.get("/v1/agents/{agent_id}", summary="One agent", response_model=AgentOut, responses=errors(400, 404))
+async def get_agent(request: Request, agent_id: str = Depends(path_agent_id)) -> dict[str, Any]:
+    return await _current(request, agent_id)
+
+
+@router.delete("/v1/agents/{agent_id}", summary="Delete an agent: its KV blocks, disk cache and conversation",
+               response_model=Deleted, responses=errors(400, 404, 409, 503))
+async def delete_agent(request: Request, agent_id: str = Depends(path_agent_id)) -> dict[str, Any]:
+    view, _ = await _find(request, agent_id)
+    store = conversations(request)
+    if store.is_busy(agent_id):
+        raise busy_error(agent_id)
+    if view is not None:
+        try:
+            await request.app.state.service.call(lambda engine: engine.delete_agent(agent_id))
+        except AgentNotFoundError:
+            pass  # gone between the snapshot and the call: the goal is met
+    store.delete(agent_id)
+    return {"agent_id": agent_id, "deleted": True}
+
+
+# -- cache control ----------------------------------------------------------------------------
+@router.post("/v1/agents/{agent_id}/evict", summary="Move an agent's cache to the warm (disk) or cold tier",
+             response_model=AgentOut, responses=errors(400, 404, 503))
+async def evict_agent(
+    request: Request, body: EvictBody | None = None, agent_id: str = Depends(path_agent_id),
+) -> dict[str, Any]:
+    view, _ = await _find(request, agent_id)
+    tier = Tier((body or EvictBody()).tier)
+    # An agent that never ran has no cache to move; answering with it unchanged is the truth.
+    if view is not None:
+        await request.app.state.service.call(lambda engine: engine.evict_agent(agent_id, tier))
+    return await _current(request, agent_id)
+
+
+@router.post("/v1/agents/{agent_id}/pin", summary="Pin (never evict) or unpin an agent's cache",
+             response_model=AgentOut, responses=errors(400, 404, 409, 503))
+async def pin_agent(body: PinBody, request: Request, agent_id: str = Depends(path_agent_id)) -> dict[str, Any]:
+    view, _ = await _find(request, agent_id)
+    if view is None:
+        raise ApiError(409, f"agent {agent_id!r} has no cache yet; pin it after its first turn")
+    await request.app.state.service.call(lambda engine: engine.pin_agent(agent_id, body.pinned))
+    return await _current(request, agent_id)
+
+
+# -- conversation -----------------------------------------------------------------------------
+@router.post("/v1/agents/{agent_id}/messages", summary="Send a user message; the server keeps the history",
+             response_model=None, responses={
+                 200: {"model": TurnResult, "description": "The reply, or with `stream: true` server-sent events",
+                       "content": {"text/event-stream": {"schema": TURN_EVENT_SCHEMA}}},
+                 **errors(400, 404, 409, 429, 500, 503)})
+async def post_message(body: MessageBody, request: Request, agent_id: str = Depends(path_agent_id)) -> Response:
+    service: EngineService = request.app.state.service
+    metrics: MetricsRecorder = request.app.state.metrics
+    store = conversations(request)
+    conversation = store.get(agent_id)
+    if conversation is None:
+        raise ApiError(404, f"agent {agent_id!r} has no conversation; create it with POST /v1/agents")
+    if not store.claim(agent_id):
+        raise busy_error(agent_id)
+    try:
+        turn = await start_turn(service, conversation, body)
+    except BaseException as exc:
+        store.release(agent_id)
+        if isinstance(exc, SemanticError):
+            metrics.observe("agents", None, outcome="rejected")
+        raise
+
+    def on_end(finish: FinishEvent | None) -> None:
+        metrics.observe("agents", finish, outcome=None if finish else "disconnected")
+
+    stateful = StatefulTurn(store, agent_id, body.content, turn, on_end)
+    if not body.stream:
+        return JSONResponse(await stateful.complete(request.is_disconnected))
+    ping_s = service.settings.ping_interval_s
+    try:
+        seen = await await_admission(turn, ping_s)
+    except BaseException:
+        stateful.settle()
+        raise
+    return StreamingResponse(stateful.sse(seen, ping_s), media_type="text/event-stream",
+                             headers=SSE_HEADERS, background=BackgroundTask(stateful.settle))

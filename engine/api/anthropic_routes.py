@@ -1,0 +1,142 @@
+"""The Anthropic Messages API: ``POST /v1/messages`` (streaming or not),
+``POST /v1/messages/count_tokens`` and Claude Code's ``/api/hello`` probe.
+
+Query strings (Claude Code's ``?beta=true``) do not take part in routing.
+A failure the engine reports before the stream has sent anything (no pool
+room at admission) is still answered with a plain HTTP error (429 with
+``retry-after``); after the 200 it becomes an ``event: error`` frame.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any, cast
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from engine.errors import SemanticError
+from engine.runtime.requests import FinishEvent
+
+from .anthropic_schemas import (
+    STREAM_EVENT_SCHEMA,
+    CountTokensRequest,
+    CountTokensResponse,
+    ErrorResponse,
+    MessageResponse,
+    MessagesRequest,
+)
+from .anthropic_stream import (
+    ContentBlocks,
+    MessageHead,
+    MessageStream,
+    Recorder,
+    SseResponse,
+    finish_error,
+    first_event,
+    message_body,
+)
+from .anthropic_translate import conversation_of, turn_spec
+from .async_turn import AsyncTurn
+from .errors import ApiError
+from .service import EngineService
+from .turns import OutputAssembler, prepare, render_tokens, text_of
+
+router = APIRouter(tags=["anthropic"])
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorResponse, "description": description}
+    for status, description in (
+        (400, "Invalid request (also: prompt is too long)"),
+        (429, "No room in the KV pool now"),
+        (500, "Generation failed"),
+        (503, "No model loaded, or generation cancelled"),
+    )
+}
+MESSAGE_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"model": MessageResponse, "description": "The message, or with `stream: true` a server-sent event stream",
+          "content": {"text/event-stream": {"schema": STREAM_EVENT_SCHEMA}}},
+    **ERRORS,
+}
+
+
+def _service(request: Request) -> EngineService:
+    return request.app.state.service
+
+
+def _recorder(request: Request) -> Recorder:
+    def record(finish: FinishEvent | None, outcome: str | None = None) -> None:
+        request.app.state.metrics.observe("anthropic", finish, outcome)
+
+    return record
+
+
+@router.post("/v1/messages", summary="Create a message (Anthropic Messages API)",
+             response_model=None, responses=MESSAGE_RESPONSES)
+async def create_message(body: MessagesRequest, request: Request) -> Response:
+    service, record = _service(request), _recorder(request)
+    try:
+        spec = turn_spec(body, request.headers)
+        prepared = await prepare(service, spec)
+        assembler = OutputAssembler.for_turn(service, spec.conversation, "toolu_")
+        turn = service.start_turn(prepared)
+    except (ApiError, SemanticError):
+        record(None, "rejected")
+        raise
+    head = MessageHead(f"msg_{secrets.token_hex(12)}", body.model, len(prepared.prompt_tokens))
+    if body.stream:
+        return await _streamed(service, turn, assembler, head, record)
+    return await _complete(request, turn, assembler, head, record)
+
+
+async def _streamed(service: EngineService, turn: AsyncTurn, assembler: OutputAssembler,
+                    head: MessageHead, record: Recorder) -> Response:
+    ping_s = service.settings.ping_interval_s
+    try:
+        opening = await first_event(turn, ping_s)
+    except BaseException:
+        turn.cancel()
+        raise
+    error = finish_error(opening) if isinstance(opening, FinishEvent) else None
+    if error is not None:
+        record(opening, None)
+        raise error
+    stream = MessageStream(turn, assembler, head, ping_s, record)
+    return SseResponse(stream.frames(opening), stream.close, headers={"request-id": turn.request_id})
+
+
+async def _complete(request: Request, turn: AsyncTurn, assembler: OutputAssembler,
+                    head: MessageHead, record: Recorder) -> Response:
+    try:
+        events = await turn.run_to_finish(request.is_disconnected)
+    finally:
+        turn.cancel()
+    # run_to_finish returns only once the finish event has arrived.
+    finish = cast(FinishEvent, turn.finish)
+    record(finish, None)
+    error = finish_error(finish)
+    if error is not None:
+        raise error
+    blocks = ContentBlocks()
+    for event in events:
+        blocks.add(assembler.feed(text_of(event)))
+    blocks.add(assembler.finish())
+    body = message_body(head, blocks.content, finish, bool(assembler.calls))
+    return JSONResponse(body, headers={"request-id": turn.request_id})
+
+
+@router.post("/v1/messages/count_tokens", summary="Count the prompt tokens of a message request",
+             response_model=CountTokensResponse, responses=ERRORS)
+async def count_tokens(body: CountTokensRequest, request: Request) -> CountTokensResponse:
+    tokens = await render_tokens(_service(request), conversation_of(body))
+    return CountTokensResponse(input_tokens=len(tokens))
+
+
+@router.get("/api/hello", summary="Claude Code's warm-up probe")
+async def hello() -> dict[str, bool]:
+    return {"ok": True}
+
+
+@router.head("/api/hello", include_in_schema=False)
+async def hello_head() -> Response:
+    return Response(status_code=200)

@@ -1,0 +1,268 @@
+"""Engine events to Anthropic Messages responses: content blocks, usage, SSE frames.
+
+One ``ContentBlocks`` state machine serves both response kinds: it turns text
+and tool-call pieces into ``content_block_*`` payloads (streamed as they come)
+and keeps the final ``content`` list (the non-streaming body), so the two can
+never disagree on block order or indices.
+
+A stream is ``message_start`` -> per block ``content_block_start`` /
+``content_block_delta``... / ``content_block_stop`` -> ``message_delta`` ->
+``message_stop``, with ``ping`` whenever ``ping_s`` passed without a frame
+(a long prefill sends nothing else, and Claude Code gives up on a silent
+stream). ``message_start`` waits for the engine's PrefillEvent, which carries
+how many prompt tokens were reused, so its usage split is exact.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable, Mapping
+
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from engine.runtime.requests import EngineEvent, FinishEvent, FinishReason, PrefillEvent, QueuedEvent, TokenEvent
+
+from .async_turn import AsyncTurn
+from .chat import ToolCall
+from .errors import ApiError, stream_error_payload
+from .tool_calls import Piece, TextPiece, ToolPiece
+from .turns import OutputAssembler, ended_by
+
+STOP_REASONS = {"stop": "end_turn", "tool_use": "tool_use", "stop_sequence": "stop_sequence", "length": "max_tokens"}
+JSON_CHUNKS = 3
+PING = {"type": "ping"}
+
+Payload = dict[str, Any]
+Recorder = Callable[[FinishEvent | None, str | None], None]
+
+
+# -- content blocks ----------------------------------------------------------------------------
+@dataclass(slots=True)
+class ContentBlocks:
+    """Pieces in, ``content_block_*`` payloads out; ``content`` is the final list.
+
+    Whitespace before any text (a model's leading newline, the gap between two
+    tool calls) is held back until real text follows, so no block is blank.
+    """
+
+    content: list[Payload] = field(default_factory=list)
+    _text_open: bool = False
+    _held: str = ""
+
+    def add(self, pieces: list[Piece]) -> list[Payload]:
+        out: list[Payload] = []
+        for piece in pieces:
+            if isinstance(piece, TextPiece):
+                out += self._text(piece.text)
+            elif isinstance(piece, ToolPiece):
+                out += self._tool(piece.call)
+        return out
+
+    def close(self) -> list[Payload]:
+        self._held = ""
+        if not self._text_open:
+            return []
+        self._text_open = False
+        return [{"type": "content_block_stop", "index": len(self.content) - 1}]
+
+    def _text(self, text: str) -> list[Payload]:
+        out: list[Payload] = []
+        if not self._text_open:
+            text, self._held = self._held + text, ""
+            if not text.strip():
+                self._held = text
+                return []
+            self.content.append({"type": "text", "text": ""})
+            self._text_open = True
+            out.append(_block_start(len(self.content) - 1, {"type": "text", "text": ""}))
+        self.content[-1]["text"] += text
+        out.append(_block_delta(len(self.content) - 1, {"type": "text_delta", "text": text}))
+        return out
+
+    def _tool(self, call: ToolCall) -> list[Payload]:
+        out = self.close()
+        index = len(self.content)
+        self.content.append({"type": "tool_use", "id": call.id, "name": call.name, "input": call.arguments})
+        out.append(_block_start(index, {"type": "tool_use", "id": call.id, "name": call.name, "input": {}}))
+        for chunk in json_chunks(call.arguments):
+            out.append(_block_delta(index, {"type": "input_json_delta", "partial_json": chunk}))
+        out.append({"type": "content_block_stop", "index": index})
+        return out
+
+
+def json_chunks(value: dict[str, Any]) -> list[str]:
+    """The input's JSON in a few fragments, as a model would stream it."""
+    text = json.dumps(value, ensure_ascii=False)
+    size = max(8, math.ceil(len(text) / JSON_CHUNKS))
+    return [text[at:at + size] for at in range(0, len(text), size)]
+
+
+def _block_start(index: int, block: Payload) -> Payload:
+    return {"type": "content_block_start", "index": index, "content_block": block}
+
+
+def _block_delta(index: int, delta: Payload) -> Payload:
+    return {"type": "content_block_delta", "index": index, "delta": delta}
+
+
+# -- message parts ---------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class MessageHead:
+    id: str
+    model: str
+    prompt_tokens: int
+
+
+def usage_body(prompt_tokens: int, reused: int, generated: int) -> Payload:
+    """Anthropic's split: input_tokens (prefilled) + cache reads (+ 0 cache writes) == the prompt."""
+    return {"input_tokens": prompt_tokens - reused, "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": reused, "output_tokens": generated}
+
+
+def final_usage(finish: FinishEvent) -> Payload:
+    usage = finish.usage
+    return usage_body(usage.prompt_tokens, usage.reused_tokens, usage.generated_tokens)
+
+
+def stop_of(finish: FinishEvent, made_tool_calls: bool) -> tuple[str, str | None]:
+    reason = STOP_REASONS[ended_by(finish, made_tool_calls)]
+    return reason, finish.stop_sequence if reason == "stop_sequence" else None
+
+
+def finish_error(finish: FinishEvent) -> ApiError | None:
+    """The error a failed or server-cancelled generation answers with; None when it ended normally."""
+    if finish.reason is FinishReason.ERROR:
+        if finish.error_type == "rate_limit":
+            return ApiError(429, finish.error or "rate limited", retry_after_s=finish.retry_after_s or 1)
+        return ApiError(500, finish.error or "generation failed")
+    if finish.reason is FinishReason.CANCELLED:
+        return ApiError(503, "generation was cancelled by the server (shutdown, model swap or an operator)",
+                        retry_after_s=5)
+    return None
+
+
+def message_body(head: MessageHead, content: list[Payload], finish: FinishEvent, made_tool_calls: bool) -> Payload:
+    stop_reason, stop_sequence = stop_of(finish, made_tool_calls)
+    return {"id": head.id, "type": "message", "role": "assistant", "model": head.model, "content": content,
+            "stop_reason": stop_reason, "stop_sequence": stop_sequence, "usage": final_usage(finish)}
+
+
+def message_start(head: MessageHead, reused: int) -> Payload:
+    message = {"id": head.id, "type": "message", "role": "assistant", "model": head.model, "content": [],
+               "stop_reason": None, "stop_sequence": None, "usage": usage_body(head.prompt_tokens, reused, 0)}
+    return {"type": "message_start", "message": message}
+
+
+def sse_frame(payload: Payload) -> bytes:
+    data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    return f"event: {payload['type']}\ndata: {data}\n\n".encode()
+
+
+# -- streaming -----------------------------------------------------------------------------------
+async def first_event(turn: AsyncTurn, within_s: float) -> EngineEvent | None:
+    """The first event past the queue (admission, or an error such as no pool room), if it comes in time."""
+    deadline = time.monotonic() + within_s
+    while (left := deadline - time.monotonic()) > 0:
+        event = await turn.next_event(left)
+        if not isinstance(event, QueuedEvent):
+            return event
+    return None
+
+
+class MessageStream:
+    """The frames of one streamed turn; ``close`` cancels the generation if it is still running."""
+
+    def __init__(self, turn: AsyncTurn, assembler: OutputAssembler, head: MessageHead,
+                 ping_s: float, record: Recorder) -> None:
+        self.turn = turn
+        self.assembler = assembler
+        self.head = head
+        self.ping_s = ping_s
+        self.record = record
+        self.blocks = ContentBlocks()
+        self.started = False
+        self.closed = False
+        self._last_sent = time.monotonic()
+
+    async def frames(self, opening: EngineEvent | None = None) -> AsyncIterator[bytes]:
+        try:
+            async for payload in self._payloads(opening):
+                self._last_sent = time.monotonic()
+                yield sse_frame(payload)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.turn.cancel()
+        finish = self.turn.finish
+        self.record(finish, None if finish is not None else "cancelled")
+
+    async def _payloads(self, opening: EngineEvent | None) -> AsyncIterator[Payload]:
+        async for event in self._events(opening):
+            if event is None:
+                yield PING
+            elif isinstance(event, FinishEvent):
+                for payload in self._ending(event):
+                    yield payload
+            elif isinstance(event, (PrefillEvent, TokenEvent)):
+                for payload in self._progress(event):
+                    yield payload
+
+    async def _events(self, opening: EngineEvent | None) -> AsyncIterator[EngineEvent | None]:
+        """Engine events, and None whenever ``ping_s`` passed since the last frame."""
+        if opening is not None:
+            yield opening
+        while self.turn.finish is None:
+            wait = self.ping_s - (time.monotonic() - self._last_sent)
+            yield await self.turn.next_event(wait) if wait > 0 else None
+
+    def _progress(self, event: PrefillEvent | TokenEvent) -> list[Payload]:
+        out = self._start(event.reused if isinstance(event, PrefillEvent) else 0)
+        if isinstance(event, TokenEvent):
+            out += self.blocks.add(self.assembler.feed(event.text))
+        return out
+
+    def _start(self, reused: int) -> list[Payload]:
+        if self.started:
+            return []
+        self.started = True
+        return [message_start(self.head, reused)]
+
+    def _ending(self, finish: FinishEvent) -> list[Payload]:
+        error = finish_error(finish)
+        if error is not None:
+            return [stream_error_payload(error)]
+        out = self._start(finish.usage.reused_tokens)
+        out += self.blocks.add(self.assembler.finish()) + self.blocks.close()
+        stop_reason, stop_sequence = stop_of(finish, bool(self.assembler.calls))
+        out.append({"type": "message_delta", "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
+                    "usage": final_usage(finish)})
+        out.append({"type": "message_stop"})
+        return out
+
+
+class SseResponse(StreamingResponse):
+    """An event stream that always runs ``on_close`` however the response ends.
+
+    Starlette stops iterating when the client goes away but does not close the
+    generator; ``on_close`` is what cancels the generation then.
+    """
+
+    def __init__(self, frames: AsyncIterator[bytes], on_close: Callable[[], None],
+                 headers: Mapping[str, str] | None = None) -> None:
+        super().__init__(frames, media_type="text/event-stream",
+                         headers={"cache-control": "no-cache", "x-accel-buffering": "no", **(headers or {})})
+        self.on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_close()

@@ -1,0 +1,174 @@
+"""Anthropic request bodies to the protocol-neutral Conversation and TurnSpec.
+
+Decisions that differ from Anthropic's hosted API, on purpose:
+
+* An absent ``temperature`` means 0 (greedy), not 1.0. Claude Code sends no
+  temperature, and the small local models this server runs produce noise at
+  T=1; explicit values are honoured. ``top_p: 0`` also means greedy (only the
+  most likely token is left). There is no seed: Anthropic has none.
+* ``system`` blocks whose text starts with ``x-anthropic-`` (Claude Code's
+  billing/attribution line, which changes between sessions) are dropped, or
+  every session would get a different prompt prefix and no cache reuse.
+* Images and non-text documents become a short placeholder text; thinking
+  blocks are dropped; blocks of unknown types are rendered as nothing.
+* Several text parts of one message are joined with a blank line; a string
+  content is one text block (see anthropic_schemas), so both spellings match.
+* The agent identity hashes the top-level ``system`` and the tools only:
+  Claude Code's mid-conversation system message (environment info) is part
+  of the conversation, not of the prefix that names the agent.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Iterable, Mapping
+
+from engine.errors import InvalidRequestError
+from engine.runtime.requests import SamplingParams
+
+from .anthropic_schemas import (
+    ContentBlock,
+    CountTokensRequest,
+    DocumentBlock,
+    ImageBlock,
+    InputMessage,
+    MessagesRequest,
+    TextBlock,
+    ToolChoice,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+from .chat import ChatMessage, Conversation, ToolCall, ToolSpec
+from .identity import anthropic_identity
+from .turns import TurnSpec
+
+log = logging.getLogger("semantic.api.anthropic")
+
+IMAGE_PLACEHOLDER = "[image omitted: this model cannot read images]"
+DOCUMENT_PLACEHOLDER = "[document omitted: this model can only read plain-text documents]"
+ATTRIBUTION_PREFIX = "x-anthropic-"
+PART_SEPARATOR = "\n\n"
+
+
+# -- content --------------------------------------------------------------------------------
+def block_text(block: ContentBlock) -> str | None:
+    """The prompt text of a non-structural block; None for blocks rendered as nothing."""
+    if isinstance(block, TextBlock):
+        return block.text
+    if isinstance(block, ImageBlock):
+        return IMAGE_PLACEHOLDER
+    if isinstance(block, DocumentBlock):
+        return _document_text(block)
+    if block.type not in ("thinking", "redacted_thinking"):
+        log.debug("content block of type %r rendered as nothing", block.type)
+    return None
+
+
+def _document_text(block: DocumentBlock) -> str:
+    data = block.source.get("data")
+    if block.source.get("type") == "text" and isinstance(data, str):
+        return f"{block.title}\n\n{data}" if block.title else data
+    return DOCUMENT_PLACEHOLDER
+
+
+def joined_text(blocks: Iterable[ContentBlock]) -> str:
+    parts = (block_text(b) for b in blocks)
+    return PART_SEPARATOR.join(p for p in parts if p)
+
+
+def tool_result_text(block: ToolResultBlock) -> str:
+    text = joined_text(block.content or [])
+    return f"Error: {text}" if block.is_error else text
+
+
+def system_message(blocks: list[ContentBlock] | None) -> ChatMessage | None:
+    kept = [b for b in blocks or [] if not (isinstance(b, TextBlock) and b.text.startswith(ATTRIBUTION_PREFIX))]
+    text = joined_text(kept)
+    return ChatMessage("system", text) if text else None
+
+
+# -- messages -------------------------------------------------------------------------------
+def chat_messages(message: InputMessage, index: int, tool_names: dict[str, str]) -> list[ChatMessage]:
+    if message.role == "assistant":
+        return [_assistant(message, index, tool_names)]
+    _reject(message, index, ToolUseBlock, "tool_use blocks belong in assistant messages")
+    if message.role == "system":
+        _reject(message, index, ToolResultBlock, "tool_result blocks belong in user messages")
+        return [ChatMessage("system", joined_text(message.content))]
+    return _user(message, tool_names)
+
+
+def _assistant(message: InputMessage, index: int, tool_names: dict[str, str]) -> ChatMessage:
+    _reject(message, index, ToolResultBlock, "tool_result blocks belong in user messages")
+    calls = tuple(ToolCall(b.id, b.name, b.input) for b in message.content if isinstance(b, ToolUseBlock))
+    tool_names.update({call.id: call.name for call in calls})
+    return ChatMessage("assistant", joined_text(message.content), tool_calls=calls)
+
+
+def _user(message: InputMessage, tool_names: dict[str, str]) -> list[ChatMessage]:
+    """Text and tool results in their order: each tool result is its own tool message."""
+    out: list[ChatMessage] = []
+    pending: list[ContentBlock] = []
+    for block in message.content:
+        if not isinstance(block, ToolResultBlock):
+            pending.append(block)
+            continue
+        if pending:
+            out.append(ChatMessage("user", joined_text(pending)))
+            pending = []
+        out.append(ChatMessage("tool", tool_result_text(block), tool_call_id=block.tool_use_id,
+                               name=tool_names.get(block.tool_use_id)))
+    if pending or not out:
+        out.append(ChatMessage("user", joined_text(pending)))
+    return out
+
+
+def _reject(message: InputMessage, index: int, kind: type, reason: str) -> None:
+    for at, block in enumerate(message.content):
+        if isinstance(block, kind):
+            raise InvalidRequestError(f"messages.{index}.content.{at}: {reason}", field=f"messages.{index}.content")
+
+
+# -- conversation and turn ---------------------------------------------------------------------
+def tool_choice_of(choice: ToolChoice | None) -> str:
+    if choice is None:
+        return "auto"
+    return choice.name if choice.type == "tool" and choice.name else choice.type
+
+
+def tool_specs(body: CountTokensRequest) -> tuple[ToolSpec, ...]:
+    return tuple(ToolSpec(t.name, t.description or "", t.input_schema) for t in body.tools or [])
+
+
+def conversation_of(body: CountTokensRequest) -> Conversation:
+    system = system_message(body.system)
+    messages: list[ChatMessage] = [system] if system else []
+    tool_names: dict[str, str] = {}
+    for index, message in enumerate(body.messages):
+        messages.extend(chat_messages(message, index, tool_names))
+    return Conversation(tuple(messages), tool_specs(body), tool_choice_of(body.tool_choice))
+
+
+def prefix_of(body: CountTokensRequest) -> Conversation:
+    """What names the agent: top-level system and tools, without the conversation."""
+    system = system_message(body.system)
+    return Conversation((system,) if system else (), tool_specs(body), tool_choice_of(body.tool_choice))
+
+
+def sampling_of(body: MessagesRequest) -> SamplingParams:
+    temperature = 0.0 if body.temperature is None else body.temperature
+    if body.top_p is not None and body.top_p == 0:
+        return SamplingParams(temperature=0.0, top_k=body.top_k or 0)
+    return SamplingParams(temperature=temperature, top_p=body.top_p or 1.0, top_k=body.top_k or 0)
+
+
+def turn_spec(body: MessagesRequest, headers: Mapping[str, str]) -> TurnSpec:
+    metadata: dict[str, Any] = body.metadata.model_dump() if body.metadata else {}
+    identity = anthropic_identity(headers, prefix_of(body), metadata, body.max_tokens, body.model)
+    return TurnSpec(
+        conversation=conversation_of(body),
+        identity=identity,
+        max_tokens=body.max_tokens,
+        sampling=sampling_of(body),
+        stop=tuple(s for s in body.stop_sequences or [] if s),
+    )

@@ -1,0 +1,195 @@
+"""Message histories of the direct agent API (``/v1/agents/{id}/messages``).
+
+The server, not the client, keeps these conversations: each turn is the
+stored history plus one new user message, so every turn's prompt extends the
+previous one and the agent's KV cache is reused to the last token.
+
+One small JSON file per agent under ``<cache_dir>/conversations``, named by
+``agent_file_stem`` (ids are client input; the stem is always a safe file
+name, and the full id is stored inside). Writes are atomic: a temp file in
+the same directory, fsync, ``os.replace``; a crash leaves the old file or the
+new one. Files are read lazily; an unreadable or inconsistent file is
+skipped with a warning and never stops the server.
+
+Used only from the event loop (route handlers), so it needs no lock; the
+files are small enough that writing them there costs well under a
+millisecond of loop time.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import time
+from contextlib import suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.errors import CachePersistenceError
+from engine.store.file_names import agent_file_stem
+
+from .chat import ChatMessage, Conversation
+
+log = logging.getLogger("semantic.api")
+
+FORMAT_VERSION = 1
+SUFFIX = ".json"
+_ROLES = ("user", "assistant")
+
+
+@dataclass(slots=True)
+class AgentConversation:
+    agent_id: str
+    display_name: str | None = None
+    system: str | None = None
+    messages: list[ChatMessage] = field(default_factory=list)
+    created_at: float = field(default_factory=time.time)
+    updated_at: float = field(default_factory=time.time)
+
+    def with_user_message(self, text: str) -> Conversation:
+        """The prompt of the next turn: system, the whole history, the new message."""
+        system = (ChatMessage("system", self.system),) if self.system else ()
+        return Conversation((*system, *self.messages, ChatMessage("user", text)))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": FORMAT_VERSION,
+            "agent_id": self.agent_id,
+            "display_name": self.display_name,
+            "system": self.system,
+            "messages": [{"role": m.role, "content": m.content} for m in self.messages],
+            "created_at": self.created_at,
+            "updated_at": self.updated_at,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> "AgentConversation":
+        """Raises ValueError for anything but a well-formed version-1 record."""
+        if not isinstance(data, dict) or data.get("version") != FORMAT_VERSION:
+            raise ValueError("not a version 1 conversation record")
+        return cls(
+            agent_id=_typed(data.get("agent_id"), str, "agent_id"),
+            display_name=_optional_str(data.get("display_name"), "display_name"),
+            system=_optional_str(data.get("system"), "system"),
+            messages=[_message(item) for item in _typed(data.get("messages"), list, "messages")],
+            created_at=float(_typed(data.get("created_at"), (int, float), "created_at")),
+            updated_at=float(_typed(data.get("updated_at"), (int, float), "updated_at")),
+        )
+
+
+def _typed(value: Any, kind: type | tuple[type, ...], name: str) -> Any:
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise ValueError(f"{name} has the wrong type")
+    return value
+
+
+def _optional_str(value: Any, name: str) -> str | None:
+    return None if value is None else _typed(value, str, name)
+
+
+def _message(item: Any) -> ChatMessage:
+    if not isinstance(item, dict) or item.get("role") not in _ROLES:
+        raise ValueError("a message needs role user or assistant")
+    return ChatMessage(item["role"], _typed(item.get("content"), str, "content"))
+
+
+class ConversationStore:
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._loaded: dict[str, AgentConversation] = {}
+        self._busy: set[str] = set()
+
+    # -- reading ----------------------------------------------------------------------------
+    def get(self, agent_id: str) -> AgentConversation | None:
+        if agent_id not in self._loaded:
+            found = self._read(self._path(agent_id))
+            if found is None or found.agent_id != agent_id:
+                return None
+            self._loaded[agent_id] = found
+        return self._loaded[agent_id]
+
+    def __contains__(self, agent_id: str) -> bool:
+        return self.get(agent_id) is not None
+
+    def all(self) -> list[AgentConversation]:
+        """Every stored conversation, reading the files not loaded yet."""
+        known = {agent_file_stem(agent_id) for agent_id in self._loaded}
+        for path in sorted(self.directory.glob(f"*{SUFFIX}")):
+            if path.stem not in known and (found := self._read(path)) is not None:
+                self._loaded.setdefault(found.agent_id, found)
+        return sorted(self._loaded.values(), key=lambda c: c.created_at)
+
+    # -- writing ----------------------------------------------------------------------------
+    def create(self, agent_id: str, system: str | None, display_name: str | None) -> AgentConversation:
+        conversation = AgentConversation(agent_id, display_name, system)
+        self._write(conversation)
+        self._loaded[agent_id] = conversation
+        return conversation
+
+    def record_turn(self, agent_id: str, user_text: str, reply: str) -> None:
+        conversation = self.get(agent_id)
+        if conversation is None:
+            return  # deleted while the turn ran: nothing to add to
+        conversation.messages += [ChatMessage("user", user_text), ChatMessage("assistant", reply)]
+        conversation.updated_at = time.time()
+        self._write(conversation)
+
+    def delete(self, agent_id: str) -> bool:
+        existed = self.get(agent_id) is not None
+        self._loaded.pop(agent_id, None)
+        with suppress(FileNotFoundError):
+            self._path(agent_id).unlink()
+        return existed
+
+    # -- one turn at a time per agent ---------------------------------------------------------
+    def claim(self, agent_id: str) -> bool:
+        """Reserve the agent for one turn; False when a turn is already running on it."""
+        if agent_id in self._busy:
+            return False
+        self._busy.add(agent_id)
+        return True
+
+    def release(self, agent_id: str) -> None:
+        self._busy.discard(agent_id)
+
+    def is_busy(self, agent_id: str) -> bool:
+        return agent_id in self._busy
+
+    # -- files --------------------------------------------------------------------------------
+    def _path(self, agent_id: str) -> Path:
+        return self.directory / f"{agent_file_stem(agent_id)}{SUFFIX}"
+
+    def _read(self, path: Path) -> AgentConversation | None:
+        try:
+            found = AgentConversation.from_json(json.loads(path.read_text(encoding="utf-8")))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, UnicodeDecodeError) as exc:
+            log.warning("ignoring unreadable conversation file %s: %s", path, exc)
+            return None
+        if path.stem != agent_file_stem(found.agent_id):
+            log.warning("ignoring conversation file %s: it holds agent %r", path, found.agent_id)
+            return None
+        return found
+
+    def _write(self, conversation: AgentConversation) -> None:
+        final = self._path(conversation.agent_id)
+        # ASCII escapes keep lone surrogates (valid in JSON input) readable back as UTF-8.
+        payload = json.dumps(conversation.to_json(), ensure_ascii=True, indent=1)
+        temp: str | None = None
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            fd, temp = tempfile.mkstemp(prefix=f".{final.stem}.", suffix=".tmp", dir=self.directory)
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(payload)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(temp, final)
+        except OSError as exc:
+            if temp is not None:
+                with suppress(OSError):
+                    os.unlink(temp)
+            raise CachePersistenceError(f"cannot write conversation {final}: {exc}") from exc

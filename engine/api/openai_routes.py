@@ -1,0 +1,105 @@
+"""POST /v1/chat/completions: the OpenAI-compatible endpoint.
+
+Everything that can be rejected (validation, a prompt longer than the
+context, pool exhaustion at admission) is rejected before the 200 is sent,
+so clients see a real status code they know how to handle.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.background import BackgroundTask
+
+from engine.errors import SemanticError
+from engine.runtime.requests import FinishEvent
+
+from .admission import SSE_HEADERS, await_admission, failed, finish_error
+from .async_turn import AsyncTurn
+from .errors import ApiError
+from .metrics import MetricsRecorder
+from .openai_schemas import STREAM_EVENT_SCHEMA, ChatCompletionRequest, ChatCompletionResponse, OpenAIErrorResponse
+from .openai_stream import ChatStream, ChunkWriter
+from .openai_translate import CompletionMeta, completion_body, to_turn_spec
+from .service import EngineService
+from .turns import OutputAssembler, prepare, text_of
+
+router = APIRouter(tags=["openai"])
+
+AGENT_HEADER = "x-semantic-agent-id"
+
+RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"model": ChatCompletionResponse, "description": "The completion, or with `stream: true` server-sent events",
+          "content": {"text/event-stream": {"schema": STREAM_EVENT_SCHEMA}}},
+    **{status: {"model": OpenAIErrorResponse, "description": description} for status, description in (
+        (400, "Invalid request (also: prompt is too long)"),
+        (429, "No room in the KV pool now; see retry-after"),
+        (500, "Generation failed"),
+        (503, "No model loaded, or generation cancelled"),
+    )},
+}
+
+
+@router.post("/v1/chat/completions", summary="OpenAI chat completions (streaming and non-streaming)",
+             response_model=None, responses=RESPONSES)
+async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+    service: EngineService = request.app.state.service
+    metrics: MetricsRecorder = request.app.state.metrics
+    try:
+        spec = to_turn_spec(body, request.headers, service.settings)
+        generation = await prepare(service, spec)
+        meta = CompletionMeta.new(body.model or service.loaded.model_id, spec.identity.agent_id)
+        assembler = OutputAssembler.for_turn(service, spec.conversation, "call_")
+        turn = service.start_turn(generation)
+    except SemanticError:
+        metrics.observe("openai", None, outcome="rejected")
+        raise
+    if body.stream:
+        return await _streamed(request, turn, assembler, meta, body.include_usage)
+    return await _complete(request, turn, assembler, meta)
+
+
+async def _complete(request: Request, turn: AsyncTurn, assembler: OutputAssembler, meta: CompletionMeta) -> Response:
+    try:
+        events = await turn.run_to_finish(request.is_disconnected)
+    except BaseException:
+        turn.cancel()  # the handler itself was cancelled (server shutdown)
+        raise
+    finish = turn.finish
+    assert finish is not None
+    request.app.state.metrics.observe("openai", finish)
+    if failed(finish):
+        raise finish_error(finish)
+    for event in events:
+        assembler.feed(text_of(event))
+    assembler.finish()
+    body = completion_body(meta, assembler.text, assembler.calls, finish)
+    return JSONResponse(body, headers={AGENT_HEADER: meta.agent_id})
+
+
+async def _streamed(
+    request: Request, turn: AsyncTurn, assembler: OutputAssembler, meta: CompletionMeta, include_usage: bool,
+) -> Response:
+    metrics: MetricsRecorder = request.app.state.metrics
+    ping_s = request.app.state.service.settings.ping_interval_s
+    try:
+        seen = await await_admission(turn, ping_s)
+    except ApiError:
+        metrics.observe("openai", turn.finish)
+        raise
+    except BaseException:
+        turn.cancel()
+        raise
+
+    def on_end(finish: FinishEvent | None) -> None:
+        metrics.observe("openai", finish, outcome=None if finish else "disconnected")
+
+    stream = ChatStream(turn, seen, assembler, ChunkWriter(meta), include_usage, ping_s, on_end)
+    return StreamingResponse(
+        stream.frames(),
+        media_type="text/event-stream",
+        headers={**SSE_HEADERS, AGENT_HEADER: meta.agent_id},
+        background=BackgroundTask(stream.close),
+    )

@@ -1,0 +1,167 @@
+"""OpenAI chat completions to the protocol-neutral turn, and results back.
+
+Decisions worth knowing:
+
+* ``temperature`` absent means greedy (0), not OpenAI's default of 1: the
+  models this server runs are small (135M-1B parameters) and drift into
+  nonsense when sampled at 1; greedy output is also reproducible, which keeps
+  a cached prefix and its continuation comparable across runs.
+* ``developer`` messages are system messages (OpenAI renamed the role for
+  reasoning models; chat templates only know ``system``).
+* Image, audio and file parts become short placeholders: the models are
+  text-only, and dropping the part silently would change what the user meant.
+* ``tool_choice: "required"`` and a named tool are passed on as the neutral
+  ``any``/name (a local model cannot be forced to call); with ``none`` the
+  output is not parsed for tool calls, and the renderer decides whether the
+  tool listing stays in the prompt.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping
+
+from engine.errors import InvalidRequestError
+from engine.runtime.requests import FinishEvent, SamplingParams, Usage
+from engine.settings import Settings
+
+from .chat import ChatMessage, Conversation, ToolCall, ToolSpec
+from .identity import openai_identity
+from .openai_schemas import ChatCompletionRequest, ContentPart, MessageIn, NamedToolChoice, ToolCallIn
+from .turns import TurnSpec, ended_by
+
+FINISH_REASONS = {"stop": "stop", "stop_sequence": "stop", "length": "length", "tool_use": "tool_calls"}
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionMeta:
+    """What every response and chunk of one completion repeats."""
+
+    id: str
+    created: int
+    model: str
+    agent_id: str
+
+    @classmethod
+    def new(cls, model: str, agent_id: str) -> "CompletionMeta":
+        return cls(f"chatcmpl-{secrets.token_hex(12)}", int(time.time()), model, agent_id)
+
+
+# -- request ----------------------------------------------------------------------------------
+def to_turn_spec(body: ChatCompletionRequest, headers: Mapping[str, str], settings: Settings) -> TurnSpec:
+    conversation = to_conversation(body)
+    identity = openai_identity(headers, body.session_id, conversation)
+    max_tokens = body.max_completion_tokens or body.max_tokens or settings.default_max_tokens
+    return TurnSpec(conversation, identity, max_tokens, sampling_of(body), stops_of(body.stop))
+
+
+def to_conversation(body: ChatCompletionRequest) -> Conversation:
+    tools = tuple(ToolSpec(t.function.name, t.function.description, t.function.parameters) for t in body.tools or ())
+    return Conversation(tuple(_messages(body.messages)), tools, _tool_choice(body.tool_choice, tools))
+
+
+def sampling_of(body: ChatCompletionRequest) -> SamplingParams:
+    return SamplingParams(
+        temperature=body.temperature if body.temperature is not None else 0.0,
+        top_p=body.top_p if body.top_p is not None else 1.0,
+        # OpenAI takes any integer; MLX PRNG keys take only unsigned 64-bit ones.
+        seed=body.seed % 2**64 if body.seed is not None else None,
+    )
+
+
+def stops_of(stop: str | list[str] | None) -> tuple[str, ...]:
+    values = [stop] if isinstance(stop, str) else (stop or [])
+    return tuple(s for s in values if s)
+
+
+def _messages(messages: list[MessageIn]) -> Iterator[ChatMessage]:
+    # Tool results name only the call id; chat templates want the function name too.
+    names: dict[str, str] = {}
+    for index, message in enumerate(messages):
+        text = content_text(message.content)
+        if message.role == "tool":
+            name = message.name or names.get(message.tool_call_id or "")
+            yield ChatMessage("tool", text, tool_call_id=message.tool_call_id, name=name)
+            continue
+        calls = tuple(_tool_call(c, f"messages.{index}.tool_calls.{j}") for j, c in enumerate(message.tool_calls or ()))
+        names.update((c.id, c.name) for c in calls)
+        role = "system" if message.role == "developer" else message.role
+        yield ChatMessage(role, text, tool_calls=calls if role == "assistant" else ())
+
+
+def content_text(content: str | list[ContentPart] | None) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    return "\n".join(_part_text(part) for part in content)
+
+
+def _part_text(part: ContentPart) -> str:
+    if part.type in ("text", "input_text"):
+        return part.text or ""
+    if part.type in ("image_url", "input_image", "image"):
+        return "[image]"
+    return f"[{part.type}]"
+
+
+def _tool_call(call: ToolCallIn, field: str) -> ToolCall:
+    raw = call.function.arguments.strip()
+    try:
+        arguments = json.loads(raw) if raw else {}
+    except ValueError as exc:
+        raise InvalidRequestError(f"{field}.function.arguments is not valid JSON: {exc}", field=field) from exc
+    if not isinstance(arguments, dict):
+        raise InvalidRequestError(f"{field}.function.arguments must encode a JSON object", field=field)
+    return ToolCall(call.id, call.function.name, arguments)
+
+
+def _tool_choice(choice: str | NamedToolChoice | None, tools: tuple[ToolSpec, ...]) -> str:
+    if choice is None or choice == "auto":
+        return "auto"
+    if choice == "none":
+        return "none"
+    if not tools:
+        raise InvalidRequestError("tool_choice requires tools to be specified", field="tool_choice")
+    if choice == "required":
+        return "any"
+    assert isinstance(choice, NamedToolChoice)
+    if choice.function.name not in {t.name for t in tools}:
+        raise InvalidRequestError(f"tool_choice names {choice.function.name!r}, which is not among the tools",
+                                  field="tool_choice")
+    return choice.function.name
+
+
+# -- response ---------------------------------------------------------------------------------
+def finish_reason(finish: FinishEvent, calls: list[ToolCall]) -> str:
+    return FINISH_REASONS.get(ended_by(finish, bool(calls)), "stop")
+
+
+def usage_body(usage: Usage) -> dict[str, Any]:
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.generated_tokens,
+        "total_tokens": usage.prompt_tokens + usage.generated_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.reused_tokens},
+    }
+
+
+def tool_call_body(call: ToolCall) -> dict[str, Any]:
+    return {"id": call.id, "type": "function",
+            "function": {"name": call.name, "arguments": json.dumps(call.arguments, ensure_ascii=False)}}
+
+
+def completion_body(meta: CompletionMeta, text: str, calls: list[ToolCall], finish: FinishEvent) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": text if text or not calls else None}
+    if calls:
+        message["tool_calls"] = [tool_call_body(c) for c in calls]
+    return {
+        "id": meta.id,
+        "object": "chat.completion",
+        "created": meta.created,
+        "model": meta.model,
+        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason(finish, calls)}],
+        "usage": usage_body(finish.usage),
+        "agent_id": meta.agent_id,
+    }
