@@ -55,7 +55,8 @@ def resume_vs_cold(loaded, pool_mb: float, sizes: list[int]) -> None:
     for size in sizes:
         with tempfile.TemporaryDirectory() as root:
             store = WarmStore(Path(root), loaded, 1 << 40, EventLog())
-            engine = start_engine(loaded, pool_mb, store=store)
+            # No prefix sharing here: the cold agent must really prefill.
+            engine = start_engine(loaded, pool_mb, store=store, prefix_sharing=False)
             try:
                 rows.append(_one_resume(engine, loaded, size, io_rows))
             finally:

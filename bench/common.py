@@ -42,8 +42,11 @@ def load(args: argparse.Namespace) -> LoadedModel:
     return loaded
 
 
-def start_engine(loaded: LoadedModel, pool_mb: float, batch: int = 16, prefill_step: int = 512, store=None) -> Engine:
-    engine = Engine(loaded, EngineConfig(int(pool_mb * 2**20), RunnerLimits(batch, 8, prefill_step)), store=store)
+def start_engine(
+    loaded: LoadedModel, pool_mb: float, batch: int = 16, prefill_step: int = 512, store=None, prefix_sharing: bool = True
+) -> Engine:
+    config = EngineConfig(int(pool_mb * 2**20), RunnerLimits(batch, 8, prefill_step), prefix_sharing=prefix_sharing)
+    engine = Engine(loaded, config, store=store)
     engine.start()
     return engine
 
