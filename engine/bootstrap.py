@@ -47,3 +47,17 @@ def start_engine(settings: Settings, progress: Callable[[ImportProgress], None] 
     engine = build_engine(settings, load_configured_model(settings, progress))
     engine.start()
     return engine
+
+
+def release_mlx() -> None:
+    """Free every unreferenced MLX array now, on this thread, and drain the streams.
+
+    Call it after the engine stopped and the caller dropped its references.
+    Arrays left for interpreter teardown (weights made on a loader thread,
+    the last batch on the engine thread) abort the process about half the
+    time ("terminate called without an active exception", status 134).
+    """
+    import gc
+
+    gc.collect()
+    mx.synchronize()

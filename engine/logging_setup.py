@@ -7,7 +7,8 @@ import logging
 import sys
 import time
 
-_STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
+# uvicorn's color_message repeats msg with ANSI escapes: noise in JSON lines.
+_STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime", "color_message"}
 
 
 class JsonFormatter(logging.Formatter):

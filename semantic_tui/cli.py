@@ -78,7 +78,7 @@ def _maybe_reexec(settings: Settings) -> None:
 
 
 def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
-    from . import commands
+    from . import cli_commands as commands
 
     if args.command == "models":
         return commands.list_models(settings)

@@ -10,7 +10,7 @@ from dataclasses import asdict
 from rich.console import Console
 from rich.table import Table
 
-from engine.bootstrap import start_engine
+from engine.bootstrap import release_mlx, start_engine
 from engine.models.loader import resolve_model
 from engine.models.packaged import PACKAGED_MODELS
 from engine.runtime.requests import AgentSource, FinishEvent, GenerationRequest, SamplingParams, TokenEvent
@@ -69,6 +69,8 @@ def generate(settings: Settings, args: argparse.Namespace) -> int:
         console.print(json.dumps({"finish": finish.reason.value, "error": finish.error, **asdict(finish.usage)}))
     finally:
         engine.stop(settings.shutdown_grace_s)
+        del engine
+        release_mlx()
     return 0 if finish.error is None else 1
 
 

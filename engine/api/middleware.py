@@ -6,6 +6,8 @@ import hmac
 import json
 from typing import Any, Awaitable, Callable
 
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
 from .errors import ANTHROPIC_TYPES
 
 Scope = dict[str, Any]
@@ -16,8 +18,12 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 OPEN_PATHS = ("/health/", "/api/hello", "/docs", "/openapi.json", "/redoc")
 
 
-class _BodyTooLarge(Exception):
-    pass
+class _BodyTooLarge(StarletteHTTPException):
+    """An HTTPException so FastAPI re-raises it from its body parsing, which
+    turns any other exception into "400 There was an error parsing the body"."""
+
+    def __init__(self, max_bytes: int) -> None:
+        super().__init__(413, _too_large(max_bytes))
 
 
 def _openai_path(path: str) -> bool:
@@ -50,7 +56,7 @@ class BodyLimitMiddleware:
             return await self.app(scope, receive, send)
         declared = dict(scope.get("headers", [])).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            return await send_error(scope, send, 413, self._message())
+            return await send_error(scope, send, 413, _too_large(self.max_bytes))
         seen = 0
         started = False
 
@@ -60,7 +66,7 @@ class BodyLimitMiddleware:
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_bytes:
-                    raise _BodyTooLarge
+                    raise _BodyTooLarge(self.max_bytes)
             return message
 
         async def tracking_send(message: dict[str, Any]) -> None:
@@ -72,10 +78,11 @@ class BodyLimitMiddleware:
             await self.app(scope, limited_receive, tracking_send)
         except _BodyTooLarge:
             if not started:
-                await send_error(scope, send, 413, self._message())
+                await send_error(scope, send, 413, _too_large(self.max_bytes))
 
-    def _message(self) -> str:
-        return f"request body is larger than the {self.max_bytes} byte limit (setting max_body_mb)"
+
+def _too_large(max_bytes: int) -> str:
+    return f"request body is larger than the {max_bytes} byte limit (setting max_body_mb)"
 
 
 class ApiKeyMiddleware:

@@ -1,0 +1,133 @@
+"""Admin: the engine snapshot as JSON, and evicting every idle agent at once.
+
+Stats read the latest published snapshot, never the engine thread, so a
+dashboard polling them cannot slow generation down.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Literal
+
+from fastapi import APIRouter, Body, Query, Request
+from pydantic import BaseModel, Field
+
+from engine.domain.block_pool import PoolSnapshot
+from engine.platform import blas_report
+from engine.runtime.agents import Tier
+from engine.runtime.snapshot import AgentView, EngineSnapshot, ModelView, ThroughputView, TierView
+
+from .service import EngineService
+
+router = APIRouter(tags=["admin"])
+
+
+class ModelStats(BaseModel):
+    model_id: str
+    identity: str
+    path: str | None
+    architecture: str
+    context_length: int
+    cache_spec: dict[str, object]
+
+
+class BlockMap(BaseModel):
+    """Per-block owner (agent id, or null when free) and layer group, indexed by block id."""
+
+    owners: list[str | None]
+    groups: list[int | None]
+
+
+class PoolStats(BaseModel):
+    total_blocks: int
+    used_blocks: int
+    free_blocks: int
+    shared_blocks: int
+    block_bytes: int
+    n_groups: int
+    total_bytes: int
+    used_bytes: int
+    free_bytes: int
+    pressure: float = Field(description="used_blocks / total_blocks")
+    owner_blocks: dict[str, int] = Field(description="Blocks held per agent")
+    block_map: BlockMap | None = Field(None, description="Only with ?blocks=true")
+
+
+class Stats(BaseModel):
+    status: str
+    detail: str | None
+    at: float = Field(description="Unix time the engine published this snapshot")
+    model: ModelStats | None
+    pool: PoolStats | None
+    tiers: TierView
+    throughput: ThroughputView
+    agents: list[AgentView]
+    backend: dict[str, object]
+
+
+class EvictIdleRequest(BaseModel):
+    tier: Literal["warm", "cold"] = Field("warm", description="warm keeps the caches on disk; cold drops them")
+
+
+class EvictIdleResponse(BaseModel):
+    evicted: int
+
+
+ERROR_SCHEMA = {"type": "object", "required": ["type", "error"],
+                "properties": {"type": {"const": "error"}, "error": {"type": "object"}}}
+
+
+def _error_doc(description: str) -> dict[str, object]:
+    return {"description": description, "content": {"application/json": {"schema": ERROR_SCHEMA}}}
+
+
+@functools.cache
+def _blas() -> dict[str, str | None]:
+    # Which BLAS is mapped cannot change after start-up; reading /proc/self/maps once is enough.
+    return blas_report()
+
+
+def _model_stats(view: ModelView) -> ModelStats:
+    return ModelStats(model_id=view.model_id, identity=view.identity, path=view.path,
+                      architecture=view.architecture, context_length=view.context_length, cache_spec=view.spec)
+
+
+def _pool_stats(pool: PoolSnapshot, with_blocks: bool) -> PoolStats:
+    block_map = BlockMap(owners=list(pool.block_owner), groups=list(pool.block_group)) if with_blocks else None
+    return PoolStats(
+        total_blocks=pool.total_blocks, used_blocks=pool.used_blocks, free_blocks=pool.free_blocks,
+        shared_blocks=pool.shared_blocks, block_bytes=pool.block_bytes, n_groups=pool.n_groups,
+        total_bytes=pool.total_bytes, used_bytes=pool.used_bytes, free_bytes=pool.free_bytes,
+        pressure=pool.pressure, owner_blocks=dict(pool.owner_blocks), block_map=block_map,
+    )
+
+
+def build_stats(service: EngineService, with_blocks: bool = False) -> Stats:
+    snapshot = service.snapshot() or EngineSnapshot(status="starting", model=None, pool=None)
+    return Stats(
+        status=snapshot.status,
+        detail=snapshot.detail or service.status_detail,
+        at=snapshot.at,
+        model=_model_stats(snapshot.model) if snapshot.model else None,
+        pool=_pool_stats(snapshot.pool, with_blocks) if snapshot.pool else None,
+        tiers=snapshot.tiers,
+        throughput=snapshot.throughput,
+        agents=list(snapshot.agents),
+        backend={**snapshot.backend, **_blas()},
+    )
+
+
+@router.get("/v1/stats", response_model=Stats, summary="Engine snapshot: model, pool, tiers, throughput, agents")
+async def stats(request: Request, blocks: bool = Query(False, description="Include the per-block map")) -> Stats:
+    return build_stats(request.app.state.service, blocks)
+
+
+@router.post("/v1/admin/evict-idle", response_model=EvictIdleResponse, summary="Evict every idle, unpinned hot agent",
+             responses={400: _error_doc("Invalid tier"), 503: _error_doc("No engine running")})
+async def evict_idle(request: Request, body: EvictIdleRequest | None = Body(None)) -> EvictIdleResponse:
+    tier = Tier((body or EvictIdleRequest()).tier)
+    service: EngineService = request.app.state.service
+    evicted = await service.call(lambda engine: engine.evict_idle(tier))
+    # Republish now, so a GET /v1/stats right after this shows the evictions.
+    await service.in_thread(service.engine.fresh_snapshot)
+    return EvictIdleResponse(evicted=evicted)

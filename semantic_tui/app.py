@@ -1,0 +1,402 @@
+"""The workbench: live panes over one engine, chats, eviction controls, the HTTP API inside.
+
+The engine runs in its own thread; the UI polls its immutable snapshot a few
+times a second and never calls into MLX. Model loading runs in a thread
+worker that posts progress messages.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from textual import on, work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.css.query import NoMatches
+from textual.screen import Screen
+from textual.containers import Horizontal, Vertical
+from textual.widgets import ContentSwitcher, Footer
+from textual.worker import Worker, WorkerState
+
+from engine.errors import SemanticError
+from engine.runtime.agents import Tier
+from engine.settings import Settings
+
+from .backend import WorkbenchBackend
+from .messages import EngineStopped, LoadProgress, ModelFailed, ModelReady
+from .palette import WorkbenchCommands
+from .screens.dialogs import ErrorDialog
+from .screens.loading import LoadingScreen
+from .widgets.agents_table import AgentsTable
+from .widgets.chat_area import ChatArea
+from .widgets.chat_pane import ChatPane
+from .widgets.event_log import EventLogView
+from .widgets.pool_map import PoolMap
+from .widgets.status_bar import StatusBar
+from .widgets.throughput_panel import ThroughputPanel
+from .widgets.tiers_panel import TiersPanel
+
+log = logging.getLogger("semantic.tui")
+BOTTOM_SIZES = (25, 40, 55, 70)  # percent of the screen for chats/log
+# Below this many rows the side column shows one panel at a time (cycle with v)
+# and open chats get more of the screen.
+COMPACT_HEIGHT = 36
+SIDE_PANELS = ("pool", "tiers", "throughput")
+
+
+class SemanticApp(App[None]):
+    CSS_PATH = "app.tcss"
+    TITLE = "semantic"
+    COMMANDS = App.COMMANDS | {WorkbenchCommands}
+    BINDINGS = [
+        Binding("q", "quit", "Quit", id="app.quit", tooltip="Persist agent caches and quit"),
+        Binding("c", "open_chat", "Chat", id="agent.open_chat", tooltip="Open a chat on the selected agent"),
+        Binding("n", "new_chat", "New", id="chat.new", tooltip="Open a chat on a new agent"),
+        Binding("e", "evict_warm", "Evict", id="agent.evict", tooltip="Evict the selected agent's cache to disk"),
+        Binding("d", "drop", "Drop", id="agent.drop", tooltip="Drop the selected agent's cache (cold)"),
+        Binding("p", "toggle_pin", "Pin", id="agent.pin", tooltip="Pin or unpin the selected agent"),
+        Binding("E", "evict_idle", "Evict idle", id="pool.evict_idle", tooltip="Evict every idle agent to disk"),
+        Binding("l", "toggle_bottom", "Log/Chats", id="view.toggle_bottom", tooltip="Show the event log or the chats"),
+        Binding("t", "cycle_theme", "Theme", id="view.theme", tooltip="Next theme (remembered)"),
+        Binding("v", "cycle_side", "Side pane", id="view.side", tooltip="Show the next side panel (small terminals)"),
+        Binding("z", "zoom", "Zoom", id="view.zoom", tooltip="Maximize the focused pane"),
+        Binding("plus", "grow_bottom", "Taller", show=False, id="view.grow", tooltip="More rows for chats/log"),
+        Binding("minus", "shrink_bottom", "Shorter", show=False, id="view.shrink", tooltip="Fewer rows for chats/log"),
+        Binding("tab", "focus_next", "Next pane", show=False, id="view.focus_next"),
+        Binding("ctrl+n", "next_pane", "Next chat", show=False, id="chat.next", tooltip="Focus the next chat pane"),
+    ]
+
+    def __init__(self, backend: WorkbenchBackend, preferences: Any = None, poll_interval_s: float = 0.25) -> None:
+        super().__init__()
+        self.backend = backend
+        self.preferences = preferences
+        self.poll_interval_s = poll_interval_s
+        self._bottom = 1
+        self._new_chats = 0
+        self._side = 0
+
+    # -- layout -----------------------------------------------------------------------------
+    def compose(self) -> ComposeResult:
+        yield StatusBar(id="status")
+        with Horizontal(id="top"):
+            with Vertical(id="agents-panel", classes="panel"):
+                yield AgentsTable(id="agents")
+            with Vertical(id="side"):
+                yield PoolMap(id="pool", classes="panel")
+                yield TiersPanel(id="tiers", classes="panel")
+                yield ThroughputPanel(id="throughput", classes="panel")
+        with ContentSwitcher(id="bottom", initial="log"):
+            yield EventLogView(id="log")
+            yield ChatArea(self.backend.service, id="chats")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self._apply_preferences()
+        self.main.query_one("#agents-panel").border_title = "Agents"
+        self.main.query_one("#pool").border_title = "Block pool"
+        self.main.query_one("#tiers").border_title = "Cache tiers"
+        self.main.query_one("#throughput").border_title = "Throughput"
+        self.main.query_one("#bottom").border_title = "Log"
+        self._apply_size()
+        self.set_interval(self.poll_interval_s, self.refresh_panes)
+        self.push_screen(LoadingScreen(self.backend.settings.model))
+        self.load_model()
+
+    # -- model loading ----------------------------------------------------------------------
+    @work(thread=True, exclusive=True, group="model", exit_on_error=False, description="load model")
+    def load_model(self) -> None:
+        try:
+            engine = self.backend.start_engine(lambda p: self.post_message(LoadProgress(p)))
+        except SemanticError as exc:
+            self.post_message(ModelFailed(f"Could not load {self.backend.settings.model}", str(exc)))
+            return
+        self.post_message(ModelReady(engine))
+
+    @on(LoadProgress)
+    def _load_progress(self, message: LoadProgress) -> None:
+        if isinstance(self.screen, LoadingScreen):
+            self.screen.update_progress(message.progress)
+
+    @on(ModelReady)
+    async def _model_ready(self, message: ModelReady) -> None:
+        if isinstance(self.screen, LoadingScreen):
+            self.pop_screen()
+        await self._start_http()
+        self.refresh_panes()
+
+    @on(ModelFailed)
+    def _model_failed(self, message: ModelFailed) -> None:
+        if isinstance(self.screen, LoadingScreen):
+            self.pop_screen()
+        self.push_screen(ErrorDialog(message.title, message.detail, ("quit", "retry")), self._after_failure)
+
+    def _after_failure(self, choice: str | None) -> None:
+        if choice == "retry":
+            self.push_screen(LoadingScreen(self.backend.settings.model))
+            self.load_model()
+        else:
+            self.exit()
+
+    async def _start_http(self) -> None:
+        try:
+            listener = await self.backend.start_http()
+        except (OSError, SystemExit) as exc:
+            self.notify(f"HTTP API not started: {exc}", severity="error", timeout=10)
+            return
+        self.main.query_one(StatusBar).url = listener.url
+        self.notify(f"Point Claude Code at it: ANTHROPIC_BASE_URL={listener.url}", timeout=8)
+
+    @on(Worker.StateChanged)
+    def _worker_failed(self, event: Worker.StateChanged) -> None:
+        if event.state is WorkerState.ERROR:
+            error = event.worker.error
+            self.push_screen(ErrorDialog(f"{event.worker.description} failed", f"{type(error).__name__}: {error}"))
+
+    @property
+    def main(self) -> Screen:
+        """The dashboard screen, whatever modal (palette, dialog) is on top of it."""
+        return self.screen_stack[0]
+
+    # -- live panes ---------------------------------------------------------------------------
+    def refresh_panes(self) -> None:
+        try:
+            self._refresh_panes()
+        except NoMatches:
+            return  # the screen is being torn down (quit)
+
+    def _refresh_panes(self) -> None:
+        if not self.screen_stack:
+            return
+        snapshot = self.backend.service.snapshot()
+        self.main.query_one(EventLogView).pull(self.backend.events)
+        if snapshot is None or snapshot.pool is None:
+            return
+        self.main.query_one(StatusBar).update_snapshot(snapshot)
+        self.main.query_one(AgentsTable).update_snapshot(snapshot)
+        self.main.query_one(PoolMap).update_snapshot(snapshot)
+        self.main.query_one(TiersPanel).update_snapshot(snapshot)
+        self.main.query_one(ThroughputPanel).update_snapshot(snapshot)
+        self.main.query_one(ChatArea).set_batch_size(snapshot.throughput.batch_size)
+
+    # -- agent actions --------------------------------------------------------------------------
+    def selected_agent(self) -> str | None:
+        return self.main.query_one(AgentsTable).selected_agent
+
+    def selected_agent_label(self) -> str | None:
+        agent_id = self.selected_agent()
+        snapshot = self.backend.service.snapshot()
+        view = snapshot.agent(agent_id) if (snapshot and agent_id) else None
+        return view.label if view else agent_id
+
+    async def _engine_action(self, verb: str, fn: Any) -> None:
+        agent_id = self.selected_agent()
+        if agent_id is None:
+            self.notify("Select an agent in the table first", severity="warning")
+            return
+        try:
+            await self.backend.service.call(lambda engine: fn(engine, agent_id))
+        except SemanticError as exc:
+            self.notify(f"{verb} {agent_id}: {exc}", severity="error")
+            return
+        self.notify(f"{verb}: {agent_id}")
+        self.refresh_panes()
+
+    async def action_evict_warm(self) -> None:
+        await self._engine_action("Evicted to disk", lambda e, a: e.evict_agent(a, Tier.WARM))
+
+    async def action_drop(self) -> None:
+        await self._engine_action("Dropped", lambda e, a: e.evict_agent(a, Tier.COLD))
+
+    async def action_delete_agent(self) -> None:
+        await self._engine_action("Deleted", lambda e, a: e.delete_agent(a))
+
+    async def action_toggle_pin(self) -> None:
+        snapshot = self.backend.service.snapshot()
+        agent_id = self.selected_agent()
+        pinned = bool(snapshot and agent_id and snapshot.agent(agent_id) and snapshot.agent(agent_id).pinned)
+        await self._engine_action("Unpinned" if pinned else "Pinned", lambda e, a: e.pin_agent(a, not pinned))
+
+    async def action_evict_idle(self) -> None:
+        await self._evict_idle(Tier.WARM)
+
+    async def action_drop_idle(self) -> None:
+        await self._evict_idle(Tier.COLD)
+
+    async def _evict_idle(self, tier: Tier) -> None:
+        try:
+            count = await self.backend.service.call(lambda engine: engine.evict_idle(tier))
+        except SemanticError as exc:
+            self.notify(str(exc), severity="error")
+            return
+        self.notify(f"{count} idle agents moved to {tier.value}")
+        self.refresh_panes()
+
+    # -- chats -------------------------------------------------------------------------------------
+    async def action_open_chat(self) -> None:
+        agent_id = self.selected_agent()
+        if agent_id is None:
+            await self.action_new_chat()
+            return
+        await self._open_chat(agent_id)
+
+    @on(AgentsTable.OpenRequested)
+    async def _open_requested(self, message: AgentsTable.OpenRequested) -> None:
+        await self._open_chat(message.agent_id)
+
+    async def _open_chat(self, agent_id: str) -> None:
+        snapshot = self.backend.service.snapshot()
+        view = snapshot.agent(agent_id) if snapshot else None
+        source = view.source if view else "tui"
+        label = view.label if view else agent_id
+        self._show_bottom("chats")
+        await self.main.query_one(ChatArea).open_chat(agent_id, label, source)
+
+    async def action_new_chat(self) -> None:
+        existing = {a.agent_id for a in (self.backend.service.snapshot() or _NoSnapshot()).agents}
+        existing |= {pane.agent_id for pane in self.main.query_one(ChatArea).panes}
+        self._new_chats += 1
+        while f"chat-{self._new_chats}" in existing:
+            self._new_chats += 1
+        agent_id = f"chat-{self._new_chats}"
+        self._show_bottom("chats")
+        await self.main.query_one(ChatArea).open_chat(agent_id, agent_id, "tui")
+
+    async def action_close_chat(self) -> None:
+        area = self.main.query_one(ChatArea)
+        pane = self._focused_pane()
+        if pane is not None:
+            await area.close_chat(pane.agent_id)
+        if area.pane_count == 0:
+            self._show_bottom("log")
+
+    def _focused_pane(self) -> ChatPane | None:
+        node = self.focused
+        while node is not None and not isinstance(node, ChatPane):
+            node = node.parent
+        return node
+
+    def action_next_pane(self) -> None:
+        self._show_bottom("chats")
+        self.main.query_one(ChatArea).focus_next_pane()
+
+    @on(ChatArea.Changed)
+    def _chats_changed(self, message: ChatArea.Changed) -> None:
+        if self.main.query_one(ChatArea).pane_count == 0:
+            self._show_bottom("log")
+
+    # -- view ---------------------------------------------------------------------------------------
+    def action_toggle_bottom(self) -> None:
+        current = self.main.query_one("#bottom", ContentSwitcher).current
+        self._show_bottom("log" if current == "chats" else "chats")
+
+    def _show_bottom(self, which: str) -> None:
+        switcher = self.main.query_one("#bottom", ContentSwitcher)
+        switcher.current = which
+        switcher.set_class(which == "chats", "chats-open")
+        switcher.border_title = "Chats" if which == "chats" else "Log"
+
+    def on_resize(self) -> None:
+        self._apply_size()
+
+    def _apply_size(self) -> None:
+        compact = self.size.height < COMPACT_HEIGHT
+        side = self.main.query_one("#side")
+        side.set_class(compact, "compact")
+        for index, name in enumerate(SIDE_PANELS):
+            self.main.query_one(f"#{name}").set_class(index == self._side, "shown")
+        self.main.query_one("#bottom").set_class(compact, "compact")
+
+    def action_cycle_side(self) -> None:
+        self._side = (self._side + 1) % len(SIDE_PANELS)
+        self._apply_size()
+
+    def action_zoom(self) -> None:
+        if self.screen.maximized is not None:
+            self.screen.minimize()
+        elif self.focused is not None:
+            self.screen.maximize(self.focused)
+
+    def action_grow_bottom(self) -> None:
+        self._resize_bottom(+1)
+
+    def action_shrink_bottom(self) -> None:
+        self._resize_bottom(-1)
+
+    def _resize_bottom(self, step: int) -> None:
+        self._bottom = max(0, min(len(BOTTOM_SIZES) - 1, self._bottom + step))
+        self.main.query_one("#bottom").styles.height = f"{BOTTOM_SIZES[self._bottom]}%"
+
+    def action_copy_address(self) -> None:
+        listener = self.backend.listener
+        if listener is None:
+            self.notify("The HTTP API is not listening yet", severity="warning")
+            return
+        self.copy_to_clipboard(listener.url)
+        self.notify(f"Copied {listener.url}")
+
+    # -- themes and preferences ----------------------------------------------------------------------
+    def _apply_preferences(self) -> None:
+        from themes import load_themes
+
+        for theme in load_themes():
+            self.register_theme(theme)
+        prefs = self.preferences
+        if prefs is not None:
+            if prefs.keymap:
+                self.set_keymap(prefs.keymap)
+            if prefs.theme in self.available_themes:
+                self.theme = prefs.theme
+                return
+        self.theme = "semantic-dark"
+
+    def theme_choices(self) -> list[str]:
+        from themes import THEME_CHOICES
+
+        return [name for name in THEME_CHOICES if name in self.available_themes]
+
+    def set_theme(self, name: str) -> None:
+        self.theme = name
+        if self.preferences is not None:
+            self.preferences.theme = name
+            self.preferences.save()
+
+    def action_cycle_theme(self) -> None:
+        choices = self.theme_choices()
+        index = choices.index(self.theme) if self.theme in choices else -1
+        self.set_theme(choices[(index + 1) % len(choices)])
+        self.notify(f"Theme: {self.theme}")
+
+    def model_commands(self) -> list[tuple[str, str, Any]]:
+        return []
+
+    # -- shutdown -------------------------------------------------------------------------------------
+    async def action_quit(self) -> None:
+        self.notify("Saving agent caches…", timeout=30)
+        await self.backend.stop_http()
+        self.stop_engine()
+
+    @work(thread=True, exclusive=True, group="shutdown", exit_on_error=False, description="stop engine")
+    def stop_engine(self) -> None:
+        self.backend.stop_engine()
+        self.post_message(EngineStopped())
+
+    @on(EngineStopped)
+    def _engine_stopped(self) -> None:
+        self.exit()
+
+
+class _NoSnapshot:
+    agents: tuple = ()
+
+
+def run_workbench(settings: Settings) -> int:
+    from .preferences import load_preferences
+
+    from engine.bootstrap import release_mlx
+
+    app = SemanticApp(WorkbenchBackend(settings), load_preferences())
+    app.run()
+    del app
+    release_mlx()
+    return 0

@@ -1,0 +1,92 @@
+"""Everything the workbench drives that is not UI: model, engine, HTTP listener.
+
+No Textual import here: the app calls these from its workers and event loop,
+and tests can swap the engine for a scripted one.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from engine.api.service import EngineService
+from engine.errors import SemanticError
+from engine.models.gguf_import import ImportProgress
+from engine.runtime.event_log import EventKind, EventLog
+from engine.settings import Settings
+
+log = logging.getLogger("semantic.tui")
+
+EngineFactory = Callable[[Settings, EventLog, Callable[[ImportProgress], None]], Any]
+
+
+def real_engine_factory(settings: Settings, events: EventLog, progress: Callable[[ImportProgress], None]) -> Any:
+    """Import/load the configured model and start an engine with the warm tier (blocking)."""
+    from engine.bootstrap import build_engine, load_configured_model
+
+    loaded = load_configured_model(settings, progress)
+    engine = build_engine(settings, loaded, events)
+    engine.start()
+    return engine
+
+
+@dataclass(slots=True)
+class ListenerInfo:
+    host: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+
+class WorkbenchBackend:
+    def __init__(self, settings: Settings, engine_factory: EngineFactory = real_engine_factory) -> None:
+        self.settings = settings
+        self.events = EventLog()
+        self.service = EngineService(settings, None, self.events)
+        self.service.status_detail = "loading the model"
+        self._factory = engine_factory
+        self._server: Any = None
+        self.listener: ListenerInfo | None = None
+
+    # -- model and engine (call from a worker thread) -----------------------------------------
+    def start_engine(self, progress: Callable[[ImportProgress], None]) -> Any:
+        try:
+            engine = self._factory(self.settings, self.events, progress)
+        except SemanticError as exc:
+            self.service.status_detail = f"model failed to load: {exc}"
+            self.events.emit(EventKind.ERROR, self.service.status_detail, level=logging.ERROR)
+            raise
+        self.service.attach(engine)
+        self.service.status_detail = None
+        return engine
+
+    @property
+    def engine(self) -> Any | None:
+        return self.service._engine
+
+    def stop_engine(self) -> None:
+        engine = self.engine
+        if engine is not None and engine.is_running:
+            engine.stop(self.settings.shutdown_grace_s)
+
+    # -- the embedded HTTP listener (call from the app's event loop) ----------------------------
+    async def start_http(self) -> ListenerInfo:
+        from engine.api.app import create_app
+        from engine.api.serve import EmbeddedServer
+
+        self._server = EmbeddedServer(
+            create_app(self.service), self.settings.host, self.settings.port, grace_s=self.settings.shutdown_grace_s
+        )
+        port = await self._server.start()
+        self.listener = ListenerInfo(self.settings.host, port)
+        self.events.emit(EventKind.INFO, f"HTTP API listening on {self.listener.url}")
+        return self.listener
+
+    async def stop_http(self) -> None:
+        if self._server is not None:
+            await self._server.stop()
+            self._server = None

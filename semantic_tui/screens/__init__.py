@@ -1,0 +1,1 @@
+"""Modal screens: model loading progress, dialogs, pickers."""

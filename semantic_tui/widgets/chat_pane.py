@@ -1,0 +1,309 @@
+"""A chat with one agent: send turns from the workbench, or watch an HTTP client's turns live."""
+
+from __future__ import annotations
+
+import asyncio
+
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.reactive import var
+from textual.widgets import Input, ProgressBar, Static
+from textual.worker import Worker
+
+from engine.api import turns
+from engine.api.async_turn import AsyncTurn
+from engine.api.chat import ChatMessage, Conversation
+from engine.api.identity import AgentIdentity
+from engine.api.service import EngineService
+from engine.errors import SemanticError
+from engine.runtime.engine import Engine
+from engine.runtime.requests import AgentSource, EventSink, FinishEvent, FinishReason
+
+from ..chat_events import (
+    NORMAL_ENDINGS,
+    EventFeed,
+    PaneState,
+    TurnBatch,
+    ending_text,
+    header_text,
+    pump,
+    read_only_hint,
+    request_line,
+    split_batch,
+    usage_line,
+)
+from ..chat_messages import CloseRequested, TurnFinished, TurnStarted
+from .chat_transcript import ChatTranscript, LiveReply
+
+
+class ChatPane(Vertical):
+    """Bound to one agent id; read-only (watching) when another client drives that agent."""
+
+    TurnStarted = TurnStarted
+    TurnFinished = TurnFinished
+    CloseRequested = CloseRequested
+
+    DEFAULT_CSS = """
+    ChatPane {
+        width: 1fr;
+        height: 1fr;
+        border: round $panel-lighten-2;
+        padding: 0 1;
+    }
+    ChatPane:focus-within { border: round $accent; }
+    ChatPane > #chat-header { height: 1; }
+    ChatPane > #chat-prefill { height: 1; width: 1fr; display: none; }
+    ChatPane > #chat-prefill.-active { display: block; }
+    ChatPane > #chat-prefill Bar { width: 1fr; }
+    ChatPane.-compact { padding: 0; }
+    """
+    BINDINGS = [
+        Binding("escape", "cancel_turn", "Stop", id="chat.cancel", tooltip="Stop generating"),
+        # Priority: the focused Input binds ctrl+w to delete-word and would swallow it.
+        Binding("ctrl+w", "close_pane", "Close chat", id="chat.close", tooltip="Close this chat pane",
+                priority=True),
+    ]
+
+    # init=False: the watchers touch children, which exist only after compose.
+    state: var[PaneState] = var(PaneState.IDLE, init=False)
+    prefill: var[tuple[int, int]] = var((0, 0), init=False)
+    batch_size: var[int] = var(1, init=False)
+    compact: var[bool] = var(False, init=False)
+
+    def __init__(
+        self,
+        service: EngineService,
+        agent_id: str,
+        label: str | None = None,
+        source: str = AgentSource.TUI.value,
+        *,
+        read_only: bool | None = None,
+        max_tokens: int | None = None,
+        id: str | None = None,
+    ) -> None:
+        super().__init__(id=id)
+        self.service = service
+        self.agent_id = agent_id
+        self.label = label or agent_id
+        self.source = source
+        # Another client's turns are that client's conversation: sending ours would fork it.
+        self.read_only = source != AgentSource.TUI.value if read_only is None else read_only
+        self.max_tokens = max_tokens or service.settings.default_max_tokens
+        self.history: list[ChatMessage] = []
+        self._turn: AsyncTurn | None = None
+        # The engine the sink was given to: a model swap may have replaced the service's since.
+        self._watching: tuple[Engine, EventSink] | None = None
+        self._observed: dict[str, LiveReply] = {}
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="chat-header")
+        yield ProgressBar(total=1, show_percentage=False, show_eta=False, id="chat-prefill")
+        yield ChatTranscript()
+        hint = read_only_hint(self.source) if self.read_only else "message (Enter to send, Esc to stop)"
+        yield Input(placeholder=hint, id="chat-input", disabled=self.read_only)
+
+    def on_mount(self) -> None:
+        if self.read_only:
+            self.state = PaneState.WATCHING
+            self._start_watching()
+        self._refresh_header()
+
+    def on_unmount(self) -> None:
+        if self._watching is not None:
+            engine, sink = self._watching
+            engine.unwatch(self.agent_id, sink)
+        if self._turn is not None:
+            self._turn.cancel()
+
+    # -- public -------------------------------------------------------------------------------
+    @property
+    def transcript(self) -> ChatTranscript:
+        return self.query_one(ChatTranscript)
+
+    @property
+    def input(self) -> Input:
+        return self.query_one("#chat-input", Input)
+
+    @property
+    def busy(self) -> bool:
+        return self.state not in (PaneState.IDLE, PaneState.WATCHING)
+
+    def focus_input(self) -> None:
+        (self.transcript if self.input.disabled else self.input).focus()
+
+    def send(self, text: str) -> Worker[None] | None:
+        """Run one turn with ``text`` as the user message; None while busy or read-only."""
+        if self.busy or self.read_only:
+            return None
+        return self.run_worker(
+            self._run_turn(text), group=f"chat-{self.agent_id}", exclusive=True,
+            exit_on_error=False, description=f"chat turn of {self.agent_id}",
+        )
+
+    # -- sending a turn -----------------------------------------------------------------------
+    @on(Input.Submitted, "#chat-input")
+    def _submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        text = event.value.strip()
+        if text and self.send(text) is not None:
+            event.input.clear()
+
+    async def _run_turn(self, text: str) -> None:
+        self._set_busy(PaneState.PREPARING)
+        try:
+            await self._turn_of(ChatMessage("user", text))
+        finally:
+            self._turn = None
+            if self.is_attached:
+                self._set_busy(PaneState.IDLE)
+
+    async def _turn_of(self, user: ChatMessage) -> None:
+        await self.transcript.add_user(user.content)
+        try:
+            self._turn = await self._start(user)
+        except (SemanticError, ValueError) as exc:
+            await self.transcript.add_error(str(exc))
+            self.post_message(TurnFinished(self.agent_id, None, FinishReason.ERROR.value, str(exc)))
+            return
+        self.post_message(TurnStarted(self.agent_id, self._turn.request_id))
+        reply, finish = await self._follow(self._turn)
+        if finish.reason in NORMAL_ENDINGS:
+            self.history += [user, ChatMessage("assistant", reply)]
+        await self._show_finish(finish)
+
+    async def _start(self, user: ChatMessage) -> AsyncTurn:
+        identity = AgentIdentity(self.agent_id, AgentSource.TUI, self.label)
+        conversation = Conversation(tuple(self.history) + (user,))
+        spec = turns.TurnSpec(conversation, identity, max_tokens=self.max_tokens)
+        return self.service.start_turn(await turns.prepare(self.service, spec))
+
+    async def _follow(self, turn: AsyncTurn) -> tuple[str, FinishEvent]:
+        feed, reply = EventFeed(), LiveReply(self.transcript)
+        pumping = asyncio.create_task(pump(turn, feed))
+        finish: FinishEvent | None = None
+        try:
+            while finish is None:
+                for batch in split_batch(await feed.next_batch()):
+                    finish = await self._apply(batch, reply) or finish
+        finally:
+            # Also reached when the pane closes mid-turn: the engine must stop generating for nobody.
+            turn.cancel()
+            pumping.cancel()
+            await reply.close()
+        return reply.text, finish
+
+    async def _apply(self, batch: TurnBatch, reply: LiveReply) -> FinishEvent | None:
+        """One screen update for a whole batch of events."""
+        if batch.queued is not None and self.state is PaneState.PREPARING:
+            self.state = PaneState.QUEUED
+        prefill = batch.prefill
+        if prefill is not None and prefill.total and not batch.text:
+            self.prefill = (prefill.done, prefill.total)
+            self._set_state_unless_stopping(PaneState.PREFILLING)
+        if batch.text:
+            self.prefill = (0, 0)
+            self._set_state_unless_stopping(PaneState.GENERATING)
+            await reply.write(batch.text)
+        return batch.finish
+
+    async def _show_finish(self, finish: FinishEvent, observed: bool = False) -> None:
+        note = ending_text(finish)
+        if finish.reason is FinishReason.ERROR:
+            await self.transcript.add_error(note or "error")
+        else:
+            if note:
+                await self.transcript.add_note(note)
+            await self.transcript.add_usage(usage_line(finish.usage))
+        reason = finish.reason.value
+        self.post_message(TurnFinished(self.agent_id, finish.usage, reason, finish.error, observed))
+
+    # -- watching another client's turns -------------------------------------------------------
+    def _start_watching(self) -> None:
+        if not self.service.is_ready:
+            return
+        feed, engine = EventFeed(), self.service.engine
+        self._watching = (engine, feed.threadsafe_sink(asyncio.get_running_loop()))
+        engine.watch(self.agent_id, self._watching[1])
+        self.run_worker(self._observe(feed), group=f"watch-{self.agent_id}", exclusive=True,
+                        exit_on_error=False, description=f"watching {self.agent_id}")
+
+    async def _observe(self, feed: EventFeed) -> None:
+        while True:
+            for batch in split_batch(await feed.next_batch()):
+                await self._observe_batch(batch)
+
+    async def _observe_batch(self, batch: TurnBatch) -> None:
+        reply = self._observed.get(batch.request_id)
+        if reply is None:
+            reply = self._observed[batch.request_id] = LiveReply(self.transcript)
+            self.post_message(TurnStarted(self.agent_id, batch.request_id, observed=True))
+        if batch.prefill is not None and not reply.announced:
+            reply.announced = True
+            await self.transcript.add_request(request_line(batch.prefill))
+        await self._apply(batch, reply)
+        if batch.finish is not None:
+            del self._observed[batch.request_id]
+            await reply.close()
+            await self._show_finish(batch.finish, observed=True)
+            self.prefill = (0, 0)
+            self.state = PaneState.WATCHING
+
+    # -- actions ------------------------------------------------------------------------------
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "cancel_turn":
+            return self._turn is not None and self.state is not PaneState.STOPPING
+        return True
+
+    def action_cancel_turn(self) -> None:
+        if self._turn is not None:
+            self.state = PaneState.STOPPING
+            self._turn.cancel()
+
+    def action_close_pane(self) -> None:
+        self.post_message(CloseRequested(self.agent_id))
+
+    # -- state and header -------------------------------------------------------------------
+    def _set_busy(self, state: PaneState) -> None:
+        self.prefill = (0, 0)
+        self.state = state
+        if state is PaneState.PREPARING:
+            # Keep the focus inside the pane, so Esc still reaches it once the Input is disabled.
+            if self.input.has_focus:
+                self.transcript.focus()
+            self.input.disabled = True
+        elif not self.read_only:
+            refocus = self.transcript.has_focus
+            self.input.disabled = False
+            if refocus:
+                self.input.focus()
+        self.refresh_bindings()
+
+    def _set_state_unless_stopping(self, state: PaneState) -> None:
+        if self.state is not PaneState.STOPPING:
+            self.state = state
+
+    def watch_state(self) -> None:
+        self._refresh_header()
+
+    def watch_prefill(self, prefill: tuple[int, int]) -> None:
+        done, total = prefill
+        for bar in self.query("#chat-prefill").results(ProgressBar):
+            bar.set_class(total > 0, "-active")
+            bar.update(total=max(total, 1), progress=done)
+        self._refresh_header()
+
+    def watch_batch_size(self) -> None:
+        self._refresh_header()
+
+    def watch_compact(self, compact: bool) -> None:
+        self.set_class(compact, "-compact")
+        self.transcript.set_class(compact, "-compact")
+        self.input.compact = compact
+
+    def _refresh_header(self) -> None:
+        # A query, not query_one: the area sets batch_size before the pane has composed.
+        text = header_text(self.label, self.source, self.state, self.prefill, self.batch_size)
+        for header in self.query("#chat-header").results(Static):
+            header.update(text)

@@ -1,0 +1,38 @@
+"""The top line: model, HTTP address (for ANTHROPIC_BASE_URL), engine status."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.reactive import reactive
+from textual.widgets import Static
+
+from engine.runtime.snapshot import EngineSnapshot
+
+
+class StatusBar(Static):
+    DEFAULT_CSS = """
+    StatusBar { height: 1; background: $panel; color: $foreground; padding: 0 1; }
+    """
+    url: reactive[str | None] = reactive(None)
+    phase: reactive[str] = reactive("loading model")
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self._snapshot: EngineSnapshot | None = None
+
+    def update_snapshot(self, snapshot: EngineSnapshot) -> None:
+        self._snapshot = snapshot
+        self.phase = snapshot.status
+        self.refresh()
+
+    def render(self) -> Text:
+        parts: list[tuple[str, str]] = [("semantic", "bold")]
+        snap = self._snapshot
+        if snap is not None and snap.model is not None:
+            parts.append((f"{snap.model.model_id} ({snap.model.architecture}, ctx {snap.model.context_length:,})", "bold"))
+        parts.append((self.url or "HTTP starting…", "underline" if self.url else "dim"))
+        parts.append((self.phase, "green" if self.phase == "ready" else "yellow"))
+        if snap is not None:
+            busy = sum(a.state != "idle" for a in snap.agents)
+            parts.append((f"{len(snap.agents)} agents · {busy} busy · batch {snap.throughput.batch_size}", "dim"))
+        return Text(" · ").join(Text(text, style=style) for text, style in parts)

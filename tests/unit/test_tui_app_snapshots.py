@@ -1,0 +1,81 @@
+"""Screenshots of the whole workbench at 80x24 and 160x48 (pytest-textual-snapshot).
+
+Everything on screen is made deterministic: a scripted engine, fixed agent
+timestamps, no wall clock in the log, and a fixed HTTP address.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+from textual.widgets import Input
+
+from engine.runtime.requests import AgentSource, FinishEvent, GenerationRequest
+from semantic_tui.backend import ListenerInfo, WorkbenchBackend
+from semantic_tui.widgets.agents_table import AgentsTable
+from semantic_tui.widgets.event_log import EventLogView
+from tests.support.scripted_engine import ScriptedEngine
+from tests.support.workbench import workbench
+
+FIXED_NOW = 1_800_000_000.0
+
+
+class FixedAddressBackend(WorkbenchBackend):
+    async def start_http(self) -> ListenerInfo:
+        self.listener = ListenerInfo("127.0.0.1", 8642)
+        return self.listener
+
+    async def stop_http(self) -> None:
+        return None
+
+
+def populated_engine() -> ScriptedEngine:
+    engine = ScriptedEngine(lambda r: "Sure. Here is **a short answer** with `code`.")
+    agents = [("cc-7f3a", AgentSource.CLAUDE_CODE, "Claude Code 7f3a9c1e", 900),
+              ("oa-review", AgentSource.OPENAI, "OpenAI session review", 500),
+              ("api-writer", AgentSource.API, None, 300)]
+    for agent_id, source, name, size in agents:  # one at a time: block allocation order is fixed
+        done = threading.Event()
+        engine.submit(GenerationRequest(agent_id, tuple(b"q" * size), 16, source=source, display_name=name),
+                      lambda e, done=done: done.set() if isinstance(e, FinishEvent) else None)
+        done.wait(10)
+    for i, agent in enumerate(engine.agents.values()):
+        agent.created_at = agent.last_used = FIXED_NOW - 10 * (i + 1)
+    return engine
+
+
+def make_app(tmp_path: Path):
+    app = workbench(tmp_path, populated_engine())
+    app.backend.__class__ = FixedAddressBackend
+    return app
+
+
+async def settle(pilot, open_chat: bool) -> None:
+    app = pilot.app
+    while not app.backend.service.is_ready or app.backend.listener is None:
+        await pilot.pause(0.05)
+    app.query_one(AgentsTable).now = lambda: FIXED_NOW
+    log = app.query_one(EventLogView)
+    log.show_clock = False
+    log.clear()
+    log._seen = 10**9  # start empty: event wording is tested elsewhere
+    if open_chat:
+        await pilot.press("n")
+        await pilot.press(*"hello", "enter")
+        while len(app.query("ChatPane").first().history) < 2:
+            await pilot.pause(0.05)
+        app.backend.engine.agents["chat-1"].created_at = app.backend.engine.agents["chat-1"].last_used = FIXED_NOW - 5
+    for field in app.query(Input):
+        field.cursor_blink = False
+    app.refresh_panes()
+    await pilot.pause(0.3)
+    app.refresh_panes()
+    await pilot.pause(0.1)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (160, 48)], ids=["80x24", "160x48"])
+@pytest.mark.parametrize("chats", [False, True], ids=["dashboard", "chat-open"])
+def test_main_screen(snap_compare, tmp_path: Path, size: tuple[int, int], chats: bool) -> None:
+    assert snap_compare(make_app(tmp_path), terminal_size=size, run_before=lambda pilot: settle(pilot, chats))
