@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from typing import Callable, Iterable
 
 import mlx.core as mx
 
@@ -12,6 +12,7 @@ from engine.models.loaded import LoadedModel
 from engine.models.loader import load_model
 from engine.runtime.engine import Engine, EngineConfig
 from engine.runtime.event_log import EventKind, EventLog
+from engine.runtime.snapshot import AgentView
 from engine.settings import Settings
 from engine.store.warm_store import WarmStore
 
@@ -35,10 +36,12 @@ def load_configured_model(
     return loaded
 
 
-def build_engine(settings: Settings, loaded: LoadedModel, events: EventLog | None = None) -> Engine:
+def build_engine(
+    settings: Settings, loaded: LoadedModel, events: EventLog | None = None, seed_agents: Iterable[AgentView] = ()
+) -> Engine:
     events = events or EventLog()
     store = WarmStore(settings.agents_dir, loaded, settings.disk_budget_bytes, events)
-    engine = Engine(loaded, EngineConfig.from_settings(settings), store=store, events=events)
+    engine = Engine(loaded, EngineConfig.from_settings(settings), store=store, events=events, seed_agents=seed_agents)
     events.emit(EventKind.LOAD, f"loaded {loaded.model_id} ({loaded.architecture}, context {loaded.context_length})")
     return engine
 
@@ -61,3 +64,14 @@ def release_mlx() -> None:
 
     gc.collect()
     mx.synchronize()
+
+
+def engine_builder(settings: Settings, events: EventLog) -> Callable[..., Engine]:
+    """What a model swap calls to bring up the next engine (blocking; swap thread)."""
+
+    def build(ref: str, progress: Callable[[ImportProgress], None], seeds: Iterable[AgentView]) -> Engine:
+        engine = build_engine(settings, load_configured_model(settings, progress, ref=ref), events, seeds)
+        engine.start()
+        return engine
+
+    return build

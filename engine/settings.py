@@ -82,6 +82,9 @@ class Settings(BaseSettings):
     request_timeout_s: float = Field(1800.0, gt=0, description="Longest a request may wait in the queue before 503.")
     shutdown_grace_s: float = Field(10.0, ge=0, description="Seconds in-flight streams get to finish on shutdown.")
     allow_model_swap_by_request: bool = Field(False, description="Let a request's model field trigger a swap.")
+    swap_grace_s: float = Field(10.0, ge=0, description="Seconds running turns get to finish when a model swap starts.")
+    swap_wait_s: float = Field(60.0, ge=0, description="Longest a request waits for a model swap before a 503 with retry-after.")
+    idle_unload_s: float | None = Field(None, gt=0, description="Unload the model after this many idle seconds; the next request reloads it.")
 
     # -- platform -----------------------------------------------------------------
     preload_openblas: bool = Field(True, description="On Linux CPU, re-exec once with OpenBLAS preloaded (about 30x faster matmul).")

@@ -61,7 +61,10 @@ class WorkbenchBackend:
             self.events.emit(EventKind.ERROR, self.service.status_detail, level=logging.ERROR)
             raise
         self.service.attach(engine)
-        self.service.status_detail = None
+        if self._factory is real_engine_factory:
+            from engine.bootstrap import engine_builder
+
+            self.service.enable_swaps(engine_builder(self.settings, self.events))
         return engine
 
     @property

@@ -171,4 +171,5 @@ def turn_spec(body: MessagesRequest, headers: Mapping[str, str]) -> TurnSpec:
         max_tokens=body.max_tokens,
         sampling=sampling_of(body),
         stop=tuple(s for s in body.stop_sequences or [] if s),
+        model=body.model,
     )

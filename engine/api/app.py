@@ -39,11 +39,11 @@ def create_app(service: EngineService) -> FastAPI:
 
 
 def _include_routers(app: FastAPI, service: EngineService) -> None:
-    from . import admin_routes, agents_routes, anthropic_routes, health_routes, metrics, models_routes, openai_routes
+    from . import admin_routes, agents_routes, anthropic_routes, health_routes, metrics, models_routes, openai_routes, swap_routes
 
     recorder = metrics.MetricsRecorder(service)
     app.state.metrics = recorder
-    for module in (anthropic_routes, openai_routes, models_routes, agents_routes, admin_routes, health_routes):
+    for module in (anthropic_routes, openai_routes, models_routes, agents_routes, admin_routes, swap_routes, health_routes):
         app.include_router(module.router)
     app.include_router(metrics.router)
 

@@ -2,9 +2,11 @@
 
 Anthropic's and OpenAI's list shapes do not collide (``type``/``display_name``/
 ``created_at``/``first_id`` vs ``object``/``created``/``owned_by``), so every
-entry and the envelope carry the union of both. The list is honest: the loaded
-model plus the packaged ones, each marked ``loaded``; ``claude-*`` names are
-accepted by the messages endpoint but never advertised here.
+entry and the envelope carry the union of both. The list is the model
+registry: packaged models, imported GGUF folders and folders or hub ids the
+user named, each with size, architecture, cache layout and whether it is
+present and loaded; ``claude-*`` names are accepted by the messages endpoint
+(they mean the loaded model) but never advertised here.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from engine.errors import EngineUnavailableError
-from engine.models.loaded import LoadedModel
-from engine.models.packaged import PACKAGED_MODELS, PackagedModel
+from engine.models.packaged import PACKAGED_MODELS
+from engine.models.registry import RegistryEntry
 from engine.runtime.engine import Engine
 
 from .errors import ApiError, error_body
@@ -44,6 +46,12 @@ class ModelEntry(BaseModel):
     identity: str | None = Field(None, description="name@digest of the loaded weights; caches are keyed by it.")
     max_input_tokens: int | None = None
     description: str | None = None
+    kind: str | None = Field(None, description="packaged, imported, folder or hub")
+    present: bool | None = Field(None, description="Weights (or their package) are on this machine.")
+    size_bytes: int | None = None
+    architecture: str | None = None
+    cache_spec: dict | None = Field(None, description="KV layout: exact for the loaded model, estimated from config.json otherwise.")
+    aliases: list[str] = Field(default_factory=list)
 
 
 class ModelList(BaseModel):
@@ -54,34 +62,30 @@ class ModelList(BaseModel):
     has_more: bool = False
 
 
-def _loaded_entry(loaded: LoadedModel, context_length: int, packaged: PackagedModel | None) -> ModelEntry:
+def _entry(item: RegistryEntry, engine: Engine | None) -> ModelEntry:
+    packaged = next((m for m in PACKAGED_MODELS if m.answers_to(item.model_id)), None)
+    loaded = engine is not None and item.loaded
     return ModelEntry(
-        id=loaded.model_id,
-        display_name=packaged.display_name if packaged else loaded.model_id,
-        loaded=True,
-        identity=loaded.identity.key,
-        max_input_tokens=context_length,
-        description=packaged.description if packaged else f"{loaded.architecture} model from {loaded.path}",
+        id=item.model_id,
+        display_name=packaged.display_name if packaged else item.model_id,
+        loaded=loaded,
+        identity=engine.loaded.identity.key if loaded and engine else None,
+        max_input_tokens=engine.context_length if loaded and engine else None,
+        description=item.description or None,
+        kind=item.kind,
+        present=item.present,
+        size_bytes=item.size_bytes,
+        architecture=item.architecture,
+        cache_spec=item.cache_spec,
+        aliases=list(item.aliases),
     )
 
 
-def _packaged_entry(model: PackagedModel) -> ModelEntry:
-    return ModelEntry(id=model.alias, display_name=model.display_name, loaded=False,
-                      description=f"{model.description} Install: {model.install_command}")
-
-
 def model_entries(service: EngineService) -> list[ModelEntry]:
-    """The loaded model first (when there is one), then every other packaged model."""
-    entries: list[ModelEntry] = []
-    loaded_id = None
+    """Every registry entry, the loaded model first."""
     engine = _running_engine(service)
-    if engine is not None:
-        loaded = engine.loaded
-        loaded_id = loaded.model_id
-        packaged = next((m for m in PACKAGED_MODELS if m.answers_to(loaded_id)), None)
-        entries.append(_loaded_entry(loaded, engine.context_length, packaged))
-    entries += [_packaged_entry(m) for m in PACKAGED_MODELS if loaded_id is None or not m.answers_to(loaded_id)]
-    return entries
+    entries = [_entry(item, engine) for item in service.registry.entries()]
+    return sorted(entries, key=lambda e: not e.loaded)
 
 
 def _running_engine(service: EngineService) -> Engine | None:

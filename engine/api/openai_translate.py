@@ -55,7 +55,7 @@ def to_turn_spec(body: ChatCompletionRequest, headers: Mapping[str, str], settin
     conversation = to_conversation(body)
     identity = openai_identity(headers, body.session_id, conversation)
     max_tokens = body.max_completion_tokens or body.max_tokens or settings.default_max_tokens
-    return TurnSpec(conversation, identity, max_tokens, sampling_of(body), stops_of(body.stop))
+    return TurnSpec(conversation, identity, max_tokens, sampling_of(body), stops_of(body.stop), model=body.model)
 
 
 def to_conversation(body: ChatCompletionRequest) -> Conversation:

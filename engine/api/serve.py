@@ -21,7 +21,7 @@ import uvicorn
 
 from engine.errors import SemanticError
 from engine.models.gguf_import import ImportProgress
-from engine.bootstrap import release_mlx
+from engine.bootstrap import engine_builder, release_mlx
 from engine.settings import Settings
 
 from .service import EngineService
@@ -217,8 +217,9 @@ class HeadlessRun:
             log.error("model failed to load: %s", exc)
             self.service.status_detail = f"model failed to load: {exc}"
             return None
+        self.service.events = engine.events
         self.service.attach(engine)
-        self.service.status_detail = None
+        self.service.enable_swaps(engine_builder(self.settings, engine.events))
         return engine
 
     def _announce(self, engine: Any) -> None:

@@ -7,16 +7,20 @@ picks up the current one when it starts and keeps it until it finishes.
 from __future__ import annotations
 
 import asyncio
+import logging
+import threading
 import time
 from typing import Any, Callable, TypeVar
 
 from engine.errors import EngineUnavailableError
 from engine.models.loaded import LoadedModel
 from engine.runtime.engine import Engine
-from engine.runtime.event_log import EventLog
+from engine.models.registry import ModelRegistry
+from engine.runtime.event_log import EventKind, EventLog
 from engine.runtime.requests import GenerationRequest
 from engine.runtime.snapshot import EngineSnapshot
 from engine.settings import Settings
+from engine.swap import EngineBuilder, ModelSwapper, SwapPhase
 
 from .async_turn import AsyncTurn
 
@@ -27,9 +31,17 @@ class EngineService:
     def __init__(self, settings: Settings, engine: Engine | None, events: EventLog | None = None) -> None:
         self.settings = settings
         self.events = events or (engine.events if engine is not None else EventLog())
-        self._engine = engine
+        self._engine: Engine | None = None
         self.started_at = time.time()
         self.status_detail: str | None = None
+        self.registry = ModelRegistry(settings.models_dir)
+        self.swapper: ModelSwapper | None = None
+        self.last_activity = time.monotonic()
+        # Closed while a model swap (or an idle unload) runs: new requests wait.
+        self._gate = threading.Event()
+        self._gate.set()
+        if engine is not None:
+            self.attach(engine)
 
     # -- the current engine ------------------------------------------------------------
     @property
@@ -40,6 +52,20 @@ class EngineService:
 
     def attach(self, engine: Engine) -> None:
         self._engine = engine
+        self.status_detail = None
+        loaded = engine.loaded
+        self.registry.set_loaded(self._current_ref(), loaded.model_id, loaded.architecture, loaded.spec.describe(), loaded.path)
+
+    def detach(self) -> None:
+        """Forget the engine (a swap released it); cached renderers go with it."""
+        self._engine = None
+        self._renderer = None
+
+    def detachable_engine(self) -> Engine | None:
+        return self._engine
+
+    def _current_ref(self) -> str:
+        return self.swapper.current_ref if self.swapper is not None else self.settings.model
 
     @property
     def is_ready(self) -> bool:
@@ -51,6 +77,55 @@ class EngineService:
 
     def snapshot(self) -> EngineSnapshot | None:
         return self._engine.snapshot() if self._engine is not None else None
+
+    # -- model swaps --------------------------------------------------------------------------
+    def enable_swaps(self, build_engine: EngineBuilder) -> ModelSwapper:
+        self.swapper = ModelSwapper(self, build_engine, self.settings.model)
+        if self.settings.idle_unload_s:
+            threading.Thread(target=self._watch_idle, name="semantic-idle-unload", daemon=True).start()
+        return self.swapper
+
+    def _watch_idle(self) -> None:
+        """Unload the model after idle_unload_s without requests; wait_ready reloads it."""
+        limit = float(self.settings.idle_unload_s or 0)
+        while self.swapper is not None:
+            time.sleep(min(5.0, limit / 4))
+            snapshot = self.snapshot()
+            busy = snapshot is not None and snapshot.throughput.active_requests > 0
+            idle_for = time.monotonic() - self.last_activity
+            if self.is_ready and not busy and idle_for > limit:
+                self.swapper.unload(self.settings.swap_grace_s, f"idle for {idle_for:.0f} s")
+
+    def close_gate(self, reason: str) -> None:
+        self._gate.clear()
+        self.status_detail = reason
+
+    def open_gate(self) -> None:
+        self._gate.set()
+
+    def note(self, kind: EventKind, message: str, level: int = logging.INFO) -> None:
+        self.events.emit(kind, message, level=level)
+
+    async def ensure_model(self, name: str) -> None:
+        """Swap to the model a request names, when it names another registry model."""
+        entry = self.registry.resolve_request_model(name)
+        loaded = self.registry.loaded
+        if self.swapper is None or entry is None or (loaded is not None and entry.location == loaded.location):
+            return
+        if not self.swapper.status.running:
+            self.swapper.request(entry.location, self.settings.swap_grace_s)
+
+    async def wait_ready(self) -> None:
+        """Wait out a running swap (up to swap_wait_s), reload after an idle unload; else 503."""
+        self.last_activity = time.monotonic()
+        swapper = self.swapper
+        if swapper is not None and swapper.status.phase is SwapPhase.UNLOADED:
+            swapper.request(swapper.current_ref, 0.0)
+        if not self._gate.is_set():
+            opened = await asyncio.to_thread(self._gate.wait, self.settings.swap_wait_s)
+            if not opened:
+                raise EngineUnavailableError(f"{self.status_detail or 'model swap'} is still running", retry_after_s=10)
+        self.engine  # raises 503 when nothing is loaded
 
     # -- work --------------------------------------------------------------------------------
     def start_turn(self, request: GenerationRequest) -> AsyncTurn:

@@ -25,6 +25,8 @@ class TurnSpec:
     max_tokens: int
     sampling: SamplingParams = SamplingParams()
     stop: tuple[str, ...] = ()
+    # The request's model field: only consulted when allow_model_swap_by_request is on.
+    model: str | None = None
 
 
 def renderer_for(service: EngineService) -> PromptRenderer:
@@ -43,7 +45,13 @@ async def render_tokens(service: EngineService, conversation: Conversation) -> l
 
 
 async def prepare(service: EngineService, spec: TurnSpec) -> GenerationRequest:
-    """Render and validate; raises PromptTooLongError and friends before any 200 is sent."""
+    """Render and validate; raises PromptTooLongError and friends before any 200 is sent.
+
+    Waits out a model swap first (or answers 503 after ``swap_wait_s``).
+    """
+    if spec.model and service.settings.allow_model_swap_by_request:
+        await service.ensure_model(spec.model)
+    await service.wait_ready()
     tokens = await render_tokens(service, spec.conversation)
     request = GenerationRequest(
         agent_id=spec.identity.agent_id,

@@ -15,7 +15,7 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeVar
 
 import mlx.core as mx
 
@@ -29,7 +29,7 @@ from .batch_runner import BatchRunner, GeneratorFactory, RunnerLimits, mlx_gener
 from .event_log import EventKind, EventLog
 from .hot_cache import HotCache
 from .requests import AgentSource, EventSink, FinishReason, GenerationRequest
-from .snapshot import EngineSnapshot
+from .snapshot import AgentView, EngineSnapshot
 from .snapshot_builder import build_snapshot
 from .tiers import TierManager
 from .turn import Turn
@@ -71,8 +71,12 @@ class Engine:
         store: "WarmStore | None" = None,
         generator_factory: GeneratorFactory = mlx_generator_factory,
         events: EventLog | None = None,
+        seed_agents: Iterable[AgentView] = (),
     ) -> None:
         self.loaded = loaded
+        # Agents known before a model swap: they keep their identity here even
+        # when this model holds no cache for them yet.
+        self._seeds = tuple(seed_agents)
         self.config = config
         self.events = events or EventLog()
         self._store = store
@@ -247,6 +251,15 @@ class Engine:
 
     def _index_store(self) -> None:
         """Agents from earlier runs: warm ones resume from disk, cold ones are listed."""
+        self._index_warm_and_cold()
+        for seed in self._seeds:
+            if seed.agent_id not in self.agents:
+                record = self.agents.add(AgentRecord(seed.agent_id, _source(seed.source), seed.display_name))
+                record.pinned, record.created_at, record.last_used = seed.pinned, seed.created_at, seed.last_used
+            else:
+                self.agents.get(seed.agent_id).pinned = seed.pinned
+
+    def _index_warm_and_cold(self) -> None:
         if self._store is None:
             return
         for header in self._store.scan():
@@ -328,6 +341,10 @@ class Engine:
         mx.synchronize()
         self._status = "stopped"
         self._publish(force=True)
+        # A stopped engine may still be referenced (a watching chat pane, a
+        # late request); it must not keep the model's weights alive.
+        self.loaded = replace(self.loaded, model=None)
+        self.runner = None
 
     def _release_hot(self) -> None:
         """Free every block on this thread: MLX aborts the process if arrays made

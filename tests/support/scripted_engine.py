@@ -43,11 +43,11 @@ def echo_script(request: GenerationRequest) -> str:
     return "Hello from the scripted model."
 
 
-def scripted_loaded(context: int = 4096, block_tokens: int = 16) -> LoadedModel:
+def scripted_loaded(context: int = 4096, block_tokens: int = 16, name: str = "scripted") -> LoadedModel:
     spec = ModelCacheSpec(4, 2, 8, "float32", block_tokens, group_layers([None] * 4))
     return LoadedModel(
-        model_id="scripted",
-        identity=ModelIdentity("scripted", "0" * 64),
+        model_id=name,
+        identity=ModelIdentity(name, "0" * 64),
         path=Path("/nonexistent/scripted"),
         architecture="scripted",
         model=None,
