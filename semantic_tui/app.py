@@ -8,6 +8,7 @@ worker that posts progress messages.
 from __future__ import annotations
 
 import logging
+from functools import partial
 from typing import Any
 
 from textual import on, work
@@ -20,13 +21,16 @@ from textual.widgets import ContentSwitcher, Footer
 from textual.worker import Worker, WorkerState
 
 from engine.errors import SemanticError
+from engine.models.registry import RegistryEntry
 from engine.runtime.agents import Tier
+from engine.swap import SwapPhase, SwapStatus
 from engine.settings import Settings
 
 from .backend import WorkbenchBackend
 from .messages import EngineStopped, LoadProgress, ModelFailed, ModelReady
 from .palette import WorkbenchCommands
-from .screens.dialogs import ErrorDialog
+from .screens.dialogs import ConfirmDialog, ErrorDialog
+from .screens.model_picker import ModelPicker, SwapProgressScreen, describe, swap_plan
 from .screens.loading import LoadingScreen
 from .widgets.agents_table import AgentsTable
 from .widgets.chat_area import ChatArea
@@ -60,6 +64,7 @@ class SemanticApp(App[None]):
         Binding("l", "toggle_bottom", "Log/Chats", id="view.toggle_bottom", tooltip="Show the event log or the chats"),
         Binding("t", "cycle_theme", "Theme", id="view.theme", tooltip="Next theme (remembered)"),
         Binding("v", "cycle_side", "Side pane", id="view.side", tooltip="Show the next side panel (small terminals)"),
+        Binding("m", "pick_model", "Model", id="model.swap", tooltip="Swap the loaded model (agents' caches are kept)"),
         Binding("z", "zoom", "Zoom", id="view.zoom", tooltip="Maximize the focused pane"),
         Binding("plus", "grow_bottom", "Taller", show=False, id="view.grow", tooltip="More rows for chats/log"),
         Binding("minus", "shrink_bottom", "Shorter", show=False, id="view.shrink", tooltip="Fewer rows for chats/log"),
@@ -170,6 +175,10 @@ class SemanticApp(App[None]):
             return
         snapshot = self.backend.service.snapshot()
         self.main.query_one(EventLogView).pull(self.backend.events)
+        swapper = self.backend.service.swapper
+        if swapper is not None and swapper.status.running:
+            self.main.query_one(StatusBar).phase = f"swap: {swapper.status.phase.value}"
+            return
         if snapshot is None or snapshot.pool is None:
             return
         self.main.query_one(StatusBar).update_snapshot(snapshot)
@@ -367,8 +376,45 @@ class SemanticApp(App[None]):
         self.set_theme(choices[(index + 1) % len(choices)])
         self.notify(f"Theme: {self.theme}")
 
+    # -- model swaps ----------------------------------------------------------------------------------
     def model_commands(self) -> list[tuple[str, str, Any]]:
-        return []
+        if self.backend.service.swapper is None:
+            return []
+        return [
+            (f"model: swap to {entry.model_id}", describe(entry), partial(self._confirm_swap, entry))
+            for entry in self.backend.service.registry.entries()
+            if not entry.loaded
+        ]
+
+    def action_pick_model(self) -> None:
+        if self.backend.service.swapper is None:
+            self.notify("Model swaps start once the first model has loaded", severity="warning")
+            return
+        entries = self.backend.service.registry.entries()
+        self.push_screen(ModelPicker(entries), lambda entry: self._confirm_swap(entry) if entry else None)
+
+    def _confirm_swap(self, entry: RegistryEntry) -> None:
+        plan = swap_plan(entry, self.backend.service.snapshot())
+        dialog = ConfirmDialog(f"Swap to {entry.model_id}?", plan, confirm="Swap")
+        self.push_screen(dialog, lambda ok: self._start_swap(entry) if ok else None)
+
+    def _start_swap(self, entry: RegistryEntry) -> None:
+        swapper = self.backend.service.swapper
+        try:
+            swapper.request(entry.location, self.backend.settings.swap_grace_s)
+        except SemanticError as exc:
+            self.notify(str(exc), severity="error")
+            return
+        self.push_screen(SwapProgressScreen(swapper), self._swap_finished)
+
+    def _swap_finished(self, status: SwapStatus | None) -> None:
+        if status is None:
+            return
+        if status.phase is SwapPhase.DONE:
+            self.notify(f"Now serving {status.to_model} (swap took {status.total_seconds:.1f} s)")
+        else:
+            self.push_screen(ErrorDialog(f"Swap to {status.to_model} failed", f"{status.error}\n\n{status.from_model} is serving again."))
+        self.refresh_panes()
 
     # -- shutdown -------------------------------------------------------------------------------------
     async def action_quit(self) -> None:

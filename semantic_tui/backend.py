@@ -31,6 +31,12 @@ def real_engine_factory(settings: Settings, events: EventLog, progress: Callable
     return engine
 
 
+def _real_swap_builder(settings: Settings, events: EventLog) -> Any:
+    from engine.bootstrap import engine_builder
+
+    return engine_builder(settings, events)
+
+
 @dataclass(slots=True)
 class ListenerInfo:
     host: str
@@ -43,9 +49,12 @@ class ListenerInfo:
 
 
 class WorkbenchBackend:
-    def __init__(self, settings: Settings, engine_factory: EngineFactory = real_engine_factory) -> None:
+    def __init__(
+        self, settings: Settings, engine_factory: EngineFactory = real_engine_factory, swap_builder: Any = None
+    ) -> None:
         self.settings = settings
         self.events = EventLog()
+        self._swap_builder = swap_builder
         self.service = EngineService(settings, None, self.events)
         self.service.status_detail = "loading the model"
         self._factory = engine_factory
@@ -61,10 +70,7 @@ class WorkbenchBackend:
             self.events.emit(EventKind.ERROR, self.service.status_detail, level=logging.ERROR)
             raise
         self.service.attach(engine)
-        if self._factory is real_engine_factory:
-            from engine.bootstrap import engine_builder
-
-            self.service.enable_swaps(engine_builder(self.settings, self.events))
+        self.service.enable_swaps(self._swap_builder or _real_swap_builder(self.settings, self.events))
         return engine
 
     @property

@@ -59,5 +59,8 @@ class ConfirmDialog(ModalScreen[bool]):
                 yield Button("Cancel", id="cancel")
                 yield Button(self.confirm, id="confirm", variant="primary")
 
+    def on_mount(self) -> None:
+        self.query_one("#confirm", Button).focus()
+
     def on_button_pressed(self, event: Button.Pressed) -> None:
         self.dismiss(event.button.id == "confirm")

@@ -87,6 +87,7 @@ class ScriptedEngine:
         prefill_delay_s: float = 0.0,
         token_delay_s: float = 0.0,
         fail_with: str | None = None,
+        seed_agents: tuple = (),
     ) -> None:
         self.loaded = loaded or scripted_loaded()
         self.script = script
@@ -95,7 +96,9 @@ class ScriptedEngine:
         self.fail_with = fail_with
         self.events = EventLog()
         self.pool = BlockPool(pool_blocks, self.loaded.spec.block_bytes, len(self.loaded.spec.groups))
-        self.agents: dict[str, FakeAgent] = {}
+        self.agents: dict[str, FakeAgent] = {
+            seed.agent_id: FakeAgent(seed.agent_id, seed.source, seed.display_name, pinned=seed.pinned) for seed in seed_agents
+        }
         self.requests: list[GenerationRequest] = []
         self.cancelled: set[str] = set()
         self.watchers: dict[str, list[EventSink]] = {}

@@ -25,8 +25,18 @@ def scripted_factory(engine: ScriptedEngine):
     return factory
 
 
+def scripted_swaps(ref: str, progress, seeds) -> ScriptedEngine:
+    """Swap builder: a scripted engine named after the model it was asked for."""
+    from engine.models.gguf_import import ImportProgress
+
+    from .scripted_engine import scripted_loaded
+
+    progress(ImportProgress("loading", 1, 1))
+    return ScriptedEngine(lambda r: f"I am {ref}", loaded=scripted_loaded(name=Path(ref).name), seed_agents=tuple(seeds))
+
+
 def workbench(tmp_path: Path, engine: ScriptedEngine | None = None, **settings: Any) -> SemanticApp:
     config = load_settings(cache_dir=tmp_path / "cache", port=0, preload_openblas=False, **settings)
-    backend = WorkbenchBackend(config, scripted_factory(engine or ScriptedEngine()))
+    backend = WorkbenchBackend(config, scripted_factory(engine or ScriptedEngine()), swap_builder=scripted_swaps)
     prefs = load_preferences(tmp_path / "workbench.json")
     return SemanticApp(backend, prefs, poll_interval_s=0.1)

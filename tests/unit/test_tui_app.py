@@ -175,3 +175,30 @@ async def test_layout_fits_small_and_large_terminals(tmp_path: Path, size: tuple
         if size[1] < 36:
             await pilot.press("v")
             assert app.query_one("#tiers").display
+
+
+async def test_model_swap_from_the_picker_rebuilds_the_panes(tmp_path: Path) -> None:
+    engine = ScriptedEngine()
+    app = workbench(tmp_path, engine, model="scripted")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: app.backend.service.is_ready)
+        engine.submit(GenerationRequest("keeper", tuple(b"k" * 40), 4), lambda e: None)
+        await wait_for(pilot, lambda: "keeper" in table_ids(app))
+        await pilot.press("m")
+        picker = app.screen
+        assert picker.__class__.__name__ == "ModelPicker"
+        target = next(i for i, e in enumerate(picker.entries) if not e.loaded)
+        picker.dismiss(picker.entries[target])
+        await pilot.pause(0.2)
+        assert app.screen.__class__.__name__ == "ConfirmDialog"
+        assert "Spill 1 hot agents" in app.screen.body
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: not app.backend.service.swapper.status.running, timeout_s=10)
+        assert app.backend.service.swapper.status.phase.value == "done", app.backend.service.swapper.status
+        await wait_for(pilot, lambda: app.backend.service.is_ready
+                       and app.backend.service.engine.loaded.model_id == picker.entries[target].model_id, timeout_s=10)
+        await wait_for(pilot, lambda: app.screen.__class__.__name__ not in ("SwapProgressScreen", "ConfirmDialog"))
+        assert not engine.is_running
+        await wait_for(pilot, lambda: "keeper" in table_ids(app))  # identity kept across the swap
+        status = str(app.query_one("#status").render())
+        assert picker.entries[target].model_id in status
