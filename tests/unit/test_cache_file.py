@@ -24,7 +24,7 @@ from engine.domain.block_layout import block_spans
 from engine.domain.cache_spec import ModelCacheSpec, group_layers
 from engine.errors import CacheCorruptionError, CachePersistenceError
 from engine.models.loaded import ModelIdentity
-from engine.store import cache_file
+from engine.store import cache_file, cache_writer
 from engine.store.cache_file import (
     CacheRecord,
     PersistedBlock,
@@ -279,7 +279,7 @@ def assert_only_old_file(directory: Path, old: tuple[CacheRecord, Path]) -> None
 def test_disk_full_mid_write_keeps_the_old_file(
     tmp_path: Path, old_file: tuple[CacheRecord, Path], monkeypatch: pytest.MonkeyPatch, budget: int
 ) -> None:
-    monkeypatch.setattr(cache_file, "_open_exclusive", lambda path: DiskFullAfter(path, budget))
+    monkeypatch.setattr(cache_writer, "_open_exclusive", lambda path: DiskFullAfter(path, budget))
     with pytest.raises(CachePersistenceError, match=f"{old_file[1].name}.*No space left"):
         write_cache_file(tmp_path, make_record(generation=2))
     assert_only_old_file(tmp_path, old_file)
@@ -291,7 +291,7 @@ def test_failed_rename_keeps_the_old_file(
     def failing_replace(src: Any, dst: Any) -> None:
         raise OSError(errno.EIO, "I/O error")
 
-    monkeypatch.setattr(cache_file.os, "replace", failing_replace)
+    monkeypatch.setattr(cache_writer.os, "replace", failing_replace)
     with pytest.raises(CachePersistenceError, match="I/O error"):
         write_cache_file(tmp_path, make_record(generation=2))
     monkeypatch.undo()
@@ -304,7 +304,7 @@ def test_interrupt_mid_write_removes_the_temp_file(
     def interrupted_sync(fd: int) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cache_file, "_sync_file", interrupted_sync)
+    monkeypatch.setattr(cache_writer, "_sync_file", interrupted_sync)
     with pytest.raises(KeyboardInterrupt):
         write_cache_file(tmp_path, make_record(generation=2))
     assert_only_old_file(tmp_path, old_file)

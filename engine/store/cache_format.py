@@ -1,0 +1,176 @@
+"""The vocabulary of a cache file: constants, dtypes, records and the header's identity.
+
+Every other ``cache_*`` module builds on these names, so this one does no I/O
+and imports nothing of theirs. The file layout itself is described in
+:mod:`engine.store.cache_file`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import struct
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.domain.cache_spec import ModelCacheSpec
+from engine.models.loaded import ModelIdentity
+
+from .file_names import agent_file_stem
+
+FORMAT_NAME = "semantic-agent-cache"
+FORMAT_VERSION = 1
+CHECKSUM_ALGORITHM = "crc32"
+SUFFIX = ".safetensors"
+QUARANTINE_DIR = "quarantine"
+STALE_TEMP_SECONDS = 60.0
+MAX_HEADER_BYTES = 100_000_000  # the safetensors library's own limit
+TOKENS = "token_ids"
+
+_LENGTH = struct.Struct("<Q")
+_CRC_DIGITS = 8
+_CHECKSUM_PLACEHOLDER = f"{CHECKSUM_ALGORITHM}:{'0' * _CRC_DIGITS}"
+# The checksum is the last field of the header JSON, which is the last value
+# of __metadata__, which is the table's last key: its digits always sit just
+# before these closing bytes, so the writer can patch them in place.
+_AFTER_CHECKSUM = b'\\"}"}}'
+_CHECKSUM_VALUE = re.compile(r"crc32:[0-9a-f]{8}")
+_INDEX = r"(0|[1-9][0-9]{0,17})"
+_BLOCK_NAME = re.compile(rf"g{_INDEX}\.b{_INDEX}\.l{_INDEX}\.([kv])")
+# The writer's temp files: ".{stem}.{pid}.{random hex}.tmp".
+_TEMP_NAME = re.compile(r"\.[A-Za-z0-9_-]+\.([1-9][0-9]{0,9})\.[0-9a-f]+\.tmp")
+
+
+@dataclass(frozen=True, slots=True)
+class _Dtype:
+    name: str
+    code: str  # the safetensors spelling
+    itemsize: int
+    numpy: str  # what the reader returns: bfloat16 comes back as its uint16 bit pattern
+    formats: frozenset[str]  # buffer-protocol formats the writer accepts
+
+
+_KV_DTYPES = {
+    "float32": _Dtype("float32", "F32", 4, "<f4", frozenset({"f", "<f"})),
+    "float16": _Dtype("float16", "F16", 2, "<f2", frozenset({"e", "<e"})),
+    # "bfloat16" is MLX's buffer format; "H" the uint16 pattern a read record holds.
+    "bfloat16": _Dtype("bfloat16", "BF16", 2, "<u2", frozenset({"bfloat16", "H", "<H"})),
+}
+_TOKEN_DTYPE = _Dtype("uint32", "U32", 4, "<u4", frozenset({"I", "<I"}))
+_BY_CODE = {d.code: d for d in (*_KV_DTYPES.values(), _TOKEN_DTYPE)}
+
+
+# -- records -------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class PersistedBlock:
+    """One block's K and V, one array per layer slot of the group.
+
+    Arrays are anything with the buffer protocol: evaluated, C-contiguous
+    mx.arrays when writing; numpy views of the file's bytes after reading.
+    """
+
+    group: int
+    start: int
+    length: int
+    keys: tuple[Any, ...]
+    values: tuple[Any, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CacheHeader:
+    format_version: int
+    agent_id: str
+    model_name: str
+    model_digest: str
+    spec_fingerprint: str
+    spec: dict[str, Any]  # ModelCacheSpec.describe()
+    cache_classes: list[str]  # per layer: "KVCache", "RotatingKVCache"
+    cache_meta: list[dict[str, Any]]  # per layer, e.g. {"max_size": 512, "keep": 0}
+    token_ids: list[int]
+    n_tokens: int
+    created_at: float
+    last_used: float
+    checksum: str = ""  # stamped by the writer
+    tensor_bytes: int = 0  # K and V bytes; stamped by the writer
+    display_name: str | None = None
+    source: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class CacheRecord:
+    header: CacheHeader
+    blocks: tuple[PersistedBlock, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class WrittenFile:
+    path: Path
+    nbytes: int
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class ScanResult:
+    headers: list[tuple[Path, CacheHeader]]
+    bad: list[tuple[Path, str]]
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    """One tensor of the safetensors table: the writer lays these out, the reader parses them."""
+
+    name: str
+    dtype: str  # safetensors code
+    shape: tuple[int, ...]
+    begin: int  # offsets into the data section
+    end: int
+
+
+# -- identity ------------------------------------------------------------------------------
+def new_header(
+    agent_id: str,
+    model: ModelIdentity,
+    spec: ModelCacheSpec,
+    token_ids: Sequence[int],
+    cache_classes: Sequence[str],
+    cache_meta: Sequence[dict[str, Any]],
+    *,
+    created_at: float | None = None,
+    last_used: float | None = None,
+    display_name: str | None = None,
+    source: str | None = None,
+    extra: dict[str, Any] | None = None,
+) -> CacheHeader:
+    """A header ready for :func:`write_cache_file` (which stamps checksum and sizes)."""
+    now = time.time()
+    return CacheHeader(
+        FORMAT_VERSION, agent_id, model.name, model.digest, spec_fingerprint(spec),
+        spec.describe(), list(cache_classes), [dict(m) for m in cache_meta],
+        [int(t) for t in token_ids], len(token_ids),
+        now if created_at is None else created_at, now if last_used is None else last_used,
+        display_name=display_name, source=source, extra=dict(extra or {}),
+    )
+
+
+def spec_fingerprint(spec: ModelCacheSpec) -> str:
+    return _fingerprint(spec.describe())
+
+
+def _fingerprint(description: Any) -> str:
+    canonical = json.dumps(description, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+def cache_file_path(directory: Path, agent_id: str) -> Path:
+    return directory / f"{agent_file_stem(agent_id)}{SUFFIX}"
+
+
+def _short(value: object) -> str:
+    """Error messages quote a corrupt file's values, but never more than a line of them."""
+    text = str(value)
+    return text if len(text) <= 80 else text[:77] + "..."

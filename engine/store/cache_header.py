@@ -1,0 +1,173 @@
+"""The JSON header of a cache file: encoded by the writer, parsed and checked by the reader.
+
+Both directions live here so the writer can run the reader's own field checks
+on what it is about to write: a record that would not read back is refused
+before a byte reaches the disk. Parsing trusts nothing (duplicate keys, NaN,
+wrong types, unknown fields are all corruption), because the bytes may be torn.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from engine.errors import CacheCorruptionError
+
+from .cache_format import (
+    _AFTER_CHECKSUM,
+    _BY_CODE,
+    _CHECKSUM_VALUE,
+    _CRC_DIGITS,
+    _LENGTH,
+    CHECKSUM_ALGORITHM,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    CacheHeader,
+    _Entry,
+    _short,
+)
+
+
+# -- field checks ----------------------------------------------------------------------------
+def _is_str(v: Any) -> bool:
+    return type(v) is str
+
+
+def _is_count(v: Any) -> bool:
+    return type(v) is int and v >= 0
+
+
+def _is_time(v: Any) -> bool:
+    # Checked by type first: math.isfinite overflows on huge ints.
+    return (type(v) is int and abs(v) < 2**63) or (type(v) is float and math.isfinite(v))
+
+
+def _is_optional_str(v: Any) -> bool:
+    return v is None or type(v) is str
+
+
+def _is_dict(v: Any) -> bool:
+    return type(v) is dict
+
+
+def _is_list_of(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda v: type(v) is list and all(check(x) for x in v)
+
+
+# The header's JSON fields, in the order written; token ids travel as a tensor.
+_HEADER_FIELDS = {
+    "format_version": _is_count, "agent_id": _is_str, "model_name": _is_str,
+    "model_digest": _is_str, "spec_fingerprint": _is_str, "spec": _is_dict,
+    "cache_classes": _is_list_of(_is_str), "cache_meta": _is_list_of(_is_dict),
+    "n_tokens": _is_count, "created_at": _is_time, "last_used": _is_time,
+    "tensor_bytes": _is_count, "display_name": _is_optional_str, "source": _is_optional_str,
+    "extra": _is_dict, "checksum": _is_str,
+}
+
+
+# -- encoding ----------------------------------------------------------------------------------
+def _encode_head(header: CacheHeader, entries: Sequence[_Entry]) -> tuple[bytes, int]:
+    """The length prefix and padded JSON header, and the file offset of the checksum digits."""
+    table: dict[str, Any] = {
+        e.name: {"dtype": e.dtype, "shape": list(e.shape), "data_offsets": [e.begin, e.end]}
+        for e in entries
+    }
+    fields = {name: getattr(header, name) for name in _HEADER_FIELDS if name != "checksum"}
+    fields["checksum"] = header.checksum  # last: see _AFTER_CHECKSUM
+    semantic = json.dumps(fields, allow_nan=False, separators=(",", ":"))
+    _check_fields(json.loads(semantic))  # what the reader will see
+    table["__metadata__"] = {"format": FORMAT_NAME, "semantic": semantic}
+    text = json.dumps(table, separators=(",", ":")).encode("ascii")
+    # Spaces pad the header so tensor data starts 8-byte aligned, as safetensors does.
+    padded = text + b" " * (-(_LENGTH.size + len(text)) % 8)
+    checksum_at = _LENGTH.size + len(text) - len(_AFTER_CHECKSUM) - _CRC_DIGITS
+    return _LENGTH.pack(len(padded)) + padded, checksum_at
+
+
+# -- parsing -----------------------------------------------------------------------------------
+def _parse_header(metadata: Any) -> CacheHeader:
+    """The :class:`CacheHeader` in ``__metadata__``, token ids still empty."""
+    if type(metadata) is not dict or "format" not in metadata:
+        raise CacheCorruptionError("no format in the metadata: not a semantic agent cache")
+    if metadata["format"] != FORMAT_NAME:
+        raise CacheCorruptionError(
+            f"unknown format {_short(repr(metadata['format']))}, expected {FORMAT_NAME!r}")
+    if type(metadata.get("semantic")) is not str:
+        raise CacheCorruptionError("no semantic header in the metadata")
+    fields = _parse_json(metadata["semantic"], "semantic header")
+    if type(fields) is not dict:
+        raise CacheCorruptionError("bad JSON semantic header: not an object")
+    version = fields.get("format_version")
+    if type(version) is not int or version != FORMAT_VERSION:
+        raise CacheCorruptionError(
+            f"unsupported format_version {_short(repr(version))} "
+            f"(this build reads {FORMAT_VERSION})")
+    _check_fields(fields)
+    fields["created_at"] = float(fields["created_at"])
+    fields["last_used"] = float(fields["last_used"])
+    return CacheHeader(token_ids=[], **fields)
+
+
+def _check_fields(fields: dict[str, Any]) -> None:
+    missing = sorted(set(_HEADER_FIELDS) - set(fields))
+    unknown = sorted(set(fields) - set(_HEADER_FIELDS))
+    if missing or unknown:
+        raise CacheCorruptionError(f"header fields missing {missing}, unknown {_short(unknown)}")
+    for name, valid in _HEADER_FIELDS.items():
+        if not valid(fields[name]):
+            raise CacheCorruptionError(
+                f"header field {name} has a bad value {_short(repr(fields[name]))}")
+    if not _CHECKSUM_VALUE.fullmatch(fields["checksum"]):
+        raise CacheCorruptionError(
+            f"unsupported checksum {_short(repr(fields['checksum']))}, "
+            f"expected {CHECKSUM_ALGORITHM}")
+
+
+def _parse_entry(name: str, desc: Any) -> _Entry:
+    """One tensor's table entry, whose byte span must match its dtype and shape exactly."""
+    tensor = f"tensor {_short(repr(name))}"
+    if type(desc) is not dict or set(desc) != {"dtype", "shape", "data_offsets"}:
+        raise CacheCorruptionError(f"{tensor} has a malformed entry")
+    dtype, shape, offsets = desc["dtype"], desc["shape"], desc["data_offsets"]
+    if type(dtype) is not str or dtype not in _BY_CODE:
+        raise CacheCorruptionError(f"{tensor} has unexpected dtype {_short(repr(dtype))}")
+    if not _is_list_of(_is_count)(shape) or len(shape) > 8:
+        raise CacheCorruptionError(f"{tensor} has a bad shape {_short(shape)}")
+    if not _is_list_of(_is_count)(offsets) or len(offsets) != 2 or offsets[0] > offsets[1]:
+        raise CacheCorruptionError(f"{tensor} has bad data_offsets {_short(offsets)}")
+    needed, span = math.prod(shape) * _BY_CODE[dtype].itemsize, offsets[1] - offsets[0]
+    if span != needed:
+        raise CacheCorruptionError(
+            f"{tensor}: {dtype} {shape} needs {needed} bytes, its data_offsets span {span}")
+    return _Entry(name, dtype, tuple(shape), offsets[0], offsets[1])
+
+
+def _checksum_offset(head: bytes, checksum: str) -> int:
+    """Where the checksum digits sit in ``head``; they must be the header's last bytes."""
+    body = head.rstrip(b" ")
+    if not body.endswith(checksum.encode("ascii") + _AFTER_CHECKSUM):
+        raise CacheCorruptionError("the checksum is not the header's last field")
+    return len(body) - len(_AFTER_CHECKSUM) - _CRC_DIGITS
+
+
+def _parse_json(text: bytes | str, what: str) -> Any:
+    try:
+        if isinstance(text, bytes):
+            text = text.decode("utf-8")
+        return json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as err:
+        raise CacheCorruptionError(f"bad JSON {what}: {_short(err)}") from None
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # A duplicated key would let two readers disagree on which value counts.
+    table = dict(pairs)
+    if len(table) != len(pairs):
+        raise ValueError("duplicate keys")
+    return table
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number")

@@ -1,0 +1,220 @@
+"""The structural checks on a cache file's tensors, shared by the writer and the reader.
+
+The reader runs them so that any defect in a file on disk surfaces as one
+CacheCorruptionError naming it, before anything is restored; the writer runs
+the same ones so it never writes a file the reader would reject. The checks:
+tensors tile the data section exactly, the geometry matches the model's spec,
+each group's blocks cover the cache contiguously, and the checksum holds.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from itertools import pairwise
+from typing import Any
+
+import numpy as np
+
+from engine.domain.block_layout import first_needed_position
+from engine.errors import CacheCorruptionError
+
+from .cache_format import (
+    _BLOCK_NAME,
+    _CRC_DIGITS,
+    _KV_DTYPES,
+    _TOKEN_DTYPE,
+    CHECKSUM_ALGORITHM,
+    TOKENS,
+    CacheHeader,
+    _Dtype,
+    _Entry,
+    _fingerprint,
+    _short,
+)
+
+
+# -- the file as a whole -----------------------------------------------------------------------
+def _check_offsets(entries: Iterable[_Entry], data_len: int) -> None:
+    """Tensors must tile the data section exactly: no overlap, no gap, nothing past the end."""
+    position = 0
+    for entry in sorted(entries, key=lambda e: (e.begin, e.end)):
+        if entry.begin < position:
+            raise CacheCorruptionError(
+                f"tensor {_short(repr(entry.name))} at bytes [{entry.begin}, {entry.end}) "
+                f"overlaps the tensor ending at {position}")
+        if entry.begin > position:
+            raise CacheCorruptionError(
+                f"data bytes [{position}, {entry.begin}) belong to no tensor")
+        position = entry.end
+    if position > data_len:
+        raise CacheCorruptionError(
+            f"truncated: the tensors need {position} bytes of data, the file holds {data_len}")
+    if position < data_len:
+        raise CacheCorruptionError(f"{data_len - position} trailing bytes after the last tensor")
+
+
+def _token_entry(entries: dict[str, _Entry], n_tokens: int) -> _Entry:
+    entry = entries.get(TOKENS)
+    if entry is None:
+        raise CacheCorruptionError("no token_ids tensor")
+    if entry.dtype != _TOKEN_DTYPE.code or entry.shape != (n_tokens,):
+        raise CacheCorruptionError(
+            f"token_ids is {entry.dtype} {list(entry.shape)}, the header needs U32 [{n_tokens}]")
+    return entry
+
+
+def _check_identity(
+    header: CacheHeader, digest: str, fingerprint: str, model_name: str | None
+) -> None:
+    """The file was made by the loaded model, with the same cache layout."""
+    if header.model_digest != digest:
+        made_by = f"{header.model_name}@{header.model_digest[:16]}"
+        raise CacheCorruptionError(
+            f"cache made by model {made_by}, loaded model is {model_name or ''}@{digest[:16]}")
+    if _fingerprint(header.spec) != header.spec_fingerprint:
+        raise CacheCorruptionError("the header's spec does not match its own fingerprint")
+    if header.spec_fingerprint != fingerprint:
+        raise CacheCorruptionError(
+            f"spec fingerprint mismatch: cache {header.spec_fingerprint[:16]}, "
+            f"loaded model {fingerprint[:16]} (block size, KV dtype or layer grouping changed)")
+
+
+def _check_checksum(head: bytes, checksum_at: int, expected: str, data: np.ndarray) -> None:
+    """crc32 over the head, its own digits read as ``0``, then the data: as the writer did."""
+    zeroed = bytearray(head)
+    zeroed[checksum_at : checksum_at + _CRC_DIGITS] = b"0" * _CRC_DIGITS
+    actual = f"{CHECKSUM_ALGORITHM}:{zlib.crc32(data, zlib.crc32(zeroed)):08x}"
+    if actual != expected:
+        raise CacheCorruptionError(
+            f"checksum mismatch: header says {expected}, contents give {actual}")
+
+
+# -- tensors against the spec ------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class _Geometry:
+    n_layers: int
+    kv_heads: int
+    head_dim: int
+    v_head_dim: int
+    dtype: _Dtype
+    block_tokens: int
+    groups: dict[int, tuple[int, int | None]]  # group index -> (layers in it, sliding window)
+
+
+@dataclass(frozen=True, slots=True)
+class _BlockEntries:
+    group: int
+    start: int
+    length: int
+    keys: tuple[_Entry, ...]
+    values: tuple[_Entry, ...]
+
+    @property
+    def end(self) -> int:
+        return self.start + self.length
+
+
+def _geometry(spec: dict[str, Any]) -> _Geometry:
+    """The shape facts of a ``ModelCacheSpec.describe()`` dict."""
+    try:
+        groups = {g["index"]: (len(g["layers"]), _window(g["kind"])) for g in spec["groups"]}
+        return _Geometry(spec["n_layers"], spec["n_kv_heads"], spec["head_dim"], spec["v_head_dim"],
+                         _KV_DTYPES[spec["dtype"]], spec["block_tokens"], groups)
+    except (KeyError, TypeError, ValueError) as err:
+        raise CacheCorruptionError(
+            f"spec is malformed or unsupported ({_short(repr(err))})") from None
+
+
+def _window(kind: str) -> int | None:
+    return None if kind == "global" else int(kind.removeprefix("sliding-"))
+
+
+def _check_blocks(
+    geometry: _Geometry, entries: dict[str, _Entry], header: CacheHeader
+) -> dict[int, list[_BlockEntries]]:
+    """Every tensor is a K or V of a whole block, and each group's blocks cover the cache."""
+    layers = {len(header.cache_classes), len(header.cache_meta)}
+    if layers != {geometry.n_layers}:
+        raise CacheCorruptionError(f"header describes {sorted(layers)} layer caches, "
+                                   f"the spec has {geometry.n_layers} layers")
+    runs = _group_blocks(geometry, entries)
+    for index, (_, window) in geometry.groups.items():
+        _check_run(index, runs.get(index, []), header.n_tokens, window)
+    kv_bytes = sum(e.end - e.begin for name, e in entries.items() if name != TOKENS)
+    if kv_bytes != header.tensor_bytes:
+        raise CacheCorruptionError(
+            f"header says {header.tensor_bytes} tensor bytes, the tensors hold {kv_bytes}")
+    return runs
+
+
+def _group_blocks(
+    geometry: _Geometry, entries: dict[str, _Entry]
+) -> dict[int, list[_BlockEntries]]:
+    """The K/V tensors gathered into blocks by name, each group's blocks in token order."""
+    found: dict[tuple[int, int], dict[tuple[int, str], _Entry]] = {}
+    for name, entry in entries.items():
+        if name == TOKENS:
+            continue
+        match = _BLOCK_NAME.fullmatch(name)
+        if match is None:
+            raise CacheCorruptionError(f"unexpected tensor {_short(repr(name))}")
+        group, start, slot = int(match[1]), int(match[2]), int(match[3])
+        found.setdefault((group, start), {})[(slot, match[4])] = entry
+    runs: dict[int, list[_BlockEntries]] = {}
+    for (group, start), tensors in sorted(found.items()):
+        runs.setdefault(group, []).append(_block(geometry, group, start, tensors))
+    return runs
+
+
+def _block(
+    geometry: _Geometry, group: int, start: int, tensors: dict[tuple[int, str], _Entry]
+) -> _BlockEntries:
+    if group not in geometry.groups:
+        raise CacheCorruptionError(
+            f"tensor group {group} is not in the spec (groups {sorted(geometry.groups)})")
+    width = geometry.groups[group][0]
+    if set(tensors) != {(slot, kind) for slot in range(width) for kind in "kv"}:
+        raise CacheCorruptionError(
+            f"block g{group}.b{start} lacks k or v of some of the group's {width} layers")
+    keys = tuple(tensors[(slot, "k")] for slot in range(width))
+    values = tuple(tensors[(slot, "v")] for slot in range(width))
+    lengths = {_tensor_length(geometry, e, geometry.head_dim) for e in keys}
+    lengths |= {_tensor_length(geometry, e, geometry.v_head_dim) for e in values}
+    length = min(lengths)
+    room = geometry.block_tokens - start % geometry.block_tokens  # blocks sit on boundaries
+    if len(lengths) != 1 or not 1 <= length <= room:
+        raise CacheCorruptionError(f"block g{group}.b{start} holds {sorted(lengths)} tokens, "
+                                   f"which does not fit one {geometry.block_tokens}-token block")
+    return _BlockEntries(group, start, length, keys, values)
+
+
+def _tensor_length(geometry: _Geometry, entry: _Entry, head_dim: int) -> int:
+    if entry.dtype != geometry.dtype.code:
+        raise CacheCorruptionError(f"tensor {entry.name} has unexpected dtype {entry.dtype}, "
+                                   f"the spec stores {geometry.dtype.name}")
+    shape = entry.shape
+    if len(shape) != 4 or shape[0] != 1 or shape[1] != geometry.kv_heads or shape[3] != head_dim:
+        raise CacheCorruptionError(f"tensor {entry.name} has shape {list(shape)}, "
+                                   f"the spec needs [1, {geometry.kv_heads}, n, {head_dim}]")
+    return shape[2]
+
+
+def _check_run(index: int, run: list[_BlockEntries], n_tokens: int, window: int | None) -> None:
+    """A group's blocks are contiguous, end at the last token, and reach back far enough.
+
+    A sliding-window group may drop blocks before its window, never one inside it.
+    """
+    for before, after in pairwise(run):
+        if after.start != before.end:
+            raise CacheCorruptionError(f"group {index} is not contiguous: a block starts at "
+                                       f"{after.start} after one ending at {before.end}")
+    end = run[-1].end if run else 0
+    if end != n_tokens:
+        raise CacheCorruptionError(
+            f"group {index} covers tokens up to {end}, the cache holds {n_tokens}")
+    needed = first_needed_position(n_tokens, window)
+    if run and run[0].start > needed:
+        raise CacheCorruptionError(
+            f"group {index} starts at token {run[0].start}, but must hold token {needed} on")

@@ -1,0 +1,190 @@
+"""Writing one agent's cache file: planned in memory, streamed to a temp file, renamed.
+
+The whole file is planned (and checked with the reader's own rules) before
+anything touches the disk, so a record that would not read back raises
+ValueError and leaves the old file alone. Each tensor then streams from its
+memoryview straight into the file while the crc32 accumulates; the checksum
+digits are patched in at the end, so the data is passed over once.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import secrets
+import time
+import zlib
+from collections.abc import Sequence
+from contextlib import suppress
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from engine.errors import CacheCorruptionError, CachePersistenceError
+
+from .cache_format import (
+    _CHECKSUM_PLACEHOLDER,
+    _TOKEN_DTYPE,
+    FORMAT_VERSION,
+    SUFFIX,
+    TOKENS,
+    CacheRecord,
+    PersistedBlock,
+    WrittenFile,
+    _Dtype,
+    _Entry,
+)
+from .cache_header import _encode_head
+from .cache_validation import _check_blocks, _geometry, _token_entry
+from .file_names import agent_file_stem
+
+
+@dataclass(frozen=True, slots=True)
+class _Source:
+    name: str
+    dtype: _Dtype
+    shape: tuple[int, ...]
+    data: memoryview  # the tensor's bytes, cast to "B"
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    head: bytes  # length prefix and padded JSON header, checksum digits still "0"
+    checksum_at: int  # file offset of the checksum's hex digits
+    sources: tuple[_Source, ...]
+    nbytes: int
+
+
+def write_cache_file(directory: Path, record: CacheRecord, *, sync: bool = True) -> WrittenFile:
+    """Atomically write ``record`` to ``directory/{stem}.safetensors``.
+
+    The bytes go to a unique temp file in the same directory, which is synced
+    and then renamed over the final name, so a crash at any moment leaves the
+    old file or the new one. ``sync=False`` skips the fsyncs: still atomic
+    against process crashes, not against power loss. Raises ValueError for a
+    record that would not read back, CachePersistenceError for any OS error.
+    """
+    started = time.perf_counter()
+    plan = _plan(record)
+    stem = agent_file_stem(record.header.agent_id)
+    final = directory / f"{stem}{SUFFIX}"
+    temp = directory / f".{stem}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        _write_temp(temp, plan, sync)
+        os.replace(temp, final)
+    except BaseException as err:
+        _remove_quietly(temp)
+        if isinstance(err, OSError):
+            raise CachePersistenceError(f"cannot write warm cache {final}: {err}") from err
+        raise
+    if sync:
+        _sync_directory(directory)
+    return WrittenFile(final, plan.nbytes, time.perf_counter() - started)
+
+
+# -- the bytes on disk -------------------------------------------------------------------------
+def _open_exclusive(path: Path) -> BinaryIO:
+    # Exclusive, so two writers can never share a temp file; tests swap in a full disk here.
+    return open(path, "xb")
+
+
+def _write_temp(temp: Path, plan: _Plan, sync: bool) -> None:
+    with _open_exclusive(temp) as out:
+        crc = zlib.crc32(plan.head)
+        out.write(plan.head)
+        for source in plan.sources:
+            crc = zlib.crc32(source.data, crc)
+            out.write(source.data)
+        out.seek(plan.checksum_at)
+        out.write(f"{crc:08x}".encode("ascii"))
+        out.flush()
+        if sync:
+            _sync_file(out.fileno())
+
+
+def _sync_file(fd: int) -> None:
+    # On macOS fsync stops at the drive's cache; F_FULLFSYNC asks it to persist.
+    full_sync = getattr(fcntl, "F_FULLFSYNC", None)
+    if full_sync is not None:
+        with suppress(OSError):  # file systems without it fall back to fsync
+            fcntl.fcntl(fd, full_sync)
+            return
+    os.fsync(fd)
+
+
+def _sync_directory(directory: Path) -> None:
+    """Make the rename durable. Best effort: if it is lost, the old whole file remains."""
+    with suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _remove_quietly(path: Path) -> None:
+    with suppress(OSError):
+        path.unlink()
+
+
+# -- the plan ----------------------------------------------------------------------------------
+def _plan(record: CacheRecord) -> _Plan:
+    """The file's head and tensor order, checked as the reader will check them."""
+    header = record.header
+    try:
+        geometry = _geometry(header.spec)
+        sources = [_token_source(header.token_ids), *_block_sources(record.blocks, geometry.dtype)]
+        entries = _lay_out(sources)
+        header = replace(header, format_version=FORMAT_VERSION, checksum=_CHECKSUM_PLACEHOLDER,
+                         tensor_bytes=sum(e.end - e.begin for e in entries[1:]))
+        _token_entry(_by_name(entries), header.n_tokens)
+        _check_blocks(geometry, _by_name(entries), header)
+        head, checksum_at = _encode_head(header, entries)
+    except CacheCorruptionError as err:
+        raise ValueError(f"refusing to write a cache that would not read back: {err}") from None
+    return _Plan(head, checksum_at, tuple(sources), len(head) + entries[-1].end)
+
+
+def _token_source(token_ids: Sequence[int]) -> _Source:
+    tokens = np.asarray(token_ids, dtype=np.int64).reshape(-1)
+    if tokens.size and (tokens.min() < 0 or tokens.max() >= 2**32):
+        raise ValueError("token ids must fit uint32")
+    return _source(TOKENS, tokens.astype("<u4"), _TOKEN_DTYPE)
+
+
+def _block_sources(blocks: Sequence[PersistedBlock], dtype: _Dtype) -> list[_Source]:
+    sources = []
+    for block in sorted(blocks, key=lambda b: (b.group, b.start)):
+        for slot, (k, v) in enumerate(zip(block.keys, block.values)):
+            prefix = f"g{block.group}.b{block.start}.l{slot}"
+            sources += [_source(f"{prefix}.k", k, dtype), _source(f"{prefix}.v", v, dtype)]
+            if {sources[-1].shape[2:3], sources[-2].shape[2:3]} != {(block.length,)}:
+                raise ValueError(f"{prefix}: arrays do not hold the block's {block.length} tokens")
+    return sources
+
+
+def _source(name: str, array: Any, dtype: _Dtype) -> _Source:
+    view = memoryview(array)
+    if view.format not in dtype.formats or view.itemsize != dtype.itemsize:
+        raise ValueError(f"tensor {name}: buffer format {view.format!r} is not {dtype.name}")
+    if not view.c_contiguous:
+        raise ValueError(f"tensor {name} is not C-contiguous")
+    return _Source(name, dtype, tuple(view.shape), view.cast("B"))
+
+
+def _lay_out(sources: Sequence[_Source]) -> list[_Entry]:
+    entries, position = [], 0
+    for source in sources:
+        end = position + source.data.nbytes
+        entries.append(_Entry(source.name, source.dtype.code, source.shape, position, end))
+        position = end
+    if len({e.name for e in entries}) != len(entries):
+        raise ValueError("two blocks of one group start at the same position")
+    return entries
+
+
+def _by_name(entries: Sequence[_Entry]) -> dict[str, _Entry]:
+    return {e.name: e for e in entries}
