@@ -33,7 +33,7 @@ test-model: setup
 	$(PRELOAD) $(PY) -m pytest -m model $(PYTEST_ARGS)
 
 bench: setup
-	$(PRELOAD) $(PY) bench/run_all.py
+	$(PRELOAD) $(PY) bench/run_all.py $(ARGS)
 
 setup: $(VENV)/.installed
 
