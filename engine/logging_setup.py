@@ -6,6 +6,10 @@ import json
 import logging
 import sys
 import time
+from logging.handlers import RotatingFileHandler
+from pathlib import Path
+
+LOG_FILE_BYTES = 10 * 2**20
 
 # uvicorn's color_message repeats msg with ANSI escapes: noise in JSON lines.
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime", "color_message"}
@@ -27,8 +31,13 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(payload, default=str)
 
 
-def configure_logging(level: str = "info", json_lines: bool = False, stream=None) -> None:
-    handler = logging.StreamHandler(stream or sys.stderr)
+def configure_logging(level: str = "info", json_lines: bool = False, stream=None, file: Path | None = None) -> None:
+    """Log to ``file`` (rotating) when given — the workbench owns the terminal — else to ``stream``."""
+    if file is not None:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        handler: logging.Handler = RotatingFileHandler(file, maxBytes=LOG_FILE_BYTES, backupCount=3, encoding="utf-8")
+    else:
+        handler = logging.StreamHandler(stream or sys.stderr)
     if json_lines:
         handler.setFormatter(JsonFormatter())
     else:

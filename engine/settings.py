@@ -69,7 +69,7 @@ class Settings(BaseSettings):
 
     # -- cache store (disk tier) ------------------------------------------------
     disk_budget_mb: float = Field(4096.0, gt=0, description="Byte budget of the warm (disk) tier in MiB; past it the oldest warm entries go cold.")
-    prefix_sharing: bool = Field(True, description="Let a new agent start from another agent's cached prefix (block-aligned).")
+    prefix_sharing: bool = Field(True, description="Let a new agent start from another agent's cached prefix (found per block, shared up to the first differing token).")
     persist_on_exit: bool = Field(True, description="Write every hot agent to the warm tier on clean shutdown.")
 
     # -- HTTP ------------------------------------------------------------------

@@ -164,13 +164,14 @@ class SemanticApp(App[None]):
         return self.screen_stack[0]
 
     # -- live panes ---------------------------------------------------------------------------
-    def refresh_panes(self) -> None:
+    def refresh_panes(self, force: bool = False) -> None:
+        """Update every pane from the engine snapshot (``force``: even the throttled agents table)."""
         try:
-            self._refresh_panes()
+            self._refresh_panes(force)
         except NoMatches:
             return  # the screen is being torn down (quit)
 
-    def _refresh_panes(self) -> None:
+    def _refresh_panes(self, force: bool) -> None:
         if not self.screen_stack:
             return
         snapshot = self.backend.service.snapshot()
@@ -182,7 +183,7 @@ class SemanticApp(App[None]):
         if snapshot is None or snapshot.pool is None:
             return
         self.main.query_one(StatusBar).update_snapshot(snapshot)
-        self.main.query_one(AgentsTable).update_snapshot(snapshot)
+        self.main.query_one(AgentsTable).update_snapshot(snapshot, force=force)
         self.main.query_one(PoolMap).update_snapshot(snapshot)
         self.main.query_one(TiersPanel).update_snapshot(snapshot)
         self.main.query_one(ThroughputPanel).update_snapshot(snapshot)
@@ -209,7 +210,7 @@ class SemanticApp(App[None]):
             self.notify(f"{verb} {agent_id}: {exc}", severity="error")
             return
         self.notify(f"{verb}: {agent_id}")
-        self.refresh_panes()
+        self.refresh_panes(force=True)
 
     async def action_evict_warm(self) -> None:
         await self._engine_action("Evicted to disk", lambda e, a: e.evict_agent(a, Tier.WARM))
@@ -239,7 +240,7 @@ class SemanticApp(App[None]):
             self.notify(str(exc), severity="error")
             return
         self.notify(f"{count} idle agents moved to {tier.value}")
-        self.refresh_panes()
+        self.refresh_panes(force=True)
 
     # -- chats -------------------------------------------------------------------------------------
     async def action_open_chat(self) -> None:

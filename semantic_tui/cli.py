@@ -58,7 +58,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from engine.logging_setup import configure_logging
 
-    configure_logging(settings.log_level, json_lines=settings.log_json or (args.serve and not sys.stderr.isatty()))
+    # The workbench draws on the terminal: its logs go to a file (the log pane shows engine events).
+    workbench = args.command is None and not args.serve
+    log_file = settings.cache_dir / "logs" / "workbench.log" if workbench else None
+    configure_logging(settings.log_level, json_lines=settings.log_json or (args.serve and not sys.stderr.isatty()),
+                      file=log_file)
     if entry_point:
         _maybe_reexec(settings)
     try:

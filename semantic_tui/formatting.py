@@ -12,11 +12,14 @@ def human_bytes(n: float) -> str:
 
 
 def relative_time(then: float, now: float) -> str:
+    """Coarse on purpose: a label that changes every second redraws the whole table every second."""
     seconds = max(0.0, now - then)
+    if seconds < 10:
+        return "now"
     if seconds < 60:
-        return f"{seconds:.0f}s ago"
+        return "<1m"
     if seconds < 3600:
-        return f"{seconds / 60:.0f}m ago"
+        return f"{seconds // 60:.0f}m ago"
     if seconds < 86400:
-        return f"{seconds / 3600:.0f}h ago"
-    return f"{seconds / 86400:.0f}d ago"
+        return f"{seconds // 3600:.0f}h ago"
+    return f"{seconds // 86400:.0f}d ago"

@@ -137,6 +137,13 @@ async def hello() -> dict[str, bool]:
     return {"ok": True}
 
 
+# Claude Code probes /api/hello in some versions and the bare base URL (HEAD /) in others.
 @router.head("/api/hello", include_in_schema=False)
+@router.head("/", include_in_schema=False)
 async def hello_head() -> Response:
     return Response(status_code=200)
+
+
+@router.get("/", summary="What this server is")
+async def root() -> dict[str, str]:
+    return {"name": "semantic", "docs": "/docs", "anthropic": "/v1/messages", "openai": "/v1/chat/completions"}

@@ -16,6 +16,7 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 OPEN_PATHS = ("/health/", "/api/hello", "/docs", "/openapi.json", "/redoc")
+OPEN_EXACT = ("/",)
 
 
 class _BodyTooLarge(StarletteHTTPException):
@@ -93,7 +94,8 @@ class ApiKeyMiddleware:
         self.api_key = api_key
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not self.api_key or scope.get("path", "").startswith(OPEN_PATHS):
+        path = scope.get("path", "")
+        if scope["type"] != "http" or not self.api_key or path.startswith(OPEN_PATHS) or path in OPEN_EXACT:
             return await self.app(scope, receive, send)
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         offered = headers.get("x-api-key") or _bearer(headers.get("authorization", ""))

@@ -28,9 +28,12 @@ COLUMNS = (
     ("used", "Last used", 9),
 )
 COMPACT_AGENT_WIDTH = 18
-# Below this width only the columns that matter most are shown.
-COMPACT_WIDTH = 90
+# Narrower panels drop columns, least important first.
+MEDIUM_COLUMNS = ("agent", "state", "tier", "tokens", "reuse", "ttft", "rate", "used")
 COMPACT_COLUMNS = ("agent", "state", "tier", "tokens", "reuse")
+CELL_PADDING = 2  # DataTable pads every cell by one column on each side
+# The table redraws every visible cell when any cell changes; once a second is enough.
+MIN_REFRESH_S = 1.0
 SOURCE_LABELS = {"claude-code": "Claude Code", "tui": "workbench", "openai": "OpenAI", "anthropic": "Anthropic", "api": "API", "bench": "bench"}
 TIER_STYLES = {"hot": "bold red", "warm": "yellow", "cold": "blue", "empty": "dim"}
 
@@ -53,20 +56,18 @@ class AgentsTable(DataTable):
         self._rows: dict[str, tuple] = {}
         self._columns: tuple[tuple[str, str, int], ...] = ()
         self._last: EngineSnapshot | None = None
+        self._updated = 0.0
         self.now = time.time  # injectable clock for deterministic snapshots
 
     def on_mount(self) -> None:
         self._set_columns(COLUMNS)
 
     def on_resize(self) -> None:
-        wanted = COLUMNS
-        if self.size.width < COMPACT_WIDTH:
-            wanted = tuple((k, label, COMPACT_AGENT_WIDTH if k == "agent" else w)
-                           for k, label, w in COLUMNS if k in COMPACT_COLUMNS)
+        wanted = _columns_for(self.size.width)
         if wanted != self._columns:
             self._set_columns(wanted)
             if self._last is not None:
-                self.update_snapshot(self._last)
+                self.update_snapshot(self._last, force=True)
 
     def _set_columns(self, columns: tuple[tuple[str, str, int], ...]) -> None:
         selected = self.selected_agent if self.row_count else None
@@ -84,8 +85,13 @@ class AgentsTable(DataTable):
         row_key, _ = self.coordinate_to_cell_key(self.cursor_coordinate)
         return row_key.value
 
-    def update_snapshot(self, snapshot: EngineSnapshot) -> None:
+    def update_snapshot(self, snapshot: EngineSnapshot, force: bool = False) -> None:
         self._last = snapshot
+        known = set(self._rows)
+        fresh = {a.agent_id for a in snapshot.agents}
+        if not force and fresh == known and time.monotonic() - self._updated < MIN_REFRESH_S:
+            return
+        self._updated = time.monotonic()
         agents = sorted(snapshot.agents, key=lambda a: -a.last_used)
         live = {a.agent_id for a in agents}
         for gone in [k for k in self._rows if k not in live]:
@@ -110,7 +116,7 @@ class AgentsTable(DataTable):
 
     def _cells(self, a: AgentView) -> tuple:
         pin = "* " if a.pinned else ""
-        limit = COLUMNS[0][2] if len(self._columns) == len(COLUMNS) else COMPACT_AGENT_WIDTH
+        limit = self._columns[0][2]
         label = a.label if len(a.label) <= limit else a.label[: limit - 1] + "…"
         name = Text(pin + label, style=agent_color(a.agent_id))
         return (
@@ -137,3 +143,13 @@ def _state(a: AgentView) -> Text:
         return Text(f"prefill {a.prefill_done / a.prefill_total:.0%}", style="cyan")
     styles = {"decoding": "green", "queued": "magenta", "prefilling": "cyan"}
     return Text(a.state, style=styles.get(a.state, "dim"))
+
+
+def _columns_for(width: int) -> tuple[tuple[str, str, int], ...]:
+    """The widest column set that fits ``width`` cells."""
+    medium = tuple(c for c in COLUMNS if c[0] in MEDIUM_COLUMNS)
+    compact = tuple((k, label, COMPACT_AGENT_WIDTH if k == "agent" else w) for k, label, w in COLUMNS if k in COMPACT_COLUMNS)
+    for columns in (COLUMNS, medium):
+        if sum(w + CELL_PADDING for _, _, w in columns) <= width:
+            return columns
+    return compact

@@ -16,9 +16,10 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator, TypeVar
+from typing import Self, TypeVar
 
 T = TypeVar("T")
 
@@ -26,8 +27,8 @@ ROOT = Path(__file__).resolve().parents[2]
 POLL_S = 0.2
 # The status bar reads "... · http://127.0.0.1:PORT · ready · ..." once the model is loaded and HTTP listens.
 READY = re.compile(r"(http://127\.0\.0\.1:\d+) · ready\b")
-# Shown in the footer only while no text input has the focus (an Input swallows printable keys).
-APP_KEYS_FOOTER = re.compile(r"^ q Quit ", re.MULTILINE)
+# In the footer (the last line) only while no text input has the focus: an Input swallows printable keys.
+APP_KEYS_FOOTER = re.compile(r"\bq Quit\b[^\n]*\n?\Z")
 # Lines above the screen that a failure dump includes: a traceback printed after the app left its screen.
 DUMP_HISTORY = 30
 
@@ -90,8 +91,9 @@ class TmuxTerminal:
         self.status_file.unlink(missing_ok=True)
         shell = f"{shlex.join(argv)}; echo $? > {shlex.quote(str(self.status_file))}"
         # The server is started by this call, so the pane inherits exactly ``env``.
-        self._tmux("new-session", "-d", "-s", self.name, "-x", str(self.width), "-y", str(self.height),
-                   "-c", str(cwd or self.workdir), shell, ";", "set-option", "-t", self.name, "remain-on-exit", "on")
+        size = ("-x", str(self.width), "-y", str(self.height))
+        self._tmux("new-session", "-d", "-s", self.name, *size, "-c", str(cwd or self.workdir), shell,
+                   ";", "set-option", "-t", self.name, "remain-on-exit", "on")
 
     def close(self) -> None:
         """Kill the server and with it whatever still runs in the pane (SIGHUP)."""
@@ -99,7 +101,7 @@ class TmuxTerminal:
             subprocess.run(["tmux", "-S", str(self.socket), "kill-server"], env=self._env or None,
                            capture_output=True, check=False)
 
-    def __enter__(self) -> "TmuxTerminal":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -107,7 +109,11 @@ class TmuxTerminal:
 
     # -- screen and keys ----------------------------------------------------------------------
     def screen(self, history: int = 0) -> str:
-        """The visible screen, after ``history`` lines that scrolled off it (output before the TUI or after it exited)."""
+        """The visible screen, after ``history`` lines that scrolled off it.
+
+        The workbench draws on the alternate screen, so the history holds what the
+        process printed before it started drawing and after it exited (a traceback).
+        """
         return self._tmux("capture-pane", "-p", "-t", self.name, "-S", str(-history)).stdout
 
     def press(self, *keys: str) -> None:

@@ -69,9 +69,9 @@ async def settle(pilot, open_chat: bool) -> None:
         app.backend.engine.agents["chat-1"].created_at = app.backend.engine.agents["chat-1"].last_used = FIXED_NOW - 5
     for field in app.query(Input):
         field.cursor_blink = False
-    app.refresh_panes()
+    app.refresh_panes(force=True)
     await pilot.pause(0.3)
-    app.refresh_panes()
+    app.refresh_panes(force=True)
     await pilot.pause(0.1)
 
 

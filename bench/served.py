@@ -1,0 +1,156 @@
+"""The benchmarked servers as subprocesses: one at a time, each on a free port, both with OpenBLAS.
+
+Both servers get the same environment, so neither runs on MLX's bundled
+reference BLAS (about 30x slower matmul) while the other has OpenBLAS:
+semantic would re-execute itself with it, mlx_lm.server would not.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from engine.platform import detect_backend, find_openblas, openblas_preloaded
+from engine.platform.openblas import Backend
+
+# A model import or a cold load on a busy 2-core box can take minutes.
+READY_TIMEOUT_S = 600.0
+STOP_TIMEOUT_S = 60.0
+# A few hundred tokens, so each server's first real prefill does not also pay for growing its buffers.
+WARMUP_TEXT = "Summarise: " + " ".join(f"item {i} is {i * 7 % 101}." for i in range(50))
+WARMUP_MESSAGES = [{"role": "user", "content": WARMUP_TEXT}]
+
+
+@dataclass(frozen=True, slots=True)
+class Batching:
+    """The knobs both servers expose under different names, set equal on both."""
+
+    decode: int = 16  # semantic --max-batch-size, mlx_lm.server --decode-concurrency
+    prefill: int = 4  # semantic --prefill-batch-size, mlx_lm.server --prompt-concurrency
+    prefill_step: int = 512  # --prefill-step-size on both
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """How to start one server; everything but the port."""
+
+    name: str
+    argv: tuple[str, ...]
+    # A GET that answers 200 once the model is loaded; None: only the warm-up completion tells.
+    ready_path: str | None
+    # semantic's extension: the body's session_id names the agent whose KV cache a turn reuses.
+    sends_session_id: bool
+    # Where the server keeps state across restarts (semantic's disk tier); emptied before every start
+    # so that no run inherits the caches of the one before.
+    state_dir: Path | None = None
+
+    def flags(self) -> str:
+        return " ".join(self.argv[3:])
+
+
+def semantic_launch(folder: Path, state_dir: Path, pool_mb: float, batching: Batching) -> Launch:
+    argv = (
+        sys.executable, "-m", "semantic_tui.cli", "--serve", "--model", str(folder), "--cache-dir", str(state_dir),
+        "--pool-budget-mb", f"{pool_mb:.3f}", "--max-batch-size", str(batching.decode),
+        "--prefill-batch-size", str(batching.prefill), "--prefill-step-size", str(batching.prefill_step),
+        # The state dir is thrown away after the run; writing every hot agent to it only slows the stop.
+        "--no-persist-on-exit", "--log-level", "warning",
+    )
+    return Launch("semantic", argv, "/health/ready", sends_session_id=True, state_dir=state_dir)
+
+
+def peer_launch(folder: Path, batching: Batching, cache_entries: int, cache_bytes: int | None = None) -> Launch:
+    argv = [
+        sys.executable, "-m", "mlx_lm.server", "--model", str(folder),
+        "--decode-concurrency", str(batching.decode), "--prompt-concurrency", str(batching.prefill),
+        "--prefill-step-size", str(batching.prefill_step), "--prompt-cache-size", str(cache_entries),
+        "--log-level", "WARNING",
+    ]
+    if cache_bytes is not None:
+        argv += ["--prompt-cache-bytes", str(cache_bytes)]
+    # Its /v1/models scans the Hugging Face hub cache and fails without one, and /health says
+    # "ok" while the model is still loading: only a completion proves it is ready.
+    return Launch("mlx_lm.server", tuple(argv), None, sends_session_id=False)
+
+
+def server_env() -> dict[str, str]:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    library = find_openblas()
+    if sys.platform == "linux" and detect_backend() is Backend.CPU and library and not openblas_preloaded():
+        env["LD_PRELOAD"] = " ".join(filter(None, [env.get("LD_PRELOAD", ""), str(library)]))
+    return env
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextmanager
+def serving(launch: Launch, log_dir: Path) -> Iterator[str]:
+    """Start ``launch``, wait until it answers a completion, yield its base URL, stop it."""
+    if launch.state_dir is not None:
+        shutil.rmtree(launch.state_dir, ignore_errors=True)
+    port = free_port()
+    log_path = log_dir / f"{launch.name}-{port}.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen([*launch.argv, "--port", str(port)], stdout=log, stderr=subprocess.STDOUT,
+                                   env=server_env(), cwd=Path(__file__).resolve().parent.parent)
+        try:
+            url = f"http://127.0.0.1:{port}"
+            wait_ready(process, launch, url, log_path)
+            yield url
+        finally:
+            stop(process)
+
+
+def wait_ready(process: subprocess.Popen, launch: Launch, url: str, log_path: Path) -> None:
+    """Poll until a small completion succeeds; it also warms both servers up the same way."""
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    with httpx.Client(base_url=url, timeout=READY_TIMEOUT_S) as client:
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise RuntimeError(f"{launch.name} exited with {process.returncode}:\n{_tail(log_path)}")
+            if _warmed_up(client, launch):
+                return
+            time.sleep(0.5)
+    raise TimeoutError(f"{launch.name} not ready after {READY_TIMEOUT_S:.0f} s; see {log_path}")
+
+
+def _warmed_up(client: httpx.Client, launch: Launch) -> bool:
+    body: dict = {"messages": WARMUP_MESSAGES, "max_tokens": 4, "temperature": 0}
+    if launch.sends_session_id:
+        body["session_id"] = "warmup"
+    try:
+        if launch.ready_path and client.get(launch.ready_path).status_code != 200:
+            return False
+        return client.post("/v1/chat/completions", json=body).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def stop(process: subprocess.Popen) -> None:
+    if process.poll() is not None:
+        return
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def _tail(path: Path, n_chars: int = 3000) -> str:
+    return path.read_text(errors="replace")[-n_chars:]

@@ -1,0 +1,117 @@
+"""The real Claude Code CLI from npm, installed once outside the repository.
+
+The install lives in ``$SEMANTIC_TEST_NPM_PREFIX`` or
+``~/.cache/semantic-test/npm`` and is reused while its binary runs. No node,
+no npm or no registry is a failed test with the reason, never a skip: the
+end-to-end test is the evidence that Claude Code works, and a silent pass
+would hide that it never ran.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+PACKAGE = "@anthropic-ai/claude-code@2"
+INSTALL_TIMEOUT_S = 600
+RUN_TIMEOUT_S = 300
+# A 135M model may emit a tool call that print mode denies, and then another: the bound
+# ends such a loop in a few turns, with the transcript in the failure, instead of at the timeout.
+MAX_TURNS = 3
+MAX_OUTPUT_TOKENS = 96
+
+
+def npm_prefix() -> Path:
+    configured = os.environ.get("SEMANTIC_TEST_NPM_PREFIX")
+    return Path(configured).expanduser() if configured else Path.home() / ".cache" / "semantic-test" / "npm"
+
+
+def version_of(binary: Path) -> str | None:
+    """``claude --version`` output, or None when the binary is missing or does not run."""
+    if not binary.exists():
+        return None
+    try:
+        done = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() if done.returncode == 0 and "Claude Code" in done.stdout else None
+
+
+def install_claude_code(prefix: Path) -> Path:
+    """The ``claude`` binary under ``prefix``, installing it with npm when it is not there yet."""
+    binary = prefix / "node_modules" / ".bin" / "claude"
+    if version_of(binary):
+        return binary
+    missing = [tool for tool in ("node", "npm") if shutil.which(tool) is None]
+    if missing:
+        pytest.fail(f"the Claude Code end-to-end test needs {' and '.join(missing)} "
+                    "(apt-get install nodejs npm); it cannot run without them", pytrace=False)
+    prefix.mkdir(parents=True, exist_ok=True)
+    argv = ["npm", "install", "--prefix", str(prefix), "--no-audit", "--no-fund", PACKAGE]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"`{' '.join(argv)}` took over {INSTALL_TIMEOUT_S} s: is the npm registry reachable?",
+                    pytrace=False)
+    if done.returncode != 0:
+        pytest.fail(f"`{' '.join(argv)}` failed (status {done.returncode}); is the npm registry reachable?\n"
+                    f"{done.stderr[-3000:]}", pytrace=False)
+    if not version_of(binary):
+        pytest.fail(f"npm installed {PACKAGE} into {prefix} but {binary} --version does not run "
+                    f"(was its postinstall script blocked?)\n{done.stderr[-3000:]}", pytrace=False)
+    return binary
+
+
+@dataclass(frozen=True, slots=True)
+class ClaudeRun:
+    argv: list[str]
+    returncode: int
+    stdout: str
+    stderr: str
+
+    def describe(self) -> str:
+        return f"$ {' '.join(self.argv)}\nstatus {self.returncode}\nstdout:\n{self.stdout}\nstderr:\n{self.stderr}"
+
+
+@dataclass(frozen=True, slots=True)
+class ClaudeCode:
+    """The CLI pointed at one server, with a private HOME and project directory."""
+
+    binary: Path
+    base_url: str
+    home: Path
+    project: Path
+
+    def env(self) -> dict[str, str]:
+        # A minimal environment: nothing of the developer's own Claude Code setup may leak in.
+        return {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": str(self.home),
+            "LANG": "C.UTF-8",
+            "ANTHROPIC_BASE_URL": self.base_url,
+            "ANTHROPIC_API_KEY": "any",
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+            # Claude Code asks for 64000 tokens; a 135M model that falls into a loop would
+            # decode to the end of the context (minutes on CPU). Over 32 keeps it a main turn.
+            "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(MAX_OUTPUT_TOKENS),
+        }
+
+    def print_mode(self, *args: str) -> ClaudeRun:
+        argv = [str(self.binary), "--bare", "--max-turns", str(MAX_TURNS), "-p", *args]
+        try:
+            done = subprocess.run(argv, cwd=self.project, env=self.env(), capture_output=True, text=True,
+                                  timeout=RUN_TIMEOUT_S, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired as exc:
+            raise AssertionError(f"{argv} ran over {RUN_TIMEOUT_S} s\n"
+                                 f"stdout:\n{_text(exc.stdout)}\nstderr:\n{_text(exc.stderr)}") from None
+        return ClaudeRun(argv, done.returncode, done.stdout, done.stderr)
+
+
+def _text(output: str | bytes | None) -> str:
+    # TimeoutExpired carries bytes even when the run asked for text.
+    return output.decode(errors="replace") if isinstance(output, bytes) else output or ""

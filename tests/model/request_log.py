@@ -1,0 +1,99 @@
+"""An ASGI middleware that records every request and its response, for evidence.
+
+Added as the outermost middleware of the app under test, it sees exactly
+what a client sent (path, query, headers, body) and what the server
+answered (status, the whole body, SSE included), without changing either.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+
+from tests.model.sse_grammar import check_anthropic_stream
+
+Message = dict[str, Any]
+ASGIApp = Callable[[dict[str, Any], Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]],
+                   Awaitable[None]]
+
+# The headers worth showing in a report; credentials are shown only as present.
+SHOWN_HEADERS = ("user-agent", "anthropic-version", "anthropic-beta", "x-claude-code-session-id",
+                 "x-claude-code-agent-id", "x-app", "content-type")
+
+
+@dataclass
+class Exchange:
+    method: str
+    path: str
+    query: str
+    headers: dict[str, str]
+    body: bytes = b""
+    status: int | None = None
+    response: bytearray = field(default_factory=bytearray)
+
+    def json(self) -> dict[str, Any]:
+        return json.loads(self.body) if self.body else {}
+
+    @property
+    def session(self) -> str | None:
+        return self.headers.get("x-claude-code-session-id")
+
+    def usage(self) -> dict[str, Any] | None:
+        """The Messages usage the client was told: the final one of a stream, or the JSON body's."""
+        if self.status != 200 or not self.path.startswith("/v1/messages") or self.path.endswith("count_tokens"):
+            return None
+        text = self.response.decode()
+        if text.startswith("{"):
+            return json.loads(text)["usage"]
+        stream = check_anthropic_stream(text)
+        return {**stream.start_usage, **stream.final_usage}
+
+    def summary(self) -> str:
+        body = self.json() if self.body.startswith(b"{") else {}
+        shape = {key: body[key] for key in ("model", "max_tokens", "stream") if key in body}
+        if body:
+            shape |= {"tools": [t.get("name") for t in body.get("tools", [])],
+                      "system_blocks": _count(body.get("system")), "messages": len(body.get("messages", []))}
+        shown = {k: v for k, v in self.headers.items() if k in SHOWN_HEADERS}
+        shown |= {k: "<set>" for k in ("x-api-key", "authorization") if k in self.headers}
+        return (f"{self.method} {self.path}{'?' + self.query if self.query else ''} -> {self.status}, "
+                f"request {len(self.body)} B, response {len(self.response)} B\n  body {shape}\n  headers {shown}"
+                f"\n  usage {self.usage()}")
+
+
+def _count(system: Any) -> int:
+    return len(system) if isinstance(system, list) else int(bool(system))
+
+
+class RequestLog:
+    """ASGI middleware; ``exchanges`` fills in from the server's thread."""
+
+    def __init__(self, app: ASGIApp, exchanges: list[Exchange]) -> None:
+        self.app = app
+        self.exchanges = exchanges
+        self._lock = threading.Lock()
+
+    async def __call__(self, scope: dict[str, Any], receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        exchange = Exchange(scope["method"], scope["path"], scope.get("query_string", b"").decode(), headers)
+        with self._lock:
+            self.exchanges.append(exchange)
+
+        async def recording_receive() -> Message:
+            message = await receive()
+            if message["type"] == "http.request":
+                exchange.body += message.get("body", b"")
+            return message
+
+        async def recording_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                exchange.status = message["status"]
+            elif message["type"] == "http.response.body":
+                exchange.response += message.get("body", b"")
+            await send(message)
+
+        await self.app(scope, recording_receive, recording_send)

@@ -1,0 +1,98 @@
+"""The real Claude Code CLI (npm) against the real server on the real SmolLM2.
+
+Two print-mode runs in one project: a first prompt, then ``--continue``.
+Both must exit 0 with some output (a 135M model's words are not checked),
+and the continued conversation must be served from the first run's KV
+cache. Every request Claude Code sent is recorded and printed: it is the
+evidence of what a real client does against this server.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+from fastapi import FastAPI
+
+from engine.api.identity import is_auxiliary
+from tests.model.claude_code_cli import ClaudeCode, ClaudeRun, install_claude_code, npm_prefix
+from tests.model.real_api import RealApi, running_api, wait_for
+from tests.model.request_log import Exchange, RequestLog
+
+
+@pytest.fixture(scope="session")
+def claude_binary() -> Path:
+    return install_claude_code(npm_prefix())
+
+
+@pytest.fixture(scope="module")
+def exchanges() -> list[Exchange]:
+    return []
+
+
+@pytest.fixture(scope="module")
+def api(smollm2, smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory,
+        exchanges: list[Exchange]) -> Iterator[RealApi]:
+    def record(app: FastAPI) -> None:
+        app.add_middleware(RequestLog, exchanges=exchanges)
+
+    with running_api(smollm2, tmp_path_factory.mktemp("claude-cache"), smollm2_path, configure=record) as running:
+        yield running
+
+
+@pytest.fixture
+def claude(claude_binary: Path, api: RealApi, tmp_path: Path) -> ClaudeCode:
+    home, project = tmp_path / "home", tmp_path / "project"
+    home.mkdir()
+    project.mkdir()
+    return ClaudeCode(claude_binary, api.url, home, project)
+
+
+def main_turns(exchanges: list[Exchange]) -> list[Exchange]:
+    """The conversation's own /v1/messages calls, without Claude Code's side requests (probes, titles)."""
+    def is_main(e: Exchange) -> bool:
+        body = e.json()
+        return not is_auxiliary(body.get("max_tokens", 0), body.get("model"))
+
+    return [e for e in exchanges if e.path == "/v1/messages" and e.session and is_main(e)]
+
+
+def claude_code_agent_with_turns(api: RealApi, turns: int) -> dict | None:
+    """The Claude Code agent with the most turns, once it has ``turns``; side requests are other agents."""
+    agents = [a for a in api.stats()["agents"] if a["source"] == "claude-code"]
+    busiest = max(agents, key=lambda a: a["turns"], default=None)
+    return busiest if busiest is not None and busiest["turns"] >= turns else None
+
+
+def report(api: RealApi, exchanges: list[Exchange], *runs: ClaudeRun) -> str:
+    lines = ["requests Claude Code sent:"] + [f"[{n}] {e.summary()}" for n, e in enumerate(exchanges)]
+    lines += ["engine events:"] + api.event_lines()
+    lines += [run.describe() for run in runs]
+    return "\n".join(lines)
+
+
+def test_claude_code_print_then_continue_reuses_the_cache(
+    claude: ClaudeCode, api: RealApi, exchanges: list[Exchange],
+) -> None:
+    first = claude.print_mode("Say hello in one word.")
+    print("\n" + report(api, exchanges, first))
+    assert first.returncode == 0 and first.stdout.strip(), report(api, exchanges, first)
+    seen = len(exchanges)
+
+    second = claude.print_mode("--continue", "And now say goodbye.")
+    print("\n" + report(api, exchanges[seen:], second))
+    assert second.returncode == 0 and second.stdout.strip(), report(api, exchanges, first, second)
+
+    before, after = main_turns(exchanges[:seen]), main_turns(exchanges[seen:])
+    assert before and after, report(api, exchanges, first, second)
+    # --continue resumes the same Claude Code session and resends the conversation so far.
+    assert after[0].session == before[-1].session
+    assert len(after[0].json()["messages"]) > len(before[-1].json()["messages"])
+    last, resumed = before[-1].usage(), after[0].usage()
+    print(f"\nlast turn of run 1: {last}\nfirst turn of --continue: {resumed}")
+    assert resumed["cache_read_input_tokens"] >= last["input_tokens"] + last["cache_read_input_tokens"]
+
+    # The snapshot is republished a few times a second: wait for the one after the last finish.
+    agent = wait_for(lambda: claude_code_agent_with_turns(api, 2), 30, "a Claude Code agent with two turns")
+    assert after[0].session in agent["agent_id"] and agent["reuse_ratio"] > 0
