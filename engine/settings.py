@@ -62,6 +62,7 @@ class Settings(BaseSettings):
 
     # -- batching ---------------------------------------------------------------
     max_batch_size: int = Field(16, ge=1, le=512, description="Most sequences decoded together.")
+    batch_window_ms: float = Field(10.0, ge=0, le=1000, description="An idle engine waits this long for more requests to prefill together.")
     prefill_batch_size: int = Field(4, ge=1, le=64, description="Most prompts prefilled together.")
     prefill_step_size: int = Field(512, ge=16, description="Prompt tokens processed per prefill chunk (bounds memory; progress is reported per chunk).")
     default_max_tokens: int = Field(1024, ge=1, description="Tokens generated when a request names no limit.")

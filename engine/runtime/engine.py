@@ -48,6 +48,7 @@ class EngineConfig:
     max_context_tokens: int | None = None
     prefix_sharing: bool = True
     persist_on_exit: bool = True
+    admission_window_s: float = 0.01
     snapshot_interval_s: float = 0.2
     idle_wait_s: float = 0.05
 
@@ -59,6 +60,7 @@ class EngineConfig:
             max_context_tokens=settings.max_context_tokens,
             prefix_sharing=settings.prefix_sharing,
             persist_on_exit=settings.persist_on_exit,
+            admission_window_s=settings.batch_window_ms / 1000,
         )
 
 
@@ -280,7 +282,10 @@ class Engine:
         while True:
             # Wait for commands only when nothing is decoding, and only briefly
             # when turns are queued behind a disk read.
-            self._run_commands(block=not runner.by_uid, timeout=self._idle_wait(runner))
+            idle = not runner.by_uid
+            self._run_commands(block=idle, timeout=self._idle_wait(runner))
+            if idle and runner.waiting:
+                self._gather_arrivals()
             self.tiers.poll()
             if self._stop.is_set() and self._drained_or_late(runner):
                 return
@@ -289,6 +294,21 @@ class Engine:
             if now - last >= self.config.snapshot_interval_s:
                 self._publish()
                 last = now
+
+    def _gather_arrivals(self) -> None:
+        """An idle engine that just got work waits one short window for more.
+
+        Requests of a burst (agents started together) arrive a few ms apart;
+        prefilling them in one batch instead of one by one saves each later
+        request a whole prefill of waiting.
+        """
+        deadline = time.monotonic() + self.config.admission_window_s
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                command = self._commands.get(timeout=left)
+            except queue.Empty:
+                return
+            self._run_one(command)
 
     def _drained_or_late(self, runner: BatchRunner) -> bool:
         if not runner.has_work:
@@ -318,15 +338,18 @@ class Engine:
                 self._publish()
             return
         while True:
-            try:
-                command()
-            except Exception as exc:  # a bad command must not stop the engine
-                log.exception("engine command failed")
-                self.events.emit(EventKind.ERROR, f"command failed: {exc}", level=logging.ERROR)
+            self._run_one(command)
             try:
                 command = self._commands.get_nowait()
             except queue.Empty:
                 return
+
+    def _run_one(self, command: Callable[[], None]) -> None:
+        try:
+            command()
+        except Exception as exc:  # a bad command must not stop the engine
+            log.exception("engine command failed")
+            self.events.emit(EventKind.ERROR, f"command failed: {exc}", level=logging.ERROR)
 
     def _shutdown(self) -> None:
         self._status = "stopping"
