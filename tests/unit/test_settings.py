@@ -1,0 +1,109 @@
+"""Settings precedence (CLI > env > .env > TOML > defaults), validation, and the generated CLI flags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from engine.settings import Settings, load_settings
+from semantic_tui.cli import build_parser
+from semantic_tui.cli_args import overrides_from
+
+
+@pytest.fixture(autouse=True)
+def isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for name in list(__import__("os").environ):
+        if name.startswith("SEMANTIC_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.chdir(tmp_path)
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_defaults() -> None:
+    settings = load_settings()
+    assert settings.block_tokens == 256 and settings.host == "127.0.0.1" and settings.model == "smollm2-135m"
+
+
+def test_every_layer_in_order_of_precedence(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    toml = write(tmp_path / "semantic.toml", "port = 1001\nmax_batch_size = 3\npool_budget_mb = 100\nblock_tokens = 64\n")
+    write(tmp_path / ".env", "SEMANTIC_PORT=1002\nSEMANTIC_MAX_BATCH_SIZE=4\nSEMANTIC_POOL_BUDGET_MB=200\n")
+    monkeypatch.setenv("SEMANTIC_PORT", "1003")
+    monkeypatch.setenv("SEMANTIC_MAX_BATCH_SIZE", "5")
+    settings = load_settings(config_file=toml, port=1004)
+    assert settings.port == 1004  # CLI beats everything
+    assert settings.max_batch_size == 5  # env beats .env and TOML
+    assert settings.pool_budget_mb == 200  # .env beats TOML
+    assert settings.block_tokens == 64  # TOML beats the default
+
+
+def test_config_file_from_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("SEMANTIC_CONFIG", str(write(tmp_path / "c.toml", 'model = "gemma3-270m"\n')))
+    assert load_settings().model == "gemma3-270m"
+
+
+def test_default_config_file_is_read_when_present(tmp_path: Path) -> None:
+    (tmp_path / "config" / "semantic").mkdir(parents=True)
+    write(tmp_path / "config" / "semantic" / "config.toml", "disk_budget_mb = 12\n")
+    assert load_settings().disk_budget_mb == 12
+
+
+def test_missing_config_file_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_settings(config_file=tmp_path / "nope.toml")
+
+
+def test_invalid_values_name_the_field(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SEMANTIC_BLOCK_TOKENS", "7")
+    with pytest.raises(ValidationError, match="block_tokens"):
+        load_settings()
+
+
+def test_a_remote_address_needs_an_explicit_opt_in() -> None:
+    with pytest.raises(ValidationError, match="allow-remote"):
+        load_settings(host="0.0.0.0")
+    assert load_settings(host="0.0.0.0", allow_remote=True).host == "0.0.0.0"
+
+
+def test_settings_are_frozen() -> None:
+    with pytest.raises(ValidationError):
+        load_settings().port = 1  # type: ignore[misc]
+
+
+def test_every_setting_has_a_documented_flag() -> None:
+    parser = build_parser()
+    help_text = parser.format_help()
+    for name, field in Settings.model_fields.items():
+        assert f"--{name.replace('_', '-')}" in help_text, name
+        assert f"SEMANTIC_{name.upper()}" in help_text, name
+        assert field.description, name
+
+
+def test_flags_override_only_what_was_passed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SEMANTIC_PORT", "9000")
+    args = build_parser().parse_args(["--pool-budget-mb", "64", "--no-prefix-sharing", "generate", "hi", "--model", "x"])
+    overrides = overrides_from(args)
+    assert overrides == {"pool_budget_mb": 64.0, "prefix_sharing": False, "model": "x"}
+    settings = load_settings(**overrides)
+    assert settings.port == 9000 and settings.pool_budget_mb == 64 and settings.prefix_sharing is False
+
+
+def test_cli_reports_invalid_settings_with_exit_status_2(capsys: pytest.CaptureFixture[str]) -> None:
+    from semantic_tui.cli import main
+
+    assert main(["--block-tokens", "7", "models"]) == 2
+    assert "block_tokens" in capsys.readouterr().err
+
+
+def test_cli_lists_models(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from semantic_tui.cli import main
+
+    assert main(["--cache-dir", str(tmp_path), "models"]) == 0
+    out = capsys.readouterr().out
+    assert "smollm2-135m" in out and "gemma3-270m" in out
