@@ -29,7 +29,10 @@ COLUMNS = (
 )
 COMPACT_AGENT_WIDTH = 18
 # Narrower panels drop columns, least important first.
-MEDIUM_COLUMNS = ("agent", "state", "tier", "tokens", "reuse", "ttft", "rate", "used")
+# The medium set keeps the source (workbench, Claude Code, OpenAI, API); blocks
+# and TTFT are also shown by the pool map and the throughput panel.
+MEDIUM_COLUMNS = ("agent", "source", "state", "tier", "tokens", "reuse", "rate", "used")
+MEDIUM_AGENT_WIDTH = 24
 COMPACT_COLUMNS = ("agent", "state", "tier", "tokens", "reuse")
 CELL_PADDING = 2  # DataTable pads every cell by one column on each side
 # The table redraws every visible cell when any cell changes; once a second is enough.
@@ -147,7 +150,7 @@ def _state(a: AgentView) -> Text:
 
 def _columns_for(width: int) -> tuple[tuple[str, str, int], ...]:
     """The widest column set that fits ``width`` cells."""
-    medium = tuple(c for c in COLUMNS if c[0] in MEDIUM_COLUMNS)
+    medium = tuple((k, label, MEDIUM_AGENT_WIDTH if k == "agent" else w) for k, label, w in COLUMNS if k in MEDIUM_COLUMNS)
     compact = tuple((k, label, COMPACT_AGENT_WIDTH if k == "agent" else w) for k, label, w in COLUMNS if k in COMPACT_COLUMNS)
     for columns in (COLUMNS, medium):
         if sum(w + CELL_PADDING for _, _, w in columns) <= width:

@@ -83,7 +83,8 @@ def see_both_agents(terminal: TmuxTerminal, url: str) -> None:
     """Both rows in the agents table (label, source, state, tier), and the same two agents over HTTP."""
     rows = {
         CHAT_AGENT: rf"│ {CHAT_AGENT}\s+workbench\s+idle\s+hot\b",
-        HTTP_AGENT: rf"│ OpenAI session {SESSION}\s+OpenAI\s+idle\s+hot\b",
+        # Long labels are cut to the column width with an ellipsis.
+        HTTP_AGENT: rf"│ OpenAI session {SESSION[:7]}\S*\s+OpenAI\s+idle\s+hot\b",
     }
     for agent, row in rows.items():
         terminal.wait_for_text(row, f"the agents table row of {agent}", UI_TIMEOUT_S)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import asyncio
 from typing import Callable
 
@@ -61,8 +63,10 @@ class ChatTestApp(App):
         return [m for m in self.seen if isinstance(m, TurnFinished)]
 
 
-async def wait_until(pilot: Pilot, condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    for _ in range(int(timeout_s / 0.02)):
+async def wait_until(pilot: Pilot, condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    """Poll on the app's loop; generous because CI machines run other suites beside this one."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
         if condition():
             return
         await pilot.pause(0.02)
@@ -139,7 +143,8 @@ async def test_prefill_progress_shows_in_the_header_and_a_thin_bar() -> None:
 
 
 async def test_two_panes_generate_at_once_and_show_the_shared_batch() -> None:
-    app = chat_app(lambda r: "x" * 400, token_delay_s=0.005)
+    # Long replies so both panes are surely generating at the same time, even on a loaded machine.
+    app = chat_app(lambda r: "x" * 900, token_delay_s=0.005)
     async with app.run_test(size=(120, 40)) as pilot:
         left = await app.area.open_chat("left", "Left")
         right = await app.area.open_chat("right", "Right")
@@ -150,7 +155,7 @@ async def test_two_panes_generate_at_once_and_show_the_shared_batch() -> None:
         header = str(left.query_one("#chat-header", Static).render())
         assert "generating · batch 2" in header
         await wait_until(pilot, lambda: len(left.history) == len(right.history) == 2)
-        assert replies(left) == replies(right) == ["x" * 400]
+        assert replies(left) == replies(right) == ["x" * 900]
         assert {r.agent_id for r in app.engine.requests} == {"left", "right"}
 
 
