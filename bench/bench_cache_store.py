@@ -165,11 +165,18 @@ def shared_prefix(loaded, pool_mb: float, n_agents: int, system_tokens: int) -> 
 
 
 def main() -> None:
-    args = base_parser(__doc__.splitlines()[0]).parse_args()
+    parser = base_parser(__doc__.splitlines()[0])
+    parser.add_argument("--only", choices=("resume", "crowd", "prefix"), action="append",
+                        help="run only these sections (repeatable; default: all)")
+    args = parser.parse_args()
+    sections = set(args.only or ("resume", "crowd", "prefix"))
     loaded = load(args)
-    resume_vs_cold(loaded, args.pool_mb, [2000] if args.quick else [2000, 4000, 7800])
-    crowded_pool(loaded, 8 if args.quick else 16, 2 if args.quick else 3, 300 if args.quick else 500, 6)
-    shared_prefix(loaded, args.pool_mb, 4 if args.quick else 8, 1000)
+    if "resume" in sections:
+        resume_vs_cold(loaded, args.pool_mb, [2000] if args.quick else [2000, 4000, 7800])
+    if "crowd" in sections:
+        crowded_pool(loaded, 8 if args.quick else 16, 2 if args.quick else 3, 300 if args.quick else 500, 6)
+    if "prefix" in sections:
+        shared_prefix(loaded, args.pool_mb, 4 if args.quick else 8, 1000)
 
 
 if __name__ == "__main__":
