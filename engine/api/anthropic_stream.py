@@ -28,6 +28,8 @@ from engine.runtime.requests import EngineEvent, FinishEvent, FinishReason, Pref
 
 from .async_turn import AsyncTurn
 from .chat import ToolCall
+from .admission import failed
+from .admission import finish_error as failure_of
 from .errors import ApiError, stream_error_payload
 from .tool_calls import Piece, TextPiece, ToolPiece
 from .turns import OutputAssembler, ended_by
@@ -135,14 +137,7 @@ def stop_of(finish: FinishEvent, made_tool_calls: bool) -> tuple[str, str | None
 
 def finish_error(finish: FinishEvent) -> ApiError | None:
     """The error a failed or server-cancelled generation answers with; None when it ended normally."""
-    if finish.reason is FinishReason.ERROR:
-        if finish.error_type == "rate_limit":
-            return ApiError(429, finish.error or "rate limited", retry_after_s=finish.retry_after_s or 1)
-        return ApiError(500, finish.error or "generation failed")
-    if finish.reason is FinishReason.CANCELLED:
-        return ApiError(503, "generation was cancelled by the server (shutdown, model swap or an operator)",
-                        retry_after_s=5)
-    return None
+    return failure_of(finish) if failed(finish) else None
 
 
 def message_body(head: MessageHead, content: list[Payload], finish: FinishEvent, made_tool_calls: bool) -> Payload:

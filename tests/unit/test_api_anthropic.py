@@ -204,7 +204,7 @@ async def test_generation_error_without_streaming_is_a_500(make):
     response = await post(app, body())
     assert response.status_code == 500
     assert response.json() == {"type": "error",
-                               "error": {"type": "api_error", "message": "RuntimeError: metal exploded"}}
+                               "error": {"type": "api_error", "message": "generation failed: RuntimeError: metal exploded"}}
     assert requests_counted(app, "error") == 1
 
 
@@ -214,7 +214,7 @@ async def test_generation_error_after_the_200_is_an_error_event(make):
     assert response.status_code == 200
     events = sse_events(response.text)
     assert names(events) == ["message_start", "error"]
-    assert events[-1][1] == {"type": "error", "error": {"type": "api_error", "message": "RuntimeError: metal exploded"}}
+    assert events[-1][1] == {"type": "error", "error": {"type": "api_error", "message": "generation failed: RuntimeError: metal exploded"}}
 
 
 @pytest.mark.parametrize("stream", [False, True])
