@@ -72,7 +72,7 @@ class SemanticApp(App[None]):
         Binding("ctrl+n", "next_pane", "Next chat", show=False, id="chat.next", tooltip="Focus the next chat pane"),
     ]
 
-    def __init__(self, backend: WorkbenchBackend, preferences: Any = None, poll_interval_s: float = 0.25) -> None:
+    def __init__(self, backend: WorkbenchBackend, preferences: Any = None, poll_interval_s: float = 0.5) -> None:
         super().__init__()
         self.backend = backend
         self.preferences = preferences
@@ -175,7 +175,9 @@ class SemanticApp(App[None]):
         if not self.screen_stack:
             return
         snapshot = self.backend.service.snapshot()
-        self.main.query_one(EventLogView).pull(self.backend.events)
+        log_view = self.main.query_one(EventLogView)
+        if log_view.display:  # a hidden log catches up when shown: rendering lines nobody sees costs CPU
+            log_view.pull(self.backend.events)
         swapper = self.backend.service.swapper
         if swapper is not None and swapper.status.running:
             self.main.query_one(StatusBar).phase = f"swap: {swapper.status.phase.value}"

@@ -59,7 +59,11 @@ SOURCE_NAMES = {
 }
 
 # At most this many screen updates a second per pane: a faster model only makes the batches bigger.
-UPDATES_PER_S = 30.0
+UPDATES_PER_S = 12.0
+# Watching another client's agent: re-rendering streamed Markdown is the UI's
+# most expensive work and competes with the engine for the CPU, so it is
+# updated less often than a chat the user types in.
+WATCH_UPDATES_PER_S = 4.0
 
 
 class EventFeed:

@@ -22,6 +22,7 @@ from engine.runtime.engine import Engine
 from engine.runtime.requests import AgentSource, EventSink, FinishEvent, FinishReason
 
 from ..chat_events import (
+    WATCH_UPDATES_PER_S,
     NORMAL_ENDINGS,
     EventFeed,
     PaneState,
@@ -223,7 +224,7 @@ class ChatPane(Vertical):
     def _start_watching(self) -> None:
         if not self.service.is_ready:
             return
-        feed, engine = EventFeed(), self.service.engine
+        feed, engine = EventFeed(WATCH_UPDATES_PER_S), self.service.engine
         self._watching = (engine, feed.threadsafe_sink(asyncio.get_running_loop()))
         engine.watch(self.agent_id, self._watching[1])
         self.run_worker(self._observe(feed), group=f"watch-{self.agent_id}", exclusive=True,

@@ -9,6 +9,8 @@ from textual.widgets import Markdown, Static
 from textual.widgets.markdown import MarkdownStream
 
 W = TypeVar("W", Markdown, Static)
+# About 30 turns (message, reply, usage line each) stay on screen.
+MAX_WIDGETS = 90
 
 
 class ChatTranscript(VerticalScroll):
@@ -73,7 +75,16 @@ class ChatTranscript(VerticalScroll):
 
     async def _add(self, widget: W) -> W:
         await self.mount(widget)
+        await self._trim()
         return widget
+
+    async def _trim(self) -> None:
+        """Keep the newest widgets only: every re-layout walks them all, so an
+        unbounded transcript would slow the whole screen down over a long
+        session. The pane's history (what the model sees) is not affected."""
+        excess = len(self.children) - MAX_WIDGETS
+        if excess > 0:
+            await self.remove_children(list(self.children[:excess]))
 
 
 class LiveReply:

@@ -25,6 +25,11 @@ async def wait_for(pilot, condition, timeout_s: float = 5.0) -> None:
         await pilot.pause(0.05)
 
 
+def ready(app) -> bool:
+    """Model loaded, HTTP listening, and the loading screen gone (it swallows key presses)."""
+    return app.backend.service.is_ready and app.backend.listener is not None and app.screen is app.main
+
+
 def table_ids(app) -> list[str]:
     table = app.query_one(AgentsTable)
     return [table.coordinate_to_cell_key((row, 0)).row_key.value for row in range(table.row_count)]
@@ -43,7 +48,7 @@ async def test_new_chat_sends_a_turn_and_the_agent_appears(tmp_path: Path) -> No
     engine = ScriptedEngine(lambda r: "An **answer**.")
     app = workbench(tmp_path, engine)
     async with app.run_test(size=(120, 40)) as pilot:
-        await wait_for(pilot, lambda: app.backend.service.is_ready)
+        await wait_for(pilot, lambda: ready(app))
         await pilot.press("n")
         await pilot.press(*"hello", "enter")
         await wait_for(pilot, lambda: "chat-1" in table_ids(app))
@@ -58,7 +63,7 @@ async def test_evict_from_the_table_moves_the_agent_to_warm(tmp_path: Path) -> N
     engine = ScriptedEngine()
     app = workbench(tmp_path, engine)
     async with app.run_test(size=(120, 40)) as pilot:
-        await wait_for(pilot, lambda: app.backend.service.is_ready)
+        await wait_for(pilot, lambda: ready(app))
         engine.submit(GenerationRequest("victim", tuple(b"x" * 64), 4), lambda e: None)
         await wait_for(pilot, lambda: "victim" in table_ids(app))
         app.query_one(AgentsTable).focus()
@@ -74,7 +79,7 @@ async def test_pin_and_evict_idle(tmp_path: Path) -> None:
     engine = ScriptedEngine()
     app = workbench(tmp_path, engine)
     async with app.run_test(size=(120, 40)) as pilot:
-        await wait_for(pilot, lambda: app.backend.service.is_ready)
+        await wait_for(pilot, lambda: ready(app))
         for name in ("keep", "go"):
             engine.submit(GenerationRequest(name, tuple(b"y" * 40), 4), lambda e: None)
         await wait_for(pilot, lambda: {"keep", "go"} <= set(table_ids(app)) and all(
@@ -92,7 +97,7 @@ async def test_pin_and_evict_idle(tmp_path: Path) -> None:
 async def test_theme_switch_is_remembered(tmp_path: Path) -> None:
     app = workbench(tmp_path)
     async with app.run_test(size=(100, 30)) as pilot:
-        await wait_for(pilot, lambda: app.backend.service.is_ready)
+        await wait_for(pilot, lambda: ready(app))
         before = app.theme
         await pilot.press("t")
         assert app.theme != before
@@ -124,7 +129,7 @@ async def test_watching_a_claude_code_session_is_read_only(tmp_path: Path) -> No
     engine = ScriptedEngine(lambda r: "watched reply", token_delay_s=0.01)
     app = workbench(tmp_path, engine)
     async with app.run_test(size=(120, 40)) as pilot:
-        await wait_for(pilot, lambda: app.backend.service.is_ready)
+        await wait_for(pilot, lambda: ready(app))
         engine.submit(GenerationRequest("cc-x", tuple(b"z" * 20), 4, source=AgentSource.CLAUDE_CODE, display_name="Claude Code x"), lambda e: None)
         await wait_for(pilot, lambda: "cc-x" in table_ids(app))
         table = app.query_one(AgentsTable)
@@ -142,7 +147,7 @@ async def test_quit_stops_the_engine(tmp_path: Path) -> None:
     engine = ScriptedEngine()
     app = workbench(tmp_path, engine)
     async with app.run_test(size=(100, 30)) as pilot:
-        await wait_for(pilot, lambda: app.backend.service.is_ready)
+        await wait_for(pilot, lambda: ready(app))
         await pilot.press("q")
         await pilot.pause(0.5)
     assert not engine.is_running
@@ -151,7 +156,7 @@ async def test_quit_stops_the_engine(tmp_path: Path) -> None:
 async def test_command_palette_lists_area_verb_commands(tmp_path: Path) -> None:
     app = workbench(tmp_path)
     async with app.run_test(size=(120, 40)) as pilot:
-        await wait_for(pilot, lambda: app.backend.service.is_ready)
+        await wait_for(pilot, lambda: ready(app))
         from semantic_tui.palette import WorkbenchCommands
 
         names = [name for name, _, _ in WorkbenchCommands(app.screen)._commands()]
@@ -168,7 +173,7 @@ async def test_command_palette_lists_area_verb_commands(tmp_path: Path) -> None:
 async def test_layout_fits_small_and_large_terminals(tmp_path: Path, size: tuple[int, int]) -> None:
     app = workbench(tmp_path)
     async with app.run_test(size=size) as pilot:
-        await wait_for(pilot, lambda: app.backend.service.is_ready)
+        await wait_for(pilot, lambda: ready(app))
         for widget_id in ("#agents", "#pool", "#bottom"):
             region = app.query_one(widget_id).region
             assert region.width > 10 and region.height >= 3, (widget_id, region)
@@ -181,7 +186,7 @@ async def test_model_swap_from_the_picker_rebuilds_the_panes(tmp_path: Path) -> 
     engine = ScriptedEngine()
     app = workbench(tmp_path, engine, model="scripted")
     async with app.run_test(size=(120, 40)) as pilot:
-        await wait_for(pilot, lambda: app.backend.service.is_ready)
+        await wait_for(pilot, lambda: ready(app))
         engine.submit(GenerationRequest("keeper", tuple(b"k" * 40), 4), lambda e: None)
         await wait_for(pilot, lambda: "keeper" in table_ids(app))
         await pilot.press("m")
