@@ -8,7 +8,6 @@ worker that posts progress messages.
 from __future__ import annotations
 
 import logging
-from functools import partial
 from typing import Any
 
 from textual import on, work
@@ -21,16 +20,14 @@ from textual.widgets import ContentSwitcher, Footer
 from textual.worker import Worker, WorkerState
 
 from engine.errors import SemanticError
-from engine.models.registry import RegistryEntry
 from engine.runtime.agents import Tier
-from engine.swap import SwapPhase, SwapStatus
 from engine.settings import Settings
 
 from .backend import WorkbenchBackend
 from .messages import EngineStopped, LoadProgress, ModelFailed, ModelReady
 from .palette import WorkbenchCommands
-from .screens.dialogs import ConfirmDialog, ErrorDialog
-from .screens.model_picker import ModelPicker, SwapProgressScreen, describe, swap_plan
+from .screens.dialogs import ErrorDialog
+from .swap_flow import ModelSwapFlow
 from .screens.loading import LoadingScreen
 from .widgets.agents_table import AgentsTable
 from .widgets.chat_area import ChatArea
@@ -80,6 +77,7 @@ class SemanticApp(App[None]):
         self._bottom = 1
         self._new_chats = 0
         self._side = 0
+        self.swap_flow = ModelSwapFlow(self)
 
     # -- layout -----------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -381,43 +379,10 @@ class SemanticApp(App[None]):
 
     # -- model swaps ----------------------------------------------------------------------------------
     def model_commands(self) -> list[tuple[str, str, Any]]:
-        if self.backend.service.swapper is None:
-            return []
-        return [
-            (f"model: swap to {entry.model_id}", describe(entry), partial(self._confirm_swap, entry))
-            for entry in self.backend.service.registry.entries()
-            if not entry.loaded
-        ]
+        return self.swap_flow.palette_commands()
 
     def action_pick_model(self) -> None:
-        if self.backend.service.swapper is None:
-            self.notify("Model swaps start once the first model has loaded", severity="warning")
-            return
-        entries = self.backend.service.registry.entries()
-        self.push_screen(ModelPicker(entries), lambda entry: self._confirm_swap(entry) if entry else None)
-
-    def _confirm_swap(self, entry: RegistryEntry) -> None:
-        plan = swap_plan(entry, self.backend.service.snapshot())
-        dialog = ConfirmDialog(f"Swap to {entry.model_id}?", plan, confirm="Swap")
-        self.push_screen(dialog, lambda ok: self._start_swap(entry) if ok else None)
-
-    def _start_swap(self, entry: RegistryEntry) -> None:
-        swapper = self.backend.service.swapper
-        try:
-            swapper.request(entry.location, self.backend.settings.swap_grace_s)
-        except SemanticError as exc:
-            self.notify(str(exc), severity="error")
-            return
-        self.push_screen(SwapProgressScreen(swapper), self._swap_finished)
-
-    def _swap_finished(self, status: SwapStatus | None) -> None:
-        if status is None:
-            return
-        if status.phase is SwapPhase.DONE:
-            self.notify(f"Now serving {status.to_model} (swap took {status.total_seconds:.1f} s)")
-        else:
-            self.push_screen(ErrorDialog(f"Swap to {status.to_model} failed", f"{status.error}\n\n{status.from_model} is serving again."))
-        self.refresh_panes()
+        self.swap_flow.pick()
 
     # -- shutdown -------------------------------------------------------------------------------------
     async def action_quit(self) -> None:
