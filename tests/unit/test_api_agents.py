@@ -7,7 +7,7 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 from urllib.parse import quote
 
 import httpx
@@ -46,20 +46,6 @@ def engine() -> ScriptedEngine:
     return ScriptedEngine(reply_for)
 
 
-@pytest.fixture
-def service(tmp_path: Path, engine: ScriptedEngine) -> EngineService:
-    return make_service(tmp_path, engine)
-
-
-@pytest.fixture
-def app(service: EngineService) -> FastAPI:
-    return build_app(service)
-
-
-@pytest.fixture
-async def client(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://test") as http:
-        yield http
 
 
 async def create(client: httpx.AsyncClient, agent_id: str = "bob", **fields: Any) -> dict[str, Any]:

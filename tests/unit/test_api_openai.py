@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any, AsyncIterator, Iterator
+from typing import Any, Iterator
 
 import httpx
 import openai
@@ -50,20 +50,6 @@ def engine() -> ScriptedEngine:
     return ScriptedEngine(lambda request: "Hello there.")
 
 
-@pytest.fixture
-def service(tmp_path: Path, engine: ScriptedEngine) -> EngineService:
-    return make_service(tmp_path, engine)
-
-
-@pytest.fixture
-def app(service: EngineService) -> FastAPI:
-    return build_app(service)
-
-
-@pytest.fixture
-async def client(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://test") as http:
-        yield http
 
 
 # -- non-streaming ------------------------------------------------------------------------------
