@@ -1,6 +1,6 @@
 """Latency of BlockPool allocate / release / snapshot on a busy pool.
 
-Run: ``python bench/bench_block_pool.py``. The pool has 4096 blocks, is kept
+Run: ``python bench/bench_block_pool.py [--json PATH]``. The pool has 4096 blocks, is kept
 about half full by 256 owners (some blocks shared), and every measured
 operation is timed on its own with ``time.perf_counter_ns``. The verdict
 checks allocation p95 against the 0.01 ms budget (the seed measured 0.0031 ms)
@@ -9,11 +9,15 @@ and a snapshot against 1 ms; the exit status is 1 when either is missed.
 
 from __future__ import annotations
 
+import argparse
 import random
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+
+from results import BenchResult, Series, recorded
 
 from engine.domain.block_pool import BlockPool
 
@@ -91,7 +95,31 @@ def print_table(rows: list[Latency]) -> None:
               f"{row.p50_ms:>9.4f} {row.p95_ms:>9.4f} {row.p99_ms:>9.4f}")
 
 
+def record(result: BenchResult, rows: list[Latency]) -> None:
+    for row in rows:
+        budget = {"allocate": ALLOCATE_P95_BUDGET_MS, "snapshot": SNAPSHOT_P95_BUDGET_MS}.get(row.operation)
+        size = "whole pool" if row.operation == "snapshot" else f"{row.blocks} block{'s' * (row.blocks > 1)}"
+        for name, value in (("p50", row.p50_ms), ("p95", row.p95_ms), ("p99", row.p99_ms)):
+            target = budget if name == "p95" else None
+            result.metric(row.operation, f"{name} ({size})", value, "ms", "lower", target)
+    sizes = [r.blocks for r in rows if r.operation == "allocate"]
+    lines = {f"{op} {q}": [getattr(r, f"{q}_ms") for r in rows if r.operation == op]
+             for op in ("allocate", "release") for q in ("p50", "p95")}
+    result.series.append(Series("block pool latency by request size", "blocks per call", "ms", sizes, lines, "bar"))
+
+
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", type=Path, metavar="PATH",
+                        help="also write the results as JSON (bench/results.py) for bench/report.py")
+    args = parser.parse_args()
+    result = BenchResult("bench_block_pool", "Block pool latency",
+                         {"blocks": TOTAL_BLOCKS, "owners": N_OWNERS, "iterations": ITERATIONS})
+    with recorded(result, args.json):
+        return run(result)
+
+
+def run(result: BenchResult) -> int:
     rng = random.Random(0)
     pool, owners = busy_pool(rng)
     print(f"pool: {pool.total_blocks} blocks, {N_GROUPS} groups, {len(owners)} owners, "
@@ -101,6 +129,7 @@ def main() -> int:
         rows.extend(measure_allocate_release(pool, owners, n_blocks, rng))
     rows.append(measure("snapshot", pool.snapshot, SNAPSHOT_ITERATIONS))
     print_table(rows)
+    record(result, rows)
 
     worst_allocate = max(r.p95_ms for r in rows if r.operation == "allocate")
     snapshot_p95 = rows[-1].p95_ms
@@ -108,6 +137,8 @@ def main() -> int:
     print(f"\n{'PASS' if ok else 'FAIL'}: worst allocate p95 {worst_allocate:.4f} ms "
           f"(budget {ALLOCATE_P95_BUDGET_MS} ms), snapshot p95 {snapshot_p95:.4f} ms "
           f"(budget {SNAPSHOT_P95_BUDGET_MS} ms)")
+    result.notes.append(f"{pool.total_blocks} blocks, {N_GROUPS} groups, {len(owners)} owners, {pool.used_blocks} "
+                        f"used ({pool.shared_blocks} shared); each operation timed on its own with perf_counter_ns.")
     return 0 if ok else 1
 
 

@@ -7,7 +7,7 @@
    warm tier vs without it (evicted agents re-prefill).
 4. Prefix hit rate of 8 agents sharing a long system prompt.
 
-Run: ``make bench`` or ``LD_PRELOAD=... python bench/bench_cache_store.py [--quick]``.
+Run: ``make bench`` or ``LD_PRELOAD=... python bench/bench_cache_store.py [--quick] [--json PATH]``.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from common import base_parser, load, print_table, start_engine
+from results import BenchResult, Series, recorded
 
 from engine.runtime.agents import Tier
 from engine.runtime.event_log import EventLog
@@ -51,7 +52,7 @@ def drop_page_cache() -> bool:
 
 
 # -- 1 + 2: resume from warm vs cold prefill, and disk throughput --------------------------------
-def resume_vs_cold(loaded, pool_mb: float, sizes: list[int]) -> None:
+def resume_vs_cold(loaded, pool_mb: float, sizes: list[int], result: BenchResult) -> None:
     print("\n## Resume TTFT: restored from the warm tier vs cold re-prefill")
     rows, io_rows = [], []
     for size in sizes:
@@ -66,6 +67,31 @@ def resume_vs_cold(loaded, pool_mb: float, sizes: list[int]) -> None:
     print_table(["prompt tokens", "TTFT warm s", "TTFT cold s", "speed-up x", "page cache dropped"], rows)
     print("\n## Disk throughput of the warm tier vs a plain file copy (same bytes)")
     print_table(["file MB", "save MB/s", "load MB/s", "copy+fsync MB/s", "save/copy", "load/copy"], io_rows)
+    record_resume(result, sizes, rows, io_rows)
+
+
+def record_resume(result: BenchResult, sizes: list[int], rows: list[list], io_rows: list[list]) -> None:
+    for size, (tokens, warm, cold, speed_up, dropped), io in zip(sizes, rows, io_rows):
+        group = f"resume from the warm tier, {size}-token conversation"
+        result.metric(group, "prompt tokens", tokens, "tokens", "neither")
+        result.metric(group, "TTFT warm (restored from disk)", warm, "s", "lower")
+        result.metric(group, "TTFT cold (re-prefill)", cold, "s", "lower")
+        result.metric(group, "resume speed-up (cold / warm)", speed_up, "x")
+        group = f"disk throughput, {size}-token cache file"
+        for name, value, unit, better in zip(
+                ("file size", "save", "load", "plain copy + fsync", "save / copy", "load / copy"), io,
+                ("MB", "MB/s", "MB/s", "MB/s", "x", "x"), ("neither", "higher", "higher", "higher", "higher", "higher")):
+            result.metric(group, name, value, unit, better)
+    if any(row[4] == "no" for row in rows):
+        result.notes.append("The page cache could not be dropped (needs root): warm resumes and loads may have "
+                            "read from memory rather than disk.")
+    x = [row[0] for row in rows]
+    result.series.append(Series("resume TTFT: warm tier vs cold re-prefill", "prompt tokens", "TTFT s", x,
+                                {"warm (from disk)": [r[1] for r in rows], "cold re-prefill": [r[2] for r in rows]},
+                                "bar"))
+    result.series.append(Series("disk throughput vs plain copy", "prompt tokens", "MB/s", x,
+                                {name: [io[i] for io in io_rows] for i, name in
+                                 ((1, "save"), (2, "load"), (3, "plain copy + fsync"))}, "bar"))
 
 
 def _one_resume(engine, loaded, size: int, io_rows: list) -> list:
@@ -115,7 +141,7 @@ def _timed_cold(action) -> float:
 
 
 # -- 3: many agents, small pool ---------------------------------------------------------------
-def crowded_pool(loaded, n_agents: int, turns: int, context: int, fit: int) -> None:
+def crowded_pool(loaded, n_agents: int, turns: int, context: int, fit: int, result: BenchResult) -> None:
     print(f"\n## {n_agents} agents x {turns} turns on a pool that fits ~{fit} agents")
     blocks_per_agent = loaded.spec.total_blocks_for_tokens(context + 150)
     pool_mb = fit * blocks_per_agent * loaded.spec.block_bytes / 2**20
@@ -129,6 +155,16 @@ def crowded_pool(loaded, n_agents: int, turns: int, context: int, fit: int) -> N
             finally:
                 engine.stop()
     print_table(["mode", "total s", "prompt tokens", "prefilled", "reused (avoided)", "avoided %"], rows)
+    for label, total, prompt, prefilled, reused, avoided in rows:
+        group = f"{n_agents} agents x {turns} turns on a pool for ~{fit}: {label}"
+        result.metric(group, "total time", total, "s", "lower")
+        result.metric(group, "prompt tokens", prompt, "tokens", "neither")
+        result.metric(group, "prefilled tokens", prefilled, "tokens", "lower")
+        result.metric(group, "reused tokens (prefill avoided)", reused, "tokens")
+        result.metric(group, "prefill avoided", avoided, "%")
+    if len(rows) == 2 and rows[0][1] > 0:
+        result.metric(f"{n_agents} agents x {turns} turns on a pool for ~{fit}", "warm tier speed-up (total time)",
+                      rows[1][1] / rows[0][1], "x")
 
 
 def _crowd(engine, loaded, n_agents: int, turns: int, context: int) -> list:
@@ -155,7 +191,7 @@ def _crowd(engine, loaded, n_agents: int, turns: int, context: int) -> list:
 
 
 # -- 4: shared system prompt -------------------------------------------------------------------
-def shared_prefix(loaded, pool_mb: float, n_agents: int, system_tokens: int) -> None:
+def shared_prefix(loaded, pool_mb: float, n_agents: int, system_tokens: int, result: BenchResult) -> None:
     print(f"\n## Prefix sharing: {n_agents} agents with one {system_tokens}-token system prompt, 2 turns each")
     system = f"You are a coding agent. Tools and rules follow.\n{facts(loaded, system_tokens)}"
     engine = start_engine(loaded, pool_mb)
@@ -164,12 +200,12 @@ def shared_prefix(loaded, pool_mb: float, n_agents: int, system_tokens: int) -> 
         for i in range(n_agents):
             history = [{"role": "system", "content": system}, {"role": "user", "content": f"Task {i}: list files."}]
             for _ in range(2):
-                result = run_turn(engine, GenerationRequest(f"share-{i}", chat(loaded, history), 8), timeout_s=3600)
-                usage = result.finish.usage
+                turn = run_turn(engine, GenerationRequest(f"share-{i}", chat(loaded, history), 8), timeout_s=3600)
+                usage = turn.finish.usage
                 prompt_total += usage.prompt_tokens
                 reused_total += usage.reused_tokens
                 shared_hits += usage.reuse_source.startswith("shared:")
-                history += [{"role": "assistant", "content": result.text}, {"role": "user", "content": "Next step."}]
+                history += [{"role": "assistant", "content": turn.text}, {"role": "user", "content": "Next step."}]
         pool = engine.fresh_snapshot().pool
     finally:
         engine.stop()
@@ -178,6 +214,12 @@ def shared_prefix(loaded, pool_mb: float, n_agents: int, system_tokens: int) -> 
         [[2 * n_agents, prompt_total, reused_total, 100 * reused_total / prompt_total, f"{shared_hits}/{n_agents - 1}",
           pool.shared_blocks]],
     )
+    group = f"prefix sharing: {n_agents} agents, one {system_tokens}-token system prompt, 2 turns each"
+    result.metric(group, "prompt tokens", prompt_total, "tokens", "neither")
+    result.metric(group, "reused tokens", reused_total, "tokens")
+    result.metric(group, "prefix hit rate", 100 * reused_total / prompt_total, "%")
+    result.metric(group, f"first turns served by sharing (of {n_agents - 1})", shared_hits, "turns")
+    result.metric(group, "shared blocks", pool.shared_blocks, "blocks", "neither")
 
 
 def main() -> None:
@@ -186,13 +228,16 @@ def main() -> None:
                         help="run only these sections (repeatable; default: all)")
     args = parser.parse_args()
     sections = set(args.only or ("resume", "crowd", "prefix"))
-    loaded = load(args)
-    if "resume" in sections:
-        resume_vs_cold(loaded, args.pool_mb, [2000] if args.quick else [2000, 4000, 7800])
-    if "crowd" in sections:
-        crowded_pool(loaded, 8 if args.quick else 16, 2 if args.quick else 3, 300 if args.quick else 500, 6)
-    if "prefix" in sections:
-        shared_prefix(loaded, args.pool_mb, 4 if args.quick else 8, 1000)
+    result = BenchResult("bench_cache_store", "Cache store: warm-tier resume, disk throughput, crowding, prefix sharing",
+                         {"model": args.model, "quick": args.quick, "pool_mb": args.pool_mb, "sections": sorted(sections)})
+    with recorded(result, args.json):
+        loaded = load(args)
+        if "resume" in sections:
+            resume_vs_cold(loaded, args.pool_mb, [2000] if args.quick else [2000, 4000, 7800], result)
+        if "crowd" in sections:
+            crowded_pool(loaded, 8 if args.quick else 16, 2 if args.quick else 3, 300 if args.quick else 500, 6, result)
+        if "prefix" in sections:
+            shared_prefix(loaded, args.pool_mb, 4 if args.quick else 8, 1000, result)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@
 2. Time-to-first-token of an agent's second turn with its cache reused,
    against the same turn sent by a fresh agent (full prefill).
 
-Run: ``make bench`` or ``LD_PRELOAD=... python bench/bench_engine.py``.
+Run: ``make bench`` or ``LD_PRELOAD=... python bench/bench_engine.py [--quick] [--json PATH]``.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import mlx.core as mx
 from mlx_lm.generate import generate_step, generation_stream
 
 from common import base_parser, load, median, print_table, start_engine
+from results import BenchResult, Series, recorded
 
 from engine.runtime.requests import GenerationRequest
 from engine.runtime.sync_client import run_turn, run_turns
@@ -72,33 +73,63 @@ def ttft_reuse(engine, loaded, context_tokens: int, repeats: int) -> tuple[float
     return median(with_reuse), median(without), len(second_prompt)
 
 
+CONCURRENCY = (1, 4, 8, 16)
+
+
 def main() -> None:
     parser = base_parser(__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=64, help="tokens generated per agent")
     args = parser.parse_args()
-    loaded = load(args)
-    n_tokens = 24 if args.quick else args.tokens
-    engine = start_engine(loaded, args.pool_mb)
-    try:
-        run_turn(engine, GenerationRequest("warmup", chat(loaded, "Hello"), 8))
-        baseline = single_stream_tok_s(loaded, chat(loaded, "Write a long story about the sea."), n_tokens)
-        print(f"\n## Decode throughput ({n_tokens} tokens per agent)")
-        rows = [["mlx_lm generate_step (single stream)", 1, baseline, 1.0]]
-        for concurrency in (1, 4, 8, 16):
-            rate = decode_throughput(engine, loaded, concurrency, n_tokens)
-            rows.append(["semantic engine", concurrency, rate, rate / baseline])
-        print_table(["path", "agents", "tok/s", "x single"], rows)
+    result = BenchResult("bench_engine", "Engine: batching scaling and cache reuse",
+                         {"model": args.model, "quick": args.quick, "tokens": args.tokens, "pool_mb": args.pool_mb})
+    with recorded(result, args.json):
+        loaded = load(args)
+        # No prefix sharing: the fresh agent of the reuse test must really prefill, not borrow the first agent's prefix.
+        engine = start_engine(loaded, args.pool_mb, prefix_sharing=False)
+        try:
+            run_turn(engine, GenerationRequest("warmup", chat(loaded, "Hello"), 8))
+            throughput_section(engine, loaded, 24 if args.quick else args.tokens, result)
+            reuse_section(engine, loaded, args.quick, result)
+        finally:
+            engine.stop()
 
-        print("\n## Second-turn time to first token: cache reuse vs full prefill")
-        sizes = (512,) if args.quick else (512, 2048)
-        rows = []
-        for size in sizes:
-            reuse, fresh, n = ttft_reuse(engine, loaded, size, 1 if args.quick else 2)
-            rows.append([n, reuse, fresh, fresh / reuse])
-        print_table(["prompt tokens", "TTFT reuse s", "TTFT full s", "speed-up x"], rows)
-    finally:
-        engine.stop()
 
+def throughput_section(engine, loaded, n_tokens: int, result: BenchResult) -> None:
+    baseline = single_stream_tok_s(loaded, chat(loaded, "Write a long story about the sea."), n_tokens)
+    print(f"\n## Decode throughput ({n_tokens} tokens per agent)")
+    rows = [["mlx_lm generate_step (single stream)", 1, baseline, 1.0]]
+    group = "decode throughput"
+    result.metric(group, "mlx_lm generate_step, single stream", baseline, "tok/s")
+    rates = []
+    for concurrency in CONCURRENCY:
+        rates.append(decode_throughput(engine, loaded, concurrency, n_tokens))
+        rows.append(["semantic engine", concurrency, rates[-1], rates[-1] / baseline])
+        agents = f"{concurrency} agent{'s' * (concurrency > 1)}"
+        result.metric(group, f"semantic, {agents}", rates[-1], "tok/s")
+        result.metric(group, f"semantic, {agents} / single stream", rates[-1] / baseline, "x")
+    print_table(["path", "agents", "tok/s", "x single"], rows)
+    result.series.append(Series("batching scaling", "concurrent agents", "aggregate decode tok/s", list(CONCURRENCY),
+                                {"semantic engine": rates, "mlx_lm single stream": [baseline] * len(rates)}))
+    result.notes.append(f"Decode throughput: {n_tokens} tokens per agent, measured from the last agent's first "
+                        "token to the last token (all agents decoding); the baseline is mlx_lm's generate_step.")
+
+
+def reuse_section(engine, loaded, quick: bool, result: BenchResult) -> None:
+    print("\n## Second-turn time to first token: cache reuse vs full prefill")
+    sizes = (512,) if quick else (512, 2048)
+    rows = []
+    for size in sizes:
+        reuse, fresh, n = ttft_reuse(engine, loaded, size, 1 if quick else 2)
+        rows.append([n, reuse, fresh, fresh / reuse])
+        group = f"second-turn TTFT, {size}-token context"
+        result.metric(group, "prompt tokens", n, "tokens", "neither")
+        result.metric(group, "TTFT with cache reuse", reuse, "s", "lower")
+        result.metric(group, "TTFT with full prefill", fresh, "s", "lower")
+        result.metric(group, "speed-up", fresh / reuse, "x")
+    print_table(["prompt tokens", "TTFT reuse s", "TTFT full s", "speed-up x"], rows)
+    result.series.append(Series("second-turn TTFT: cache reuse vs full prefill", "second-turn prompt tokens",
+                                "TTFT s", [r[0] for r in rows],
+                                {"cache reuse": [r[1] for r in rows], "full prefill": [r[2] for r in rows]}, "bar"))
 
 if __name__ == "__main__":
     main()

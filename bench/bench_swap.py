@@ -5,16 +5,16 @@ how many agent caches were spilled, and MLX active memory at a fresh start,
 after each unload and after each load; the round trip must come back within
 5% of the fresh start (the seeds' EXP-011).
 
-Run: ``make bench`` or ``LD_PRELOAD=... python bench/bench_swap.py [--quick]``.
+Run: ``make bench`` or ``LD_PRELOAD=... python bench/bench_swap.py [--quick] [--json PATH]``.
 """
 
 from __future__ import annotations
 
 import tempfile
 import time
-from pathlib import Path
 
 from common import base_parser, print_table
+from results import BenchResult, Series, recorded
 
 from engine.api.service import EngineService
 from engine.bootstrap import build_engine, engine_builder, load_configured_model
@@ -22,8 +22,9 @@ from engine.models.loader import resolve_model
 from engine.runtime.requests import GenerationRequest
 from engine.runtime.sync_client import run_turns
 from engine.settings import load_settings
-from engine.swap import SwapPhase, memory_reading
+from engine.swap import SwapPhase, SwapStatus, memory_reading
 
+MODELS = ("smollm2-135m", "gemma3-270m")
 PHASES = ("draining", "spilling", "unloading", "loading", "rebuilding")
 
 
@@ -49,37 +50,42 @@ def fill_agents(service: EngineService, agents: int, words: int) -> None:
     run_turns(service.engine, requests, timeout_s=3600)
 
 
-def swap(service: EngineService, ref: str) -> dict:
+def swap(service: EngineService, ref: str) -> tuple[SwapStatus, float]:
+    """The swapper's final status, and the wall time from the request to done."""
     started = time.perf_counter()
     service.swapper.request(ref, grace_s=5)
     status = service.swapper.wait(3600)
     assert status.phase is SwapPhase.DONE, status.error
-    return {"wall": time.perf_counter() - started, "status": status}
+    return status, time.perf_counter() - started
 
 
 def main() -> None:
     args = base_parser(__doc__.splitlines()[0]).parse_args()
-    smol = resolve_model("smollm2-135m", args.cache_dir).location
-    gemma = resolve_model("gemma3-270m", args.cache_dir).location
+    result = BenchResult("bench_swap", "Model hot-swap: latency and memory",
+                         {"quick": args.quick, "pool_mb": args.pool_mb, "models": list(MODELS)})
+    with recorded(result, args.json):
+        run(args, result)
+
+
+def run(args, result: BenchResult) -> None:
+    small, big = (resolve_model(alias, args.cache_dir).location for alias in MODELS)
     # Models come from the shared cache; agents' warm files go to a scratch directory.
     with tempfile.TemporaryDirectory() as scratch:
-        settings = load_settings(cache_dir=scratch, model=smol, pool_budget_mb=args.pool_mb,
+        settings = load_settings(cache_dir=scratch, model=small, pool_budget_mb=args.pool_mb,
                                  preload_openblas=False, disk_budget_mb=4096)
         service = start_service(settings)
         fresh = memory_reading()["mlx_active"]
         agents, words = (2, 50) if args.quick else (6, 300)
         fill_agents(service, agents, words)
-        hops = [(smol, gemma), (gemma, smol)]
-        rows, memory = [], [["fresh start (SmolLM2)", fresh / 2**20]]
-        for source, target in hops:
-            result = swap(service, target)
-            status = result["status"]
+        hops = [(MODELS[0], MODELS[1], big), (MODELS[1], MODELS[0], small)]
+        rows, memory = [], [[f"fresh start ({MODELS[0]})", fresh / 2**20]]
+        for source, target, location in hops:
+            status, wall = swap(service, location)
             fill_agents(service, agents, words)
-            rows.append([f"{Path(source).name[:18]} -> {Path(target).name[:18]}", status.spilled_agents,
-                         status.spilled_bytes / 2**20, *(status.seconds.get(p, 0.0) for p in PHASES),
-                         status.total_seconds, result["wall"]])
-            memory.append([f"after unload ({Path(source).name[:18]})", status.memory.get("after_unload", 0) / 2**20])
-            memory.append([f"after load ({Path(target).name[:18]})", status.memory.get("after", 0) / 2**20])
+            rows.append([f"{source} -> {target}", status.spilled_agents, status.spilled_bytes / 2**20,
+                         *(status.seconds.get(p, 0.0) for p in PHASES), status.total_seconds, wall])
+            memory.append([f"after unload ({source})", status.memory.get("after_unload", 0) / 2**20])
+            memory.append([f"after load ({target})", status.memory.get("after", 0) / 2**20])
         service.engine.stop(0)
     print("\n## Swap latency (seconds per phase)")
     print_table(["swap", "agents spilled", "spilled MiB", *PHASES, "total s", "wall s"], rows)
@@ -88,7 +94,24 @@ def main() -> None:
     back = memory[-1][1]
     drift = abs(back - fresh / 2**20) / (fresh / 2**20)
     print(f"\nround trip vs fresh start: {drift:.2%} ({'within' if drift <= 0.05 else 'OVER'} the 5% target)")
+    record(result, rows, memory, drift)
 
+
+def record(result: BenchResult, rows: list[list], memory: list[list], drift: float) -> None:
+    for label, spilled, spilled_mib, *phases, total, wall in rows:
+        group = f"swap {label}"
+        result.metric(group, "agents spilled", spilled, "agents", "neither")
+        result.metric(group, "spilled", spilled_mib, "MiB", "neither")
+        for phase, seconds in zip(PHASES, phases):
+            result.metric(group, phase, seconds, "s", "lower")
+        result.metric(group, "total (swapper)", total, "s", "lower")
+        result.metric(group, "wall (request to done)", wall, "s", "lower")
+    for moment, mib in memory:
+        result.metric("MLX active memory", moment, mib, "MiB", "lower")
+    result.metric("MLX active memory", "round trip vs fresh start", 100 * drift, "%", "lower", target=5.0)
+    result.series.append(Series("swap latency by phase", "swap", "s", list(range(1, len(rows) + 1)),
+                                {phase: [row[3 + i] for row in rows] for i, phase in enumerate(PHASES)}, "bar",
+                                [row[0] for row in rows]))
 
 if __name__ == "__main__":
     main()

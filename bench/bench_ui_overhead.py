@@ -16,7 +16,7 @@ CPU seconds per round come from the server process: all threads, and its main
 thread alone, which runs the asyncio loop (HTTP in both modes, plus Textual in
 the workbench): the difference between modes is what the UI costs.
 
-Run: ``python bench/bench_ui_overhead.py [--quick]`` (needs tmux).
+Run: ``python bench/bench_ui_overhead.py [--quick] [--json PATH]`` (needs tmux).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import httpx
 import psutil
 from chat_stream import ChatClient
 from common import ROOT, base_parser, print_table
+from results import BenchResult, Series, recorded
 from served import WARMUP_MESSAGES, Launch, server_env, serving
 
 from engine.models.loader import resolve_model
@@ -200,7 +201,7 @@ HEADERS = ["run", "mode", "tok/s med", "min", "max", "tokens/round", "TTFT s", "
            "main thread % core"]
 
 
-def summarize(phases: list[PhaseResult]) -> None:
+def summarize(phases: list[PhaseResult], result: BenchResult) -> None:
     print("\n## Aggregate generated tok/s per phase (median of its rounds)")
     print_table(HEADERS, [p.row(i + 1) for i, p in enumerate(phases)])
     serve = statistics.median(p.tok_s for p in phases if p.mode == "serve")
@@ -210,6 +211,29 @@ def summarize(phases: list[PhaseResult]) -> None:
     rows = [[f"pair {i + 1}", a.tok_s, b.tok_s, f"{1 - b.tok_s / a.tok_s:+.1%}"] for i, (a, b) in enumerate(pairs)]
     rows.append(["median", serve, tui, f"{1 - tui / serve:+.1%}"])
     print_table(["", "serve tok/s", "tui tok/s", "overhead"], rows)
+    record(result, phases, pairs, serve, tui)
+
+
+def record(result: BenchResult, phases: list[PhaseResult], pairs: list[tuple[PhaseResult, PhaseResult]],
+           serve: float, tui: float) -> None:
+    group = "aggregate generated tok/s (median over phases)"
+    result.metric(group, "semantic --serve (headless)", serve, "tok/s")
+    result.metric(group, "workbench (TUI attached)", tui, "tok/s")
+    result.metric(group, "UI overhead (1 - tui / serve)", 100 * (1 - tui / serve), "%", "lower", target=5.0)
+    for i, (a, b) in enumerate(pairs):
+        result.metric("UI overhead per serve/tui pair", f"pair {i + 1}", 100 * (1 - b.tok_s / a.tok_s), "%", "lower")
+    for mode in ("serve", "tui"):
+        mine = [p for p in phases if p.mode == mode]
+        group = f"server CPU per round: {mode}"
+        result.metric(group, "all threads", statistics.fmean(p.mean("cpu_s") for p in mine), "s", "lower")
+        result.metric(group, "main thread (event loop)", statistics.fmean(p.mean("main_cpu_s") for p in mine),
+                      "s", "lower")
+        result.metric(group, "main thread share of a core",
+                      100 * statistics.fmean(p.mean("main_share") for p in mine), "%", "lower")
+    result.series.append(Series("decode tok/s: headless vs workbench", "serve/tui pair", "aggregate tok/s",
+                                list(range(1, len(pairs) + 1)),
+                                {"--serve": [a.tok_s for a, _ in pairs], "workbench": [b.tok_s for _, b in pairs]},
+                                "bar"))
 
 
 def model_folder(ref: str, cache_dir: Path) -> Path:
@@ -233,13 +257,18 @@ def main() -> None:
     pairs = 1 if args.quick else args.pairs
     folder = model_folder(args.model, args.cache_dir)
     print(f"# model folder {folder}\n# {workload}, {pairs} pair(s), watch={args.watch}, cpus={psutil.cpu_count()}")
+    result = BenchResult("bench_ui_overhead", "Workbench UI cost: TUI attached vs headless --serve",
+                         {"model": args.model, "quick": args.quick, "agents": workload.agents,
+                          "max_tokens": workload.max_tokens, "rounds": workload.rounds, "pairs": pairs,
+                          "watch": args.watch, "pool_mb": args.pool_mb})
     started = time.perf_counter()
-    phases: list[PhaseResult] = []
-    with tempfile.TemporaryDirectory(prefix="bench-ui-overhead-") as work:
-        for mode in ("serve", "tui") * pairs:
-            phases.append(run_phase(mode, folder, Path(work), args.pool_mb, workload, args.watch))
-            print(f"# {mode}: {phases[-1].tok_s:.1f} tok/s ({[round(r.tok_s, 1) for r in phases[-1].rounds]})")
-    summarize(phases)
+    with recorded(result, args.json):
+        phases: list[PhaseResult] = []
+        with tempfile.TemporaryDirectory(prefix="bench-ui-overhead-") as work:
+            for mode in ("serve", "tui") * pairs:
+                phases.append(run_phase(mode, folder, Path(work), args.pool_mb, workload, args.watch))
+                print(f"# {mode}: {phases[-1].tok_s:.1f} tok/s ({[round(r.tok_s, 1) for r in phases[-1].rounds]})")
+        summarize(phases, result)
     print(f"# finished in {time.perf_counter() - started:.0f} s")
 
 

@@ -29,6 +29,8 @@ def base_parser(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--cache-dir", type=Path, default=default_cache_dir(), help="where imported models live")
     parser.add_argument("--pool-mb", type=float, default=2048, help="KV pool budget in MiB")
     parser.add_argument("--quick", action="store_true", help="smaller workload, for a smoke run")
+    parser.add_argument("--json", type=Path, metavar="PATH",
+                        help="also write the results as JSON (bench/results.py) for bench/report.py")
     return parser
 
 
