@@ -1,20 +1,27 @@
-"""semantic vs mlx_lm.server: the same model folder, workloads and run, one server at a time.
+"""semantic vs mlx_lm.server: the same model folder, the same workloads, in the same run.
 
-A. Multi-agent multi-turn: N agents, each with its own system prompt, T turns
-   each, all agents at once (one coding-agent loop per agent).
-B. Many agents on a small KV budget: more agents than the KV memory holds,
-   round robin. semantic moves evicted agents to its disk tier; mlx_lm.server
-   drops them from its LRU prompt cache. Both get the same byte budget.
-C. Concurrent throughput: 1, 4, 8 and 16 single-turn streams.
+1. throughput   N agents (1, 4, 8, 16) at once, each generating 128 tokens from a
+                distinct prompt: aggregate tok/s, p50/p95 time to first token.
+2. multiturn    16 agents x 4 turns, all agents working at once (each sends its
+                next turn when the last one is answered, so turns interleave
+                across agents); every agent starts with the same ~1,000-token
+                system prompt, then its own tool results and replies. The KV
+                budget holds about 6 agents, on both servers.
+3. restart      the multi-turn workload with a server restart (SIGTERM, start
+                again) between turns 2 and 3.
+4. longctx      one agent whose conversation grows to ~4K tokens over 8 turns.
 
-Both servers run as subprocesses and are driven by the same streaming OpenAI
-chat-completions client; semantic also gets its ``session_id`` extension, the
-peer reuses prefixes through its own LRU prompt cache. Each workload runs
-``repeats`` times per server, the order of the two servers alternating, and
-every number is the median over the repeats. Ratios are "semantic
-advantage": above 1 means semantic did better, whatever the unit.
+Both servers run as subprocesses on a loopback port (bench/served.py), one at a
+time, and are driven by the same streaming OpenAI chat-completions client;
+semantic also gets its ``session_id`` extension, the peer reuses prefixes
+through its own LRU prompt cache. Each workload runs ``--repeats`` times per
+server, alternating which goes first; every metric is reported as min/median/
+max per server and of the per-repeat ratio ("semantic advantage": above 1
+means semantic did better). Targets (issue 7): throughput >= 1.0x, multiturn
+>= 3x total wall time, restart >= 10x fewer prefilled tokens.
 
-Run: ``LD_PRELOAD=... python bench/bench_vs_mlx_lm_server.py [--quick] [--workloads AB]``.
+Run: ``make bench`` (all benchmarks and the report), or
+``LD_PRELOAD=... python bench/bench_vs_mlx_lm_server.py [--quick] [--workloads multiturn,restart] [--json PATH]``.
 """
 
 from __future__ import annotations
@@ -22,71 +29,61 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import os
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TypeVar
 
 from tokenizers import Tokenizer
 
 from chat_stream import ChatClient, Turn
-from common import base_parser, print_table
-from comparison import Report, Row, cached_percent, cell, decode_tok_s, mean_ttft, median_of, median_ttft
-from served import Batching, Launch, peer_launch, semantic_launch, serving
+from common import base_parser
+from comparison import (
+    aggregate_tok_s,
+    cached_percent,
+    mean_ttft,
+    paired,
+    prefilled_tokens,
+    print_comparisons,
+    retries_note,
+    ttft_percentile,
+)
+from peer_runs import Conversation, Outcome, on_both, served_once, served_with_restart
+from results import BenchResult, Series
+from served import Batching, Launch, peer_launch, semantic_launch
+from workload_text import growing_document, shared_system_prompt, story_request, tool_result
 
 from engine.domain.cache_spec import DTYPE_BYTES
 from engine.models.loader import resolve_model
 
-T = TypeVar("T")
-Bursts = list[list[Turn]]  # one run of workload C: the turns of each burst, in the order of Sizes.streams
-
 BLOCK_TOKENS = 256  # semantic's default --block-tokens: its pool hands out KV memory in blocks of this many tokens
-# Per turn, beyond the reply: the user message and the chat template's role markers.
-TURN_OVERHEAD_TOKENS = 40
-USER_TURNS = (
-    "Read your rules and list the first three that apply to a bug fix.",
-    "Which module does rule 2 cover, and what limit does it set?",
-    "Write a one-line commit message for a fix in that module.",
-    "What must you check before you push the fix?",
-)
-TOPICS = ("the ocean", "mountains", "a city at night", "a robot", "autumn", "a library", "trains", "the moon",
-          "coffee", "a garden", "rain", "a lighthouse", "chess", "bees", "a desert", "snow")
+TEMPLATE_TOKENS = 12  # role markers the chat template adds around each message
 
 
 @dataclass(frozen=True, slots=True)
 class Sizes:
-    agents: int
-    turns: int
-    system_tokens: tuple[int, int]  # A's system prompts are spread evenly over this range
-    max_tokens: int
-    crowd_agents: int
-    crowd_turns: int
-    # How many of B's agents the KV budget holds; keep it above crowd_clients, whose turns all need room at once.
-    crowd_fit: int
-    crowd_context: int
-    crowd_clients: int  # B's requests in flight at once
-    crowd_max_tokens: int
-    streams: tuple[int, ...]
+    streams: tuple[int, ...]  # throughput: agents at once
     stream_tokens: int
-    # Runs per server and workload, alternating which server goes first so drift in the load hits both.
+    agents: int  # multiturn / restart
+    turns: int
+    system_tokens: int
+    user_tokens: int  # each turn's tool result
+    reply_tokens: int
+    fit_agents: int  # how many whole agents the KV budget holds
+    restart_after: int  # restart: turns before the restart
+    long_turns: int
+    long_context: int  # longctx: tokens the conversation reaches
+    long_reply: int
     repeats: int
 
 
-QUICK = Sizes(
-    agents=4, turns=2, system_tokens=(300, 400), max_tokens=16,
-    crowd_agents=8, crowd_turns=2, crowd_fit=4, crowd_context=300, crowd_clients=2, crowd_max_tokens=8,
-    streams=(1, 4, 8, 16), stream_tokens=16, repeats=1,
-)
-# About 25 minutes on 2 x86_64 cores with OpenBLAS (estimated from --quick); mlx_lm.server's re-prefills in B
-# take about half of it. --repeats 1 halves the total.
-FULL = Sizes(
-    agents=8, turns=4, system_tokens=(300, 600), max_tokens=32,
-    crowd_agents=16, crowd_turns=3, crowd_fit=6, crowd_context=1000, crowd_clients=4, crowd_max_tokens=16,
-    streams=(1, 4, 8, 16), stream_tokens=128, repeats=2,
-)
+FULL = Sizes(streams=(1, 4, 8, 16), stream_tokens=128, agents=16, turns=4, system_tokens=1000, user_tokens=100,
+             reply_tokens=32, fit_agents=6, restart_after=2, long_turns=8, long_context=4096, long_reply=32,
+             repeats=2)
+QUICK = Sizes(streams=(1, 4), stream_tokens=16, agents=6, turns=3, system_tokens=300, user_tokens=40,
+              reply_tokens=8, fit_agents=3, restart_after=2, long_turns=3, long_context=1024, long_reply=8,
+              repeats=1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,181 +94,203 @@ class Bench:
     pool_mb: float
     work_dir: Path
     sizes: Sizes
+    result: BenchResult
 
-    def semantic(self, workload: str, pool_mb: float | None = None) -> Launch:
-        """semantic with its own disk tier for this workload, emptied before each run."""
+    def semantic(self, workload: str, pool_mb: float | None = None, persist: bool = False) -> Launch:
+        """semantic with its own disk tier for this workload, emptied before each fresh start."""
         state = self.work_dir / f"semantic-{workload}"
-        return semantic_launch(self.folder, state, pool_mb or self.pool_mb, self.batching)
+        return semantic_launch(self.folder, state, pool_mb or self.pool_mb, self.batching, persist=persist)
+
+    def record(self, comparisons_from: int = 0) -> None:
+        print_comparisons(self.result.comparisons[comparisons_from:])
 
 
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    wall_s: float
-    turns: list[Turn]
-
-    @property
-    def first_turns(self) -> list[Turn]:
-        return [t for t in self.turns if t.index == 0]
-
-    @property
-    def later_turns(self) -> list[Turn]:
-        return [t for t in self.turns if t.index > 0]
-
-
-# -- prompts and conversations ------------------------------------------------------------------
-def system_prompt(tokenizer: Tokenizer, agent: int, n_tokens: int) -> str:
-    """An agent's own instructions, about ``n_tokens`` long; agents differ from the first line on."""
-    lines = [f"You are coding agent {agent}, working alone in the repository service-{agent}.", "House rules:"]
-    while len(tokenizer.encode("\n".join(lines)).ids) < n_tokens:
-        rule = len(lines) - 2
-        lines.append(f"Rule {rule}: functions in module m{agent}_{rule} stay under {10 + (agent * 31 + rule * 7) % 90} "
-                     f"lines, and every change there needs the test t{agent}_{rule} to pass.")
-    return "\n".join(lines)
-
-
-def spread(low: int, high: int, n: int) -> list[int]:
-    return [low + (high - low) * i // max(n - 1, 1) for i in range(n)]
-
-
-@dataclass(slots=True)
-class Conversation:
-    agent: str
-    messages: list[dict[str, str]]
-
-    @classmethod
-    def new(cls, agent: str, system: str) -> Conversation:
-        return cls(agent, [{"role": "system", "content": system}])
-
-    async def take_turn(self, client: ChatClient, index: int, max_tokens: int) -> Turn:
-        """Ask the next question and keep the reply in the history, like an agent loop does."""
-        self.messages.append({"role": "user", "content": USER_TURNS[index % len(USER_TURNS)]})
-        turn = await client.turn(self.agent, index, self.messages, max_tokens)
-        self.messages.append({"role": "assistant", "content": turn.text})
-        return turn
-
-
-# -- running a workload on both servers ---------------------------------------------------------
-def on_both(
-    bench: Bench, launches: tuple[Launch, Launch], work: Callable[[ChatClient], Awaitable[T]]
-) -> tuple[list[T], list[T]]:
-    """Every run of ``work`` on semantic and on the peer: one server at a time, they would share the cores."""
-    runs: dict[str, list[T]] = {launch.name: [] for launch in launches}
-    for repeat in range(bench.sizes.repeats):
-        for launch in launches if repeat % 2 == 0 else launches[::-1]:
-            flags = launch.flags().replace(str(bench.folder), "<model>")
-            print(f"# run {repeat + 1}, {launch.name} {_load()}: {flags}", flush=True)
-            with serving(launch, bench.work_dir) as url:
-                runs[launch.name].append(asyncio.run(_drive(url, launch, work)))
-    return runs[launches[0].name], runs[launches[1].name]
-
-
-async def _drive(url: str, launch: Launch, work: Callable[[ChatClient], Awaitable[T]]) -> T:
-    async with ChatClient(url, launch.sends_session_id) as client:
-        return await work(client)
-
-
-# -- metrics of the multi-turn workloads ------------------------------------------------------
-def generated_tok_s(outcome: Outcome) -> float:
-    return sum(t.completion_tokens for t in outcome.turns) / outcome.wall_s
-
-
-# (metric, measure, lower is better) for the multi-turn workloads A and B.
-CONVERSATION_METRICS: list[tuple[str, Callable[[Outcome], float | None], bool]] = [
-    ("total wall s", lambda o: o.wall_s, True),
-    ("TTFT turn 1 mean s", lambda o: mean_ttft(o.first_turns), True),
-    ("TTFT turns 2+ mean s", lambda o: mean_ttft(o.later_turns), True),
-    ("TTFT turns 2+ median s", lambda o: median_ttft(o.later_turns), True),
-    ("generated tok/s", generated_tok_s, False),
-    ("turns 2+ prompt cached %", lambda o: cached_percent(o.later_turns), False),
-]
-
-
-def conversation_rows(ours: list[Outcome], theirs: list[Outcome]) -> list[Row]:
-    return [Row(name, median_of(measure, ours), median_of(measure, theirs), lower)
-            for name, measure, lower in CONVERSATION_METRICS]
-
-
-def all_turns(runs: list[Outcome]) -> list[Turn]:
-    return [t for run in runs for t in run.turns]
-
-
-# -- A: multi-agent multi-turn ------------------------------------------------------------------
-def multi_agent(bench: Bench, report: Report) -> None:
+# -- 1. throughput ------------------------------------------------------------------------------
+def throughput(bench: Bench) -> None:
     s = bench.sizes
-    low, high = s.system_tokens
-    print(f"\n## A. {s.agents} agents x {s.turns} turns, all agents at once, own system prompts of {low}-{high} "
-          f"tokens, {s.max_tokens} tokens per reply")
-    systems = [system_prompt(bench.tokenizer, i, n) for i, n in enumerate(spread(low, high, s.agents))]
-    # Enough entries that the peer's LRU never evicts here: A is about reuse, B about eviction.
-    launches = (bench.semantic("a"), peer_launch(bench.folder, bench.batching, cache_entries=4 * s.agents))
+    print(f"\n## throughput: 1-{max(s.streams)} agents at once, {s.stream_tokens} tokens each, distinct prompts")
+    launches = (bench.semantic("throughput"), peer_launch(bench.folder, bench.batching, cache_entries=10))
+
+    async def work(client: ChatClient) -> list[list[Turn]]:
+        return [await _burst(client, n, s.stream_tokens) for n in s.streams]
+
+    ours, theirs = on_both(launches, s.repeats, bench.work_dir, lambda launch: served_once(launch, bench.work_dir, work))
+    first = len(bench.result.comparisons)
+    for level, n in enumerate(s.streams):
+        pick = _level(level)
+        paired(bench.result, "throughput", f"{n} agents: aggregate tok/s", "tok/s", lambda r: aggregate_tok_s(pick(r)),
+               ours, theirs, better="higher", target=1.0)
+        paired(bench.result, "throughput", f"{n} agents: TTFT p50", "s", lambda r: ttft_percentile(pick(r), 50),
+               ours, theirs)
+        paired(bench.result, "throughput", f"{n} agents: TTFT p95", "s", lambda r: ttft_percentile(pick(r), 95),
+               ours, theirs)
+    bench.record(first)
+    bench.result.series.append(Series(
+        "throughput: aggregate tok/s", "agents at once", "tok/s (median)", list(s.streams),
+        {"semantic": [_median_of(ours, lambda r, i=i: aggregate_tok_s(r[i])) for i in range(len(s.streams))],
+         "mlx_lm.server": [_median_of(theirs, lambda r, i=i: aggregate_tok_s(r[i])) for i in range(len(s.streams))]},
+    ))
+    _note(bench, retries_note("throughput", _flat(ours), _flat(theirs)))
+    _note(bench, greedy_match("throughput", _flat(ours[0]), _flat(theirs[0])))
+
+
+def _level(level: int) -> Callable[[list[list[Turn]]], list[Turn]]:
+    return lambda run: run[level]
+
+
+async def _burst(client: ChatClient, n_streams: int, max_tokens: int) -> list[Turn]:
+    return await asyncio.gather(*(client.turn(f"stream-{n_streams}-{i}", 0, story_request(n_streams, i), max_tokens)
+                                  for i in range(n_streams)))
+
+
+# -- 2 and 3. multi-turn agents, with and without a restart ---------------------------------------
+def _agent_tokens(s: Sizes) -> int:
+    return s.system_tokens + s.turns * (s.user_tokens + s.reply_tokens + 2 * TEMPLATE_TOKENS)
+
+
+def _conversation_launches(bench: Bench, workload: str, persist: bool) -> tuple[Launch, Launch, int]:
+    s = bench.sizes
+    budget = s.fit_agents * kv_bytes(bench.folder, _agent_tokens(s))
+    # The bytes bind the peer, not its entry count: each chat leaves a system, a user and an assistant entry.
+    peer = peer_launch(bench.folder, bench.batching, cache_entries=4 * s.agents, cache_bytes=budget)
+    return bench.semantic(workload, budget / 2**20, persist=persist), peer, budget
+
+
+class AgentScript:
+    """The prompts of the multi-turn workload, built once and sent identically to both servers."""
+
+    def __init__(self, bench: Bench) -> None:
+        s = bench.sizes
+        self.system = shared_system_prompt(bench.tokenizer, s.system_tokens)
+        self.users = [[tool_result(bench.tokenizer, a, t, s.user_tokens) for t in range(s.turns)]
+                      for a in range(s.agents)]
+        self.reply_tokens = s.reply_tokens
+
+    def conversations(self) -> list[Conversation]:
+        return [Conversation(f"agent-{a}", [{"role": "system", "content": self.system}]) for a in range(len(self.users))]
+
+    async def turns(self, client: ChatClient, conversations: list[Conversation], turns: range) -> list[Turn]:
+        """Every agent at once, each taking ``turns`` in order: an agent's next turn follows its last answer."""
+        async def agent_loop(a: int, conversation: Conversation) -> list[Turn]:
+            return [await conversation.take_turn(client, t, self.users[a][t], self.reply_tokens) for t in turns]
+
+        per_agent = await asyncio.gather(*(agent_loop(a, c) for a, c in enumerate(conversations)))
+        return [t for turns_of_agent in per_agent for t in turns_of_agent]
+
+
+def multiturn(bench: Bench) -> None:
+    s = bench.sizes
+    ours_launch, peer, budget = _conversation_launches(bench, "multiturn", persist=False)
+    print(f"\n## multiturn: {s.agents} agents x {s.turns} turns at once, shared {s.system_tokens}-token system prompt, "
+          f"{s.user_tokens}-token tool results, {s.reply_tokens}-token replies, KV budget {budget / 2**20:.0f} MiB "
+          f"(~{s.fit_agents} agents of ~{_agent_tokens(s)} tokens) on both")
+    script = AgentScript(bench)
 
     async def work(client: ChatClient) -> Outcome:
-        conversations = [Conversation.new(f"agent-{i}", system) for i, system in enumerate(systems)]
         t0 = time.perf_counter()
-        per_agent = await asyncio.gather(*(_agent_loop(c, client, s.turns, s.max_tokens) for c in conversations))
-        return Outcome(time.perf_counter() - t0, [t for turns in per_agent for t in turns])
+        turns = await script.turns(client, script.conversations(), range(s.turns))
+        return Outcome(turns, time.perf_counter() - t0)
 
-    ours, theirs = on_both(bench, launches, work)
-    rows = conversation_rows(ours, theirs)
-    report.table("A multi-turn", rows, ("total wall s", "TTFT turns 2+ mean s", "generated tok/s"))
-    report.notes.append(greedy_match(ours[0], theirs[0]))
-    print(report.notes[-1])
-    report.note_retries("A", all_turns(ours), all_turns(theirs))
-
-
-async def _agent_loop(conversation: Conversation, client: ChatClient, turns: int, max_tokens: int) -> list[Turn]:
-    return [await conversation.take_turn(client, index, max_tokens) for index in range(turns)]
-
-
-def greedy_match(ours: Outcome, theirs: Outcome) -> str:
-    """Same model, same template, greedy: any difference points at a template or tokenizer gap."""
-    peer_text = {(t.agent, t.index): t.text for t in theirs.turns}
-    first = [t for t in ours.first_turns if peer_text.get((t.agent, 0)) == t.text]
-    every = [t for t in ours.turns if peer_text.get((t.agent, t.index)) == t.text]
-    line = (f"greedy outputs identical (A): first turns {len(first)}/{len(ours.first_turns)}, "
-            f"all turns {len(every)}/{len(ours.turns)}")
-    differing = [t for t in ours.turns if peer_text.get((t.agent, t.index)) != t.text]
-    if differing:
-        t = differing[0]
-        line += (f"\n  first difference, {t.agent} turn {t.index + 1}:\n  semantic:      {t.text!r}"
-                 f"\n  mlx_lm.server: {peer_text.get((t.agent, t.index))!r}")
-    return line
+    ours, theirs = on_both((ours_launch, peer), s.repeats, bench.work_dir,
+                           lambda launch: served_once(launch, bench.work_dir, work))
+    first = len(bench.result.comparisons)
+    paired(bench.result, "multiturn", "total wall time", "s", lambda o: o.wall_s, ours, theirs, target=3.0)
+    _conversation_metrics(bench, "multiturn", ours, theirs)
+    bench.record(first)
+    _turn_series(bench, "multiturn", ours, theirs)
+    _note(bench, retries_note("multiturn", _turns(ours), _turns(theirs)))
+    _note(bench, greedy_match("multiturn", ours[0].turns, theirs[0].turns))
 
 
-# -- B: many agents, small KV budget ------------------------------------------------------------
-def crowded(bench: Bench, report: Report) -> None:
+def restart(bench: Bench) -> None:
     s = bench.sizes
-    agent_tokens = s.crowd_context + s.crowd_turns * (s.crowd_max_tokens + TURN_OVERHEAD_TOKENS)
-    budget = s.crowd_fit * kv_bytes(bench.folder, agent_tokens)
-    print(f"\n## B. {s.crowd_agents} agents x {s.crowd_turns} turns, round robin with {s.crowd_clients} in flight, "
-          f"KV budget {budget / 2**20:.1f} MiB (~{s.crowd_fit} agents of ~{agent_tokens} tokens)")
-    systems = [system_prompt(bench.tokenizer, i, s.crowd_context) for i in range(s.crowd_agents)]
-    # The bytes must be what binds the peer, not its entry count: a chat's system-prompt segment is an
-    # entry of its own until the finished turn replaces it.
-    peer = peer_launch(bench.folder, bench.batching, cache_entries=2 * s.crowd_agents, cache_bytes=budget)
-    launches = (bench.semantic("b", budget / 2**20), peer)
+    ours_launch, peer, budget = _conversation_launches(bench, "restart", persist=True)
+    print(f"\n## restart: the multiturn workload, server restarted between turns {s.restart_after} and "
+          f"{s.restart_after + 1} (KV budget {budget / 2**20:.0f} MiB on both; semantic writes its hot agents "
+          f"to disk on SIGTERM)")
+    script = AgentScript(bench)
+
+    def run(launch: Launch) -> Outcome:
+        conversations = script.conversations()
+
+        async def before(client: ChatClient) -> list[Turn]:
+            return await script.turns(client, conversations, range(s.restart_after))
+
+        async def after(client: ChatClient) -> list[Turn]:
+            return await script.turns(client, conversations, range(s.restart_after, s.turns))
+
+        return served_with_restart(launch, bench.work_dir, before, after)
+
+    ours, theirs = on_both((ours_launch, peer), s.repeats, bench.work_dir, run)
+    first = len(bench.result.comparisons)
+    paired(bench.result, "restart", "prefilled tokens, all turns", "tok", lambda o: prefilled_tokens(o.turns),
+           ours, theirs, target=10.0)
+    paired(bench.result, "restart", f"prefilled tokens, turns {s.restart_after + 1}+ (after the restart)", "tok",
+           lambda o: prefilled_tokens(o.from_turn(s.restart_after)), ours, theirs)
+    paired(bench.result, "restart", f"TTFT mean, turn {s.restart_after + 1} (first after the restart)", "s",
+           lambda o: mean_ttft(o.turns_at(s.restart_after)), ours, theirs)
+    paired(bench.result, "restart", "total wall time (turns only)", "s", lambda o: o.wall_s, ours, theirs)
+    paired(bench.result, "restart", "restart downtime (stop to first answer)", "s", lambda o: o.restart_s,
+           ours, theirs)
+    bench.record(first)
+    _turn_series(bench, "restart", ours, theirs)
+    _note(bench, retries_note("restart", _turns(ours), _turns(theirs)))
+
+
+def _conversation_metrics(bench: Bench, workload: str, ours: list[Outcome], theirs: list[Outcome]) -> None:
+    paired(bench.result, workload, "prefilled tokens", "tok", lambda o: prefilled_tokens(o.turns), ours, theirs)
+    paired(bench.result, workload, "prompt tokens from cache", "%", lambda o: cached_percent(o.turns), ours, theirs,
+           better="higher")
+    for index in range(bench.sizes.turns if workload != "longctx" else bench.sizes.long_turns):
+        paired(bench.result, workload, f"TTFT mean, turn {index + 1}", "s", lambda o, i=index: mean_ttft(o.turns_at(i)),
+               ours, theirs)
+
+
+def _turn_series(bench: Bench, workload: str, ours: list[Outcome], theirs: list[Outcome]) -> None:
+    n_turns = max(t.index for t in ours[0].turns) + 1
+    turns = list(range(1, n_turns + 1))
+    bench.result.series.append(Series(
+        f"{workload}: time to first token per turn", "turn", "mean TTFT s (median of repeats)", turns,
+        {"semantic": [_median_of(ours, lambda o, i=i: mean_ttft(o.turns_at(i - 1))) for i in turns],
+         "mlx_lm.server": [_median_of(theirs, lambda o, i=i: mean_ttft(o.turns_at(i - 1))) for i in turns]},
+    ))
+    bench.result.series.append(Series(
+        f"{workload}: prefilled tokens per turn", "turn", "tokens computed (median of repeats)", turns,
+        {"semantic": [_median_of(ours, lambda o, i=i: prefilled_tokens(o.turns_at(i - 1))) for i in turns],
+         "mlx_lm.server": [_median_of(theirs, lambda o, i=i: prefilled_tokens(o.turns_at(i - 1))) for i in turns]},
+        kind="bar",
+    ))
+
+
+# -- 4. long context ----------------------------------------------------------------------------
+def longctx(bench: Bench) -> None:
+    s = bench.sizes
+    per_turn = s.long_context // s.long_turns - s.long_reply - 2 * TEMPLATE_TOKENS
+    print(f"\n## longctx: one agent, {s.long_turns} turns of ~{per_turn} new tokens, growing to ~{s.long_context}")
+    users = [growing_document(bench.tokenizer, t, per_turn) for t in range(s.long_turns)]
+    launches = (bench.semantic("longctx"), peer_launch(bench.folder, bench.batching, cache_entries=10))
 
     async def work(client: ChatClient) -> Outcome:
-        conversations = [Conversation.new(f"crowd-{i}", system) for i, system in enumerate(systems)]
-        gate = asyncio.Semaphore(s.crowd_clients)
+        conversation = Conversation("reader", [])
         t0 = time.perf_counter()
-        turns: list[Turn] = []
-        for index in range(s.crowd_turns):
-            turns += await asyncio.gather(*(_gated(gate, c.take_turn(client, index, s.crowd_max_tokens))
-                                            for c in conversations))
-        return Outcome(time.perf_counter() - t0, turns)
+        turns = [await conversation.take_turn(client, t, users[t], s.long_reply) for t in range(s.long_turns)]
+        return Outcome(turns, time.perf_counter() - t0)
 
-    ours, theirs = on_both(bench, launches, work)
-    report.table("B small KV budget", conversation_rows(ours, theirs),
-                 ("total wall s", "TTFT turns 2+ mean s", "turns 2+ prompt cached %"))
-    report.note_retries("B", all_turns(ours), all_turns(theirs))
+    ours, theirs = on_both(launches, s.repeats, bench.work_dir, lambda launch: served_once(launch, bench.work_dir, work))
+    first = len(bench.result.comparisons)
+    paired(bench.result, "longctx", "total wall time", "s", lambda o: o.wall_s, ours, theirs)
+    _conversation_metrics(bench, "longctx", ours, theirs)
+    bench.record(first)
+    contexts = [t.prompt_tokens for t in ours[0].turns]
+    bench.result.series.append(Series(
+        "longctx: time to first token as the context grows", "prompt tokens", "TTFT s (median of repeats)", contexts,
+        {"semantic": [_median_of(ours, lambda o, i=i: o.turns[i].ttft_s) for i in range(s.long_turns)],
+         "mlx_lm.server": [_median_of(theirs, lambda o, i=i: o.turns[i].ttft_s) for i in range(s.long_turns)]},
+    ))
+    _note(bench, greedy_match("longctx", ours[0].turns, theirs[0].turns))
 
 
-async def _gated(gate: asyncio.Semaphore, turn: Awaitable[Turn]) -> Turn:
-    async with gate:
-        return await turn
-
-
+# -- shared helpers -----------------------------------------------------------------------------
 def kv_bytes(folder: Path, n_tokens: int) -> int:
     """KV bytes of one agent of ``n_tokens`` in whole blocks (uniform full-attention models such as SmolLM2)."""
     config = json.loads((folder / "config.json").read_text())
@@ -282,57 +301,39 @@ def kv_bytes(folder: Path, n_tokens: int) -> int:
     return math.ceil(n_tokens / BLOCK_TOKENS) * BLOCK_TOKENS * per_token
 
 
-# -- C: concurrent throughput -------------------------------------------------------------------
-def throughput(bench: Bench, report: Report) -> None:
-    s = bench.sizes
-    print(f"\n## C. Concurrent single-turn streams, {s.stream_tokens} tokens each: decode tok/s")
-    launches = (bench.semantic("c"), peer_launch(bench.folder, bench.batching, cache_entries=10))
-
-    async def work(client: ChatClient) -> Bursts:
-        return [await _burst(client, n, s.stream_tokens) for n in s.streams]
-
-    ours, theirs = on_both(bench, launches, work)
-    rows = [Row(f"decode tok/s, {n} streams", *burst_medians(decode_tok_s, level, ours, theirs), lower_is_better=False)
-            for level, n in enumerate(s.streams)]
-    ttft_rows = [Row(f"TTFT mean s, {n} streams", *burst_medians(mean_ttft, level, ours, theirs))
-                 for level, n in enumerate(s.streams)]
-    print_table(["streams", "semantic tok/s", "mlx_lm.server tok/s", "semantic advantage x", "semantic TTFT s",
-                 "mlx_lm.server TTFT s"],
-                [[n, cell(r.semantic), cell(r.peer), cell(r.advantage), cell(t.semantic), cell(t.peer)]
-                 for n, r, t in zip(s.streams, rows, ttft_rows, strict=True)])
-    report.highlights += [("C throughput", r) for r in rows]
-    report.note_retries("C", _flat(ours), _flat(theirs))
+def greedy_match(workload: str, ours: list[Turn], theirs: list[Turn]) -> str:
+    """Same model, same template, greedy: any difference points at a template or tokenizer gap."""
+    peer_text = {(t.agent, t.index): t.text for t in theirs}
+    same = [t for t in ours if peer_text.get((t.agent, t.index)) == t.text]
+    return f"{workload}: greedy outputs identical on both servers for {len(same)}/{len(ours)} turns (first repeat)"
 
 
-def burst_medians(
-    measure: Callable[[list[Turn]], float | None], level: int, ours: list[Bursts], theirs: list[Bursts]
-) -> tuple[float | None, float | None]:
-    """``measure`` of the ``level``-th burst, median over each server's runs."""
-    return median_of(lambda run: measure(run[level]), ours), median_of(lambda run: measure(run[level]), theirs)
+def _median_of(runs, measure) -> float:
+    values = sorted(measure(r) for r in runs)
+    return values[len(values) // 2] if len(values) % 2 else (values[len(values) // 2 - 1] + values[len(values) // 2]) / 2
 
 
-def _flat(runs: list[Bursts]) -> list[Turn]:
-    return [t for run in runs for burst in run for t in burst]
+def _turns(runs: list[Outcome]) -> list[Turn]:
+    return [t for run in runs for t in run.turns]
 
 
-async def _burst(client: ChatClient, n_streams: int, max_tokens: int) -> list[Turn]:
-    """``n_streams`` requests at once, each prompt new to both servers so no cache serves it."""
-    return await asyncio.gather(*(client.turn(f"stream-{n_streams}-{i}", 0, _story(n_streams, i), max_tokens)
-                                  for i in range(n_streams)))
+def _flat(runs) -> list[Turn]:
+    """Every turn of a throughput run (a list of bursts), or of several runs."""
+    out: list[Turn] = []
+    for item in runs:
+        out += _flat(item) if isinstance(item, list) else [item]
+    return out
 
 
-def _story(n_streams: int, i: int) -> list[dict[str, str]]:
-    topic = TOPICS[i % len(TOPICS)]
-    return [{"role": "user", "content": f"Story {n_streams}-{i}: write a long story about {topic}."}]
+def _note(bench: Bench, note: str | None) -> None:
+    if note:
+        print(note)
+        bench.result.notes.append(note)
 
 
-# -- main ---------------------------------------------------------------------------------------
-WORKLOADS: dict[str, Callable[[Bench, Report], None]] = {"A": multi_agent, "B": crowded, "C": throughput}
-
-
-def _load() -> str:
-    # Other processes on a 2-core box skew every number: say how busy it was.
-    return f"(load average {os.getloadavg()[0]:.2f})"
+WORKLOADS: dict[str, Callable[[Bench], None]] = {
+    "throughput": throughput, "multiturn": multiturn, "restart": restart, "longctx": longctx,
+}
 
 
 def model_folder(ref: str, cache_dir: Path) -> Path:
@@ -344,22 +345,28 @@ def model_folder(ref: str, cache_dir: Path) -> Path:
 
 def main() -> None:
     parser = base_parser(__doc__.splitlines()[0])
-    parser.add_argument("--workloads", default="ABC", help="which workloads to run, e.g. AC (default: ABC)")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS),
+                        help=f"comma-separated, any of {', '.join(WORKLOADS)} (default: all)")
     parser.add_argument("--repeats", type=int, help="runs per server and workload (default: 1 quick, 2 full)")
     args = parser.parse_args()
+    chosen = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    if unknown := [w for w in chosen if w not in WORKLOADS]:
+        parser.error(f"unknown workload(s) {', '.join(unknown)}; choose from {', '.join(WORKLOADS)}")
     folder = model_folder(args.model, args.cache_dir)
     sizes = QUICK if args.quick else FULL
     if args.repeats:
         sizes = replace(sizes, repeats=args.repeats)
     print(f"# model folder {folder}\n# {'quick' if args.quick else 'full'} sizes: {sizes}")
+    result = BenchResult("vs_mlx_lm_server", "semantic vs mlx_lm.server",
+                         args={"model": args.model, "quick": args.quick, "workloads": chosen, "sizes": str(sizes)})
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-vs-mlx-lm-") as work:
         bench = Bench(folder, Tokenizer.from_file(str(folder / "tokenizer.json")), Batching(), args.pool_mb,
-                      Path(work), sizes)
-        report = Report()
-        for letter in args.workloads.upper():
-            WORKLOADS[letter](bench, report)
-        report.summary()
+                      Path(work), sizes, result)
+        for name in chosen:
+            WORKLOADS[name](bench)
+            result.duration_s = time.perf_counter() - started
+            result.write(args.json)  # after every workload: a later failure keeps the finished ones
     print(f"# finished in {time.perf_counter() - started:.0f} s")
 
 

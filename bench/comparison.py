@@ -1,92 +1,94 @@
-"""Turning both servers' timed turns into comparable numbers, tables and a summary.
+"""Turning both servers' timed turns into paired comparisons, tables and per-turn numbers.
 
 Every ratio is a "semantic advantage": above 1 means semantic did better,
 whether the metric is a time (lower is better) or a rate (higher is better).
+Each repeat of a workload runs both servers back to back, so repeat i of one
+is paired with repeat i of the other and the spread of the ratios shows how
+much the machine's noise moved the result.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TypeVar
 
 from chat_stream import Turn
 from common import print_table
+from results import BenchResult, Comparison, compare
 
 T = TypeVar("T")
 
 
-@dataclass(frozen=True, slots=True)
-class Row:
-    metric: str
-    semantic: float | None
-    peer: float | None
-    lower_is_better: bool = True
-
-    @property
-    def advantage(self) -> float | None:
-        if self.semantic is None or self.peer is None:
-            return None
-        ours, theirs = (self.peer, self.semantic) if self.lower_is_better else (self.semantic, self.peer)
-        return ours / theirs if theirs > 0 else None
+def mean_ttft(turns: list[Turn]) -> float:
+    return statistics.fmean(t.ttft_s for t in turns)
 
 
-@dataclass(slots=True)
-class Report:
-    highlights: list[tuple[str, Row]] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-    def table(self, workload: str, rows: list[Row], highlight: tuple[str, ...]) -> None:
-        print_table(["metric", "semantic", "mlx_lm.server", "semantic advantage x"],
-                    [[r.metric, cell(r.semantic), cell(r.peer), cell(r.advantage)] for r in rows])
-        self.highlights += [(workload, r) for r in rows if r.metric in highlight]
-
-    def note_retries(self, workload: str, ours: list[Turn], theirs: list[Turn]) -> None:
-        counts = {"semantic": sum(t.retries for t in ours), "mlx_lm.server": sum(t.retries for t in theirs)}
-        if any(counts.values()):
-            self.notes.append(f"{workload}: requests retried (refused, or connection dropped unanswered): "
-                              + ", ".join(f"{name} {n}" for name, n in counts.items()))
-            print(self.notes[-1])
-
-    def summary(self) -> None:
-        print("\n## Summary (semantic advantage x: above 1 means semantic did better)")
-        print_table(["workload", "metric", "semantic", "mlx_lm.server", "semantic advantage x"],
-                    [[w, r.metric, cell(r.semantic), cell(r.peer), cell(r.advantage)] for w, r in self.highlights])
-        for note in self.notes:
-            print(note)
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile: with 16 samples p95 is the largest but one, never an interpolation."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
 
 
-def cell(value: float | None) -> object:
-    """A table cell: a number, or "n/a" where a server does not report it."""
-    return "n/a" if value is None else value
+def ttft_percentile(turns: list[Turn], q: float) -> float:
+    return percentile([t.ttft_s for t in turns], q)
 
 
-def mean_ttft(turns: list[Turn]) -> float | None:
-    return statistics.fmean(t.ttft_s for t in turns) if turns else None
+def prefilled_tokens(turns: list[Turn]) -> float:
+    """Prompt tokens the server computed rather than took from a cache, by its own usage report."""
+    return float(sum(t.prompt_tokens - (t.cached_tokens or 0) for t in turns))
 
 
-def median_ttft(turns: list[Turn]) -> float | None:
-    return statistics.median(t.ttft_s for t in turns) if turns else None
-
-
-def cached_percent(turns: list[Turn]) -> float | None:
-    if not turns or any(t.cached_tokens is None for t in turns):
-        return None
+def cached_percent(turns: list[Turn]) -> float:
     return 100 * sum(t.cached_tokens or 0 for t in turns) / max(sum(t.prompt_tokens for t in turns), 1)
 
 
-def decode_tok_s(turns: list[Turn]) -> float:
-    """Tokens after each stream's first, over the span from the first first token to the last finish.
-
-    The first token of a stream comes out of its prefill, so it is left out;
-    streams admitted later (a prefill batch holds 4) stretch the span, which is
-    a real cost of serving them.
-    """
-    span = max(t.done_at for t in turns) - min(t.first_token_at for t in turns)
-    return sum(max(t.completion_tokens - 1, 0) for t in turns) / max(span, 1e-9)
+def aggregate_tok_s(turns: list[Turn]) -> float:
+    """Completion tokens of a burst over its wall time, first request sent to last answer done."""
+    span = max(t.done_at for t in turns) - min(t.sent_at for t in turns)
+    return sum(t.completion_tokens for t in turns) / max(span, 1e-9)
 
 
-def median_of(measure: Callable[[T], float | None], runs: list[T]) -> float | None:
-    values = [measure(run) for run in runs]
-    return None if any(v is None for v in values) else statistics.median(values)  # type: ignore[type-var]
+def paired(result: BenchResult, workload: str, metric: str, unit: str, measure: Callable[[T], float],
+           ours: list[T], theirs: list[T], *, better: str = "lower", target: float | None = None) -> Comparison:
+    """``measure`` of every run on both servers, recorded in ``result`` as one comparison."""
+    comparison = compare(workload, metric, unit, [measure(run) for run in ours], [measure(run) for run in theirs],
+                         better=better, target=target)
+    result.comparisons.append(comparison)
+    return comparison
+
+
+def print_comparisons(comparisons: list[Comparison]) -> None:
+    print_table(
+        ["metric", "semantic", "mlx_lm.server", "advantage x (min-max)", "target"],
+        [[c.metric, _spread(c.semantic.median, c.semantic.min, c.semantic.max, c.unit),
+          _spread(c.peer.median, c.peer.min, c.peer.max, c.unit),
+          _spread(c.advantage.median, c.advantage.min, c.advantage.max, "x"), _target(c)] for c in comparisons],
+    )
+
+
+def _spread(median: float, low: float, high: float, unit: str) -> str:
+    if low == high:
+        return f"{_num(median)} {unit}"
+    return f"{_num(median)} {unit} ({_num(low)}-{_num(high)})"
+
+
+def _num(value: float) -> str:
+    if value != value or math.isinf(value):
+        return str(value)
+    return f"{value:,.2f}" if abs(value) < 100 else f"{value:,.0f}"
+
+
+def _target(c: Comparison) -> str:
+    if c.target is None:
+        return ""
+    return f">= {c.target:g}x {'met' if c.met else 'MISSED'}"
+
+
+def retries_note(workload: str, ours: list[Turn], theirs: list[Turn]) -> str | None:
+    counts = {"semantic": sum(t.retries for t in ours), "mlx_lm.server": sum(t.retries for t in theirs)}
+    if not any(counts.values()):
+        return None
+    return (f"{workload}: requests retried (refused with 429/503, or connection dropped unanswered): "
+            + ", ".join(f"{name} {n}" for name, n in counts.items()))

@@ -59,13 +59,14 @@ class Launch:
         return " ".join(self.argv[3:])
 
 
-def semantic_launch(folder: Path, state_dir: Path, pool_mb: float, batching: Batching) -> Launch:
+def semantic_launch(folder: Path, state_dir: Path, pool_mb: float, batching: Batching, persist: bool = False) -> Launch:
+    """``persist``: write every hot agent to the disk tier on SIGTERM, as a user's server does, so a restart
+    resumes them; off where the state dir is thrown away after the run and the write would only slow the stop."""
     argv = (
         sys.executable, "-m", "semantic_tui.cli", "--serve", "--model", str(folder), "--cache-dir", str(state_dir),
         "--pool-budget-mb", f"{pool_mb:.3f}", "--max-batch-size", str(batching.decode),
         "--prefill-batch-size", str(batching.prefill), "--prefill-step-size", str(batching.prefill_step),
-        # The state dir is thrown away after the run; writing every hot agent to it only slows the stop.
-        "--no-persist-on-exit", "--log-level", "warning",
+        "--persist-on-exit" if persist else "--no-persist-on-exit", "--log-level", "warning",
     )
     return Launch("semantic", argv, "/health/ready", sends_session_id=True, state_dir=state_dir)
 
@@ -99,9 +100,12 @@ def free_port() -> int:
 
 
 @contextmanager
-def serving(launch: Launch, log_dir: Path) -> Iterator[str]:
-    """Start ``launch``, wait until it answers a completion, yield its base URL, stop it."""
-    if launch.state_dir is not None:
+def serving(launch: Launch, log_dir: Path, keep_state: bool = False) -> Iterator[str]:
+    """Start ``launch``, wait until it answers a completion, yield its base URL, stop it.
+
+    ``keep_state``: a restart of the same server, which finds what the last run left in its state dir.
+    """
+    if launch.state_dir is not None and not keep_state:
         shutil.rmtree(launch.state_dir, ignore_errors=True)
     port = free_port()
     log_path = log_dir / f"{launch.name}-{port}.log"

@@ -1,0 +1,107 @@
+"""Write an MLX model folder with random weights and the layer shapes of a real model.
+
+For benchmarking on machines with no model hub (the lent GPU machines reach
+nothing outside): speed depends on the shapes, not on the weights. The
+vocabulary and chat template come from a tokenizer folder you have (default:
+the packaged SmolLM2, imported on first use), so every sampled token id
+detokenizes; only the embedding and output matrices differ in size from the
+real model, and the report names the shape used.
+
+    python bench/random_model.py --shape llama-3.2-1b --out /tmp/rand-llama-1b
+    python bench/random_model.py --shape llama-3.1-8b --dtype bfloat16 --out /tmp/rand-llama-8b
+
+The folder loads with ``mlx_lm.load`` and with ``semantic --model FOLDER``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+# Layer shapes of released models (their config.json), minus the vocabulary.
+SHAPES: dict[str, dict] = {
+    "llama-3.2-1b": dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+                         head_dim=64, intermediate_size=8192, rope_theta=500000.0, tie_word_embeddings=True),
+    "llama-3.2-3b": dict(hidden_size=3072, num_hidden_layers=28, num_attention_heads=24, num_key_value_heads=8,
+                         head_dim=128, intermediate_size=8192, rope_theta=500000.0, tie_word_embeddings=True),
+    "llama-3.1-8b": dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                         head_dim=128, intermediate_size=14336, rope_theta=500000.0, tie_word_embeddings=False),
+}
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def tokenizer_folder(ref: str, cache_dir: Path) -> Path:
+    """A folder holding tokenizer files: ``ref`` itself, or the model folder an alias resolves to."""
+    path = Path(ref)
+    if (path / "tokenizer.json").is_file():
+        return path
+    from engine.models.loader import resolve_model
+
+    resolved = resolve_model(ref, cache_dir)
+    if not resolved.is_local:
+        raise SystemExit(f"--tokenizer-from {ref!r}: needs a local folder or a packaged model alias")
+    return Path(resolved.location)
+
+
+def write_random_model(shape: str, out: Path, tokenizer_dir: Path, dtype: str, seed: int) -> Path:
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.models import llama
+
+    vocab = json.loads((tokenizer_dir / "tokenizer.json").read_text())["model"]["vocab"]
+    config = {
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": len(vocab),
+        "rms_norm_eps": 1e-5, "max_position_embeddings": 131072, "torch_dtype": dtype,
+        "semantic_random_weights": f"shape of {shape}, seed {seed}", **SHAPES[shape],
+    }
+    mx.random.seed(seed)
+    model = llama.Model(llama.ModelArgs.from_dict(config))
+    model.set_dtype(getattr(mx, dtype))
+    mx.eval(model.parameters())
+    partial = out.with_name(out.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    mx.save_safetensors(str(partial / "model.safetensors"), dict(tree_flatten(model.parameters())),
+                        metadata={"format": "mlx"})
+    (partial / "config.json").write_text(json.dumps(config, indent=2))
+    for name in TOKENIZER_FILES:
+        if (tokenizer_dir / name).is_file():
+            shutil.copy2(tokenizer_dir / name, partial / name)
+    shutil.rmtree(out, ignore_errors=True)
+    partial.rename(out)  # a folder that exists is a complete one
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="llama-3.2-1b", help="layer shapes to copy")
+    parser.add_argument("--out", type=Path, required=True, help="the model folder to write (replaced if present)")
+    parser.add_argument("--tokenizer-from", default="smollm2-135m",
+                        help="folder with tokenizer.json, or a packaged model alias (default: smollm2-135m)")
+    parser.add_argument("--cache-dir", type=Path, default=None, help="where packaged models are imported")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
+                        help="weight dtype (default: bfloat16 on a GPU, float32 on the CPU)")
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    args = parser.parse_args()
+    import mlx.core as mx
+
+    from engine.settings import default_cache_dir
+
+    dtype = args.dtype or ("bfloat16" if mx.default_device().type == mx.DeviceType.gpu else "float32")
+    tokenizer_dir = tokenizer_folder(args.tokenizer_from, args.cache_dir or default_cache_dir())
+    t0 = time.perf_counter()
+    out = write_random_model(args.shape, args.out, tokenizer_dir, dtype, args.seed)
+    size = sum(f.stat().st_size for f in out.iterdir()) / 2**30
+    print(f"wrote {out}: random {args.shape} shapes, {dtype}, {size:.2f} GiB, in {time.perf_counter() - t0:.1f} s")
+
+
+if __name__ == "__main__":
+    main()
