@@ -23,6 +23,7 @@ from .hot_cache import HotCache, ReusePlan
 from .meters import RateMeter, RecentValues
 from .requests import EngineEvent, EventSink, FinishReason, PrefillEvent, QueuedEvent, TokenEvent
 from .sampling import build_sampler
+from .shared_prefill import awaits_leader, segments, share_point, supports_early_sharing
 from .text_stream import TextDelta, TextStream
 from .tiers import HotState, TierManager
 from .turn import Turn, TurnPhase
@@ -102,6 +103,7 @@ class BatchRunner:
         self.by_request: dict[str, Turn] = {}
         self.stats = RunnerStats.new()
         self.watchers: dict[str, list[EventSink]] = {}
+        self.early_sharing = prefix_sharing and supports_early_sharing(hot.spec)
 
     # -- observers -----------------------------------------------------------------
     def watch(self, agent_id: str, sink: EventSink) -> None:
@@ -161,6 +163,9 @@ class BatchRunner:
             if len(self.by_uid) >= self.limits.max_batch_size:
                 return
             if turn.request.agent_id in running:
+                continue
+            if self.early_sharing and awaits_leader(turn, self.agents.get(turn.request.agent_id),
+                                                    self.by_uid.values(), self.hot.spec.block_tokens):
                 continue
             outcome = self._admit(turn)
             if outcome is Admission.LATER:
@@ -238,8 +243,10 @@ class BatchRunner:
         request = turn.request
         k = turn.reused
         cache = self.hot.build_cache(self.loaded.model, turn.plan.runs) if k else None
-        (uid,) = self._generator.insert(
-            [list(request.prompt_tokens[k:])],
+        if self.early_sharing and turn.absorb:
+            turn.share_at = share_point(turn, self.hot.spec.block_tokens)
+        (uid,) = self._generator.insert_segments(
+            [segments(turn)],
             max_tokens=[request.max_tokens],
             caches=[cache],
             all_tokens=[list(request.prompt_tokens[:k])],
@@ -293,7 +300,25 @@ class BatchRunner:
         turn.prefill_done = done
         if turn.agent is not None:
             turn.agent.prefill_done = done
+        if turn.share_at and response.end_of_segment and not turn.shared_early:
+            self._share_early(turn)
         self._emit(turn, PrefillEvent(turn.request_id, done, total, turn.reused))
+
+    def _share_early(self, turn: Turn) -> None:
+        """The prefill reached ``share_at``: put those blocks in the pool now, so waiting turns can share them."""
+        turn.shared_early = True  # one try: on any mismatch the turn simply absorbs at its end
+        agent = turn.agent
+        assert agent is not None
+        cache, tokens = self._generator.extract_cache([turn.uid]).get(turn.uid, (None, None))
+        if cache is None or list(tokens) != list(turn.request.prompt_tokens[:turn.share_at]):
+            return
+        try:
+            self.hot.write_blocks(agent, cache, list(tokens), turn.reservation)
+        except MemoryError:
+            return
+        agent.model_id = self.loaded.identity.key
+        self.events.emit(EventKind.ADMIT, f"{agent.agent_id}: first {turn.share_at} prompt tokens shareable "
+                         "before the turn ends", agent.agent_id)
 
     def _on_token(self, response: Any) -> tuple[Turn, FinishReason, str | None] | None:
         turn = self.by_uid.get(response.uid)

@@ -174,6 +174,17 @@ class HotCache:
         self, agent: AgentRecord, caches: list[Any], tokens: list[int], reservation: Reservation
     ) -> None:
         """Store a finished sequence's cache as the agent's blocks."""
+        self.write_blocks(agent, caches, tokens, reservation)
+        self.release_reservation(agent.agent_id, reservation)
+
+    def write_blocks(
+        self, agent: AgentRecord, caches: list[Any], tokens: list[int], reservation: Reservation
+    ) -> None:
+        """Make the agent's blocks hold ``tokens`` from ``caches``, taking new blocks from ``reservation``.
+
+        Also used mid-turn (early sharing) with a prefix of the prompt: the blocks
+        written then are kept by the turn's final ``absorb``, which only adds the rest.
+        """
         n = len(tokens)
         written = []
         for group in self.spec.groups:
@@ -191,7 +202,6 @@ class HotCache:
             self._release(agent.agent_id, [b for b in old.block_ids if b not in kept_ids])
             agent.runs[group.index] = Run(kept.refs + tuple(new_refs))
         eval_blocks(written)
-        self.release_reservation(agent.agent_id, reservation)
         agent.tokens = list(tokens)
         agent.tier = Tier.HOT
         self.prefix.update(agent.agent_id, agent.tokens)

@@ -37,6 +37,10 @@ class Turn:
     cancel_reason: FinishReason | None = None
     # Auxiliary turns on an agent with a cache run uncached and are not absorbed.
     absorb: bool = True
+    # Early sharing (shared_prefill.py): the prompt position whose whole blocks go into the pool as soon as
+    # the prefill reaches it, so that turns with the same prefix need not compute it; 0 when not offered.
+    share_at: int = 0
+    shared_early: bool = False
 
     def reservation_size(self) -> int:
         return len(self.reservation.all_ids())

@@ -98,3 +98,24 @@ def test_smollm2_answers_paris(smollm2) -> None:
         assert "Paris" in result.text
     finally:
         engine.stop()
+
+
+def test_agents_starting_together_prefill_a_shared_system_prompt_once(smollm2) -> None:
+    """Four agents sent at once with one ~700-token system prompt: one computes it, three share its blocks."""
+    rules = "\n".join(f"Rule {i}: functions in module m{i} stay short and need test t{i}." for i in range(45))
+    system = [{"role": "system", "content": f"You are a coding agent.\n{rules}"}]
+    prompts = [tuple(smollm2.tokenizer.apply_chat_template(system + [{"role": "user", "content": q}],
+                                                           add_generation_prompt=True)) for q in QUESTIONS[:4]]
+    engine = start_engine(smollm2)
+    try:
+        results = run_turns(engine, [GenerationRequest(f"fleet-{i}", p, 12) for i, p in enumerate(prompts)])
+    finally:
+        engine.stop()
+    usages = [r.finish.usage for r in results]
+    shared = [u for u in usages if u.reuse_source.startswith("shared:")]
+    assert len(shared) == 3, [u.reuse_source for u in usages]
+    whole_blocks = (len(prompts[0]) - 20) // 256 * 256
+    assert all(u.reused_tokens >= whole_blocks for u in shared)
+    for result, prompt in zip(results, prompts):
+        expected = reference_greedy(smollm2.model, list(prompt), 12, set(smollm2.eos_token_ids))
+        assert result.tokens == without_eos(smollm2, expected), smollm2.tokenizer.decode(result.tokens)

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from engine.domain.block_layout import common_prefix_length
 from engine.domain.prefix_index import PrefixIndex, chain_keys
 from engine.runtime.requests import GenerationRequest
-from engine.runtime.sync_client import run_turn
+from engine.runtime.sync_client import run_turn, run_turns
+from engine.runtime.agents import AgentRecord, Tier
+from engine.runtime.shared_prefill import awaits_leader
+from engine.runtime.turn import Turn
 from tests.support.byte_tokenizer import BOS, EOS
 from tests.support.reference import reference_greedy
 from tests.unit.test_engine_batching import make_engine, without_eos
@@ -72,3 +76,48 @@ def test_sharing_can_be_turned_off() -> None:
         assert b.finish.usage.reused_tokens == 0
     finally:
         engine.stop()
+
+
+def test_agents_starting_together_share_the_prefix_before_the_first_turn_ends() -> None:
+    """A burst of new agents with one system prompt prefills it once: the leader shares it mid-turn."""
+    engine = make_engine("llama")
+    try:
+        tasks = [b"Task one.", b"Another task.", b"A third, longer task here.", b"Four."]
+        requests = [GenerationRequest(f"a{i}", SYSTEM + tuple(task), 6) for i, task in enumerate(tasks)]
+        results = run_turns(engine, requests)
+        usages = [r.finish.usage for r in results]
+        leaders = [u for u in usages if u.reuse_source == "none"]
+        followers = [u for u in usages if u.reuse_source.startswith("shared:")]
+        assert len(leaders) == 1 and len(followers) == 3
+        # At least the system prompt's 8 whole blocks, at most what the prompt has in common with another.
+        for request, usage in zip(requests, usages):
+            common = max(common_prefix_length(request.prompt_tokens, other.prompt_tokens)
+                         for other in requests if other is not request)
+            assert usage.reuse_source == "none" or len(SYSTEM) // 16 * 16 <= usage.reused_tokens <= common
+        for request, result in zip(requests, results):
+            expected = reference_greedy(engine.loaded.model, list(request.prompt_tokens), 6, {EOS})
+            assert result.tokens == without_eos(expected)
+        snap = engine.fresh_snapshot()
+        assert snap.pool.shared_blocks == len(SYSTEM) // 16
+        # Every block is accounted to an agent's cache: nothing reserved and left behind.
+        held = {b for a in engine.call(lambda e: list(e.agents)).result() for b in a.hot_block_ids()}
+        assert snap.pool.used_blocks == len(held)
+    finally:
+        engine.stop()
+
+
+def test_a_turn_waits_only_for_a_running_leader_that_has_not_shared_yet() -> None:
+    def turn(agent: str, prompt: tuple[int, ...]) -> Turn:
+        return Turn(GenerationRequest(agent, prompt, 4), lambda event: None)
+
+    leader, follower = turn("lead", SYSTEM + tuple(b"x" * 40)), turn("follow", SYSTEM + tuple(b"Mine."))
+    leader.share_at = 160
+    assert awaits_leader(follower, None, [leader], 16)
+    assert not awaits_leader(follower, None, [], 16)  # leader finished or cancelled: go ahead
+    assert not awaits_leader(turn("other", tuple(b"z" * 40)), None, [leader], 16)  # another prefix
+    assert not awaits_leader(turn("lead", SYSTEM), None, [leader], 16)  # the leader's own next turn
+    warm = AgentRecord("follow")
+    warm.tier = Tier.WARM
+    assert not awaits_leader(follower, warm, [leader], 16)  # its own cache on disk serves it better
+    leader.shared_early = True
+    assert not awaits_leader(follower, None, [leader], 16)  # shared: the pool's donors take over
