@@ -30,7 +30,7 @@ from .async_turn import AsyncTurn
 from .chat import ToolCall
 from .admission import failed
 from .admission import finish_error as failure_of
-from .errors import ApiError, stream_error_payload
+from .errors import ApiError, internal_error, stream_error_payload
 from .tool_calls import Piece, TextPiece, ToolPiece
 from .turns import OutputAssembler, ended_by
 
@@ -188,6 +188,8 @@ class MessageStream:
             async for payload in self._payloads(opening):
                 self._last_sent = time.monotonic()
                 yield sse_frame(payload)
+        except Exception as exc:  # after the 200, a bug can only be reported in the stream
+            yield sse_frame(stream_error_payload(internal_error(exc, f"the stream of {self.turn.request_id}")))
         finally:
             self.close()
 

@@ -6,8 +6,6 @@ event loop; it never touches MLX itself.
 
 from __future__ import annotations
 
-import logging
-
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -15,11 +13,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine.errors import SemanticError
 
-from .errors import ApiError, error_response, from_domain
+from .errors import ApiError, error_response, from_domain, internal_error
+from .json_guard import JsonGuardMiddleware
 from .middleware import ApiKeyMiddleware, BodyLimitMiddleware
 from .service import EngineService
-
-log = logging.getLogger("semantic.api")
 
 
 def create_app(service: EngineService) -> FastAPI:
@@ -33,6 +30,8 @@ def create_app(service: EngineService) -> FastAPI:
     _install_error_handlers(app)
     _include_routers(app, service)
     settings = service.settings
+    # Added first, so it runs last: bodies are read only once the key and the size passed.
+    app.add_middleware(JsonGuardMiddleware)
     app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key.get_secret_value() if settings.api_key else None)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     return app
@@ -70,8 +69,7 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return error_response(request, ApiError(500, f"internal error: {type(exc).__name__}: {exc}"))
+        return error_response(request, internal_error(exc, f"{request.method} {request.url.path}"))
 
 
 def _describe(exc: RequestValidationError) -> str:
@@ -87,6 +85,8 @@ def _describe(exc: RequestValidationError) -> str:
 
 def _first_field(exc: RequestValidationError) -> str | None:
     for error in exc.errors():
+        if error.get("type") == "json_invalid":
+            continue  # its location is a character offset, not a field
         location = [str(p) for p in error.get("loc", ()) if p != "body"]
         if location:
             return ".".join(location)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import secrets
 from dataclasses import dataclass
 
 from fastapi import Request
@@ -17,6 +19,8 @@ from engine.errors import (
     PoolExhaustedError,
     SemanticError,
 )
+
+log = logging.getLogger("semantic.api")
 
 ANTHROPIC_TYPES = {
     400: "invalid_request_error",
@@ -40,6 +44,18 @@ class ApiError(Exception):
     message: str
     retry_after_s: int | None = None
     param: str | None = None
+    request_id: str | None = None
+
+
+def internal_error(exc: BaseException, where: str) -> ApiError:
+    """A 500 naming only a fresh request id; the traceback goes to the log under that id.
+
+    Never the exception's text: it can hold paths, prompts or other agents' data.
+    """
+    request_id = f"req_{secrets.token_hex(12)}"
+    log.error("unhandled error in %s (request id %s)", where, request_id, exc_info=exc,
+              extra={"request_id": request_id})
+    return ApiError(500, f"internal server error (request id {request_id})", request_id=request_id)
 
 
 def from_domain(exc: SemanticError) -> ApiError:
@@ -82,7 +98,11 @@ def error_body(protocol: str, error: ApiError) -> dict:
 
 
 def error_response(request: Request, error: ApiError) -> JSONResponse:
-    headers = {"retry-after": str(error.retry_after_s)} if error.retry_after_s is not None else None
+    headers = {}
+    if error.retry_after_s is not None:
+        headers["retry-after"] = str(error.retry_after_s)
+    if error.request_id is not None:
+        headers["request-id"] = error.request_id
     return JSONResponse(error_body(protocol_of(request), error), status_code=error.status, headers=headers)
 
 

@@ -31,10 +31,10 @@ def _openai_path(path: str) -> bool:
     return path.startswith("/v1/chat/") or path.startswith("/v1/completions")
 
 
-async def send_error(scope: Scope, send: Send, status: int, message: str) -> None:
+async def send_error(scope: Scope, send: Send, status: int, message: str, param: str | None = None) -> None:
     if _openai_path(scope.get("path", "")):
         body = {"error": {"message": message, "type": "invalid_request_error" if status < 500 else "server_error",
-                          "param": None, "code": None}}
+                          "param": param, "code": None}}
         if status == 401:
             body["error"]["type"] = "authentication_error"
     else:

@@ -17,7 +17,7 @@ from engine.runtime.requests import EngineEvent, FinishEvent, TokenEvent
 
 from .admission import KEEP_ALIVE, failed, finish_error, replay
 from .async_turn import AsyncTurn
-from .errors import error_body
+from .errors import error_body, internal_error
 from .openai_translate import CompletionMeta, finish_reason, tool_call_body, usage_body
 from .tool_calls import Piece, TextPiece, ToolPiece
 from .turns import OutputAssembler
@@ -69,6 +69,9 @@ class ChatStream:
                     continue
                 for text in self._frames_for(event):
                     yield text
+        except Exception as exc:  # after the 200, a bug can only be reported in the stream
+            yield frame(error_body("openai", internal_error(exc, f"the stream of {self.turn.request_id}")))
+            yield DONE
         finally:
             self.close()
 

@@ -44,3 +44,17 @@ def _remove_cache_dir() -> Iterator[None]:
 @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
 def test_no_operation_fails_or_breaks_its_documented_schema(case: schemathesis.Case) -> None:
     case.call_and_validate(checks=CHECKS)
+
+
+FUZZED = {
+    ("POST", "/v1/messages"), ("POST", "/v1/messages/count_tokens"), ("POST", "/v1/chat/completions"),
+    ("GET", "/v1/agents"), ("POST", "/v1/agents"), ("GET", "/v1/agents/{agent_id}"), ("DELETE", "/v1/agents/{agent_id}"),
+    ("POST", "/v1/agents/{agent_id}/messages"), ("POST", "/v1/agents/{agent_id}/evict"),
+    ("POST", "/v1/agents/{agent_id}/pin"), ("POST", "/v1/admin/evict-idle"), ("POST", "/v1/admin/swap"),
+}
+
+
+def test_fuzzing_covers_the_protocol_and_agent_endpoints() -> None:
+    """An endpoint left out of the OpenAPI document would silently drop out of the fuzzing above."""
+    operations = {(result.ok().method.upper(), result.ok().path) for result in schema.get_all_operations()}
+    assert FUZZED <= operations, FUZZED - operations
