@@ -9,6 +9,8 @@ import time
 from logging.handlers import RotatingFileHandler
 from pathlib import Path
 
+from engine.store.private_dirs import make_private_dir
+
 LOG_FILE_BYTES = 10 * 2**20
 
 # uvicorn's color_message repeats msg with ANSI escapes: noise in JSON lines.
@@ -34,7 +36,7 @@ class JsonFormatter(logging.Formatter):
 def configure_logging(level: str = "info", json_lines: bool = False, stream=None, file: Path | None = None) -> None:
     """Log to ``file`` (rotating) when given — the workbench owns the terminal — else to ``stream``."""
     if file is not None:
-        file.parent.mkdir(parents=True, exist_ok=True)
+        make_private_dir(file.parent)
         handler: logging.Handler = RotatingFileHandler(file, maxBytes=LOG_FILE_BYTES, backupCount=3, encoding="utf-8")
     else:
         handler = logging.StreamHandler(stream or sys.stderr)

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from engine.errors import SemanticError
 from engine.settings import Settings, load_settings
+from engine.store.private_dirs import prepare_cache_root
 
 from .cli_args import overrides_from, settings_parser
 
@@ -65,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
                       file=log_file)
     if entry_point:
         _maybe_reexec(settings)
+    prepare_cache_root(settings.cache_dir)
     try:
         return _dispatch(args, settings)
     except SemanticError as exc:

@@ -30,6 +30,7 @@ from typing import Any
 
 from engine.errors import CachePersistenceError
 from engine.store.file_names import agent_file_stem
+from engine.store.private_dirs import make_private_dir
 
 from .chat import ChatMessage, Conversation
 
@@ -181,7 +182,7 @@ class ConversationStore:
         payload = json.dumps(conversation.to_json(), ensure_ascii=True, indent=1)
         temp: str | None = None
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
+            make_private_dir(self.directory)
             fd, temp = tempfile.mkstemp(prefix=f".{final.stem}.", suffix=".tmp", dir=self.directory)
             with os.fdopen(fd, "w", encoding="utf-8") as handle:
                 handle.write(payload)

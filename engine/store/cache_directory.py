@@ -18,6 +18,7 @@ from engine.errors import CacheCorruptionError, CachePersistenceError
 from .cache_format import _TEMP_NAME, QUARANTINE_DIR, STALE_TEMP_SECONDS, SUFFIX, ScanResult
 from .cache_reader import read_header
 from .cache_writer import _remove_quietly
+from .private_dirs import make_private_dir
 
 
 def scan_directory(directory: Path) -> ScanResult:
@@ -74,7 +75,7 @@ def quarantine(path: Path, reason: str) -> Path | None:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     target = path.parent / QUARANTINE_DIR / f"{stamp}-{secrets.token_hex(3)}-{path.name}"
     try:
-        target.parent.mkdir(exist_ok=True)
+        make_private_dir(target.parent)
         os.replace(path, target)
     except OSError:
         _remove_quietly(path)

@@ -39,6 +39,7 @@ from .cache_format import (
 from .cache_header import _encode_head
 from .cache_validation import _check_blocks, _geometry, _token_entry
 from .file_names import agent_file_stem
+from .private_dirs import make_private_dir
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +73,7 @@ def write_cache_file(directory: Path, record: CacheRecord, *, sync: bool = True)
     final = directory / f"{stem}{SUFFIX}"
     temp = directory / f".{stem}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
     try:
-        directory.mkdir(parents=True, exist_ok=True)
+        make_private_dir(directory)
         _write_temp(temp, plan, sync)
         os.replace(temp, final)
     except BaseException as err:

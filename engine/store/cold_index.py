@@ -7,8 +7,11 @@ import logging
 import os
 import tempfile
 import threading
+from contextlib import suppress
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from .private_dirs import make_private_dir
 
 log = logging.getLogger("semantic.store")
 
@@ -63,8 +66,9 @@ class ColdIndex:
     def save(self) -> None:
         """Atomic write: temp file in the same directory, fsync, rename."""
         payload = json.dumps({"agents": [asdict(e) for e in self.entries()]}, indent=1)
+        temp: str | None = None
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            make_private_dir(self.path.parent)
             fd, temp = tempfile.mkstemp(prefix=".cold-", suffix=".tmp", dir=self.path.parent)
             with os.fdopen(fd, "w", encoding="utf-8") as handle:
                 handle.write(payload)
@@ -73,3 +77,6 @@ class ColdIndex:
             os.replace(temp, self.path)
         except OSError as exc:
             log.warning("could not save cold index %s: %s", self.path, exc)
+            if temp is not None:
+                with suppress(OSError):
+                    os.unlink(temp)  # a full disk must not also collect half-written temp files

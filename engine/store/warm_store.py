@@ -25,7 +25,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from engine.errors import CacheCorruptionError, CachePersistenceError
+from engine.errors import CacheCorruptionError
 from engine.models.loaded import LoadedModel
 from engine.runtime.agents import AgentRecord
 from engine.runtime.event_log import EventKind, EventLog
@@ -46,6 +46,7 @@ from .cache_file import (
     write_cache_file,
 )
 from .cold_index import ColdIndex, ColdEntry
+from .private_dirs import make_private_dir
 from .to_mlx import to_mx_blocks
 
 log = logging.getLogger("semantic.store")
@@ -125,7 +126,8 @@ class WarmStore:
     # -- start-up -------------------------------------------------------------------------
     def _prepare_directory(self) -> bool:
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
+            make_private_dir(self.directory.parent)
+            make_private_dir(self.directory)
             probe = self.directory / f".probe-{os.getpid()}"
             probe.write_bytes(b"")
             probe.unlink()
@@ -291,7 +293,10 @@ class WarmStore:
             return
         try:
             written = pending.future.result()
-        except CachePersistenceError as exc:
+        except Exception as exc:
+            # Not only CachePersistenceError (disk full, directory gone): poll runs
+            # outside the engine step's error handling, so any failed write must
+            # end here, as its agent going cold, never as a dead engine thread.
             self.stats.write_failures += 1
             self.stats.went_cold.append(agent_id)
             self.entries.pop(agent_id, None)
