@@ -213,9 +213,13 @@ class HeadlessRun:
             log.info("waiting for the model load to finish before exiting (it cannot be interrupted)")
         try:
             engine = await loading
-        except SemanticError as exc:
-            log.error("model failed to load: %s", exc)
-            self.service.status_detail = f"model failed to load: {exc}"
+        except Exception as exc:
+            # One line at error level; a library's own exception (not a
+            # SemanticError) says what it is, and its traceback is for --log-level debug.
+            reason = str(exc) if isinstance(exc, SemanticError) else f"{type(exc).__name__}: {exc}"
+            log.error("model failed to load: %s", reason)
+            log.debug("model load failure", exc_info=exc)
+            self.service.status_detail = f"model failed to load: {reason}"
             return None
         self.service.events = engine.events
         self.service.attach(engine)
