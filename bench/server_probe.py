@@ -1,0 +1,260 @@
+"""Watching a `semantic --serve` process under load: its RSS, its health, its block pool.
+
+``semantic_server`` starts the server the way bench/served.py does (same
+flags, environment and warm-up) but also hands out its pid, for RSS.
+
+``pool_account`` checks the pool from ``GET /v1/stats?blocks=true`` alone.
+Once idle, every used block must belong to a hot agent's cache, and an
+agent's cache of ``n`` tokens holds exactly ``ceil(n / block_tokens)``
+blocks per full-attention layer group (sliding-window groups at most that):
+a block left in a finished turn's reservation, or held by an agent that is
+no longer hot, shows up as a mismatch. The traffic gives every agent its own
+prompt prefix, so no block is shared and the per-block owner map is exact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import shutil
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.served import Batching, free_port, semantic_launch, server_env, stop, wait_ready  # noqa: E402
+
+MIB = 1024 * 1024
+# The engine republishes its snapshot every 0.2 s; idle must hold this long to count.
+IDLE_HOLD_S = 1.5
+
+
+# -- the server process ----------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class ServerProcess:
+    url: str
+    pid: int
+    log_path: Path
+
+    def rss_mb(self) -> float:
+        return psutil.Process(self.pid).memory_info().rss / MIB
+
+    def log_errors(self) -> list[str]:
+        """Log lines at level error or worse, and lines that are not JSON (a traceback printed raw)."""
+        bad = []
+        for line in filter(None, self.log_path.read_text(errors="replace").splitlines()):
+            try:
+                record = json.loads(line)
+            except ValueError:
+                record = None
+            if not isinstance(record, dict) or record.get("level") in ("error", "critical"):
+                bad.append(line)
+        return bad
+
+
+@dataclass(frozen=True, slots=True)
+class ServerOptions:
+    pool_mb: float = 256.0
+    block_tokens: int = 16  # small blocks: every turn crosses boundaries, trims and grows
+    max_batch_size: int = 16
+    prefill_batch_size: int = 4
+    # OPENBLAS_NUM_THREADS for the server; None inherits. On a small shared box one thread is faster:
+    # a second BLAS thread spin-waits for a core that other work holds.
+    blas_threads: int | None = 1
+    # MALLOC_ARENA_MAX for the server; None inherits. glibc gives threads their own malloc arenas, and
+    # which arena keeps freed memory depends on which thread ran when: with the default up to 16 arenas
+    # here, idle RSS of the same server wanders over a ~100 MiB band, which would hide a slow leak.
+    # Two arenas keep it within ~15 MiB at no measurable cost in speed.
+    malloc_arenas: int | None = 2
+
+
+def server_env_overrides(options: ServerOptions) -> dict[str, str]:
+    env = {}
+    if options.blas_threads is not None:
+        env["OPENBLAS_NUM_THREADS"] = str(options.blas_threads)
+    if options.malloc_arenas is not None:
+        env["MALLOC_ARENA_MAX"] = str(options.malloc_arenas)
+    return env
+
+
+@contextmanager
+def semantic_server(model: Path, state_dir: Path, log_dir: Path, options: ServerOptions) -> Iterator[ServerProcess]:
+    """``semantic --serve`` on a free loopback port, warmed up; stopped with SIGTERM on exit."""
+    launch = semantic_launch(model, state_dir, options.pool_mb,
+                             Batching(decode=options.max_batch_size, prefill=options.prefill_batch_size))
+    launch = replace(launch, argv=(*launch.argv, "--block-tokens", str(options.block_tokens)))
+    shutil.rmtree(state_dir, ignore_errors=True)
+    port = free_port()
+    log_path = log_dir / f"semantic-{port}.log"
+    with open(log_path, "wb") as log:
+        env = {**server_env(), **server_env_overrides(options)}
+        process = subprocess.Popen([*launch.argv, "--port", str(port)], stdout=log, stderr=subprocess.STDOUT,
+                                   env=env, cwd=ROOT)
+        try:
+            url = f"http://127.0.0.1:{port}"
+            wait_ready(process, launch, url, log_path)
+            yield ServerProcess(url, process.pid, log_path)
+        finally:
+            stop(process)
+
+
+# -- pool accounting -----------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class PoolAccount:
+    at: float
+    used_blocks: int
+    total_blocks: int
+    shared_blocks: int
+    hot_agents: int
+    warm_agents: int
+    busy_agents: tuple[str, ...]
+    active_requests: int
+    requests_total: int
+    cache_blocks: int  # what the hot agents' cached tokens need
+    problems: tuple[str, ...] = ()
+
+    @property
+    def idle(self) -> bool:
+        return self.active_requests == 0 and not self.busy_agents
+
+    @property
+    def unaccounted(self) -> int:
+        return self.used_blocks - self.cache_blocks
+
+    def line(self) -> str:
+        return (f"used {self.used_blocks}/{self.total_blocks} blocks, {self.cache_blocks} in hot caches, "
+                f"{self.hot_agents} hot / {self.warm_agents} warm agents, {len(self.busy_agents)} busy, "
+                f"{self.active_requests} active requests")
+
+
+def group_blocks(tokens: int, kind: str, block_tokens: int) -> int:
+    """Blocks a cache of ``tokens`` holds in one layer group (an upper bound for sliding windows)."""
+    full = math.ceil(tokens / block_tokens)
+    if kind == "global":
+        return full
+    window = int(kind.removeprefix("sliding-"))
+    return min(full, math.ceil(window / block_tokens) + 1)
+
+
+def pool_account(stats: dict[str, Any]) -> PoolAccount:
+    pool, spec = stats["pool"], stats["model"]["cache_spec"]
+    block_tokens, groups = spec["block_tokens"], spec["groups"]
+    held = Counter(zip(pool["block_map"]["owners"], pool["block_map"]["groups"]))
+    hot = {a["agent_id"]: a for a in stats["agents"] if a["tier"] == "hot"}
+    problems = _owner_problems(held, hot, block_tokens, groups)
+    mapped = sum(n for (owner, _), n in held.items() if owner is not None)
+    if mapped != pool["used_blocks"]:
+        problems.append(f"block map shows {mapped} used blocks, the pool counts {pool['used_blocks']}")
+    if pool["shared_blocks"]:
+        problems.append(f"{pool['shared_blocks']} shared blocks: the per-block owner map is not exact")
+    expected = sum(group_blocks(a["cached_tokens"], g["kind"], block_tokens) for a in hot.values() for g in groups
+                   if g["kind"] == "global")
+    expected += sum(n for (owner, group), n in held.items() if owner in hot and groups[group]["kind"] != "global")
+    throughput = stats["throughput"]
+    return PoolAccount(
+        at=time.monotonic(), used_blocks=pool["used_blocks"], total_blocks=pool["total_blocks"],
+        shared_blocks=pool["shared_blocks"], hot_agents=stats["tiers"]["hot_agents"],
+        warm_agents=stats["tiers"]["warm_agents"],
+        busy_agents=tuple(a["agent_id"] for a in stats["agents"] if a["state"] != "idle"),
+        active_requests=throughput["active_requests"], requests_total=throughput["requests_total"],
+        cache_blocks=expected, problems=tuple(problems),
+    )
+
+
+def _owner_problems(held: Counter, hot: dict[str, dict[str, Any]], block_tokens: int,
+                    groups: list[dict[str, Any]]) -> list[str]:
+    problems = [f"{n} blocks of group {group} held by {owner!r}, which is not a hot agent"
+                for (owner, group), n in held.items() if owner is not None and owner not in hot]
+    for agent_id, agent in hot.items():
+        for g in groups:
+            have = held.get((agent_id, g["index"]), 0)
+            need = group_blocks(agent["cached_tokens"], g["kind"], block_tokens)
+            # Exact for full attention; a sliding window may hold fewer than its bound.
+            wrong = have != need if g["kind"] == "global" else have > need
+            if wrong:
+                problems.append(f"{agent_id}: {have} blocks in group {g['index']} for {agent['cached_tokens']} "
+                                f"cached tokens (expected {need})")
+    return problems
+
+
+async def read_account(client: httpx.AsyncClient) -> PoolAccount:
+    response = await client.get("/v1/stats", params={"blocks": "true"})
+    response.raise_for_status()
+    return pool_account(response.json())
+
+
+async def wait_idle(client: httpx.AsyncClient, timeout_s: float = 60.0) -> PoolAccount:
+    """The pool once nothing has run for ``IDLE_HOLD_S`` (a dropped request may still be on its way in)."""
+    deadline = time.monotonic() + timeout_s
+    since: PoolAccount | None = None
+    while time.monotonic() < deadline:
+        account = await read_account(client)
+        if not account.idle or since is None or account.requests_total != since.requests_total:
+            since = account if account.idle else None
+        elif account.at - since.at >= IDLE_HOLD_S:
+            return account
+        await asyncio.sleep(0.2)
+    raise TimeoutError(f"server not idle after {timeout_s:.0f} s: {(await read_account(client)).line()}")
+
+
+async def evict_all(client: httpx.AsyncClient, tier: str = "cold") -> PoolAccount:
+    """Evict every idle agent; the pool must then be empty."""
+    response = await client.post("/v1/admin/evict-idle", json={"tier": tier})
+    response.raise_for_status()
+    return await read_account(client)
+
+
+# -- sampling while traffic runs ------------------------------------------------------------------------
+@dataclass(slots=True)
+class HealthProbe:
+    """GET /health/live every ``interval_s``; keeps failures and the slowest answer."""
+
+    url: str
+    interval_s: float = 0.5
+    answered: int = 0
+    failures: list[str] = field(default_factory=list)
+    slowest_s: float = 0.0
+
+    async def run(self, stop_event: asyncio.Event) -> None:
+        async with httpx.AsyncClient(base_url=self.url, timeout=httpx.Timeout(15, connect=5)) as client:
+            while not stop_event.is_set():
+                began = time.monotonic()
+                try:
+                    response = await client.get("/health/live")
+                    if response.status_code == 200:
+                        self.answered += 1
+                    else:
+                        self.failures.append(f"HTTP {response.status_code}")
+                except httpx.HTTPError as exc:
+                    self.failures.append(f"{type(exc).__name__}: {exc}")
+                self.slowest_s = max(self.slowest_s, time.monotonic() - began)
+                try:
+                    await asyncio.wait_for(stop_event.wait(), self.interval_s)
+                except asyncio.TimeoutError:
+                    pass
+
+
+def rss_slope_mb_per_min(samples: list[tuple[float, float]]) -> float:
+    """Least-squares slope of (seconds, MiB) samples, in MiB per minute."""
+    if len(samples) < 2:
+        return 0.0
+    n = len(samples)
+    mean_t = sum(t for t, _ in samples) / n
+    mean_m = sum(m for _, m in samples) / n
+    var = sum((t - mean_t) ** 2 for t, _ in samples)
+    if var == 0:
+        return 0.0
+    return 60.0 * sum((t - mean_t) * (m - mean_m) for t, m in samples) / var
