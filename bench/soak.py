@@ -111,8 +111,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--max-tokens", type=int, nargs=2, default=(4, 6), metavar=("MIN", "MAX"),
         help="each request's max_tokens, drawn from MIN..MAX (default: 4 6)")
     add("--prompt-wrap", type=int, default=5, metavar="N",
-        help="an agent's prompt grows by one number per request for N requests, then starts over; the "
-             "warm-up is one such cycle (default: %(default)s)")
+        help="an agent's prompt grows by one number per request for N requests, then starts over "
+             "(default: %(default)s)")
     add("--warmup-cycles", type=int, default=2, metavar="N",
         help="prompt cycles of traffic before the idle start is measured; MLX's buffer cache fills over the "
              "first hundred or so requests (default: %(default)s)")
@@ -131,8 +131,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--max-rss-slope", type=float, default=30.0, metavar="MIB_PER_MIN",
         help="fail when the server's RSS rises faster than this, least squares over the second half of "
              "the traffic (default: %(default)s)")
-    add("--max-rss-growth", type=float, default=64.0, metavar="MIB",
-        help="fail when RSS at idle end exceeds RSS at idle start by more than this (default: %(default)s)")
+    add("--max-rss-growth", type=float, default=128.0, metavar="MIB",
+        help="fail when RSS at idle end exceeds RSS at idle start by more than this; RSS may step up once "
+             "by 60-80 MiB as MLX's buffer cache and malloc settle, a leak keeps climbing "
+             "(default: %(default)s)")
     add("--max-block-growth", type=int, default=0, metavar="BLOCKS",
         help="fail when the idle pool uses more blocks at the end than at the start; 0 is exact when nothing "
              "was evicted, with evictions which agents stay hot may differ (default: %(default)s)")

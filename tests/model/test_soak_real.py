@@ -9,7 +9,7 @@ A minute cannot measure a slope: RSS sampled under traffic swings by
 +-40 MiB with the work in flight, and over the 30 s second half that noise
 alone reads as up to ~100 MiB/min. The slope limit here only catches gross
 leaks; the idle-to-idle limits (RSS, used blocks) and the exact block
-accounting do the real work. The default run (five minutes, 30 MiB/min) is
+accounting do the real work here. The default run (five minutes, 30 MiB/min) is
 the slope check.
 """
 
