@@ -231,8 +231,13 @@ class BatchRunner:
             return Admission.LATER  # a running sequence will finish and free blocks
         self.hot.release_reservation(turn.request.agent_id, turn.reservation)
         pool = self.hot.pool
+        if turn.request.auxiliary:
+            # A side request (title, classifier) may only evict other side agents, never a conversation.
+            held = "held by agents' conversations, which a side request may not evict"
+        else:
+            held = "held by pinned or busy agents"
         message = (
-            f"KV pool exhausted: {pool.used_blocks}/{pool.total_blocks} blocks held by pinned or busy agents; "
+            f"KV pool exhausted: {pool.used_blocks}/{pool.total_blocks} blocks {held}; "
             "evict or unpin agents, or raise the pool budget"
         )
         self._complete(turn, FinishReason.ERROR, None, None, error=message, error_type="rate_limit",

@@ -113,6 +113,18 @@ def test_pinned_agents_are_not_evicted_and_exhaustion_is_reported() -> None:
         engine.stop()
 
 
+def test_side_request_that_may_not_evict_a_conversation_says_so() -> None:
+    engine = make_engine("llama", blocks=16)
+    try:
+        run_turn(engine, GenerationRequest("main", prompt_for(0, 5), 30))
+        side = run_turn(engine, GenerationRequest("side", prompt_for(1, 5), 4, auxiliary=True))
+        assert side.finish.reason is FinishReason.ERROR and side.finish.error_type == "rate_limit"
+        assert "a side request may not evict" in (side.finish.error or "")
+        assert engine.fresh_snapshot().agent("main").tier == "hot"
+    finally:
+        engine.stop()
+
+
 def test_request_that_can_never_fit_is_rejected_with_numbers() -> None:
     engine = make_engine("llama", blocks=4)
     try:
