@@ -357,7 +357,7 @@ def main() -> None:
     if args.repeats:
         sizes = replace(sizes, repeats=args.repeats)
     print(f"# model folder {folder}\n# {'quick' if args.quick else 'full'} sizes: {sizes}")
-    result = BenchResult("vs_mlx_lm_server", "semantic vs mlx_lm.server",
+    result = BenchResult("bench_vs_mlx_lm_server", "semantic vs mlx_lm.server",
                          args={"model": args.model, "quick": args.quick, "workloads": chosen, "sizes": str(sizes)})
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-vs-mlx-lm-") as work:
