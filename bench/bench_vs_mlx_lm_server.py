@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -114,7 +115,7 @@ def throughput(bench: Bench) -> None:
     async def work(client: ChatClient) -> list[list[Turn]]:
         return [await _burst(client, n, s.stream_tokens) for n in s.streams]
 
-    ours, theirs = on_both(launches, s.repeats, bench.work_dir, lambda launch: served_once(launch, bench.work_dir, work))
+    ours, theirs = on_both(launches, s.repeats, lambda launch: served_once(launch, bench.work_dir, work))
     first = len(bench.result.comparisons)
     for level, n in enumerate(s.streams):
         pick = _level(level)
@@ -130,7 +131,8 @@ def throughput(bench: Bench) -> None:
         {"semantic": [_median_of(ours, lambda r, i=i: aggregate_tok_s(r[i])) for i in range(len(s.streams))],
          "mlx_lm.server": [_median_of(theirs, lambda r, i=i: aggregate_tok_s(r[i])) for i in range(len(s.streams))]},
     ))
-    _note(bench, retries_note("throughput", _flat(ours), _flat(theirs)))
+    _note(bench, retries_note("throughput", [t for run in ours for t in _flat(run)],
+                                          [t for run in theirs for t in _flat(run)]))
     _note(bench, greedy_match("throughput", _flat(ours[0]), _flat(theirs[0])))
 
 
@@ -191,11 +193,11 @@ def multiturn(bench: Bench) -> None:
         turns = await script.turns(client, script.conversations(), range(s.turns))
         return Outcome(turns, time.perf_counter() - t0)
 
-    ours, theirs = on_both((ours_launch, peer), s.repeats, bench.work_dir,
+    ours, theirs = on_both((ours_launch, peer), s.repeats,
                            lambda launch: served_once(launch, bench.work_dir, work))
     first = len(bench.result.comparisons)
     paired(bench.result, "multiturn", "total wall time", "s", lambda o: o.wall_s, ours, theirs, target=3.0)
-    _conversation_metrics(bench, "multiturn", ours, theirs)
+    _conversation_metrics(bench, "multiturn", s.turns, ours, theirs)
     bench.record(first)
     _turn_series(bench, "multiturn", ours, theirs)
     _note(bench, retries_note("multiturn", _turns(ours), _turns(theirs)))
@@ -221,7 +223,7 @@ def restart(bench: Bench) -> None:
 
         return served_with_restart(launch, bench.work_dir, before, after)
 
-    ours, theirs = on_both((ours_launch, peer), s.repeats, bench.work_dir, run)
+    ours, theirs = on_both((ours_launch, peer), s.repeats, run)
     first = len(bench.result.comparisons)
     paired(bench.result, "restart", "prefilled tokens, all turns", "tok", lambda o: prefilled_tokens(o.turns),
            ours, theirs, target=10.0)
@@ -237,11 +239,12 @@ def restart(bench: Bench) -> None:
     _note(bench, retries_note("restart", _turns(ours), _turns(theirs)))
 
 
-def _conversation_metrics(bench: Bench, workload: str, ours: list[Outcome], theirs: list[Outcome]) -> None:
+def _conversation_metrics(bench: Bench, workload: str, n_turns: int, ours: list[Outcome],
+                          theirs: list[Outcome]) -> None:
     paired(bench.result, workload, "prefilled tokens", "tok", lambda o: prefilled_tokens(o.turns), ours, theirs)
     paired(bench.result, workload, "prompt tokens from cache", "%", lambda o: cached_percent(o.turns), ours, theirs,
            better="higher")
-    for index in range(bench.sizes.turns if workload != "longctx" else bench.sizes.long_turns):
+    for index in range(n_turns):
         paired(bench.result, workload, f"TTFT mean, turn {index + 1}", "s", lambda o, i=index: mean_ttft(o.turns_at(i)),
                ours, theirs)
 
@@ -276,10 +279,10 @@ def longctx(bench: Bench) -> None:
         turns = [await conversation.take_turn(client, t, users[t], s.long_reply) for t in range(s.long_turns)]
         return Outcome(turns, time.perf_counter() - t0)
 
-    ours, theirs = on_both(launches, s.repeats, bench.work_dir, lambda launch: served_once(launch, bench.work_dir, work))
+    ours, theirs = on_both(launches, s.repeats, lambda launch: served_once(launch, bench.work_dir, work))
     first = len(bench.result.comparisons)
     paired(bench.result, "longctx", "total wall time", "s", lambda o: o.wall_s, ours, theirs)
-    _conversation_metrics(bench, "longctx", ours, theirs)
+    _conversation_metrics(bench, "longctx", s.long_turns, ours, theirs)
     bench.record(first)
     contexts = [t.prompt_tokens for t in ours[0].turns]
     bench.result.series.append(Series(
@@ -309,20 +312,15 @@ def greedy_match(workload: str, ours: list[Turn], theirs: list[Turn]) -> str:
 
 
 def _median_of(runs, measure) -> float:
-    values = sorted(measure(r) for r in runs)
-    return values[len(values) // 2] if len(values) % 2 else (values[len(values) // 2 - 1] + values[len(values) // 2]) / 2
+    return statistics.median(measure(r) for r in runs)
 
 
 def _turns(runs: list[Outcome]) -> list[Turn]:
     return [t for run in runs for t in run.turns]
 
 
-def _flat(runs) -> list[Turn]:
-    """Every turn of a throughput run (a list of bursts), or of several runs."""
-    out: list[Turn] = []
-    for item in runs:
-        out += _flat(item) if isinstance(item, list) else [item]
-    return out
+def _flat(bursts: list[list[Turn]]) -> list[Turn]:
+    return [t for burst in bursts for t in burst]
 
 
 def _note(bench: Bench, note: str | None) -> None:

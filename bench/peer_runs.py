@@ -55,7 +55,7 @@ def load_average() -> str:
     return f"load average {os.getloadavg()[0]:.2f}" if hasattr(os, "getloadavg") else ""
 
 
-def on_both(launches: tuple[Launch, Launch], repeats: int, log_dir: Path,
+def on_both(launches: tuple[Launch, Launch], repeats: int,
             run: Callable[[Launch], T]) -> tuple[list[T], list[T]]:
     """``run(launch)`` ``repeats`` times per server, alternating which goes first."""
     runs: dict[str, list[T]] = {launch.name: [] for launch in launches}

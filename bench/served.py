@@ -99,11 +99,22 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+@dataclass(frozen=True, slots=True)
+class Running:
+    """A started, warmed-up server."""
+
+    url: str
+    process: subprocess.Popen
+    log_path: Path
+
+
 @contextmanager
-def serving(launch: Launch, log_dir: Path, keep_state: bool = False) -> Iterator[str]:
-    """Start ``launch``, wait until it answers a completion, yield its base URL, stop it.
+def running(launch: Launch, log_dir: Path, keep_state: bool = False,
+            env_overrides: dict[str, str] | None = None) -> Iterator[Running]:
+    """Start ``launch``, wait until it answers a completion, yield it, stop it.
 
     ``keep_state``: a restart of the same server, which finds what the last run left in its state dir.
+    ``env_overrides``: extra environment for the server process (the soak pins BLAS threads and malloc arenas).
     """
     if launch.state_dir is not None and not keep_state:
         shutil.rmtree(launch.state_dir, ignore_errors=True)
@@ -111,13 +122,21 @@ def serving(launch: Launch, log_dir: Path, keep_state: bool = False) -> Iterator
     log_path = log_dir / f"{launch.name}-{port}.log"
     with open(log_path, "wb") as log:
         process = subprocess.Popen([*launch.argv, "--port", str(port)], stdout=log, stderr=subprocess.STDOUT,
-                                   env=server_env(), cwd=Path(__file__).resolve().parent.parent)
+                                   env={**server_env(), **(env_overrides or {})},
+                                   cwd=Path(__file__).resolve().parent.parent)
         try:
             url = f"http://127.0.0.1:{port}"
             wait_ready(process, launch, url, log_path)
-            yield url
+            yield Running(url, process, log_path)
         finally:
             stop(process)
+
+
+@contextmanager
+def serving(launch: Launch, log_dir: Path, keep_state: bool = False) -> Iterator[str]:
+    """``running``, for callers that need only the base URL."""
+    with running(launch, log_dir, keep_state) as server:
+        yield server.url
 
 
 def wait_ready(process: subprocess.Popen, launch: Launch, url: str, log_path: Path) -> None:

@@ -17,8 +17,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import shutil
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -35,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.served import Batching, free_port, semantic_launch, server_env, stop, wait_ready  # noqa: E402
+from bench.served import Batching, running, semantic_launch  # noqa: E402
 
 MIB = 1024 * 1024
 # The engine republishes its snapshot every 0.2 s; idle must hold this long to count.
@@ -96,19 +94,8 @@ def semantic_server(model: Path, state_dir: Path, log_dir: Path, options: Server
     launch = semantic_launch(model, state_dir, options.pool_mb,
                              Batching(decode=options.max_batch_size, prefill=options.prefill_batch_size))
     launch = replace(launch, argv=(*launch.argv, "--block-tokens", str(options.block_tokens)))
-    shutil.rmtree(state_dir, ignore_errors=True)
-    port = free_port()
-    log_path = log_dir / f"semantic-{port}.log"
-    with open(log_path, "wb") as log:
-        env = {**server_env(), **server_env_overrides(options)}
-        process = subprocess.Popen([*launch.argv, "--port", str(port)], stdout=log, stderr=subprocess.STDOUT,
-                                   env=env, cwd=ROOT)
-        try:
-            url = f"http://127.0.0.1:{port}"
-            wait_ready(process, launch, url, log_path)
-            yield ServerProcess(url, process.pid, log_path)
-        finally:
-            stop(process)
+    with running(launch, log_dir, env_overrides=server_env_overrides(options)) as server:
+        yield ServerProcess(server.url, server.process.pid, server.log_path)
 
 
 # -- pool accounting -----------------------------------------------------------------------------------

@@ -14,9 +14,7 @@ import logging
 import os
 import shutil
 import stat
-import subprocess
 import sys
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
@@ -38,6 +36,7 @@ from tests.support.reference import reference_greedy
 from tests.unit.test_cache_file import DiskFullAfter
 from tests.unit.test_engine_batching import prompt_for, without_eos
 from tests.unit.test_warm_tier import continue_turn, engine_with_store, events_of
+from tests.support.tmpfs import tmpfs
 
 
 def evict_to_warm(engine: Engine, agent_id: str) -> None:
@@ -86,19 +85,6 @@ def test_disk_full_during_eviction_drops_the_agent_to_cold_and_the_engine_keeps_
         assert again.finish.error is None and again.finish.usage.reused_tokens == 0
     finally:
         engine.stop()
-
-
-@contextmanager
-def tmpfs(directory: Path, size: str) -> Iterator[None]:
-    directory.mkdir()
-    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(directory)],
-                           capture_output=True, text=True)
-    if mount.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs (needs root, CAP_SYS_ADMIN): {mount.stderr.strip()}")
-    try:
-        yield
-    finally:
-        subprocess.run(["umount", "-l", str(directory)], check=True)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="tmpfs mounts are a Linux feature")

@@ -13,8 +13,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -119,23 +117,13 @@ def kill_writer_mid_flight(directory: Path, delay: float) -> int:
     return int((rest or [first])[-1])
 
 
-@contextmanager
-def tmpfs(directory: Path, size: str) -> Iterator[None]:
-    directory.mkdir()
-    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(directory)],
-                           capture_output=True, text=True)
-    if mount.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs (needs root, CAP_SYS_ADMIN): {mount.stderr.strip()}")
-    try:
-        yield
-    finally:
-        subprocess.run(["umount", str(directory)], check=True)
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="tmpfs mounts are a Linux feature")
 def test_real_disk_full_keeps_the_old_file(tmp_path: Path) -> None:
     spec = make_spec(n_layers=2)
     disk = tmp_path / "small-disk"
+    # Imported here: this module also runs as a plain script (the SIGKILL child), without the repo on its path.
+    from tests.support.tmpfs import tmpfs
+
     with tmpfs(disk, "2m"):
         small = write_cache_file(disk, filled_record(spec, 64, generation=1))  # 0.5 MiB
         with pytest.raises(CachePersistenceError, match="No space left on device"):
