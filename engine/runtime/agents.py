@@ -5,10 +5,12 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
-
-from engine.domain.block_layout import Run
+from typing import TYPE_CHECKING
 
 from .requests import AgentSource
+
+if TYPE_CHECKING:
+    from .kv.sequence_kv import SequenceKV
 
 
 class AgentState(str, enum.Enum):
@@ -31,8 +33,11 @@ class AgentRecord:
     source: AgentSource = AgentSource.API
     display_name: str | None = None
     model_id: str | None = None
+    # The tokens whose K/V the resident cache holds, position for position.
     tokens: list[int] = field(default_factory=list)
-    runs: dict[int, Run] = field(default_factory=dict)
+    kv: "SequenceKV | None" = None
+    # Pool blocks paying for ``kv``, per layer group.
+    blocks: dict[int, list[int]] = field(default_factory=dict)
     tier: Tier = Tier.EMPTY
     state: AgentState = AgentState.IDLE
     pinned: bool = False
@@ -70,8 +75,15 @@ class AgentRecord:
             return 0.0
         return self.reused_tokens_total / self.prompt_tokens_total
 
+    @property
+    def owner(self) -> str:
+        return self.agent_id
+
     def hot_block_ids(self) -> list[int]:
-        return [b for run in self.runs.values() for b in run.block_ids]
+        """Every pool block the agent holds: its own, and its holds on shared segments."""
+        own = [b for group in sorted(self.blocks) for b in self.blocks[group]]
+        shared = [b for seg in self.kv.segments for b in seg.block_ids] if self.kv is not None else []
+        return own + shared
 
     def touch(self, tick: int) -> None:
         self.last_used = time.time()

@@ -25,9 +25,10 @@ from engine.models.loaded import LoadedModel
 
 from .agent_table import AgentTable
 from .agents import AgentRecord, Tier
-from .batch_runner import BatchRunner, GeneratorFactory, RunnerLimits, mlx_generator_factory
+from .batch_runner import BatchRunner, GeneratorFactory, RunnerLimits, sequence_batch_factory
 from .event_log import EventKind, EventLog
 from .hot_cache import HotCache
+from .kv import ragged
 from .requests import AgentSource, EventSink, FinishReason, GenerationRequest
 from .snapshot import AgentView, EngineSnapshot
 from .snapshot_builder import build_snapshot
@@ -71,7 +72,7 @@ class Engine:
         config: EngineConfig,
         *,
         store: "WarmStore | None" = None,
-        generator_factory: GeneratorFactory = mlx_generator_factory,
+        generator_factory: GeneratorFactory = sequence_batch_factory,
         events: EventLog | None = None,
         seed_agents: Iterable[AgentView] = (),
     ) -> None:
@@ -92,7 +93,8 @@ class Engine:
         self._snapshot = EngineSnapshot(status="starting", model=None, pool=None)
         self._pool = BlockPool.from_budget(loaded.spec, config.pool_budget_bytes)
         self.agents = AgentTable()
-        self.hot = HotCache(loaded.spec, self._pool)
+        # Prefixes are shared by reference where the model's attention can be hooked (kv/ragged.py).
+        self.hot = HotCache(loaded.spec, self._pool, share_by_reference=ragged.install(loaded.model))
         self.tiers = TierManager(self.hot, self.agents, self.events, store)
         self.runner: BatchRunner | None = None
 
@@ -377,7 +379,6 @@ class Engine:
                 agent.stored_tokens = len(agent.tokens)
                 self.hot.drop(agent)
                 agent.tier = Tier.COLD
-        self.hot.store.clear()
 
     def _persist_all(self) -> None:
         if self._store is None:

@@ -1,79 +1,80 @@
-"""The hot tier: agents' KV blocks in the pool, and how a turn reuses them.
+"""The hot tier: agents' resident caches, what the pool counts for them, and how a turn reuses them.
 
-Owns the BlockPool (ids and accounting) and the BlockStore (tensors). All
-methods run on the engine thread.
+A hot agent's KV is a :class:`SequenceKV` in the layout the model consumes;
+its turns run on it in place. The pool counts its arrays in blocks: an
+agent holds exactly as many pool blocks, per layer group, as its arrays
+(checkpoints included) occupy. Every method runs on the engine thread.
+
+Reuse, in order of preference: the agent's own cache, cut back to where the
+prompt diverges (a window layer can go back only to a checkpoint); else a
+prefix of another hot agent's cache. A shared prefix is taken by reference:
+the donor's whole blocks become a shared segment (``kv/segment.py``) held by
+both, and only the partial block after it is copied (copy on write). Models
+whose attention the engine cannot hook get a copy of the prefix instead.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable, Protocol
 
-from engine.domain.block_layout import (
-    BlockRef,
-    Run,
-    can_trim,
-    common_prefix_length,
-    plan_growth,
-    trim_run,
-)
+from engine.domain.block_layout import common_prefix_length
 from engine.domain.block_pool import BlockPool
 from engine.domain.cache_spec import ModelCacheSpec
 from engine.domain.prefix_index import PrefixIndex
 
 from .agents import AgentRecord, Tier
-from .kv_blocks import BlockData, BlockStore, build_prompt_cache, cut_block, eval_blocks, group_source_start
-
+from .kv.segment import Segment
+from .kv.sequence_kv import LayerSlice, SequenceKV
 
 # Donors whose tokens are compared per admission; they share the same hashed
 # prefix, so the first few are as good as any.
 MAX_DONORS_CHECKED = 4
 
 
+class Holder(Protocol):
+    """Whoever owns a resident cache and the pool blocks that pay for it."""
+
+    kv: SequenceKV | None
+    blocks: dict[int, list[int]]
+
+    @property
+    def owner(self) -> str: ...
+
+
+@dataclass(slots=True)
+class SideCache:
+    """A throwaway cache for a side request that must leave its agent's cache as it is."""
+
+    owner: str
+    kv: SequenceKV | None = None
+    blocks: dict[int, list[int]] = field(default_factory=dict)
+
+
 @dataclass(frozen=True, slots=True)
 class ReusePlan:
-    """How much of a prompt an agent's cache covers, decided before admission."""
+    """How much of a prompt a hot cache can serve, decided before admission."""
 
     reused: int
-    runs: dict[int, Run]
     source: str  # "self", "shared:<agent>", "none"
     note: str | None = None
     donor: str | None = None
 
 
-@dataclass(slots=True)
-class Reservation:
-    """Pool blocks held for the tokens a running sequence will add."""
-
-    by_group: dict[int, list[int]] = field(default_factory=dict)
-
-    def count(self, group: int) -> int:
-        return len(self.by_group.get(group, ()))
-
-    def take(self, group: int, n: int) -> list[int]:
-        ids = self.by_group.get(group, [])
-        taken, self.by_group[group] = ids[:n], ids[n:]
-        return taken
-
-    def all_ids(self) -> list[int]:
-        return [b for ids in self.by_group.values() for b in ids]
-
-
 class HotCache:
-    def __init__(self, spec: ModelCacheSpec, pool: BlockPool) -> None:
+    def __init__(self, spec: ModelCacheSpec, pool: BlockPool, share_by_reference: bool = True) -> None:
         self.spec = spec
         self.pool = pool
-        self.store = BlockStore()
+        self.share_by_reference = share_by_reference
         self.prefix = PrefixIndex(spec.block_tokens)
 
-    # -- reuse -------------------------------------------------------------------
+    # -- planning ------------------------------------------------------------------------
     def plan_reuse(
         self, agent: AgentRecord, prompt: tuple[int, ...], donors: Callable[[str], AgentRecord | None] | None = None
     ) -> ReusePlan:
         """The longest prefix of ``prompt`` a hot cache can serve: the agent's own, else a donor's.
 
         ``donors`` looks up other agents for prefix sharing (None disables it).
-        The returned plan's runs are already trimmed to ``reused`` tokens.
         """
         own = self._own_plan(agent, prompt)
         if donors is None or own.reused >= len(prompt) - 1:
@@ -82,16 +83,16 @@ class HotCache:
         return shared if shared is not None and shared.reused > own.reused else own
 
     def _own_plan(self, agent: AgentRecord, prompt: tuple[int, ...]) -> ReusePlan:
-        if agent.tier is not Tier.HOT or not agent.tokens:
-            return ReusePlan(0, {}, "none")
-        k = self._usable_prefix(agent, prompt)
+        if agent.kv is None or not agent.tokens:
+            return ReusePlan(0, "none")
+        k = _usable_prefix(agent.tokens, prompt)
         if k <= 0:
-            return ReusePlan(0, {}, "none", note="cache diverges at the first token")
-        if not self._trimmable(agent, k):
-            return ReusePlan(
-                0, {}, "none", note=f"sliding-window cache cannot be trimmed back to token {k}; full prefill"
-            )
-        return ReusePlan(k, self._trimmed_runs(agent, k), "self")
+            return ReusePlan(0, "none", note="cache diverges at the first token")
+        resumable = agent.kv.resumable_at(k)
+        if resumable == 0:
+            return ReusePlan(0, "none", note=f"sliding-window cache cannot go back to token {k} (no checkpoint); full prefill")
+        note = None if resumable == k else f"sliding-window layers resumed from the checkpoint at token {resumable} (prompt diverged at {k})"
+        return ReusePlan(resumable, "self", note=note)
 
     def _shared_plan(
         self, agent: AgentRecord, prompt: tuple[int, ...], donors: Callable[[str], AgentRecord | None]
@@ -99,157 +100,193 @@ class HotCache:
         best: ReusePlan | None = None
         for donor_id, _ in self.prefix.candidates(prompt, exclude=agent.agent_id)[:MAX_DONORS_CHECKED]:
             donor = donors(donor_id)
-            if donor is None or donor.tier is not Tier.HOT:
+            if donor is None or donor.tier is not Tier.HOT or donor.kv is None:
                 continue
             # Hashes nominate; only equal tokens decide.
-            k = self._usable_prefix(donor, prompt)
-            if k >= self.spec.block_tokens and self._trimmable(donor, k) and (best is None or k > best.reused):
-                best = ReusePlan(k, self._trimmed_runs(donor, k), f"shared:{donor_id}", donor=donor_id)
+            k = donor.kv.resumable_at(_usable_prefix(donor.tokens, prompt))
+            if k >= self.spec.block_tokens and (best is None or k > best.reused):
+                best = ReusePlan(k, f"shared:{donor_id}", donor=donor_id)
         return best
 
-    def _usable_prefix(self, agent: AgentRecord, prompt: tuple[int, ...]) -> int:
-        # The generator needs at least one prompt token to feed.
-        return min(common_prefix_length(agent.tokens, prompt), len(prompt) - 1)
+    # -- preparing a turn's cache ---------------------------------------------------------
+    def continue_own(self, agent: AgentRecord, reused: int) -> int:
+        """Cut the agent's cache back to ``reused`` tokens (0: start an empty cache); returns the tokens kept.
 
-    def _trimmable(self, agent: AgentRecord, k: int) -> bool:
-        return all(can_trim(agent.runs.get(g.index, Run()), k, g.window) for g in self.spec.groups)
-
-    def _trimmed_runs(self, agent: AgentRecord, k: int) -> dict[int, Run]:
-        return {g.index: trim_run(agent.runs.get(g.index, Run()), k)[0] for g in self.spec.groups}
-
-    def apply_trim(self, agent: AgentRecord, k: int) -> None:
-        """Cut the agent's hot cache back to its first ``k`` tokens, freeing the rest."""
-        dropped: list[int] = []
-        for group in self.spec.groups:
-            run, gone = trim_run(agent.runs.get(group.index, Run()), k)
-            agent.runs[group.index] = run
-            dropped += gone
-        agent.tokens = agent.tokens[:k]
-        self._release(agent.agent_id, dropped)
-        if k == 0:
-            self.drop(agent)
-        else:
-            self.prefix.update(agent.agent_id, agent.tokens)
-
-    def adopt(self, agent: AgentRecord, plan: ReusePlan, donor: AgentRecord) -> None:
-        """Replace the agent's cache with references to a donor's prefix blocks (no copy)."""
-        self.drop(agent)
-        ids = [b for run in plan.runs.values() for b in run.block_ids]
-        self.pool.share(ids, agent.agent_id)
-        agent.runs = dict(plan.runs)
-        agent.tokens = list(donor.tokens[: plan.reused])
+        Going back inside a shared prefix copies part of it into the agent's
+        own arrays; if the pool cannot pay for that, the agent starts empty.
+        """
+        if agent.kv is not None and reused > 0:
+            before = list(agent.kv.segments)
+            agent.kv.continue_from(reused)
+            self._unshare(agent, [seg for seg in before if seg not in agent.kv.segments])
+            self.settle(agent)
+            if not self.pay(agent):
+                reused = 0
+        if agent.kv is None or reused == 0:
+            self.fresh(agent)
+        agent.tokens = agent.tokens[:reused]
         agent.tier = Tier.HOT
-        self.prefix.update(agent.agent_id, agent.tokens)
+        self.publish(agent)
+        return reused
 
-    def build_cache(self, model: Any, runs: dict[int, Run]) -> list[Any]:
-        return build_prompt_cache(model, self.spec, runs, self.store)
+    def share_prefix(self, holder: Holder, donor: AgentRecord, n_tokens: int) -> tuple[int, int]:
+        """Take the donor's whole blocks before ``n_tokens`` by reference; returns (shared positions, bytes copied).
 
-    # -- growth -------------------------------------------------------------------
-    def blocks_needed(self, agent: AgentRecord, n_tokens: int) -> dict[int, int]:
-        """New blocks per group the agent's cache needs to hold ``n_tokens`` tokens."""
-        needed = {}
-        for group in self.spec.groups:
-            run = agent.runs.get(group.index, Run())
-            _, spans = plan_growth(run, n_tokens, 0, group.window, self.spec.block_tokens)
-            needed[group.index] = len(spans)
-        return needed
+        ``holder`` must have a fresh cache. The donor's own blocks up to there
+        become a segment first (a copy, once per prefix); the partial block
+        after it is left for :meth:`copy_prefix`.
+        """
+        assert holder.kv is not None and donor.kv is not None
+        if not self.share_by_reference:
+            return 0, 0
+        copied = 0
+        upto = n_tokens // self.spec.block_tokens * self.spec.block_tokens
+        if upto > donor.kv.base:
+            before = donor.kv.copied
+            segment = donor.kv.freeze(upto)
+            copied = donor.kv.copied - before
+            if segment is not None:
+                self._hand_over(donor, segment)
+        segments = [seg for seg in donor.kv.segments if seg.end <= upto]
+        holder.kv.adopt(segments)
+        ids = [b for seg in segments for b in seg.block_ids]
+        if ids:
+            self.pool.share(ids, holder.owner)
+        return holder.kv.base, copied
 
-    def reserve(self, agent_id: str, reservation: Reservation, target: dict[int, int]) -> bool:
-        """Grow ``reservation`` to ``target`` blocks per group; all or nothing."""
-        extra = {g: n - reservation.count(g) for g, n in target.items() if n > reservation.count(g)}
+    def _hand_over(self, donor: AgentRecord, segment: Segment) -> None:
+        """The donor's own blocks for the segment's span now pay for the segment (the donor still holds them)."""
+        n = segment.length // self.spec.block_tokens
+        for group in self.spec.global_groups:
+            ids = donor.blocks.get(group.index, [])
+            segment.blocks[group.index], donor.blocks[group.index] = ids[:n], ids[n:]
+
+    def _unshare(self, holder: Holder, segments: list[Segment]) -> None:
+        ids = [b for seg in segments for b in seg.block_ids]
+        if ids:
+            self.pool.release(holder.owner, ids)
+
+    def pay(self, holder: Holder) -> bool:
+        """Pool blocks for arrays that already exist (a re-base, a new checkpoint); False: no room."""
+        assert holder.kv is not None
+        have = holder.kv.capacity_blocks()
+        extra = {g: n - len(holder.blocks.get(g, ())) for g, n in have.items() if n > len(holder.blocks.get(g, ()))}
         if not extra:
             return True
-        got = self.pool.allocate(agent_id, extra)
+        got = self.pool.allocate(holder.owner, extra)
         if got is None:
             return False
         for group, ids in got.items():
-            reservation.by_group.setdefault(group, []).extend(ids)
+            holder.blocks.setdefault(group, []).extend(ids)
         return True
 
-    def release_reservation(self, agent_id: str, reservation: Reservation) -> None:
-        self._release(agent_id, reservation.all_ids())
-        reservation.by_group.clear()
+    def fresh(self, holder: Holder) -> None:
+        """Give ``holder`` a new empty cache, releasing whatever it held."""
+        self.release(holder)
+        holder.kv = SequenceKV.empty(self.spec)
 
-    def absorb(
-        self, agent: AgentRecord, caches: list[Any], tokens: list[int], reservation: Reservation
-    ) -> None:
-        """Store a finished sequence's cache as the agent's blocks."""
-        self.write_blocks(agent, caches, tokens, reservation)
-        self.release_reservation(agent.agent_id, reservation)
+    def copy_prefix(self, holder: Holder, donor: SequenceKV, n_tokens: int) -> int:
+        """Load the donor's first ``n_tokens`` positions into ``holder``'s cache (room reserved); bytes copied."""
+        assert holder.kv is not None
+        return holder.kv.copy_prefix_from(donor, n_tokens)
 
-    def write_blocks(
-        self, agent: AgentRecord, caches: list[Any], tokens: list[int], reservation: Reservation
-    ) -> None:
-        """Make the agent's blocks hold ``tokens`` from ``caches``, taking new blocks from ``reservation``.
+    # -- pool accounting ------------------------------------------------------------------
+    def ensure(self, holder: Holder, n_tokens: int) -> bool:
+        """Room for ``n_tokens`` positions: pool blocks first, then the arrays. False: no room now."""
+        kv = holder.kv
+        assert kv is not None
+        self.settle(holder)
+        target = kv.blocks_for(n_tokens)
+        extra = {g: n - len(holder.blocks.get(g, ())) for g, n in target.items() if n > len(holder.blocks.get(g, ()))}
+        if extra:
+            got = self.pool.allocate(holder.owner, extra)
+            if got is None:
+                return False
+            for group, ids in got.items():
+                holder.blocks.setdefault(group, []).extend(ids)
+        kv.reserve(n_tokens)
+        return True
 
-        Also used mid-turn (early sharing) with a prefix of the prompt: the blocks
-        written then are kept by the turn's final ``absorb``, which only adds the rest.
-        """
-        n = len(tokens)
-        written = []
-        for group in self.spec.groups:
-            old = agent.runs.get(group.index, Run())
-            start = group_source_start(caches, group, n)
-            kept, spans = plan_growth(old, n, start, group.window, self.spec.block_tokens)
-            ids = self._ids_for(agent.agent_id, reservation, group.index, len(spans))
-            new_refs = []
-            for block_id, span in zip(ids, spans):
-                data = cut_block(caches, group, span, n)
-                self.store.put(block_id, data)
-                written.append(data)
-                new_refs.append(BlockRef(block_id, span.start, span.length))
-            kept_ids = set(kept.block_ids)
-            self._release(agent.agent_id, [b for b in old.block_ids if b not in kept_ids])
-            agent.runs[group.index] = Run(kept.refs + tuple(new_refs))
-        eval_blocks(written)
+    def missing_blocks(self, holder: Holder, n_tokens: int) -> int:
+        """Free pool blocks ``ensure(holder, n_tokens)`` would need."""
+        assert holder.kv is not None
+        target = holder.kv.blocks_for(n_tokens)
+        return sum(max(0, n - len(holder.blocks.get(g, ()))) for g, n in target.items())
+
+    def settle(self, holder: Holder) -> None:
+        """Give back pool blocks the cache no longer occupies (dropped checkpoints, a smaller cache)."""
+        target = holder.kv.capacity_blocks() if holder.kv is not None else {}
+        for group, ids in list(holder.blocks.items()):
+            surplus = len(ids) - target.get(group, 0)
+            if surplus > 0:
+                self.pool.release(holder.owner, ids[-surplus:])
+                del ids[-surplus:]
+            if not ids:
+                del holder.blocks[group]
+
+    def tidy(self, holder: Holder) -> None:
+        """After a turn: shrink capacity a cut left unused, and give its blocks back."""
+        if holder.kv is not None:
+            holder.kv.shrink()
+        self.settle(holder)
+
+    def release(self, holder: Holder) -> int:
+        """Return every pool block of ``holder`` (its own and its holds on shared segments); returns
+        how many became free."""
+        ids = [b for group in sorted(holder.blocks) for b in holder.blocks[group]]
+        if holder.kv is not None:
+            ids += [b for seg in holder.kv.segments for b in seg.block_ids]
+        holder.blocks = {}
+        holder.kv = None
+        return self.pool.release(holder.owner, ids) if ids else 0
+
+    def keep_checkpoint(self, holder: Holder) -> bool:
+        """Pay for a checkpoint just taken, or forget it when the pool has no room for it."""
+        assert holder.kv is not None
+        if self.pay(holder):
+            return True
+        holder.kv.drop_newest_checkpoint()
+        return False
+
+    def drop_checkpoint(self, agent: AgentRecord) -> bool:
+        """Free the agent's least useful checkpoint (the pool needs room)."""
+        if agent.kv is None or not agent.kv.drop_oldest_checkpoint():
+            return False
+        self.settle(agent)
+        return True
+
+    # -- agents in and out --------------------------------------------------------------------
+    def publish(self, agent: AgentRecord) -> None:
+        """Make the agent's cached tokens findable by other agents' prompts."""
+        if agent.tokens:
+            self.prefix.update(agent.agent_id, agent.tokens)
+        else:
+            self.prefix.remove(agent.agent_id)
+
+    def install(self, agent: AgentRecord, tokens: list[int], slices: list[LayerSlice]) -> bool:
+        """Put a restored cache into the pool as the agent's (False: no room; nothing changed)."""
+        self.fresh(agent)
+        if not self.ensure(agent, len(tokens)):
+            self.release(agent)
+            return False
+        assert agent.kv is not None
+        agent.kv.load_slices(len(tokens), slices)
         agent.tokens = list(tokens)
         agent.tier = Tier.HOT
-        self.prefix.update(agent.agent_id, agent.tokens)
+        self.publish(agent)
+        return True
 
-    def _ids_for(self, owner: str, reservation: Reservation, group: int, n: int) -> list[int]:
-        ids = reservation.take(group, n)
-        if len(ids) < n:
-            more = self.pool.allocate(owner, {group: n - len(ids)})
-            if more is None:
-                self._release(owner, ids)
-                raise MemoryError(f"pool has no room for {n} blocks of group {group}")
-            ids += more[group]
-        return ids
-
-    def install(self, agent: AgentRecord, tokens: list[int], blocks: dict[int, list[BlockData]]) -> None:
-        """Put restored blocks into the pool as the agent's cache (the caller made room)."""
-        ids = self.pool.allocate(agent.agent_id, {g: len(b) for g, b in blocks.items()})
-        if ids is None:
-            raise MemoryError("pool has no room for the restored cache")
-        runs = {}
-        for group, datas in blocks.items():
-            refs = []
-            for block_id, data in zip(ids[group], datas):
-                self.store.put(block_id, data)
-                refs.append(BlockRef(block_id, data.start, data.length))
-            runs[group] = Run(tuple(refs))
-        agent.runs = runs
-        agent.tokens = list(tokens)
-        agent.tier = Tier.HOT
-        self.prefix.update(agent.agent_id, agent.tokens)
-
-    # -- removal ------------------------------------------------------------------
     def drop(self, agent: AgentRecord) -> int:
-        """Free every block of the agent's hot cache; returns blocks returned to the pool."""
-        ids = agent.hot_block_ids()
-        freed = self._release(agent.agent_id, ids)
-        agent.runs = {}
+        """Free the agent's hot cache; returns blocks returned to the pool."""
+        freed = self.release(agent)
         agent.tokens = []
         self.prefix.remove(agent.agent_id)
         return freed
 
-    def _release(self, owner: str, block_ids: list[int]) -> int:
-        if not block_ids:
-            return 0
-        before = set(block_ids)
-        freed = self.pool.release(owner, block_ids)
-        self.store.discard([b for b in before if self.pool.refcount(b) == 0])
-        return freed
-
     def exclusive_blocks(self, agent: AgentRecord) -> int:
         return self.pool.exclusive_blocks(agent.agent_id)
+
+
+def _usable_prefix(cached: list[int], prompt: tuple[int, ...]) -> int:
+    # The generator needs at least one prompt token to feed.
+    return min(common_prefix_length(cached, prompt), len(prompt) - 1)

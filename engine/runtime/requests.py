@@ -99,6 +99,11 @@ class Usage:
     ttft_s: float | None = None
     decode_tok_s: float | None = None
     duration_s: float | None = None
+    # The hand-off between the pool and the batch (see Turn): admission to the first prefill
+    # chunk, last token to the cache settled, and KV bytes copied on the way.
+    handoff_in_s: float = 0.0
+    handoff_out_s: float = 0.0
+    copied_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -58,6 +58,9 @@ class TierView:
     warm_agents: int = 0
     cold_agents: int = 0
     hot_bytes: int = 0
+    # What the hot caches' arrays measure (own arrays, checkpoints, shared segments once):
+    # equal to hot_bytes, which the pool counts, whenever the engine is between steps.
+    hot_array_bytes: int = 0
     warm_bytes: int = 0
     disk_budget_bytes: int = 0
     evictions_total: dict[str, int] = field(default_factory=dict)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .accounting import held_bytes
 from .agents import AgentRecord, Tier
 from .snapshot import AgentView, EngineSnapshot, ModelView, ThroughputView, TierView
 
@@ -91,6 +92,7 @@ def _tiers(engine: "Engine", agents: tuple[AgentView, ...]) -> TierView:
         warm_agents=counts["warm"],
         cold_agents=counts["cold"],
         hot_bytes=engine.pool.used_bytes,
+        hot_array_bytes=held_bytes(engine.agents),
         warm_bytes=store.disk_bytes if store is not None else 0,
         disk_budget_bytes=store.disk_budget_bytes if store is not None else 0,
         evictions_total=dict(tiers.evictions),

@@ -13,10 +13,11 @@ from .agent_table import AgentTable
 from .agents import AgentRecord, Tier
 from .event_log import EventKind, EventLog
 from .hot_cache import HotCache
+from .kv.sequence_kv import SequenceKV
 from .meters import RateMeter
 
 if TYPE_CHECKING:
-    from engine.store.warm_store import WarmStore
+    from engine.store.warm_store import Loaded, WarmStore
 
 
 class HotState(enum.Enum):
@@ -39,7 +40,12 @@ class TierManager:
 
     # -- eviction ---------------------------------------------------------------------
     def make_room(self, free_blocks: int, protect: set[str], auxiliary_only: bool = False) -> bool:
-        """Evict least-recently-used idle agents until the pool has ``free_blocks`` free."""
+        """Free pool blocks until ``free_blocks`` are free: idle agents' checkpoints first, then
+        least-recently-used idle agents go to disk."""
+        victims = self.agents.eviction_order(protect, auxiliary_only)
+        for agent in victims:
+            while self.hot.pool.free_blocks < free_blocks and self.hot.drop_checkpoint(agent):
+                pass
         while self.hot.pool.free_blocks < free_blocks:
             victims = self.agents.eviction_order(protect, auxiliary_only)
             if not victims:
@@ -92,13 +98,12 @@ class TierManager:
             agent.tier = Tier.COLD
             self.events.emit(EventKind.DISCARD, f"{agent.agent_id}: warm cache unusable, full prefill", agent.agent_id, logging.WARNING)
             return HotState.READY
-        return self._install(agent, loaded, protect | {agent.agent_id})
+        return self._install(agent, loaded, set(protect) | {agent.agent_id})
 
-    def _install(self, agent: AgentRecord, loaded: object, protect: set[str]) -> HotState:
-        need = {group: len(blocks) for group, blocks in loaded.blocks.items()}  # type: ignore[attr-defined]
-        if not self.make_room(sum(need.values()), protect):
+    def _install(self, agent: AgentRecord, loaded: "Loaded", protect: set[str]) -> HotState:
+        need = sum(SequenceKV.empty(self.hot.spec).blocks_for(len(loaded.tokens)).values())
+        if not self.make_room(need, protect) or not self.hot.install(agent, loaded.tokens, loaded.slices):
             return HotState.NO_ROOM
-        self.hot.install(agent, loaded.tokens, loaded.blocks)  # type: ignore[attr-defined]
         self.restores += 1
         self.restore_rate.add(1)
         source = "memory" if loaded.from_memory else "disk"  # type: ignore[attr-defined]

@@ -7,7 +7,8 @@ import time
 from dataclasses import dataclass, field
 
 from .agents import AgentRecord
-from .hot_cache import Reservation, ReusePlan
+from .batch.sequence import Sequence
+from .hot_cache import Holder, ReusePlan
 from .requests import EventSink, FinishEvent, FinishReason, GenerationRequest, Usage
 from .text_stream import TextStream
 
@@ -28,22 +29,30 @@ class Turn:
     agent: AgentRecord | None = None
     uid: int | None = None
     plan: ReusePlan | None = None
-    reservation: Reservation = field(default_factory=Reservation)
+    # Whose cache the turn runs on: its agent's, or a side cache that is thrown away after.
+    holder: Holder | None = None
+    sequence: Sequence | None = None
     text: TextStream | None = None
     admitted_at: float | None = None
     first_token_at: float | None = None
     generated: int = 0
     prefill_done: int = 0
     cancel_reason: FinishReason | None = None
-    # Auxiliary turns on an agent with a cache run uncached and are not absorbed.
-    absorb: bool = True
-    # Early sharing (shared_prefill.py): the prompt position whose whole blocks go into the pool as soon as
-    # the prefill reaches it, so that turns with the same prefix need not compute it; 0 when not offered.
+    # Early sharing (shared_prefill.py): the prompt position at which the cache is offered to turns
+    # with the same prefix while this one is still prefilling; 0 when not offered.
     share_at: int = 0
-    shared_early: bool = False
+    published: bool = False
+    # The hand-off between the pool and the batch: seconds from admission to the first prefill
+    # chunk, from the last token to the cache settled, and bytes of KV copied on the way.
+    handoff_in_s: float = 0.0
+    handoff_out_s: float = 0.0
+    copied_bytes: int = 0
+    copied_mark: int = 0  # the cache's copy counter when the turn was admitted
 
-    def reservation_size(self) -> int:
-        return len(self.reservation.all_ids())
+    @property
+    def on_own_cache(self) -> bool:
+        """Whether the turn writes its agent's cache (a side request on a conversation does not)."""
+        return self.holder is not None and self.holder is self.agent
 
     @property
     def request_id(self) -> str:
@@ -82,6 +91,9 @@ class Turn:
             ttft_s=ttft,
             decode_tok_s=decode_rate,
             duration_s=now - self.submitted_at,
+            handoff_in_s=self.handoff_in_s,
+            handoff_out_s=self.handoff_out_s,
+            copied_bytes=self.copied_bytes,
         )
 
     def finish_event(self, reason: FinishReason, **extra: object) -> FinishEvent:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import mlx.core as mx
 import numpy as np
 
-from engine.runtime.kv_blocks import BlockData, eval_blocks
+from engine.runtime.kv.sequence_kv import LayerSlice
 
 from .cache_file import CacheRecord
 
@@ -23,17 +23,13 @@ _AS_MLX: dict[str, Callable[[np.ndarray], mx.array]] = {
 }
 
 
-def to_mx_blocks(record: CacheRecord) -> dict[int, list[BlockData]]:
-    """group index -> that group's blocks in position order, evaluated."""
+def to_mx_slices(record: CacheRecord) -> list[LayerSlice]:
+    """The record's blocks as MLX arrays, by group then position, evaluated."""
     as_mlx = _AS_MLX[record.header.spec["dtype"]]
-    by_group: dict[int, list[BlockData]] = {}
-    for block in sorted(record.blocks, key=lambda b: (b.group, b.start)):
-        data = BlockData(
-            block.start,
-            block.length,
-            tuple(as_mlx(k) for k in block.keys),
-            tuple(as_mlx(v) for v in block.values),
-        )
-        by_group.setdefault(block.group, []).append(data)
-    eval_blocks([data for blocks in by_group.values() for data in blocks])
-    return by_group
+    slices = [
+        LayerSlice(block.group, block.start, block.length,
+                   tuple(as_mlx(k) for k in block.keys), tuple(as_mlx(v) for v in block.values))
+        for block in sorted(record.blocks, key=lambda b: (b.group, b.start))
+    ]
+    mx.eval([a for s in slices for a in (*s.keys, *s.values)])
+    return slices

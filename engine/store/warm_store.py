@@ -30,7 +30,7 @@ from engine.models.loaded import LoadedModel
 from engine.runtime.agents import AgentRecord
 from engine.runtime.event_log import EventKind, EventLog
 from engine.runtime.hot_cache import HotCache
-from engine.runtime.kv_blocks import BlockData
+from engine.runtime.kv.sequence_kv import LayerSlice
 
 from .cache_file import (
     CacheHeader,
@@ -47,7 +47,7 @@ from .cache_file import (
 )
 from .cold_index import ColdIndex, ColdEntry
 from .private_dirs import make_private_dir
-from .to_mlx import to_mx_blocks
+from .to_mlx import to_mx_slices
 
 log = logging.getLogger("semantic.store")
 
@@ -82,7 +82,7 @@ class Loaded:
     """A cache ready to be installed into the pool."""
 
     tokens: list[int]
-    blocks: dict[int, list[BlockData]]
+    slices: list[LayerSlice]
     from_memory: bool
 
 
@@ -176,12 +176,12 @@ class WarmStore:
         return sum(_nbytes(a) for b in record.blocks for a in (*b.keys, *b.values))
 
     def _record(self, agent: AgentRecord, hot: HotCache) -> CacheRecord:
+        assert agent.kv is not None
+        # Copies cut from the resident arrays: the write owns them, the agent's cache can go.
         blocks = [
-            _persisted(group, ref, hot.store.get(ref.block_id))
-            for group, run in sorted(agent.runs.items())
-            for ref in run.refs
+            PersistedBlock(s.group, s.start, s.length, s.keys, s.values)
+            for s in agent.kv.slices(len(agent.tokens))
         ]
-        mx.eval([a for b in blocks for a in (*b.keys, *b.values)])
         header = new_header(
             agent.agent_id, self.loaded.identity, self.loaded.spec, agent.tokens,
             *_cache_classes(self.loaded),
@@ -329,22 +329,12 @@ class WarmStore:
         self.events.emit(EventKind.DISCARD, f"discarded {path.name}: {reason} ({target})", agent_id, logging.WARNING)
 
 
-def _persisted(group: int, ref: Any, data: BlockData) -> PersistedBlock:
-    keys, values = data.keys, data.values
-    if ref.length < data.length:
-        keys = tuple(mx.contiguous(k[..., : ref.length, :]) for k in keys)
-        values = tuple(mx.contiguous(v[..., : ref.length, :]) for v in values)
-    return PersistedBlock(group, ref.start, ref.length, keys, values)
-
-
 def _from_record(record: CacheRecord, from_memory: bool) -> Loaded:
     if from_memory:
-        blocks: dict[int, list[BlockData]] = {}
-        for b in record.blocks:
-            blocks.setdefault(b.group, []).append(BlockData(b.start, b.length, b.keys, b.values))
+        slices = [LayerSlice(b.group, b.start, b.length, b.keys, b.values) for b in record.blocks]
     else:
-        blocks = to_mx_blocks(record)
-    return Loaded(list(record.header.token_ids), blocks, from_memory)
+        slices = to_mx_slices(record)
+    return Loaded(list(record.header.token_ids), slices, from_memory)
 
 
 def _cache_classes(loaded: LoadedModel) -> tuple[list[str], list[dict[str, Any]]]:

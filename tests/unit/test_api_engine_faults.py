@@ -24,7 +24,7 @@ import pytest
 
 from engine.api.app import create_app
 from engine.runtime.agents import Tier
-from engine.runtime.batch_runner import RunnerLimits, mlx_generator_factory
+from engine.runtime.batch_runner import RunnerLimits, sequence_batch_factory
 from engine.runtime.engine import Engine, EngineConfig
 from engine.runtime.requests import FinishEvent, FinishReason, PrefillEvent, QueuedEvent, TokenEvent
 from tests.support.router_app import LiveServer, make_service
@@ -38,25 +38,25 @@ Request = tuple[str, dict[str, Any], dict[str, str]]  # path, JSON body, headers
 
 @dataclass
 class FailureSwitch:
-    """Shared by every generator the engine builds: the first ``next`` after arming raises, once."""
+    """Shared by every batch the engine builds: the first ``step`` after arming raises, once."""
 
     armed: threading.Event = field(default_factory=threading.Event)
     fired: threading.Event = field(default_factory=threading.Event)
 
 
 class SlowFlakyGenerator:
-    """mlx-lm's BatchGenerator, slowed down, raising once when the switch is armed."""
+    """The engine's SequenceBatch, slowed down, raising once when the switch is armed."""
 
     def __init__(self, inner: Any, switch: FailureSwitch) -> None:
         self._inner = inner
         self._switch = switch
 
-    def next(self) -> Any:
+    def step(self) -> Any:
         if self._switch.armed.is_set() and not self._switch.fired.is_set():
             self._switch.fired.set()
             raise RuntimeError(FAILURE)
         time.sleep(STEP_S)
-        return self._inner.next()
+        return self._inner.step()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -76,8 +76,8 @@ def served(tmp_path: Path) -> Iterator[Served]:
     switch = FailureSwitch()
     loaded = loaded_tiny("llama")
 
-    def flaky_factory(loaded: Any, limits: RunnerLimits) -> SlowFlakyGenerator:
-        return SlowFlakyGenerator(mlx_generator_factory(loaded, limits), switch)
+    def flaky_factory(loaded: Any, limits: RunnerLimits, hooks: Any) -> SlowFlakyGenerator:
+        return SlowFlakyGenerator(sequence_batch_factory(loaded, limits, hooks), switch)
 
     config = EngineConfig(256 * loaded.spec.block_bytes, RunnerLimits(4, 2, 32))
     engine = Engine(loaded, config, generator_factory=flaky_factory)

@@ -36,7 +36,7 @@ from engine.store.cache_file import (
     spec_fingerprint,
     write_cache_file,
 )
-from engine.store.to_mlx import to_mx_blocks
+from engine.store.to_mlx import to_mx_slices
 
 MODEL = ModelIdentity("tiny", "ab" * 32)
 OTHER_MODEL = ModelIdentity("other", "cd" * 32)
@@ -89,13 +89,10 @@ def read_back(path: Path, dtype: str = "float32") -> CacheRecord:
 
 
 def assert_same_blocks(written: CacheRecord, read: CacheRecord) -> None:
-    restored = to_mx_blocks(read)
+    restored = to_mx_slices(read)
     expected = sorted(written.blocks, key=lambda b: (b.group, b.start))
-    got = [(g, d) for g in sorted(restored) for d in restored[g]]
-    assert [(b.group, b.start, b.length) for b in expected] == [
-        (g, d.start, d.length) for g, d in got
-    ]
-    for block, (_, data) in zip(expected, got):
+    assert [(b.group, b.start, b.length) for b in expected] == [(s.group, s.start, s.length) for s in restored]
+    for block, data in zip(expected, restored):
         for want, have in zip(block.keys + block.values, data.keys + data.values):
             assert have.dtype == want.dtype and have.shape == want.shape
             assert mx.array_equal(have, want).item()
@@ -127,11 +124,7 @@ def test_round_trip_is_bit_exact(tmp_path: Path, dtype: str) -> None:
 def test_restored_and_read_records_rewrite_byte_identically(tmp_path: Path, dtype: str) -> None:
     first = write_cache_file(tmp_path / "a", make_record(dtype)).path
     read = read_back(first, dtype)
-    restored = to_mx_blocks(read)
-    as_mlx = tuple(
-        PersistedBlock(group, d.start, d.length, d.keys, d.values)
-        for group in sorted(restored) for d in restored[group]
-    )
+    as_mlx = tuple(PersistedBlock(s.group, s.start, s.length, s.keys, s.values) for s in to_mx_slices(read))
     again_from_mlx = write_cache_file(tmp_path / "b", CacheRecord(read.header, as_mlx)).path
     again_from_numpy = write_cache_file(tmp_path / "c", read).path
     assert again_from_mlx.read_bytes() == first.read_bytes() == again_from_numpy.read_bytes()

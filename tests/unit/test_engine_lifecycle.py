@@ -10,7 +10,7 @@ import pytest
 
 from engine.errors import EngineUnavailableError, PromptTooLongError, RequestTooLargeForPoolError
 from engine.runtime.agents import Tier
-from engine.runtime.batch_runner import mlx_generator_factory
+from engine.runtime.batch_runner import sequence_batch_factory
 from engine.runtime.engine import Engine
 from engine.runtime.requests import FinishEvent, FinishReason, GenerationRequest, PrefillEvent, TokenEvent
 from tests.support.byte_tokenizer import BOS, EOS
@@ -153,17 +153,15 @@ def test_auxiliary_request_leaves_main_cache_intact(llama: Engine) -> None:
 def test_generator_failure_fails_turns_but_engine_survives() -> None:
     calls = {"n": 0}
 
-    def flaky_factory(loaded, limits):
-        generator = mlx_generator_factory(loaded, limits)
+    def flaky_factory(loaded, limits, hooks):
+        generator = sequence_batch_factory(loaded, limits, hooks)
         calls["n"] += 1
         if calls["n"] == 1:
-            original = generator.next
 
             def explode():
                 raise RuntimeError("simulated MLX failure")
 
-            generator.next = explode
-            generator._original = original
+            generator.step = explode
         return generator
 
     from engine.runtime.engine import EngineConfig

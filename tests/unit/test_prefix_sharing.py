@@ -119,5 +119,5 @@ def test_a_turn_waits_only_for_a_running_leader_that_has_not_shared_yet() -> Non
     warm = AgentRecord("follow")
     warm.tier = Tier.WARM
     assert not awaits_leader(follower, warm, [leader], 16)  # its own cache on disk serves it better
-    leader.shared_early = True
+    leader.published = True
     assert not awaits_leader(follower, None, [leader], 16)  # shared: the pool's donors take over

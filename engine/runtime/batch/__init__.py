@@ -1,0 +1,1 @@
+"""Continuous batching over resident caches (replaces mlx-lm's BatchGenerator in the engine)."""

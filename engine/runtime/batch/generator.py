@@ -1,0 +1,242 @@
+"""The batch: prefill chunks and pipelined decode steps over sequences' own caches.
+
+One :meth:`SequenceBatch.step` does, in order:
+
+1. prefill: up to ``prefill_step_size`` prompt tokens, one forward pass per
+   sequence (B=1) on that sequence's cache, oldest sequence first; a chunk
+   also ends at a checkpoint position;
+2. launch a decode step for every decoding sequence (a ragged batch, see
+   ``kv/ragged.py``) and start evaluating it asynchronously;
+3. collect the tokens of the decode step launched by the previous call.
+
+Decoding is pipelined as in mlx-lm: step t+1 is launched with step t's
+tokens before they are read, so a sequence that ends at step t has already
+fed its last token to its cache. That is the invariant the engine relies on:
+a finished sequence's cache holds its prompt and every generated token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import mlx.core as mx
+
+from engine.runtime.kv import ragged
+from engine.runtime.kv.sequence_kv import CheckpointKind
+
+from .sequence import Finish, Phase, Sequence
+
+# Called before a sequence's cache grows to hold ``n_tokens`` positions: the
+# engine reserves pool blocks and grows the arrays, or answers False.
+RoomFn = Callable[[Sequence, int], bool]
+# Called after a checkpoint was taken: the engine pays for it or drops it.
+CheckpointFn = Callable[[Sequence], None]
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillProgress:
+    uid: int
+    done: int  # prompt tokens in the cache now (of this turn's new ones)
+    total: int
+    at_checkpoint: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class TokenOut:
+    uid: int
+    token: int
+    finish: Finish | None = None
+
+
+@dataclass(slots=True)
+class StepOutput:
+    prefill: list[PrefillProgress] = field(default_factory=list)
+    tokens: list[TokenOut] = field(default_factory=list)
+    # Sequences that could not get room for their next token (finished, no token).
+    out_of_room: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Launched:
+    rows: list[Sequence]
+    sampled: mx.array
+
+
+class SequenceBatch:
+    def __init__(
+        self, model: Any, prefill_step_size: int, max_batch_size: int, room: RoomFn,
+        checkpointed: CheckpointFn = lambda sequence: None,
+        keep_turn_checkpoints: int = 1, keep_prefix_checkpoints: int = 2,
+    ) -> None:
+        self.model = model
+        self.prefill_step_size = prefill_step_size
+        self.max_batch_size = max_batch_size
+        self.room = room
+        self.checkpointed = checkpointed
+        self.keep_turn_checkpoints = keep_turn_checkpoints
+        self.keep_prefix_checkpoints = keep_prefix_checkpoints
+        self.ragged = ragged.install(model)
+        self.sequences: dict[int, Sequence] = {}
+        self._launched: _Launched | None = None
+
+    # -- membership ---------------------------------------------------------------------
+    def insert(self, sequence: Sequence) -> None:
+        if len(sequence.prompt) < 1:
+            raise ValueError("a sequence needs at least one prompt token to feed")
+        self.sequences[sequence.uid] = sequence
+        if sequence.prefill_left == 0:
+            self._to_decode(sequence)
+
+    def remove(self, uid: int) -> Sequence | None:
+        """Stop a sequence now; its cache keeps what was fed (``sequence.fed``)."""
+        sequence = self.sequences.pop(uid, None)
+        if sequence is not None:
+            sequence.phase = Phase.DONE
+        return sequence
+
+    def __len__(self) -> int:
+        return len(self.sequences)
+
+    @property
+    def decoding(self) -> int:
+        return sum(1 for s in self.sequences.values() if s.phase is Phase.DECODE)
+
+    # -- the step -----------------------------------------------------------------------
+    def step(self) -> StepOutput:
+        out = StepOutput()
+        self._prefill(out)
+        previous = self._launched
+        self._launched = self._launch(out)
+        if previous is not None:
+            self._collect(previous, out)
+        return out
+
+    def _prefill(self, out: StepOutput) -> None:
+        budget = self.prefill_step_size
+        for sequence in [s for s in self.sequences.values() if s.phase is Phase.PREFILL]:
+            if budget <= 0:
+                return
+            budget -= self._prefill_chunk(sequence, budget, out)
+
+    def _prefill_chunk(self, sequence: Sequence, budget: int, out: StepOutput) -> int:
+        n = min(budget, sequence.prefill_left)
+        offset = sequence.kv.offset
+        n = min([n] + [p - offset for p in sequence.checkpoint_at if offset < p < offset + n])
+        if not self.room(sequence, offset + n):
+            self._out_of_room(sequence, out)
+            return 0
+        chunk = sequence.prompt[sequence.prompt_fed:sequence.prompt_fed + n]
+        self.model(mx.array([chunk]), cache=sequence.kv.caches())
+        mx.eval([a for layer in sequence.kv.layers for a in (layer.keys, layer.values)])
+        sequence.prompt_fed += n
+        sequence.fed.extend(chunk)
+        at_checkpoint = sequence.kv.offset in sequence.checkpoint_at
+        if at_checkpoint:
+            sequence.kv.take_checkpoint(CheckpointKind.PREFIX, self.keep_prefix_checkpoints)
+            self.checkpointed(sequence)
+        out.prefill.append(PrefillProgress(sequence.uid, sequence.prompt_fed, sequence.prefill_total, at_checkpoint))
+        if sequence.prefill_left == 0:
+            self._to_decode(sequence)
+        return n
+
+    def _to_decode(self, sequence: Sequence) -> None:
+        sequence.phase = Phase.DECODE
+        sequence.next_input = sequence.prompt[-1]
+        sequence.at_prompt_end = True
+
+    def _launch(self, out: StepOutput) -> _Launched | None:
+        previous = self._launched
+        carried = [s for s in previous.rows if not s.done] if previous is not None else []
+        joining = [s for s in self.sequences.values() if s.phase is Phase.DECODE and s.next_input is not None]
+        rows = [s for s in carried + joining if self._has_room(s, out)][: self.max_batch_size]
+        if not rows:
+            return None
+        inputs = self._inputs(rows, previous)
+        for s in rows:
+            if s.next_input is not None:
+                s.fed.append(s.next_input)
+                s.next_input = None
+        logits = self._forward(rows, inputs)
+        sampled = _sample(logits, rows)
+        mx.async_eval(sampled)
+        self._checkpoint_prompt_ends(rows)
+        return _Launched(rows, sampled)
+
+    def _has_room(self, sequence: Sequence, out: StepOutput) -> bool:
+        if sequence.done:
+            return False
+        if self.room(sequence, sequence.kv.offset + 1):
+            return True
+        self._out_of_room(sequence, out)
+        return False
+
+    def _out_of_room(self, sequence: Sequence, out: StepOutput) -> None:
+        out.out_of_room.append(sequence.uid)
+        self.remove(sequence.uid)
+
+    def _inputs(self, rows: list[Sequence], previous: _Launched | None) -> mx.array:
+        """Each row's next input: its last sampled token (still on the device) or a known int."""
+        index = {id(s): i for i, s in enumerate(previous.rows)} if previous is not None else {}
+        parts: list[mx.array] = []
+        for s in rows:
+            if s.next_input is not None:
+                parts.append(mx.array([s.next_input], dtype=mx.uint32))
+            else:
+                i = index[id(s)]
+                parts.append(previous.sampled[i:i + 1].astype(mx.uint32))
+        return mx.concatenate(parts) if len(parts) > 1 else parts[0]
+
+    def _forward(self, rows: list[Sequence], inputs: mx.array) -> mx.array:
+        if len(rows) == 1:
+            return self.model(inputs[:, None], cache=rows[0].kv.caches())[:, -1, :]
+        if self.ragged:
+            n_layers = len(rows[0].kv.layers)
+            caches = [ragged.RaggedLayerCache([s.kv.layers[i] for s in rows]) for i in range(n_layers)]
+            return self.model(inputs[:, None], cache=caches)[:, -1, :]
+        # No hook for this model's attention: one forward pass per sequence.
+        return mx.concatenate(
+            [self.model(inputs[b:b + 1, None], cache=s.kv.caches())[:, -1, :] for b, s in enumerate(rows)]
+        )
+
+    def _checkpoint_prompt_ends(self, rows: list[Sequence]) -> None:
+        """Rows whose input was their prompt's last token now hold exactly the prompt: checkpoint it."""
+        for s in rows:
+            if s.at_prompt_end:
+                s.at_prompt_end = False
+                if s.checkpoint_prompt_end and s.kv.has_windows:
+                    s.kv.take_checkpoint(CheckpointKind.TURN, self.keep_turn_checkpoints)
+                    self.checkpointed(s)
+
+    def _collect(self, launched: _Launched, out: StepOutput) -> None:
+        tokens = launched.sampled.tolist()
+        current = {id(s) for s in self._launched.rows} if self._launched is not None else set()
+        for sequence, token in zip(launched.rows, tokens):
+            if sequence.done:
+                continue
+            sequence.generated += 1
+            finish = None
+            if token in sequence.stop_tokens:
+                finish = Finish.STOP
+            elif sequence.generated >= sequence.max_tokens:
+                finish = Finish.LENGTH
+            if id(sequence) in current:
+                sequence.fed.append(token)  # the launch just made fed it to the cache
+            else:
+                sequence.next_input = token  # it goes in with the next launch, as a known int
+            out.tokens.append(TokenOut(sequence.uid, token, finish))
+            if finish is not None:
+                self.remove(sequence.uid)
+
+
+def _sample(logits: mx.array, rows: list[Sequence]) -> mx.array:
+    if all(s.sampler is None for s in rows):
+        return mx.argmax(logits, axis=-1)
+    parts = []
+    for b, s in enumerate(rows):
+        row = logits[b:b + 1]
+        if s.sampler is None:
+            parts.append(mx.argmax(row, axis=-1))
+        else:
+            parts.append(s.sampler(row - mx.logsumexp(row, axis=-1, keepdims=True)).reshape(1))
+    return mx.concatenate(parts)

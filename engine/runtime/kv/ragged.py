@@ -1,0 +1,110 @@
+"""Decoding many sequences in one forward pass, each attending to its own resident cache.
+
+The model's projections and MLP run on the whole batch; attention runs per
+sequence on that sequence's own layer cache, so a sequence joins or leaves
+the batch without any cache being copied (mlx-lm's ``BatchKVCache`` instead
+merges every joining cache into padded batch tensors and extracts them back).
+
+The hook: mlx-lm's attention modules call the ``scaled_dot_product_attention``
+their module imported from ``mlx_lm.models.base``. :func:`install` replaces
+that name in the model's modules with a function that hands a
+:class:`RaggedLayerCache` its per-row attention and calls the original for
+anything else, so other users of those modules are unaffected. A model whose
+attention does not go through that function cannot be batched this way;
+the engine then decodes its sequences one at a time, and shares prefixes by
+copying them instead of by reference.
+
+The same hook serves caches that begin with shared segments (``segment.py``):
+their attention runs over the segments and the sequence's own keys.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import mlx.core as mx
+
+from .segment import segmented_attention
+
+SDPA_NAME = "scaled_dot_product_attention"
+_HOOKED = "_semantic_ragged"
+
+
+@dataclass(frozen=True, slots=True)
+class RowMasks:
+    """Per-row attention masks of one decode step (None: attend to every key the row holds)."""
+
+    masks: tuple[Any, ...]
+
+
+class RaggedLayerCache:
+    """One layer's view of a decode batch: row ``b`` is sequence ``b``'s own cache for this layer."""
+
+    def __init__(self, rows: Sequence[Any]) -> None:
+        self.rows = rows
+        self.offset = mx.array([row.offset for row in rows])
+        self._fetched: list[tuple[mx.array, mx.array]] = []
+
+    def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None) -> RowMasks:
+        if n != 1:
+            raise ValueError("a ragged batch decodes one token per sequence")
+        return RowMasks(tuple(row.make_mask(1, return_array=return_array, window_size=window_size) for row in self.rows))
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        self._fetched = [row.update_and_fetch(keys[b:b + 1], values[b:b + 1]) for b, row in enumerate(self.rows)]
+        # What attention needs is in self._fetched; the model only passes these on to the hook.
+        return keys, values
+
+    def attend(self, queries: mx.array, scale: float, mask: Any, sinks: Any = None) -> mx.array:
+        masks = mask.masks if isinstance(mask, RowMasks) else (None,) * len(self.rows)
+        outputs = [
+            attention(queries[b:b + 1], k, v, row, scale, m, sinks)
+            for b, ((k, v), m, row) in enumerate(zip(self._fetched, masks, self.rows))
+        ]
+        self._fetched = []  # the views pin the rows' arrays; a write in place needs them gone
+        return mx.concatenate(outputs, axis=0)
+
+
+def attention(queries: mx.array, keys: mx.array, values: mx.array, cache: Any, scale: float, mask: Any,
+              sinks: Any = None) -> mx.array:
+    """One sequence's attention: over shared segments and its own keys when it has segments."""
+    prefix = getattr(cache, "prefix", None)
+    if not prefix:
+        return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask, sinks=sinks)
+    if sinks is not None:
+        keys = mx.concatenate([k for k, _ in prefix] + [keys], axis=2)
+        values = mx.concatenate([v for _, v in prefix] + [values], axis=2)
+        return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask, sinks=sinks)
+    return segmented_attention(queries, [*prefix, (keys, values)], scale, mask)
+
+
+def install(model: Any) -> bool:
+    """Route the model's attention through the ragged hook; False when it cannot be."""
+    modules = {type(m).__module__ for _, m in model.named_modules()} | {type(model).__module__}
+    hooked = False
+    for name in modules:
+        module = sys.modules.get(name)
+        original = getattr(module, SDPA_NAME, None)
+        if original is None:
+            continue
+        if not getattr(original, _HOOKED, False):
+            setattr(module, SDPA_NAME, _hooked(original))
+        hooked = True
+    return hooked
+
+
+def _hooked(original: Any) -> Any:
+    def scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sinks=None):
+        if isinstance(cache, RaggedLayerCache):
+            return cache.attend(queries, scale, mask, sinks)
+        if getattr(cache, "prefix", None):
+            return attention(queries, keys, values, cache, scale, mask, sinks)
+        if sinks is None:
+            return original(queries, keys, values, cache=cache, scale=scale, mask=mask)
+        return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
+
+    setattr(scaled_dot_product_attention, _HOOKED, True)
+    scaled_dot_product_attention.__wrapped__ = original  # type: ignore[attr-defined]
+    return scaled_dot_product_attention

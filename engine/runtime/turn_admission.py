@@ -1,0 +1,127 @@
+"""Admitting a turn: whose cache it runs on, how much of it is reused, and room in the pool.
+
+The hand-off into the batch costs what the turn's own tokens cost: an agent's
+resident cache is cut back to the divergence (a window layer to a
+checkpoint) and passed to the model as it is. Only a prefix taken from
+another agent, or a side request's private copy, is copied.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import replace
+from typing import Callable
+
+from engine.models.loaded import LoadedModel
+
+from .agent_table import AgentTable
+from .agents import AgentRecord, Tier
+from .event_log import EventKind, EventLog
+from .hot_cache import HotCache, Holder, ReusePlan, SideCache
+from .tiers import HotState, TierManager
+from .turn import Turn
+
+
+class Admission(enum.Enum):
+    ADMITTED = "admitted"
+    NO_ROOM = "no_room"  # the pool cannot hold this turn now
+    DEFERRED = "deferred"  # this turn's cache is still being read; try the next turn
+
+
+class Admitter:
+    def __init__(
+        self, loaded: LoadedModel, hot: HotCache, agents: AgentTable, tiers: TierManager, events: EventLog,
+        prefix_sharing: bool,
+    ) -> None:
+        self.loaded = loaded
+        self.hot = hot
+        self.agents = agents
+        self.tiers = tiers
+        self.events = events
+        self.prefix_sharing = prefix_sharing
+
+    def admit(self, turn: Turn, running: set[str]) -> Admission:
+        """Plan and prepare ``turn``'s cache; ``running`` are the agents with a turn in the batch."""
+        request = turn.request
+        agent = self.agents.for_request(request)
+        if agent.turns == 0 and agent.tier in (Tier.EMPTY, Tier.COLD):
+            agent.auxiliary = request.auxiliary
+        self.agents.touch(agent)
+        state = self.tiers.ensure_hot(agent, protect=running)
+        if state is HotState.PENDING:
+            return Admission.DEFERRED
+        if state is HotState.NO_ROOM:
+            return Admission.NO_ROOM
+        started = time.monotonic()
+        plan, side = self._plan(agent, turn)
+        holder: Holder = SideCache(f"{agent.agent_id}~{request.request_id}") if side else agent
+        turn.agent, turn.plan, turn.holder = agent, plan, holder
+        copied = self._prepare(holder, agent, turn, running)
+        if copied is None:
+            return Admission.NO_ROOM
+        assert holder.kv is not None
+        turn.copied_bytes, turn.copied_mark = copied, holder.kv.copied
+        turn.handoff_in_s = time.monotonic() - started
+        return Admission.ADMITTED
+
+    # -- planning --------------------------------------------------------------------------
+    def _plan(self, agent: AgentRecord, turn: Turn) -> tuple[ReusePlan, bool]:
+        """The reuse plan, and whether the turn must run on a side cache."""
+        donors: Callable[[str], AgentRecord | None] | None = self.agents.get if self.prefix_sharing else None
+        plan = self.hot.plan_reuse(agent, turn.request.prompt_tokens, donors)
+        would_change = agent.kv is not None and (plan.reused < len(agent.tokens) or plan.donor is not None)
+        if turn.request.auxiliary and would_change and not agent.auxiliary:
+            # Serve from the prefix without touching the main conversation's cache.
+            return replace(plan, note="auxiliary request: the agent's cache was left intact"), True
+        return plan, False
+
+    # -- preparing -------------------------------------------------------------------------
+    def _prepare(self, holder: Holder, agent: AgentRecord, turn: Turn, running: set[str]) -> int | None:
+        """Make ``holder``'s cache hold exactly the plan's prefix, with room for the prompt; bytes copied.
+
+        Updates ``turn.plan`` when less could be kept than planned.
+        """
+        plan = turn.plan
+        assert plan is not None
+        need = turn.prompt_len + 1
+        protect = running | {agent.agent_id}
+        donor = self.agents.get(plan.donor) if plan.donor else None
+        if holder is agent and donor is None:
+            kept = self.hot.continue_own(agent, plan.reused)
+            if kept != plan.reused:
+                turn.plan = ReusePlan(kept, "self" if kept else "none",
+                                      note=f"no pool room to re-base the shared prefix; {kept} tokens kept")
+            before = agent.kv.copied if agent.kv is not None else 0
+            if not self._reserve(agent, need, protect, turn):
+                return None
+            assert agent.kv is not None
+            return agent.kv.copied - before
+        source = donor if donor is not None else agent
+        self.hot.fresh(holder)
+        shared, copied = self.hot.share_prefix(holder, source, plan.reused) if plan.reused else (0, 0)
+        if not self._reserve(holder, need, protect | {source.agent_id}, turn):
+            self.hot.release(holder)
+            if holder is agent:
+                agent.tokens, agent.tier = [], Tier.COLD if agent.turns else Tier.EMPTY
+                self.hot.publish(agent)
+            return None
+        assert holder.kv is not None
+        copied += holder.kv.copied  # a fresh cache: everything it copied so far is this turn's
+        if plan.reused:
+            assert source.kv is not None
+            copied += self.hot.copy_prefix(holder, source.kv, plan.reused)
+        if holder is agent and donor is not None:
+            agent.tokens = list(donor.tokens[:plan.reused])
+            agent.tier = Tier.HOT
+            self.hot.publish(agent)
+            self.events.emit(EventKind.SHARE, f"{agent.agent_id}: shares {plan.reused} prefix tokens of "
+                             f"{donor.agent_id} ({shared} by reference)", agent.agent_id)
+        return copied
+
+    def _reserve(self, holder: Holder, n_tokens: int, protect: set[str], turn: Turn) -> bool:
+        if self.hot.ensure(holder, n_tokens):
+            return True
+        missing = self.hot.missing_blocks(holder, n_tokens)
+        self.tiers.make_room(missing, protect, auxiliary_only=turn.request.auxiliary)
+        return self.hot.ensure(holder, n_tokens)
