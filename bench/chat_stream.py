@@ -39,6 +39,8 @@ class Turn:
     cached_tokens: int | None
     # Requests refused (429/503) or dropped unanswered before this one got through; their wait is in the TTFT.
     retries: int
+    # semantic's usage extension (hand-off timings, bytes copied); empty for other servers.
+    cache: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ttft_s(self) -> float:
@@ -147,4 +149,5 @@ def _turn_of(agent: str, index: int, sent_at: float, state: _StreamState) -> Tur
         completion_tokens=int(usage.get("completion_tokens", 0)),
         cached_tokens=details.get("cached_tokens"),
         retries=state.retries,
+        cache=usage.get("semantic") or {},
     )

@@ -134,6 +134,8 @@ class ModelSwapper:
         except Exception as exc:  # an unexpected loader failure must not leave the service empty
             log.exception("model swap failed")
             self._roll_back(old_ref, seeds, exc)
+        finally:
+            release_thread_streams()
 
     def _retire_old(self, grace_s: float) -> tuple[AgentView, ...]:
         engine = self.service.detachable_engine()
@@ -206,6 +208,13 @@ class ModelSwapper:
 
     def _set(self, status: SwapStatus) -> None:
         self._status = status
+
+
+def release_thread_streams() -> None:
+    """Drop the MLX streams (and compile cache) this thread made, while Python is alive to free them."""
+    import mlx.core as mx
+
+    mx.clear_streams()
 
 
 def _release_memory() -> None:

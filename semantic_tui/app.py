@@ -22,6 +22,7 @@ from textual.worker import Worker, WorkerState
 from engine.errors import SemanticError
 from engine.runtime.agents import Tier
 from engine.settings import Settings
+from engine.swap import release_thread_streams
 
 from .backend import WorkbenchBackend
 from .messages import EngineStopped, LoadProgress, ModelFailed, ModelReady
@@ -114,6 +115,8 @@ class SemanticApp(App[None]):
         except SemanticError as exc:
             self.post_message(ModelFailed(f"Could not load {self.backend.settings.model}", str(exc)))
             return
+        finally:
+            release_thread_streams()  # this worker thread ends here; MLX needs its cleanup before that
         self.post_message(ModelReady(engine))
 
     @on(LoadProgress)

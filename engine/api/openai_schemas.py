@@ -121,11 +121,22 @@ class PromptTokensDetails(BaseModel):
     cached_tokens: int = Field(description="Prompt tokens served from the agent's KV cache instead of prefilled.")
 
 
+class CacheUsage(BaseModel):
+    """Extension: how the turn met the agent's cache."""
+
+    reuse_source: str = Field(description="self (the agent's own cache), shared:<agent> (another agent's prefix), none")
+    reuse_note: str | None = Field(description="Why less was reused than the prompt shares with the cache, if so")
+    handoff_in_ms: float = Field(description="Admission to the first prefill chunk: planning and preparing the cache")
+    handoff_out_ms: float = Field(description="Last token to the cache settled in the pool")
+    copied_bytes: int = Field(description="Bytes of KV copied for this turn (shared prefixes, growth, side copies)")
+
+
 class UsageOut(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails
+    semantic: CacheUsage
 
 
 class ChatCompletionResponse(BaseModel):

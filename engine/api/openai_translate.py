@@ -144,6 +144,18 @@ def usage_body(usage: Usage) -> dict[str, Any]:
         "completion_tokens": usage.generated_tokens,
         "total_tokens": usage.prompt_tokens + usage.generated_tokens,
         "prompt_tokens_details": {"cached_tokens": usage.reused_tokens},
+        "semantic": cache_usage(usage),
+    }
+
+
+def cache_usage(usage: Usage) -> dict[str, Any]:
+    """The ``semantic`` usage extension: where the reused tokens came from and what the hand-off cost."""
+    return {
+        "reuse_source": usage.reuse_source,
+        "reuse_note": usage.reuse_note,
+        "handoff_in_ms": round(usage.handoff_in_s * 1000, 3),
+        "handoff_out_ms": round(usage.handoff_out_s * 1000, 3),
+        "copied_bytes": usage.copied_bytes,
     }
 
 

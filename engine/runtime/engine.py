@@ -360,10 +360,15 @@ class Engine:
         self._persist_all()
         self._release_hot()
         runner.close()
-        # mlx-lm's batch objects sit in reference cycles; collect them here,
-        # on the thread whose stream made their arrays.
+        # Anything left in reference cycles is collected here, on the thread
+        # whose stream made its arrays.
         gc.collect()
         mx.synchronize()
+        # This thread's streams and compile cache (mlx.nn's activations are
+        # mx.compile'd) must go while Python is alive: their thread-exit
+        # destructors need the GIL, and a thread that exits while the
+        # interpreter finalizes aborts the process (MLX's documented pattern).
+        mx.clear_streams()
         self._status = "stopped"
         self._publish(force=True)
         # A stopped engine may still be referenced (a watching chat pane, a

@@ -263,14 +263,20 @@ class HotCache:
         else:
             self.prefix.remove(agent.agent_id)
 
-    def install(self, agent: AgentRecord, tokens: list[int], slices: list[LayerSlice]) -> bool:
-        """Put a restored cache into the pool as the agent's (False: no room; nothing changed)."""
+    def install(self, agent: AgentRecord, tokens: list[int], slices: list[LayerSlice],
+                checkpoints: list[dict[str, object]] | tuple = ()) -> bool:
+        """Put a restored cache into the pool as the agent's (False: no room; nothing changed).
+
+        Restored checkpoints are kept as far as the pool has room for them, oldest dropped first.
+        """
         self.fresh(agent)
         if not self.ensure(agent, len(tokens)):
             self.release(agent)
             return False
         assert agent.kv is not None
-        agent.kv.load_slices(len(tokens), slices)
+        agent.kv.load_slices(len(tokens), slices, checkpoints)
+        while not self.pay(agent) and agent.kv.drop_oldest_checkpoint():
+            self.settle(agent)
         agent.tokens = list(tokens)
         agent.tier = Tier.HOT
         self.publish(agent)

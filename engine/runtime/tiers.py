@@ -102,7 +102,10 @@ class TierManager:
 
     def _install(self, agent: AgentRecord, loaded: "Loaded", protect: set[str]) -> HotState:
         need = sum(SequenceKV.empty(self.hot.spec).blocks_for(len(loaded.tokens)).values())
-        if not self.make_room(need, protect) or not self.hot.install(agent, loaded.tokens, loaded.slices):
+        need += sum(1 for s in loaded.slices if s.checkpoint is not None)  # one slice per checkpoint block
+        if not self.make_room(need, protect):
+            return HotState.NO_ROOM
+        if not self.hot.install(agent, loaded.tokens, loaded.slices, loaded.checkpoints):
             return HotState.NO_ROOM
         self.restores += 1
         self.restore_rate.add(1)

@@ -12,6 +12,7 @@ tensor data starts 8-byte aligned, then the tensors' raw bytes in this order::
     token_ids                    U32 (n_tokens,)
     g{group}.b{start}.l{slot}.k  (1, kv_heads, length, head_dim)    per block, per layer slot
     g{group}.b{start}.l{slot}.v  (1, kv_heads, length, v_head_dim)
+    c{i}.g{group}.b{start}.l{slot}.k / .v                           per checkpoint block
 
 ``group`` is the spec's layer group, ``start`` the block's first token (on a
 block boundary), ``slot`` the layer's position within the group. Blocks are
@@ -20,13 +21,28 @@ group's blocks are contiguous and end at ``n_tokens``; a sliding-window group
 may begin later, but no later than its window needs. The tensors tile the data
 section exactly: no gaps, no overlap, no trailing bytes.
 
+Checkpoints are the sliding-window groups as they stood at an earlier offset
+(the end of a turn's prompt, or of a prefix other agents share), so a
+conversation can resume there after the windows have moved on. The header's
+``checkpoints[i]`` is ``{"offset": o, "kind": "turn" | "prefix"}``, offsets
+strictly increasing within ``1..n_tokens``; its blocks, named ``c{i}.``, follow
+the cache's own blocks, ordered by checkpoint, group, then start. Checkpoint
+``i`` has blocks of every sliding-window group and of no global group (those
+never drop a token, so the cache's own blocks already hold them). Each group's
+blocks sit on block boundaries, are contiguous, end exactly at ``o`` and begin
+no later than ``o - (W - 1)`` and no earlier than ``o - round_up(W, block)``
+(both at least 0), for window ``W``.
+
 ``__metadata__`` holds ``format: semantic-agent-cache`` and ``semantic``: the
 :class:`CacheHeader` as one JSON string (safetensors metadata is str -> str),
 with the fields ``format_version``, ``agent_id``, ``model_name``,
 ``model_digest``, ``spec_fingerprint``, ``spec``, ``cache_classes``,
-``cache_meta``, ``n_tokens``, ``created_at``, ``last_used``, ``tensor_bytes``,
-``display_name``, ``source``, ``extra`` and, always last, ``checksum``. A file
-is read back only by the model with the same digest and spec fingerprint.
+``cache_meta``, ``n_tokens``, ``checkpoints``, ``created_at``, ``last_used``,
+``tensor_bytes``, ``display_name``, ``source``, ``extra`` and, always last,
+``checksum``. ``checkpoints`` is written only when there are some: it came
+within format version 1, and a file without checkpoints is byte for byte what
+the format wrote before it. A file is read back only by the model with the
+same digest and spec fingerprint.
 
 Why the writer is hand-written: the safetensors package's numpy path cannot
 express bfloat16 and joins every tensor into one bytes object (a full copy),
@@ -57,6 +73,7 @@ from __future__ import annotations
 
 from .cache_directory import quarantine, scan_directory
 from .cache_format import (
+    CHECKPOINT_KINDS,
     CHECKSUM_ALGORITHM,
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -78,6 +95,7 @@ from .cache_reader import read_cache_file, read_header
 from .cache_writer import write_cache_file
 
 __all__ = [
+    "CHECKPOINT_KINDS",
     "CHECKSUM_ALGORITHM",
     "FORMAT_NAME",
     "FORMAT_VERSION",

@@ -30,6 +30,7 @@ QUARANTINE_DIR = "quarantine"
 STALE_TEMP_SECONDS = 60.0
 MAX_HEADER_BYTES = 100_000_000  # the safetensors library's own limit
 TOKENS = "token_ids"
+CHECKPOINT_KINDS = ("turn", "prefix")
 
 _LENGTH = struct.Struct("<Q")
 _CRC_DIGITS = 8
@@ -40,7 +41,8 @@ _CHECKSUM_PLACEHOLDER = f"{CHECKSUM_ALGORITHM}:{'0' * _CRC_DIGITS}"
 _AFTER_CHECKSUM = b'\\"}"}}'
 _CHECKSUM_VALUE = re.compile(r"crc32:[0-9a-f]{8}")
 _INDEX = r"(0|[1-9][0-9]{0,17})"
-_BLOCK_NAME = re.compile(rf"g{_INDEX}\.b{_INDEX}\.l{_INDEX}\.([kv])")
+# A cache's own block "g{group}.b{start}.l{slot}.k", or a checkpoint's "c{i}.g...".
+_BLOCK_NAME = re.compile(rf"(?:c{_INDEX}\.)?g{_INDEX}\.b{_INDEX}\.l{_INDEX}\.([kv])")
 # The writer's temp files: ".{stem}.{pid}.{random hex}.tmp".
 _TEMP_NAME = re.compile(r"\.[A-Za-z0-9_-]+\.([1-9][0-9]{0,9})\.[0-9a-f]+\.tmp")
 
@@ -71,6 +73,8 @@ class PersistedBlock:
 
     Arrays are anything with the buffer protocol: evaluated, C-contiguous
     mx.arrays when writing; numpy views of the file's bytes after reading.
+    ``checkpoint`` is None for the cache's own blocks, ``i`` for a block of
+    the header's ``checkpoints[i]``.
     """
 
     group: int
@@ -78,6 +82,12 @@ class PersistedBlock:
     length: int
     keys: tuple[Any, ...]
     values: tuple[Any, ...]
+    checkpoint: int | None = None
+
+    @property
+    def file_order(self) -> tuple[int, int, int]:
+        """The cache's own blocks first, then each checkpoint's; by group, then start."""
+        return (-1 if self.checkpoint is None else self.checkpoint, self.group, self.start)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +109,8 @@ class CacheHeader:
     display_name: str | None = None
     source: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # Earlier states of the sliding-window groups: {"offset": tokens, "kind": "turn" | "prefix"}.
+    checkpoints: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +157,7 @@ def new_header(
     display_name: str | None = None,
     source: str | None = None,
     extra: dict[str, Any] | None = None,
+    checkpoints: Sequence[dict[str, Any]] | None = None,
 ) -> CacheHeader:
     """A header ready for :func:`write_cache_file` (which stamps checksum and sizes)."""
     now = time.time()
@@ -154,6 +167,7 @@ def new_header(
         [int(t) for t in token_ids], len(token_ids),
         now if created_at is None else created_at, now if last_used is None else last_used,
         display_name=display_name, source=source, extra=dict(extra or {}),
+        checkpoints=[dict(c) for c in checkpoints or ()],
     )
 
 

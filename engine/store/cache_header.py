@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Sequence
+from itertools import pairwise
 from typing import Any
 
 from engine.errors import CacheCorruptionError
@@ -21,6 +22,7 @@ from .cache_format import (
     _CHECKSUM_VALUE,
     _CRC_DIGITS,
     _LENGTH,
+    CHECKPOINT_KINDS,
     CHECKSUM_ALGORITHM,
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -56,15 +58,25 @@ def _is_list_of(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
     return lambda v: type(v) is list and all(check(x) for x in v)
 
 
+def _is_checkpoint(v: Any) -> bool:
+    return (type(v) is dict and set(v) == {"offset", "kind"} and _is_count(v["offset"])
+            and v["kind"] in CHECKPOINT_KINDS)
+
+
 # The header's JSON fields, in the order written; token ids travel as a tensor.
 _HEADER_FIELDS = {
     "format_version": _is_count, "agent_id": _is_str, "model_name": _is_str,
     "model_digest": _is_str, "spec_fingerprint": _is_str, "spec": _is_dict,
     "cache_classes": _is_list_of(_is_str), "cache_meta": _is_list_of(_is_dict),
-    "n_tokens": _is_count, "created_at": _is_time, "last_used": _is_time,
+    "n_tokens": _is_count, "checkpoints": _is_list_of(_is_checkpoint),
+    "created_at": _is_time, "last_used": _is_time,
     "tensor_bytes": _is_count, "display_name": _is_optional_str, "source": _is_optional_str,
     "extra": _is_dict, "checksum": _is_str,
 }
+# Fields added within format version 1 are written only when they differ from
+# their default, so a file without them is byte-identical to one written
+# before they existed, and that older file still reads.
+_OPTIONAL_FIELDS: dict[str, Callable[[], Any]] = {"checkpoints": list}
 
 
 # -- encoding ----------------------------------------------------------------------------------
@@ -74,7 +86,10 @@ def _encode_head(header: CacheHeader, entries: Sequence[_Entry]) -> tuple[bytes,
         e.name: {"dtype": e.dtype, "shape": list(e.shape), "data_offsets": [e.begin, e.end]}
         for e in entries
     }
-    fields = {name: getattr(header, name) for name in _HEADER_FIELDS if name != "checksum"}
+    fields = {
+        name: getattr(header, name) for name in _HEADER_FIELDS
+        if name != "checksum" and not _is_default(name, getattr(header, name))
+    }
     fields["checksum"] = header.checksum  # last: see _AFTER_CHECKSUM
     semantic = json.dumps(fields, allow_nan=False, separators=(",", ":"))
     _check_fields(json.loads(semantic))  # what the reader will see
@@ -84,6 +99,10 @@ def _encode_head(header: CacheHeader, entries: Sequence[_Entry]) -> tuple[bytes,
     padded = text + b" " * (-(_LENGTH.size + len(text)) % 8)
     checksum_at = _LENGTH.size + len(text) - len(_AFTER_CHECKSUM) - _CRC_DIGITS
     return _LENGTH.pack(len(padded)) + padded, checksum_at
+
+
+def _is_default(name: str, value: Any) -> bool:
+    return name in _OPTIONAL_FIELDS and value == _OPTIONAL_FIELDS[name]()
 
 
 # -- parsing -----------------------------------------------------------------------------------
@@ -111,18 +130,31 @@ def _parse_header(metadata: Any) -> CacheHeader:
 
 
 def _check_fields(fields: dict[str, Any]) -> None:
-    missing = sorted(set(_HEADER_FIELDS) - set(fields))
+    missing = sorted(set(_HEADER_FIELDS) - set(_OPTIONAL_FIELDS) - set(fields))
     unknown = sorted(set(fields) - set(_HEADER_FIELDS))
     if missing or unknown:
         raise CacheCorruptionError(f"header fields missing {missing}, unknown {_short(unknown)}")
     for name, valid in _HEADER_FIELDS.items():
-        if not valid(fields[name]):
+        if name in fields and not valid(fields[name]):
             raise CacheCorruptionError(
                 f"header field {name} has a bad value {_short(repr(fields[name]))}")
+    _check_checkpoint_offsets(fields.get("checkpoints", []), fields["n_tokens"])
     if not _CHECKSUM_VALUE.fullmatch(fields["checksum"]):
         raise CacheCorruptionError(
             f"unsupported checksum {_short(repr(fields['checksum']))}, "
             f"expected {CHECKSUM_ALGORITHM}")
+
+
+def _check_checkpoint_offsets(checkpoints: list[dict[str, Any]], n_tokens: int) -> None:
+    """Checkpoints are earlier states of this cache: one per offset, in order, within it."""
+    offsets = [c["offset"] for c in checkpoints]
+    if any(after <= before for before, after in pairwise(offsets)):
+        raise CacheCorruptionError(
+            f"header field checkpoints has offsets {_short(offsets)}, not strictly increasing")
+    outside = [o for o in offsets if not 1 <= o <= n_tokens]
+    if outside:
+        raise CacheCorruptionError(f"header field checkpoints has offset {outside[0]}, "
+                                   f"outside 1..{n_tokens} (n_tokens)")
 
 
 def _parse_entry(name: str, desc: Any) -> _Entry:

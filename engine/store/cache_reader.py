@@ -32,11 +32,13 @@ from .cache_format import (
 )
 from .cache_header import _checksum_offset, _parse_entry, _parse_header, _parse_json
 from .cache_validation import (
+    _BlockEntries,
     _check_blocks,
     _check_checksum,
     _check_identity,
     _check_offsets,
     _geometry,
+    _Runs,
     _token_entry,
 )
 
@@ -81,10 +83,17 @@ def read_cache_file(
     blocks = tuple(
         PersistedBlock(b.group, b.start, b.length,
                        tuple(_view(data, e, geometry.dtype) for e in b.keys),
-                       tuple(_view(data, e, geometry.dtype) for e in b.values))
-        for group in sorted(runs) for b in runs[group]
+                       tuple(_view(data, e, geometry.dtype) for e in b.values), b.checkpoint)
+        for b in _in_file_order(runs)
     )
     return CacheRecord(replace(header, token_ids=tokens.tolist()), blocks)
+
+
+def _in_file_order(runs: _Runs) -> Iterator[_BlockEntries]:
+    """The cache's own blocks, then each checkpoint's; by group, then start."""
+    for checkpoint in sorted(runs, key=lambda i: -1 if i is None else i):
+        for group in sorted(runs[checkpoint]):
+            yield from runs[checkpoint][group]
 
 
 @contextmanager

@@ -4,11 +4,13 @@ The reader runs them so that any defect in a file on disk surfaces as one
 CacheCorruptionError naming it, before anything is restored; the writer runs
 the same ones so it never writes a file the reader would reject. The checks:
 tensors tile the data section exactly, the geometry matches the model's spec,
-each group's blocks cover the cache contiguously, and the checksum holds.
+each group's blocks cover the cache contiguously, each checkpoint's blocks
+cover every sliding-window group up to its offset, and the checksum holds.
 """
 
 from __future__ import annotations
 
+import math
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -110,10 +112,15 @@ class _BlockEntries:
     length: int
     keys: tuple[_Entry, ...]
     values: tuple[_Entry, ...]
+    checkpoint: int | None = None
 
     @property
     def end(self) -> int:
         return self.start + self.length
+
+
+# Blocks by checkpoint (None: the cache's own), then by group, each run in token order.
+_Runs = dict[int | None, dict[int, list[_BlockEntries]]]
 
 
 def _geometry(spec: dict[str, Any]) -> _Geometry:
@@ -131,17 +138,25 @@ def _window(kind: str) -> int | None:
     return None if kind == "global" else int(kind.removeprefix("sliding-"))
 
 
-def _check_blocks(
-    geometry: _Geometry, entries: dict[str, _Entry], header: CacheHeader
-) -> dict[int, list[_BlockEntries]]:
-    """Every tensor is a K or V of a whole block, and each group's blocks cover the cache."""
+def _check_blocks(geometry: _Geometry, entries: dict[str, _Entry], header: CacheHeader) -> _Runs:
+    """Every tensor is a K or V of a whole block; the blocks cover the cache and its checkpoints.
+
+    The header's fields must already have passed ``_check_fields``.
+    """
     layers = {len(header.cache_classes), len(header.cache_meta)}
     if layers != {geometry.n_layers}:
         raise CacheCorruptionError(f"header describes {sorted(layers)} layer caches, "
                                    f"the spec has {geometry.n_layers} layers")
     runs = _group_blocks(geometry, entries)
+    orphans = sorted(i for i in runs if i is not None and i >= len(header.checkpoints))
+    if orphans:
+        raise CacheCorruptionError(f"tensors of checkpoint {orphans[0]}, which the header "
+                                   f"does not list (it lists {len(header.checkpoints)})")
+    main = runs.get(None, {})
     for index, (_, window) in geometry.groups.items():
-        _check_run(index, runs.get(index, []), header.n_tokens, window)
+        _check_run(index, main.get(index, []), header.n_tokens, window)
+    for i, checkpoint in enumerate(header.checkpoints):
+        _check_checkpoint(geometry, i, checkpoint["offset"], runs.get(i, {}))
     kv_bytes = sum(e.end - e.begin for name, e in entries.items() if name != TOKENS)
     if kv_bytes != header.tensor_bytes:
         raise CacheCorruptionError(
@@ -149,35 +164,37 @@ def _check_blocks(
     return runs
 
 
-def _group_blocks(
-    geometry: _Geometry, entries: dict[str, _Entry]
-) -> dict[int, list[_BlockEntries]]:
+def _group_blocks(geometry: _Geometry, entries: dict[str, _Entry]) -> _Runs:
     """The K/V tensors gathered into blocks by name, each group's blocks in token order."""
-    found: dict[tuple[int, int], dict[tuple[int, str], _Entry]] = {}
+    found: dict[tuple[int, int, int], dict[tuple[int, str], _Entry]] = {}
     for name, entry in entries.items():
         if name == TOKENS:
             continue
         match = _BLOCK_NAME.fullmatch(name)
         if match is None:
             raise CacheCorruptionError(f"unexpected tensor {_short(repr(name))}")
-        group, start, slot = int(match[1]), int(match[2]), int(match[3])
-        found.setdefault((group, start), {})[(slot, match[4])] = entry
-    runs: dict[int, list[_BlockEntries]] = {}
-    for (group, start), tensors in sorted(found.items()):
-        runs.setdefault(group, []).append(_block(geometry, group, start, tensors))
+        checkpoint = -1 if match[1] is None else int(match[1])  # -1 sorts the cache's own first
+        group, start, slot = int(match[2]), int(match[3]), int(match[4])
+        found.setdefault((checkpoint, group, start), {})[(slot, match[5])] = entry
+    runs: _Runs = {}
+    for (checkpoint, group, start), tensors in sorted(found.items()):
+        block = _block(geometry, None if checkpoint < 0 else checkpoint, group, start, tensors)
+        runs.setdefault(block.checkpoint, {}).setdefault(group, []).append(block)
     return runs
 
 
 def _block(
-    geometry: _Geometry, group: int, start: int, tensors: dict[tuple[int, str], _Entry]
+    geometry: _Geometry, checkpoint: int | None, group: int, start: int,
+    tensors: dict[tuple[int, str], _Entry],
 ) -> _BlockEntries:
+    name = ("" if checkpoint is None else f"c{checkpoint}.") + f"g{group}.b{start}"
     if group not in geometry.groups:
         raise CacheCorruptionError(
             f"tensor group {group} is not in the spec (groups {sorted(geometry.groups)})")
     width = geometry.groups[group][0]
     if set(tensors) != {(slot, kind) for slot in range(width) for kind in "kv"}:
         raise CacheCorruptionError(
-            f"block g{group}.b{start} lacks k or v of some of the group's {width} layers")
+            f"block {name} lacks k or v of some of the group's {width} layers")
     keys = tuple(tensors[(slot, "k")] for slot in range(width))
     values = tuple(tensors[(slot, "v")] for slot in range(width))
     lengths = {_tensor_length(geometry, e, geometry.head_dim) for e in keys}
@@ -185,9 +202,9 @@ def _block(
     length = min(lengths)
     room = geometry.block_tokens - start % geometry.block_tokens  # blocks sit on boundaries
     if len(lengths) != 1 or not 1 <= length <= room:
-        raise CacheCorruptionError(f"block g{group}.b{start} holds {sorted(lengths)} tokens, "
+        raise CacheCorruptionError(f"block {name} holds {sorted(lengths)} tokens, "
                                    f"which does not fit one {geometry.block_tokens}-token block")
-    return _BlockEntries(group, start, length, keys, values)
+    return _BlockEntries(group, start, length, keys, values, checkpoint)
 
 
 def _tensor_length(geometry: _Geometry, entry: _Entry, head_dim: int) -> int:
@@ -206,10 +223,7 @@ def _check_run(index: int, run: list[_BlockEntries], n_tokens: int, window: int 
 
     A sliding-window group may drop blocks before its window, never one inside it.
     """
-    for before, after in pairwise(run):
-        if after.start != before.end:
-            raise CacheCorruptionError(f"group {index} is not contiguous: a block starts at "
-                                       f"{after.start} after one ending at {before.end}")
+    _check_contiguous(f"group {index}", run)
     end = run[-1].end if run else 0
     if end != n_tokens:
         raise CacheCorruptionError(
@@ -218,3 +232,55 @@ def _check_run(index: int, run: list[_BlockEntries], n_tokens: int, window: int 
     if run and run[0].start > needed:
         raise CacheCorruptionError(
             f"group {index} starts at token {run[0].start}, but must hold token {needed} on")
+
+
+def _check_contiguous(what: str, run: list[_BlockEntries]) -> None:
+    for before, after in pairwise(run):
+        if after.start != before.end:
+            raise CacheCorruptionError(f"{what} is not contiguous: a block starts at "
+                                       f"{after.start} after one ending at {before.end}")
+
+
+def _check_checkpoint(
+    geometry: _Geometry, i: int, offset: int, runs: dict[int, list[_BlockEntries]]
+) -> None:
+    """Checkpoint ``i`` holds each sliding-window group as it stood at ``offset``, and no more.
+
+    Full-attention groups never shrink, so the cache's own blocks already hold
+    their state at any earlier offset: a checkpoint of one would be a copy.
+    """
+    for index, (_, window) in geometry.groups.items():
+        run = runs.get(index, [])
+        if window is None:
+            if run:
+                raise CacheCorruptionError(f"checkpoint {i} has blocks of global group {index}; "
+                                           "checkpoints hold only sliding-window groups")
+            continue
+        if not run:
+            raise CacheCorruptionError(
+                f"checkpoint {i} has no blocks of sliding-window group {index}")
+        what = f"checkpoint {i} group {index}"
+        _check_contiguous(what, run)
+        _check_checkpoint_span(what, run[0].start, run[-1].end, offset,
+                               window, geometry.block_tokens)
+
+
+def _check_checkpoint_span(
+    what: str, start: int, end: int, offset: int, window: int, block_tokens: int
+) -> None:
+    """Ends at ``offset`` and holds the ``window - 1`` tokens the next one attends to.
+
+    It may hold more, whole blocks cut from the cache, but never more than a
+    window rounded up to blocks: a checkpoint cannot quietly carry a history.
+    """
+    if end != offset:
+        raise CacheCorruptionError(f"{what} covers tokens up to {end}, its offset is {offset}")
+    latest = max(0, offset - (window - 1))
+    if start > latest:
+        raise CacheCorruptionError(
+            f"{what} starts at token {start}, but must hold token {latest} on")
+    window_in_blocks = math.ceil(window / block_tokens) * block_tokens
+    earliest = max(0, offset - window_in_blocks)
+    if start < earliest:
+        raise CacheCorruptionError(f"{what} starts at token {start}, before token {earliest}: "
+                                   "more than its window's blocks before its offset")

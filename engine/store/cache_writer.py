@@ -141,9 +141,9 @@ def _plan(record: CacheRecord) -> _Plan:
         entries = _lay_out(sources)
         header = replace(header, format_version=FORMAT_VERSION, checksum=_CHECKSUM_PLACEHOLDER,
                          tensor_bytes=sum(e.end - e.begin for e in entries[1:]))
+        head, checksum_at = _encode_head(header, entries)  # checks the fields _check_blocks reads
         _token_entry(_by_name(entries), header.n_tokens)
         _check_blocks(geometry, _by_name(entries), header)
-        head, checksum_at = _encode_head(header, entries)
     except CacheCorruptionError as err:
         raise ValueError(f"refusing to write a cache that would not read back: {err}") from None
     return _Plan(head, checksum_at, tuple(sources), len(head) + entries[-1].end)
@@ -158,9 +158,10 @@ def _token_source(token_ids: Sequence[int]) -> _Source:
 
 def _block_sources(blocks: Sequence[PersistedBlock], dtype: _Dtype) -> list[_Source]:
     sources = []
-    for block in sorted(blocks, key=lambda b: (b.group, b.start)):
+    for block in sorted(blocks, key=lambda b: b.file_order):
+        checkpoint = "" if block.checkpoint is None else f"c{block.checkpoint}."
         for slot, (k, v) in enumerate(zip(block.keys, block.values)):
-            prefix = f"g{block.group}.b{block.start}.l{slot}"
+            prefix = f"{checkpoint}g{block.group}.b{block.start}.l{slot}"
             sources += [_source(f"{prefix}.k", k, dtype), _source(f"{prefix}.v", v, dtype)]
             if {sources[-1].shape[2:3], sources[-2].shape[2:3]} != {(block.length,)}:
                 raise ValueError(f"{prefix}: arrays do not hold the block's {block.length} tokens")
@@ -183,7 +184,7 @@ def _lay_out(sources: Sequence[_Source]) -> list[_Entry]:
         entries.append(_Entry(source.name, source.dtype.code, source.shape, position, end))
         position = end
     if len({e.name for e in entries}) != len(entries):
-        raise ValueError("two blocks of one group start at the same position")
+        raise ValueError("two blocks of one group (or checkpoint) start at the same position")
     return entries
 
 

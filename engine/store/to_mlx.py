@@ -24,12 +24,17 @@ _AS_MLX: dict[str, Callable[[np.ndarray], mx.array]] = {
 
 
 def to_mx_slices(record: CacheRecord) -> list[LayerSlice]:
-    """The record's blocks as MLX arrays, by group then position, evaluated."""
+    """The record's blocks as MLX arrays in file order, evaluated.
+
+    The cache's own blocks come first (by group, then position), then each
+    checkpoint's, with ``checkpoint`` set to its index in the header.
+    """
     as_mlx = _AS_MLX[record.header.spec["dtype"]]
     slices = [
         LayerSlice(block.group, block.start, block.length,
-                   tuple(as_mlx(k) for k in block.keys), tuple(as_mlx(v) for v in block.values))
-        for block in sorted(record.blocks, key=lambda b: (b.group, b.start))
+                   tuple(as_mlx(k) for k in block.keys), tuple(as_mlx(v) for v in block.values),
+                   block.checkpoint)
+        for block in sorted(record.blocks, key=lambda b: b.file_order)
     ]
     mx.eval([a for s in slices for a in (*s.keys, *s.values)])
     return slices

@@ -84,6 +84,7 @@ class Loaded:
     tokens: list[int]
     slices: list[LayerSlice]
     from_memory: bool
+    checkpoints: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -178,15 +179,16 @@ class WarmStore:
     def _record(self, agent: AgentRecord, hot: HotCache) -> CacheRecord:
         assert agent.kv is not None
         # Copies cut from the resident arrays: the write owns them, the agent's cache can go.
+        checkpoints, checkpoint_slices = agent.kv.checkpoint_slices()
         blocks = [
-            PersistedBlock(s.group, s.start, s.length, s.keys, s.values)
-            for s in agent.kv.slices(len(agent.tokens))
+            PersistedBlock(s.group, s.start, s.length, s.keys, s.values, s.checkpoint)
+            for s in agent.kv.slices(len(agent.tokens)) + checkpoint_slices
         ]
         header = new_header(
             agent.agent_id, self.loaded.identity, self.loaded.spec, agent.tokens,
             *_cache_classes(self.loaded),
             created_at=agent.created_at, last_used=agent.last_used,
-            display_name=agent.display_name, source=agent.source.value,
+            display_name=agent.display_name, source=agent.source.value, checkpoints=checkpoints,
         )
         return CacheRecord(header, tuple(blocks))
 
@@ -331,10 +333,13 @@ class WarmStore:
 
 def _from_record(record: CacheRecord, from_memory: bool) -> Loaded:
     if from_memory:
-        slices = [LayerSlice(b.group, b.start, b.length, b.keys, b.values) for b in record.blocks]
+        slices = [
+            LayerSlice(b.group, b.start, b.length, b.keys, b.values, b.checkpoint)
+            for b in record.blocks
+        ]
     else:
         slices = to_mx_slices(record)
-    return Loaded(list(record.header.token_ids), slices, from_memory)
+    return Loaded(list(record.header.token_ids), slices, from_memory, list(record.header.checkpoints))
 
 
 def _cache_classes(loaded: LoadedModel) -> tuple[list[str], list[dict[str, Any]]]:

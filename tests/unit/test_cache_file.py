@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import errno
+import hashlib
+import itertools
 import json
 import os
+import re
 import struct
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -64,24 +67,51 @@ def random_kv(length: int, width: int, dtype: str) -> tuple[mx.array, ...]:
     return arrays
 
 
+@dataclass(frozen=True)
+class Cut:
+    """A checkpoint to build: the sliding groups at ``offset``, their blocks from ``first`` on."""
+
+    offset: int
+    kind: str
+    first: int
+
+
+# With a 4-token window in 4-token blocks, a checkpoint at offset o may start
+# anywhere in [o - 4, o - 3]: checkpoint 0 starts as early as it may, 1 as late.
+CUTS = (Cut(6, "prefix", 2), Cut(9, "turn", 6))
+
+
 def make_record(
-    dtype: str = "float32", n_tokens: int = N_TOKENS, agent_id: str = AGENT, **extra: Any
+    dtype: str = "float32", n_tokens: int = N_TOKENS, agent_id: str = AGENT,
+    cuts: Sequence[Cut] = (), **extra: Any,
 ) -> CacheRecord:
     spec = make_spec(dtype)
     blocks = []
     for group in spec.groups:
         first = 0 if group.window is None else min(SLIDING_START, n_tokens)
-        for span in block_spans(first, n_tokens, B):
-            keys, values = random_kv(span.length, 8, dtype), random_kv(span.length, 6, dtype)
-            blocks.append(PersistedBlock(group.index, span.start, span.length, keys, values))
+        blocks += random_blocks(group.index, first, n_tokens, dtype)
+    for i, cut in enumerate(cuts):
+        for group in spec.sliding_groups:
+            blocks += random_blocks(group.index, cut.first, cut.offset, dtype, checkpoint=i)
     classes = ["RotatingKVCache" if w else "KVCache" for w in HYBRID_WINDOWS]
     meta = [{"max_size": w, "keep": 0} if w else {} for w in HYBRID_WINDOWS]
     header = new_header(
         agent_id, MODEL, spec, [7 * i + 1 for i in range(n_tokens)], classes, meta,
         created_at=1700000000.25, last_used=1700000100.5, display_name="Planner",
         source="api", extra={"turns": 3, **extra},
+        checkpoints=[{"offset": cut.offset, "kind": cut.kind} for cut in cuts],
     )
     return CacheRecord(header, tuple(blocks))
+
+
+def random_blocks(
+    group: int, first: int, end: int, dtype: str, checkpoint: int | None = None
+) -> list[PersistedBlock]:
+    blocks = []
+    for span in block_spans(first, end, B):
+        keys, values = random_kv(span.length, 8, dtype), random_kv(span.length, 6, dtype)
+        blocks.append(PersistedBlock(group, span.start, span.length, keys, values, checkpoint))
+    return blocks
 
 
 def read_back(path: Path, dtype: str = "float32") -> CacheRecord:
@@ -90,8 +120,10 @@ def read_back(path: Path, dtype: str = "float32") -> CacheRecord:
 
 def assert_same_blocks(written: CacheRecord, read: CacheRecord) -> None:
     restored = to_mx_slices(read)
-    expected = sorted(written.blocks, key=lambda b: (b.group, b.start))
-    assert [(b.group, b.start, b.length) for b in expected] == [(s.group, s.start, s.length) for s in restored]
+    expected = sorted(written.blocks, key=lambda b: b.file_order)
+    assert [(b.checkpoint, b.group, b.start, b.length) for b in expected] == [
+        (s.checkpoint, s.group, s.start, s.length) for s in restored
+    ]
     for block, data in zip(expected, restored):
         for want, have in zip(block.keys + block.values, data.keys + data.values):
             assert have.dtype == want.dtype and have.shape == want.shape
@@ -120,14 +152,86 @@ def test_round_trip_is_bit_exact(tmp_path: Path, dtype: str) -> None:
     assert read.header.tensor_bytes == kv_bytes
 
 
+@pytest.mark.parametrize("cuts", [(), CUTS], ids=["plain", "checkpoints"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_restored_and_read_records_rewrite_byte_identically(tmp_path: Path, dtype: str) -> None:
-    first = write_cache_file(tmp_path / "a", make_record(dtype)).path
+def test_restored_and_read_records_rewrite_byte_identically(
+    tmp_path: Path, dtype: str, cuts: tuple[Cut, ...]
+) -> None:
+    first = write_cache_file(tmp_path / "a", make_record(dtype, cuts=cuts)).path
     read = read_back(first, dtype)
-    as_mlx = tuple(PersistedBlock(s.group, s.start, s.length, s.keys, s.values) for s in to_mx_slices(read))
+    as_mlx = tuple(
+        PersistedBlock(s.group, s.start, s.length, s.keys, s.values, s.checkpoint)
+        for s in to_mx_slices(read)
+    )
     again_from_mlx = write_cache_file(tmp_path / "b", CacheRecord(read.header, as_mlx)).path
     again_from_numpy = write_cache_file(tmp_path / "c", read).path
     assert again_from_mlx.read_bytes() == first.read_bytes() == again_from_numpy.read_bytes()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_checkpoints_round_trip(tmp_path: Path, dtype: str) -> None:
+    record = make_record(dtype, cuts=CUTS)
+    path = write_cache_file(tmp_path, record).path
+    read = read_back(path, dtype)
+    assert read.header.checkpoints == [
+        {"offset": 6, "kind": "prefix"}, {"offset": 9, "kind": "turn"},
+    ]
+    assert_same_header(record, read)
+    assert_same_blocks(record, read)
+    checkpointed = [b for b in read.blocks if b.checkpoint is not None]
+    assert [(b.checkpoint, b.group, b.start, b.length) for b in checkpointed] == [
+        (0, 1, 2, 2), (0, 1, 4, 2), (0, 2, 2, 2), (0, 2, 4, 2),
+        (1, 1, 6, 2), (1, 1, 8, 1), (1, 2, 6, 2), (1, 2, 8, 1),
+    ]
+    assert read_header(path) == read.header
+
+
+def test_checkpoint_tensors_follow_the_cache_in_order(tmp_path: Path) -> None:
+    path = write_cache_file(tmp_path, make_record(cuts=CUTS)).path
+    table, _ = load_raw(path)
+    names = sorted((v["data_offsets"][0], k) for k, v in table.items() if k != "__metadata__")
+    blocks = [".".join(name.split(".")[:-2]) for _, name in names if name.endswith(".l0.k")]
+    assert blocks == [
+        "g0.b0", "g0.b4", "g0.b8", "g1.b5", "g1.b8", "g2.b5", "g2.b8",
+        "c0.g1.b2", "c0.g1.b4", "c0.g2.b2", "c0.g2.b4",
+        "c1.g1.b6", "c1.g1.b8", "c1.g2.b6", "c1.g2.b8",
+    ]
+    with safe_open(str(path), framework="numpy") as f:
+        assert f.get_tensor("c1.g2.b8.l1.v").shape == (1, 2, 1, 6)
+
+
+def pinned_record() -> CacheRecord:
+    """make_record() with K/V counting up instead of random, so its file's bytes can be pinned."""
+    record = make_record()
+    counter = itertools.count()
+
+    def counting(arrays: tuple[Any, ...]) -> tuple[np.ndarray, ...]:
+        return tuple(
+            np.arange(a.size, dtype=np.float32).reshape(a.shape) + 1000 * next(counter)
+            for a in arrays
+        )
+
+    blocks = tuple(
+        replace(b, keys=counting(b.keys), values=counting(b.values)) for b in record.blocks
+    )
+    return CacheRecord(record.header, blocks)
+
+
+# sha256 of pinned_record()'s file as written before checkpoints were added to the format.
+PINNED_SIZE = 7728
+PINNED_SHA256 = "e79da118004a2d65d1c05840d949e9c827d1b96b2c25a7630d246b32164b5fff"
+
+
+def test_a_file_without_checkpoints_is_byte_identical_to_before(tmp_path: Path) -> None:
+    record = pinned_record()
+    path = write_cache_file(tmp_path / "a", record).path
+    data = path.read_bytes()
+    assert (len(data), hashlib.sha256(data).hexdigest()) == (PINNED_SIZE, PINNED_SHA256)
+    explicit = CacheRecord(replace(record.header, checkpoints=[]), record.blocks)
+    assert write_cache_file(tmp_path / "b", explicit).path.read_bytes() == data
+    table, _ = load_raw(path)
+    assert "checkpoints" not in json.loads(table["__metadata__"]["semantic"])
+    assert read_back(path).header.checkpoints == []
 
 
 def test_read_header_matches_the_full_read(tmp_path: Path) -> None:
@@ -509,6 +613,97 @@ def test_corruption_is_named(tmp_path: Path, case: str) -> None:
         read_back(path)
     assert str(caught.value).startswith(f"{path}: ")
     assert reason in str(caught.value)
+
+
+def checkpoint_names(checkpoint: int, group: int, start: int) -> tuple[str, ...]:
+    return tuple(f"c{checkpoint}.{name}" for name in block_names(group, start))
+
+
+def rename_block(old: tuple[str, ...], new: tuple[str, ...]) -> Callable[[dict[str, Any]], None]:
+    def edit(table: dict[str, Any]) -> None:
+        for before, after in zip(old, new):
+            table[after] = table.pop(before)
+    return edit
+
+
+# Applied to make_record(cuts=CUTS): checkpoint 0 holds tokens 2..5, checkpoint 1 tokens 6..8.
+CHECKPOINT_CORRUPTIONS: dict[str, tuple[Callable[[Path], None], str]] = {
+    "on a global group": (
+        on_header(table_edit=rename_block(checkpoint_names(0, 1, 2), checkpoint_names(0, 0, 2))),
+        "checkpoint 0 has blocks of global group 0; checkpoints hold only sliding-window groups"),
+    "not ending at its offset": (on_header(header_edit=set_in(["checkpoints", 1, "offset"], 8)),
+                                 "checkpoint 1 group 1 covers tokens up to 9, its offset is 8"),
+    "starting too late": (on_header(drop=checkpoint_names(1, 1, 6)),
+                          "checkpoint 1 group 1 starts at token 8, but must hold token 6 on"),
+    "missing a sliding group": (
+        on_header(drop=checkpoint_names(0, 2, 2) + checkpoint_names(0, 2, 4)),
+        "checkpoint 0 has no blocks of sliding-window group 2"),
+    "offset past the cache": (on_header(header_edit=set_in(["checkpoints", 1, "offset"], 11)),
+                              "header field checkpoints has offset 11, outside 1..10 (n_tokens)"),
+    "offset zero": (on_header(header_edit=set_in(["checkpoints", 0, "offset"], 0)),
+                    "header field checkpoints has offset 0, outside 1..10 (n_tokens)"),
+    "offsets not increasing": (
+        on_header(header_edit=set_in(["checkpoints", 1, "offset"], 6)),
+        "header field checkpoints has offsets [6, 6], not strictly increasing"),
+    "orphan index": (
+        on_header(header_edit=set_in(["checkpoints"], [{"offset": 6, "kind": "prefix"}])),
+        "tensors of checkpoint 1, which the header does not list (it lists 1)"),
+    "unknown kind": (on_header(header_edit=set_in(["checkpoints", 0, "kind"], "branch")),
+                     "header field checkpoints has a bad value"),
+    "offset not an int": (on_header(header_edit=set_in(["checkpoints", 0, "offset"], True)),
+                          "header field checkpoints has a bad value"),
+    "not a list": (on_header(header_edit=set_in(["checkpoints"], {"offset": 6})),
+                   "header field checkpoints has a bad value"),
+    "tensor shape": (on_header(table_edit=set_in(["c0.g1.b2.l0.k", "shape"], [1, 8, 2, 2])),
+                     "tensor c0.g1.b2.l0.k has shape [1, 8, 2, 2], the spec needs [1, 2, n, 8]"),
+    "half a block": (on_header(drop=checkpoint_names(0, 1, 4)[:2]), "block c0.g1.b4 lacks k or v"),
+    "unknown name": (on_header(table_edit=rename("c0.g1.b2.l0.k", "x0.g1.b2.l0.k")),
+                     "unexpected tensor 'x0.g1.b2.l0.k'"),
+    "edited kind": (on_header(header_edit=set_in(["checkpoints", 0, "kind"], "turn")),
+                    "checksum mismatch"),
+    "flipped tensor byte": (lambda p: patch_bytes(p.stat().st_size - 1, b"\x55")(p),
+                            "checksum mismatch"),
+}
+
+
+@pytest.mark.parametrize("case", list(CHECKPOINT_CORRUPTIONS))
+def test_checkpoint_corruption_is_named(tmp_path: Path, case: str) -> None:
+    corrupt, reason = CHECKPOINT_CORRUPTIONS[case]
+    path = write_cache_file(tmp_path, make_record(cuts=CUTS)).path
+    corrupt(path)
+    with pytest.raises(CacheCorruptionError) as caught:
+        read_back(path)
+    assert str(caught.value).startswith(f"{path}: ")
+    assert reason in str(caught.value)
+
+
+def merge_first_checkpoint_blocks(record: CacheRecord) -> CacheRecord:
+    """Checkpoint 0's group-1 blocks [2, 4) and [4, 6) as one block across the boundary at 4."""
+    parts = [b for b in record.blocks if (b.checkpoint, b.group) == (0, 1)]
+    keys, values = random_kv(4, 8, "float32"), random_kv(4, 6, "float32")
+    merged = PersistedBlock(1, 2, 4, keys, values, checkpoint=0)
+    return CacheRecord(record.header, (*[b for b in record.blocks if b not in parts], merged))
+
+
+@pytest.mark.parametrize(
+    ("broken", "reason"),
+    [
+        (lambda r: make_record(cuts=[Cut(6, "prefix", 1)]),
+         "checkpoint 0 group 1 starts at token 1, before token 2: more than its window's blocks"),
+        (merge_first_checkpoint_blocks,
+         "block c0.g1.b2 holds [4] tokens, which does not fit one 4-token block"),
+        (lambda r: CacheRecord(replace(r.header, checkpoints=[{"offset": 6}]), r.blocks),
+         "header field checkpoints has a bad value"),
+        (lambda r: CacheRecord(replace(r.header, checkpoints=[]), r.blocks),
+         "tensors of checkpoint 0, which the header does not list"),
+    ],
+)
+def test_writer_refuses_invalid_checkpoints(
+    tmp_path: Path, broken: Callable[[CacheRecord], CacheRecord], reason: str
+) -> None:
+    with pytest.raises(ValueError, match=re.escape(reason)):
+        write_cache_file(tmp_path, broken(make_record(cuts=CUTS)))
+    assert os.listdir(tmp_path) == []
 
 
 def test_wrong_model_is_named(tmp_path: Path) -> None:

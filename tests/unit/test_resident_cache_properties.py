@@ -142,10 +142,17 @@ class HotCacheMachine(RuleBasedStateMachine):
         agent = data.draw(st.sampled_from(self.hot_agents()))
         assert agent.kv is not None
         tokens, slices = list(agent.tokens), agent.kv.slices(len(agent.tokens))
+        entries, checkpoint_slices = agent.kv.checkpoint_slices()
+        offsets = [c.offset for c in agent.kv.checkpoints]
         self.hot.drop(agent)
         agent.tier = Tier.WARM
-        if not self.hot.install(agent, tokens, slices):
+        if not self.hot.install(agent, tokens, slices + checkpoint_slices, entries):
             agent.tier = Tier.COLD
+            return
+        assert agent.kv is not None
+        # Checkpoints come back unless the pool had no room for them (then the oldest go first).
+        restored = [c.offset for c in agent.kv.checkpoints]
+        assert restored == sorted(offsets)[len(offsets) - len(restored):]
 
     @precondition(lambda self: self.hot_agents())
     @rule(data=st.data())
@@ -176,9 +183,16 @@ class HotCacheMachine(RuleBasedStateMachine):
             assert agent.kv is not None
             assert agent.kv.offset == len(agent.tokens)
             assert read_back(agent.kv, len(agent.tokens)) == expected(agent.kv, agent.tokens)
-            if any(isinstance(layer, WindowKV) for layer in agent.kv.layers):
-                for checkpoint in agent.kv.checkpoints:
-                    assert checkpoint.offset <= len(agent.tokens)
+            windows = [layer for layer in agent.kv.layers if isinstance(layer, WindowKV)]
+            for checkpoint in agent.kv.checkpoints:
+                assert checkpoint.offset <= len(agent.tokens)
+                for layer, state in zip(windows, checkpoint.states):
+                    ring = WindowKV(layer.shape, layer.block_tokens, layer.window)
+                    ring.restore(state)
+                    n = min(ring.held, checkpoint.offset, layer.window - 1)
+                    keys, _ = ring.recent(n)
+                    got = [] if keys is None else keys[0, 0, :, 0].astype(mx.int32).tolist()
+                    assert got == agent.tokens[checkpoint.offset - n:checkpoint.offset]
 
 
 TestHotCache = HotCacheMachine.TestCase

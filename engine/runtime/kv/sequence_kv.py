@@ -45,6 +45,7 @@ class LayerSlice:
     length: int
     keys: tuple[mx.array, ...]
     values: tuple[mx.array, ...]
+    checkpoint: int | None = None
 
 
 @dataclass(slots=True)
@@ -254,21 +255,60 @@ class SequenceKV:
     def slices(self, n_tokens: int) -> list[LayerSlice]:
         """Every position the cache needs, cut on absolute block boundaries (copies), for the disk tier."""
         out: list[LayerSlice] = []
-        block = self.spec.block_tokens
         for group in self.spec.groups:
             layers = [self.layers[i] for i in group.layers]
-            start = n_tokens - min(n_tokens, _needed(layers[0], n_tokens))
-            pos = start
-            while pos < n_tokens:
-                end = min((pos // block + 1) * block, n_tokens)
-                keys, values = zip(*(_positions(layer, pos, end) for layer in layers))
-                out.append(LayerSlice(group.index, pos, end - pos, tuple(keys), tuple(values)))
-                pos = end
+            out += _cut(group.index, layers, n_tokens - min(n_tokens, _needed(layers[0], n_tokens)), n_tokens,
+                        self.spec.block_tokens)
         mx.eval([a for s in out for a in (*s.keys, *s.values)])
         return out
 
-    def load_slices(self, n_tokens: int, slices: Sequence[LayerSlice]) -> None:
-        """Fill an empty cache from slices (capacity for ``n_tokens`` reserved by the caller)."""
+    def checkpoint_slices(self) -> tuple[list[dict[str, object]], list[LayerSlice]]:
+        """The checkpoints as the disk tier stores them: header entries, and each one's window
+        positions cut on block boundaries (``LayerSlice.checkpoint`` = its index in the entries)."""
+        entries: list[dict[str, object]] = []
+        out: list[LayerSlice] = []
+        for index, checkpoint in enumerate(sorted(self.checkpoints, key=lambda c: c.offset)):
+            entries.append({"offset": checkpoint.offset, "kind": checkpoint.kind.value})
+            states = dict(zip(self._window_layer_ids(), checkpoint.states))
+            for group in self.spec.sliding_groups:
+                rings = [_ring(self.layers[i], states[i]) for i in group.layers]
+                start = checkpoint.offset - min(rings[0].held, checkpoint.offset)
+                cut = _cut(group.index, rings, start, checkpoint.offset, self.spec.block_tokens)
+                out += [LayerSlice(s.group, s.start, s.length, s.keys, s.values, index) for s in cut]
+        mx.eval([a for s in out for a in (*s.keys, *s.values)])
+        return entries, out
+
+    def load_slices(self, n_tokens: int, slices: Sequence[LayerSlice],
+                    checkpoints: Sequence[dict[str, object]] = ()) -> None:
+        """Fill an empty cache from slices (capacity for ``n_tokens`` reserved by the caller).
+
+        Slices of checkpoints become checkpoints again; the caller pays for them.
+        """
+        own = [s for s in slices if s.checkpoint is None]
+        self._load_own(n_tokens, own)
+        for index, entry in enumerate(checkpoints):
+            parts = [s for s in slices if s.checkpoint == index]
+            self.checkpoints.append(self._checkpoint_from(int(entry["offset"]), CheckpointKind(entry["kind"]), parts))
+        mx.eval([a for c in self.checkpoints for state in c.states for a in (state.keys, state.values) if a is not None])
+
+    def _checkpoint_from(self, offset: int, kind: CheckpointKind, parts: list[LayerSlice]) -> Checkpoint:
+        states = []
+        for index in self._window_layer_ids():
+            layer = self.layers[index]
+            assert isinstance(layer, WindowKV)
+            group = next(g for g in self.spec.groups if index in g.layers)
+            slot = group.layers.index(index)
+            mine = sorted((p for p in parts if p.group == group.index), key=lambda p: p.start)
+            ring = WindowKV(layer.shape, layer.block_tokens, layer.window)
+            ring.reserve(offset)
+            ring.offset = ring.oldest = mine[0].start if mine else offset
+            if mine:
+                ring._write(mx.concatenate([p.keys[slot] for p in mine], axis=2),
+                            mx.concatenate([p.values[slot] for p in mine], axis=2))
+            states.append(ring.state_now())
+        return Checkpoint(offset, tuple(states), kind)
+
+    def _load_own(self, n_tokens: int, slices: Sequence[LayerSlice]) -> None:
         by_group: dict[int, list[LayerSlice]] = {}
         for s in slices:
             by_group.setdefault(s.group, []).append(s)
@@ -340,6 +380,25 @@ def _positions(layer: LayerKV, start: int, end: int) -> tuple[mx.array, mx.array
     # so a slice cut on them never wraps.
     return (mx.contiguous(layer.keys[..., column:column + end - start, :]),
             mx.contiguous(layer.values[..., column:column + end - start, :]))
+
+
+def _ring(layer: LayerKV, state: WindowState) -> WindowKV:
+    assert isinstance(layer, WindowKV)
+    ring = WindowKV(layer.shape, layer.block_tokens, layer.window)
+    ring.restore(state)
+    return ring
+
+
+def _cut(group: int, layers: Sequence[LayerKV], start: int, end: int, block: int) -> list[LayerSlice]:
+    """Positions ``[start, end)`` of ``layers`` as copies, one slice per absolute block."""
+    out: list[LayerSlice] = []
+    pos = start
+    while pos < end:
+        stop = min((pos // block + 1) * block, end)
+        keys, values = zip(*(_positions(layer, pos, stop) for layer in layers))
+        out.append(LayerSlice(group, pos, stop - pos, tuple(keys), tuple(values)))
+        pos = stop
+    return out
 
 
 def _copy_window(mine: WindowKV, state: WindowState, n_tokens: int) -> int:

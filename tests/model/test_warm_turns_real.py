@@ -1,0 +1,102 @@
+"""Warm turns on the real models: 20 turns whose replies come back re-rendered.
+
+A client sends the assistant's reply back as text, rendered again through
+the chat template (or the plain rendering of a template-less model), so the
+next prompt can diverge inside the previous reply. Every turn must produce
+the tokens a fresh prefill of the same prompt produces; on Gemma 3 every
+turn must reuse at least everything up to the previous turn's prompt end
+(the window layers resume from that checkpoint); the pool must count exactly
+the arrays alive after every turn; and a trip through the disk tier in the
+middle of the conversation changes nothing.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.api.chat import ChatMessage, Conversation
+from engine.api.rendering import PromptRenderer
+from engine.runtime.accounting import held_bytes
+from engine.runtime.agents import Tier
+from engine.runtime.event_log import EventLog
+from engine.runtime.requests import GenerationRequest
+from engine.runtime.sync_client import run_turn
+from engine.store.warm_store import WarmStore
+from tests.model.engine_fixtures import start_engine
+from tests.support.reference import reference_greedy
+
+TURNS = 20
+REPLY_TOKENS = 8
+EVICT_AT = 11  # the turn before which the agent goes to disk and comes back
+
+
+def system_text(words: int) -> str:
+    facts = " ".join(f"Fact {i}: station {i} reports {(i * 37) % 100} degrees." for i in range(words // 7))
+    return f"You are a weather assistant. Use these readings.\n{facts}"
+
+
+def question(turn: int) -> str:
+    return f"Question {turn}: what does station {turn * 3} report, in one short sentence?"
+
+
+def rerendered(reply: str, turn: int) -> str:
+    # Clients strip, re-wrap or re-encode replies; every third turn the text itself changes a little.
+    return reply.strip() + (" (noted)" if turn % 3 == 0 else "")
+
+
+def without_eos(tokens: list[int], eos: set[int]) -> list[int]:
+    return tokens[:-1] if tokens and tokens[-1] in eos else tokens
+
+
+@pytest.mark.parametrize("model, system_words", [("smollm2", 120), ("gemma3", 420)])
+def test_twenty_rerendered_turns_equal_fresh_prefill(model: str, system_words: int, request, tmp_path) -> None:
+    loaded = request.getfixturevalue(model)
+    eos = set(loaded.eos_token_ids)
+    renderer = PromptRenderer(loaded.tokenizer)
+    engine = start_engine(loaded, budget_mb=256, store=WarmStore(tmp_path, loaded, 2**30, EventLog()))
+    try:
+        messages = [ChatMessage("system", system_text(system_words))]
+        previous_prompt = 0
+        for turn in range(TURNS):
+            messages.append(ChatMessage("user", question(turn)))
+            prompt = tuple(renderer.render(Conversation(tuple(messages))))
+            if turn == EVICT_AT:
+                engine.call(lambda e: e.evict_agent("weather", Tier.WARM)).result()
+            result = run_turn(engine, GenerationRequest("weather", prompt, REPLY_TOKENS), timeout_s=600)
+            expected = reference_greedy(loaded.model, list(prompt), REPLY_TOKENS, eos)
+            assert result.tokens == without_eos(expected, eos), (turn, result.text)
+            usage = result.finish.usage
+            if turn:
+                assert usage.reused_tokens >= previous_prompt, (turn, usage)
+            held, counted = engine.call(lambda e: (held_bytes(e.agents), e.pool.used_bytes)).result()
+            assert held == counted, turn
+            previous_prompt = len(prompt)
+            messages.append(ChatMessage("assistant", rerendered(result.text, turn)))
+        if model == "gemma3":
+            assert len(prompt) > 512 * 2, "the conversation must outgrow the sliding window"
+    finally:
+        engine.stop()
+
+
+@pytest.mark.parametrize("model", ["smollm2", "gemma3"])
+def test_a_trip_through_the_disk_tier_mid_conversation_changes_nothing(model: str, request, tmp_path) -> None:
+    loaded = request.getfixturevalue(model)
+    eos = set(loaded.eos_token_ids)
+    renderer = PromptRenderer(loaded.tokenizer)
+    engine = start_engine(loaded, budget_mb=256, store=WarmStore(tmp_path, loaded, 2**30, EventLog()))
+    try:
+        messages = [ChatMessage("system", system_text(420)), ChatMessage("user", question(0))]
+        first = run_turn(engine, GenerationRequest("trip", tuple(renderer.render(Conversation(tuple(messages)))), 8))
+        messages += [ChatMessage("assistant", first.text), ChatMessage("user", question(1))]
+        engine.call(lambda e: e.evict_agent("trip", Tier.WARM)).result()
+        engine.call(lambda e: e._store.flush()).result()
+        assert engine.fresh_snapshot().agent("trip").tier == "warm"
+        prompt = tuple(renderer.render(Conversation(tuple(messages))))
+        second = run_turn(engine, GenerationRequest("trip", prompt, 8), timeout_s=600)
+        usage = second.finish.usage
+        assert usage.reused_tokens >= len(first.request.prompt_tokens)
+        assert second.tokens == without_eos(reference_greedy(loaded.model, list(prompt), 8, eos), eos)
+        held, counted = engine.call(lambda e: (held_bytes(e.agents), e.pool.used_bytes)).result()
+        assert held == counted
+    finally:
+        engine.stop()
