@@ -66,6 +66,27 @@ class Settings(BaseSettings):
     prefill_batch_size: int = Field(4, ge=1, le=64, description="Most prompts prefilled together.")
     prefill_step_size: int = Field(512, ge=16, description="Prompt tokens processed per prefill chunk (bounds memory; progress is reported per chunk).")
     default_max_tokens: int = Field(1024, ge=1, description="Tokens generated when a request names no limit.")
+    max_output_tokens: int = Field(
+        4096, ge=1,
+        description="Most tokens one response may generate; a request asking for more is clamped, and the clamp "
+                    "is logged and reported in the response (Claude Code asks for 32,000 or more).",
+    )
+    repetition_window: int = Field(
+        256, ge=0,
+        description="End a response whose last this-many tokens repeat one cycle of up to 64 tokens "
+                    "(a runaway loop); 0 turns the guard off.",
+    )
+    default_temperature: float | None = Field(
+        None, ge=0, le=2,
+        description="Temperature for requests that name none; default: the model folder's "
+                    "generation_config.json, else 0.7.",
+    )
+    default_top_p: float | None = Field(
+        None, gt=0, le=1, description="top_p for requests that name none; default: generation_config.json, else 0.95."
+    )
+    default_top_k: int | None = Field(
+        None, ge=0, description="top_k for requests that name none (0: off); default: generation_config.json, else 40."
+    )
     max_context_tokens: int | None = Field(None, ge=16, description="Override the model's context length.")
 
     # -- cache store (disk tier) ------------------------------------------------

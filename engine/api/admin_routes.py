@@ -29,6 +29,8 @@ class ModelStats(BaseModel):
     architecture: str
     context_length: int
     cache_spec: dict[str, object]
+    sampling_defaults: str = Field("", description="What requests that name no temperature sample with, and where "
+                                   "that came from (generation_config.json, the fallback, or settings)")
 
 
 class BlockMap(BaseModel):
@@ -89,7 +91,8 @@ def _blas() -> dict[str, str | None]:
 
 def _model_stats(view: ModelView) -> ModelStats:
     return ModelStats(model_id=view.model_id, identity=view.identity, path=view.path,
-                      architecture=view.architecture, context_length=view.context_length, cache_spec=view.spec)
+                      architecture=view.architecture, context_length=view.context_length, cache_spec=view.spec,
+                      sampling_defaults=view.sampling_defaults)
 
 
 def _pool_stats(pool: PoolSnapshot, with_blocks: bool) -> PoolStats:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 from engine.errors import SemanticError
-from engine.runtime.requests import AgentSource, EngineEvent, FinishEvent, SamplingParams, TokenEvent, Usage
+from engine.runtime.requests import AgentSource, EngineEvent, FinishEvent, TokenEvent, Usage
 
 from .admission import KEEP_ALIVE, failed, finish_error, replay
 from .agents_schemas import MessageBody
@@ -25,7 +25,7 @@ from .errors import ApiError, from_domain, stream_error_payload
 from .identity import AgentIdentity
 from .openai_translate import stops_of
 from .service import EngineService
-from .turns import TurnSpec, ended_by, prepare, text_of
+from .turns import SamplingAsked, TurnSpec, ended_by, prepare, text_of
 
 
 async def start_turn(service: EngineService, conversation: AgentConversation, body: MessageBody) -> AsyncTurn:
@@ -35,7 +35,7 @@ async def start_turn(service: EngineService, conversation: AgentConversation, bo
         conversation.with_user_message(body.content),
         identity,
         body.max_tokens or service.settings.default_max_tokens,
-        SamplingParams(temperature=body.temperature or 0.0),
+        SamplingAsked(temperature=body.temperature),
         stops_of(body.stop),
     )
     return service.start_turn(await prepare(service, spec))

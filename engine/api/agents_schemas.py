@@ -28,8 +28,7 @@ class PinBody(_Body):
 class MessageBody(_Body):
     content: str = Field(min_length=1, description="The user message.")
     max_tokens: int | None = Field(None, ge=1)
-    # Absent means greedy, as on the OpenAI endpoint: small local models drift when sampled.
-    temperature: float | None = Field(None, ge=0, le=2)
+    temperature: float | None = Field(None, ge=0, le=2, description="Absent: the model's default (see /v1/stats)")
     stop: str | list[str] | None = None
     stream: bool = False
 
@@ -49,6 +48,9 @@ class AgentOut(BaseModel):
     last_ttft_s: float | None
     decode_tok_s: float | None
     last_used: float
+    last_finish: str | None = Field(None, description="How the last turn ended: stop, stop_sequence, length, "
+                                    "repetition (a runaway loop cut short), capacity, cancelled, error")
+    last_finish_note: str | None = Field(None, description="Why, when the server ended it (a loop, the output cap)")
     messages: int = Field(description="Messages in the stored conversation (0 for agents of other APIs).")
     has_conversation: bool
 

@@ -40,7 +40,7 @@ from .anthropic_translate import conversation_of, turn_spec
 from .async_turn import AsyncTurn
 from .errors import ApiError
 from .service import EngineService
-from .turns import OutputAssembler, prepare, render_tokens, text_of
+from .turns import OutputAssembler, cap_headers, prepare, render_tokens, text_of
 
 router = APIRouter(tags=["anthropic"])
 
@@ -102,7 +102,8 @@ async def _streamed(service: EngineService, turn: AsyncTurn, assembler: OutputAs
         record(opening, None)
         raise error
     stream = MessageStream(turn, assembler, head, ping_s, record)
-    return SseResponse(stream.frames(opening), stream.close, headers={"request-id": turn.request_id})
+    return SseResponse(stream.frames(opening), stream.close,
+                       headers={"request-id": turn.request_id, **cap_headers(turn.request)})
 
 
 async def _complete(request: Request, turn: AsyncTurn, assembler: OutputAssembler,
@@ -122,7 +123,7 @@ async def _complete(request: Request, turn: AsyncTurn, assembler: OutputAssemble
         blocks.add(assembler.feed(text_of(event)))
     blocks.add(assembler.finish())
     body = message_body(head, blocks.content, finish, bool(assembler.calls))
-    return JSONResponse(body, headers={"request-id": turn.request_id})
+    return JSONResponse(body, headers={"request-id": turn.request_id, **cap_headers(turn.request)})
 
 
 @router.post("/v1/messages/count_tokens", summary="Count the prompt tokens of a message request",

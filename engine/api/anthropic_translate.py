@@ -2,10 +2,12 @@
 
 Decisions that differ from Anthropic's hosted API, on purpose:
 
-* An absent ``temperature`` means 0 (greedy), not 1.0. Claude Code sends no
-  temperature, and the small local models this server runs produce noise at
-  T=1; explicit values are honoured. ``top_p: 0`` also means greedy (only the
-  most likely token is left). There is no seed: Anthropic has none.
+* An absent ``temperature`` (or ``top_p``/``top_k``) takes the model's
+  default (its generation_config.json, else the documented fallback; see
+  engine/models/sampling_defaults.py), not Anthropic's 1.0: Claude Code sends
+  no temperature, small local models produce noise at 1.0 and loop at 0.
+  Explicit values are honoured; ``top_p: 0`` means greedy (only the most
+  likely token is left). There is no seed: Anthropic has none.
 * ``system`` blocks whose text starts with ``x-anthropic-`` (Claude Code's
   billing/attribution line, which changes between sessions) are dropped, or
   every session would get a different prompt prefix and no cache reuse.
@@ -24,7 +26,6 @@ import logging
 from typing import Any, Iterable, Mapping
 
 from engine.errors import InvalidRequestError
-from engine.runtime.requests import SamplingParams
 
 from .anthropic_schemas import (
     ContentBlock,
@@ -40,7 +41,7 @@ from .anthropic_schemas import (
 )
 from .chat import ChatMessage, Conversation, ToolCall, ToolSpec
 from .identity import anthropic_identity
-from .turns import TurnSpec
+from .turns import GREEDY, SamplingAsked, TurnSpec
 
 log = logging.getLogger("semantic.api.anthropic")
 
@@ -155,11 +156,10 @@ def prefix_of(body: CountTokensRequest) -> Conversation:
     return Conversation((system,) if system else (), tool_specs(body), tool_choice_of(body.tool_choice))
 
 
-def sampling_of(body: MessagesRequest) -> SamplingParams:
-    temperature = 0.0 if body.temperature is None else body.temperature
+def sampling_of(body: MessagesRequest) -> SamplingAsked:
     if body.top_p is not None and body.top_p == 0:
-        return SamplingParams(temperature=0.0, top_k=body.top_k or 0)
-    return SamplingParams(temperature=temperature, top_p=body.top_p or 1.0, top_k=body.top_k or 0)
+        return GREEDY
+    return SamplingAsked(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k)
 
 
 def turn_spec(body: MessagesRequest, headers: Mapping[str, str]) -> TurnSpec:

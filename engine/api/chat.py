@@ -40,3 +40,14 @@ class Conversation:
 
     def system_text(self) -> str:
         return "\n\n".join(m.content for m in self.messages if m.role == "system")
+
+    def head(self) -> "Conversation | None":
+        """The leading system messages and the tools: what every session of one tool starts with."""
+        leading = []
+        for message in self.messages:
+            if message.role != "system":
+                break
+            leading.append(message)
+        if not leading and not self.tools:
+            return None
+        return Conversation(tuple(leading), self.tools, self.tool_choice)

@@ -24,7 +24,7 @@ from .openai_schemas import STREAM_EVENT_SCHEMA, ChatCompletionRequest, ChatComp
 from .openai_stream import ChatStream, ChunkWriter
 from .openai_translate import CompletionMeta, completion_body, to_turn_spec
 from .service import EngineService
-from .turns import OutputAssembler, prepare, text_of
+from .turns import OutputAssembler, cap_headers, prepare, text_of
 
 router = APIRouter(tags=["openai"])
 
@@ -76,7 +76,7 @@ async def _complete(request: Request, turn: AsyncTurn, assembler: OutputAssemble
         assembler.feed(text_of(event))
     assembler.finish()
     body = completion_body(meta, assembler.text, assembler.calls, finish)
-    return JSONResponse(body, headers={AGENT_HEADER: meta.agent_id})
+    return JSONResponse(body, headers={AGENT_HEADER: meta.agent_id, **cap_headers(turn.request)})
 
 
 async def _streamed(
@@ -100,6 +100,6 @@ async def _streamed(
     return StreamingResponse(
         stream.frames(),
         media_type="text/event-stream",
-        headers={**SSE_HEADERS, AGENT_HEADER: meta.agent_id},
+        headers={**SSE_HEADERS, AGENT_HEADER: meta.agent_id, **cap_headers(turn.request)},
         background=BackgroundTask(stream.close),
     )

@@ -2,10 +2,11 @@
 
 Decisions worth knowing:
 
-* ``temperature`` absent means greedy (0), not OpenAI's default of 1: the
-  models this server runs are small (135M-1B parameters) and drift into
-  nonsense when sampled at 1; greedy output is also reproducible, which keeps
-  a cached prefix and its continuation comparable across runs.
+* ``temperature`` or ``top_p`` absent take the model's defaults (its
+  generation_config.json, else the documented fallback; see
+  engine/models/sampling_defaults.py), not OpenAI's 1.0: small local models
+  drift into nonsense at 1 and loop at 0. Send ``temperature: 0`` for
+  reproducible greedy output.
 * ``developer`` messages are system messages (OpenAI renamed the role for
   reasoning models; chat templates only know ``system``).
 * Image, audio and file parts become short placeholders: the models are
@@ -25,13 +26,13 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
 from engine.errors import InvalidRequestError
-from engine.runtime.requests import FinishEvent, SamplingParams, Usage
+from engine.runtime.requests import FinishEvent, Usage
 from engine.settings import Settings
 
 from .chat import ChatMessage, Conversation, ToolCall, ToolSpec
 from .identity import openai_identity
 from .openai_schemas import ChatCompletionRequest, ContentPart, MessageIn, NamedToolChoice, ToolCallIn
-from .turns import TurnSpec, ended_by
+from .turns import SamplingAsked, TurnSpec, ended_by
 
 FINISH_REASONS = {"stop": "stop", "stop_sequence": "stop", "length": "length", "tool_use": "tool_calls"}
 
@@ -63,10 +64,10 @@ def to_conversation(body: ChatCompletionRequest) -> Conversation:
     return Conversation(tuple(_messages(body.messages)), tools, _tool_choice(body.tool_choice, tools))
 
 
-def sampling_of(body: ChatCompletionRequest) -> SamplingParams:
-    return SamplingParams(
-        temperature=body.temperature if body.temperature is not None else 0.0,
-        top_p=body.top_p if body.top_p is not None else 1.0,
+def sampling_of(body: ChatCompletionRequest) -> SamplingAsked:
+    return SamplingAsked(
+        temperature=body.temperature,
+        top_p=body.top_p,
         # OpenAI takes any integer; MLX PRNG keys take only unsigned 64-bit ones.
         seed=body.seed % 2**64 if body.seed is not None else None,
     )

@@ -37,6 +37,7 @@ class EngineService:
         self.registry = ModelRegistry(settings.models_dir)
         self.swapper: ModelSwapper | None = None
         self.last_activity = time.monotonic()
+        self._capped_agents: set[str] = set()
         # Closed while a model swap (or an idle unload) runs: new requests wait.
         self._gate = threading.Event()
         self._gate.set()
@@ -105,6 +106,17 @@ class EngineService:
 
     def note(self, kind: EventKind, message: str, level: int = logging.INFO) -> None:
         self.events.emit(kind, message, level=level)
+
+    def note_output_cap(self, request: GenerationRequest) -> None:
+        """Log the output cap once per agent (every turn of a Claude Code session asks for 32,000)."""
+        if request.agent_id in self._capped_agents:
+            return
+        self._capped_agents.add(request.agent_id)
+        self.events.emit(
+            EventKind.INFO,
+            f"{request.agent_id}: max_tokens {request.asked_max_tokens} clamped to {request.max_tokens} "
+            "(max_output_tokens; said once per agent)", request.agent_id,
+        )
 
     async def ensure_model(self, name: str) -> None:
         """Swap to the model a request names, when it names another registry model."""

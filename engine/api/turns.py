@@ -3,9 +3,13 @@ and turning engine events into text and tool-call pieces."""
 
 from __future__ import annotations
 
+import hashlib
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.domain.block_layout import common_prefix_length
+from engine.models.sampling_defaults import SamplingDefaults
 from engine.runtime.requests import FinishEvent, FinishReason, GenerationRequest, SamplingParams, TokenEvent
 
 from .async_turn import AsyncTurn
@@ -17,13 +21,35 @@ from .tool_calls import BadToolPiece, Piece, TextPiece, ToolCallStream, ToolPiec
 
 
 @dataclass(frozen=True, slots=True)
+class SamplingAsked:
+    """What a request said about sampling; what it leaves out comes from the model's defaults
+    (engine/models/sampling_defaults.py), one value at a time, as on local servers generally."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+
+    def resolve(self, defaults: SamplingDefaults) -> SamplingParams:
+        return SamplingParams(
+            temperature=defaults.temperature if self.temperature is None else self.temperature,
+            top_p=defaults.top_p if self.top_p is None else self.top_p,
+            top_k=defaults.top_k if self.top_k is None else self.top_k,
+            seed=self.seed,
+        )
+
+
+GREEDY = SamplingAsked(temperature=0.0)
+
+
+@dataclass(frozen=True, slots=True)
 class TurnSpec:
     """A protocol request after translation, before rendering."""
 
     conversation: Conversation
     identity: AgentIdentity
     max_tokens: int
-    sampling: SamplingParams = SamplingParams()
+    sampling: SamplingAsked = SamplingAsked()
     stop: tuple[str, ...] = ()
     # The request's model field: only consulted when allow_model_swap_by_request is on.
     model: str | None = None
@@ -44,6 +70,40 @@ async def render_tokens(service: EngineService, conversation: Conversation) -> l
     return await service.in_thread(renderer.render, conversation)
 
 
+# Rendered heads (system prompt + tools) of recent conversations: every turn of a session has the same.
+HEADS_KEPT = 32
+
+
+async def prefix_hint(service: EngineService, conversation: Conversation, tokens: list[int]) -> int:
+    """How many leading tokens of ``tokens`` the conversation's system prompt and tools account for.
+
+    That is where sessions of one tool part ways, so the engine keeps (and
+    stores) the cache at that point for the next session to start from.
+    """
+    head = conversation.head()
+    if head is None or len(tokens) < 2 * service.settings.block_tokens:
+        return 0
+    cache: OrderedDict[str, list[int]] = _heads(service)
+    key = hashlib.sha256(repr(head).encode("utf-8", "surrogatepass")).hexdigest()
+    rendered = cache.get(key)
+    if rendered is None:
+        rendered = await render_tokens(service, head)
+        cache[key] = rendered
+        while len(cache) > HEADS_KEPT:
+            cache.popitem(last=False)
+    cache.move_to_end(key)
+    return common_prefix_length(tokens, rendered)
+
+
+def _heads(service: EngineService) -> "OrderedDict[str, list[int]]":
+    loaded = service.loaded
+    cached = getattr(service, "_heads", None)
+    if cached is None or cached[0] is not loaded:
+        cached = (loaded, OrderedDict())
+        service._heads = cached  # type: ignore[attr-defined]
+    return cached[1]
+
+
 async def prepare(service: EngineService, spec: TurnSpec) -> GenerationRequest:
     """Render and validate; raises PromptTooLongError and friends before any 200 is sent.
 
@@ -53,18 +113,34 @@ async def prepare(service: EngineService, spec: TurnSpec) -> GenerationRequest:
         await service.ensure_model(spec.model)
     await service.wait_ready()
     tokens = await render_tokens(service, spec.conversation)
+    hint = await prefix_hint(service, spec.conversation, tokens)
+    cap = service.settings.max_output_tokens
     request = GenerationRequest(
         agent_id=spec.identity.agent_id,
         prompt_tokens=tuple(tokens),
-        max_tokens=spec.max_tokens,
-        sampling=spec.sampling,
+        max_tokens=min(spec.max_tokens, cap),
+        asked_max_tokens=spec.max_tokens if spec.max_tokens > cap else None,
+        sampling=spec.sampling.resolve(service.engine.sampling_defaults),
+        prefix_hint=hint,
         stop_strings=spec.stop,
         source=spec.identity.source,
         display_name=spec.identity.display_name,
         auxiliary=spec.identity.auxiliary,
         model_id=service.loaded.identity.key,
     )
+    if request.asked_max_tokens is not None:
+        service.note_output_cap(request)
     return service.engine.validate(request)
+
+
+CAP_HEADER = "x-semantic-max-tokens"
+
+
+def cap_headers(request: GenerationRequest) -> dict[str, str]:
+    """Tells the client that the server's output cap clamped the max_tokens it asked for."""
+    if request.asked_max_tokens is None:
+        return {}
+    return {CAP_HEADER: f"{request.max_tokens}; asked={request.asked_max_tokens}; setting=max_output_tokens"}
 
 
 @dataclass(slots=True)
@@ -125,7 +201,11 @@ def ended_by(finish: FinishEvent, made_tool_calls: bool) -> str:
 
 __all__ = [
     "AsyncTurn",
+    "CAP_HEADER",
+    "cap_headers",
+    "GREEDY",
     "OutputAssembler",
+    "SamplingAsked",
     "TurnSpec",
     "ended_by",
     "prepare",

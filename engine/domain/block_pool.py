@@ -40,8 +40,9 @@ class PoolSnapshot:
     n_groups: int
     shared_blocks: int
     owner_blocks: Mapping[str, int]
-    block_owner: tuple[str | None, ...]
+    block_owner: tuple[str | None, ...]  # the first holder of each block
     block_group: tuple[int | None, ...]
+    block_holders: tuple[int, ...] = ()  # holders of each block: above 1, a shared prefix block
 
     @property
     def free_blocks(self) -> int:
@@ -279,6 +280,7 @@ class BlockPool:
                 owner_blocks=MappingProxyType({o: len(b) for o, b in self._owned.items()}),
                 block_owner=tuple([h[0] if h else None for h in self._holders]),
                 block_group=tuple(self._group),
+                block_holders=tuple([len(h) for h in self._holders]),
             )
 
     # -- model swap -----------------------------------------------------------------------

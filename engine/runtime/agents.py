@@ -56,6 +56,9 @@ class AgentRecord:
     prefill_total: int = 0
     last_ttft_s: float | None = None
     last_decode_tok_s: float | None = None
+    # How the last turn ended (FinishReason value) and, when the engine ended it, why.
+    last_finish: str | None = None
+    last_finish_note: str | None = None
     generated_tokens_total: int = 0
     # Cached token count while warm/cold (the hot count is len(tokens)).
     stored_tokens: int = 0

@@ -24,7 +24,8 @@ from .batch.sequence import Finish, Sequence
 from .event_log import EventKind, EventLog
 from .hot_cache import HotCache
 from .meters import RateMeter, RecentValues
-from .requests import EngineEvent, EventSink, FinishReason, PrefillEvent, QueuedEvent, TokenEvent
+from .repetition import RepetitionGuard
+from .requests import EngineEvent, EventSink, FinishEvent, FinishReason, PrefillEvent, QueuedEvent, TokenEvent
 from .sampling import build_sampler
 from .shared_prefill import awaits_leader, share_point
 from .text_stream import TextDelta, TextStream
@@ -84,6 +85,7 @@ class BatchRunner:
         limits: RunnerLimits,
         generator_factory: GeneratorFactory = sequence_batch_factory,
         prefix_sharing: bool = True,
+        repetition_window: int = 0,
     ) -> None:
         self.loaded = loaded
         self.hot = hot
@@ -93,6 +95,7 @@ class BatchRunner:
         self.limits = limits
         self._factory = generator_factory
         self.prefix_sharing = prefix_sharing
+        self.repetition_window = repetition_window
         self.admitter = Admitter(loaded, hot, agents, tiers, events, prefix_sharing)
         self._hooks = BatchHooks(self._room, self._checkpointed)
         self._generator = generator_factory(loaded, limits, self._hooks)
@@ -208,12 +211,13 @@ class BatchRunner:
             uid, turn.holder.kv, list(request.prompt_tokens[k:]), request.max_tokens,
             sampler=None if request.sampling.is_greedy else sampler,
             stop_tokens=self._eos,
-            checkpoint_at=(turn.share_at,) if turn.share_at else (),
+            checkpoint_at=tuple(sorted({turn.share_at, self._prefix_point(turn)} - {0})),
             checkpoint_prompt_end=turn.on_own_cache,
         )
         self._generator.insert(turn.sequence)
         turn.uid, turn.phase, turn.admitted_at = uid, TurnPhase.PREFILLING, time.monotonic()
         turn.text = TextStream(self.loaded.tokenizer.detokenizer, request.stop_strings)
+        turn.guard = RepetitionGuard(self.repetition_window)
         self.by_uid[uid] = turn
         agent.active_requests += 1
         agent.state = AgentState.PREFILLING
@@ -226,6 +230,26 @@ class BatchRunner:
             f"{turn.to_prefill} to prefill",
             agent.agent_id,
         )
+
+    def _prefix_point(self, turn: Turn) -> int:
+        """Where the prompt's shareable prefix ends in whole blocks, if this turn computes it; else 0."""
+        block = self.hot.spec.block_tokens
+        point = min(turn.request.prefix_hint, turn.prompt_len - 1) // block * block
+        if self.tiers.store is None or not turn.on_own_cache or point <= turn.reused:
+            return 0
+        return point
+
+    def _store_prefix(self, turn: Turn, agent: AgentRecord) -> None:
+        """The turn computed its prompt's shareable prefix: write it once for later agents."""
+        store = self.tiers.store
+        point = turn.request.prefix_hint // self.hot.spec.block_tokens * self.hot.spec.block_tokens
+        if store is None or not store.usable or point == 0 or len(agent.tokens) < point or agent.kv is None:
+            return
+        if store.prefixes.has(agent.tokens[:point]):
+            return
+        slices = agent.kv.prefix_slices(point)
+        if slices is not None:
+            store.store_prefix(agent.tokens[:point], slices)
 
     def _count_reuse(self, turn: Turn) -> None:
         self.stats.requests_total += 1
@@ -303,12 +327,21 @@ class BatchRunner:
         delta = self._decode(turn, out)
         if out.finish is not Finish.STOP or delta.text:
             self._emit(turn, TokenEvent(turn.request_id, out.token, delta.text))
+        loop = turn.guard.push(out.token) if out.finish is None else None
         if delta.stop_sequence is not None:
             self._complete(turn, FinishReason.STOP_SEQUENCE, stop_sequence=delta.stop_sequence)
         elif out.finish is not None:
             self._complete(turn, FinishReason.STOP if out.finish is Finish.STOP else FinishReason.LENGTH)
         elif turn.cancel_reason is not None:
             self._complete(turn, turn.cancel_reason)
+        elif loop is not None:
+            self._cut_loop(turn, loop.describe())
+
+    def _cut_loop(self, turn: Turn, description: str) -> None:
+        """A runaway repetition: end the turn with what it said so far, and say why."""
+        note = f"ended by the repetition guard: {description}"
+        self.events.emit(EventKind.FINISH, f"{turn.request.agent_id}: {note}", turn.request.agent_id, logging.WARNING)
+        self._complete(turn, FinishReason.REPETITION, note=note)
 
     def _mark_first_token(self, turn: Turn) -> None:
         if turn.first_token_at is not None:
@@ -353,7 +386,11 @@ class BatchRunner:
         turn.handoff_out_s = time.monotonic() - started
         event = turn.finish_event(reason, **extra)
         if agent is not None and turn.uid is not None:
-            self._record_turn(agent, event.usage)
+            self._record_turn(agent, event)
+            asked = turn.request.asked_max_tokens
+            if reason is FinishReason.LENGTH and asked is not None:
+                agent.last_finish_note = (f"max_tokens {asked} clamped to {turn.request.max_tokens} "
+                                          "by the server's max_output_tokens")
         self._emit(turn, event)
         self.events.emit(
             EventKind.FINISH if reason is not FinishReason.ERROR else EventKind.ERROR,
@@ -375,12 +412,15 @@ class BatchRunner:
                 self.hot.tidy(agent)
                 self.hot.publish(agent)
                 agent.model_id = self.loaded.identity.key
+                self._store_prefix(turn, agent)
             elif turn.holder is not None:
                 self.hot.release(turn.holder)  # a side request's private cache
         if not agent.is_busy:
             agent.state = AgentState.QUEUED if self._has_waiting(agent.agent_id) else AgentState.IDLE
 
-    def _record_turn(self, agent: AgentRecord, usage: Any) -> None:
+    def _record_turn(self, agent: AgentRecord, event: FinishEvent) -> None:
+        usage = event.usage
+        agent.last_finish, agent.last_finish_note = event.reason.value, event.note or event.error
         agent.turns += 1
         agent.prompt_tokens_total += usage.prompt_tokens
         agent.reused_tokens_total += usage.reused_tokens

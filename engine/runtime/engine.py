@@ -22,6 +22,7 @@ import mlx.core as mx
 from engine.domain.block_pool import BlockPool
 from engine.errors import EngineUnavailableError, PromptTooLongError, RequestTooLargeForPoolError
 from engine.models.loaded import LoadedModel
+from engine.models.sampling_defaults import read_sampling_defaults
 
 from .agent_table import AgentTable
 from .agents import AgentRecord, Tier
@@ -52,6 +53,9 @@ class EngineConfig:
     admission_window_s: float = 0.01
     snapshot_interval_s: float = 0.2
     idle_wait_s: float = 0.05
+    repetition_window: int = 256
+    # Settings' overrides of the model's sampling defaults: temperature, top_p, top_k (None: the model's).
+    sampling_overrides: tuple[float | None, float | None, int | None] = (None, None, None)
 
     @classmethod
     def from_settings(cls, settings: Any) -> "EngineConfig":
@@ -62,6 +66,8 @@ class EngineConfig:
             prefix_sharing=settings.prefix_sharing,
             persist_on_exit=settings.persist_on_exit,
             admission_window_s=settings.batch_window_ms / 1000,
+            repetition_window=settings.repetition_window,
+            sampling_overrides=(settings.default_temperature, settings.default_top_p, settings.default_top_k),
         )
 
 
@@ -93,6 +99,8 @@ class Engine:
         self._snapshot = EngineSnapshot(status="starting", model=None, pool=None)
         self._pool = BlockPool.from_budget(loaded.spec, config.pool_budget_bytes)
         self.agents = AgentTable()
+        # What requests that name no temperature sample with (engine/models/sampling_defaults.py).
+        self.sampling_defaults = read_sampling_defaults(loaded.path).with_overrides(*config.sampling_overrides)
         # Prefixes are shared by reference where the model's attention can be hooked (kv/ragged.py).
         self.hot = HotCache(loaded.spec, self._pool, share_by_reference=ragged.install(loaded.model))
         self.tiers = TierManager(self.hot, self.agents, self.events, store)
@@ -237,7 +245,7 @@ class Engine:
             self._index_store()
             self.runner = BatchRunner(
                 self.loaded, self.hot, self.agents, self.tiers, self.events, self.config.limits, self._factory,
-                prefix_sharing=self.config.prefix_sharing,
+                prefix_sharing=self.config.prefix_sharing, repetition_window=self.config.repetition_window,
             )
         except BaseException as exc:
             self._startup_error = exc
@@ -245,7 +253,8 @@ class Engine:
             self._ready.set()
             return
         self._status = "ready"
-        self.events.emit(EventKind.LOAD, f"engine ready: {self.loaded.model_id}, {self._pool.total_blocks} blocks")
+        self.events.emit(EventKind.LOAD, f"engine ready: {self.loaded.model_id}, {self._pool.total_blocks} blocks; "
+                         f"requests without a temperature sample with {self.sampling_defaults.describe()}")
         self._publish(force=True)
         self._ready.set()
         try:

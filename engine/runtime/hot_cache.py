@@ -56,9 +56,10 @@ class ReusePlan:
     """How much of a prompt a hot cache can serve, decided before admission."""
 
     reused: int
-    source: str  # "self", "shared:<agent>", "none"
+    source: str  # "self", "shared:<agent>", "prefix:<key>", "none"
     note: str | None = None
     donor: str | None = None
+    prefix: str | None = None  # the key of a shared prefix stored on disk
 
 
 class HotCache:
@@ -262,6 +263,12 @@ class HotCache:
             self.prefix.update(agent.agent_id, agent.tokens)
         else:
             self.prefix.remove(agent.agent_id)
+
+    def load_prefix(self, holder: Holder, n_tokens: int, slices: list[LayerSlice]) -> None:
+        """Fill ``holder``'s fresh cache (room reserved) with a shared prefix read from disk."""
+        assert holder.kv is not None
+        holder.kv.load_slices(n_tokens, slices)
+        holder.kv.copied += sum(a.nbytes for s in slices for a in (*s.keys, *s.values))
 
     def install(self, agent: AgentRecord, tokens: list[int], slices: list[LayerSlice],
                 checkpoints: list[dict[str, object]] | tuple = ()) -> bool:

@@ -64,6 +64,11 @@ class GenerationRequest:
     # Auxiliary requests (titles, probes) never evict a main conversation and
     # do not replace the agent's cache when they finish.
     auxiliary: bool = False
+    # What the client asked for when the server's output cap clamped ``max_tokens``.
+    asked_max_tokens: int | None = None
+    # How many leading prompt tokens other agents are likely to share (the rendered system prompt
+    # and tools): the engine checkpoints there and stores that prefix for later agents. 0: unknown.
+    prefix_hint: int = 0
     request_id: str = field(default_factory=next_request_id)
 
     def __post_init__(self) -> None:
@@ -78,6 +83,7 @@ class FinishReason(str, enum.Enum):
     STOP_SEQUENCE = "stop_sequence"
     LENGTH = "length"  # max_tokens or the context limit
     CAPACITY = "capacity"  # the pool could not grow the sequence any further
+    REPETITION = "repetition"  # a runaway loop: the last tokens repeat one short cycle (runtime/repetition.py)
     CANCELLED = "cancelled"
     ERROR = "error"
 
@@ -138,6 +144,8 @@ class FinishEvent:
     error: str | None = None
     error_type: str | None = None
     retry_after_s: int | None = None
+    # Why the engine ended the turn when the model did not (a runaway loop cut short).
+    note: str | None = None
 
 
 EngineEvent = QueuedEvent | PrefillEvent | TokenEvent | FinishEvent

@@ -32,6 +32,10 @@ class AgentView:
     prefill_total: int
     last_used: float
     created_at: float
+    # How the last turn ended (stop, length, repetition, capacity, error...) and why, when the
+    # engine or a server limit ended it rather than the model.
+    last_finish: str | None = None
+    last_finish_note: str | None = None
 
     @property
     def label(self) -> str:
@@ -63,6 +67,10 @@ class TierView:
     hot_array_bytes: int = 0
     warm_bytes: int = 0
     disk_budget_bytes: int = 0
+    # Shared prefixes stored on disk (system prompt + tools), read by new agents instead of prefilled.
+    prefix_files: int = 0
+    prefix_bytes: int = 0
+    shared_blocks: int = 0  # pool blocks held by more than one agent (shared prefixes in memory)
     evictions_total: dict[str, int] = field(default_factory=dict)
     restores_total: int = 0
     discards_total: int = 0
@@ -80,6 +88,8 @@ class ModelView:
     architecture: str
     context_length: int
     spec: dict[str, object]
+    # What requests naming no temperature sample with, and where that came from.
+    sampling_defaults: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,6 +48,8 @@ def _agent_view(agent: AgentRecord, engine: "Engine") -> AgentView:
         prefill_total=agent.prefill_total,
         last_used=agent.last_used,
         created_at=agent.created_at,
+        last_finish=agent.last_finish,
+        last_finish_note=agent.last_finish_note,
     )
 
 
@@ -60,6 +62,7 @@ def _model_view(engine: "Engine") -> ModelView:
         architecture=loaded.architecture,
         context_length=engine.context_length,
         spec=loaded.spec.describe(),
+        sampling_defaults=engine.sampling_defaults.describe() if hasattr(engine, "sampling_defaults") else "",
     )
 
 
@@ -94,6 +97,9 @@ def _tiers(engine: "Engine", agents: tuple[AgentView, ...]) -> TierView:
         hot_bytes=engine.pool.used_bytes,
         hot_array_bytes=held_bytes(engine.agents),
         warm_bytes=store.disk_bytes if store is not None else 0,
+        prefix_files=len(store.prefixes.entries) if store is not None else 0,
+        prefix_bytes=store.prefixes.disk_bytes if store is not None else 0,
+        shared_blocks=engine.pool.shared_blocks,
         disk_budget_bytes=store.disk_budget_bytes if store is not None else 0,
         evictions_total=dict(tiers.evictions),
         restores_total=tiers.restores,

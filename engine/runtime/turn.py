@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from .agents import AgentRecord
 from .batch.sequence import Sequence
 from .hot_cache import Holder, ReusePlan
+from .repetition import RepetitionGuard
 from .requests import EventSink, FinishEvent, FinishReason, GenerationRequest, Usage
 from .text_stream import TextStream
 
@@ -48,6 +49,7 @@ class Turn:
     handoff_out_s: float = 0.0
     copied_bytes: int = 0
     copied_mark: int = 0  # the cache's copy counter when the turn was admitted
+    guard: RepetitionGuard = field(default_factory=lambda: RepetitionGuard(0))
 
     @property
     def on_own_cache(self) -> bool:

@@ -19,8 +19,12 @@ from .agent_table import AgentTable
 from .agents import AgentRecord, Tier
 from .event_log import EventKind, EventLog
 from .hot_cache import HotCache, Holder, ReusePlan, SideCache
+from .kv.sequence_kv import LayerSlice
 from .tiers import HotState, TierManager
 from .turn import Turn
+
+
+PENDING = object()  # a shared prefix is still being read from disk
 
 
 class Admission(enum.Enum):
@@ -55,9 +59,16 @@ class Admitter:
             return Admission.NO_ROOM
         started = time.monotonic()
         plan, side = self._plan(agent, turn)
+        stored = self._stored_prefix(turn, plan)
+        if stored is PENDING:
+            return Admission.DEFERRED  # a shared prefix is being read from disk; other turns go ahead
         holder: Holder = SideCache(f"{agent.agent_id}~{request.request_id}") if side else agent
         turn.agent, turn.plan, turn.holder = agent, plan, holder
-        copied = self._prepare(holder, agent, turn, running)
+        if stored is not None:
+            turn.plan, slices = stored
+            copied = self._prepare_from_disk(holder, agent, turn, slices, running)
+        else:
+            copied = self._prepare(holder, agent, turn, running)
         if copied is None:
             return Admission.NO_ROOM
         assert holder.kv is not None
@@ -75,6 +86,46 @@ class Admitter:
             # Serve from the prefix without touching the main conversation's cache.
             return replace(plan, note="auxiliary request: the agent's cache was left intact"), True
         return plan, False
+
+    def _stored_prefix(self, turn: Turn, plan: ReusePlan) -> "tuple[ReusePlan, list[LayerSlice]] | object | None":
+        """A shared prefix on disk that serves more of the prompt than the hot plan (PENDING while it is read)."""
+        store = self.tiers.store
+        if store is None or not store.usable:
+            return None
+        prompt = turn.request.prompt_tokens
+        entry = store.prefixes.longest(prompt, at_most=len(prompt) - 1)
+        if entry is None or entry.n_tokens < plan.reused + self.hot.spec.block_tokens:
+            return None  # nothing stored, or not worth a read
+        slices = store.prefixes.slices_for(entry.key, prompt)
+        if slices is None:
+            return PENDING if store.prefixes.reading(entry.key) else None
+        return ReusePlan(entry.n_tokens, f"prefix:{entry.key[:12]}", prefix=entry.key), slices
+
+    def _prepare_from_disk(self, holder: Holder, agent: AgentRecord, turn: Turn, slices: list[LayerSlice],
+                           running: set[str]) -> int | None:
+        plan = turn.plan
+        assert plan is not None and plan.prefix is not None and self.tiers.store is not None
+        self.hot.fresh(holder)
+        if not self._reserve(holder, turn.prompt_len + 1, running | {agent.agent_id}, turn):
+            self._undo(holder, agent)
+            return None
+        self.hot.load_prefix(holder, plan.reused, slices)
+        self.tiers.store.prefixes.done_with(plan.prefix)
+        if holder is agent:
+            agent.tokens = list(turn.request.prompt_tokens[:plan.reused])
+            agent.tier = Tier.HOT
+            self.hot.publish(agent)
+        self.events.emit(EventKind.SHARE, f"{agent.agent_id}: {plan.reused} prompt tokens from the shared prefix "
+                         f"{plan.prefix[:12]} on disk", agent.agent_id)
+        assert holder.kv is not None
+        return holder.kv.copied
+
+    def _undo(self, holder: Holder, agent: AgentRecord) -> None:
+        """No room after all: give back what the fresh cache took."""
+        self.hot.release(holder)
+        if holder is agent:
+            agent.tokens, agent.tier = [], Tier.COLD if agent.turns else Tier.EMPTY
+            self.hot.publish(agent)
 
     # -- preparing -------------------------------------------------------------------------
     def _prepare(self, holder: Holder, agent: AgentRecord, turn: Turn, running: set[str]) -> int | None:
@@ -101,10 +152,7 @@ class Admitter:
         self.hot.fresh(holder)
         shared, copied = self.hot.share_prefix(holder, source, plan.reused) if plan.reused else (0, 0)
         if not self._reserve(holder, need, protect | {source.agent_id}, turn):
-            self.hot.release(holder)
-            if holder is agent:
-                agent.tokens, agent.tier = [], Tier.COLD if agent.turns else Tier.EMPTY
-                self.hot.publish(agent)
+            self._undo(holder, agent)
             return None
         assert holder.kv is not None
         copied += holder.kv.copied  # a fresh cache: everything it copied so far is this turn's

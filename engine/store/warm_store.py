@@ -46,6 +46,7 @@ from .cache_file import (
     write_cache_file,
 )
 from .cold_index import ColdIndex, ColdEntry
+from .prefix_store import AGENT_PREFIX, PrefixStore, prefix_key
 from .private_dirs import make_private_dir
 from .to_mlx import to_mx_slices
 
@@ -123,6 +124,8 @@ class WarmStore:
         self._reads: dict[str, tuple[Future[CacheRecord], float]] = {}
         self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="semantic-io")
         self.usable = self._prepare_directory()
+        # Shared prefixes live beside the agents, on the same I/O thread and disk budget.
+        self.prefixes = PrefixStore(self.directory / "prefixes", loaded, self.fingerprint, events, self._io)
 
     # -- start-up -------------------------------------------------------------------------
     def _prepare_directory(self) -> bool:
@@ -158,6 +161,7 @@ class WarmStore:
             )
             headers.append(header)
         self.cold.load()
+        self.prefixes.scan()
         self._enforce_budget()
         return headers
 
@@ -262,13 +266,32 @@ class WarmStore:
 
     @property
     def disk_bytes(self) -> int:
-        return sum(e.nbytes for e in self.entries.values())
+        return sum(e.nbytes for e in self.entries.values()) + self.prefixes.disk_bytes
+
+    # -- shared prefixes ------------------------------------------------------------------------
+    def store_prefix(self, tokens: list[int], slices: list[LayerSlice]) -> None:
+        """Write a shared prefix (whole blocks of ``tokens``, its K/V in ``slices``) unless it is stored."""
+        if not self.usable or self.prefixes.has(tokens):
+            return
+        key = prefix_key(tokens, self.loaded.spec.block_tokens)
+        header = new_header(
+            AGENT_PREFIX + key, self.loaded.identity, self.loaded.spec, tokens, *_cache_classes(self.loaded),
+            display_name=f"shared prefix of {len(tokens)} tokens", source="prefix",
+        )
+        blocks = tuple(PersistedBlock(s.group, s.start, s.length, s.keys, s.values) for s in slices)
+        self.prefixes.write(CacheRecord(header, blocks))
 
     def _enforce_budget(self) -> None:
-        """Oldest warm files become cold until the warm tier fits its budget."""
-        for entry in sorted(self.entries.values(), key=lambda e: e.last_used):
+        """Oldest files go until the warm tier fits its budget: agents become cold, prefixes are forgotten."""
+        files = [(e.last_used, e.agent_id) for e in self.entries.values()]
+        files += [(e.last_used, AGENT_PREFIX + e.key) for e in self.prefixes.entries.values()]
+        for _, name in sorted(files):
             if self.disk_bytes <= self.disk_budget_bytes:
                 return
+            if name.startswith(AGENT_PREFIX) and name not in self.entries:
+                self.prefixes.forget(name.removeprefix(AGENT_PREFIX))
+                continue
+            entry = self.entries[name]
             if entry.agent_id in self._writes:
                 continue
             self.entries.pop(entry.agent_id)
@@ -283,6 +306,7 @@ class WarmStore:
             if pending.future.done():
                 del self._writes[agent_id]
                 self._settle_write(agent_id, pending)
+        self.prefixes.poll()
         self._enforce_budget()
 
     def take_went_cold(self) -> list[str]:

@@ -141,9 +141,15 @@ class AgentsTable(DataTable):
             self.post_message(self.OpenRequested(agent))
 
 
+# An idle agent whose last turn the server ended says so, until its next turn.
+ENDED_BY_SERVER = {"repetition": "loop cut", "capacity": "pool full", "error": "failed"}
+
+
 def _state(a: AgentView) -> Text:
     if a.state == "prefilling" and a.prefill_total:
         return Text(f"prefill {a.prefill_done / a.prefill_total:.0%}", style="cyan")
+    if a.state == "idle" and a.last_finish in ENDED_BY_SERVER:
+        return Text(f"idle·{ENDED_BY_SERVER[a.last_finish]}", style="yellow")
     styles = {"decoding": "green", "queued": "magenta", "prefilling": "cyan"}
     return Text(a.state, style=styles.get(a.state, "dim"))
 

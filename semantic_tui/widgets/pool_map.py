@@ -19,6 +19,7 @@ from ..formatting import human_bytes
 
 GLOBAL_GLYPH = "█"
 SLIDING_GLYPH = "▒"
+SHARED_GLYPH = "▓"  # a block several agents hold (a shared prefix), in its first holder's colour
 FREE_GLYPH = "·"
 BAR_FILL, BAR_EMPTY = "█", "░"
 MIN_BAR = 10  # below this the bar says little; drop the label, then the byte sizes
@@ -45,6 +46,7 @@ class Cell(NamedTuple):
     # A NamedTuple, not a frozen dataclass: a big pool makes thousands per redraw.
     owner: str | None
     sliding: bool
+    shared: bool = False
 
 
 def sliding_groups_of(snapshot: EngineSnapshot) -> frozenset[int]:
@@ -80,8 +82,9 @@ def aggregate_cells(view: PoolView, per: int) -> list[Cell]:
     The cell is sliding when most of that holder's blocks in the chunk are.
     """
     owners, groups, sliding = view.pool.block_owner, view.pool.block_group, view.sliding_groups
+    holders = view.pool.block_holders or (1,) * len(owners)
     if per == 1:
-        return [Cell(o, o is not None and g in sliding) for o, g in zip(owners, groups)]
+        return [Cell(o, o is not None and g in sliding, h > 1) for o, g, h in zip(owners, groups, holders)]
     # Counting the few global groups with tuple.count keeps the per-block work in C.
     global_groups = tuple(set(range(view.pool.n_groups)) - sliding)
     cells = []
@@ -95,7 +98,8 @@ def aggregate_cells(view: PoolView, per: int) -> list[Cell]:
             continue
         held = chunk_groups if uniform else tuple(g for o, g in zip(chunk, chunk_groups) if o == owner)
         n_global = sum(held.count(g) for g in global_groups)
-        cells.append(Cell(owner, (len(held) - n_global) * 2 > len(held)))
+        n_shared = sum(1 for h in holders[start : start + per] if h > 1)
+        cells.append(Cell(owner, (len(held) - n_global) * 2 > len(held), n_shared * 2 > len(chunk)))
     return cells
 
 
@@ -126,6 +130,8 @@ def grid_lines(cells: list[Cell], layout: GridLayout) -> list[Text]:
 def _cell_glyph(cell: Cell) -> tuple[str, str]:
     if cell.owner is None:
         return FREE_GLYPH, FREE_STYLE
+    if cell.shared:
+        return SHARED_GLYPH, agent_color(cell.owner)
     return (SLIDING_GLYPH if cell.sliding else GLOBAL_GLYPH), agent_color(cell.owner)
 
 
@@ -160,17 +166,17 @@ def pressure_line(pool: PoolSnapshot, width: int) -> Text:
     return line
 
 
-def legend_line(hybrid: bool, per: int, width: int) -> Text:
+def legend_line(hybrid: bool, per: int, width: int, shared: bool = False) -> Text:
     """Glyph meanings and, when blocks are aggregated, the scale."""
     glyph_forms = [
-        [f"{GLOBAL_GLYPH} global", f"{SLIDING_GLYPH} sliding", f"{FREE_GLYPH} free"],
-        [f"{GLOBAL_GLYPH} glb", f"{SLIDING_GLYPH} sld", f"{FREE_GLYPH} free"],
-        [f"{GLOBAL_GLYPH}glb", f"{SLIDING_GLYPH}sld", f"{FREE_GLYPH}free"],
+        [f"{GLOBAL_GLYPH} global", f"{SLIDING_GLYPH} sliding", f"{SHARED_GLYPH} shared", f"{FREE_GLYPH} free"],
+        [f"{GLOBAL_GLYPH} glb", f"{SLIDING_GLYPH} sld", f"{SHARED_GLYPH} shr", f"{FREE_GLYPH} free"],
+        [f"{GLOBAL_GLYPH}glb", f"{SLIDING_GLYPH}sld", f"{SHARED_GLYPH}shr", f"{FREE_GLYPH}free"],
     ]
     scale_forms = [f"1 cell = {per} blocks", f"1 cell={per} blocks", f"1 cell={per} blk"] if per > 1 else [""]
     candidates = []
     for glyphs, scale, sep in product(glyph_forms, scale_forms, ("  ", " ")):
-        shown = glyphs if hybrid else [glyphs[0], glyphs[2]]
+        shown = [g for g, keep in zip(glyphs, (True, hybrid, shared, True)) if keep]
         candidates.append(sep.join([*shown, scale]).rstrip())
     return _style_glyphs(_first_fit(candidates, width))
 
@@ -180,7 +186,7 @@ def _style_glyphs(legend: str) -> Text:
     for i, char in enumerate(legend):
         if char == FREE_GLYPH:
             text.stylize(FREE_STYLE, i, i + 1)
-        elif char in (GLOBAL_GLYPH, SLIDING_GLYPH):
+        elif char in (GLOBAL_GLYPH, SLIDING_GLYPH, SHARED_GLYPH):
             text.stylize("not dim", i, i + 1)
     return text
 
@@ -211,7 +217,7 @@ def render_pool(view: PoolView, width: int, height: int) -> Text:
     layout = plan_grid(pool.total_blocks, width, height - len(header) - legend_rows)
     lines = [*header, *grid_lines(aggregate_cells(view, layout.blocks_per_cell), layout)]
     if legend_rows:
-        lines.append(legend_line(bool(view.sliding_groups), layout.blocks_per_cell, width))
+        lines.append(legend_line(bool(view.sliding_groups), layout.blocks_per_cell, width, view.pool.shared_blocks > 0))
     if len(lines) < height and pool.owner_blocks:
         lines.append(owners_line(view, width))
     return Text("\n").join(lines[:height])

@@ -56,8 +56,22 @@ def movement_lines(tiers: TierView) -> Text:
 def hit_rate_line(tiers: TierView) -> Text:
     looked_up = tiers.prefix_hits + tiers.prefix_misses
     if not looked_up:
-        return Text("prefix cache hits –", style=FREE_STYLE)
-    return Text(f"prefix cache hits {tiers.prefix_hits / looked_up:.0%} ({tiers.prefix_hits:,} of {looked_up:,})")
+        text = Text("prefix cache hits –", style=FREE_STYLE)
+    else:
+        text = Text(f"prefix cache hits {tiers.prefix_hits / looked_up:.0%} ({tiers.prefix_hits:,} of {looked_up:,})")
+    return text + shared_line(tiers)
+
+
+def shared_line(tiers: TierView) -> Text:
+    """Prefixes several agents share: blocks held by more than one agent, and the ones stored on disk."""
+    if not tiers.shared_blocks and not tiers.prefix_files:
+        return Text()
+    text = Text("\nshared ")
+    text.append(f"{tiers.shared_blocks:,} blocks in memory", style="bold")
+    if tiers.prefix_files:
+        text.append(f" · {tiers.prefix_files} prefix{'es' if tiers.prefix_files > 1 else ''} on disk "
+                    f"({human_bytes(tiers.prefix_bytes)})")
+    return text
 
 
 class TiersPanel(Vertical):

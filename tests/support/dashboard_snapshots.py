@@ -36,7 +36,17 @@ def pool_snapshot(owners: list[str | None], groups: list[int | None], *, block_b
         owner_blocks=MappingProxyType(dict(held)),
         block_owner=tuple(owners),
         block_group=tuple(groups),
+        # The first ``shared`` used blocks are a prefix two agents hold.
+        block_holders=tuple(_holders(owners, shared)),
     )
+
+
+def _holders(owners: list[str | None], shared: int) -> list[int]:
+    holders, left = [], shared
+    for owner in owners:
+        holders.append(0 if owner is None else (2 if left > 0 else 1))
+        left -= owner is not None
+    return holders
 
 
 def hybrid_pool(total: int = 96, used: int = 72, agents: tuple[str, ...] = ("alice", "bob", "erin")) -> PoolSnapshot:

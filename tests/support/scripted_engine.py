@@ -22,6 +22,7 @@ from engine.errors import AgentNotFoundError, EngineUnavailableError, PromptTooL
 from engine.models.loaded import LoadedModel, ModelIdentity
 from engine.runtime.agents import Tier
 from engine.runtime.event_log import EventKind, EventLog
+from engine.models.sampling_defaults import FALLBACK
 from engine.runtime.requests import (
     EventSink,
     FinishEvent,
@@ -90,6 +91,7 @@ class ScriptedEngine:
         seed_agents: tuple = (),
     ) -> None:
         self.loaded = loaded or scripted_loaded()
+        self.sampling_defaults = FALLBACK  # a scripted model has no generation_config.json
         self.script = script
         self.prefill_delay_s = prefill_delay_s
         self.token_delay_s = token_delay_s
@@ -276,7 +278,8 @@ class ScriptedEngine:
             cold_agents=sum(a.tier is Tier.COLD for a in self.agents.values()),
             hot_bytes=self.pool.used_bytes,
         )
-        model = ModelView(self.loaded.model_id, self.loaded.identity.key, None, "scripted", self.context_length, spec.describe())
+        model = ModelView(self.loaded.model_id, self.loaded.identity.key, None, "scripted", self.context_length, spec.describe(),
+                          self.sampling_defaults.describe())
         throughput = ThroughputView(generated_total=self.generated_total, requests_total=len(self.requests))
         return EngineSnapshot("ready" if self._running else "stopped", model, self.pool.snapshot(), agents, throughput, tiers)
 

@@ -93,7 +93,8 @@ async def test_list_merges_engine_and_store(client: httpx.AsyncClient) -> None:
     assert (agents["quiet"]["tier"], agents["quiet"]["has_conversation"]) == ("empty", True)
     assert (agents["oa-s"]["source"], agents["oa-s"]["has_conversation"]) == ("openai", False)
     expected = {"agent_id", "display_name", "source", "state", "tier", "pinned", "cached_tokens", "blocks", "bytes",
-                "turns", "reuse_ratio", "last_ttft_s", "decode_tok_s", "last_used", "messages", "has_conversation"}
+                "turns", "reuse_ratio", "last_ttft_s", "decode_tok_s", "last_used", "last_finish", "last_finish_note",
+                "messages", "has_conversation"}
     assert all(set(a) == expected for a in agents.values())
 
 
@@ -127,7 +128,8 @@ async def test_turn_options_reach_the_engine(client: httpx.AsyncClient, engine: 
     await create(client, "bob")
     await client.post("/v1/agents/bob/messages", json={"content": "Hi"})
     assert engine.requests[-1].max_tokens == service.settings.default_max_tokens
-    assert engine.requests[-1].sampling.temperature == 0.0
+    # No temperature: the model's sampling defaults (the scripted model has no generation_config.json).
+    assert engine.requests[-1].sampling.temperature == 0.7
     body = (await client.post("/v1/agents/bob/messages",
                               json={"content": "Hi", "max_tokens": 3, "temperature": 0.5, "stop": "x"})).json()
     assert (body["content"], body["finish_reason"]) == ("rep", "length")

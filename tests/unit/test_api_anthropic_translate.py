@@ -147,11 +147,16 @@ def test_tool_choice_tool_needs_a_name():
         request(tool_choice={"type": "tool"})
 
 
-def test_sampling_defaults_to_greedy_and_honours_explicit_values():
-    assert sampling_of(request()).is_greedy
-    explicit = sampling_of(request(temperature=0.7, top_p=0.9, top_k=40))
+def test_sampling_leaves_what_the_request_omits_to_the_model_and_honours_explicit_values():
+    from engine.api.turns import GREEDY, SamplingAsked
+    from engine.models.sampling_defaults import FALLBACK
+
+    assert sampling_of(request()) == SamplingAsked()
+    assert sampling_of(request()).resolve(FALLBACK) == FALLBACK.params()
+    explicit = sampling_of(request(temperature=0.7, top_p=0.9, top_k=40)).resolve(FALLBACK)
     assert (explicit.temperature, explicit.top_p, explicit.top_k, explicit.seed) == (0.7, 0.9, 40, None)
-    assert sampling_of(request(temperature=1.0, top_p=0)).is_greedy
+    assert sampling_of(request(temperature=1.0, top_p=0)) == GREEDY
+    assert sampling_of(request(temperature=0)).resolve(FALLBACK).is_greedy
 
 
 def test_stop_sequences_drop_empty_strings():

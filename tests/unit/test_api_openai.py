@@ -104,10 +104,11 @@ async def test_bad_tool_call_arguments_are_400(client: httpx.AsyncClient) -> Non
     assert response.json()["error"]["param"] == "messages.0.tool_calls.0"
 
 
-async def test_sampling_defaults_to_greedy(client: httpx.AsyncClient, engine: ScriptedEngine, service: EngineService) -> None:
+async def test_sampling_defaults_to_the_models(client: httpx.AsyncClient, engine: ScriptedEngine, service: EngineService) -> None:
     await client.post(URL, json=ask())
     request = engine.requests[-1]
-    assert (request.sampling.temperature, request.sampling.top_p, request.sampling.seed) == (0.0, 1.0, None)
+    # The scripted model has no generation_config.json: the documented fallback.
+    assert (request.sampling.temperature, request.sampling.top_p, request.sampling.seed) == (0.7, 0.95, None)
     assert request.max_tokens == service.settings.default_max_tokens
     assert request.stop_strings == ()
 

@@ -215,6 +215,7 @@ def test_snapshot_values() -> None:
         owner_blocks={"a": 3, "b": 2},
         block_owner=("a", "a", "a", "b", None, None),
         block_group=(0, 0, 1, 1, None, None),
+        block_holders=(2, 1, 1, 1, 0, 0),
     )
     assert (snap.free_blocks, snap.used_bytes, snap.free_bytes, snap.total_bytes) == (2, 40, 20, 60)
     assert snap.pressure == pytest.approx(4 / 6)

@@ -23,7 +23,7 @@ from semantic_tui.agent_colors import (
     agent_color,
     pressure_style,
 )
-from semantic_tui.widgets.pool_map import FREE_GLYPH, GLOBAL_GLYPH, SLIDING_GLYPH, PoolMap, pressure_line
+from semantic_tui.widgets.pool_map import FREE_GLYPH, GLOBAL_GLYPH, SHARED_GLYPH, SLIDING_GLYPH, PoolMap, pressure_line
 from semantic_tui.widgets.throughput_panel import HISTORY_TICKS, ThroughputPanel, compact_count
 from semantic_tui.widgets.tiers_panel import TiersPanel
 from tests.support.dashboard_snapshots import (
@@ -125,7 +125,10 @@ async def test_pool_map_colours_dims_and_sliding_glyphs_per_block():
             assert glyph == FREE_GLYPH and style.dim, block
             continue
         owner = ("alice", "bob", "erin")[(block // 12) % 3]
-        assert glyph == (GLOBAL_GLYPH if block % 6 == 0 else SLIDING_GLYPH), block
+        if block < snapshot.pool.shared_blocks:  # a prefix two agents hold, in its first holder's colour
+            assert glyph == SHARED_GLYPH, block
+        else:
+            assert glyph == (GLOBAL_GLYPH if block % 6 == 0 else SLIDING_GLYPH), block
         assert style.color.triplet == Color.parse(agent_color(owner)).triplet and not style.dim, block
     assert len({agent_color(a) for a in ("alice", "bob", "erin")}) == 3
 
@@ -137,7 +140,7 @@ async def test_pool_map_summary_and_legend_for_hybrid_model():
     assert lines[0].startswith("72/96 blocks used · 24 free · 3 shared")
     assert "75%" in lines[1] and "4.5 MiB / 6.0 MiB" in lines[1]
     legend = next(line for line in lines if "global" in line)
-    assert f"{GLOBAL_GLYPH} global  {SLIDING_GLYPH} sliding  {FREE_GLYPH} free" in legend
+    assert f"{GLOBAL_GLYPH} global  {SLIDING_GLYPH} sliding  {SHARED_GLYPH} shared  {FREE_GLYPH} free" in legend
     assert "1 cell" not in legend
 
 

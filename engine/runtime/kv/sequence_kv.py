@@ -262,6 +262,32 @@ class SequenceKV:
         mx.eval([a for s in out for a in (*s.keys, *s.values)])
         return out
 
+    def prefix_slices(self, n_tokens: int) -> list[LayerSlice] | None:
+        """Positions ``[0, n_tokens)`` as a cache of their own (a shared prefix for the disk tier), as copies.
+
+        Window layers need their state at ``n_tokens``: the cache's own when it
+        ends there, else a checkpoint taken there; None when there is neither.
+        """
+        states: dict[int, WindowState] = {}
+        if self.has_windows:
+            checkpoint = next((c for c in self.checkpoints if c.offset == n_tokens), None)
+            if checkpoint is not None:
+                states = dict(zip(self._window_layer_ids(), checkpoint.states))
+            elif self.offset == n_tokens:
+                states = {i: layer.state_now() for i, layer in enumerate(self.layers) if isinstance(layer, WindowKV)}
+            else:
+                return None
+        out: list[LayerSlice] = []
+        for group in self.spec.groups:
+            if group.window is None:
+                out += _cut(group.index, [self.layers[i] for i in group.layers], 0, n_tokens, self.spec.block_tokens)
+                continue
+            rings = [_ring(self.layers[i], states[i]) for i in group.layers]
+            start = n_tokens - min(rings[0].held, n_tokens)
+            out += _cut(group.index, rings, start, n_tokens, self.spec.block_tokens)
+        mx.eval([a for s in out for a in (*s.keys, *s.values)])
+        return out
+
     def checkpoint_slices(self) -> tuple[list[dict[str, object]], list[LayerSlice]]:
         """The checkpoints as the disk tier stores them: header entries, and each one's window
         positions cut on block boundaries (``LayerSlice.checkpoint`` = its index in the entries)."""

@@ -1,0 +1,145 @@
+"""Defaults a client that sets nothing relies on: model sampling defaults, the output cap, the loop guard."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from engine.models.sampling_defaults import FALLBACK, read_sampling_defaults
+from engine.runtime.repetition import RepetitionGuard
+from engine.runtime.requests import FinishReason, GenerationRequest
+from engine.runtime.sync_client import run_turn
+from tests.unit.test_engine_batching import make_engine, prompt_for
+
+pytestmark = pytest.mark.unit
+
+
+# -- sampling defaults ----------------------------------------------------------------------------
+def write_config(folder: Path, config: object) -> Path:
+    (folder / "generation_config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_a_folder_without_generation_config_uses_the_documented_fallback(tmp_path: Path) -> None:
+    defaults = read_sampling_defaults(tmp_path)
+    assert defaults == FALLBACK and (defaults.temperature, defaults.top_p, defaults.top_k) == (0.7, 0.95, 40)
+    assert "fallback" in defaults.describe()
+
+
+def test_generation_config_values_are_the_defaults(tmp_path: Path) -> None:
+    defaults = read_sampling_defaults(write_config(tmp_path, {"do_sample": True, "temperature": 0.2, "top_p": 0.9}))
+    assert (defaults.temperature, defaults.top_p, defaults.top_k) == (0.2, 0.9, 0)
+    assert defaults.source == "generation_config.json"
+
+
+def test_do_sample_false_means_greedy(tmp_path: Path) -> None:
+    defaults = read_sampling_defaults(write_config(tmp_path, {"do_sample": False, "temperature": 0.6}))
+    assert defaults.temperature == 0 and defaults.params().is_greedy
+
+
+@pytest.mark.parametrize("config", ["not json", [1, 2], {"bos_token_id": 1}, {"temperature": "hot"}])
+def test_unusable_generation_config_falls_back(tmp_path: Path, config: object) -> None:
+    if config == "not json":
+        (tmp_path / "generation_config.json").write_text("{")
+    else:
+        write_config(tmp_path, config)
+    defaults = read_sampling_defaults(tmp_path)
+    assert defaults.temperature == FALLBACK.temperature
+
+
+def test_settings_override_one_value_at_a_time(tmp_path: Path) -> None:
+    defaults = read_sampling_defaults(tmp_path).with_overrides(0.3, None, None)
+    assert (defaults.temperature, defaults.top_p, defaults.top_k) == (0.3, 0.95, 40)
+    assert "overridden by settings" in defaults.source
+
+
+# -- repetition guard -----------------------------------------------------------------------------
+def feed(guard: RepetitionGuard, tokens: list[int]) -> int | None:
+    """Index of the token at which the guard fires, or None."""
+    return next((i for i, t in enumerate(tokens) if guard.push(t) is not None), None)
+
+
+def test_a_single_token_loop_ends_when_the_window_is_all_repetition() -> None:
+    assert feed(RepetitionGuard(64), [7, 8, 9] + [5] * 100) == 3 + 63
+
+
+def test_a_repeated_sentence_ends_after_one_window() -> None:
+    sentence = list(range(100, 112))  # 12 tokens
+    tokens = [1, 2, 3] + sentence * 30
+    guard = RepetitionGuard(96)
+    at = feed(guard, tokens)
+    assert at == 3 + 95
+    loop = RepetitionGuard(96)
+    found = [loop.push(t) for t in tokens[: at + 1]][-1]
+    assert found is not None and found.period == 12 and found.span == 96
+
+
+def test_ordinary_text_and_a_disabled_guard_never_fire() -> None:
+    varied = [(i * 7919) % 1000 for i in range(2000)]
+    assert feed(RepetitionGuard(64), varied) is None
+    assert feed(RepetitionGuard(0), [5] * 1000) is None
+    # A cycle longer than the guard looks at (64) is not taken for a loop.
+    long_cycle = list(range(200, 280)) * 20
+    assert feed(RepetitionGuard(128), long_cycle) is None
+
+
+def test_the_engine_ends_a_looping_generation_and_says_why() -> None:
+    engine = make_engine("llama")  # tiny random llama: greedy output is one token repeated
+    try:
+        result = run_turn(engine, GenerationRequest("looper", prompt_for(0), 2000))
+        assert result.finish.reason is FinishReason.REPETITION
+        assert result.finish.usage.generated_tokens == 256  # the default window
+        assert "repetition guard" in (result.finish.note or "")
+        agent = engine.fresh_snapshot().agent("looper")
+        assert agent.last_finish == "repetition" and "cycle of 1 token" in (agent.last_finish_note or "")
+        # The cache holds everything generated: the next turn continues from it.
+        follow = prompt_for(0) + tuple(result.tokens) + tuple(b" go on")
+        nxt = run_turn(engine, GenerationRequest("looper", follow, 4))
+        assert nxt.finish.usage.reused_tokens == len(prompt_for(0)) + 256
+    finally:
+        engine.stop()
+
+
+# -- through the HTTP API -------------------------------------------------------------------------
+@pytest.fixture
+def engine():
+    from tests.support.scripted_engine import ScriptedEngine
+
+    return ScriptedEngine()
+
+
+def anthropic(**fields):
+    return {"model": "claude-opus-5-5", "max_tokens": 200, "messages": [{"role": "user", "content": "Hi"}], **fields}
+
+
+async def test_a_request_without_temperature_samples_with_the_model_defaults(client, engine) -> None:
+    await client.post("/v1/messages", json=anthropic())
+    await client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}]})
+    for request in engine.requests:
+        assert (request.sampling.temperature, request.sampling.top_p, request.sampling.top_k) == (0.7, 0.95, 40)
+
+
+async def test_explicit_values_win_one_at_a_time(client, engine) -> None:
+    await client.post("/v1/messages", json=anthropic(temperature=0))
+    await client.post("/v1/messages", json=anthropic(temperature=0.3, top_k=5))
+    await client.post("/v1/messages", json=anthropic(top_p=0))  # Anthropic's top_p 0: only the top token
+    greedy, chosen, top_p_zero = engine.requests
+    assert greedy.sampling.is_greedy and top_p_zero.sampling.is_greedy
+    assert (chosen.sampling.temperature, chosen.sampling.top_p, chosen.sampling.top_k) == (0.3, 0.95, 5)
+
+
+async def test_max_tokens_beyond_the_output_cap_is_clamped_and_reported(client, engine, service) -> None:
+    cap = service.settings.max_output_tokens
+    for _ in range(2):
+        response = await client.post("/v1/messages", json=anthropic(max_tokens=32000, stream=True))
+        assert response.status_code == 200
+        granted, asked, setting = response.headers["x-semantic-max-tokens"].split("; ")
+        # The cap, or less where the context leaves less room after the prompt.
+        assert 0 < int(granted) <= cap and asked == "asked=32000" and setting == "setting=max_output_tokens"
+    assert all(r.max_tokens <= cap and r.asked_max_tokens == 32000 for r in engine.requests)
+    said = [e for e in service.events.since(0) if "clamped" in e.message]
+    assert len(said) == 1  # once per agent, not every turn
+    small = await client.post("/v1/messages", json=anthropic(max_tokens=100))
+    assert "x-semantic-max-tokens" not in small.headers
