@@ -17,9 +17,10 @@ tensor data starts 8-byte aligned, then the tensors' raw bytes in this order::
 ``group`` is the spec's layer group, ``start`` the block's first token (on a
 block boundary), ``slot`` the layer's position within the group. Blocks are
 ordered by group then start; K/V are F32, F16 or BF16 as the spec says. Each
-group's blocks are contiguous and end at ``n_tokens``; a sliding-window group
-may begin later, but no later than its window needs. The tensors tile the data
-section exactly: no gaps, no overlap, no trailing bytes.
+group's blocks are contiguous and end at ``n_tokens``; a global group's begin
+at token 0 (or where the prefix reference ends, below), a sliding-window
+group's may begin later, but no later than its window needs. The tensors tile
+the data section exactly: no gaps, no overlap, no trailing bytes.
 
 Checkpoints are the sliding-window groups as they stood at an earlier offset
 (the end of a turn's prompt, or of a prefix other agents share), so a
@@ -33,16 +34,26 @@ blocks sit on block boundaries, are contiguous, end exactly at ``o`` and begin
 no later than ``o - (W - 1)`` and no earlier than ``o - round_up(W, block)``
 (both at least 0), for window ``W``.
 
+A prefix reference stands for a long prefix many agents share (a harness's
+system prompt and tools), stored once as its own cache file of ``P`` tokens so
+an agent's file need not repeat it. The header's ``prefix`` is
+``{"key": k, "n_tokens": P}``: ``k`` is 1 to 64 lowercase hex digits naming
+the prefix file, ``P`` at least 1, a multiple of the block size and at most
+``n_tokens``. Every global group's own blocks then start at ``P`` rather than
+0 (none at all when ``P == n_tokens``); sliding-window groups and checkpoints
+are unaffected. ``token_ids`` still holds all ``n_tokens`` ids, the prefix's
+included, so a reader can check that the prefix file's tokens match.
+
 ``__metadata__`` holds ``format: semantic-agent-cache`` and ``semantic``: the
 :class:`CacheHeader` as one JSON string (safetensors metadata is str -> str),
 with the fields ``format_version``, ``agent_id``, ``model_name``,
 ``model_digest``, ``spec_fingerprint``, ``spec``, ``cache_classes``,
-``cache_meta``, ``n_tokens``, ``checkpoints``, ``created_at``, ``last_used``,
-``tensor_bytes``, ``display_name``, ``source``, ``extra`` and, always last,
-``checksum``. ``checkpoints`` is written only when there are some: it came
-within format version 1, and a file without checkpoints is byte for byte what
-the format wrote before it. A file is read back only by the model with the
-same digest and spec fingerprint.
+``cache_meta``, ``n_tokens``, ``checkpoints``, ``prefix``, ``created_at``,
+``last_used``, ``tensor_bytes``, ``display_name``, ``source``, ``extra`` and,
+always last, ``checksum``. ``checkpoints`` is written only when there are some
+and ``prefix`` only when set: both came within format version 1, and a file
+without them is byte for byte what the format wrote before them. A file is
+read back only by the model with the same digest and spec fingerprint.
 
 Why the writer is hand-written: the safetensors package's numpy path cannot
 express bfloat16 and joins every tensor into one bytes object (a full copy),

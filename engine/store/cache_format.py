@@ -40,6 +40,8 @@ _CHECKSUM_PLACEHOLDER = f"{CHECKSUM_ALGORITHM}:{'0' * _CRC_DIGITS}"
 # before these closing bytes, so the writer can patch them in place.
 _AFTER_CHECKSUM = b'\\"}"}}'
 _CHECKSUM_VALUE = re.compile(r"crc32:[0-9a-f]{8}")
+# A prefix file's key: lowercase hex, so it is also a safe file name.
+_PREFIX_KEY = re.compile(r"[0-9a-f]{1,64}")
 _INDEX = r"(0|[1-9][0-9]{0,17})"
 # A cache's own block "g{group}.b{start}.l{slot}.k", or a checkpoint's "c{i}.g...".
 _BLOCK_NAME = re.compile(rf"(?:c{_INDEX}\.)?g{_INDEX}\.b{_INDEX}\.l{_INDEX}\.([kv])")
@@ -111,6 +113,9 @@ class CacheHeader:
     extra: dict[str, Any] = field(default_factory=dict)
     # Earlier states of the sliding-window groups: {"offset": tokens, "kind": "turn" | "prefix"}.
     checkpoints: list[dict[str, Any]] = field(default_factory=list)
+    # The shared prefix file whose first tokens stand in for the global groups'
+    # own blocks: {"key": hex, "n_tokens": tokens}; None when the file holds them all.
+    prefix: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +163,7 @@ def new_header(
     source: str | None = None,
     extra: dict[str, Any] | None = None,
     checkpoints: Sequence[dict[str, Any]] | None = None,
+    prefix: dict[str, Any] | None = None,
 ) -> CacheHeader:
     """A header ready for :func:`write_cache_file` (which stamps checksum and sizes)."""
     now = time.time()
@@ -168,6 +174,7 @@ def new_header(
         now if created_at is None else created_at, now if last_used is None else last_used,
         display_name=display_name, source=source, extra=dict(extra or {}),
         checkpoints=[dict(c) for c in checkpoints or ()],
+        prefix=None if prefix is None else dict(prefix),
     )
 
 

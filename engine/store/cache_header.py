@@ -22,6 +22,7 @@ from .cache_format import (
     _CHECKSUM_VALUE,
     _CRC_DIGITS,
     _LENGTH,
+    _PREFIX_KEY,
     CHECKPOINT_KINDS,
     CHECKSUM_ALGORITHM,
     FORMAT_NAME,
@@ -63,12 +64,19 @@ def _is_checkpoint(v: Any) -> bool:
             and v["kind"] in CHECKPOINT_KINDS)
 
 
+def _is_prefix(v: Any) -> bool:
+    # Never null: a file without a prefix reference has no prefix field at all.
+    return (type(v) is dict and set(v) == {"key", "n_tokens"}
+            and type(v["key"]) is str and _PREFIX_KEY.fullmatch(v["key"]) is not None
+            and type(v["n_tokens"]) is int and v["n_tokens"] >= 1)
+
+
 # The header's JSON fields, in the order written; token ids travel as a tensor.
 _HEADER_FIELDS = {
     "format_version": _is_count, "agent_id": _is_str, "model_name": _is_str,
     "model_digest": _is_str, "spec_fingerprint": _is_str, "spec": _is_dict,
     "cache_classes": _is_list_of(_is_str), "cache_meta": _is_list_of(_is_dict),
-    "n_tokens": _is_count, "checkpoints": _is_list_of(_is_checkpoint),
+    "n_tokens": _is_count, "checkpoints": _is_list_of(_is_checkpoint), "prefix": _is_prefix,
     "created_at": _is_time, "last_used": _is_time,
     "tensor_bytes": _is_count, "display_name": _is_optional_str, "source": _is_optional_str,
     "extra": _is_dict, "checksum": _is_str,
@@ -76,7 +84,7 @@ _HEADER_FIELDS = {
 # Fields added within format version 1 are written only when they differ from
 # their default, so a file without them is byte-identical to one written
 # before they existed, and that older file still reads.
-_OPTIONAL_FIELDS: dict[str, Callable[[], Any]] = {"checkpoints": list}
+_OPTIONAL_FIELDS: dict[str, Callable[[], Any]] = {"checkpoints": list, "prefix": lambda: None}
 
 
 # -- encoding ----------------------------------------------------------------------------------
@@ -139,6 +147,7 @@ def _check_fields(fields: dict[str, Any]) -> None:
             raise CacheCorruptionError(
                 f"header field {name} has a bad value {_short(repr(fields[name]))}")
     _check_checkpoint_offsets(fields.get("checkpoints", []), fields["n_tokens"])
+    _check_prefix(fields.get("prefix"), fields["n_tokens"], fields["spec"])
     if not _CHECKSUM_VALUE.fullmatch(fields["checksum"]):
         raise CacheCorruptionError(
             f"unsupported checksum {_short(repr(fields['checksum']))}, "
@@ -155,6 +164,22 @@ def _check_checkpoint_offsets(checkpoints: list[dict[str, Any]], n_tokens: int) 
     if outside:
         raise CacheCorruptionError(f"header field checkpoints has offset {outside[0]}, "
                                    f"outside 1..{n_tokens} (n_tokens)")
+
+
+def _check_prefix(prefix: dict[str, Any] | None, n_tokens: int, spec: dict[str, Any]) -> None:
+    """A prefix reference stands for whole blocks at the start of this cache, never more."""
+    if prefix is None:
+        return
+    shared, block = prefix["n_tokens"], spec.get("block_tokens")
+    if type(block) is not int or block < 1:
+        raise CacheCorruptionError(f"header field prefix cannot be checked: the spec's "
+                                   f"block_tokens is {_short(repr(block))}")
+    if shared % block:
+        raise CacheCorruptionError(f"header field prefix has n_tokens {shared}, "
+                                   f"not a multiple of the spec's {block}-token blocks")
+    if shared > n_tokens:
+        raise CacheCorruptionError(f"header field prefix has n_tokens {shared}, "
+                                   f"more than the cache's {n_tokens} (n_tokens)")
 
 
 def _parse_entry(name: str, desc: Any) -> _Entry:

@@ -4,8 +4,9 @@ The reader runs them so that any defect in a file on disk surfaces as one
 CacheCorruptionError naming it, before anything is restored; the writer runs
 the same ones so it never writes a file the reader would reject. The checks:
 tensors tile the data section exactly, the geometry matches the model's spec,
-each group's blocks cover the cache contiguously, each checkpoint's blocks
-cover every sliding-window group up to its offset, and the checksum holds.
+each group's blocks cover the cache contiguously (a full-attention group from
+where the prefix reference ends), each checkpoint's blocks cover every
+sliding-window group up to its offset, and the checksum holds.
 """
 
 from __future__ import annotations
@@ -153,8 +154,9 @@ def _check_blocks(geometry: _Geometry, entries: dict[str, _Entry], header: Cache
         raise CacheCorruptionError(f"tensors of checkpoint {orphans[0]}, which the header "
                                    f"does not list (it lists {len(header.checkpoints)})")
     main = runs.get(None, {})
+    shared = header.prefix["n_tokens"] if header.prefix else 0
     for index, (_, window) in geometry.groups.items():
-        _check_run(index, main.get(index, []), header.n_tokens, window)
+        _check_run(index, main.get(index, []), header.n_tokens, window, shared)
     for i, checkpoint in enumerate(header.checkpoints):
         _check_checkpoint(geometry, i, checkpoint["offset"], runs.get(i, {}))
     kv_bytes = sum(e.end - e.begin for name, e in entries.items() if name != TOKENS)
@@ -218,16 +220,35 @@ def _tensor_length(geometry: _Geometry, entry: _Entry, head_dim: int) -> int:
     return shape[2]
 
 
-def _check_run(index: int, run: list[_BlockEntries], n_tokens: int, window: int | None) -> None:
-    """A group's blocks are contiguous, end at the last token, and reach back far enough.
+def _check_run(
+    index: int, run: list[_BlockEntries], n_tokens: int, window: int | None, shared: int
+) -> None:
+    """A group's blocks are contiguous, end at the last token, and start where they must.
 
-    A sliding-window group may drop blocks before its window, never one inside it.
+    ``shared`` is the prefix reference's token count (0 without one): the
+    prefix file holds a full-attention group's tokens before it.
     """
     _check_contiguous(f"group {index}", run)
-    end = run[-1].end if run else 0
+    end = run[-1].end if run else (shared if window is None else 0)
     if end != n_tokens:
         raise CacheCorruptionError(
             f"group {index} covers tokens up to {end}, the cache holds {n_tokens}")
+    if window is None:
+        _check_global_start(index, run, shared)
+    else:
+        _check_window_start(index, run, n_tokens, window)
+
+
+def _check_global_start(index: int, run: list[_BlockEntries], shared: int) -> None:
+    """Exactly from ``shared``: earlier would copy the prefix file, later would lose tokens."""
+    if run and run[0].start != shared:
+        held = f"a prefix reference of {shared} tokens" if shared else "no prefix reference"
+        raise CacheCorruptionError(f"global group {index} starts at token {run[0].start}, "
+                                   f"but with {held} it must start at token {shared}")
+
+
+def _check_window_start(index: int, run: list[_BlockEntries], n_tokens: int, window: int) -> None:
+    """A sliding-window group may drop blocks before its window, never one inside it."""
     needed = first_needed_position(n_tokens, window)
     if run and run[0].start > needed:
         raise CacheCorruptionError(

@@ -46,7 +46,7 @@ from .cache_file import (
     write_cache_file,
 )
 from .cold_index import ColdIndex, ColdEntry
-from .prefix_store import AGENT_PREFIX, PrefixStore, prefix_key
+from .prefix_store import AGENT_PREFIX, PrefixEntry, PrefixStore, prefix_key
 from .private_dirs import make_private_dir
 from .to_mlx import to_mx_slices
 
@@ -69,6 +69,8 @@ class WarmEntry:
     last_used: float
     display_name: str | None = None
     source: str | None = None
+    # The shared prefix file this agent's file leaves its first tokens to (it must outlive the file).
+    prefix_key: str | None = None
 
 
 @dataclass(slots=True)
@@ -157,7 +159,7 @@ class WarmStore:
                 continue
             self.entries[header.agent_id] = WarmEntry(
                 header.agent_id, path, header.n_tokens, token_hash(header.token_ids), path.stat().st_size,
-                header.last_used, header.display_name, header.source,
+                header.last_used, header.display_name, header.source, (header.prefix or {}).get("key"),
             )
             headers.append(header)
         self.cold.load()
@@ -182,17 +184,20 @@ class WarmStore:
 
     def _record(self, agent: AgentRecord, hot: HotCache) -> CacheRecord:
         assert agent.kv is not None
+        # A stored shared prefix the agent starts with is referenced, not written again.
+        shared = self._stored_prefix_of(agent.tokens)
         # Copies cut from the resident arrays: the write owns them, the agent's cache can go.
         checkpoints, checkpoint_slices = agent.kv.checkpoint_slices()
         blocks = [
             PersistedBlock(s.group, s.start, s.length, s.keys, s.values, s.checkpoint)
-            for s in agent.kv.slices(len(agent.tokens)) + checkpoint_slices
+            for s in agent.kv.slices(len(agent.tokens), full_from=shared.n_tokens if shared else 0) + checkpoint_slices
         ]
         header = new_header(
             agent.agent_id, self.loaded.identity, self.loaded.spec, agent.tokens,
             *_cache_classes(self.loaded),
             created_at=agent.created_at, last_used=agent.last_used,
             display_name=agent.display_name, source=agent.source.value, checkpoints=checkpoints,
+            prefix={"key": shared.key, "n_tokens": shared.n_tokens} if shared else None,
         )
         return CacheRecord(header, tuple(blocks))
 
@@ -201,6 +206,9 @@ class WarmStore:
         """Poll for an agent's cache: from a pending write, a finished read, or start a read."""
         pending = self._writes.get(agent_id)
         if pending is not None:
+            if pending.record.header.prefix is not None:
+                # The record leaves its first tokens to a prefix file: read both once the write is done.
+                return LoadState.PENDING, None
             return LoadState.READY, _from_record(pending.record, from_memory=True)
         if agent_id in self._reads:
             return self._finish_read(agent_id)
@@ -215,11 +223,30 @@ class WarmStore:
         entry = self.entries.get(agent_id)
         if entry is None or agent_id in self._reads or agent_id in self._writes:
             return
-        future = self._io.submit(
-            read_cache_file, entry.path, self.loaded.identity.digest, self.fingerprint,
-            expect_model_name=self.loaded.identity.name,
-        )
+        prefix = self.prefixes.entries.get(entry.prefix_key) if entry.prefix_key else None
+        if entry.prefix_key and prefix is None:
+            future: Future[CacheRecord] = Future()
+            future.set_exception(CacheCorruptionError(f"its shared prefix {entry.prefix_key[:12]} is gone"))
+        else:
+            future = self._io.submit(self._read_agent, entry.path, prefix.path if prefix else None)
         self._reads[agent_id] = (future, time.monotonic())
+
+    def _read_agent(self, path: Path, prefix_path: Path | None) -> CacheRecord:
+        """An agent's record, with the blocks it leaves to a shared prefix file joined back in (I/O thread)."""
+        record = self._read(path)
+        if prefix_path is None:
+            return record
+        prefix = self._read(prefix_path)
+        expected = record.header.prefix or {}
+        if prefix.header.token_ids != record.header.token_ids[: expected.get("n_tokens", -1)]:
+            raise CacheCorruptionError(f"shared prefix {prefix_path.name} does not hold this agent's first tokens")
+        globals_ = {g.index for g in self.loaded.spec.global_groups}
+        shared = tuple(b for b in prefix.blocks if b.group in globals_ and b.checkpoint is None)
+        return CacheRecord(record.header, shared + record.blocks)
+
+    def _read(self, path: Path) -> CacheRecord:
+        return read_cache_file(path, self.loaded.identity.digest, self.fingerprint,
+                               expect_model_name=self.loaded.identity.name)
 
     def _finish_read(self, agent_id: str) -> tuple[LoadState, Loaded | None]:
         future, started = self._reads[agent_id]
@@ -269,6 +296,15 @@ class WarmStore:
         return sum(e.nbytes for e in self.entries.values()) + self.prefixes.disk_bytes
 
     # -- shared prefixes ------------------------------------------------------------------------
+    def _stored_prefix_of(self, tokens: list[int]) -> "PrefixEntry | None":
+        """The longest prefix file on disk (not one still being written) that ``tokens`` start with."""
+        entry = self.prefixes.longest(tokens, len(tokens))
+        return entry if entry is not None and not self.prefixes.reading(entry.key) else None
+
+    def referenced_prefixes(self) -> set[str]:
+        """Prefix files some agent file leaves its first tokens to: they stay while those files do."""
+        return {e.prefix_key for e in self.entries.values() if e.prefix_key}
+
     def store_prefix(self, tokens: list[int], slices: list[LayerSlice]) -> None:
         """Write a shared prefix (whole blocks of ``tokens``, its K/V in ``slices``) unless it is stored."""
         if not self.usable or self.prefixes.has(tokens):
@@ -289,7 +325,9 @@ class WarmStore:
             if self.disk_bytes <= self.disk_budget_bytes:
                 return
             if name.startswith(AGENT_PREFIX) and name not in self.entries:
-                self.prefixes.forget(name.removeprefix(AGENT_PREFIX))
+                key = name.removeprefix(AGENT_PREFIX)
+                if key not in self.referenced_prefixes():
+                    self.prefixes.forget(key)
                 continue
             entry = self.entries[name]
             if entry.agent_id in self._writes:
@@ -331,7 +369,7 @@ class WarmStore:
         header = pending.record.header
         self.entries[agent_id] = WarmEntry(
             agent_id, written.path, header.n_tokens, pending.token_hash, written.nbytes, header.last_used,
-            header.display_name, header.source,
+            header.display_name, header.source, (header.prefix or {}).get("key"),
         )
         self.stats.writes += 1
         self.stats.bytes_written += written.nbytes

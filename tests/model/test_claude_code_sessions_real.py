@@ -57,7 +57,8 @@ def first_messages(task: str) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def api(smollm2, smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealApi]:
-    with running_api(smollm2, tmp_path_factory.mktemp("sessions-cache"), smollm2_path) as running:
+    # A server setting, not a client one: this test is about sharing, and short replies keep it short.
+    with running_api(smollm2, tmp_path_factory.mktemp("sessions-cache"), smollm2_path, max_output_tokens=48) as running:
         yield running
 
 

@@ -79,16 +79,18 @@ class Cut:
 # With a 4-token window in 4-token blocks, a checkpoint at offset o may start
 # anywhere in [o - 4, o - 3]: checkpoint 0 starts as early as it may, 1 as late.
 CUTS = (Cut(6, "prefix", 2), Cut(9, "turn", 6))
+PREFIX_KEY = "9f" * 32  # the shared prefix file's key: as long as a key may be
 
 
 def make_record(
     dtype: str = "float32", n_tokens: int = N_TOKENS, agent_id: str = AGENT,
-    cuts: Sequence[Cut] = (), **extra: Any,
+    cuts: Sequence[Cut] = (), shared: int = 0, **extra: Any,
 ) -> CacheRecord:
+    """A hybrid cache; given ``shared``, a prefix file holds the global groups' first tokens."""
     spec = make_spec(dtype)
     blocks = []
     for group in spec.groups:
-        first = 0 if group.window is None else min(SLIDING_START, n_tokens)
+        first = shared if group.window is None else min(SLIDING_START, n_tokens)
         blocks += random_blocks(group.index, first, n_tokens, dtype)
     for i, cut in enumerate(cuts):
         for group in spec.sliding_groups:
@@ -100,6 +102,7 @@ def make_record(
         created_at=1700000000.25, last_used=1700000100.5, display_name="Planner",
         source="api", extra={"turns": 3, **extra},
         checkpoints=[{"offset": cut.offset, "kind": cut.kind} for cut in cuts],
+        prefix={"key": PREFIX_KEY, "n_tokens": shared} if shared else None,
     )
     return CacheRecord(header, tuple(blocks))
 
@@ -200,6 +203,44 @@ def test_checkpoint_tensors_follow_the_cache_in_order(tmp_path: Path) -> None:
         assert f.get_tensor("c1.g2.b8.l1.v").shape == (1, 2, 1, 6)
 
 
+def own_global_blocks(record: CacheRecord) -> list[tuple[int, int]]:
+    return [(b.start, b.length) for b in record.blocks if b.group == 0 and b.checkpoint is None]
+
+
+@pytest.mark.parametrize(
+    ("n_tokens", "shared", "cuts", "global_blocks"),
+    [
+        (10, 4, (), [(4, 4), (8, 2)]),
+        (10, 8, (), [(8, 2)]),
+        (12, 12, (), []),
+        (10, 8, CUTS, [(8, 2)]),
+    ],
+    ids=["one block shared", "two blocks shared", "all shared", "with checkpoints"],
+)
+def test_prefix_reference_round_trips(
+    tmp_path: Path, n_tokens: int, shared: int, cuts: tuple[Cut, ...],
+    global_blocks: list[tuple[int, int]],
+) -> None:
+    record = make_record(n_tokens=n_tokens, cuts=cuts, shared=shared)
+    path = write_cache_file(tmp_path / "a", record).path
+    read = read_back(path)
+    assert read.header.prefix == {"key": PREFIX_KEY, "n_tokens": shared}
+    assert read.header.token_ids == [7 * i + 1 for i in range(n_tokens)]  # the prefix's too
+    assert own_global_blocks(read) == global_blocks
+    assert_same_header(record, read)
+    assert_same_blocks(record, read)
+    assert read_header(path) == read.header
+    assert write_cache_file(tmp_path / "b", read).path.read_bytes() == path.read_bytes()
+
+
+def test_prefix_field_follows_checkpoints(tmp_path: Path) -> None:
+    path = write_cache_file(tmp_path, make_record(cuts=CUTS, shared=8)).path
+    table, _ = load_raw(path)
+    fields = list(json.loads(table["__metadata__"]["semantic"]))
+    assert fields[fields.index("checkpoints"):][:3] == ["checkpoints", "prefix", "created_at"]
+    assert fields[-1] == "checksum"
+
+
 def pinned_record() -> CacheRecord:
     """make_record() with K/V counting up instead of random, so its file's bytes can be pinned."""
     record = make_record()
@@ -232,6 +273,17 @@ def test_a_file_without_checkpoints_is_byte_identical_to_before(tmp_path: Path) 
     table, _ = load_raw(path)
     assert "checkpoints" not in json.loads(table["__metadata__"]["semantic"])
     assert read_back(path).header.checkpoints == []
+
+
+def test_a_file_without_a_prefix_reference_is_byte_identical_to_before(tmp_path: Path) -> None:
+    record = pinned_record()
+    explicit = CacheRecord(replace(record.header, prefix=None), record.blocks)
+    path = write_cache_file(tmp_path, explicit).path
+    data = path.read_bytes()
+    assert (len(data), hashlib.sha256(data).hexdigest()) == (PINNED_SIZE, PINNED_SHA256)
+    table, _ = load_raw(path)
+    assert "prefix" not in json.loads(table["__metadata__"]["semantic"])
+    assert read_back(path).header.prefix is None
 
 
 def test_read_header_matches_the_full_read(tmp_path: Path) -> None:
@@ -677,6 +729,74 @@ def test_checkpoint_corruption_is_named(tmp_path: Path, case: str) -> None:
     assert reason in str(caught.value)
 
 
+def add_before_checksum(name: str, value: Any) -> Callable[[dict[str, Any]], None]:
+    def edit(header: dict[str, Any]) -> None:
+        checksum = header.pop("checksum")
+        header.update({name: value, "checksum": checksum})  # checksum stays last
+    return edit
+
+
+def set_prefix(**values: Any) -> Callable[[Path], None]:
+    return on_header(header_edit=lambda h: h.update(prefix={**h["prefix"], **values}))
+
+
+# Applied to make_record(shared=8): the prefix file holds tokens 0..7, global group 0 only 8..9.
+PREFIX_CORRUPTIONS: dict[str, tuple[Callable[[Path], None], str]] = {
+    "key in capitals": (set_prefix(key="9F" * 32), "header field prefix has a bad value"),
+    "key too long": (set_prefix(key="a" * 65), "header field prefix has a bad value"),
+    "empty key": (set_prefix(key=""), "header field prefix has a bad value"),
+    "key not a string": (set_prefix(key=9), "header field prefix has a bad value"),
+    "no tokens": (set_prefix(n_tokens=0), "header field prefix has a bad value"),
+    "tokens not an int": (set_prefix(n_tokens=8.0), "header field prefix has a bad value"),
+    "tokens a bool": (set_prefix(n_tokens=True), "header field prefix has a bad value"),
+    "unknown field": (set_prefix(agent="x"), "header field prefix has a bad value"),
+    "null": (on_header(header_edit=set_in(["prefix"], None)),
+             "header field prefix has a bad value None"),
+    "not a block multiple": (set_prefix(n_tokens=6), "header field prefix has n_tokens 6, "
+                                                     "not a multiple of the spec's 4-token blocks"),
+    "past the cache": (set_prefix(n_tokens=12),
+                       "header field prefix has n_tokens 12, more than the cache's 10 (n_tokens)"),
+    "shorter than the gap": (set_prefix(n_tokens=4),
+                             "global group 0 starts at token 8, but with a prefix reference of "
+                             "4 tokens it must start at token 4"),
+    "reference dropped": (on_header(header_edit=lambda h: h.pop("prefix")),
+                          "global group 0 starts at token 8, but with no prefix reference "
+                          "it must start at token 0"),
+    "edited key": (set_prefix(key="ab"), "checksum mismatch"),
+}
+
+
+@pytest.mark.parametrize("case", list(PREFIX_CORRUPTIONS))
+def test_prefix_corruption_is_named(tmp_path: Path, case: str) -> None:
+    corrupt, reason = PREFIX_CORRUPTIONS[case]
+    path = write_cache_file(tmp_path, make_record(shared=8)).path
+    corrupt(path)
+    with pytest.raises(CacheCorruptionError) as caught:
+        read_back(path)
+    assert str(caught.value).startswith(f"{path}: ")
+    assert reason in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("n_tokens", "shared", "prefix", "reason"),
+    [
+        (10, 0, {"key": PREFIX_KEY, "n_tokens": 8},
+         "global group 0 starts at token 0, but with a prefix reference of 8 tokens "
+         "it must start at token 8"),
+        (12, 12, None, "group 0 covers tokens up to 0, the cache holds 12"),
+    ],
+    ids=["reference over own blocks", "all-shared file loses its reference"],
+)
+def test_global_blocks_must_start_where_the_prefix_ends(
+    tmp_path: Path, n_tokens: int, shared: int, prefix: dict[str, Any] | None, reason: str
+) -> None:
+    path = write_cache_file(tmp_path, make_record(n_tokens=n_tokens, shared=shared)).path
+    edit = add_before_checksum("prefix", prefix) if prefix else lambda h: h.pop("prefix")
+    rewrite(path, header_edit=edit)
+    with pytest.raises(CacheCorruptionError, match=re.escape(reason)):
+        read_back(path)
+
+
 def merge_first_checkpoint_blocks(record: CacheRecord) -> CacheRecord:
     """Checkpoint 0's group-1 blocks [2, 4) and [4, 6) as one block across the boundary at 4."""
     parts = [b for b in record.blocks if (b.checkpoint, b.group) == (0, 1)]
@@ -703,6 +823,39 @@ def test_writer_refuses_invalid_checkpoints(
 ) -> None:
     with pytest.raises(ValueError, match=re.escape(reason)):
         write_cache_file(tmp_path, broken(make_record(cuts=CUTS)))
+    assert os.listdir(tmp_path) == []
+
+
+def with_prefix(shared: int | None, key: Any = PREFIX_KEY) -> Callable[[CacheRecord], CacheRecord]:
+    """The record with its header's prefix reference replaced (None: no reference)."""
+    prefix = None if shared is None else {"key": key, "n_tokens": shared}
+    return lambda record: CacheRecord(replace(record.header, prefix=prefix), record.blocks)
+
+
+@pytest.mark.parametrize(
+    ("shared", "broken", "reason"),
+    [
+        (0, with_prefix(8),
+         "global group 0 starts at token 0, but with a prefix reference of 8 tokens "
+         "it must start at token 8"),
+        (8, with_prefix(None),
+         "global group 0 starts at token 8, but with no prefix reference it must start at token 0"),
+        (8, with_prefix(4),
+         "global group 0 starts at token 8, but with a prefix reference of 4 tokens "
+         "it must start at token 4"),
+        (8, with_prefix(8, key="9F"), "header field prefix has a bad value"),
+        (8, with_prefix(8, key=""), "header field prefix has a bad value"),
+        (8, with_prefix(0), "header field prefix has a bad value"),
+        (8, with_prefix(6), "header field prefix has n_tokens 6, not a multiple of the spec's "
+                            "4-token blocks"),
+        (8, with_prefix(12), "header field prefix has n_tokens 12, more than the cache's 10"),
+    ],
+)
+def test_writer_refuses_blocks_that_do_not_match_the_prefix(
+    tmp_path: Path, shared: int, broken: Callable[[CacheRecord], CacheRecord], reason: str
+) -> None:
+    with pytest.raises(ValueError, match=re.escape(reason)):
+        write_cache_file(tmp_path, broken(make_record(shared=shared)))
     assert os.listdir(tmp_path) == []
 
 

@@ -13,6 +13,7 @@ from engine.runtime.engine import Engine, EngineConfig
 from engine.runtime.event_log import EventLog
 from engine.runtime.requests import GenerationRequest
 from engine.runtime.sync_client import run_turn
+from engine.store.cache_file import read_header
 from engine.store.prefix_store import block_keys, prefix_key
 from engine.store.warm_store import WarmStore
 from tests.support.byte_tokenizer import BOS, EOS
@@ -118,3 +119,26 @@ def test_a_corrupt_prefix_file_is_quarantined_and_the_turn_prefills(tmp_path: Pa
         assert any("quarantine" in str(p) for p in directory.rglob("*"))
     finally:
         restarted.stop()
+
+
+def test_an_agent_file_references_the_stored_prefix_instead_of_repeating_it(tmp_path: Path) -> None:
+    engine = engine_on(tmp_path, "gemma")
+    try:
+        ask(engine, "writer", b"Task one.")
+        flush(engine)
+        long_task = b"Task two, with a long description of what to change and why. " * 3
+        ask(engine, "reader", long_task)  # starts from the stored prefix
+        engine.call(lambda e: e.evict_agent("reader", Tier.WARM)).result()
+        flush(engine)
+        header = engine.call(lambda e: read_header(e._store.entries["reader"].path)).result()
+        assert header.prefix == {"key": prefix_key(list(SYSTEM[:STORED]), BLOCK), "n_tokens": STORED}
+        # Restored from the two files, the cache continues exactly as a fresh prefill would.
+        follow = SYSTEM + tuple(long_task) + tuple(b" And then?")
+        result = run_turn(engine, GenerationRequest("reader", follow, 6, prefix_hint=HINT))
+        assert result.finish.usage.reused_tokens >= len(SYSTEM) + len(long_task)
+        assert result.tokens == without_eos(reference_greedy(engine.loaded.model, list(follow), 6, {EOS}))
+        # The prefix file stays while an agent file leans on it, even past the disk budget.
+        referenced = engine.call(lambda e: e._store.referenced_prefixes()).result()
+        assert referenced == {header.prefix["key"]}
+    finally:
+        engine.stop()

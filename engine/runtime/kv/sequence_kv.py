@@ -252,13 +252,19 @@ class SequenceKV:
         self.copied += copied
         return copied
 
-    def slices(self, n_tokens: int) -> list[LayerSlice]:
-        """Every position the cache needs, cut on absolute block boundaries (copies), for the disk tier."""
+    def slices(self, n_tokens: int, full_from: int = 0) -> list[LayerSlice]:
+        """Every position the cache needs, cut on absolute block boundaries (copies), for the disk tier.
+
+        ``full_from``: full-attention layers start there (the positions before
+        it are in a shared prefix file).
+        """
         out: list[LayerSlice] = []
         for group in self.spec.groups:
             layers = [self.layers[i] for i in group.layers]
-            out += _cut(group.index, layers, n_tokens - min(n_tokens, _needed(layers[0], n_tokens)), n_tokens,
-                        self.spec.block_tokens)
+            start = n_tokens - min(n_tokens, _needed(layers[0], n_tokens))
+            if group.window is None:
+                start = max(start, full_from)
+            out += _cut(group.index, layers, start, n_tokens, self.spec.block_tokens)
         mx.eval([a for s in out for a in (*s.keys, *s.values)])
         return out
 
