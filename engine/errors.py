@@ -30,6 +30,12 @@ class AgentNotFoundError(SemanticError):
         self.agent_id = agent_id
 
 
+class AgentExistsError(SemanticError):
+    def __init__(self, agent_id: str) -> None:
+        super().__init__(f"agent {agent_id!r} already exists")
+        self.agent_id = agent_id
+
+
 class PoolExhaustedError(SemanticError):
     """Admission needs more blocks than eviction can free right now."""
 
@@ -62,6 +68,14 @@ class EngineUnavailableError(SemanticError):
     """The engine is swapping models, shutting down or has no model loaded."""
 
     def __init__(self, message: str, retry_after_s: int = 5) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class QueueFullError(SemanticError):
+    """Too many turns already wait for the engine: come back later (429 with retry-after)."""
+
+    def __init__(self, message: str, retry_after_s: int = 2) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
 

@@ -101,7 +101,19 @@ class Settings(BaseSettings):
     api_key: SecretStr | None = Field(None, description="When set, requests must carry it as x-api-key or Bearer token.")
     max_body_mb: float = Field(32.0, gt=0, description="Largest accepted request body in MiB (413 above).")
     ping_interval_s: float = Field(10.0, gt=0, description="Seconds between SSE ping events while a prompt is prefilled.")
-    request_timeout_s: float = Field(1800.0, gt=0, description="Longest a request may wait in the queue before 503.")
+    request_timeout_s: float = Field(
+        1800.0, gt=0,
+        description="Longest a request may wait in the queue for a free slot; after it the request is refused "
+                    "(Anthropic 529 overloaded_error, OpenAI 503, with retry-after).",
+    )
+    max_queued_requests: int = Field(
+        256, ge=1, description="Most requests waiting for the engine; beyond it new ones get 429 with retry-after."
+    )
+    watchdog_s: float = Field(
+        60.0, gt=0,
+        description="An engine that completes no step for this long while work is pending is reported stalled "
+                    "(/health/ready turns 503, the workbench and /metrics say so).",
+    )
     shutdown_grace_s: float = Field(10.0, ge=0, description="Seconds in-flight streams get to finish on shutdown.")
     allow_model_swap_by_request: bool = Field(False, description="Let a request's model field trigger a swap.")
     swap_grace_s: float = Field(10.0, ge=0, description="Seconds running turns get to finish when a model swap starts.")

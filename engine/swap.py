@@ -87,6 +87,8 @@ class ModelSwapper:
         self._status = SwapStatus()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        # A request came in while the model was being unloaded: load it again right after.
+        self._reload_wanted = False
 
     @property
     def status(self) -> SwapStatus:
@@ -112,8 +114,26 @@ class ModelSwapper:
             self._set(SwapStatus(SwapPhase.DRAINING, self.current_ref, None, time.time()))
             self.service.close_gate(f"unloading ({reason})")
         self._retire_old(grace_s)
-        self._set(replace(self._status, phase=SwapPhase.UNLOADED, finished_at=time.time()))
+        with self._lock:
+            self._set(replace(self._status, phase=SwapPhase.UNLOADED, finished_at=time.time()))
+            wanted, self._reload_wanted = self._reload_wanted, False
         self.service.note(EventKind.SWAP, f"model {self.current_ref} unloaded ({reason})")
+        if wanted:
+            self.want_model()
+
+    def want_model(self) -> None:
+        """A request needs the model: reload it after an idle unload, or as soon as one in progress ends."""
+        with self._lock:
+            unloading = self._status.running and self._status.to_model is None
+            if unloading:
+                self._reload_wanted = True
+                return
+            if self._status.phase is not SwapPhase.UNLOADED:
+                return
+        try:
+            self.request(self.current_ref, 0.0)
+        except EngineUnavailableError:
+            pass  # another request started the reload first
 
     def wait(self, timeout_s: float | None = None) -> SwapStatus:
         thread = self._thread

@@ -176,6 +176,8 @@ class SemanticApp(App[None]):
         if not self.screen_stack:
             return
         snapshot = self.backend.service.snapshot()
+        # The engine publishes no snapshot while it is stuck: the watchdog reading is taken here.
+        self.main.query_one(StatusBar).stalled_s = self.backend.service.stalled_for()
         log_view = self.main.query_one(EventLogView)
         if log_view.display:  # a hidden log catches up when shown: rendering lines nobody sees costs CPU
             log_view.pull(self.backend.events)

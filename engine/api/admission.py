@@ -34,6 +34,8 @@ def finish_error(finish: FinishEvent) -> ApiError:
     """The HTTP error for a turn that ended in failure."""
     if finish.error_type == "rate_limit":
         return ApiError(429, finish.error or "KV pool exhausted", retry_after_s=finish.retry_after_s or 1)
+    if finish.error_type == "overloaded":
+        return ApiError(529, finish.error or "the server is overloaded", retry_after_s=finish.retry_after_s or 5)
     if finish.reason is FinishReason.CANCELLED:
         return ApiError(503, "the generation was cancelled (server stopping or swapping models)", retry_after_s=5)
     return ApiError(500, f"generation failed: {finish.error or 'unknown engine error'}")

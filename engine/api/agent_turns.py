@@ -71,8 +71,11 @@ class StatefulTurn:
         return {"agent_id": self.agent_id, "content": self.text,
                 "finish_reason": ended_by(finish, False), "usage": usage_body(finish.usage)}
 
-    def settle(self) -> None:
-        """Record the exchange (normal finishes only), free the agent for its next turn; once."""
+    async def settle(self) -> None:
+        """Record the exchange (normal finishes only), free the agent for its next turn; once.
+
+        The record is a file write with fsync: it runs on a worker thread, never the event loop.
+        """
         if self._settled:
             return
         self._settled = True
@@ -80,7 +83,7 @@ class StatefulTurn:
         finish = self.turn.finish
         try:
             if finish is not None and not failed(finish):
-                self.store.record_turn(self.agent_id, self.user_text, self.text)
+                await self.store.arecord_turn(self.agent_id, self.user_text, self.text)
         finally:
             self.store.release(self.agent_id)
             self.on_end(finish)
@@ -90,7 +93,7 @@ class StatefulTurn:
             events = await self.turn.run_to_finish(disconnected)
             self.text = "".join(text_of(e) for e in events)
         finally:
-            self.settle()
+            await self.settle()
         finish = self.turn.finish
         assert finish is not None
         if failed(finish):
@@ -106,15 +109,15 @@ class StatefulTurn:
                     self.text += event.text
                     yield sse_event("token", {"text": event.text})
                 elif isinstance(event, FinishEvent):
-                    yield self._closing(event)
+                    yield await self._closing(event)
         finally:
-            self.settle()
+            await self.settle()
 
-    def _closing(self, finish: FinishEvent) -> str:
+    async def _closing(self, finish: FinishEvent) -> str:
         # Settled before ``done`` goes out, so a client that sends its next
         # message the moment it reads ``done`` finds the history saved.
         try:
-            self.settle()
+            await self.settle()
         except SemanticError as exc:
             return sse_event("error", stream_error_payload(from_domain(exc)))
         if failed(finish):

@@ -60,10 +60,13 @@ def conversations(request: Request) -> ConversationStore:
 
 
 async def fresh_snapshot(service: EngineService) -> EngineSnapshot | None:
-    """A snapshot that reflects every change made so far (the published one may lag)."""
+    """A snapshot that reflects every change made so far, after a change this request made.
+
+    Awaited, not waited for on a thread: the engine publishes it between two of its steps.
+    """
     if not service.is_ready:
         return service.snapshot()
-    return await service.in_thread(service.engine.fresh_snapshot)
+    return await service.call(lambda engine: engine.publish_now())
 
 
 _VIEW_FIELDS = ("agent_id", "display_name", "source", "state", "tier", "pinned", "cached_tokens", "blocks",
@@ -96,8 +99,10 @@ def _never_ran(conversation: AgentConversation) -> dict[str, Any]:
     }
 
 
-async def _find(request: Request, agent_id: str) -> tuple[AgentView | None, AgentConversation | None]:
-    snapshot = await fresh_snapshot(request.app.state.service)
+async def _find(request: Request, agent_id: str, fresh: bool = False) -> tuple[AgentView | None, AgentConversation | None]:
+    """The agent as the engine last published it (``fresh``: as it is after this request's change)."""
+    service: EngineService = request.app.state.service
+    snapshot = await fresh_snapshot(service) if fresh else service.snapshot()
     view = snapshot.agent(agent_id) if snapshot is not None else None
     conversation = conversations(request).get(agent_id)
     if view is None and conversation is None:
@@ -105,8 +110,8 @@ async def _find(request: Request, agent_id: str) -> tuple[AgentView | None, Agen
     return view, conversation
 
 
-async def _current(request: Request, agent_id: str) -> dict[str, Any]:
-    return agent_body(*await _find(request, agent_id))
+async def _current(request: Request, agent_id: str, fresh: bool = False) -> dict[str, Any]:
+    return agent_body(*await _find(request, agent_id, fresh))
 
 
 # -- catalogue --------------------------------------------------------------------------------
@@ -115,19 +120,19 @@ async def _current(request: Request, agent_id: str) -> dict[str, Any]:
 async def create_agent(body: CreateAgentBody, request: Request) -> JSONResponse:
     agent_id = validate_agent_id(body.agent_id) if body.agent_id is not None else f"agent-{secrets.token_hex(6)}"
     store = conversations(request)
-    snapshot = await fresh_snapshot(request.app.state.service)
-    if agent_id in store or (snapshot is not None and snapshot.agent(agent_id) is not None):
+    snapshot = request.app.state.service.snapshot()
+    if snapshot is not None and snapshot.agent(agent_id) is not None:
         raise ApiError(409, f"agent {agent_id!r} already exists")
-    conversation = store.create(agent_id, body.system, body.display_name)
+    conversation = await store.acreate(agent_id, body.system, body.display_name)  # 409 if another create won
     return JSONResponse(agent_body(None, conversation), status_code=201)
 
 
 @router.get("/v1/agents", summary="Every agent: the engine's and those with only a stored conversation",
             response_model=AgentList)
 async def list_agents(request: Request) -> dict[str, Any]:
-    snapshot = await fresh_snapshot(request.app.state.service)
+    snapshot = request.app.state.service.snapshot()
     views = {a.agent_id: a for a in snapshot.agents} if snapshot is not None else {}
-    stored = {c.agent_id: c for c in conversations(request).all()}
+    stored = {c.agent_id: c for c in await conversations(request).aall()}
     ids = list(views) + [agent_id for agent_id in stored if agent_id not in views]
     return {"object": "list", "data": [agent_body(views.get(i), stored.get(i)) for i in ids]}
 
@@ -149,7 +154,7 @@ async def delete_agent(request: Request, agent_id: str = Depends(path_agent_id))
             await request.app.state.service.call(lambda engine: engine.delete_agent(agent_id))
         except AgentNotFoundError:
             pass  # gone between the snapshot and the call: the goal is met
-    store.delete(agent_id)
+    await store.adelete(agent_id)
     return {"agent_id": agent_id, "deleted": True}
 
 
@@ -164,7 +169,7 @@ async def evict_agent(
     # An agent that never ran has no cache to move; answering with it unchanged is the truth.
     if view is not None:
         await request.app.state.service.call(lambda engine: engine.evict_agent(agent_id, tier))
-    return await _current(request, agent_id)
+    return await _current(request, agent_id, fresh=True)
 
 
 @router.post("/v1/agents/{agent_id}/pin", summary="Pin (never evict) or unpin an agent's cache",
@@ -174,7 +179,7 @@ async def pin_agent(body: PinBody, request: Request, agent_id: str = Depends(pat
     if view is None:
         raise ApiError(409, f"agent {agent_id!r} has no cache yet; pin it after its first turn")
     await request.app.state.service.call(lambda engine: engine.pin_agent(agent_id, body.pinned))
-    return await _current(request, agent_id)
+    return await _current(request, agent_id, fresh=True)
 
 
 # -- conversation -----------------------------------------------------------------------------
@@ -187,7 +192,7 @@ async def post_message(body: MessageBody, request: Request, agent_id: str = Depe
     service: EngineService = request.app.state.service
     metrics: MetricsRecorder = request.app.state.metrics
     store = conversations(request)
-    conversation = store.get(agent_id)
+    conversation = await store.aget(agent_id)
     if conversation is None:
         raise ApiError(404, f"agent {agent_id!r} has no conversation; create it with POST /v1/agents")
     if not store.claim(agent_id):
@@ -210,7 +215,7 @@ async def post_message(body: MessageBody, request: Request, agent_id: str = Depe
     try:
         seen = await await_admission(turn, ping_s)
     except BaseException:
-        stateful.settle()
+        await stateful.settle()
         raise
     return StreamingResponse(stateful.sse(seen, ping_s), media_type="text/event-stream",
                              headers=SSE_HEADERS, background=BackgroundTask(stateful.settle))

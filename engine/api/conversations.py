@@ -18,17 +18,19 @@ millisecond of loop time.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
 import tempfile
+import threading
 import time
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.errors import CachePersistenceError
+from engine.errors import AgentExistsError, CachePersistenceError
 from engine.store.file_names import agent_file_stem
 from engine.store.private_dirs import make_private_dir
 
@@ -98,52 +100,83 @@ def _message(item: Any) -> ChatMessage:
 
 
 class ConversationStore:
+    """Conversation files; the ``a*`` methods do the file work off the event loop.
+
+    File work runs on worker threads (it fsyncs), so the loaded conversations
+    are guarded by a lock; the busy set is touched only on the event loop.
+    """
+
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self._loaded: dict[str, AgentConversation] = {}
         self._busy: set[str] = set()
+        self._lock = threading.RLock()
+
+    # -- off the event loop -----------------------------------------------------------------
+    async def aget(self, agent_id: str) -> AgentConversation | None:
+        return await asyncio.to_thread(self.get, agent_id)
+
+    async def aall(self) -> list[AgentConversation]:
+        return await asyncio.to_thread(self.all)
+
+    async def acreate(self, agent_id: str, system: str | None, display_name: str | None) -> AgentConversation:
+        return await asyncio.to_thread(self.create, agent_id, system, display_name)
+
+    async def arecord_turn(self, agent_id: str, user_text: str, reply: str) -> None:
+        await asyncio.to_thread(self.record_turn, agent_id, user_text, reply)
+
+    async def adelete(self, agent_id: str) -> bool:
+        return await asyncio.to_thread(self.delete, agent_id)
 
     # -- reading ----------------------------------------------------------------------------
     def get(self, agent_id: str) -> AgentConversation | None:
-        if agent_id not in self._loaded:
-            found = self._read(self._path(agent_id))
-            if found is None or found.agent_id != agent_id:
-                return None
-            self._loaded[agent_id] = found
-        return self._loaded[agent_id]
+        with self._lock:
+            if agent_id not in self._loaded:
+                found = self._read(self._path(agent_id))
+                if found is None or found.agent_id != agent_id:
+                    return None
+                self._loaded[agent_id] = found
+            return self._loaded[agent_id]
 
     def __contains__(self, agent_id: str) -> bool:
         return self.get(agent_id) is not None
 
     def all(self) -> list[AgentConversation]:
         """Every stored conversation, reading the files not loaded yet."""
-        known = {agent_file_stem(agent_id) for agent_id in self._loaded}
-        for path in sorted(self.directory.glob(f"*{SUFFIX}")):
-            if path.stem not in known and (found := self._read(path)) is not None:
-                self._loaded.setdefault(found.agent_id, found)
-        return sorted(self._loaded.values(), key=lambda c: c.created_at)
+        with self._lock:
+            known = {agent_file_stem(agent_id) for agent_id in self._loaded}
+            for path in sorted(self.directory.glob(f"*{SUFFIX}")):
+                if path.stem not in known and (found := self._read(path)) is not None:
+                    self._loaded.setdefault(found.agent_id, found)
+            return sorted(self._loaded.values(), key=lambda c: c.created_at)
 
     # -- writing ----------------------------------------------------------------------------
     def create(self, agent_id: str, system: str | None, display_name: str | None) -> AgentConversation:
-        conversation = AgentConversation(agent_id, display_name, system)
-        self._write(conversation)
-        self._loaded[agent_id] = conversation
-        return conversation
+        """A new conversation; AgentExistsError when one exists (two creates at once: one wins)."""
+        with self._lock:
+            if self.get(agent_id) is not None:
+                raise AgentExistsError(agent_id)
+            conversation = AgentConversation(agent_id, display_name, system)
+            self._write(conversation)
+            self._loaded[agent_id] = conversation
+            return conversation
 
     def record_turn(self, agent_id: str, user_text: str, reply: str) -> None:
-        conversation = self.get(agent_id)
-        if conversation is None:
-            return  # deleted while the turn ran: nothing to add to
-        conversation.messages += [ChatMessage("user", user_text), ChatMessage("assistant", reply)]
-        conversation.updated_at = time.time()
-        self._write(conversation)
+        with self._lock:
+            conversation = self.get(agent_id)
+            if conversation is None:
+                return  # deleted while the turn ran: nothing to add to
+            conversation.messages += [ChatMessage("user", user_text), ChatMessage("assistant", reply)]
+            conversation.updated_at = time.time()
+            self._write(conversation)
 
     def delete(self, agent_id: str) -> bool:
-        existed = self.get(agent_id) is not None
-        self._loaded.pop(agent_id, None)
-        with suppress(FileNotFoundError):
-            self._path(agent_id).unlink()
-        return existed
+        with self._lock:
+            existed = self.get(agent_id) is not None
+            self._loaded.pop(agent_id, None)
+            with suppress(FileNotFoundError):
+                self._path(agent_id).unlink()
+            return existed
 
     # -- one turn at a time per agent ---------------------------------------------------------
     def claim(self, agent_id: str) -> bool:

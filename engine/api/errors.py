@@ -10,6 +10,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from engine.errors import (
+    AgentExistsError,
     AgentNotFoundError,
     CachePersistenceError,
     EngineUnavailableError,
@@ -17,6 +18,7 @@ from engine.errors import (
     ModelLoadError,
     ModelSwapError,
     PoolExhaustedError,
+    QueueFullError,
     SemanticError,
 )
 
@@ -64,7 +66,9 @@ def from_domain(exc: SemanticError) -> ApiError:
         return ApiError(400, str(exc), param=exc.field)
     if isinstance(exc, AgentNotFoundError):
         return ApiError(404, str(exc))
-    if isinstance(exc, PoolExhaustedError):
+    if isinstance(exc, AgentExistsError):
+        return ApiError(409, str(exc))
+    if isinstance(exc, (PoolExhaustedError, QueueFullError)):
         return ApiError(429, str(exc), retry_after_s=exc.retry_after_s)
     if isinstance(exc, EngineUnavailableError):
         return ApiError(503, str(exc), retry_after_s=exc.retry_after_s)
@@ -103,7 +107,10 @@ def error_response(request: Request, error: ApiError) -> JSONResponse:
         headers["retry-after"] = str(error.retry_after_s)
     if error.request_id is not None:
         headers["request-id"] = error.request_id
-    return JSONResponse(error_body(protocol_of(request), error), status_code=error.status, headers=headers)
+    protocol = protocol_of(request)
+    # 529 is Anthropic's "overloaded"; OpenAI clients know 503 for the same thing.
+    status = 503 if error.status == 529 and protocol == "openai" else error.status
+    return JSONResponse(error_body(protocol, error), status_code=status, headers=headers)
 
 
 def stream_error_payload(error: ApiError) -> dict:

@@ -50,12 +50,15 @@ async def ready(request: Request) -> Ready | JSONResponse:
         loaded = service.engine.loaded
     except EngineUnavailableError as exc:
         return _not_ready(service, str(exc))
+    stalled = service.stalled_for()
+    if stalled is not None:
+        return _not_ready(service, f"engine stalled: no step for {stalled:.0f} s while requests wait", "stalled")
     return Ready(status="ready", model=loaded.model_id, identity=loaded.identity.key)
 
 
-def _not_ready(service: EngineService, reason: str) -> JSONResponse:
-    status = _status(service.snapshot())
-    detail = service.status_detail or STOPPED_DETAIL.get(status, reason)
+def _not_ready(service: EngineService, reason: str, status: str | None = None) -> JSONResponse:
+    status = status or _status(service.snapshot())
+    detail = reason if status == "stalled" else service.status_detail or STOPPED_DETAIL.get(status, reason)
     body = Ready(status=status, detail=detail)
     return JSONResponse(body.model_dump(), status_code=503, headers={"retry-after": str(RETRY_AFTER_S)})
 

@@ -65,6 +65,12 @@ class SnapshotCollector:
         snapshot = self.service.snapshot()
         yield GaugeMetricFamily("semantic_ready", "1 when a model is loaded and the engine runs",
                                 value=1.0 if self.service.is_ready else 0.0)
+        stalled = self.service.stalled_for()
+        yield GaugeMetricFamily("semantic_engine_stalled_seconds",
+                                "Seconds the engine has made no progress while work waits (0: fine)",
+                                value=stalled or 0.0)
+        yield CounterMetricFamily("semantic_engine_stalls", "Engine stalls seen by the watchdog",
+                                  value=self.service.stalls_total)
         if snapshot is None or snapshot.pool is None:
             return
         pool, tiers, throughput = snapshot.pool, snapshot.tiers, snapshot.throughput
@@ -86,7 +92,11 @@ class SnapshotCollector:
             evictions.add_metric([tier], count)
         yield evictions
         yield CounterMetricFamily("semantic_cache_restores", "Warm caches restored into the pool", value=tiers.restores_total)
-        yield CounterMetricFamily("semantic_cache_hits", "Turns that reused a cached prefix", value=tiers.prefix_hits)
+        hits = CounterMetricFamily("semantic_cache_hits", "Turns that reused a cached prefix, by where it came "
+                                   "from: the agent's own cache, or a prefix another agent held", labels=["source"])
+        hits.add_metric(["own"], tiers.own_hits)
+        hits.add_metric(["shared"], tiers.shared_hits)
+        yield hits
         yield CounterMetricFamily("semantic_cache_misses", "Turns that prefilled their whole prompt", value=tiers.prefix_misses)
 
 

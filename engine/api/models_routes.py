@@ -113,7 +113,8 @@ def _wire_protocol(request: Request) -> str:
 
 @router.get("/v1/models", response_model=ModelList, summary="Models (Anthropic and OpenAI list shapes at once)")
 async def list_models(request: Request) -> ModelList:
-    entries = model_entries(request.app.state.service)
+    service = request.app.state.service
+    entries = await service.in_thread(model_entries, service)  # may read the models folder
     return ModelList(data=entries, first_id=entries[0].id if entries else None,
                      last_id=entries[-1].id if entries else None)
 
@@ -126,7 +127,8 @@ async def list_models(request: Request) -> ModelList:
                      "content": {"application/json": {"schema": {"type": "object"}}}}},
 )
 async def get_model(model_id: str, request: Request) -> ModelEntry | JSONResponse:
-    entry = _find(model_entries(request.app.state.service), model_id)
+    service = request.app.state.service
+    entry = _find(await service.in_thread(model_entries, service), model_id)
     if entry is None:
         error = ApiError(404, f"model {model_id!r} not found; GET /v1/models lists the available ones")
         return JSONResponse(error_body(_wire_protocol(request), error), status_code=404)

@@ -20,11 +20,12 @@ from engine.runtime.event_log import EventKind, EventLog
 from engine.runtime.requests import GenerationRequest
 from engine.runtime.snapshot import EngineSnapshot
 from engine.settings import Settings
-from engine.swap import EngineBuilder, ModelSwapper, SwapPhase
+from engine.swap import EngineBuilder, ModelSwapper
 
 from .async_turn import AsyncTurn
 
 T = TypeVar("T")
+GATE_POLL_S = 0.05  # how often a request waiting out a swap looks again
 
 
 class EngineService:
@@ -38,6 +39,9 @@ class EngineService:
         self.swapper: ModelSwapper | None = None
         self.last_activity = time.monotonic()
         self._capped_agents: set[str] = set()
+        # Stall episodes seen (the watchdog): each distinct frozen heartbeat counts once.
+        self.stalls_total = 0
+        self._stall_beat: float | None = None
         # Closed while a model swap (or an idle unload) runs: new requests wait.
         self._gate = threading.Event()
         self._gate.set()
@@ -107,6 +111,17 @@ class EngineService:
     def note(self, kind: EventKind, message: str, level: int = logging.INFO) -> None:
         self.events.emit(kind, message, level=level)
 
+    def stalled_for(self) -> float | None:
+        """Seconds the engine has made no progress while work waits (None: it is fine), counting episodes."""
+        engine = self._engine
+        stalled = engine.stalled_for() if engine is not None and engine.is_running else None
+        if stalled is not None and engine is not None and engine.heartbeat != self._stall_beat:
+            self._stall_beat = engine.heartbeat
+            self.stalls_total += 1
+            self.events.emit(EventKind.ERROR, f"engine stalled: no step for {stalled:.0f} s while work waits",
+                             level=logging.ERROR)
+        return stalled
+
     def note_output_cap(self, request: GenerationRequest) -> None:
         """Log the output cap once per agent (every turn of a Claude Code session asks for 32,000)."""
         if request.agent_id in self._capped_agents:
@@ -120,7 +135,7 @@ class EngineService:
 
     async def ensure_model(self, name: str) -> None:
         """Swap to the model a request names, when it names another registry model."""
-        entry = self.registry.resolve_request_model(name)
+        entry = await self.in_thread(self.registry.resolve_request_model, name)
         loaded = self.registry.loaded
         if self.swapper is None or entry is None or (loaded is not None and entry.location == loaded.location):
             return
@@ -131,13 +146,21 @@ class EngineService:
         """Wait out a running swap (up to swap_wait_s), reload after an idle unload; else 503."""
         self.last_activity = time.monotonic()
         swapper = self.swapper
-        if swapper is not None and swapper.status.phase is SwapPhase.UNLOADED:
-            swapper.request(swapper.current_ref, 0.0)
-        if not self._gate.is_set():
-            opened = await asyncio.to_thread(self._gate.wait, self.settings.swap_wait_s)
-            if not opened:
-                raise EngineUnavailableError(f"{self.status_detail or 'model swap'} is still running", retry_after_s=10)
+        if swapper is not None:
+            swapper.want_model()  # after an idle unload, or once the one in progress ends
+        if not self._gate.is_set() and not await self._gate_opened(self.settings.swap_wait_s):
+            raise EngineUnavailableError(f"{self.status_detail or 'model swap'} is still running", retry_after_s=10)
         self.engine  # raises 503 when nothing is loaded
+
+    async def _gate_opened(self, timeout_s: float) -> bool:
+        """Wait for a swap to end without holding a thread (many requests may be waiting)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while not self._gate.is_set():
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(GATE_POLL_S)
+        return True
 
     # -- work --------------------------------------------------------------------------------
     def start_turn(self, request: GenerationRequest) -> AsyncTurn:

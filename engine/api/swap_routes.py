@@ -58,10 +58,16 @@ def _swapper(service: EngineService):
 async def start_swap(request: Request, body: SwapRequest) -> SwapProgress:
     service: EngineService = request.app.state.service
     swapper = _swapper(service)
-    if service.registry.find(body.model) is None:
-        service.registry.add(body.model)  # validates paths; hub ids are tried at load time
+    # Checked before anything is drained or spilled, on a worker thread (it reads the disk):
+    # a folder must be an MLX model folder, a .gguf a file; hub ids are tried at load time.
+    await service.in_thread(_known_or_added, service, body.model)
     grace = body.grace_s if body.grace_s is not None else service.settings.swap_grace_s
     return progress_of(swapper.request(body.model, grace))
+
+
+def _known_or_added(service: EngineService, model: str) -> None:
+    if service.registry.find(model) is None:
+        service.registry.add(model)  # raises ModelLoadError (a 400) for what cannot be a model
 
 
 @router.get("/v1/admin/swap", response_model=SwapProgress, summary="Progress of the current or last swap")

@@ -9,8 +9,11 @@ exact cache spec.
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
+import time
+from contextlib import suppress
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -42,20 +45,34 @@ class RegistryEntry:
         return wanted in {n.casefold() for n in (self.model_id, self.location, *self.aliases)}
 
 
+# The listing reads the models folder; it is served from memory for this long (a palette keystroke,
+# a /v1/models poll) and rebuilt off the hot paths.
+LISTING_TTL_S = 5.0
+
+
 @dataclass(slots=True)
 class ModelRegistry:
     models_dir: Path
     _extra: dict[str, RegistryEntry] = field(default_factory=dict)
     _loaded: RegistryEntry | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _listing: tuple[float, list[RegistryEntry]] | None = None
 
     # -- listing ---------------------------------------------------------------------------
     def entries(self) -> list[RegistryEntry]:
+        """Every model; read from disk at most every LISTING_TTL_S seconds."""
+        cached = self._listing
+        if cached is not None and time.monotonic() - cached[0] < LISTING_TTL_S:
+            return [self._mark_loaded(e) for e in cached[1]]
         with self._lock:
             found = [self._packaged(p) for p in PACKAGED_MODELS]
             found += self._imported(exclude={e.location for e in found})
             found += [e for e in self._extra.values() if not any(e.location == f.location for f in found)]
-            return [self._mark_loaded(e) for e in found]
+            self._listing = (time.monotonic(), found)
+        return [self._mark_loaded(e) for e in found]
+
+    def _forget_listing(self) -> None:
+        self._listing = None
 
     def find(self, name: str) -> RegistryEntry | None:
         for entry in self.entries():
@@ -81,6 +98,7 @@ class ModelRegistry:
         with self._lock:
             if entry.kind in ("folder", "hub"):
                 self._extra[entry.location] = entry
+        self._forget_listing()
         return entry
 
     def set_loaded(self, ref: str, model_id: str, architecture: str, spec: dict[str, Any], path: Path | None) -> None:
@@ -94,6 +112,7 @@ class ModelRegistry:
             )
             if base.kind in ("folder", "hub"):
                 self._extra[base.location] = self._loaded
+        self._forget_listing()
 
     def _find_quietly(self, ref: str) -> RegistryEntry | None:
         try:
@@ -155,12 +174,16 @@ def _describe_ref(ref: str) -> RegistryEntry:
         return RegistryEntry(packaged.alias, "packaged", packaged.alias, packaged.other_names, _package_present(packaged))
     path = Path(ref).expanduser()
     if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(f"{path} is a folder but not an MLX model folder: it has no config.json")
         config = _config(path)
-        return RegistryEntry(path.name, "folder", str(path.resolve()), present=(path / "config.json").is_file(),
+        return RegistryEntry(path.name, "folder", str(path.resolve()), present=True,
                              size_bytes=_folder_size(path), architecture=config.get("model_type"),
                              cache_spec=_estimated_spec(config) if config else None)
     if path.suffix.lower() == ".gguf":
-        return RegistryEntry(path.stem, "folder", str(path), present=path.is_file(),
+        if not path.is_file():
+            raise ModelLoadError(f"{path} is not a file: a .gguf model must exist")
+        return RegistryEntry(path.stem, "folder", str(path), present=True,
                              size_bytes=path.stat().st_size if path.is_file() else None, description="GGUF file")
     if ref.startswith((".", "/", "~")):
         raise ModelLoadError(f"model {ref!r} not found")
@@ -182,10 +205,26 @@ def _config(folder: Path | None) -> dict[str, Any]:
         return {}
 
 
+# A model folder is flat (config, weights, tokenizer files); never walk more than this of one.
+MAX_FOLDER_ENTRIES = 2000
+
+
 def _folder_size(folder: Path | None) -> int | None:
+    """Bytes of the files directly in a model folder (no descent: a user may name "/")."""
     if folder is None or not folder.is_dir():
         return None
-    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+    total = 0
+    try:
+        with os.scandir(folder) as entries:
+            for count, entry in enumerate(entries):
+                if count >= MAX_FOLDER_ENTRIES:
+                    break
+                with suppress(OSError):
+                    if entry.is_file(follow_symlinks=True):
+                        total += entry.stat().st_size
+    except OSError:
+        return None
+    return total
 
 
 def _estimated_spec(config: dict[str, Any]) -> dict[str, Any] | None:

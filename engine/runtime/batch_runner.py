@@ -68,6 +68,12 @@ class RunnerStats:
     requests_total: int = 0
     cache_hits: int = 0
     cache_misses: int = 0
+    # Hits split by where the reused tokens came from: the agent's own cache, or a prefix another
+    # agent (or the disk's shared prefixes) held. They answer different questions.
+    own_hits: int = 0
+    shared_hits: int = 0
+    reused_own: int = 0
+    reused_shared: int = 0
 
     @classmethod
     def new(cls) -> "RunnerStats":
@@ -86,6 +92,7 @@ class BatchRunner:
         generator_factory: GeneratorFactory = sequence_batch_factory,
         prefix_sharing: bool = True,
         repetition_window: int = 0,
+        queue_timeout_s: float | None = None,
     ) -> None:
         self.loaded = loaded
         self.hot = hot
@@ -96,6 +103,7 @@ class BatchRunner:
         self._factory = generator_factory
         self.prefix_sharing = prefix_sharing
         self.repetition_window = repetition_window
+        self.queue_timeout_s = queue_timeout_s
         self.admitter = Admitter(loaded, hot, agents, tiers, events, prefix_sharing)
         self._hooks = BatchHooks(self._room, self._checkpointed)
         self._generator = generator_factory(loaded, limits, self._hooks)
@@ -105,6 +113,7 @@ class BatchRunner:
         self.by_uid: dict[int, Turn] = {}
         self.by_request: dict[str, Turn] = {}
         self.stats = RunnerStats.new()
+        self.completed = 0  # turns finished so far, so the engine can publish right after one ends
         self.watchers: dict[str, list[EventSink]] = {}
 
     # -- observers -----------------------------------------------------------------
@@ -118,9 +127,20 @@ class BatchRunner:
             sinks.remove(sink)
 
     def _emit(self, turn: Turn, event: EngineEvent) -> None:
-        turn.sink(event)
-        for watcher in self.watchers.get(turn.request.agent_id, ()):
-            watcher(event)
+        """Deliver an event; a sink that raises is detached (and its turn cancelled), nobody else is touched."""
+        try:
+            turn.sink(event)
+        except Exception:
+            log.exception("event sink of %s failed; detaching it", turn.request_id)
+            turn.sink = _discard
+            if turn.phase is not TurnPhase.DONE:
+                turn.cancel_reason = FinishReason.CANCELLED
+        for watcher in list(self.watchers.get(turn.request.agent_id, ())):
+            try:
+                watcher(event)
+            except Exception:
+                log.exception("a watcher of %s failed; detaching it", turn.request.agent_id)
+                self.unwatch(turn.request.agent_id, watcher)
 
     # -- queries -------------------------------------------------------------------
     @property
@@ -162,6 +182,7 @@ class BatchRunner:
         A turn whose agent is still being read from disk is skipped, not
         waited for: the turns behind it go ahead.
         """
+        self._expire_waiting()
         # One turn per agent at a time: a second turn must see the first's cache.
         running = self._running_agents()
         for turn in list(self.waiting):
@@ -172,7 +193,12 @@ class BatchRunner:
             if self.prefix_sharing and awaits_leader(turn, self.agents.get(turn.request.agent_id),
                                                      self.by_uid.values(), self.hot.spec.block_tokens):
                 continue
-            outcome = self.admitter.admit(turn, running)
+            try:
+                outcome = self.admitter.admit(turn, running)
+            except Exception as exc:  # one turn that cannot be admitted must not stop the others
+                self.waiting.remove(turn)
+                self._fail_admission(turn, exc)
+                continue
             if outcome is Admission.NO_ROOM:
                 if self.by_uid:
                     return  # a running sequence will finish and free blocks
@@ -184,6 +210,29 @@ class BatchRunner:
             self.waiting.remove(turn)
             self._insert(turn)
             running.add(turn.request.agent_id)
+
+    def _expire_waiting(self) -> None:
+        """Turns that waited longer than the queue timeout are refused (overloaded), not served late."""
+        if self.queue_timeout_s is None:
+            return
+        now = time.monotonic()
+        for turn in [t for t in self.waiting if now - t.submitted_at > self.queue_timeout_s]:
+            self.waiting.remove(turn)
+            self._complete(turn, FinishReason.ERROR, error_type="overloaded", retry_after_s=5,
+                           error=f"waited {now - turn.submitted_at:.0f} s for a free slot "
+                                 f"(request_timeout_s {self.queue_timeout_s:g}); the server is overloaded")
+
+    def _fail_admission(self, turn: Turn, error: Exception) -> None:
+        """Admission raised: end that turn alone with an error, and drop whatever cache it half prepared."""
+        log.exception("admitting %s failed", turn.request_id)
+        holder, agent = turn.holder, turn.agent
+        if holder is not None and holder is not agent:
+            self.hot.release(holder)
+        elif agent is not None and agent.kv is not None and agent.tier is Tier.HOT:
+            self.hot.drop(agent)  # its cache may be half cut: recompute rather than serve it
+            agent.tier = Tier.COLD
+        self._complete(turn, FinishReason.ERROR, error=f"admission failed: {type(error).__name__}: {error}",
+                       error_type="api_error")
 
     def _no_room(self, turn: Turn) -> None:
         pool = self.hot.pool
@@ -252,12 +301,19 @@ class BatchRunner:
             store.store_prefix(agent.tokens[:point], slices)
 
     def _count_reuse(self, turn: Turn) -> None:
-        self.stats.requests_total += 1
-        self.stats.reused_total += turn.reused
-        if turn.reused:
-            self.stats.cache_hits += 1
+        stats = self.stats
+        stats.requests_total += 1
+        stats.reused_total += turn.reused
+        if not turn.reused:
+            stats.cache_misses += 1
+            return
+        stats.cache_hits += 1
+        if turn.plan is not None and turn.plan.source == "self":
+            stats.own_hits += 1
+            stats.reused_own += turn.reused
         else:
-            self.stats.cache_misses += 1
+            stats.shared_hits += 1
+            stats.reused_shared += turn.reused
 
     # -- room while running ------------------------------------------------------------------
     def _room(self, sequence: Sequence, n_tokens: int) -> bool:
@@ -372,6 +428,7 @@ class BatchRunner:
     # -- completion ---------------------------------------------------------------------
     def _complete(self, turn: Turn, reason: FinishReason, **extra: Any) -> None:
         started = time.monotonic()
+        self.completed += 1
         turn.phase = TurnPhase.DONE
         self.by_request.pop(turn.request_id, None)
         if turn.uid is not None:
@@ -450,3 +507,7 @@ class BatchRunner:
     def close(self) -> None:
         """Release the batch on the engine thread (its arrays belong to this thread's stream)."""
         self._generator = None
+
+
+def _discard(event: EngineEvent) -> None:
+    """The sink of a turn whose own sink failed: nobody is listening any more."""

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeVar
 import mlx.core as mx
 
 from engine.domain.block_pool import BlockPool
-from engine.errors import EngineUnavailableError, PromptTooLongError, RequestTooLargeForPoolError
+from engine.errors import EngineUnavailableError, PromptTooLongError, QueueFullError, RequestTooLargeForPoolError
 from engine.models.loaded import LoadedModel
 from engine.models.sampling_defaults import read_sampling_defaults
 
@@ -54,6 +54,9 @@ class EngineConfig:
     snapshot_interval_s: float = 0.2
     idle_wait_s: float = 0.05
     repetition_window: int = 256
+    max_queued_turns: int = 256
+    queue_timeout_s: float = 1800.0
+    watchdog_s: float = 60.0
     # Settings' overrides of the model's sampling defaults: temperature, top_p, top_k (None: the model's).
     sampling_overrides: tuple[float | None, float | None, int | None] = (None, None, None)
 
@@ -67,6 +70,9 @@ class EngineConfig:
             persist_on_exit=settings.persist_on_exit,
             admission_window_s=settings.batch_window_ms / 1000,
             repetition_window=settings.repetition_window,
+            max_queued_turns=settings.max_queued_requests,
+            queue_timeout_s=settings.request_timeout_s,
+            watchdog_s=settings.watchdog_s,
             sampling_overrides=(settings.default_temperature, settings.default_top_p, settings.default_top_k),
         )
 
@@ -94,6 +100,14 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._stop = threading.Event()
+        # Held while a turn is checked and queued, and while shutdown closes the door: a turn is
+        # either refused or queued before the last drain, never left in a queue nobody reads.
+        self._door = threading.Lock()
+        self._closed = False
+        # The watchdog's evidence, written by the engine thread and read by anyone (floats and bools
+        # are replaced atomically): when the loop last finished a pass, and whether work was waiting.
+        self._beat = time.monotonic()
+        self._busy = False
         self._status = "starting"
         self._startup_error: BaseException | None = None
         self._snapshot = EngineSnapshot(status="starting", model=None, pool=None)
@@ -133,11 +147,16 @@ class Engine:
     # -- client API (any thread) ------------------------------------------------------------
     def submit(self, request: GenerationRequest, sink: EventSink) -> str:
         """Queue a turn; events for it go to ``sink`` (called on the engine thread: keep it cheap)."""
-        if self._stop.is_set() or not self.is_running:
-            raise EngineUnavailableError("engine is not running")
         request = self.validate(request)
         turn = Turn(request, sink)
-        self._commands.put(lambda: self._runner().submit(turn))
+        queued = len(self.runner.waiting) + self._commands.qsize() if self.runner is not None else 0
+        if queued >= self.config.max_queued_turns:
+            raise QueueFullError(f"{queued} requests are already waiting for the engine "
+                                 f"(max_queued_requests {self.config.max_queued_turns}); retry shortly")
+        with self._door:
+            if self._closed or self._stop.is_set() or not self.is_running:
+                raise EngineUnavailableError("engine is not running", retry_after_s=5)
+            self._commands.put(lambda: self._runner().submit(turn))
         return request.request_id
 
     def validate(self, request: GenerationRequest) -> GenerationRequest:
@@ -178,17 +197,42 @@ class Engine:
             except BaseException as exc:  # handed to the caller, never kills the thread
                 future.set_exception(exc)
 
-        self._commands.put(command)
+        with self._door:
+            if self._closed:
+                future.set_exception(EngineUnavailableError("engine is not running", retry_after_s=5))
+            else:
+                self._commands.put(command)
         return future
 
     def snapshot(self) -> EngineSnapshot:
         """The latest published state (at most ``snapshot_interval_s`` old)."""
         return self._snapshot
 
+    def publish_now(self) -> EngineSnapshot:
+        """Engine thread: publish a snapshot of the state as it is, and return it."""
+        self._publish(force=True)
+        return self._snapshot
+
     def fresh_snapshot(self, timeout_s: float = 30.0) -> EngineSnapshot:
         """A snapshot taken after every command queued so far has run."""
         self.call(lambda engine: engine._publish(force=True)).result(timeout_s)
         return self._snapshot
+
+    @property
+    def heartbeat(self) -> float:
+        """When the engine loop last finished a pass (monotonic seconds)."""
+        return self._beat
+
+    def stalled_for(self) -> float | None:
+        """Seconds the engine has been stuck (no pass of its loop while work waits), or None.
+
+        Judged by the caller's clock against the engine thread's last heartbeat,
+        so a thread hung inside an MLX call is seen from outside.
+        """
+        if not self.is_running or not self._busy:
+            return None
+        quiet = time.monotonic() - self._beat
+        return quiet if quiet >= self.config.watchdog_s else None
 
     @property
     def context_length(self) -> int:
@@ -246,6 +290,7 @@ class Engine:
             self.runner = BatchRunner(
                 self.loaded, self.hot, self.agents, self.tiers, self.events, self.config.limits, self._factory,
                 prefix_sharing=self.config.prefix_sharing, repetition_window=self.config.repetition_window,
+                queue_timeout_s=self.config.queue_timeout_s,
             )
         except BaseException as exc:
             self._startup_error = exc
@@ -290,6 +335,7 @@ class Engine:
     def _loop(self) -> None:
         runner = self._runner()
         last = 0.0
+        completed = 0
         while True:
             # Wait for commands only when nothing is decoding, and only briefly
             # when turns are queued behind a disk read.
@@ -300,11 +346,14 @@ class Engine:
             self.tiers.poll()
             if self._stop.is_set() and self._drained_or_late(runner):
                 return
+            self._busy = runner.has_work  # before the step: a step that hangs leaves it set
             self._step_once(runner)
-            now = time.monotonic()
-            if now - last >= self.config.snapshot_interval_s:
+            self._busy = runner.has_work
+            now = self._beat = time.monotonic()
+            # After a turn ends its client may ask about the agent at once: publish then too.
+            if now - last >= self.config.snapshot_interval_s or runner.completed != completed:
                 self._publish()
-                last = now
+                last, completed = now, runner.completed
 
     def _gather_arrivals(self) -> None:
         """An idle engine that just got work waits one short window for more.
@@ -365,6 +414,10 @@ class Engine:
     def _shutdown(self) -> None:
         self._status = "stopping"
         runner = self._runner()
+        with self._door:
+            self._closed = True
+        # Turns queued before the door closed are taken in, then cancelled with the rest (a 503).
+        self._run_commands(block=False, timeout=0)
         runner.cancel_all(FinishReason.CANCELLED)
         self._persist_all()
         self._release_hot()

@@ -78,6 +78,10 @@ class TierView:
     restores_per_min: float = 0.0
     prefix_hits: int = 0
     prefix_misses: int = 0
+    # prefix_hits split: turns that reused their own agent's cache, and turns that started from a
+    # prefix another agent (or a stored shared prefix) held.
+    own_hits: int = 0
+    shared_hits: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -108,4 +108,6 @@ def _tiers(engine: "Engine", agents: tuple[AgentView, ...]) -> TierView:
         restores_per_min=float(tiers.restore_rate.count()),
         prefix_hits=runner.stats.cache_hits if runner else 0,
         prefix_misses=runner.stats.cache_misses if runner else 0,
+        own_hits=runner.stats.own_hits if runner else 0,
+        shared_hits=runner.stats.shared_hits if runner else 0,
     )

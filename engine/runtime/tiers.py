@@ -101,12 +101,22 @@ class TierManager:
         return self._install(agent, loaded, set(protect) | {agent.agent_id})
 
     def _install(self, agent: AgentRecord, loaded: "Loaded", protect: set[str]) -> HotState:
-        need = sum(SequenceKV.empty(self.hot.spec).blocks_for(len(loaded.tokens)).values())
-        need += sum(1 for s in loaded.slices if s.checkpoint is not None)  # one slice per checkpoint block
+        own = sum(SequenceKV.empty(self.hot.spec).blocks_for(len(loaded.tokens)).values())
+        if own > self.hot.pool.total_blocks:
+            # The pool shrank since the cache was written (a smaller budget after a restart): it can
+            # never come back whole, and waiting for room would refuse the agent forever.
+            assert self.store is not None
+            self.store.forget(agent.agent_id)
+            self._to_cold(agent, f"warm -> cold: its {len(loaded.tokens)} tokens need {own} blocks, the pool "
+                                 f"has {self.hot.pool.total_blocks}")
+            return HotState.READY
+        need = own + sum(1 for s in loaded.slices if s.checkpoint is not None)  # a slice per checkpoint block
         if not self.make_room(need, protect):
             return HotState.NO_ROOM
         if not self.hot.install(agent, loaded.tokens, loaded.slices, loaded.checkpoints):
             return HotState.NO_ROOM
+        assert self.store is not None
+        self.store.installed(agent.agent_id)
         self.restores += 1
         self.restore_rate.add(1)
         source = "memory" if loaded.from_memory else "disk"  # type: ignore[attr-defined]

@@ -124,6 +124,8 @@ class WarmStore:
         self.stats = StoreStats()
         self._writes: dict[str, PendingWrite] = {}
         self._reads: dict[str, tuple[Future[CacheRecord], float]] = {}
+        # Finished reads not yet installed (the pool had no room): kept, never read twice.
+        self._ready: dict[str, Loaded] = {}
         self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="semantic-io")
         self.usable = self._prepare_directory()
         # Shared prefixes live beside the agents, on the same I/O thread and disk budget.
@@ -204,6 +206,9 @@ class WarmStore:
     # -- restore (warm -> hot) ------------------------------------------------------------------
     def load(self, agent_id: str) -> tuple[LoadState, Loaded | None]:
         """Poll for an agent's cache: from a pending write, a finished read, or start a read."""
+        ready = self._ready.get(agent_id)
+        if ready is not None:
+            return LoadState.READY, ready
         pending = self._writes.get(agent_id)
         if pending is not None:
             if pending.record.header.prefix is not None:
@@ -263,9 +268,15 @@ class WarmStore:
         self.stats.reads += 1
         self.stats.read_seconds += time.monotonic() - started
         self.stats.bytes_read += self.entries[agent_id].nbytes if agent_id in self.entries else 0
-        return LoadState.READY, _from_record(record, from_memory=False)
+        loaded = self._ready[agent_id] = _from_record(record, from_memory=False)
+        return LoadState.READY, loaded
+
+    def installed(self, agent_id: str) -> None:
+        """The agent's read cache is in the pool now: let the loaded copy go."""
+        self._ready.pop(agent_id, None)
 
     def _cancel_read(self, agent_id: str) -> None:
+        self._ready.pop(agent_id, None)  # superseded: the agent's cache changed, or it is going
         read = self._reads.pop(agent_id, None)
         if read is not None:
             read[0].cancel()

@@ -15,6 +15,7 @@ class StatusBar(Static):
     """
     url: reactive[str | None] = reactive(None)
     phase: reactive[str] = reactive("loading model")
+    stalled_s: reactive[float | None] = reactive(None)
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
@@ -31,7 +32,10 @@ class StatusBar(Static):
         if snap is not None and snap.model is not None:
             parts.append((f"{snap.model.model_id} ({snap.model.architecture}, ctx {snap.model.context_length:,})", "bold"))
         parts.append((self.url or "HTTP starting…", "underline" if self.url else "dim"))
-        parts.append((self.phase, "green" if self.phase == "ready" else "yellow"))
+        if self.stalled_s is not None:
+            parts.append((f"ENGINE STALLED {self.stalled_s:.0f} s", "bold reverse red"))
+        else:
+            parts.append((self.phase, "green" if self.phase == "ready" else "yellow"))
         if snap is not None:
             busy = sum(a.state != "idle" for a in snap.agents)
             parts.append((f"{len(snap.agents)} agents · {busy} busy · batch {snap.throughput.batch_size}", "dim"))

@@ -59,6 +59,8 @@ def hit_rate_line(tiers: TierView) -> Text:
         text = Text("prefix cache hits –", style=FREE_STYLE)
     else:
         text = Text(f"prefix cache hits {tiers.prefix_hits / looked_up:.0%} ({tiers.prefix_hits:,} of {looked_up:,})")
+        if tiers.shared_hits:
+            text.append(f": {tiers.own_hits:,} own, {tiers.shared_hits:,} shared", style="dim")
     return text + shared_line(tiers)
 
 

@@ -92,6 +92,8 @@ class ScriptedEngine:
     ) -> None:
         self.loaded = loaded or scripted_loaded()
         self.sampling_defaults = FALLBACK  # a scripted model has no generation_config.json
+        self.heartbeat = 0.0
+        self.stall: float | None = None  # what the watchdog reports; tests set it
         self.script = script
         self.prefill_delay_s = prefill_delay_s
         self.token_delay_s = token_delay_s
@@ -282,6 +284,12 @@ class ScriptedEngine:
                           self.sampling_defaults.describe())
         throughput = ThroughputView(generated_total=self.generated_total, requests_total=len(self.requests))
         return EngineSnapshot("ready" if self._running else "stopped", model, self.pool.snapshot(), agents, throughput, tiers)
+
+    def stalled_for(self) -> float | None:
+        return self.stall
+
+    def publish_now(self) -> EngineSnapshot:
+        return self.snapshot()
 
     def _view(self, a: FakeAgent) -> AgentView:
         blocks = self.pool.owned_blocks(a.agent_id)

@@ -101,13 +101,14 @@ def served(tmp_path: Path) -> Iterator[Served]:
 
 
 def anthropic_request(content: str, max_tokens: int = 400) -> Request:
-    body = {"model": "claude-opus-5-5", "max_tokens": max_tokens, "stream": True,
+    # Greedy: these tests count tokens to a length finish; a sampled tiny model may stop early.
+    body = {"model": "claude-opus-5-5", "max_tokens": max_tokens, "stream": True, "temperature": 0,
             "messages": [{"role": "user", "content": content}]}
     return "/v1/messages", body, {"x-claude-code-session-id": SESSION}
 
 
 def openai_request(content: str, max_tokens: int = 400) -> Request:
-    body = {"model": "gpt-4o", "max_tokens": max_tokens, "stream": True, "session_id": "sess-b",
+    body = {"model": "gpt-4o", "max_tokens": max_tokens, "stream": True, "session_id": "sess-b", "temperature": 0,
             "messages": [{"role": "user", "content": content}]}
     return "/v1/chat/completions", body, {}
 

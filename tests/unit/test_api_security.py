@@ -89,6 +89,9 @@ class BrokenEngine(ScriptedEngine):
     def fresh_snapshot(self) -> Any:
         raise RuntimeError(SECRET)
 
+    def snapshot(self) -> Any:
+        raise RuntimeError(SECRET)
+
 
 def assert_generic_500(response: httpx.Response, caplog: pytest.LogCaptureFixture) -> str:
     """The request id of a 500 that says nothing about its cause, whose traceback is in the log."""

@@ -140,7 +140,8 @@ async def test_request_model_field_swaps_only_when_allowed(tmp_path: Path) -> No
     for allowed, expected in ((False, "I am alpha"), (True, "I am beta")):
         builds = Builds()
         service = make(tmp_path / str(allowed), builds, allow_model_swap_by_request=allowed)
-        service.registry.add(str(tmp_path))  # any folder is a registry entry
+        (tmp_path / "config.json").write_text("{}")  # a folder with a config.json is a model folder
+        service.registry.add(str(tmp_path))
         service.registry._extra["beta"] = service.registry._extra[str(tmp_path)].__class__("beta", "hub", "beta")
         body = {"model": "beta", "max_tokens": 16, "messages": [{"role": "user", "content": "who"}]}
         async with httpx.AsyncClient(transport=httpx.ASGITransport(create_app(service)), base_url="http://t") as client:
@@ -165,3 +166,30 @@ def test_idle_monitor_unloads_after_the_configured_time(tmp_path: Path) -> None:
         time.sleep(0.05)
     assert service.swapper.status.phase is SwapPhase.UNLOADED
     assert any("unloaded (idle for" in e.message for e in service.events.since(0))
+
+
+async def test_a_request_during_an_idle_unload_reloads_the_model_without_another_request(tmp_path: Path) -> None:
+    builds = Builds()
+    service = make(tmp_path, builds, swap_wait_s=20)
+    engine = service.detachable_engine()
+    release = threading.Event()
+    stop = engine.stop
+
+    def slow_stop(grace_s: float = 10.0) -> None:
+        release.wait(10)  # the unload is still spilling when the request arrives
+        stop(grace_s)
+
+    engine.stop = slow_stop
+    unloading = threading.Thread(target=service.swapper.unload, args=(0.0, "idle for 600 s"))
+    unloading.start()
+    deadline = time.monotonic() + 5
+    while service.swapper.status.phase is not SwapPhase.SPILLING and time.monotonic() < deadline:
+        time.sleep(0.01)
+    waiting = asyncio.ensure_future(service.wait_ready())
+    await asyncio.sleep(0.1)
+    release.set()
+    started = time.monotonic()
+    await asyncio.wait_for(waiting, 15)  # before the fix: swap_wait_s (20 s), then a 503
+    unloading.join(10)
+    assert service.is_ready and time.monotonic() - started < 10
+    assert builds.calls[-1][0] == "alpha"
