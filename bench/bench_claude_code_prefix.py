@@ -59,11 +59,11 @@ def main_request(trace: Path) -> dict:
 def session_body(base: dict, prompt: str) -> dict:
     """The recorded request with another user prompt in its last text block, as a new session would send."""
     body = copy.deepcopy(base)
-    content = body["messages"][-1]["content"]
-    if isinstance(content, str):
-        body["messages"][-1]["content"] = prompt
+    message = [m for m in body["messages"] if m["role"] == "user"][-1]
+    if isinstance(message["content"], str):
+        message["content"] = prompt
     else:
-        texts = [b for b in content if b.get("type") == "text"]
+        texts = [b for b in message["content"] if b.get("type") == "text"]
         texts[-1]["text"] = prompt
     return body
 
