@@ -21,7 +21,7 @@ from typing import Callable, Protocol
 from engine.domain.block_layout import common_prefix_length
 from engine.domain.block_pool import BlockPool
 from engine.domain.cache_spec import ModelCacheSpec
-from engine.domain.prefix_index import PrefixIndex
+from engine.domain.prefix_index import HEAD_CHUNK, PrefixIndex
 
 from .agents import AgentRecord, Tier
 from .kv.segment import Segment
@@ -30,6 +30,8 @@ from .kv.sequence_kv import LayerSlice, SequenceKV
 # Donors whose tokens are compared per admission; they share the same hashed
 # prefix, so the first few are as good as any.
 MAX_DONORS_CHECKED = 4
+# The shortest prefix taken from another agent: below it a copy saves less than it costs.
+MIN_SHARED_TOKENS = HEAD_CHUNK
 
 
 class Holder(Protocol):
@@ -99,13 +101,17 @@ class HotCache:
         self, agent: AgentRecord, prompt: tuple[int, ...], donors: Callable[[str], AgentRecord | None]
     ) -> ReusePlan | None:
         best: ReusePlan | None = None
-        for donor_id, _ in self.prefix.candidates(prompt, exclude=agent.agent_id)[:MAX_DONORS_CHECKED]:
+        nominated = [donor for donor, _ in self.prefix.candidates(prompt, exclude=agent.agent_id)]
+        # No whole block in common: a shorter common head (a template's default system prompt) is
+        # still worth a copy of a few positions instead of a prefill.
+        nominated = nominated or self.prefix.head_candidates(prompt, exclude=agent.agent_id)
+        for donor_id in nominated[:MAX_DONORS_CHECKED]:
             donor = donors(donor_id)
             if donor is None or donor.tier is not Tier.HOT or donor.kv is None:
                 continue
             # Hashes nominate; only equal tokens decide.
             k = donor.kv.resumable_at(_usable_prefix(donor.tokens, prompt))
-            if k >= self.spec.block_tokens and (best is None or k > best.reused):
+            if k >= MIN_SHARED_TOKENS and (best is None or k > best.reused):
                 best = ReusePlan(k, f"shared:{donor_id}", donor=donor_id)
         return best
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from engine.domain.block_layout import common_prefix_length
 from engine.domain.prefix_index import PrefixIndex, chain_keys
 from engine.runtime.requests import GenerationRequest
@@ -121,3 +123,37 @@ def test_a_turn_waits_only_for_a_running_leader_that_has_not_shared_yet() -> Non
     assert not awaits_leader(follower, warm, [leader], 16)  # its own cache on disk serves it better
     leader.published = True
     assert not awaits_leader(follower, None, [leader], 16)  # shared: the pool's donors take over
+
+
+def test_index_nominates_a_common_head_shorter_than_a_block() -> None:
+    index = PrefixIndex(64)
+    head = list(range(1, 27))  # 26 tokens: one whole 16-token chunk in common
+    index.update("x", head + [100] * 30)
+    assert index.candidates(head + [200] * 30) == []
+    assert index.head_candidates(head + [200] * 30) == ["x"]
+    assert index.head_candidates(head[:15] + [200] * 30) == []  # less than one chunk: not worth it
+    assert index.head_candidates(head, exclude="x") == []
+
+
+@pytest.mark.parametrize("kind", ["llama", "gemma"])
+def test_a_common_head_shorter_than_a_block_is_shared_token_exactly(kind: str) -> None:
+    """A template's default system prompt (26 tokens on SmolLM2) is copied from another agent, not prefilled."""
+    engine = make_engine(kind, block_tokens=64)
+    try:
+        head = (BOS, *b"You are a helpful AI.\n")  # 22 tokens, under one 64-token block
+        run_turn(engine, GenerationRequest("first", head + tuple(b"Say one thing, then stop."), 6))
+        prompt = head + tuple(b"Another question here?")
+        second = run_turn(engine, GenerationRequest("second", prompt, 6))
+        usage = second.finish.usage
+        if kind == "llama":
+            assert usage.reuse_source == "shared:first"
+            assert usage.reused_tokens == len(head)
+            assert usage.prefilled_tokens == len(prompt) - len(head)
+        else:
+            # The tiny Gemma's 24-token window has moved past the head and no checkpoint sits there.
+            assert usage.reuse_source == "none"
+        assert second.tokens == without_eos(reference_greedy(engine.loaded.model, list(prompt), 6, {EOS}))
+        # Nothing whole was shared, so nothing is held twice.
+        assert engine.fresh_snapshot().pool.shared_blocks == 0
+    finally:
+        engine.stop()
