@@ -255,10 +255,9 @@ class BatchRunner:
         if self.prefix_sharing and turn.on_own_cache:
             turn.share_at = share_point(turn, self.hot.spec.block_tokens)
         uid = next(self._uids)
-        sampler = build_sampler(request.sampling)
         turn.sequence = Sequence(
             uid, turn.holder.kv, list(request.prompt_tokens[k:]), request.max_tokens,
-            sampler=None if request.sampling.is_greedy else sampler,
+            sampler=build_sampler(request.sampling),
             stop_tokens=self._eos,
             checkpoint_at=tuple(sorted({turn.share_at, self._prefix_point(turn)} - {0})),
             checkpoint_prompt_end=turn.on_own_cache,

@@ -24,6 +24,7 @@ import mlx.core as mx
 
 from engine.runtime.kv import ragged
 from engine.runtime.kv.sequence_kv import CheckpointKind
+from engine.runtime.sampling import sample
 
 from .sequence import Finish, Phase, Sequence
 
@@ -230,13 +231,4 @@ class SequenceBatch:
 
 
 def _sample(logits: mx.array, rows: list[Sequence]) -> mx.array:
-    if all(s.sampler is None for s in rows):
-        return mx.argmax(logits, axis=-1)
-    parts = []
-    for b, s in enumerate(rows):
-        row = logits[b:b + 1]
-        if s.sampler is None:
-            parts.append(mx.argmax(row, axis=-1))
-        else:
-            parts.append(s.sampler(row - mx.logsumexp(row, axis=-1, keepdims=True)).reshape(1))
-    return mx.concatenate(parts)
+    return sample(logits, [s.sampler for s in rows])

@@ -4,13 +4,9 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Callable
-
-import mlx.core as mx
 
 from engine.runtime.kv.sequence_kv import SequenceKV
-
-Sampler = Callable[[mx.array], mx.array]
+from engine.runtime.sampling import RowSampler
 
 
 class Phase(enum.Enum):
@@ -32,7 +28,7 @@ class Sequence:
     # The prompt tokens not yet in the cache; the last one is the first decode input.
     prompt: list[int]
     max_tokens: int
-    sampler: Sampler | None = None  # None: greedy
+    sampler: RowSampler | None = None  # None: greedy
     stop_tokens: frozenset[int] = frozenset()
     # Absolute positions at which to checkpoint the window layers while prefilling
     # (prefix boundaries other agents may share), and whether to keep one at the prompt end.

@@ -1,0 +1,214 @@
+"""Where one engine step's time goes, at batch 1, 4 and 16 (SmolLM2), next to mlx-lm's BatchGenerator.
+
+The engine's named steps are timed from outside (wrappers installed by this
+script, nothing in the engine changes): per decode step,
+
+- graph: building the forward pass and the sampler (Python, MLX graph
+  construction; the ragged batch's per-sequence attention included);
+- device: evaluating it (``mx.async_eval`` of the step, which on the CPU
+  backend computes before it returns, plus the wait when the tokens are
+  read: the arithmetic itself, memory traffic and MLX's per-operation cost);
+- prefill: the prompts' prefill chunks, spread over the decode steps;
+- bookkeeping: room checks and cache capacity (``room``), checkpoints;
+- text: detokenization and stop-string checks (``BatchRunner._decode``);
+- delivery: handing events to sinks (``BatchRunner._emit``);
+- other: the rest of the engine loop around the step.
+
+mlx-lm's ``BatchGenerator.next()`` (what mlx_lm.server runs) is timed the same
+way where it can be: its whole step, and its detokenization as the server does
+it per token. The split decides what to optimize; the report keeps it so a
+regression shows.
+
+Run: ``LD_PRELOAD=... python bench/bench_step_profile.py [--tokens N] [--json PATH]``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+import mlx.core as mx
+from mlx_lm.generate import BatchGenerator
+
+from common import base_parser, load, print_table, start_engine
+from results import BenchResult, recorded
+
+from engine.runtime.batch import generator as batch_module
+from engine.runtime.batch_runner import BatchRunner
+from engine.runtime.requests import GenerationRequest, SamplingParams
+from engine.runtime.sync_client import run_turns
+
+BATCHES = (1, 4, 16)
+PARTS = ("prefill", "graph", "device", "bookkeeping", "text", "delivery", "other")
+TOPICS = ["the sea", "a robot", "a forest", "trains", "the moon", "a cat", "rain", "chess"]
+
+
+class Timers:
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.steps = 0
+
+    def wrap(self, owner: Any, name: str, label: str) -> Callable[[], None]:
+        original = getattr(owner, name)
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.seconds[label] += time.perf_counter() - started
+
+        setattr(owner, name, timed)
+        return lambda: setattr(owner, name, original)
+
+
+class _TimedMx:
+    """The generator module's ``mx`` with ``async_eval`` timed (the step's evaluation)."""
+
+    def __init__(self, timers: Timers) -> None:
+        self._timers = timers
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(mx, name)
+
+    def async_eval(self, *arrays: Any) -> None:
+        started = time.perf_counter()
+        try:
+            mx.async_eval(*arrays)
+        finally:
+            self._timers.seconds["eval"] += time.perf_counter() - started
+
+
+@contextmanager
+def engine_timers() -> Iterator[Timers]:
+    """Times the engine's steps: the whole runner step, and the parts named in the module docstring."""
+    timers = Timers()
+    batch = batch_module.SequenceBatch
+    batch_module.mx = _TimedMx(timers)  # type: ignore[assignment]
+    undo = [
+        timers.wrap(BatchRunner, "step", "step"),
+        timers.wrap(batch, "_prefill", "prefill"),
+        timers.wrap(batch, "_forward", "graph"),
+        timers.wrap(batch_module, "_sample", "graph"),
+        timers.wrap(batch, "_has_room", "bookkeeping"),
+        timers.wrap(batch, "_checkpoint_prompt_ends", "bookkeeping"),
+        timers.wrap(batch, "_collect", "collect"),
+        timers.wrap(BatchRunner, "_decode", "text"),
+        timers.wrap(BatchRunner, "_emit", "delivery"),
+    ]
+    try:
+        yield timers
+    finally:
+        for restore in undo:
+            restore()
+        batch_module.mx = mx
+
+def prompts(loaded, n: int) -> list[tuple[int, ...]]:
+    return [tuple(loaded.tokenizer.apply_chat_template(
+        [{"role": "user", "content": f"Write a long story about {TOPICS[i % len(TOPICS)]}, part {i}."}],
+        add_generation_prompt=True)) for i in range(n)]
+
+
+# What a request without a temperature gets from the server (engine/models/sampling_defaults.py's fallback).
+DEFAULT_SAMPLING = SamplingParams(temperature=0.7, top_p=0.95, top_k=40, seed=0)
+
+
+def engine_profile(engine, loaded, batch: int, tokens: int, sampling: SamplingParams = SamplingParams(),
+                   tag: str = "g") -> dict[str, float]:
+    requests = [GenerationRequest(f"p{tag}{batch}-{i}", p, tokens, sampling=sampling, stop_strings=("\n\n\n",))
+                for i, p in enumerate(prompts(loaded, batch))]
+    with engine_timers() as timers:
+        started = time.perf_counter()
+        results = run_turns(engine, requests, timeout_s=1800)
+        wall = time.perf_counter() - started
+    steps = max(r.finish.usage.generated_tokens for r in results)
+    s = timers.seconds
+    # Collecting a step's tokens waits for the device to finish it: that wait is the arithmetic.
+    split = {
+        "graph": s["graph"], "device": s["eval"] + s["collect"],
+        "bookkeeping": s["bookkeeping"], "text": s["text"], "delivery": s["delivery"],
+        "prefill": s["prefill"],
+    }
+    split["other"] = max(0.0, wall - sum(split.values()))
+    per_step = {k: 1000 * v / steps for k, v in split.items()}
+    per_step["tok/s"] = sum(r.finish.usage.generated_tokens for r in results) / wall
+    return per_step
+
+
+def batchgenerator_profile(loaded, batch: int, tokens: int) -> dict[str, float]:
+    """mlx-lm's BatchGenerator on the same prompts: its whole step, and the server's per-token detokenizing."""
+    generator = BatchGenerator(loaded.model, stop_tokens=[[t] for t in loaded.eos_token_ids],
+                               completion_batch_size=batch, prefill_batch_size=batch, prefill_step_size=512,
+                               stream=mx.default_stream(mx.default_device()))
+    generator.insert([list(p) for p in prompts(loaded, batch)], max_tokens=[tokens] * batch)
+    detokenizers = {}
+    step_s = text_s = 0.0
+    steps = generated = 0
+    started = time.perf_counter()
+    while True:
+        t0 = time.perf_counter()
+        _, responses = generator.next()
+        t1 = time.perf_counter()
+        for r in responses:
+            d = detokenizers.setdefault(r.uid, loaded.tokenizer.detokenizer)
+            d.add_token(r.token)
+            _ = d.last_segment
+        t2 = time.perf_counter()
+        if responses:
+            steps += 1
+            generated += len(responses)
+            step_s += t1 - t0
+            text_s += t2 - t1
+        if not responses and not len(generator._unprocessed_sequences) and not len(generator._prompt_batch) \
+                and not len(generator._generation_batch):
+            break
+    wall = time.perf_counter() - started
+    generator.close()
+    return {"step (forward, sample, sync)": 1000 * step_s / steps, "text": 1000 * text_s / steps,
+            "tok/s": generated / wall}
+
+
+def main() -> None:
+    parser = base_parser(__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=64, help="tokens generated per sequence")
+    args = parser.parse_args()
+    tokens = 24 if args.quick else args.tokens
+    result = BenchResult("bench_step_profile", "Where a decode step's time goes (engine vs BatchGenerator)",
+                         {"model": args.model, "tokens": tokens, "batches": list(BATCHES)})
+    with recorded(result, args.json):
+        loaded = load(args)
+        engine = start_engine(loaded, args.pool_mb)
+        try:
+            engine_profile(engine, loaded, 1, 8)  # warm-up: compile caches, allocator
+            rows = []
+            for batch in BATCHES:
+                ours = engine_profile(engine, loaded, batch, tokens)
+                peer = batchgenerator_profile(loaded, batch, tokens)
+                rows.append([batch, *(f"{ours[k]:.1f}" for k in PARTS),
+                             f"{ours['tok/s']:.1f}", f"{peer['step (forward, sample, sync)']:.1f}",
+                             f"{peer['text']:.1f}", f"{peer['tok/s']:.1f}"])
+                for key in PARTS:
+                    result.metric(f"engine step at batch {batch} (ms per step)", key, ours[key], "ms", better="lower")
+                result.metric("decode throughput", f"engine, batch {batch}", ours["tok/s"], "tok/s")
+                result.metric("decode throughput", f"BatchGenerator, batch {batch}", peer["tok/s"], "tok/s")
+                result.metric(f"BatchGenerator step at batch {batch} (ms per step)", "forward, sample, sync",
+                              peer["step (forward, sample, sync)"], "ms", better="lower")
+                result.metric(f"BatchGenerator step at batch {batch} (ms per step)", "text", peer["text"], "ms",
+                              better="lower")
+            sampled = engine_profile(engine, loaded, 16, tokens, DEFAULT_SAMPLING, tag="s")
+            rows.append(["16 sampled", *(f"{sampled[k]:.1f}" for k in PARTS),
+                         f"{sampled['tok/s']:.1f}", "", "", ""])
+            for key in PARTS:
+                result.metric("engine step at batch 16, default sampling (ms per step)", key, sampled[key], "ms",
+                              better="lower")
+            result.metric("decode throughput", "engine, batch 16, default sampling", sampled["tok/s"], "tok/s")
+            print_table(["batch", "prefill ms", "graph ms", "device ms", "bookkeeping ms", "text ms", "delivery ms", "other ms",
+                         "engine tok/s", "BG step ms", "BG text ms", "BG tok/s"], rows)
+        finally:
+            engine.stop()
+
+
+if __name__ == "__main__":
+    main()
