@@ -85,3 +85,19 @@ def test_common_prefix_length() -> None:
     assert common_prefix_length([1, 2, 3], [1, 2, 4]) == 2
     assert common_prefix_length([], [1]) == 0
     assert common_prefix_length((1, 2), [1, 2, 3]) == 2
+
+
+@given(
+    shared=st.integers(0, 1500),
+    tails=st.tuples(st.integers(0, 3), st.integers(0, 3)),
+    as_tuple=st.tuples(st.booleans(), st.booleans()),
+)
+def test_common_prefix_length_equals_the_token_by_token_answer(
+    shared: int, tails: tuple[int, int], as_tuple: tuple[bool, bool]
+) -> None:
+    """Chunked comparison (long conversations) finds the same divergence as comparing one token at a time."""
+    a = list(range(shared)) + [-1] * tails[0]
+    b = list(range(shared)) + [-2] * tails[1]
+    left, right = (tuple(a) if as_tuple[0] else a), (tuple(b) if as_tuple[1] else b)
+    naive = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    assert common_prefix_length(left, right) == naive == shared
