@@ -96,7 +96,7 @@ class TierManager:
             return HotState.PENDING
         if state is LoadState.MISSING or loaded is None:
             agent.tier = Tier.COLD
-            self.events.emit(EventKind.DISCARD, f"{agent.agent_id}: warm cache unusable, full prefill", agent.agent_id, logging.WARNING)
+            self.events.emit(EventKind.DISCARD, f"{agent.agent_id}: warm cache unusable, prefilling its conversation again (only a prefix shared with other agents is reused)", agent.agent_id, logging.WARNING)
             return HotState.READY
         return self._install(agent, loaded, set(protect) | {agent.agent_id})
 

@@ -148,7 +148,7 @@ def test_cache_directory_removed_while_running(tmp_path: Path) -> None:
         assert resumed.finish.error is None and resumed.finish.usage.reused_tokens == 0
         expected = reference_greedy(engine.loaded.model, list(resumed.request.prompt_tokens), 6, {EOS})
         assert resumed.tokens == without_eos(expected)
-        assert any("gone" in m and "unusable, full prefill" in m for m in events_of(engine, EventKind.DISCARD))
+        assert any("gone" in m and "warm cache unusable, prefilling" in m for m in events_of(engine, EventKind.DISCARD))
         assert engine.is_running
     finally:
         engine.stop()
