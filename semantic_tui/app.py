@@ -27,6 +27,7 @@ from engine.swap import release_thread_streams
 from .backend import WorkbenchBackend
 from .messages import EngineStopped, LoadProgress, ModelFailed, ModelReady
 from .palette import WorkbenchCommands
+from .screens.cache_history import CacheHistoryScreen
 from .screens.dialogs import ErrorDialog
 from .swap_flow import ModelSwapFlow
 from .screens.loading import LoadingScreen
@@ -58,6 +59,8 @@ class SemanticApp(App[None]):
         Binding("e", "evict_warm", "Evict", id="agent.evict", tooltip="Evict the selected agent's cache to disk"),
         Binding("d", "drop", "Drop", id="agent.drop", tooltip="Drop the selected agent's cache (cold)"),
         Binding("p", "toggle_pin", "Pin", id="agent.pin", tooltip="Pin or unpin the selected agent"),
+        Binding("i", "cache_history", "Cache", id="agent.cache_history",
+                tooltip="How the selected agent's last turns met its cache, and why a turn prefilled"),
         Binding("E", "evict_idle", "Evict idle", id="pool.evict_idle", tooltip="Evict every idle agent to disk"),
         Binding("l", "toggle_bottom", "Log/Chats", id="view.toggle_bottom", tooltip="Show the event log or the chats"),
         Binding("t", "cycle_theme", "Theme", id="view.theme", tooltip="Next theme (remembered)"),
@@ -248,6 +251,13 @@ class SemanticApp(App[None]):
         self.refresh_panes(force=True)
 
     # -- chats -------------------------------------------------------------------------------------
+    def action_cache_history(self) -> None:
+        agent_id = self.selected_agent()
+        if agent_id is None:
+            self.notify("Select an agent in the table first", severity="warning")
+            return
+        self.push_screen(CacheHistoryScreen(agent_id, self.backend.service.snapshot))
+
     async def action_open_chat(self) -> None:
         agent_id = self.selected_agent()
         if agent_id is None:

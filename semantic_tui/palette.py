@@ -30,6 +30,8 @@ class WorkbenchCommands(Provider):
             ("agent: open chat" + target, "Open a chat pane bound to the selected agent", app.action_open_chat),
             ("agent: evict to disk" + target, "Move the agent's KV cache from the pool to the warm tier", app.action_evict_warm),
             ("agent: drop" + target, "Drop the agent's cache entirely (cold); the next turn prefills", app.action_drop),
+            ("agent: cache history" + target, "How the agent's last turns met its cache: reused, diverged "
+             "where and why", app.action_cache_history),
             ("agent: pin / unpin" + target, "Pinned agents are never evicted", app.action_toggle_pin),
             ("agent: delete" + target, "Forget the agent: pool blocks, disk files and metadata", app.action_delete_agent),
             ("chat: new", "Open a chat pane on a new agent", app.action_new_chat),

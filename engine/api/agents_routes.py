@@ -11,6 +11,7 @@ name included: path parameters arrive percent-decoded, so ``a%20b`` or
 from __future__ import annotations
 
 import secrets
+from dataclasses import asdict
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
@@ -19,12 +20,14 @@ from starlette.background import BackgroundTask
 
 from engine.errors import AgentNotFoundError, SemanticError
 from engine.runtime.agents import Tier
+from engine.runtime.forensics import TurnForensics
 from engine.runtime.requests import AgentSource, FinishEvent
 from engine.runtime.snapshot import AgentView, EngineSnapshot
 
 from .admission import SSE_HEADERS, await_admission
 from .agent_turns import StatefulTurn, busy_error, start_turn
 from .agents_schemas import (
+    AgentDetailOut,
     TURN_EVENT_SCHEMA,
     AgentList,
     AgentOut,
@@ -137,9 +140,21 @@ async def list_agents(request: Request) -> dict[str, Any]:
     return {"object": "list", "data": [agent_body(views.get(i), stored.get(i)) for i in ids]}
 
 
-@router.get("/v1/agents/{agent_id}", summary="One agent", response_model=AgentOut, responses=errors(400, 404))
+@router.get("/v1/agents/{agent_id}", summary="One agent, with how its last turns met its cache",
+            response_model=AgentDetailOut, responses=errors(400, 404))
 async def get_agent(request: Request, agent_id: str = Depends(path_agent_id)) -> dict[str, Any]:
-    return await _current(request, agent_id)
+    view, conversation = await _find(request, agent_id)
+    body = agent_body(view, conversation)
+    body["cache_history"] = [turn_json(t) for t in view.history] if view is not None else []
+    return body
+
+
+def turn_json(turn: TurnForensics) -> dict[str, Any]:
+    body = {name: getattr(turn, name) for name in ("request_id", "at", "prompt_tokens", "cached_tokens",
+                                                    "reused_tokens", "prefilled_tokens", "source", "note")}
+    body["outcome"] = turn.outcome.value
+    body["divergence"] = asdict(turn.divergence) if turn.divergence is not None else None
+    return body
 
 
 @router.delete("/v1/agents/{agent_id}", summary="Delete an agent: its KV blocks, disk cache and conversation",

@@ -33,6 +33,31 @@ class MessageBody(_Body):
     stream: bool = False
 
 
+class CacheDivergenceOut(BaseModel):
+    token: int = Field(description="Index of the first prompt token that differs from the cached tokens")
+    block: int = Field(description="The KV block (of block_tokens) that token falls in")
+    region: str = Field(description="'system prompt and tools' or 'messages'")
+    cached_text: str = Field(description="Text around the point as cached: some tokens before it, then the cached tokens")
+    prompt_text: str = Field(description="The same span as this turn's prompt has it")
+    common_chars: int = Field(description="Characters of both texts before the point (equal on both sides)")
+    volatile: str | None = Field(None, description="A span known to change between requests found at the point")
+    against: str = Field(description="'own cache', or the agent whose shared prefix the prompt was compared with")
+
+
+class CacheTurnOut(BaseModel):
+    request_id: str
+    at: float = Field(description="Unix time the turn was admitted")
+    outcome: str = Field(description="full, new_agent, shared, diverged, window, restored, dropped, "
+                                     "model_changed, side_request, no_room")
+    prompt_tokens: int
+    cached_tokens: int = Field(description="Tokens the agent's cache held when the turn arrived")
+    reused_tokens: int
+    prefilled_tokens: int
+    source: str = Field(description="self, shared:<agent>, prefix:<key> (a stored shared prefix) or none")
+    note: str | None = None
+    divergence: CacheDivergenceOut | None = None
+
+
 class AgentOut(BaseModel):
     agent_id: str
     display_name: str | None
@@ -53,6 +78,10 @@ class AgentOut(BaseModel):
     last_finish_note: str | None = Field(None, description="Why, when the server ended it (a loop, the output cap)")
     messages: int = Field(description="Messages in the stored conversation (0 for agents of other APIs).")
     has_conversation: bool
+
+
+class AgentDetailOut(AgentOut):
+    cache_history: list[CacheTurnOut] = Field(description="How the agent's last turns met its cache, oldest first")
 
 
 class AgentList(BaseModel):

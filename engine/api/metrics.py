@@ -98,6 +98,12 @@ class SnapshotCollector:
         hits.add_metric(["shared"], tiers.shared_hits)
         yield hits
         yield CounterMetricFamily("semantic_cache_misses", "Turns that prefilled their whole prompt", value=tiers.prefix_misses)
+        outcomes = CounterMetricFamily(
+            "semantic_turn_cache_outcomes", "Turns by how their prompt met the agent's cache: full, new_agent, "
+            "shared, diverged, window, restored, dropped, model_changed, side_request, no_room", labels=["outcome"])
+        for outcome, count in tiers.cache_outcomes:
+            outcomes.add_metric([outcome], count)
+        yield outcomes
 
 
 def _labelled_gauge(name: str, doc: str, label: str, values: dict[str, float]) -> GaugeMetricFamily:

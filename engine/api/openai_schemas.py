@@ -129,6 +129,9 @@ class CacheUsage(BaseModel):
     handoff_in_ms: float = Field(description="Admission to the first prefill chunk: planning and preparing the cache")
     handoff_out_ms: float = Field(description="Last token to the cache settled in the pool")
     copied_bytes: int = Field(description="Bytes of KV copied for this turn (shared prefixes, growth, side copies)")
+    cache_outcome: str = Field(description="full, new_agent, shared, diverged, window, restored, dropped, "
+                                           "model_changed, side_request, no_room (details: GET /v1/agents/{id})")
+    diverged_at: int | None = Field(description="First prompt token that differs from the cached tokens, if any")
 
 
 class UsageOut(BaseModel):

@@ -157,6 +157,8 @@ def cache_usage(usage: Usage) -> dict[str, Any]:
         "handoff_in_ms": round(usage.handoff_in_s * 1000, 3),
         "handoff_out_ms": round(usage.handoff_out_s * 1000, 3),
         "copied_bytes": usage.copied_bytes,
+        "cache_outcome": usage.cache_outcome,
+        "diverged_at": usage.diverged_at,
     }
 
 

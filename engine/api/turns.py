@@ -74,14 +74,16 @@ async def render_tokens(service: EngineService, conversation: Conversation) -> l
 HEADS_KEPT = 32
 
 
-async def prefix_hint(service: EngineService, conversation: Conversation, tokens: list[int]) -> int:
+async def head_length(service: EngineService, conversation: Conversation, tokens: list[int]) -> int:
     """How many leading tokens of ``tokens`` the conversation's system prompt and tools account for.
 
     That is where sessions of one tool part ways, so the engine keeps (and
-    stores) the cache at that point for the next session to start from.
+    stores) the cache at that point for the next session to start from
+    (``prefix_hint``), and where cache forensics draw the line between the
+    system prompt and the messages.
     """
     head = conversation.head()
-    if head is None or len(tokens) < 2 * service.settings.block_tokens:
+    if head is None:
         return 0
     cache: OrderedDict[str, list[int]] = _heads(service)
     key = hashlib.sha256(repr(head).encode("utf-8", "surrogatepass")).hexdigest()
@@ -113,7 +115,9 @@ async def prepare(service: EngineService, spec: TurnSpec) -> GenerationRequest:
         await service.ensure_model(spec.model)
     await service.wait_ready()
     tokens = await render_tokens(service, spec.conversation)
-    hint = await prefix_hint(service, spec.conversation, tokens)
+    head = await head_length(service, spec.conversation, tokens)
+    # Short prompts are not worth a stored prefix of their own.
+    hint = head if len(tokens) >= 2 * service.settings.block_tokens else 0
     cap = service.settings.max_output_tokens
     request = GenerationRequest(
         agent_id=spec.identity.agent_id,
@@ -122,6 +126,7 @@ async def prepare(service: EngineService, spec: TurnSpec) -> GenerationRequest:
         asked_max_tokens=spec.max_tokens if spec.max_tokens > cap else None,
         sampling=spec.sampling.resolve(service.engine.sampling_defaults),
         prefix_hint=hint,
+        head_tokens=head,
         stop_strings=spec.stop,
         source=spec.identity.source,
         display_name=spec.identity.display_name,

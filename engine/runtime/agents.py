@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import enum
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from .forensics import HISTORY_KEPT, TurnForensics
 from .requests import AgentSource
 
 if TYPE_CHECKING:
@@ -63,6 +65,8 @@ class AgentRecord:
     # Cached token count while warm/cold (the hot count is len(tokens)).
     stored_tokens: int = 0
     stored_bytes: int = 0
+    # How the last turns met the cache (runtime/forensics.py), oldest first.
+    history: "deque[TurnForensics]" = field(default_factory=lambda: deque(maxlen=HISTORY_KEPT))
 
     @property
     def is_busy(self) -> bool:

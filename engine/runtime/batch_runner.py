@@ -10,8 +10,8 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections import deque
-from dataclasses import dataclass
+from collections import Counter, deque
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from engine.errors import PoolExhaustedError
@@ -74,6 +74,8 @@ class RunnerStats:
     shared_hits: int = 0
     reused_own: int = 0
     reused_shared: int = 0
+    # Turns by how they met their agent's cache (forensics.CacheOutcome values).
+    outcomes: Counter[str] = field(default_factory=Counter)
 
     @classmethod
     def new(cls) -> "RunnerStats":
@@ -303,6 +305,8 @@ class BatchRunner:
         stats = self.stats
         stats.requests_total += 1
         stats.reused_total += turn.reused
+        if turn.forensics is not None:
+            stats.outcomes[turn.forensics.outcome.value] += 1
         if not turn.reused:
             stats.cache_misses += 1
             return

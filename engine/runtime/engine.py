@@ -314,6 +314,7 @@ class Engine:
             if seed.agent_id not in self.agents:
                 record = self.agents.add(AgentRecord(seed.agent_id, _source(seed.source), seed.display_name))
                 record.pinned, record.created_at, record.last_used = seed.pinned, seed.created_at, seed.last_used
+                record.model_id = seed.model_id  # a turn under this model then reports model_changed
             else:
                 self.agents.get(seed.agent_id).pinned = seed.pinned
 

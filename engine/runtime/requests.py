@@ -69,6 +69,9 @@ class GenerationRequest:
     # How many leading prompt tokens other agents are likely to share (the rendered system prompt
     # and tools): the engine checkpoints there and stores that prefix for later agents. 0: unknown.
     prefix_hint: int = 0
+    # How many leading prompt tokens are the rendered system prompt and tools (0: unknown); cache
+    # forensics use it to say whether a divergence lies there or in the messages.
+    head_tokens: int = 0
     request_id: str = field(default_factory=next_request_id)
 
     def __post_init__(self) -> None:
@@ -110,6 +113,10 @@ class Usage:
     handoff_in_s: float = 0.0
     handoff_out_s: float = 0.0
     copied_bytes: int = 0
+    # How the prompt met the agent's cache (runtime/forensics.py CacheOutcome) and, when the prompt
+    # left the cached tokens before their end, the index of the first differing token.
+    cache_outcome: str = "new_agent"
+    diverged_at: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

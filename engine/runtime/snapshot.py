@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 from engine.domain.block_pool import PoolSnapshot
 
+from .forensics import TurnForensics
+
 
 @dataclass(frozen=True, slots=True)
 class AgentView:
@@ -36,6 +38,8 @@ class AgentView:
     # engine or a server limit ended it rather than the model.
     last_finish: str | None = None
     last_finish_note: str | None = None
+    # How the last turns met the cache, oldest first (forensics.TurnForensics).
+    history: tuple[TurnForensics, ...] = ()
 
     @property
     def label(self) -> str:
@@ -82,6 +86,8 @@ class TierView:
     # prefix another agent (or a stored shared prefix) held.
     own_hits: int = 0
     shared_hits: int = 0
+    # Turns by how they met their agent's cache (forensics.CacheOutcome value -> count).
+    cache_outcomes: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,6 +50,7 @@ def _agent_view(agent: AgentRecord, engine: "Engine") -> AgentView:
         created_at=agent.created_at,
         last_finish=agent.last_finish,
         last_finish_note=agent.last_finish_note,
+        history=tuple(agent.history),
     )
 
 
@@ -110,4 +111,5 @@ def _tiers(engine: "Engine", agents: tuple[AgentView, ...]) -> TierView:
         prefix_misses=runner.stats.cache_misses if runner else 0,
         own_hits=runner.stats.own_hits if runner else 0,
         shared_hits=runner.stats.shared_hits if runner else 0,
+        cache_outcomes=tuple(sorted(runner.stats.outcomes.items())) if runner else (),
     )

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from .agents import AgentRecord
 from .batch.sequence import Sequence
+from .forensics import TurnForensics
 from .hot_cache import Holder, ReusePlan
 from .repetition import RepetitionGuard
 from .requests import EventSink, FinishEvent, FinishReason, GenerationRequest, Usage
@@ -50,6 +51,10 @@ class Turn:
     copied_bytes: int = 0
     copied_mark: int = 0  # the cache's copy counter when the turn was admitted
     guard: RepetitionGuard = field(default_factory=lambda: RepetitionGuard(0))
+    # The agent's tier and model as the turn first met it (admission may be retried), and the
+    # forensics record made when it was admitted.
+    arrival: tuple[str, bool] | None = None
+    forensics: TurnForensics | None = None
 
     @property
     def on_own_cache(self) -> bool:
@@ -96,6 +101,8 @@ class Turn:
             handoff_in_s=self.handoff_in_s,
             handoff_out_s=self.handoff_out_s,
             copied_bytes=self.copied_bytes,
+            cache_outcome=self.forensics.outcome.value if self.forensics else "new_agent",
+            diverged_at=self.forensics.divergence.token if self.forensics and self.forensics.divergence else None,
         )
 
     def finish_event(self, reason: FinishReason, **extra: object) -> FinishEvent:

@@ -18,6 +18,7 @@ from engine.models.loaded import LoadedModel
 from .agent_table import AgentTable
 from .agents import AgentRecord, Tier
 from .event_log import EventKind, EventLog
+from .forensics import TurnForensics, examine
 from .hot_cache import HotCache, Holder, ReusePlan, SideCache
 from .kv.sequence_kv import LayerSlice
 from .tiers import HotState, TierManager
@@ -52,12 +53,16 @@ class Admitter:
         if agent.turns == 0 and agent.tier in (Tier.EMPTY, Tier.COLD):
             agent.auxiliary = request.auxiliary
         self.agents.touch(agent)
+        if turn.arrival is None:
+            other_model = agent.model_id is not None and agent.model_id != self.loaded.identity.key
+            turn.arrival = (agent.tier.value, other_model and agent.tier in (Tier.EMPTY, Tier.COLD))
         state = self.tiers.ensure_hot(agent, protect=running)
         if state is HotState.PENDING:
             return Admission.DEFERRED
         if state is HotState.NO_ROOM:
             return Admission.NO_ROOM
         started = time.monotonic()
+        cached = agent.tokens  # replaced, never mutated, when the turn cuts it back
         plan, side = self._plan(agent, turn)
         stored = self._stored_prefix(turn, plan)
         if stored is PENDING:
@@ -73,8 +78,24 @@ class Admitter:
             return Admission.NO_ROOM
         assert holder.kv is not None
         turn.copied_bytes, turn.copied_mark = copied, holder.kv.copied
+        turn.forensics = self._examine(turn, agent, cached, side)
+        agent.history.append(turn.forensics)
         turn.handoff_in_s = time.monotonic() - started
         return Admission.ADMITTED
+
+    def _examine(self, turn: Turn, agent: AgentRecord, cached: list[int], side: bool) -> TurnForensics:
+        plan = turn.plan
+        assert plan is not None and turn.arrival is not None
+        tier_before, model_changed = turn.arrival
+        donor = self.agents.get(plan.donor) if plan.donor else None
+        return examine(
+            request_id=turn.request_id, prompt=turn.request.prompt_tokens, cached=cached,
+            cached_tokens=len(cached) if cached else agent.stored_tokens, tier_before=tier_before,
+            model_changed=model_changed, reused=plan.reused, source=plan.source, note=plan.note, side=side,
+            head_tokens=turn.request.head_tokens, block_tokens=self.hot.spec.block_tokens,
+            decode=self.loaded.tokenizer.decode,
+            donor=(donor.agent_id, donor.tokens) if donor is not None else None,
+        )
 
     # -- planning --------------------------------------------------------------------------
     def _plan(self, agent: AgentRecord, turn: Turn) -> tuple[ReusePlan, bool]:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from engine.domain.block_layout import common_prefix_length
+from engine.runtime.forensics import TurnForensics, examine
 from engine.domain.block_pool import BlockPool
 from engine.domain.cache_spec import ModelCacheSpec, group_layers
 from engine.errors import AgentNotFoundError, EngineUnavailableError, PromptTooLongError
@@ -74,6 +75,7 @@ class FakeAgent:
     last_tok_s: float | None = None
     created_at: float = field(default_factory=time.time)
     last_used: float = field(default_factory=time.time)
+    history: list[TurnForensics] = field(default_factory=list)
 
 
 class ScriptedEngine:
@@ -205,7 +207,13 @@ class ScriptedEngine:
         start = time.monotonic()
         with self._lock:
             agent = self._admit(request)
+            tier_before = agent.tier.value
             reused = self._reuse(agent, request)
+            agent.history.append(examine(
+                request_id=request.request_id, prompt=request.prompt_tokens, cached=agent.tokens,
+                cached_tokens=len(agent.tokens), tier_before=tier_before, model_changed=False, reused=reused,
+                source="self" if reused else "none", note=None, side=False, head_tokens=request.head_tokens,
+                block_tokens=self.loaded.spec.block_tokens, decode=self.loaded.tokenizer.decode))
         sink(QueuedEvent(request.request_id, 1))
         sink(PrefillEvent(request.request_id, 0, len(request.prompt_tokens) - reused, reused))
         time.sleep(self.prefill_delay_s)
@@ -297,5 +305,5 @@ class ScriptedEngine:
             a.agent_id, a.display_name, a.source, a.state, a.tier.value, a.pinned, self.loaded.identity.key,
             len(a.tokens), blocks, blocks * self.pool.block_bytes, a.turns,
             a.reused_total / a.prompt_total if a.prompt_total else 0.0, a.last_ttft_s, a.last_tok_s, 0, 0,
-            a.last_used, a.created_at,
+            a.last_used, a.created_at, history=tuple(a.history),
         )

@@ -7,6 +7,7 @@ timestamps, no wall clock in the log, and a fixed HTTP address.
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -79,3 +80,37 @@ async def settle(pilot, open_chat: bool) -> None:
 @pytest.mark.parametrize("chats", [False, True], ids=["dashboard", "chat-open"])
 def test_main_screen(snap_compare, tmp_path: Path, size: tuple[int, int], chats: bool) -> None:
     assert snap_compare(make_app(tmp_path), terminal_size=size, run_before=lambda pilot: settle(pilot, chats))
+
+
+SYSTEM = "You are a coding agent.\nToday's date is {date}.\nUse the tools when needed.\n"
+
+
+def test_cache_history_screen(snap_compare, tmp_path: Path) -> None:
+    """`i` on an agent whose second turn's system prompt changed only in its date line."""
+    engine = populated_engine()
+    for date in ("2026-11-25", "2026-11-26"):
+        done = threading.Event()
+        prompt = tuple((SYSTEM.format(date=date) + "user: list the files\n").encode())
+        engine.submit(GenerationRequest("cc-7f3a", prompt, 16, source=AgentSource.CLAUDE_CODE,
+                                        display_name="Claude Code 7f3a9c1e", head_tokens=len(SYSTEM)),
+                      lambda e, done=done: done.set() if isinstance(e, FinishEvent) else None)
+        done.wait(10)
+    agent = engine.agents["cc-7f3a"]
+    agent.history = [replace(turn, at=FIXED_NOW - 60 * (len(agent.history) - i)) for i, turn in enumerate(agent.history)]
+    app = workbench(tmp_path, engine)
+    app.backend.__class__ = FixedAddressBackend
+
+    async def open_history(pilot) -> None:
+        await settle(pilot, open_chat=False)
+        table = app.query_one(AgentsTable)
+        table.focus()
+        table.move_cursor(row=table.get_row_index("cc-7f3a"))
+        app.clear_notifications()
+        await pilot.press("i")
+        screen = app.screen
+        screen.now = lambda: FIXED_NOW
+        screen._shown = None
+        screen.refresh_history()
+        await pilot.pause(0.2)
+
+    assert snap_compare(app, terminal_size=(120, 36), run_before=open_history)
