@@ -115,6 +115,10 @@ class Settings(BaseSettings):
                     "(/health/ready turns 503, the workbench and /metrics say so).",
     )
     shutdown_grace_s: float = Field(10.0, ge=0, description="Seconds in-flight streams get to finish on shutdown.")
+    record_requests: Path | None = Field(
+        None, description="Append every generation request clients send (headers without secrets, body, timing) "
+                          "to this JSONL file, for bench/replay.py.",
+    )
     allow_model_swap_by_request: bool = Field(False, description="Let a request's model field trigger a swap.")
     swap_grace_s: float = Field(10.0, ge=0, description="Seconds running turns get to finish when a model swap starts.")
     swap_wait_s: float = Field(60.0, ge=0, description="Longest a request waits for a model swap before a 503 with retry-after.")

@@ -16,6 +16,7 @@ from engine.errors import SemanticError
 from .errors import ApiError, error_response, from_domain, internal_error
 from .json_guard import JsonGuardMiddleware
 from .middleware import ApiKeyMiddleware, BodyLimitMiddleware
+from .recorder import RecorderMiddleware, TraceWriter
 from .service import EngineService
 
 
@@ -34,6 +35,10 @@ def create_app(service: EngineService) -> FastAPI:
     app.add_middleware(JsonGuardMiddleware)
     app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key.get_secret_value() if settings.api_key else None)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    if settings.record_requests is not None:
+        # Outermost: it records every generation POST, refused ones too, with the status sent.
+        app.state.trace_writer = TraceWriter(settings.record_requests)
+        app.add_middleware(RecorderMiddleware, writer=app.state.trace_writer)
     return app
 
 

@@ -124,6 +124,9 @@ class EmbeddedServer:
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
         self._task = None
+        writer = getattr(getattr(self._config.app, "state", None), "trace_writer", None)
+        if writer is not None:  # the request recorder's last lines
+            await asyncio.to_thread(writer.close)
 
     def force_exit(self) -> None:
         """Stop waiting for in-flight requests (a second Ctrl+C)."""

@@ -73,8 +73,13 @@ def running_api(
         app = create_app(EngineService(config, engine))
         if configure is not None:
             configure(app)
-        with LiveServer(app) as server:
-            yield RealApi(engine, config, server, app)
+        try:
+            with LiveServer(app) as server:
+                yield RealApi(engine, config, server, app)
+        finally:
+            writer = getattr(app.state, "trace_writer", None)
+            if writer is not None:  # --record-requests: the last lines reach the file
+                writer.close()
     finally:
         # Zero grace: every test waited for its own responses already.
         engine.stop(0.0)

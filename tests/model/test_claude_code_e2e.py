@@ -8,11 +8,17 @@ cap, the repetition guard) must make each run finish in under 120 s on a
 2-core CPU, and the continued conversation must be served from the first
 run's KV cache (more than half of its prompt). Every request Claude Code
 sent is recorded and printed: it is the evidence of what a real client does
-against this server.
+against this server. The server's own recorder (``--record-requests``) keeps
+the same requests as a trace for ``bench/replay.py``; with
+``SEMANTIC_SAVE_TRACE=PATH`` the test copies it there (how
+``bench/traces/claude_code_bare.jsonl`` was made).
 """
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 from pathlib import Path
 from typing import Iterator
 
@@ -36,12 +42,18 @@ def exchanges() -> list[Exchange]:
 
 
 @pytest.fixture(scope="module")
+def trace_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("claude-trace") / "trace.jsonl"
+
+
+@pytest.fixture(scope="module")
 def api(smollm2, smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory,
-        exchanges: list[Exchange]) -> Iterator[RealApi]:
+        exchanges: list[Exchange], trace_path: Path) -> Iterator[RealApi]:
     def record(app: FastAPI) -> None:
         app.add_middleware(RequestLog, exchanges=exchanges)
 
-    with running_api(smollm2, tmp_path_factory.mktemp("claude-cache"), smollm2_path, configure=record) as running:
+    with running_api(smollm2, tmp_path_factory.mktemp("claude-cache"), smollm2_path, configure=record,
+                     record_requests=trace_path) as running:
         yield running
 
 
@@ -110,3 +122,25 @@ def test_claude_code_print_then_continue_reuses_the_cache(
     # The snapshot is republished a few times a second: wait for the one after the last finish.
     agent = wait_for(lambda: claude_code_agent_with_turns(api, 2), 30, "a Claude Code agent with two turns")
     assert after[0].session in agent["agent_id"] and agent["reuse_ratio"] > 0
+
+
+def test_the_recorder_kept_what_claude_code_sent(
+    claude: ClaudeCode, api: RealApi, exchanges: list[Exchange], trace_path: Path,
+) -> None:
+    """Runs after the print/continue test in this module: the trace holds its requests, secrets left out."""
+    if not main_turns(exchanges):
+        claude.print_mode("Name one colour.")
+    sent = [e for e in exchanges if e.method == "POST" and e.path.startswith("/v1/messages")
+            and not e.path.endswith("count_tokens")]
+    lines = wait_for(lambda: _trace_lines(trace_path, len(sent)), 10, "every request in the trace")
+    assert [(line["path"].split("?")[0], line["body"]) for line in lines] == [(e.path, e.json()) for e in sent]
+    assert all("x-api-key" not in line["headers"] and "authorization" not in line["headers"] for line in lines)
+    assert all(line["status"] == e.status for line, e in zip(lines, sent))
+    if os.environ.get("SEMANTIC_SAVE_TRACE"):
+        shutil.copyfile(trace_path, os.environ["SEMANTIC_SAVE_TRACE"])
+
+
+def _trace_lines(path: Path, count: int) -> list[dict] | None:
+    lines = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    # The recorder writes a line when the response has ended; the trace's order is when each was sent.
+    return sorted(lines, key=lambda line: line["t"]) if len(lines) >= count else None
