@@ -76,6 +76,8 @@ class AgentOut(BaseModel):
     last_finish: str | None = Field(None, description="How the last turn ended: stop, stop_sequence, length, "
                                     "repetition (a runaway loop cut short), capacity, cancelled, error")
     last_finish_note: str | None = Field(None, description="Why, when the server ended it (a loop, the output cap)")
+    retained_s: float = Field(0.0, description="Seconds left of a client's cache_control retention (Anthropic "
+                              "breakpoints): the cache is evicted only after every unmarked agent's")
     messages: int = Field(description="Messages in the stored conversation (0 for agents of other APIs).")
     has_conversation: bool
 

@@ -83,7 +83,7 @@ async def create_message(body: MessagesRequest, request: Request) -> Response:
     except (ApiError, SemanticError):
         record(None, "rejected")
         raise
-    head = MessageHead(f"msg_{secrets.token_hex(12)}", body.model, len(prepared.prompt_tokens))
+    head = MessageHead(f"msg_{secrets.token_hex(12)}", body.model, len(prepared.prompt_tokens), prepared.retain_tokens)
     if body.stream:
         return await _streamed(service, turn, assembler, head, record)
     return await _complete(request, turn, assembler, head, record)

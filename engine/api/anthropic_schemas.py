@@ -19,31 +19,42 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
 
+class CacheControl(_Request):
+    """A prompt-caching breakpoint: keep what precedes it for ``ttl`` (engine/api/retention.py)."""
+
+    type: Literal["ephemeral"]
+    ttl: Literal["5m", "1h"] = "5m"
+
+
+class _Cacheable(_Request):
+    cache_control: CacheControl | None = None
+
+
 # -- content blocks ------------------------------------------------------------------------
-class TextBlock(_Request):
+class TextBlock(_Cacheable):
     type: Literal["text"]
     text: str
 
 
-class ImageBlock(_Request):
+class ImageBlock(_Cacheable):
     type: Literal["image"]
     source: dict[str, Any] = Field(default_factory=dict, description="base64 or url source; never read by this server")
 
 
-class DocumentBlock(_Request):
+class DocumentBlock(_Cacheable):
     type: Literal["document"]
     source: dict[str, Any] = Field(default_factory=dict, description="plain-text sources are read, others are omitted")
     title: str | None = None
 
 
-class ToolUseBlock(_Request):
+class ToolUseBlock(_Cacheable):
     type: Literal["tool_use"]
     id: str
     name: str
     input: dict[str, Any] = Field(default_factory=dict)
 
 
-class ToolResultBlock(_Request):
+class ToolResultBlock(_Cacheable):
     type: Literal["tool_result"]
     tool_use_id: str
     content: Content | None = None
@@ -119,7 +130,7 @@ class InputMessage(_Request):
     content: Content
 
 
-class Tool(_Request):
+class Tool(_Cacheable):
     name: str = Field(min_length=1)
     description: str | None = None
     # Server tools (web search and friends) come without a schema.
@@ -151,13 +162,15 @@ class CountTokensRequest(_Request):
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     thinking: dict[str, Any] | None = Field(None, description="Accepted and ignored")
+    cache_control: CacheControl | None = Field(
+        None, description="Automatic caching: a breakpoint at the last cacheable block")
 
 
 class MessagesRequest(CountTokensRequest):
     max_tokens: int = Field(ge=1, description="Clamped to what the context leaves")
     stream: bool = False
     stop_sequences: list[str] | None = None
-    temperature: float | None = Field(None, ge=0, le=1, description="Absent means 0 (greedy), unlike Anthropic's 1.0")
+    temperature: float | None = Field(None, ge=0, le=1, description="Absent: the model's own default (generation_config.json)")
     top_p: float | None = Field(None, ge=0, le=1)
     top_k: int | None = Field(None, ge=0)
     metadata: Metadata | None = None

@@ -31,6 +31,7 @@ from .chat import ToolCall
 from .admission import failed
 from .admission import finish_error as failure_of
 from .errors import ApiError, internal_error, stream_error_payload
+from .retention import usage_split
 from .tool_calls import Piece, TextPiece, ToolPiece
 from .turns import OutputAssembler, ended_by
 
@@ -117,17 +118,21 @@ class MessageHead:
     id: str
     model: str
     prompt_tokens: int
+    # Prompt tokens before the request's last cache_control breakpoint (retention.py); 0: none.
+    retain_tokens: int = 0
 
 
-def usage_body(prompt_tokens: int, reused: int, generated: int) -> Payload:
-    """Anthropic's split: input_tokens (prefilled) + cache reads (+ 0 cache writes) == the prompt."""
-    return {"input_tokens": prompt_tokens - reused, "cache_creation_input_tokens": 0,
-            "cache_read_input_tokens": reused, "output_tokens": generated}
+def usage_body(prompt_tokens: int, reused: int, generated: int, retain_tokens: int = 0) -> Payload:
+    """Anthropic's split: input_tokens + cache_creation_input_tokens + cache_read_input_tokens == the
+    prompt; creation is what was prefilled before the last cache_control breakpoint (retention.py)."""
+    fresh, created, read = usage_split(prompt_tokens, reused, retain_tokens)
+    return {"input_tokens": fresh, "cache_creation_input_tokens": created,
+            "cache_read_input_tokens": read, "output_tokens": generated}
 
 
-def final_usage(finish: FinishEvent) -> Payload:
+def final_usage(finish: FinishEvent, head: MessageHead) -> Payload:
     usage = finish.usage
-    return usage_body(usage.prompt_tokens, usage.reused_tokens, usage.generated_tokens)
+    return usage_body(usage.prompt_tokens, usage.reused_tokens, usage.generated_tokens, head.retain_tokens)
 
 
 def stop_of(finish: FinishEvent, made_tool_calls: bool) -> tuple[str, str | None]:
@@ -143,12 +148,12 @@ def finish_error(finish: FinishEvent) -> ApiError | None:
 def message_body(head: MessageHead, content: list[Payload], finish: FinishEvent, made_tool_calls: bool) -> Payload:
     stop_reason, stop_sequence = stop_of(finish, made_tool_calls)
     return {"id": head.id, "type": "message", "role": "assistant", "model": head.model, "content": content,
-            "stop_reason": stop_reason, "stop_sequence": stop_sequence, "usage": final_usage(finish)}
+            "stop_reason": stop_reason, "stop_sequence": stop_sequence, "usage": final_usage(finish, head)}
 
 
 def message_start(head: MessageHead, reused: int) -> Payload:
     message = {"id": head.id, "type": "message", "role": "assistant", "model": head.model, "content": [],
-               "stop_reason": None, "stop_sequence": None, "usage": usage_body(head.prompt_tokens, reused, 0)}
+               "stop_reason": None, "stop_sequence": None, "usage": usage_body(head.prompt_tokens, reused, 0, head.retain_tokens)}
     return {"type": "message_start", "message": message}
 
 
@@ -240,7 +245,7 @@ class MessageStream:
         out += self.blocks.add(self.assembler.finish()) + self.blocks.close()
         stop_reason, stop_sequence = stop_of(finish, bool(self.assembler.calls))
         out.append({"type": "message_delta", "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
-                    "usage": final_usage(finish)})
+                    "usage": final_usage(finish, self.head)})
         out.append({"type": "message_stop"})
         return out
 

@@ -41,6 +41,7 @@ from .anthropic_schemas import (
 )
 from .chat import ChatMessage, Conversation, ToolCall, ToolSpec
 from .identity import anthropic_identity
+from .retention import retention_of
 from .turns import GREEDY, SamplingAsked, TurnSpec
 
 log = logging.getLogger("semantic.api.anthropic")
@@ -172,4 +173,5 @@ def turn_spec(body: MessagesRequest, headers: Mapping[str, str]) -> TurnSpec:
         sampling=sampling_of(body),
         stop=tuple(s for s in body.stop_sequences or [] if s),
         model=body.model,
+        retention=retention_of(body),
     )

@@ -16,6 +16,7 @@ from .async_turn import AsyncTurn
 from .chat import Conversation, ToolCall
 from .identity import AgentIdentity
 from .rendering import PromptRenderer
+from .retention import Retention, retained_tokens
 from .service import EngineService
 from .tool_calls import BadToolPiece, Piece, TextPiece, ToolCallStream, ToolPiece, tool_format_for
 
@@ -53,6 +54,8 @@ class TurnSpec:
     stop: tuple[str, ...] = ()
     # The request's model field: only consulted when allow_model_swap_by_request is on.
     model: str | None = None
+    # Anthropic cache_control breakpoints (retention.py).
+    retention: Retention | None = None
 
 
 def renderer_for(service: EngineService) -> PromptRenderer:
@@ -127,6 +130,8 @@ async def prepare(service: EngineService, spec: TurnSpec) -> GenerationRequest:
         sampling=spec.sampling.resolve(service.engine.sampling_defaults),
         prefix_hint=hint,
         head_tokens=head,
+        retain_s=spec.retention.ttl_s if spec.retention else 0.0,
+        retain_tokens=retained_tokens(spec.retention, len(tokens), head),
         stop_strings=spec.stop,
         source=spec.identity.source,
         display_name=spec.identity.display_name,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import time
 from typing import Iterator
 
 from .agents import AgentRecord, Tier
@@ -45,7 +46,8 @@ class AgentTable:
         record.touch(next(self._tick))
 
     def eviction_order(self, protect: set[str], auxiliary_only: bool = False) -> list[AgentRecord]:
-        """Hot, idle, unpinned agents, least recently used first (auxiliary agents before others)."""
+        """Hot, idle, unpinned agents, least recently used first: auxiliary agents, then agents
+        without a live cache_control retention, then retained ones (a last resort, not a pin)."""
         candidates = [
             a
             for a in self._agents.values()
@@ -55,4 +57,5 @@ class AgentTable:
             and a.agent_id not in protect
             and (a.auxiliary or not auxiliary_only)
         ]
-        return sorted(candidates, key=lambda a: (not a.auxiliary, a.lru_tick))
+        now = time.monotonic()
+        return sorted(candidates, key=lambda a: (not a.auxiliary, a.retained_until > now, a.lru_tick))

@@ -65,12 +65,23 @@ class AgentRecord:
     # Cached token count while warm/cold (the hot count is len(tokens)).
     stored_tokens: int = 0
     stored_bytes: int = 0
+    # Until when (time.monotonic) a client's cache_control breakpoint asks to keep this cache;
+    # eviction passes over the agent while any unmarked agent can go instead.
+    retained_until: float = 0.0
     # How the last turns met the cache (runtime/forensics.py), oldest first.
     history: "deque[TurnForensics]" = field(default_factory=lambda: deque(maxlen=HISTORY_KEPT))
 
     @property
     def is_busy(self) -> bool:
         return self.active_requests > 0
+
+    def retained_for(self, now: float) -> float:
+        """Seconds of client-asked retention left (0: none)."""
+        return max(0.0, self.retained_until - now)
+
+    def retain(self, seconds: float, now: float) -> None:
+        if seconds > 0:
+            self.retained_until = max(self.retained_until, now + seconds)
 
     @property
     def cached_tokens(self) -> int:

@@ -72,6 +72,11 @@ class GenerationRequest:
     # How many leading prompt tokens are the rendered system prompt and tools (0: unknown); cache
     # forensics use it to say whether a divergence lies there or in the messages.
     head_tokens: int = 0
+    # The client's cache_control breakpoints (Anthropic): keep this agent's cache for ``retain_s``
+    # seconds in preference to unmarked agents when the pool needs room. ``retain_tokens``: how many
+    # leading prompt tokens lie before the last breakpoint (the usage's cache-creation split).
+    retain_s: float = 0.0
+    retain_tokens: int = 0
     request_id: str = field(default_factory=next_request_id)
 
     def __post_init__(self) -> None:

@@ -40,6 +40,8 @@ class AgentView:
     last_finish_note: str | None = None
     # How the last turns met the cache, oldest first (forensics.TurnForensics).
     history: tuple[TurnForensics, ...] = ()
+    # Seconds left of a client's cache_control retention (0: none).
+    retained_s: float = 0.0
 
     @property
     def label(self) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 from .accounting import held_bytes
@@ -51,6 +52,7 @@ def _agent_view(agent: AgentRecord, engine: "Engine") -> AgentView:
         last_finish=agent.last_finish,
         last_finish_note=agent.last_finish_note,
         history=tuple(agent.history),
+        retained_s=agent.retained_for(time.monotonic()),
     )
 
 

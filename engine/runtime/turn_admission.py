@@ -53,6 +53,7 @@ class Admitter:
         if agent.turns == 0 and agent.tier in (Tier.EMPTY, Tier.COLD):
             agent.auxiliary = request.auxiliary
         self.agents.touch(agent)
+        agent.retain(request.retain_s, time.monotonic())
         if turn.arrival is None:
             other_model = agent.model_id is not None and agent.model_id != self.loaded.identity.key
             turn.arrival = (agent.tier.value, other_model and agent.tier in (Tier.EMPTY, Tier.COLD))

@@ -20,6 +20,7 @@ from ..formatting import human_bytes
 GLOBAL_GLYPH = "█"
 SLIDING_GLYPH = "▒"
 SHARED_GLYPH = "▓"  # a block several agents hold (a shared prefix), in its first holder's colour
+KEPT_GLYPH = "▣"  # a block of an agent a client's cache_control breakpoint asked to keep
 FREE_GLYPH = "·"
 BAR_FILL, BAR_EMPTY = "█", "░"
 MIN_BAR = 10  # below this the bar says little; drop the label, then the byte sizes
@@ -32,6 +33,8 @@ class PoolView:
     pool: PoolSnapshot
     sliding_groups: frozenset[int]
     labels: tuple[tuple[str, str], ...]
+    # Agents under a live cache_control retention: evicted only after every unmarked agent.
+    kept: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +50,7 @@ class Cell(NamedTuple):
     owner: str | None
     sliding: bool
     shared: bool = False
+    kept: bool = False
 
 
 def sliding_groups_of(snapshot: EngineSnapshot) -> frozenset[int]:
@@ -81,10 +85,10 @@ def aggregate_cells(view: PoolView, per: int) -> list[Cell]:
     to an agent so a lightly used region never looks empty, then to the first seen.
     The cell is sliding when most of that holder's blocks in the chunk are.
     """
-    owners, groups, sliding = view.pool.block_owner, view.pool.block_group, view.sliding_groups
+    owners, groups, sliding, kept = view.pool.block_owner, view.pool.block_group, view.sliding_groups, view.kept
     holders = view.pool.block_holders or (1,) * len(owners)
     if per == 1:
-        return [Cell(o, o is not None and g in sliding, h > 1) for o, g, h in zip(owners, groups, holders)]
+        return [Cell(o, o is not None and g in sliding, h > 1, o in kept) for o, g, h in zip(owners, groups, holders)]
     # Counting the few global groups with tuple.count keeps the per-block work in C.
     global_groups = tuple(set(range(view.pool.n_groups)) - sliding)
     cells = []
@@ -99,7 +103,7 @@ def aggregate_cells(view: PoolView, per: int) -> list[Cell]:
         held = chunk_groups if uniform else tuple(g for o, g in zip(chunk, chunk_groups) if o == owner)
         n_global = sum(held.count(g) for g in global_groups)
         n_shared = sum(1 for h in holders[start : start + per] if h > 1)
-        cells.append(Cell(owner, (len(held) - n_global) * 2 > len(held), n_shared * 2 > len(chunk)))
+        cells.append(Cell(owner, (len(held) - n_global) * 2 > len(held), n_shared * 2 > len(chunk), owner in kept))
     return cells
 
 
@@ -132,6 +136,8 @@ def _cell_glyph(cell: Cell) -> tuple[str, str]:
         return FREE_GLYPH, FREE_STYLE
     if cell.shared:
         return SHARED_GLYPH, agent_color(cell.owner)
+    if cell.kept:
+        return KEPT_GLYPH, agent_color(cell.owner)
     return (SLIDING_GLYPH if cell.sliding else GLOBAL_GLYPH), agent_color(cell.owner)
 
 
@@ -166,17 +172,18 @@ def pressure_line(pool: PoolSnapshot, width: int) -> Text:
     return line
 
 
-def legend_line(hybrid: bool, per: int, width: int, shared: bool = False) -> Text:
+def legend_line(hybrid: bool, per: int, width: int, shared: bool = False, kept: bool = False) -> Text:
     """Glyph meanings and, when blocks are aggregated, the scale."""
     glyph_forms = [
-        [f"{GLOBAL_GLYPH} global", f"{SLIDING_GLYPH} sliding", f"{SHARED_GLYPH} shared", f"{FREE_GLYPH} free"],
-        [f"{GLOBAL_GLYPH} glb", f"{SLIDING_GLYPH} sld", f"{SHARED_GLYPH} shr", f"{FREE_GLYPH} free"],
-        [f"{GLOBAL_GLYPH}glb", f"{SLIDING_GLYPH}sld", f"{SHARED_GLYPH}shr", f"{FREE_GLYPH}free"],
+        [f"{GLOBAL_GLYPH} global", f"{SLIDING_GLYPH} sliding", f"{SHARED_GLYPH} shared", f"{KEPT_GLYPH} kept",
+         f"{FREE_GLYPH} free"],
+        [f"{GLOBAL_GLYPH} glb", f"{SLIDING_GLYPH} sld", f"{SHARED_GLYPH} shr", f"{KEPT_GLYPH} kpt", f"{FREE_GLYPH} free"],
+        [f"{GLOBAL_GLYPH}glb", f"{SLIDING_GLYPH}sld", f"{SHARED_GLYPH}shr", f"{KEPT_GLYPH}kpt", f"{FREE_GLYPH}free"],
     ]
     scale_forms = [f"1 cell = {per} blocks", f"1 cell={per} blocks", f"1 cell={per} blk"] if per > 1 else [""]
     candidates = []
     for glyphs, scale, sep in product(glyph_forms, scale_forms, ("  ", " ")):
-        shown = [g for g, keep in zip(glyphs, (True, hybrid, shared, True)) if keep]
+        shown = [g for g, keep in zip(glyphs, (True, hybrid, shared, kept, True)) if keep]
         candidates.append(sep.join([*shown, scale]).rstrip())
     return _style_glyphs(_first_fit(candidates, width))
 
@@ -186,7 +193,7 @@ def _style_glyphs(legend: str) -> Text:
     for i, char in enumerate(legend):
         if char == FREE_GLYPH:
             text.stylize(FREE_STYLE, i, i + 1)
-        elif char in (GLOBAL_GLYPH, SLIDING_GLYPH, SHARED_GLYPH):
+        elif char in (GLOBAL_GLYPH, SLIDING_GLYPH, SHARED_GLYPH, KEPT_GLYPH):
             text.stylize("not dim", i, i + 1)
     return text
 
@@ -217,7 +224,9 @@ def render_pool(view: PoolView, width: int, height: int) -> Text:
     layout = plan_grid(pool.total_blocks, width, height - len(header) - legend_rows)
     lines = [*header, *grid_lines(aggregate_cells(view, layout.blocks_per_cell), layout)]
     if legend_rows:
-        lines.append(legend_line(bool(view.sliding_groups), layout.blocks_per_cell, width, view.pool.shared_blocks > 0))
+        kept = any(owner in view.kept for owner in view.pool.owner_blocks)
+        lines.append(legend_line(bool(view.sliding_groups), layout.blocks_per_cell, width,
+                                 view.pool.shared_blocks > 0, kept))
     if len(lines) < height and pool.owner_blocks:
         lines.append(owners_line(view, width))
     return Text("\n").join(lines[:height])
@@ -246,7 +255,8 @@ class PoolMap(Widget):
         if snapshot.pool is not None:
             owners = snapshot.pool.owner_blocks
             labels = tuple(sorted((a.agent_id, a.label) for a in snapshot.agents if a.agent_id in owners))
-            view = PoolView(snapshot.pool, sliding_groups_of(snapshot), labels)
+            kept = frozenset(a.agent_id for a in snapshot.agents if a.retained_s > 0 and a.agent_id in owners)
+            view = PoolView(snapshot.pool, sliding_groups_of(snapshot), labels, kept)
         if view == self._view and snapshot.status == self._status:
             return
         self._view, self._status = view, snapshot.status

@@ -76,6 +76,7 @@ class FakeAgent:
     created_at: float = field(default_factory=time.time)
     last_used: float = field(default_factory=time.time)
     history: list[TurnForensics] = field(default_factory=list)
+    retained_until: float = 0.0
 
 
 class ScriptedEngine:
@@ -233,6 +234,8 @@ class ScriptedEngine:
             agent = FakeAgent(request.agent_id, request.source.value, request.display_name)
             self.agents[request.agent_id] = agent
         agent.state, agent.last_used = "decoding", time.time()
+        if request.retain_s > 0:
+            agent.retained_until = max(agent.retained_until, time.monotonic() + request.retain_s)
         return agent
 
     def _reuse(self, agent: FakeAgent, request: GenerationRequest) -> int:
@@ -306,4 +309,5 @@ class ScriptedEngine:
             len(a.tokens), blocks, blocks * self.pool.block_bytes, a.turns,
             a.reused_total / a.prompt_total if a.prompt_total else 0.0, a.last_ttft_s, a.last_tok_s, 0, 0,
             a.last_used, a.created_at, history=tuple(a.history),
+            retained_s=max(0.0, a.retained_until - time.monotonic()),
         )
