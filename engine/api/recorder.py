@@ -1,6 +1,6 @@
 """Recording what clients send (``--record-requests PATH``), for ``bench/replay.py``.
 
-Every POST to a generation endpoint is appended to a JSONL file as one line:
+Every POST to a chat endpoint (Anthropic Messages, OpenAI chat completions) is appended to a JSONL file as one line:
 ``t`` (seconds since the recorder started), ``duration_s`` (until the
 response's last byte), ``status``, ``method``, ``path``, ``headers`` (secrets
 removed) and ``body`` (the JSON as sent). Replaying keeps each session's
@@ -28,7 +28,8 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-RECORDED_PATHS = ("/v1/messages", "/v1/chat/completions", "/v1/agents/")
+# The two chat protocols: what a client of another server would send too, so a trace replays anywhere.
+RECORDED_PATHS = ("/v1/messages", "/v1/chat/completions")
 SECRET_HEADERS = frozenset({"x-api-key", "authorization", "cookie", "proxy-authorization"})
 _STOP = object()
 
