@@ -70,6 +70,19 @@ def test_concurrent_greedy_equals_single_stream_mlx_lm(engine, n_agents: int) ->
         assert result.tokens == without_eos(loaded, expected), loaded.tokenizer.decode(result.tokens)
 
 
+def test_equal_length_prompts_prefilled_in_one_pass_equal_single_stream(engine) -> None:
+    """Eight prompts cut to one length are prefilled together (one forward pass per chunk, each row at
+    its own cache); every agent's greedy tokens still equal single-stream mlx_lm on its own prompt."""
+    loaded = engine.loaded
+    prompts = prompts_for(loaded, 8)
+    length = min(len(p) for p in prompts)
+    prompts = [p[:length] for p in prompts]
+    results = run_turns(engine, [GenerationRequest(f"together-{i}", p, MAX_TOKENS) for i, p in enumerate(prompts)])
+    for result, prompt in zip(results, prompts):
+        expected = reference_greedy(loaded.model, list(prompt), MAX_TOKENS, set(loaded.eos_token_ids))
+        assert result.tokens == without_eos(loaded, expected), loaded.tokenizer.decode(result.tokens)
+
+
 def test_second_turn_reuses_cache_and_equals_fresh_prefill(engine) -> None:
     loaded = engine.loaded
     if loaded.architecture == "llama":

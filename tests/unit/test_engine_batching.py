@@ -139,3 +139,33 @@ def test_unusual_sampling_values_never_break_the_batch(sampling: SamplingParams)
         assert all(r.finish.error is None and r.finish.usage.generated_tokens >= 1 for r in results)
     finally:
         engine.stop()
+
+
+@pytest.mark.parametrize("kind", ["llama", "gemma"])
+def test_equal_length_prompts_are_prefilled_together_and_match_single_stream(
+    kind: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Four 70-token prompts: their 32-token chunks (and the 6-token tails) go through the model
+    as one batch per step, each row writing its own cache; greedy output equals single-stream."""
+    from engine.runtime.batch.generator import SequenceBatch
+
+    groups: list[tuple[int, int]] = []
+    real = SequenceBatch._prefill_group
+
+    def recording(self, group, n, out):
+        groups.append((len(group), n))
+        return real(self, group, n, out)
+
+    monkeypatch.setattr(SequenceBatch, "_prefill_group", recording)
+    engine = make_engine(kind, prefill_step=128)
+    model = engine.loaded.model
+    try:
+        prompts = [(BOS, *(f"agent {i} asks about topic {i * 7}. " * 6).encode()[:69]) for i in range(4)]
+        assert len({len(p) for p in prompts}) == 1
+        results = run_turns(engine, [GenerationRequest(f"together-{i}", p, 12) for i, p in enumerate(prompts)])
+    finally:
+        engine.stop()
+    assert any(size > 1 for size, _ in groups), groups
+    assert all(size * n <= 128 for size, n in groups)
+    for result, prompt in zip(results, prompts):
+        assert result.tokens == without_eos(reference_greedy(model, list(prompt), 12, {EOS}))

@@ -114,32 +114,64 @@ class SequenceBatch:
         return out
 
     def _prefill(self, out: StepOutput) -> None:
-        budget = self.prefill_step_size
-        for sequence in [s for s in self.sequences.values() if s.phase is Phase.PREFILL]:
-            if budget <= 0:
-                return
-            budget -= self._prefill_chunk(sequence, budget, out)
+        """Feed up to ``prefill_step_size`` prompt tokens this step.
 
-    def _prefill_chunk(self, sequence: Sequence, budget: int, out: StepOutput) -> int:
+        Sequences whose next chunks have the same length go through the model together
+        (one pass reads the weights once: on a memory-bound device, several short prompts
+        cost about what one does); each still writes only its own cache (ragged hook).
+        """
+        budget = self.prefill_step_size
+        waiting = [s for s in self.sequences.values() if s.phase is Phase.PREFILL]
+        while waiting and budget > 0:
+            first = waiting.pop(0)
+            n = self._chunk_size(first, budget)
+            group = [first]
+            if self.ragged:
+                for sequence in list(waiting):
+                    if n * (len(group) + 1) > budget:
+                        break
+                    if self._chunk_size(sequence, n) == n:
+                        group.append(sequence)
+                        waiting.remove(sequence)
+            group = [s for s in group if self._has_prefill_room(s, n, out)]
+            if group:
+                self._prefill_group(group, n, out)
+                budget -= n * len(group)
+
+    @staticmethod
+    def _chunk_size(sequence: Sequence, budget: int) -> int:
+        """The next chunk: within the budget, and ending at the next checkpoint position if one comes first."""
         n = min(budget, sequence.prefill_left)
         offset = sequence.kv.offset
-        n = min([n] + [p - offset for p in sequence.checkpoint_at if offset < p < offset + n])
-        if not self.room(sequence, offset + n):
-            self._out_of_room(sequence, out)
-            return 0
-        chunk = sequence.prompt[sequence.prompt_fed:sequence.prompt_fed + n]
-        self.model(mx.array([chunk]), cache=sequence.kv.caches())
-        mx.eval([a for layer in sequence.kv.layers for a in (layer.keys, layer.values)])
-        sequence.prompt_fed += n
-        sequence.fed.extend(chunk)
-        at_checkpoint = sequence.kv.offset in sequence.checkpoint_at
-        if at_checkpoint:
-            sequence.kv.take_checkpoint(CheckpointKind.PREFIX, self.keep_prefix_checkpoints)
-            self.checkpointed(sequence)
-        out.prefill.append(PrefillProgress(sequence.uid, sequence.prompt_fed, sequence.prefill_total, at_checkpoint))
-        if sequence.prefill_left == 0:
-            self._to_decode(sequence)
-        return n
+        return min([n] + [p - offset for p in sequence.checkpoint_at if offset < p < offset + n])
+
+    def _has_prefill_room(self, sequence: Sequence, n: int, out: StepOutput) -> bool:
+        if self.room(sequence, sequence.kv.offset + n):
+            return True
+        self._out_of_room(sequence, out)
+        return False
+
+    def _prefill_group(self, group: list[Sequence], n: int, out: StepOutput) -> None:
+        chunks = [s.prompt[s.prompt_fed:s.prompt_fed + n] for s in group]
+        if len(group) == 1:
+            self.model(mx.array(chunks), cache=group[0].kv.caches())
+        else:
+            n_layers = len(group[0].kv.layers)
+            caches = [ragged.RaggedLayerCache([s.kv.layers[i] for s in group]) for i in range(n_layers)]
+            self.model(mx.array(chunks), cache=caches)
+        # Only the caches are evaluated: the logits of a prefill chunk are never computed.
+        mx.eval([a for s in group for layer in s.kv.layers for a in (layer.keys, layer.values)])
+        for sequence, chunk in zip(group, chunks):
+            sequence.prompt_fed += n
+            sequence.fed.extend(chunk)
+            at_checkpoint = sequence.kv.offset in sequence.checkpoint_at
+            if at_checkpoint:
+                sequence.kv.take_checkpoint(CheckpointKind.PREFIX, self.keep_prefix_checkpoints)
+                self.checkpointed(sequence)
+            out.prefill.append(PrefillProgress(sequence.uid, sequence.prompt_fed, sequence.prefill_total,
+                                               at_checkpoint))
+            if sequence.prefill_left == 0:
+                self._to_decode(sequence)
 
     def _to_decode(self, sequence: Sequence) -> None:
         sequence.phase = Phase.DECODE

@@ -1,4 +1,7 @@
-"""Decoding many sequences in one forward pass, each attending to its own resident cache.
+"""Running many sequences in one forward pass, each attending to its own resident cache.
+
+Decode steps feed one token per sequence; prefill feeds equal-length prompt
+chunks of several sequences at once.
 
 The model's projections and MLP run on the whole batch; attention runs per
 sequence on that sequence's own layer cache, so a sequence joins or leaves
@@ -48,9 +51,8 @@ class RaggedLayerCache:
         self._fetched: list[tuple[mx.array, mx.array]] = []
 
     def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None) -> RowMasks:
-        if n != 1:
-            raise ValueError("a ragged batch decodes one token per sequence")
-        return RowMasks(tuple(row.make_mask(1, return_array=return_array, window_size=window_size) for row in self.rows))
+        # n > 1: prompt chunks of one length, each row at its own offset (batched prefill).
+        return RowMasks(tuple(row.make_mask(n, return_array=return_array, window_size=window_size) for row in self.rows))
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         self._fetched = [row.update_and_fetch(keys[b:b + 1], values[b:b + 1]) for b, row in enumerate(self.rows)]
