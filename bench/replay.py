@@ -106,7 +106,7 @@ async def send(client: httpx.AsyncClient, request: Recorded, session: str, turn:
                     if line.startswith("data: ") and line != "data: [DONE]":
                         reading.event(json.loads(line[6:]), protocol)
             else:
-                reading.whole(json.loads(await response.aread()), protocol)
+                reading.whole(json.loads(await response.aread()))
     except (httpx.HTTPError, ValueError) as exc:
         reading.error = f"{type(exc).__name__}: {exc}"
     done = time.perf_counter()
@@ -140,7 +140,7 @@ class _Reading:
             if delta.get("content") or delta.get("tool_calls"):
                 self.first_at = self.first_at or time.perf_counter()
 
-    def whole(self, answer: dict[str, Any], protocol: str) -> None:
+    def whole(self, answer: dict[str, Any]) -> None:
         self.first_at = time.perf_counter()
         self.usage = answer.get("usage")
 
