@@ -38,6 +38,7 @@ from .anthropic_stream import (
 )
 from .anthropic_translate import conversation_of, turn_spec
 from .async_turn import AsyncTurn
+from .reply_model import reply_model
 from .errors import ApiError
 from .service import EngineService
 from .turns import OutputAssembler, cap_headers, prepare, render_tokens, text_of
@@ -83,7 +84,8 @@ async def create_message(body: MessagesRequest, request: Request) -> Response:
     except (ApiError, SemanticError):
         record(None, "rejected")
         raise
-    head = MessageHead(f"msg_{secrets.token_hex(12)}", body.model, len(prepared.prompt_tokens), prepared.retain_tokens)
+    model = reply_model(body.model, request.headers)
+    head = MessageHead(f"msg_{secrets.token_hex(12)}", model, len(prepared.prompt_tokens), prepared.retain_tokens)
     if body.stream:
         return await _streamed(service, turn, assembler, head, record)
     return await _complete(request, turn, assembler, head, record)

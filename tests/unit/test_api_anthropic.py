@@ -44,6 +44,24 @@ def requests_counted(app, outcome: str) -> float:
         "semantic_requests_total", {"protocol": "anthropic", "outcome": outcome}) or 0.0
 
 
+# -- the model a reply names ------------------------------------------------------------------------
+@pytest.mark.parametrize("stream", [False, True])
+async def test_reply_names_the_1m_variant_when_the_client_asked_for_the_1m_beta(make, stream: bool):
+    """Claude Code restores a continued session's model from its replies; a plain name would switch
+    it to the 200K variant, whose system prompt differs (reply_model.py)."""
+    app, _ = make(ScriptedEngine(script=lambda r: "Hi!"))
+    betas = {"anthropic-beta": "claude-code-20250219,context-1m-2025-08-07,effort-2025-11-24"}
+    asked = await post(app, body(stream=stream), headers=betas)
+    plain = await post(app, body(stream=stream))
+    already = await post(app, body(stream=stream, model="claude-opus-5-5[1m]"), headers=betas)
+
+    def named(response) -> str:
+        return sse_events(response.text)[0][1]["message"]["model"] if stream else response.json()["model"]
+
+    assert (named(asked), named(plain), named(already)) == (
+        "claude-opus-5-5[1m]", "claude-opus-5-5", "claude-opus-5-5[1m]")
+
+
 # -- plain text ------------------------------------------------------------------------------------
 async def test_non_streaming_message(make):
     app, engine = make(ScriptedEngine(script=lambda r: "Hi there!"))

@@ -74,7 +74,8 @@ def test_rerendered_replies_resume_from_the_prompt_end_and_match_a_fresh_prefill
             assert result.tokens == without_eos(reference_greedy(engine.loaded.model, list(prompt), 14, {EOS}))
             usage = result.finish.usage
             if turn:
-                assert usage.reused_tokens >= previous_prompt_len, (turn, usage)
+                # The checkpoint lies one token before the previous prompt's end (see the next test).
+                assert usage.reused_tokens >= previous_prompt_len - 1, (turn, usage)
                 from_checkpoint += "checkpoint" in (usage.reuse_note or "")
             held, counted = accounts(engine)
             assert held == counted
@@ -82,6 +83,25 @@ def test_rerendered_replies_resume_from_the_prompt_end_and_match_a_fresh_prefill
             kept = result.tokens[: turn % 3]  # 0, 1 or 2 reply tokens survive the re-rendering
             prompt = prompt + tuple(kept) + tuple(f"[reply {turn} re-rendered] User: and then? ".encode())
         assert from_checkpoint >= 10
+    finally:
+        engine.stop()
+
+
+def test_a_prompt_sent_again_resumes_one_token_short_of_its_end() -> None:
+    """A client's retry sends the same prompt again after the reply has pushed the window past it:
+    the window layers go back to the prompt-end checkpoint, which lies before the last prompt token
+    (whose logits the retry needs), and the retry computes that one token only."""
+    engine = make_engine("gemma")  # window 24: a 30-token reply leaves the prompt behind the ring
+    try:
+        prompt = (BOS, *b"A conversation between a user and an assistant about the weather today. ")
+        first = run_turn(engine, GenerationRequest("retry", prompt, 30))
+        again = run_turn(engine, GenerationRequest("retry", prompt, 30))
+        usage = again.finish.usage
+        assert usage.reuse_source == "self" and usage.reused_tokens == len(prompt) - 1, usage
+        assert again.tokens == first.tokens == without_eos(
+            reference_greedy(engine.loaded.model, list(prompt), 30, {EOS}))
+        held, counted = accounts(engine)
+        assert held == counted
     finally:
         engine.stop()
 

@@ -185,6 +185,7 @@ class SequenceBatch:
         rows = [s for s in carried + joining if self._has_room(s, out)][: self.max_batch_size]
         if not rows:
             return None
+        self._checkpoint_prompt_ends(rows)
         inputs = self._inputs(rows, previous)
         for s in rows:
             if s.next_input is not None:
@@ -193,7 +194,6 @@ class SequenceBatch:
         logits = self._forward(rows, inputs)
         sampled = _sample(logits, rows)
         mx.async_eval(sampled)
-        self._checkpoint_prompt_ends(rows)
         return _Launched(rows, sampled)
 
     def _has_room(self, sequence: Sequence, out: StepOutput) -> bool:
@@ -233,7 +233,14 @@ class SequenceBatch:
         )
 
     def _checkpoint_prompt_ends(self, rows: list[Sequence]) -> None:
-        """Rows whose input was their prompt's last token now hold exactly the prompt: checkpoint it."""
+        """Rows about to feed their prompt's last token hold the prompt but that token: checkpoint there.
+
+        One position short of the prompt end serves both ways a later prompt
+        can come back: one that diverges after this prompt (inside the reply)
+        resumes here and recomputes one token more; the same prompt re-sent (a
+        client's retry) needs the logits of its last token, so it can resume only
+        from before it, and a checkpoint at the very end would be of no use to it.
+        """
         for s in rows:
             if s.at_prompt_end:
                 s.at_prompt_end = False

@@ -31,7 +31,8 @@ class Sequence:
     sampler: RowSampler | None = None  # None: greedy
     stop_tokens: frozenset[int] = frozenset()
     # Absolute positions at which to checkpoint the window layers while prefilling
-    # (prefix boundaries other agents may share), and whether to keep one at the prompt end.
+    # (prefix boundaries other agents may share), and whether to keep one at the prompt end
+    # (before its last token, the first decode input).
     checkpoint_at: tuple[int, ...] = ()
     checkpoint_prompt_end: bool = True
     phase: Phase = Phase.PREFILL

@@ -1,13 +1,20 @@
-# PENDING, not collected by pytest (no test_ prefix): it fails today. Found on 2026-11-26: on Gemma 3
-# a re-sent identical full-size prompt and a --continue run re-prefill ~19.6K tokens; see the closing
-# note on issue 12. Rename to test_claude_code_full_real.py once they reuse their cache.
 """The real Claude Code CLI without ``--bare`` on Gemma 3 270M: full-size requests (~19.6K
 tokens of system prompt, 24 tools and reminders), as a user runs it.
 
 One session, two turns (``claude -p``, then ``--continue``), then a second session with a new
-session id. The first request pays the prefill of the whole prompt once per suite run (about
-90 s on a 2-core CPU, printed); the continued turn reads most of its prompt from its own cache,
-and the new session starts from the prefix the first one computed.
+session id. The first request pays the prefill of the whole prompt once per suite run; the
+continued turn reads its first turn's whole prompt from its own cache, and the new session starts
+from the shared prefix (system prompt and tools) the first one computed and stored.
+
+Measured on the 2-core CPU (2026-11-26): the first run 202.5 s (about 90 s of it the prefill of
+19,649 tokens, the rest Gemma's 547-token answer at that context); ``--continue`` 64.5 s,
+19,649 of 20,206 prompt tokens read from cache; the new session 69.6 s, 17,920 of 19,648 from
+the stored prefix.
+
+Before, the continued turn missed its cache: Claude Code restores a continued session's model from
+its replies, and a reply naming the plain model switched it off the 1M-context variant, whose system
+prompt differs a thousand tokens in (engine/api/reply_model.py). A retried prompt (the same prompt
+again) missed it on Gemma too, tested in test_warm_turns_real.py.
 """
 
 from __future__ import annotations
@@ -23,7 +30,8 @@ from tests.model.real_api import RealApi, running_api
 from tests.model.request_log import Exchange, RequestLog
 from tests.model.test_claude_code_e2e import main_turns, report
 
-RUN_LIMIT_S = 240.0  # the first run includes the one full prefill of the suite
+FIRST_RUN_LIMIT_S = 300.0  # the one full prefill of the suite, and a long answer at 19.6K tokens
+RUN_LIMIT_S = 120.0
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +65,7 @@ def test_full_size_claude_code_sessions_on_gemma3_reuse_their_cache_and_the_shar
     first = claude.print_mode("Name one colour.", bare=False)
     print("\n" + report(api, exchanges, first))
     assert first.returncode == 0 and first.stdout.strip(), report(api, exchanges, first)
-    assert first.seconds < RUN_LIMIT_S, report(api, exchanges, first)
+    assert first.seconds < FIRST_RUN_LIMIT_S, report(api, exchanges, first)
     opening = main_turns(exchanges)
     assert opening, report(api, exchanges, first)
     usage = opening[0].usage()
@@ -83,3 +91,4 @@ def test_full_size_claude_code_sessions_on_gemma3_reuse_their_cache_and_the_shar
     # Everything up to the user's own text is the shared prefix (system prompt, tools, reminders).
     assert usage["cache_read_input_tokens"] > 0.8 * prompt_of(usage), usage
     assert second.seconds < RUN_LIMIT_S and other.seconds < RUN_LIMIT_S
+
