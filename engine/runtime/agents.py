@@ -68,6 +68,9 @@ class AgentRecord:
     # Until when (time.monotonic) a client's cache_control breakpoint asks to keep this cache;
     # eviction passes over the agent while any unmarked agent can go instead.
     retained_until: float = 0.0
+    # Cached tokens at the end of each turn run since the agent was last loaded: where a fork or a
+    # rewind "at turn N" cuts (runtime/branching.py).
+    turn_ends: list[int] = field(default_factory=list)
     # How the last turns met the cache (runtime/forensics.py), oldest first.
     history: "deque[TurnForensics]" = field(default_factory=lambda: deque(maxlen=HISTORY_KEPT))
 

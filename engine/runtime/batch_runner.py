@@ -469,6 +469,7 @@ class BatchRunner:
                 agent.tier = Tier.COLD
             elif turn.on_own_cache and turn.sequence is not None:
                 agent.tokens = list(turn.request.prompt_tokens[:turn.reused]) + turn.sequence.fed
+                agent.turn_ends = [end for end in agent.turn_ends if end <= turn.reused] + [len(agent.tokens)]
                 self.hot.tidy(agent)
                 self.hot.publish(agent)
                 agent.model_id = self.loaded.identity.key

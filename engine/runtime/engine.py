@@ -27,6 +27,7 @@ from engine.models.sampling_defaults import read_sampling_defaults
 from .agent_table import AgentTable
 from .agents import AgentRecord, Tier
 from .batch_runner import BatchRunner, GeneratorFactory, RunnerLimits, sequence_batch_factory
+from .branching import Branch, Branching
 from .event_log import EventKind, EventLog
 from .hot_cache import HotCache
 from .kv import ragged
@@ -118,6 +119,7 @@ class Engine:
         # Prefixes are shared by reference where the model's attention can be hooked (kv/ragged.py).
         self.hot = HotCache(loaded.spec, self._pool, share_by_reference=ragged.install(loaded.model))
         self.tiers = TierManager(self.hot, self.agents, self.events, store)
+        self.branching = Branching(self.hot, self.agents, self.tiers, self.events)
         self.runner: BatchRunner | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -270,6 +272,15 @@ class Engine:
             self._store.forget_cold(agent_id)
         self.agents.remove(agent_id)
         self.events.emit(EventKind.INFO, f"{agent_id}: deleted", agent_id)
+
+    def fork_agent(self, source_id: str, new_id: str, turn: int | None = None,
+                   prompt: tuple[int, ...] | None = None, display_name: str | None = None) -> Branch:
+        """A new agent starting from ``source_id``'s cache (runtime/branching.py)."""
+        return self.branching.fork(source_id, new_id, turn, prompt, display_name)
+
+    def rewind_agent(self, agent_id: str, turn: int | None = None, prompt: tuple[int, ...] | None = None) -> Branch:
+        """Cut an agent's cache back to the end of an earlier turn (runtime/branching.py)."""
+        return self.branching.rewind(agent_id, turn, prompt)
 
     def _agent(self, agent_id: str) -> Any:
         from engine.errors import AgentNotFoundError
