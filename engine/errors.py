@@ -25,8 +25,8 @@ class PromptTooLongError(InvalidRequestError):
 
 
 class AgentNotFoundError(SemanticError):
-    def __init__(self, agent_id: str) -> None:
-        super().__init__(f"agent {agent_id!r} does not exist")
+    def __init__(self, agent_id: str, detail: str | None = None) -> None:
+        super().__init__(detail or f"agent {agent_id!r} does not exist")
         self.agent_id = agent_id
 
 
@@ -34,6 +34,24 @@ class AgentExistsError(SemanticError):
     def __init__(self, agent_id: str) -> None:
         super().__init__(f"agent {agent_id!r} already exists")
         self.agent_id = agent_id
+
+
+class AgentModelMismatchError(SemanticError):
+    """An agent's cache belongs to another model or cache layout than the target (a conflict, 409)."""
+
+    def __init__(self, agent_id: str, made_by: str, target: str) -> None:
+        super().__init__(f"agent {agent_id!r} was cached by {made_by}, but the target is {target}; "
+                         "a cache only resumes under the model and cache layout that made it")
+        self.agent_id = agent_id
+        self.made_by = made_by
+        self.target = target
+
+
+class InvalidAgentFileError(InvalidRequestError):
+    """A file offered for import is not a whole, untampered agent export."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, field="file")
 
 
 class PoolExhaustedError(SemanticError):

@@ -29,6 +29,7 @@ from .messages import EngineStopped, LoadProgress, ModelFailed, ModelReady
 from .palette import WorkbenchCommands
 from .screens.cache_history import CacheHistoryScreen
 from .screens.dialogs import ErrorDialog
+from .branch_flow import BranchFlow
 from .swap_flow import ModelSwapFlow
 from .screens.loading import LoadingScreen
 from .widgets.agents_table import AgentsTable
@@ -61,6 +62,11 @@ class SemanticApp(App[None]):
         Binding("p", "toggle_pin", "Pin", id="agent.pin", tooltip="Pin or unpin the selected agent"),
         Binding("i", "cache_history", "Cache", id="agent.cache_history",
                 tooltip="How the selected agent's last turns met its cache, and why a turn prefilled"),
+        Binding("f", "fork", "Fork", show=False, id="agent.fork", tooltip="Fork the selected agent: a new agent sharing its cache"),
+        Binding("r", "rewind", "Rewind", show=False, id="agent.rewind", tooltip="Take the selected agent back to an earlier turn"),
+        Binding("x", "export_agent", "Export", show=False, id="agent.export",
+                tooltip="Write the selected agent to one file"),
+        Binding("X", "import_agent", "Import", show=False, id="agent.import", tooltip="Install an exported agent file"),
         Binding("E", "evict_idle", "Evict idle", id="pool.evict_idle", tooltip="Evict every idle agent to disk"),
         Binding("l", "toggle_bottom", "Log/Chats", id="view.toggle_bottom", tooltip="Show the event log or the chats"),
         Binding("t", "cycle_theme", "Theme", id="view.theme", tooltip="Next theme (remembered)"),
@@ -82,6 +88,7 @@ class SemanticApp(App[None]):
         self._new_chats = 0
         self._side = 0
         self.swap_flow = ModelSwapFlow(self)
+        self.branching = BranchFlow(self)
 
     # -- layout -----------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -220,6 +227,18 @@ class SemanticApp(App[None]):
         self.notify(f"{verb}: {agent_id}")
         self.refresh_panes(force=True)
 
+    async def action_fork(self) -> None:
+        await self.branching.fork()
+
+    def action_rewind(self) -> None:
+        self.branching.rewind()
+
+    def action_export_agent(self) -> None:
+        self.branching.export()
+
+    def action_import_agent(self) -> None:
+        self.branching.import_()
+
     async def action_evict_warm(self) -> None:
         await self._engine_action("Evicted to disk", lambda e, a: e.evict_agent(a, Tier.WARM))
 
@@ -314,6 +333,9 @@ class SemanticApp(App[None]):
     def action_toggle_bottom(self) -> None:
         current = self.main.query_one("#bottom", ContentSwitcher).current
         self._show_bottom("log" if current == "chats" else "chats")
+
+    def show_chats(self) -> None:
+        self._show_bottom("chats")
 
     def _show_bottom(self, which: str) -> None:
         switcher = self.main.query_one("#bottom", ContentSwitcher)

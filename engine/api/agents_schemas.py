@@ -134,3 +134,32 @@ def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
                  429: "No room in the KV pool now", 500: "Generation failed",
                  503: "No model loaded, or the agent is generating"}
     return {status: {"model": ErrorOut, "description": described[status]} for status in statuses}
+
+
+class ForkBody(_Body):
+    name: str | None = Field(None, description="The fork's agent id; generated when absent.")
+    at_turn: int | None = Field(None, ge=0, description="Fork at the end of this turn (0: empty); absent: at the end.")
+    display_name: str | None = None
+
+
+class RewindBody(_Body):
+    turn: int = Field(ge=0, description="Take the agent back to the end of this turn (0: before the first).")
+
+
+class BranchOut(BaseModel):
+    agent: AgentOut = Field(description="The fork (or the rewound agent) as it is now")
+    cached_tokens: int = Field(description="Tokens its cache holds after the operation")
+    asked_tokens: int = Field(description="Where the turn ends; more than cached_tokens when a sliding-window "
+                                          "layer could only go back to an earlier checkpoint (the next turn "
+                                          "computes the difference)")
+    shared_tokens: int = Field(description="Of those, the positions held in blocks shared by reference")
+    messages: int = Field(description="Messages of its stored conversation (direct-API agents)")
+
+
+class ImportedOut(BaseModel):
+    agent: AgentOut = Field(description="The imported agent, warm (its next turn reads it back)")
+    tokens: int
+    bytes: int
+    model: str = Field(description="The model and cache layout that made the file")
+    conversation_turns: int | None = Field(description="Turns of the conversation it carried (direct-API agents)")
+    replaced: bool

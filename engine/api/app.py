@@ -34,7 +34,9 @@ def create_app(service: EngineService) -> FastAPI:
     # Added first, so it runs last: bodies are read only once the key and the size passed.
     app.add_middleware(JsonGuardMiddleware)
     app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key.get_secret_value() if settings.api_key else None)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    # An imported agent file is a cache, not a JSON body: it is bounded by the disk budget instead.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes,
+                       per_path={"/v1/agents/import": settings.disk_budget_bytes})
     if settings.record_requests is not None:
         # Outermost: it records every generation POST, refused ones too, with the status sent.
         app.state.trace_writer = TraceWriter(settings.record_requests)
@@ -43,11 +45,23 @@ def create_app(service: EngineService) -> FastAPI:
 
 
 def _include_routers(app: FastAPI, service: EngineService) -> None:
-    from . import admin_routes, agents_routes, anthropic_routes, health_routes, metrics, models_routes, openai_routes, swap_routes
+    from . import (
+        admin_routes,
+        agents_routes,
+        anthropic_routes,
+        branch_routes,
+        health_routes,
+        metrics,
+        models_routes,
+        openai_routes,
+        swap_routes,
+        transfer_routes,
+    )
 
     recorder = metrics.MetricsRecorder(service)
     app.state.metrics = recorder
-    for module in (anthropic_routes, openai_routes, models_routes, agents_routes, admin_routes, swap_routes, health_routes):
+    for module in (anthropic_routes, openai_routes, models_routes, transfer_routes, agents_routes, branch_routes,
+                   admin_routes, swap_routes, health_routes):
         app.include_router(module.router)
     app.include_router(metrics.router)
 

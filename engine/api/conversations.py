@@ -122,6 +122,13 @@ class ConversationStore:
     async def acreate(self, agent_id: str, system: str | None, display_name: str | None) -> AgentConversation:
         return await asyncio.to_thread(self.create, agent_id, system, display_name)
 
+    async def acopy(self, source: AgentConversation, agent_id: str, display_name: str | None,
+                    messages: list[ChatMessage]) -> AgentConversation:
+        return await asyncio.to_thread(self.create, agent_id, source.system, display_name, messages)
+
+    async def atruncate(self, agent_id: str, n_messages: int) -> None:
+        await asyncio.to_thread(self.truncate, agent_id, n_messages)
+
     async def arecord_turn(self, agent_id: str, user_text: str, reply: str) -> None:
         await asyncio.to_thread(self.record_turn, agent_id, user_text, reply)
 
@@ -138,6 +145,11 @@ class ConversationStore:
                 self._loaded[agent_id] = found
             return self._loaded[agent_id]
 
+    def forget_loaded(self, agent_id: str) -> None:
+        """Read the agent's file again on next use (another writer replaced it: an import)."""
+        with self._lock:
+            self._loaded.pop(agent_id, None)
+
     def __contains__(self, agent_id: str) -> bool:
         return self.get(agent_id) is not None
 
@@ -151,12 +163,14 @@ class ConversationStore:
             return sorted(self._loaded.values(), key=lambda c: c.created_at)
 
     # -- writing ----------------------------------------------------------------------------
-    def create(self, agent_id: str, system: str | None, display_name: str | None) -> AgentConversation:
-        """A new conversation; AgentExistsError when one exists (two creates at once: one wins)."""
+    def create(self, agent_id: str, system: str | None, display_name: str | None,
+               messages: list[ChatMessage] | None = None) -> AgentConversation:
+        """A new conversation (a fork's starts with messages); AgentExistsError when one exists
+        (two creates at once: one wins)."""
         with self._lock:
             if self.get(agent_id) is not None:
                 raise AgentExistsError(agent_id)
-            conversation = AgentConversation(agent_id, display_name, system)
+            conversation = AgentConversation(agent_id, display_name, system, list(messages or []))
             self._write(conversation)
             self._loaded[agent_id] = conversation
             return conversation
@@ -167,6 +181,16 @@ class ConversationStore:
             if conversation is None:
                 return  # deleted while the turn ran: nothing to add to
             conversation.messages += [ChatMessage("user", user_text), ChatMessage("assistant", reply)]
+            conversation.updated_at = time.time()
+            self._write(conversation)
+
+    def truncate(self, agent_id: str, n_messages: int) -> None:
+        """Keep the first ``n_messages`` (a rewind)."""
+        with self._lock:
+            conversation = self.get(agent_id)
+            if conversation is None or len(conversation.messages) <= n_messages:
+                return
+            conversation.messages = conversation.messages[:n_messages]
             conversation.updated_at = time.time()
             self._write(conversation)
 

@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 
 from engine.errors import (
     AgentExistsError,
+    AgentModelMismatchError,
     AgentNotFoundError,
     CachePersistenceError,
     EngineUnavailableError,
@@ -66,7 +67,7 @@ def from_domain(exc: SemanticError) -> ApiError:
         return ApiError(400, str(exc), param=exc.field)
     if isinstance(exc, AgentNotFoundError):
         return ApiError(404, str(exc))
-    if isinstance(exc, AgentExistsError):
+    if isinstance(exc, (AgentExistsError, AgentModelMismatchError)):
         return ApiError(409, str(exc))
     if isinstance(exc, (PoolExhaustedError, QueueFullError)):
         return ApiError(429, str(exc), retry_after_s=exc.retry_after_s)

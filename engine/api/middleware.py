@@ -48,16 +48,18 @@ async def send_error(scope: Scope, send: Send, status: int, message: str, param:
 class BodyLimitMiddleware:
     """413 for bodies over ``max_bytes``, by Content-Length or by counting as they arrive."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, per_path: dict[str, int] | None = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.per_path = per_path or {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        max_bytes = self.per_path.get(scope.get("path", ""), self.max_bytes)
         declared = dict(scope.get("headers", [])).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            return await send_error(scope, send, 413, _too_large(self.max_bytes))
+        if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+            return await send_error(scope, send, 413, _too_large(max_bytes))
         seen = 0
         started = False
 
@@ -66,8 +68,8 @@ class BodyLimitMiddleware:
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
-                    raise _BodyTooLarge(self.max_bytes)
+                if seen > max_bytes:
+                    raise _BodyTooLarge(max_bytes)
             return message
 
         async def tracking_send(message: dict[str, Any]) -> None:
@@ -79,7 +81,7 @@ class BodyLimitMiddleware:
             await self.app(scope, limited_receive, tracking_send)
         except _BodyTooLarge:
             if not started:
-                await send_error(scope, send, 413, _too_large(self.max_bytes))
+                await send_error(scope, send, 413, _too_large(max_bytes))
 
 
 def _too_large(max_bytes: int) -> str:

@@ -130,7 +130,7 @@ class Branching:
             return min(common_prefix_length(agent.tokens, prompt), len(agent.tokens))
         if turn is None:
             return len(agent.tokens)
-        ends = agent.turn_ends
+        ends = [end for end in agent.turn_ends if end <= len(agent.tokens)]
         if not 0 <= turn <= len(ends):
             known = f"turns 0-{len(ends)}" if ends else "only turn 0 (its turns ran before it was last loaded)"
             raise InvalidRequestError(f"turn {turn} is out of range: agent {agent.agent_id!r} has {known}",

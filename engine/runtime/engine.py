@@ -20,7 +20,14 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeVar
 import mlx.core as mx
 
 from engine.domain.block_pool import BlockPool
-from engine.errors import EngineUnavailableError, PromptTooLongError, QueueFullError, RequestTooLargeForPoolError
+from engine.errors import (
+    AgentExistsError,
+    AgentNotFoundError,
+    EngineUnavailableError,
+    PromptTooLongError,
+    QueueFullError,
+    RequestTooLargeForPoolError,
+)
 from engine.models.loaded import LoadedModel
 from engine.models.sampling_defaults import read_sampling_defaults
 
@@ -281,6 +288,51 @@ class Engine:
     def rewind_agent(self, agent_id: str, turn: int | None = None, prompt: tuple[int, ...] | None = None) -> Branch:
         """Cut an agent's cache back to the end of an earlier turn (runtime/branching.py)."""
         return self.branching.rewind(agent_id, turn, prompt)
+
+    def write_agent(self, agent_id: str) -> "Future[Any] | None":
+        """Make the agent's warm file current (an export reads it); the pending write's future, or
+        None when the file is current already. The agent stays where it is."""
+        agent = self._agent(agent_id)
+        if self._store is None or not self._store.usable:
+            raise EngineUnavailableError("this server has no cache directory to export from (--no-persist?)")
+        if agent.is_busy:
+            raise EngineUnavailableError(f"agent {agent_id!r} is generating; export it when idle", retry_after_s=1)
+        if agent.tier is Tier.HOT and agent.tokens:
+            return self._store.write_now(agent, self.hot)
+        if agent.tier is not Tier.WARM:
+            raise AgentNotFoundError(agent_id, f"agent {agent_id!r} has no cache to export (tier {agent.tier.value})")
+        return None
+
+    def check_import(self, agent_id: str, replace: bool) -> None:
+        """Refuse an import over an agent this engine has, unless asked to replace an idle one."""
+        if self._store is None or not self._store.usable:
+            raise EngineUnavailableError("this server has no cache directory to import into")
+        agent = self.agents.get(agent_id)
+        if agent is None:
+            return
+        if not replace:
+            raise AgentExistsError(agent_id)
+        if agent.is_busy:
+            raise EngineUnavailableError(f"agent {agent_id!r} is generating; replace it when idle", retry_after_s=1)
+        self._store.finish_write(agent_id)
+
+    def adopt_agent(self, path: Any) -> str:
+        """Index a warm file an import just wrote into this model's folder (replacing the agent's
+        cache if it had one); returns its agent id."""
+        assert self._store is not None
+        header = self._store.adopt(path)
+        agent_id = header.agent_id
+        agent = self.agents.get(agent_id)
+        if agent is not None:
+            self.check_import(agent_id, replace=True)
+            self.hot.drop(agent)
+        else:
+            agent = self.agents.add(AgentRecord(agent_id, _source(header.source), header.display_name))
+        agent.tier, agent.stored_tokens = Tier.WARM, header.n_tokens
+        agent.stored_bytes = self._store.entries[agent_id].nbytes
+        agent.created_at, agent.last_used, agent.turn_ends = header.created_at, header.last_used, []
+        self.events.emit(EventKind.RESTORE, f"{agent_id}: imported, {header.n_tokens} tokens on disk", agent_id)
+        return agent_id
 
     def _agent(self, agent_id: str) -> Any:
         from engine.errors import AgentNotFoundError

@@ -42,6 +42,8 @@ class AgentView:
     history: tuple[TurnForensics, ...] = ()
     # Seconds left of a client's cache_control retention (0: none).
     retained_s: float = 0.0
+    # Cached tokens at the end of each turn run since the agent was loaded: what a rewind offers.
+    turn_ends: tuple[int, ...] = ()
 
     @property
     def label(self) -> str:

@@ -52,6 +52,7 @@ def _agent_view(agent: AgentRecord, engine: "Engine") -> AgentView:
         last_finish=agent.last_finish,
         last_finish_note=agent.last_finish_note,
         history=tuple(agent.history),
+        turn_ends=tuple(end for end in agent.turn_ends if end <= agent.cached_tokens),
         retained_s=agent.retained_for(time.monotonic()),
     )
 

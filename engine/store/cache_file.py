@@ -103,7 +103,7 @@ from .cache_format import (
     spec_fingerprint,
 )
 from .cache_reader import read_cache_file, read_header
-from .cache_writer import write_cache_file
+from .cache_writer import write_cache_file, write_cache_file_to
 
 __all__ = [
     "CHECKPOINT_KINDS",
@@ -128,4 +128,5 @@ __all__ = [
     "scan_directory",
     "spec_fingerprint",
     "write_cache_file",
+    "write_cache_file_to",
 ]

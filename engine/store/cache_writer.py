@@ -67,19 +67,31 @@ def write_cache_file(directory: Path, record: CacheRecord, *, sync: bool = True)
     against process crashes, not against power loss. Raises ValueError for a
     record that would not read back, CachePersistenceError for any OS error.
     """
+    final = directory / f"{agent_file_stem(record.header.agent_id)}{SUFFIX}"
+    return write_cache_file_to(final, record, sync=sync, private_dir=True)
+
+
+def write_cache_file_to(
+    final: Path, record: CacheRecord, *, sync: bool = True, private_dir: bool = False
+) -> WrittenFile:
+    """:func:`write_cache_file` under any name: an agent export goes where the user says.
+
+    ``private_dir`` creates the folder user-only (semantic's own folders); an
+    export's folder is the user's, so it is used as it is, never re-moded.
+    """
     started = time.perf_counter()
     plan = _plan(record)
-    stem = agent_file_stem(record.header.agent_id)
-    final = directory / f"{stem}{SUFFIX}"
-    temp = directory / f".{stem}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    directory = final.parent
+    temp = directory / f".{agent_file_stem(record.header.agent_id)}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
     try:
-        make_private_dir(directory)
+        if private_dir:
+            make_private_dir(directory)
         _write_temp(temp, plan, sync)
         os.replace(temp, final)
     except BaseException as err:
         _remove_quietly(temp)
         if isinstance(err, OSError):
-            raise CachePersistenceError(f"cannot write warm cache {final}: {err}") from err
+            raise CachePersistenceError(f"cannot write cache file {final}: {err}") from err
         raise
     if sync:
         _sync_directory(directory)
@@ -89,7 +101,8 @@ def write_cache_file(directory: Path, record: CacheRecord, *, sync: bool = True)
 # -- the bytes on disk -------------------------------------------------------------------------
 def _open_exclusive(path: Path) -> BinaryIO:
     # Exclusive, so two writers can never share a temp file; tests swap in a full disk here.
-    return open(path, "xb")
+    # Owner-only: a cache encodes its prompts, and an export may land in a shared folder.
+    return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb")
 
 
 def _write_temp(temp: Path, plan: _Plan, sync: bool) -> None:

@@ -14,6 +14,10 @@ import re
 import unicodedata
 
 SLUG_MAX_CHARS = 40
+MODEL_SLUG_MAX_CHARS = 40
+MODEL_DIGEST_CHARS = 16
+# Shared prefix files are cache files of a pseudo-agent with this id prefix.
+AGENT_PREFIX = "prefix-"
 DIGEST_HEX_CHARS = 20  # 80 bits: a collision needs ~2**40 agents
 STEM_MAX_CHARS = SLUG_MAX_CHARS + 1 + DIGEST_HEX_CHARS
 
@@ -46,3 +50,13 @@ def readable_slug(agent_id: str) -> str:
     # would run into the digest separator.
     slug = _UNSAFE_RUN.sub("-", ascii_only).strip("-")
     return slug[:SLUG_MAX_CHARS].rstrip("-")
+
+
+def model_dir_name(model_name: str, model_digest: str) -> str:
+    """The warm tier's folder for one model: a readable slug of its name and its digest.
+
+    Lives here, not in ``warm_store``, so tools that read the cache directory
+    without loading a model (agent export, ``semantic agents``) name it alike.
+    """
+    slug = "".join(c if c.isalnum() or c in "-_." else "-" for c in model_name)[:MODEL_SLUG_MAX_CHARS]
+    return f"{slug}-{model_digest[:MODEL_DIGEST_CHARS]}"

@@ -34,13 +34,13 @@ from engine.runtime.event_log import EventKind, EventLog
 from engine.runtime.kv.sequence_kv import LayerSlice
 
 from .cache_file import CacheRecord, WrittenFile, quarantine, read_cache_file, scan_directory, write_cache_file
+from .file_names import AGENT_PREFIX
 from .private_dirs import make_private_dir
 from .to_mlx import to_mx_slices
 
 log = logging.getLogger("semantic.store")
 
 KEY_CHARS = 32
-AGENT_PREFIX = "prefix-"  # prefix files are cache files of a pseudo-agent with this id prefix
 
 
 def block_keys(tokens: Sequence[int], block_tokens: int) -> list[str]:

@@ -41,11 +41,13 @@ from .cache_file import (
     new_header,
     quarantine,
     read_cache_file,
+    read_header,
     scan_directory,
     spec_fingerprint,
     write_cache_file,
 )
 from .cold_index import ColdIndex, ColdEntry
+from .file_names import model_dir_name
 from .prefix_store import AGENT_PREFIX, PrefixEntry, PrefixStore, prefix_key
 from .private_dirs import make_private_dir
 from .to_mlx import to_mx_slices
@@ -104,8 +106,7 @@ class StoreStats:
 
 
 def model_directory(root: Path, loaded: LoadedModel) -> Path:
-    slug = "".join(c if c.isalnum() or c in "-_." else "-" for c in loaded.identity.name)[:40]
-    return root / f"{slug}-{loaded.identity.digest[:16]}"
+    return root / model_dir_name(loaded.identity.name, loaded.identity.digest)
 
 
 def token_hash(tokens: list[int]) -> str:
@@ -183,6 +184,40 @@ class WarmStore:
         future = self._io.submit(write_cache_file, self.directory, record)
         self._writes[agent.agent_id] = PendingWrite(record, future, digest)
         return sum(_nbytes(a) for b in record.blocks for a in (*b.keys, *b.values))
+
+    def write_now(self, agent: AgentRecord, hot: HotCache) -> "Future[WrittenFile] | None":
+        """Write a hot agent's cache to its file while it stays hot (an export needs the file); the
+        write's future, or None when the file already holds exactly this cache. Engine thread."""
+        self.spill(agent, hot)
+        pending = self._writes.get(agent.agent_id)
+        return pending.future if pending is not None else None
+
+    def finish_write(self, agent_id: str) -> None:
+        """Wait for the agent's queued write (an import must not be overwritten by an older cache)."""
+        pending = self._writes.get(agent_id)
+        if pending is not None:
+            try:
+                pending.future.result()
+            except Exception:
+                pass  # poll() reports the failure
+            self.poll()
+
+    def adopt(self, path: Path) -> CacheHeader:
+        """Index a file put into this model's folder while the server runs (an import). Engine thread.
+
+        Raises CacheCorruptionError for a file of another model or cache layout (the importer
+        checked it already; this is the store's own guard)."""
+        header = read_header(path)
+        if header.model_digest != self.loaded.identity.digest or header.spec_fingerprint != self.fingerprint:
+            raise CacheCorruptionError(f"{path.name} was made by another model or cache layout")
+        self._cancel_read(header.agent_id)
+        self.forget_cold(header.agent_id)
+        self.entries[header.agent_id] = WarmEntry(
+            header.agent_id, path, header.n_tokens, token_hash(header.token_ids), path.stat().st_size,
+            header.last_used, header.display_name, header.source, (header.prefix or {}).get("key"),
+        )
+        self._enforce_budget()
+        return header
 
     def _record(self, agent: AgentRecord, hot: HotCache) -> CacheRecord:
         assert agent.kv is not None

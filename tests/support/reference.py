@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import mlx.core as mx
 from mlx_lm.generate import generate_step, generation_stream
+from mlx_lm.models.cache import make_prompt_cache
+
+PREFILL_STEP = 2048  # generate_step's own default
 
 
 def reference_greedy(model, prompt: list[int], max_tokens: int, eos: set[int]) -> list[int]:
@@ -20,3 +23,40 @@ def reference_greedy(model, prompt: list[int], max_tokens: int, eos: set[int]) -
     # unfinished stream task at interpreter exit aborts the process.
     mx.synchronize(generation_stream)
     return out
+
+
+def reference_greedy_shared(model, prompts: list[list[int]], max_tokens: int, eos: set[int]) -> list[list[int]]:
+    """``reference_greedy`` of each prompt, computing their common prefix once.
+
+    Plain mlx-lm throughout: the prefix goes through ``generate_step``'s own
+    chunked prefill into a fresh cache, and each prompt continues from a copy of
+    it (``a[:]`` makes new array objects over the same data: one prompt's writes
+    never reach the next one's copy). On a CPU a 4K-token prefill takes about a
+    minute; eight of them would dominate a test.
+    """
+    common = len(prompts[0])
+    for prompt in prompts[1:]:
+        common = next((i for i, (a, b) in enumerate(zip(prompts[0], prompt)) if a != b), min(common, len(prompt)))
+    common = min(common, min(len(p) for p in prompts) - 1)  # every prompt keeps a token to feed
+    cache = make_prompt_cache(model)
+    for i in range(0, common, PREFILL_STEP):
+        model(mx.array([prompts[0][i:min(i + PREFILL_STEP, common)]]), cache=cache)
+        mx.eval([c.state for c in cache])
+    saved = [{k: (v[:] if isinstance(v, mx.array) else v) for k, v in c.__dict__.items()} for c in cache]
+    results = []
+    for prompt in prompts:
+        copy = []
+        for c, fields in zip(cache, saved):
+            fresh = type(c).__new__(type(c))
+            fresh.__dict__.update({k: (v[:] if isinstance(v, mx.array) else v) for k, v in fields.items()})
+            copy.append(fresh)
+        out: list[int] = []
+        steps = generate_step(mx.array(prompt[common:]), model, max_tokens=max_tokens, prompt_cache=copy)
+        for (token, _), _ in zip(steps, range(max_tokens)):
+            out.append(int(token))
+            if out[-1] in eos:
+                break
+        steps.close()
+        mx.synchronize(generation_stream)
+        results.append(out)
+    return results

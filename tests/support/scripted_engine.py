@@ -19,7 +19,14 @@ from engine.domain.block_layout import common_prefix_length
 from engine.runtime.forensics import TurnForensics, examine
 from engine.domain.block_pool import BlockPool
 from engine.domain.cache_spec import ModelCacheSpec, group_layers
-from engine.errors import AgentNotFoundError, EngineUnavailableError, PromptTooLongError
+from engine.errors import (
+    AgentExistsError,
+    AgentNotFoundError,
+    EngineUnavailableError,
+    InvalidRequestError,
+    PromptTooLongError,
+)
+from engine.runtime.branching import Branch
 from engine.models.loaded import LoadedModel, ModelIdentity
 from engine.runtime.agents import Tier
 from engine.runtime.event_log import EventKind, EventLog
@@ -196,6 +203,41 @@ class ScriptedEngine:
         self._agent(agent_id)
         self.pool.release_owner(agent_id)
         del self.agents[agent_id]
+
+    def fork_agent(self, source_id: str, new_id: str, turn: int | None = None,
+                   prompt: tuple[int, ...] | None = None, display_name: str | None = None) -> Branch:
+        source = self._agent(source_id)
+        if new_id in self.agents:
+            raise AgentExistsError(new_id)
+        n = self._cut(source, turn, prompt)
+        self.agents[new_id] = FakeAgent(new_id, source.source, display_name, tokens=source.tokens[:n],
+                                        tier=Tier.HOT if n else Tier.EMPTY)
+        return Branch(new_id, n, 0, 0, n)
+
+    def rewind_agent(self, agent_id: str, turn: int | None = None, prompt: tuple[int, ...] | None = None) -> Branch:
+        agent = self._agent(agent_id)
+        n = self._cut(agent, turn, prompt)
+        agent.tokens = agent.tokens[:n]
+        return Branch(agent_id, n, 0, 0, n)
+
+    def _cut(self, agent: FakeAgent, turn: int | None, prompt: tuple[int, ...] | None) -> int:
+        if prompt is not None:
+            return min(common_prefix_length(agent.tokens, prompt), len(agent.tokens))
+        if turn is not None and turn > 0:
+            raise InvalidRequestError(f"turn {turn} is out of range: the scripted engine keeps no turn ends",
+                                      field="turn")
+        return len(agent.tokens) if turn is None else 0
+
+    def write_agent(self, agent_id: str) -> None:
+        self._agent(agent_id)
+        raise EngineUnavailableError("the scripted engine keeps no cache files")
+
+    def check_import(self, agent_id: str, replace: bool) -> None:
+        if agent_id in self.agents and not replace:
+            raise AgentExistsError(agent_id)
+
+    def adopt_agent(self, path: object) -> str:
+        raise EngineUnavailableError("the scripted engine keeps no cache files")
 
     def _agent(self, agent_id: str) -> FakeAgent:
         agent = self.agents.get(agent_id)

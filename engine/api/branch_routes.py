@@ -1,0 +1,133 @@
+"""Fork and rewind over HTTP: ``POST /v1/agents/{id}/fork`` and ``POST /v1/agents/{id}/rewind``.
+
+The engine does the cache work (runtime/branching.py). Here the turn a client
+names is turned into a cut the engine can make:
+
+- a direct-API agent (one with a stored conversation) is cut where the
+  rendering of its conversation up to that turn, followed by a new user
+  message, leaves its cached tokens; that works after a restart too, and the
+  fork's conversation is a copy of those messages (a rewind trims them);
+- any other agent (Claude Code, OpenAI sessions) is cut at the token count the
+  engine recorded at the end of that turn. Its fork is an engine agent with
+  the same cache; it has no stored conversation of its own, so it continues
+  through its protocol (an OpenAI fork named ``oa-<session>`` is that
+  session's agent) or gets one by ``POST /v1/agents/{id}/messages`` after a
+  conversation is created for it.
+
+Errors: unknown agent 404, turn out of range 400, a fork name in use 409, the
+agent generating 409.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+
+from engine.errors import AgentNotFoundError
+from engine.runtime.branching import Branch, CacheStillLoading
+
+from .agent_turns import busy_error
+from .agents_routes import _current, _find, conversations, path_agent_id
+from .agents_schemas import BranchOut, ForkBody, RewindBody, errors
+from .conversations import AgentConversation
+from .errors import ApiError
+from .identity import validate_agent_id
+from .service import EngineService
+from .turns import render_tokens
+
+router = APIRouter(tags=["agents"])
+
+# How long a fork or rewind waits for an agent evicted to disk to be read back.
+RESTORE_WAIT_S = 120.0
+
+
+@router.post("/v1/agents/{agent_id}/fork", status_code=201, response_model=BranchOut,
+             summary="A new agent starting from this agent's cache (at its end or at the end of a turn)",
+             responses=errors(400, 404, 409, 429, 503))
+async def fork_agent(body: ForkBody, request: Request, agent_id: str = Depends(path_agent_id)) -> dict[str, Any]:
+    view, conversation = await _find(request, agent_id)
+    store = conversations(request)
+    new_id = validate_agent_id(body.name, "name") if body.name else f"{agent_id[:100]}-fork-{secrets.token_hex(3)}"
+    if store.get(new_id) is not None or _known(request, new_id):
+        raise ApiError(409, f"agent {new_id!r} already exists")
+    if store.is_busy(agent_id):
+        raise busy_error(agent_id)
+    prompt, messages = await _cut(request, conversation, body.at_turn)
+    name = body.display_name or f"fork of {agent_id}"
+    branch = Branch(new_id, 0, 0, 0, 0)
+    if view is not None:
+        branch = await _on_engine(request, lambda e: e.fork_agent(agent_id, new_id, body.at_turn if prompt is None
+                                                                 else None, prompt, name))
+    if conversation is not None:
+        await store.acopy(conversation, new_id, name, messages)
+    return await _result(request, new_id, branch)
+
+
+@router.post("/v1/agents/{agent_id}/rewind", response_model=BranchOut,
+             summary="Take an agent back to the end of an earlier turn (its cache, and its conversation)",
+             responses=errors(400, 404, 409, 429, 503))
+async def rewind_agent(body: RewindBody, request: Request, agent_id: str = Depends(path_agent_id)) -> dict[str, Any]:
+    view, conversation = await _find(request, agent_id)
+    store = conversations(request)
+    if not store.claim(agent_id):
+        raise busy_error(agent_id)
+    try:
+        prompt, messages = await _cut(request, conversation, body.turn)
+        branch = Branch(agent_id, 0, 0, 0, 0)
+        if view is not None:
+            branch = await _on_engine(request, lambda e: e.rewind_agent(agent_id, body.turn if prompt is None
+                                                                        else None, prompt))
+        if conversation is not None:
+            await store.atruncate(agent_id, len(messages))
+    finally:
+        store.release(agent_id)
+    return await _result(request, agent_id, branch)
+
+
+async def _cut(request: Request, conversation: AgentConversation | None,
+               turn: int | None) -> tuple[tuple[int, ...] | None, list]:
+    """(the prompt whose shared prefix is the cut, the messages kept) for a direct-API agent; else (None, [])."""
+    if conversation is None:
+        return None, []
+    turns = len(conversation.messages) // 2
+    if turn is None:
+        turn = turns
+    if turn > turns:
+        raise ApiError(400, f"turn {turn} is out of range: agent {conversation.agent_id!r} has turns 0-{turns}",
+                       param="turn")
+    kept = conversation.messages[:2 * turn]
+    cut = AgentConversation(conversation.agent_id, conversation.display_name, conversation.system, kept)
+    service: EngineService = request.app.state.service
+    # What the next turn would send, up to its user message: the cache is kept as far as it matches.
+    tokens = await render_tokens(service, cut.with_user_message(" "))
+    return tuple(tokens), kept
+
+
+async def _on_engine(request: Request, operation) -> Branch:
+    """Run a branching operation on the engine thread, waiting while an evicted agent is read back."""
+    service: EngineService = request.app.state.service
+    deadline = asyncio.get_running_loop().time() + RESTORE_WAIT_S
+    while True:
+        try:
+            return await service.call(operation)
+        except CacheStillLoading:
+            if asyncio.get_running_loop().time() > deadline:
+                raise
+            await asyncio.sleep(0.05)
+
+
+def _known(request: Request, agent_id: str) -> bool:
+    snapshot = request.app.state.service.snapshot()
+    return snapshot is not None and snapshot.agent(agent_id) is not None
+
+
+async def _result(request: Request, agent_id: str, branch: Branch) -> dict[str, Any]:
+    try:
+        agent = await _current(request, agent_id, fresh=True)
+    except AgentNotFoundError:  # a fork of an agent with nothing cached and no conversation
+        raise ApiError(404, f"agent {agent_id!r} has nothing to fork") from None
+    return {"agent": agent, "cached_tokens": branch.tokens, "asked_tokens": branch.asked_tokens,
+            "shared_tokens": branch.shared_tokens, "messages": agent.get("messages", 0)}

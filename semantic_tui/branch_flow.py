@@ -1,0 +1,146 @@
+"""The workbench side of fork, rewind, export and import (engine/runtime/branching.py,
+engine/store/agent_export.py).
+
+- fork (``f``): a new agent sharing the selected agent's cache; a chat pane opens on it. A
+  workbench chat's history is copied into the fork's pane, so its next message extends the
+  shared cache; a fork of another client's agent (Claude Code, OpenAI) holds that client's
+  context, which the pane cannot render, so its pane starts a conversation of its own.
+- rewind (``r``): a picker of the agent's turns with their token counts; the cache is cut
+  there, and an open workbench pane on it forgets the later messages.
+- export (``x``) / import (``X``): a path prompt; the file work runs on a worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from engine.errors import SemanticError
+from engine.runtime.requests import AgentSource
+from engine.runtime.snapshot import AgentView
+from engine.store.agent_export import export_agent, import_agent
+from engine.store.agents_on_disk import ModelKey
+from engine.store.cache_file import read_header
+
+from .screens.branching import PathPrompt, TurnPicker
+from .widgets.chat_area import ChatArea
+
+if TYPE_CHECKING:
+    from .app import SemanticApp
+
+
+class BranchFlow:
+    def __init__(self, app: "SemanticApp") -> None:
+        self.app = app
+        self._forks = 0
+
+    @property
+    def service(self) -> Any:
+        return self.app.backend.service
+
+    def _selected(self) -> AgentView | None:
+        agent_id = self.app.selected_agent()
+        snapshot = self.service.snapshot()
+        view = snapshot.agent(agent_id) if snapshot is not None and agent_id else None
+        if view is None:
+            self.app.notify("Select an agent in the table first", severity="warning")
+        return view
+
+    def _fail(self, verb: str, agent_id: str, exc: BaseException) -> None:
+        self.app.notify(f"{verb} {agent_id}: {exc}", severity="error", timeout=8)
+
+    # -- fork ------------------------------------------------------------------------------
+    async def fork(self) -> None:
+        view = self._selected()
+        if view is None:
+            return
+        existing = {a.agent_id for a in self.service.snapshot().agents}
+        self._forks += 1
+        while f"{view.agent_id}-fork-{self._forks}" in existing:
+            self._forks += 1
+        new_id = f"{view.agent_id}-fork-{self._forks}"
+        try:
+            branch = await self.service.call(
+                lambda engine: engine.fork_agent(view.agent_id, new_id, display_name=f"fork of {view.label}"))
+        except SemanticError as exc:
+            self._fail("Fork", view.agent_id, exc)
+            return
+        area = self.app.main.query_one(ChatArea)
+        source_pane = area.pane_for(view.agent_id)
+        self.app.show_chats()
+        pane = await area.open_chat(new_id, f"fork of {view.label}", AgentSource.TUI.value, read_only=False)
+        if pane is not None and source_pane is not None and view.source == AgentSource.TUI.value:
+            pane.history = list(source_pane.history)
+        self.app.notify(f"{new_id}: {branch.tokens:,} tokens from {view.agent_id}, "
+                        f"{branch.shared_tokens:,} of them shared by reference", title="Forked")
+
+    # -- rewind ----------------------------------------------------------------------------
+    def rewind(self) -> None:
+        view = self._selected()
+        if view is None:
+            return
+        if not view.turn_ends:
+            self.app.notify(f"{view.label}: no turns recorded since it was loaded; nothing to go back to",
+                            severity="warning")
+            return
+        picker = TurnPicker(f"Rewind {view.label} to the end of…", view.turn_ends, view.cached_tokens)
+        self.app.push_screen(picker, lambda turn: self._rewind_to(view, turn) if turn is not None else None)
+
+    def _rewind_to(self, view: AgentView, turn: int) -> None:
+        self.app.run_worker(self._do_rewind(view, turn), exclusive=False)
+
+    async def _do_rewind(self, view: AgentView, turn: int) -> None:
+        try:
+            branch = await self.service.call(lambda engine: engine.rewind_agent(view.agent_id, turn=turn))
+        except SemanticError as exc:
+            self._fail("Rewind", view.agent_id, exc)
+            return
+        pane = self.app.main.query_one(ChatArea).pane_for(view.agent_id)
+        if pane is not None and not pane.read_only:
+            pane.history = pane.history[: 2 * turn]
+            await pane.transcript.add_note(f"rewound to the end of turn {turn}: later messages are forgotten")
+        self.app.notify(f"{view.agent_id}: back to turn {turn}, {branch.tokens:,} tokens kept", title="Rewound")
+
+    # -- export and import -------------------------------------------------------------------
+    def export(self) -> None:
+        view = self._selected()
+        if view is None:
+            return
+        default = str(Path.cwd() / f"{view.agent_id}.agent.safetensors")
+        self.app.push_screen(PathPrompt(f"Export {view.label} to", default),
+                             lambda path: self.app.run_worker(self._do_export(view, Path(path))) if path else None)
+
+    async def _do_export(self, view: AgentView, path: Path) -> None:
+        try:
+            write = await self.service.call(lambda engine: engine.write_agent(view.agent_id))
+            if write is not None:
+                await asyncio.wrap_future(write)
+            summary = await asyncio.to_thread(export_agent, self.service.settings.cache_dir, view.agent_id,
+                                              path.expanduser(), self._model_key())
+        except (SemanticError, OSError) as exc:
+            self._fail("Export", view.agent_id, exc)
+            return
+        self.app.notify(f"{summary.n_tokens:,} tokens, {summary.nbytes / 2**20:.1f} MiB -> {summary.path}",
+                        title=f"Exported {view.agent_id}")
+
+    def import_(self) -> None:
+        self.app.push_screen(PathPrompt("Import an agent file"),
+                             lambda path: self.app.run_worker(self._do_import(Path(path))) if path else None)
+
+    async def _do_import(self, path: Path) -> None:
+        cache_dir, path = self.service.settings.cache_dir, path.expanduser()
+        try:
+            agent_id = (await asyncio.to_thread(read_header, path)).agent_id
+            await self.service.call(lambda engine: engine.check_import(agent_id, False))
+            summary = await asyncio.to_thread(import_agent, cache_dir, path, None, self._model_key())
+            await self.service.call(lambda engine: engine.adopt_agent(summary.path))
+        except (SemanticError, OSError) as exc:
+            self._fail("Import", str(path), exc)
+            return
+        self.app.notify(f"{summary.agent_id}: {summary.n_tokens:,} tokens, warm (its next turn reads it back)",
+                        title="Imported")
+
+    def _model_key(self) -> ModelKey:
+        loaded = self.service.loaded
+        return ModelKey.of_model(loaded.identity, loaded.spec)
