@@ -25,7 +25,8 @@ from .errors import ApiError, from_domain, stream_error_payload
 from .identity import AgentIdentity
 from .openai_translate import stops_of
 from .service import EngineService
-from .turns import SamplingAsked, TurnSpec, ended_by, prepare, text_of
+from .chat import ChatMessage
+from .turns import SamplingAsked, TurnSpec, ended_by, prepare, renderer_for, text_of
 
 
 async def start_turn(service: EngineService, conversation: AgentConversation, body: MessageBody) -> AsyncTurn:
@@ -37,8 +38,20 @@ async def start_turn(service: EngineService, conversation: AgentConversation, bo
         body.max_tokens or service.settings.default_max_tokens,
         SamplingAsked(temperature=body.temperature),
         stops_of(body.stop),
+        prompt_tokens=await context_prompt(service, conversation, body.content),
     )
     return service.start_turn(await prepare(service, spec))
+
+
+async def context_prompt(service: EngineService, conversation: AgentConversation, text: str) -> tuple[int, ...] | None:
+    """The prompt of a conversation that continues another client's context (a fork): those
+    tokens, then its own messages and ``text`` as the template continues a conversation; None
+    for an ordinary conversation (rendered whole by ``prepare``)."""
+    if conversation.context_tokens is None:
+        return None
+    messages = (*conversation.messages, ChatMessage("user", text))
+    tail = await service.in_thread(renderer_for(service).continuation, messages)
+    return (*conversation.context_tokens, *tail)
 
 
 def usage_body(usage: Usage) -> dict[str, Any]:

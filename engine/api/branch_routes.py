@@ -8,11 +8,10 @@ names is turned into a cut the engine can make:
   message, leaves its cached tokens; that works after a restart too, and the
   fork's conversation is a copy of those messages (a rewind trims them);
 - any other agent (Claude Code, OpenAI sessions) is cut at the token count the
-  engine recorded at the end of that turn. Its fork is an engine agent with
-  the same cache; it has no stored conversation of its own, so it continues
-  through its protocol (an OpenAI fork named ``oa-<session>`` is that
-  session's agent) or gets one by ``POST /v1/agents/{id}/messages`` after a
-  conversation is created for it.
+  engine recorded at the end of that turn. Its fork is a direct-API agent whose
+  stored conversation starts from those tokens (``context_tokens``): its
+  messages are rendered as the chat template continues a conversation after an
+  assistant turn, so ``POST /v1/agents/{fork}/messages`` extends the shared cache.
 
 Errors: unknown agent 404, turn out of range 400, a fork name in use 409, the
 agent generating 409.
@@ -28,8 +27,9 @@ from fastapi import APIRouter, Depends, Request
 
 from engine.errors import AgentNotFoundError
 from engine.runtime.branching import Branch, CacheStillLoading
+from engine.runtime.requests import AgentSource
 
-from .agent_turns import busy_error
+from .agent_turns import busy_error, context_prompt
 from .agents_routes import _current, _find, conversations, path_agent_id
 from .agents_schemas import BranchOut, ForkBody, RewindBody, errors
 from .conversations import AgentConversation
@@ -59,10 +59,14 @@ async def fork_agent(body: ForkBody, request: Request, agent_id: str = Depends(p
     name = body.display_name or f"fork of {agent_id}"
     branch = Branch(new_id, 0, 0, 0, 0)
     if view is not None:
-        branch = await _on_engine(request, lambda e: e.fork_agent(agent_id, new_id, body.at_turn if prompt is None
-                                                                 else None, prompt, name))
+        branch = await _on_engine(request, lambda e: e.fork_agent(
+            agent_id, new_id, body.at_turn if prompt is None else None, prompt, name, AgentSource.API))
     if conversation is not None:
         await store.acopy(conversation, new_id, name, messages)
+    elif branch.tokens:
+        # Another client's agent: the fork is a direct agent whose messages continue that context.
+        context = await request.app.state.service.call(lambda e: list(e.agents.get(new_id).tokens))
+        await store.acreate_on_context(new_id, name, context)
     return await _result(request, new_id, branch)
 
 
@@ -99,10 +103,11 @@ async def _cut(request: Request, conversation: AgentConversation | None,
         raise ApiError(400, f"turn {turn} is out of range: agent {conversation.agent_id!r} has turns 0-{turns}",
                        param="turn")
     kept = conversation.messages[:2 * turn]
-    cut = AgentConversation(conversation.agent_id, conversation.display_name, conversation.system, kept)
+    cut = AgentConversation(conversation.agent_id, conversation.display_name, conversation.system, kept,
+                            context_tokens=conversation.context_tokens)
     service: EngineService = request.app.state.service
     # What the next turn would send, up to its user message: the cache is kept as far as it matches.
-    tokens = await render_tokens(service, cut.with_user_message(" "))
+    tokens = await context_prompt(service, cut, " ") or await render_tokens(service, cut.with_user_message(" "))
     return tuple(tokens), kept
 
 

@@ -51,6 +51,9 @@ class AgentConversation:
     messages: list[ChatMessage] = field(default_factory=list)
     created_at: float = field(default_factory=time.time)
     updated_at: float = field(default_factory=time.time)
+    # A fork of another client's agent (Claude Code, an OpenAI session): the token ids of the
+    # context it continues, which no message list here can render; its messages follow them.
+    context_tokens: list[int] | None = None
 
     def with_user_message(self, text: str) -> Conversation:
         """The prompt of the next turn: system, the whole history, the new message."""
@@ -66,6 +69,7 @@ class AgentConversation:
             "messages": [{"role": m.role, "content": m.content} for m in self.messages],
             "created_at": self.created_at,
             "updated_at": self.updated_at,
+            **({"context_tokens": self.context_tokens} if self.context_tokens is not None else {}),
         }
 
     @classmethod
@@ -80,6 +84,7 @@ class AgentConversation:
             messages=[_message(item) for item in _typed(data.get("messages"), list, "messages")],
             created_at=float(_typed(data.get("created_at"), (int, float), "created_at")),
             updated_at=float(_typed(data.get("updated_at"), (int, float), "updated_at")),
+            context_tokens=_token_ids(data.get("context_tokens")),
         )
 
 
@@ -91,6 +96,14 @@ def _typed(value: Any, kind: type | tuple[type, ...], name: str) -> Any:
 
 def _optional_str(value: Any, name: str) -> str | None:
     return None if value is None else _typed(value, str, name)
+
+
+def _token_ids(value: Any) -> list[int] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(type(t) is int and t >= 0 for t in value):
+        raise ValueError("context_tokens must be a list of token ids")
+    return value
 
 
 def _message(item: Any) -> ChatMessage:
@@ -124,7 +137,12 @@ class ConversationStore:
 
     async def acopy(self, source: AgentConversation, agent_id: str, display_name: str | None,
                     messages: list[ChatMessage]) -> AgentConversation:
-        return await asyncio.to_thread(self.create, agent_id, source.system, display_name, messages)
+        return await asyncio.to_thread(self.create, agent_id, source.system, display_name, messages,
+                                       source.context_tokens)
+
+    async def acreate_on_context(self, agent_id: str, display_name: str | None,
+                                 context_tokens: list[int]) -> AgentConversation:
+        return await asyncio.to_thread(self.create, agent_id, None, display_name, [], context_tokens)
 
     async def atruncate(self, agent_id: str, n_messages: int) -> None:
         await asyncio.to_thread(self.truncate, agent_id, n_messages)
@@ -164,13 +182,15 @@ class ConversationStore:
 
     # -- writing ----------------------------------------------------------------------------
     def create(self, agent_id: str, system: str | None, display_name: str | None,
-               messages: list[ChatMessage] | None = None) -> AgentConversation:
+               messages: list[ChatMessage] | None = None,
+               context_tokens: list[int] | None = None) -> AgentConversation:
         """A new conversation (a fork's starts with messages); AgentExistsError when one exists
         (two creates at once: one wins)."""
         with self._lock:
             if self.get(agent_id) is not None:
                 raise AgentExistsError(agent_id)
-            conversation = AgentConversation(agent_id, display_name, system, list(messages or []))
+            conversation = AgentConversation(agent_id, display_name, system, list(messages or []),
+                                             context_tokens=context_tokens)
             self._write(conversation)
             self._loaded[agent_id] = conversation
             return conversation

@@ -55,6 +55,25 @@ class PromptRenderer:
             # turns of one role in a row; fold them into alternating turns.
             return self._apply(_alternating(messages), tools)
 
+    def continuation(self, messages: tuple[ChatMessage, ...]) -> list[int]:
+        """``messages`` (user first) as the template renders them after a finished assistant turn.
+
+        For a fork of another client's agent: its cache ends after a reply, and what follows
+        must look as the template would put it there. Rendered as the tail of a conversation
+        with one placeholder exchange before it: what the template adds after that exchange.
+        A template that renders the exchange differently once more follows (some strip earlier
+        replies) gives no clean tail; then the messages are rendered on their own.
+        """
+        head = [{"role": "user", "content": "."}, {"role": "assistant", "content": "."}]
+        if not self.has_template:
+            return list(self.tokenizer.encode("\n\n" + "\n\n".join(
+                f"{m.role.capitalize()}: {m.content}" for m in messages) + "\n\nAssistant:"))
+        before = list(self.tokenizer.apply_chat_template(head, add_generation_prompt=False))
+        whole = self._apply(head + [_fallback(m) for m in messages], None)
+        if whole[:len(before)] == before:
+            return whole[len(before):]
+        return self.render(Conversation(tuple(messages)))
+
     def _apply(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
         kwargs: dict[str, Any] = {"add_generation_prompt": True}
         if tools:

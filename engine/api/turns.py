@@ -56,6 +56,8 @@ class TurnSpec:
     model: str | None = None
     # Anthropic cache_control breakpoints (retention.py).
     retention: Retention | None = None
+    # Already rendered (a direct agent forked from another client's context): used as it is.
+    prompt_tokens: tuple[int, ...] | None = None
 
 
 def renderer_for(service: EngineService) -> PromptRenderer:
@@ -117,8 +119,11 @@ async def prepare(service: EngineService, spec: TurnSpec) -> GenerationRequest:
     if spec.model and service.settings.allow_model_swap_by_request:
         await service.ensure_model(spec.model)
     await service.wait_ready()
-    tokens = await render_tokens(service, spec.conversation)
-    head = await head_length(service, spec.conversation, tokens)
+    if spec.prompt_tokens is not None:
+        tokens, head = list(spec.prompt_tokens), 0
+    else:
+        tokens = await render_tokens(service, spec.conversation)
+        head = await head_length(service, spec.conversation, tokens)
     # Short prompts are not worth a stored prefix of their own.
     hint = head if len(tokens) >= 2 * service.settings.block_tokens else 0
     cap = service.settings.max_output_tokens

@@ -39,6 +39,7 @@ from .agent_table import AgentTable
 from .agents import AgentRecord, Tier
 from .event_log import EventKind, EventLog
 from .hot_cache import HotCache
+from .requests import AgentSource
 from .tiers import HotState, TierManager
 
 
@@ -62,14 +63,16 @@ class Branching:
 
     # -- fork ------------------------------------------------------------------------------
     def fork(self, source_id: str, new_id: str, turn: int | None = None,
-             prompt: tuple[int, ...] | None = None, display_name: str | None = None) -> Branch:
+             prompt: tuple[int, ...] | None = None, display_name: str | None = None,
+             source_kind: AgentSource | None = None) -> Branch:
+        """``source_kind``: who drives the fork (default: the same kind of client as the source)."""
         source = self._idle_hot(source_id)
         if new_id in self.agents:
             raise AgentExistsError(new_id)
         asked = self._cut(source, turn, prompt)
         n = source.kv.resumable_at(asked) if source.kv is not None and asked else 0
-        fork = self.agents.add(AgentRecord(new_id, source.source, display_name or f"fork of {source_id}",
-                                           model_id=source.model_id))
+        fork = self.agents.add(AgentRecord(new_id, source_kind or source.source,
+                                           display_name or f"fork of {source_id}", model_id=source.model_id))
         self.agents.touch(fork)
         if n == 0:
             return Branch(new_id, 0, 0, 0, asked)

@@ -281,9 +281,10 @@ class Engine:
         self.events.emit(EventKind.INFO, f"{agent_id}: deleted", agent_id)
 
     def fork_agent(self, source_id: str, new_id: str, turn: int | None = None,
-                   prompt: tuple[int, ...] | None = None, display_name: str | None = None) -> Branch:
+                   prompt: tuple[int, ...] | None = None, display_name: str | None = None,
+                   source_kind: AgentSource | None = None) -> Branch:
         """A new agent starting from ``source_id``'s cache (runtime/branching.py)."""
-        return self.branching.fork(source_id, new_id, turn, prompt, display_name)
+        return self.branching.fork(source_id, new_id, turn, prompt, display_name, source_kind)
 
     def rewind_agent(self, agent_id: str, turn: int | None = None, prompt: tuple[int, ...] | None = None) -> Branch:
         """Cut an agent's cache back to the end of an earlier turn (runtime/branching.py)."""

@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from engine.api.chat import ChatMessage
 from engine.api.rendering import PromptRenderer
 from tests.model.real_api import RealApi, running_api
 from tests.support.reference import reference_greedy_shared
@@ -102,3 +103,38 @@ def test_rewind_continues_like_a_fresh_prefill_of_the_rewound_conversation(model
         assert client.post("/v1/agents/chat/rewind", json={"turn": 9}).status_code == 400
         assert client.post("/v1/agents/nobody/rewind", json={"turn": 0}).status_code == 404
         assert client.post("/v1/agents/chat/fork", json={"name": "chat"}).status_code == 409
+
+
+def test_a_fork_of_an_openai_session_is_a_direct_agent_that_continues_its_context(
+    smollm2, smollm2_path: Path, tmp_path: Path,
+) -> None:
+    """Another client's agent has no conversation the server could copy: its fork is a direct agent
+    whose stored conversation starts from the session's cached tokens, and its messages extend them."""
+    with running_api(smollm2, tmp_path / "cache", smollm2_path) as api, \
+            httpx.Client(base_url=api.url, timeout=300) as client:
+        messages = [{"role": "system", "content": planner_system(300)},
+                    {"role": "user", "content": "Which task comes first?"}]
+        body = {"session_id": "planning", "max_tokens": REPLY, "temperature": 0, "messages": messages}
+        first = client.post("/v1/chat/completions", json=body)
+        assert first.status_code == 200, first.text
+
+        fork = client.post("/v1/agents/oa-planning/fork", json={"name": "side-quest"})
+        assert fork.status_code == 201, fork.text
+        forked = fork.json()
+        assert forked["agent"]["source"] == "api" and forked["cached_tokens"] > 300
+        conversation = api.app.state.conversations.get("side-quest")
+        assert conversation.context_tokens is not None and len(conversation.context_tokens) == forked["cached_tokens"]
+
+        text = "Now name the last task."
+        tail = PromptRenderer(smollm2.tokenizer).continuation((ChatMessage("user", text),))
+        prompt = [*conversation.context_tokens, *tail]
+        eos = set(smollm2.eos_token_ids)
+        expected = reference_greedy_shared(smollm2.model, [prompt], REPLY, eos)[0]
+        result = send(client, "side-quest", text)
+        assert result["usage"]["reused_tokens"] >= forked["cached_tokens"] - 1, result["usage"]
+        assert result["usage"]["prompt_tokens"] == len(prompt)
+        assert result["content"] == smollm2.tokenizer.decode([t for t in expected if t not in eos])
+        assert smollm2.tokenizer.decode(tail).lstrip().startswith("<|im_start|>user")
+        # Its second message extends the first: the conversation grew like any direct agent's.
+        again = send(client, "side-quest", "And the one before it?")
+        assert again["usage"]["reused_tokens"] >= len(prompt), again["usage"]

@@ -32,6 +32,7 @@ from engine.runtime.agents import Tier
 from engine.runtime.event_log import EventKind, EventLog
 from engine.models.sampling_defaults import FALLBACK
 from engine.runtime.requests import (
+    AgentSource,
     EventSink,
     FinishEvent,
     FinishReason,
@@ -205,12 +206,14 @@ class ScriptedEngine:
         del self.agents[agent_id]
 
     def fork_agent(self, source_id: str, new_id: str, turn: int | None = None,
-                   prompt: tuple[int, ...] | None = None, display_name: str | None = None) -> Branch:
+                   prompt: tuple[int, ...] | None = None, display_name: str | None = None,
+                   source_kind: AgentSource | None = None) -> Branch:
         source = self._agent(source_id)
         if new_id in self.agents:
             raise AgentExistsError(new_id)
         n = self._cut(source, turn, prompt)
-        self.agents[new_id] = FakeAgent(new_id, source.source, display_name, tokens=source.tokens[:n],
+        kind = source_kind.value if source_kind is not None else source.source
+        self.agents[new_id] = FakeAgent(new_id, kind, display_name, tokens=source.tokens[:n],
                                         tier=Tier.HOT if n else Tier.EMPTY)
         return Branch(new_id, n, 0, 0, n)
 
