@@ -51,7 +51,7 @@ async def fork_agent(body: ForkBody, request: Request, agent_id: str = Depends(p
     view, conversation = await _find(request, agent_id)
     store = conversations(request)
     new_id = validate_agent_id(body.name, "name") if body.name else f"{agent_id[:100]}-fork-{secrets.token_hex(3)}"
-    if store.get(new_id) is not None or _known(request, new_id):
+    if await store.aget(new_id) is not None or _known(request, new_id):
         raise ApiError(409, f"agent {new_id!r} already exists")
     if store.is_busy(agent_id):
         raise busy_error(agent_id)

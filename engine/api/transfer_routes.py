@@ -29,7 +29,7 @@ from fastapi.responses import FileResponse
 from starlette.background import BackgroundTask
 
 from engine.errors import CacheCorruptionError, InvalidAgentFileError
-from engine.store.agent_export import export_agent, import_agent
+from engine.store.agent_export import ExportSummary, export_agent, import_agent
 from engine.store.cache_file import read_header
 from engine.store.agents_on_disk import ModelKey
 
@@ -58,18 +58,22 @@ async def export(request: Request, agent_id: str = Depends(path_agent_id)) -> Fi
     write = await service.call(lambda engine: engine.write_agent(agent_id))
     if write is not None:
         await asyncio.wrap_future(write)  # the store's I/O thread writes the warm file
-    fd, name = tempfile.mkstemp(prefix=".export-", suffix=SUFFIX, dir=service.settings.cache_dir)
+    summary = await asyncio.to_thread(_export_to_temp, service.settings.cache_dir, agent_id, _model_key(service))
+    return FileResponse(summary.path, media_type=MEDIA_TYPE, filename=f"{agent_id}{SUFFIX}",
+                        headers={"x-semantic-tokens": str(summary.n_tokens)},
+                        background=BackgroundTask(asyncio.to_thread, summary.path.unlink, missing_ok=True))
+
+
+def _export_to_temp(cache_dir: Path, agent_id: str, key: ModelKey) -> ExportSummary:
+    """The export, written to a private temporary file beside the caches (worker thread)."""
+    fd, name = tempfile.mkstemp(prefix=".export-", suffix=SUFFIX, dir=cache_dir)
     os.close(fd)
     out = Path(name)
     try:
-        summary = await asyncio.to_thread(export_agent, service.settings.cache_dir, agent_id, out,
-                                          _model_key(service))
+        return export_agent(cache_dir, agent_id, out, key)
     except BaseException:
         out.unlink(missing_ok=True)
         raise
-    return FileResponse(summary.path, media_type=MEDIA_TYPE, filename=f"{agent_id}{SUFFIX}",
-                        headers={"x-semantic-tokens": str(summary.n_tokens)},
-                        background=BackgroundTask(out.unlink, missing_ok=True))
 
 
 @router.post("/v1/agents/import", status_code=201, response_model=ImportedOut,
@@ -92,7 +96,7 @@ async def import_file(
         summary = await asyncio.to_thread(import_agent, service.settings.cache_dir, upload, new_id,
                                           _model_key(service), replace_existing=replace)
     finally:
-        upload.unlink(missing_ok=True)
+        await asyncio.to_thread(upload.unlink, missing_ok=True)
     conversations(request).forget_loaded(summary.agent_id)  # the file on disk is the new truth
     await service.call(lambda engine: engine.adopt_agent(summary.path))
     agent = await _current(request, summary.agent_id, fresh=True)
@@ -109,14 +113,16 @@ def _agent_id_in(path: Path) -> str:
 
 async def _receive(request: Request, directory: Path) -> Path:
     """The request body, streamed to a private temporary file beside the caches."""
-    fd, name = tempfile.mkstemp(prefix=".import-", suffix=SUFFIX, dir=directory)
+    fd, name = await asyncio.to_thread(tempfile.mkstemp, prefix=".import-", suffix=SUFFIX, dir=directory)
     path = Path(name)
+    out = os.fdopen(fd, "wb")  # wraps the descriptor; no disk access
     try:
-        with os.fdopen(fd, "wb") as out:
-            async for chunk in request.stream():
-                if chunk:
-                    await asyncio.to_thread(out.write, chunk)
+        async for chunk in request.stream():
+            if chunk:
+                await asyncio.to_thread(out.write, chunk)
+        await asyncio.to_thread(out.close)
     except BaseException:
-        path.unlink(missing_ok=True)
+        await asyncio.to_thread(out.close)
+        await asyncio.to_thread(path.unlink, missing_ok=True)
         raise
     return path
