@@ -72,20 +72,23 @@ class Settings(BaseSettings):
                     "is logged and reported in the response (Claude Code asks for 32,000 or more).",
     )
     repetition_window: int = Field(
-        256, ge=0,
-        description="End a response whose last this-many tokens repeat one cycle of up to 64 tokens "
-                    "(a runaway loop); 0 turns the guard off.",
+        512, ge=0,
+        description="End a runaway loop: a response whose last half-window of tokens repeats one cycle of up "
+                    "to 64 tokens exactly, or whose last window repeats one with small changes (90% of tokens "
+                    "equal to the token a cycle back, e.g. a numbered list of one sentence); 0 turns it off.",
     )
     default_temperature: float | None = Field(
         None, ge=0, le=2,
         description="Temperature for requests that name none; default: the model folder's "
-                    "generation_config.json, else 0.7.",
+                    "generation_config.json, else a packaged model's card (SmolLM2: 0.2), else 0.7.",
     )
     default_top_p: float | None = Field(
-        None, gt=0, le=1, description="top_p for requests that name none; default: generation_config.json, else 0.95."
+        None, gt=0, le=1, description="top_p for requests that name none; default: generation_config.json, else a packaged "
+                                         "model's card (SmolLM2: 0.9), else 0.95."
     )
     default_top_k: int | None = Field(
-        None, ge=0, description="top_k for requests that name none (0: off); default: generation_config.json, else 40."
+        None, ge=0, description="top_k for requests that name none (0: off); default: generation_config.json, else a "
+                                         "packaged model's card (SmolLM2: off), else 40."
     )
     max_context_tokens: int | None = Field(None, ge=16, description="Override the model's context length.")
 

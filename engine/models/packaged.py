@@ -39,6 +39,8 @@ class PackagedModel:
     other_names: tuple[str, ...] = ()
     instruct: bool = False
     description: str = ""
+    # (temperature, top_p, top_k) its authors recommend, for a GGUF that carries no generation_config.json.
+    card_sampling: tuple[float, float, int] | None = None
 
     @property
     def install_command(self) -> str:
@@ -60,6 +62,9 @@ SMOLLM2_135M = PackagedModel(
     other_names=("smollm2", "SmolLM2-135M-Instruct"),
     instruct=True,
     description="Small chat model (llama architecture, 30 layers, ChatML template).",
+    # The model card's example: generate(..., temperature=0.2, top_p=0.9, do_sample=True). Measured
+    # (bench/bench_runaway.py): at 0.7 its loops drift and take longer for the repetition guard to end.
+    card_sampling=(0.2, 0.9, 0),
 )
 
 GEMMA3_270M = PackagedModel(

@@ -5,9 +5,10 @@ default, as with any hosted model. Greedy decoding is the wrong default for
 small local models: at temperature 0 they fall into loops (SmolLM2 answered
 "Name one colour." with 4,543 tokens of one repeated sentence). So the
 defaults are the model's own, from ``generation_config.json`` in its folder
-(``temperature``, ``top_p``, ``top_k``; ``do_sample: false`` means greedy),
-and for a folder without one the fallback below, the usual local-server
-choice. Settings can override each value.
+(``temperature``, ``top_p``, ``top_k``; ``do_sample: false`` means greedy);
+for a packaged GGUF without one, the values its model card recommends
+(``PackagedModel.card_sampling``); otherwise the fallback below, the usual
+local-server choice. Settings can override each value.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine.models.gguf_import import MARKER_FILE
+from engine.models.packaged import PACKAGED_MODELS, PackagedModel, find_packaged_model
 from engine.runtime.requests import SamplingParams
 
 log = logging.getLogger("semantic.models")
@@ -56,25 +59,49 @@ class SamplingDefaults:
 FALLBACK = SamplingDefaults(temperature=0.7, top_p=0.95, top_k=40, source="fallback: no generation_config.json")
 
 
-def read_sampling_defaults(folder: Path | None) -> SamplingDefaults:
-    """The model folder's sampling defaults, or :data:`FALLBACK`."""
+def packaged_card_defaults(model_id: str, folder: Path | None = None) -> SamplingDefaults | None:
+    """The model card's sampling for a packaged model (its GGUF has no generation_config.json).
+
+    The model is found by its alias, or, for a folder passed by path, by the GGUF its import came from.
+    """
+    model = find_packaged_model(model_id) or _imported_from_packaged(folder)
+    if model is None or model.card_sampling is None:
+        return None
+    temperature, top_p, top_k = model.card_sampling
+    return SamplingDefaults(temperature, top_p, top_k, f"{model.display_name} model card")
+
+
+def _imported_from_packaged(folder: Path | None) -> PackagedModel | None:
+    marker = folder / MARKER_FILE if folder is not None else None
+    if marker is None or not marker.is_file():
+        return None
+    try:
+        source = Path(str(json.loads(marker.read_text(encoding="utf-8")).get("source_path", ""))).name
+    except (OSError, ValueError, AttributeError):
+        return None
+    return next((m for m in PACKAGED_MODELS if m.gguf_file_name == source), None)
+
+
+def read_sampling_defaults(folder: Path | None, fallback: SamplingDefaults | None = None) -> SamplingDefaults:
+    """The model folder's sampling defaults, else ``fallback``, else :data:`FALLBACK`."""
+    fallback = fallback or FALLBACK
     path = folder / GENERATION_CONFIG if folder is not None else None
     if path is None or not path.is_file():
-        return FALLBACK
+        return fallback
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         log.warning("ignoring %s: %s", path, exc)
-        return FALLBACK
-    return _from_config(config) if isinstance(config, dict) else FALLBACK
+        return fallback
+    return _from_config(config, fallback) if isinstance(config, dict) else fallback
 
 
-def _from_config(config: dict[str, Any]) -> SamplingDefaults:
+def _from_config(config: dict[str, Any], fallback: SamplingDefaults) -> SamplingDefaults:
     if config.get("do_sample") is False:
         return SamplingDefaults(0.0, 1.0, 0, f"{GENERATION_CONFIG}: do_sample false")
     keys = ("temperature", "top_p", "top_k")
     if not any(k in config for k in keys):
-        return FALLBACK
+        return fallback
     temperature = _number(config.get("temperature"), FALLBACK.temperature, 0.0, 2.0)
     top_p = _number(config.get("top_p"), 1.0, 1e-6, 1.0)
     top_k = int(_number(config.get("top_k"), 0, 0, 1e9))

@@ -6,8 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from engine.models.sampling_defaults import FALLBACK, read_sampling_defaults
+from engine.models.sampling_defaults import FALLBACK, packaged_card_defaults, read_sampling_defaults
 from engine.runtime.repetition import RepetitionGuard
 from engine.runtime.requests import FinishReason, GenerationRequest
 from engine.runtime.sync_client import run_turn
@@ -55,34 +57,84 @@ def test_settings_override_one_value_at_a_time(tmp_path: Path) -> None:
     assert "overridden by settings" in defaults.source
 
 
+def test_a_packaged_gguf_without_generation_config_samples_as_its_model_card_says(tmp_path: Path) -> None:
+    card = packaged_card_defaults("smollm2-135m")
+    assert card is not None and (card.temperature, card.top_p, card.top_k) == (0.2, 0.9, 0)
+    assert read_sampling_defaults(tmp_path, card) == card and "model card" in card.describe()
+    # Found by the import's source GGUF when the folder is passed by path.
+    (tmp_path / "semantic_import.json").write_text(json.dumps({"source_path": "/x/SmolLM2-135M-Instruct.Q4_1.gguf"}))
+    assert packaged_card_defaults(str(tmp_path), tmp_path) == card
+    # A generation_config.json in the folder still wins; unknown models keep the generic fallback.
+    write_config(tmp_path, {"temperature": 0.6, "top_p": 0.8})
+    assert read_sampling_defaults(tmp_path, card).temperature == 0.6
+    assert packaged_card_defaults("some/other-model") is None and packaged_card_defaults("gemma3-270m") is None
+
+
 # -- repetition guard -----------------------------------------------------------------------------
 def feed(guard: RepetitionGuard, tokens: list[int]) -> int | None:
     """Index of the token at which the guard fires, or None."""
     return next((i for i, t in enumerate(tokens) if guard.push(t) is not None), None)
 
 
-def test_a_single_token_loop_ends_when_the_window_is_all_repetition() -> None:
-    assert feed(RepetitionGuard(64), [7, 8, 9] + [5] * 100) == 3 + 63
+def test_a_single_token_loop_ends_after_half_a_window_of_exact_repetition() -> None:
+    assert feed(RepetitionGuard(128), [7, 8, 9] + [5] * 100) == 3 + 63
 
 
-def test_a_repeated_sentence_ends_after_one_window() -> None:
+def test_a_repeated_sentence_ends_after_half_a_window() -> None:
     sentence = list(range(100, 112))  # 12 tokens
     tokens = [1, 2, 3] + sentence * 30
-    guard = RepetitionGuard(96)
-    at = feed(guard, tokens)
+    at = feed(RepetitionGuard(192), tokens)
     assert at == 3 + 95
-    loop = RepetitionGuard(96)
+    loop = RepetitionGuard(192)
     found = [loop.push(t) for t in tokens[: at + 1]][-1]
-    assert found is not None and found.period == 12 and found.span == 96
+    assert found is not None and found.exact and found.period == 12 and found.span == 96
+
+
+def numbered_list(lines: int, changing: int) -> list[int]:
+    """A sampled small model's runaway: one 12-token sentence under a heading whose last ``changing`` tokens count."""
+    out = [1, 2, 3]
+    for k in range(lines):
+        out += [50, 51][: 2 - changing] + [600 + (k + j) % 97 for j in range(changing)] + list(range(100, 111))
+    return out
+
+
+def test_a_numbered_list_of_one_sentence_ends_as_a_near_loop() -> None:
+    tokens = numbered_list(100, changing=1)  # 13-token lines, 12 of 13 tokens equal a line back: 92%
+    assert feed(RepetitionGuard(0), tokens) is None
+    guard = RepetitionGuard(256)
+    at = feed(guard, tokens)
+    # No exact cycle (the counter moves), so it ends only once a whole window is 90% repetition.
+    assert at is not None and 256 + 13 - 1 <= at < 256 + 3 * 13
+    found = [g.push(t) for g in [RepetitionGuard(256)] for t in tokens[: at + 1]][-1]
+    assert found is not None and not found.exact and found.period == 13 and found.span == 256
+    assert "small changes" in found.describe()
+
+
+def test_lines_that_change_more_than_a_tenth_are_left_alone() -> None:
+    # Two counting tokens in 13: 85% equal a line back, below the 90% a near loop needs.
+    assert feed(RepetitionGuard(256), numbered_list(200, changing=2)) is None
 
 
 def test_ordinary_text_and_a_disabled_guard_never_fire() -> None:
     varied = [(i * 7919) % 1000 for i in range(2000)]
-    assert feed(RepetitionGuard(64), varied) is None
+    assert feed(RepetitionGuard(128), varied) is None
     assert feed(RepetitionGuard(0), [5] * 1000) is None
     # A cycle longer than the guard looks at (64) is not taken for a loop.
     long_cycle = list(range(200, 280)) * 20
-    assert feed(RepetitionGuard(128), long_cycle) is None
+    assert feed(RepetitionGuard(256), long_cycle) is None
+
+
+@given(st.lists(st.integers(0, 40), min_size=0, max_size=900), st.integers(16, 300))
+def test_the_window_counts_equal_a_recount_from_scratch(tokens: list[int], window: int) -> None:
+    """The guard's running counts are what recounting the window from the tokens gives, token after token."""
+    guard = RepetitionGuard(window)
+    for n, token in enumerate(tokens, start=1):
+        guard.push(token)
+        for period in (1, 7, 64):
+            if n > period:
+                first = max(n - window, period)
+                expected = sum(tokens[i] == tokens[i - period] for i in range(first, n))
+                assert guard._matches[period] == expected
 
 
 def test_the_engine_ends_a_looping_generation_and_says_why() -> None:
@@ -90,7 +142,7 @@ def test_the_engine_ends_a_looping_generation_and_says_why() -> None:
     try:
         result = run_turn(engine, GenerationRequest("looper", prompt_for(0), 2000))
         assert result.finish.reason is FinishReason.REPETITION
-        assert result.finish.usage.generated_tokens == 256  # the default window
+        assert result.finish.usage.generated_tokens == 256  # half the default window: an exact loop
         assert "repetition guard" in (result.finish.note or "")
         agent = engine.fresh_snapshot().agent("looper")
         assert agent.last_finish == "repetition" and "cycle of 1 token" in (agent.last_finish_note or "")
