@@ -13,15 +13,19 @@ cycle of at most ``MAX_PERIOD`` tokens:
   (``# 7.3\\nThis is a minor detail to the above question.\\n\\n# 7.4\\n...``),
   which no exact cycle matches.
 
-Why these numbers (measured, see ``bench/bench_runaway.py``): SmolLM2 answering
-Claude Code's recorded ``--continue`` request wrote such lists in 29 of 48
-sampled answers; with a 512-token window the near rule ended them after 530-2,100
-tokens. Over 710 real source and documentation files (this repository, mlx-lm,
-Textual, Rich, httpx, FastAPI, pydantic) the highest share of tokens equal to
-the token a cycle back in any 512-token window is 0.86 (a table of spinner
-frames), so legitimate tables and boilerplate-heavy code stay below 0.9. An
-n-gram novelty rule was measured too and rejected: ordinary code repeats more
-8-grams (up to 0.88 of a window) than the runaway lists do (0.57-0.78).
+Why these numbers (bench/bench_runaway.py; report bench/reports/2026-11-27-cpu-2core):
+SmolLM2 answering Claude Code's recorded ``--continue`` request writes such a
+list in most sampled answers (19 of 19 at its model card's temperature 0.2,
+11 of 19 at 0.7); the near rule ended every one after 527-1,039 tokens (0.2)
+or 610-1,499 (0.7), where before they ran to the 4,096-token output cap.
+Over 782 real source and documentation files (this repository, mlx-lm,
+Textual, Rich, httpx, FastAPI, pydantic) it ended none: the highest share of
+tokens equal to the token a cycle back in any 512-token window is 0.861 (a
+table of spinner frames). Two looser rules were measured and rejected: an
+n-gram novelty rule (ordinary code repeats more 8-grams, up to 0.88 of a
+window, than the runaway lists, 0.57-0.78) and matching a token a cycle or a
+cycle plus one back (it ends runaways sooner but scores three legitimate
+tables above 0.9).
 
 Per token the guard updates, for every period p, the run of exact matches and
 the count of matches in the window: O(MAX_PERIOD) integer work, nothing
