@@ -74,7 +74,7 @@ class Settings(BaseSettings):
     repetition_window: int = Field(
         512, ge=0,
         description="End a runaway loop: a response whose last half-window of tokens repeats one cycle of up "
-                    "to 64 tokens exactly, or whose last window repeats one with small changes (90% of tokens "
+                    "to 64 tokens exactly, or whose last window repeats one with small changes (nine in ten of its tokens "
                     "equal to the token a cycle back, e.g. a numbered list of one sentence); 0 turns it off.",
     )
     default_temperature: float | None = Field(
