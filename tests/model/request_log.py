@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
@@ -32,6 +33,10 @@ class Exchange:
     body: bytes = b""
     status: int | None = None
     response: bytearray = field(default_factory=bytearray)
+    started: float = field(default_factory=time.monotonic)
+    # Seconds from the request to the first generated content (a stream's first content_block_delta,
+    # or the whole JSON body): the client's time to first token, pings and message_start aside.
+    first_output_s: float | None = None
 
     def json(self) -> dict[str, Any]:
         return json.loads(self.body) if self.body else {}
@@ -93,7 +98,10 @@ class RequestLog:
             if message["type"] == "http.response.start":
                 exchange.status = message["status"]
             elif message["type"] == "http.response.body":
-                exchange.response += message.get("body", b"")
+                chunk = message.get("body", b"")
+                exchange.response += chunk
+                if exchange.first_output_s is None and (b"content_block_delta" in chunk or chunk.startswith(b"{")):
+                    exchange.first_output_s = time.monotonic() - exchange.started
             await send(message)
 
         await self.app(scope, recording_receive, recording_send)

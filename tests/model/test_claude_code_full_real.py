@@ -6,10 +6,12 @@ session id. The first request pays the prefill of the whole prompt once per suit
 continued turn reads its first turn's whole prompt from its own cache, and the new session starts
 from the shared prefix (system prompt and tools) the first one computed and stored.
 
-Measured on the 2-core CPU (2026-11-26): the first run 202.5 s (about 90 s of it the prefill of
-19,649 tokens, the rest Gemma's 547-token answer at that context); ``--continue`` 64.5 s,
-19,649 of 20,206 prompt tokens read from cache; the new session 69.6 s, 17,920 of 19,648 from
-the stored prefix.
+Measured on the 2-core CPU (2026-11-27): the first run 182.8 s (about 90 s of it the prefill of
+19,652 tokens, the rest Gemma's 443-token answer at that context); ``--continue`` 76.7 s, first
+output after 3.7 s, 19,651 of 20,105 prompt tokens read from cache; the new session 62.7 s, first
+output after 12.2 s, 17,920 of 19,651 from the stored prefix. How long a run takes after its first
+output is Gemma's sampled answer (one ran 671 tokens, 152 s, before the repetition guard ended it),
+so later runs are held to a time to first output, not a run time.
 
 Before, the continued turn missed its cache: Claude Code restores a continued session's model from
 its replies, and a reply naming the plain model switched it off the 1M-context variant, whose system
@@ -31,7 +33,11 @@ from tests.model.request_log import Exchange, RequestLog
 from tests.model.test_claude_code_e2e import main_turns, report
 
 FIRST_RUN_LIMIT_S = 300.0  # the one full prefill of the suite, and a long answer at 19.6K tokens
-RUN_LIMIT_S = 120.0
+# A later session's first output: ~1,700 new tokens after the cached prefix (about 11 s of compute here,
+# bench_prefill_floor.py), against ~90 s for the whole prompt. The rest of a run is Gemma's sampled answer
+# at ~20K tokens of context (~5 tok/s here), as long as the model makes it up to the repetition guard or
+# the output cap: bounded by the harness's timeout, not asserted.
+FIRST_OUTPUT_LIMIT_S = 45.0
 
 
 @pytest.fixture(scope="module")
@@ -90,5 +96,7 @@ def test_full_size_claude_code_sessions_on_gemma3_reuse_their_cache_and_the_shar
     usage = started[0].usage()
     # Everything up to the user's own text is the shared prefix (system prompt, tools, reminders).
     assert usage["cache_read_input_tokens"] > 0.8 * prompt_of(usage), usage
-    assert second.seconds < RUN_LIMIT_S and other.seconds < RUN_LIMIT_S
+    waits = [turns[0].first_output_s for turns in (continued, started)]
+    print(f"\nseconds to first output: --continue, new session: {waits}")
+    assert all(wait is not None and wait < FIRST_OUTPUT_LIMIT_S for wait in waits), waits
 
