@@ -108,11 +108,25 @@ def import_folder_name(source: Path, dtype: str) -> str:
     return f"{slug}-{dtype}-{short_hash}"
 
 
+def read_import_marker(folder: Path) -> dict[str, Any] | None:
+    """The provenance an import wrote into ``folder``; None when it is no import. Raises OSError or
+    ValueError when the marker is unreadable or not a JSON object."""
+    path = folder / MARKER_FILE
+    if not path.is_file():
+        return None
+    marker = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(marker, dict):
+        raise ValueError(f"{path} is not a JSON object")
+    return marker
+
+
 def is_complete_import(folder: Path) -> bool:
     """True when ``folder`` has a marker of this importer version and every file it lists."""
     try:
-        marker = json.loads((folder / MARKER_FILE).read_text(encoding="utf-8"))
+        marker = read_import_marker(folder)
     except (OSError, ValueError):
+        return False
+    if marker is None:
         return False
     if marker.get("importer_version") != IMPORTER_VERSION:
         return False

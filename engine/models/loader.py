@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from engine.errors import ModelLoadError, SemanticError
 from engine.models.cache_spec import derive_cache_spec, model_type_of
-from engine.models.gguf_import import ImportProgress, import_gguf
+from engine.models.gguf_import import ImportProgress, import_gguf, read_import_marker
 from engine.models.loaded import LoadedModel, ModelIdentity
 from engine.models.packaged import ensure_packaged_model, find_packaged_model
 
@@ -136,9 +136,8 @@ def model_identity(name: str, folder: Path | None, config: dict[str, Any]) -> Mo
 
 
 def _weights_fingerprint(folder: Path) -> str:
-    marker = folder / "semantic_import.json"
-    if marker.is_file():
-        data = json.loads(marker.read_text(encoding="utf-8"))
+    data = read_import_marker(folder)
+    if data is not None:
         return f"gguf:{data.get('source_sha256')}:{data.get('dtype')}:{data.get('importer_version')}"
     parts = []
     for weights in sorted(folder.glob("*.safetensors")):

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.models.gguf_import import MARKER_FILE
+from engine.models.gguf_import import read_import_marker
 from engine.models.packaged import PACKAGED_MODELS, PackagedModel, find_packaged_model
 from engine.runtime.requests import SamplingParams
 
@@ -59,6 +59,11 @@ class SamplingDefaults:
 FALLBACK = SamplingDefaults(temperature=0.7, top_p=0.95, top_k=40, source="fallback: no generation_config.json")
 
 
+def model_sampling_defaults(model_id: str, folder: Path | None) -> SamplingDefaults:
+    """What a loaded model samples with: its folder's config, else its model card, else :data:`FALLBACK`."""
+    return read_sampling_defaults(folder, packaged_card_defaults(model_id, folder))
+
+
 def packaged_card_defaults(model_id: str, folder: Path | None = None) -> SamplingDefaults | None:
     """The model card's sampling for a packaged model (its GGUF has no generation_config.json).
 
@@ -72,13 +77,13 @@ def packaged_card_defaults(model_id: str, folder: Path | None = None) -> Samplin
 
 
 def _imported_from_packaged(folder: Path | None) -> PackagedModel | None:
-    marker = folder / MARKER_FILE if folder is not None else None
-    if marker is None or not marker.is_file():
-        return None
     try:
-        source = Path(str(json.loads(marker.read_text(encoding="utf-8")).get("source_path", ""))).name
-    except (OSError, ValueError, AttributeError):
+        marker = read_import_marker(folder) if folder is not None else None
+    except (OSError, ValueError):
         return None
+    if marker is None:
+        return None
+    source = Path(str(marker.get("source_path", ""))).name
     return next((m for m in PACKAGED_MODELS if m.gguf_file_name == source), None)
 
 

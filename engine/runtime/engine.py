@@ -29,7 +29,7 @@ from engine.errors import (
     RequestTooLargeForPoolError,
 )
 from engine.models.loaded import LoadedModel
-from engine.models.sampling_defaults import packaged_card_defaults, read_sampling_defaults
+from engine.models.sampling_defaults import model_sampling_defaults
 
 from .agent_table import AgentTable
 from .agents import AgentRecord, Tier
@@ -122,8 +122,8 @@ class Engine:
         self._pool = BlockPool.from_budget(loaded.spec, config.pool_budget_bytes)
         self.agents = AgentTable()
         # What requests that name no temperature sample with (engine/models/sampling_defaults.py).
-        self.sampling_defaults = read_sampling_defaults(
-            loaded.path, packaged_card_defaults(loaded.model_id, loaded.path)).with_overrides(*config.sampling_overrides)
+        self.sampling_defaults = model_sampling_defaults(loaded.model_id, loaded.path).with_overrides(
+            *config.sampling_overrides)
         # Prefixes are shared by reference where the model's attention can be hooked (kv/ragged.py).
         self.hot = HotCache(loaded.spec, self._pool, share_by_reference=ragged.install(loaded.model))
         self.tiers = TierManager(self.hot, self.agents, self.events, store)
