@@ -10,7 +10,11 @@ Three paths, chosen per model:
   ``<tool_response>...</tool_response>`` user turns — the one documented
   fallback, parsed back by ``tool_calls.FALLBACK``;
 * no template at all (base models such as Gemma 3 270M): plain
-  ``System:`` / ``User:`` / ``Assistant:`` paragraphs.
+  ``System:`` / ``User:`` / ``Assistant:`` paragraphs. A base model continues
+  such a transcript with the next speaker's paragraph (measured on Gemma 3
+  270M: "User: Name two colours.", then a made-up reply, until the output cap),
+  so a paragraph opening with a speaker marker ends the reply
+  (``turn_end_strings``).
 
 Rendering is deterministic (JSON with sorted keys), so the same history always
 yields the same tokens and the agent's cached prefix keeps matching.
@@ -37,11 +41,21 @@ def dumps(value: Any) -> str:
     return json.dumps(value, sort_keys=True, ensure_ascii=False)
 
 
+# The speakers of the plain format; a new paragraph opening with one ends the reply.
+PLAIN_SPEAKERS = ("User", "Assistant", "System")
+
+
 class PromptRenderer:
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
         self.has_template = bool(getattr(tokenizer, "has_chat_template", False) or getattr(tokenizer, "chat_template", None))
         self.native_tools = bool(getattr(tokenizer, "has_tool_calling", False))
+
+    @property
+    def turn_end_strings(self) -> tuple[str, ...]:
+        """Text that starts another speaker's turn in the plain format; none under a chat template
+        (the template's own end-of-turn token is an EOS id there)."""
+        return () if self.has_template else tuple(f"\n\n{speaker}:" for speaker in PLAIN_SPEAKERS)
 
     def render(self, conversation: Conversation) -> list[int]:
         if not self.has_template:
@@ -66,8 +80,9 @@ class PromptRenderer:
         """
         head = [{"role": "user", "content": "."}, {"role": "assistant", "content": "."}]
         if not self.has_template:
-            return list(self.tokenizer.encode("\n\n" + "\n\n".join(
-                f"{m.role.capitalize()}: {m.content}" for m in messages) + "\n\nAssistant:"))
+            # The tail of a token sequence already in a cache: no BOS in front of it.
+            text = "".join(f"\n\n{_paragraph(m.role, m.content)}" for m in messages)
+            return list(self.tokenizer.encode(text + "\n\nAssistant:", add_special_tokens=False))
         before = list(self.tokenizer.apply_chat_template(head, add_generation_prompt=False))
         whole = self._apply(head + [_fallback(m) for m in messages], None)
         if whole[:len(before)] == before:
@@ -92,9 +107,15 @@ class PromptRenderer:
         parts = []
         tools = conversation.tools if conversation.tool_choice != "none" else ()
         for message in _with_tool_prompt([_fallback(m) for m in conversation.messages], tools):
-            parts.append(f"{message['role'].capitalize()}: {message['content']}")
+            parts.append(_paragraph(message["role"], message["content"]))
         parts.append("Assistant:")
         return list(self.tokenizer.encode("\n\n".join(parts)))
+
+
+def _paragraph(role: str, content: str) -> str:
+    # "Assistant:" ends the generation prompt, so a reply starts with its own space (" The
+    # capital..."); one space, not two, keeps the next turn's rendering equal to the tokens cached.
+    return f"{role.capitalize()}:{content if content[:1].isspace() else ' ' + content}"
 
 
 def _tool_schema(tool: ToolSpec) -> dict[str, Any]:

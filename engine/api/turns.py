@@ -138,6 +138,7 @@ async def prepare(service: EngineService, spec: TurnSpec) -> GenerationRequest:
         retain_s=spec.retention.ttl_s if spec.retention else 0.0,
         retain_tokens=retained_tokens(spec.retention, len(tokens), head),
         stop_strings=spec.stop,
+        turn_end_strings=renderer_for(service).turn_end_strings,
         source=spec.identity.source,
         display_name=spec.identity.display_name,
         auxiliary=spec.identity.auxiliary,

@@ -266,7 +266,8 @@ class BatchRunner:
         )
         self._generator.insert(turn.sequence)
         turn.uid, turn.phase, turn.admitted_at = uid, TurnPhase.PREFILLING, time.monotonic()
-        turn.text = TextStream(self.loaded.tokenizer.detokenizer, request.stop_strings)
+        turn.text = TextStream(self.loaded.tokenizer.detokenizer, request.stop_strings,
+                                request.turn_end_strings)
         turn.guard = RepetitionGuard(self.repetition_window)
         self.by_uid[uid] = turn
         agent.active_requests += 1
@@ -389,6 +390,8 @@ class BatchRunner:
         loop = turn.guard.push(out.token) if out.finish is None else None
         if delta.stop_sequence is not None:
             self._complete(turn, FinishReason.STOP_SEQUENCE, stop_sequence=delta.stop_sequence)
+        elif delta.ends_turn:
+            self._complete(turn, FinishReason.STOP)
         elif out.finish is not None:
             self._complete(turn, FinishReason.STOP if out.finish is Finish.STOP else FinishReason.LENGTH)
         elif turn.cancel_reason is not None:
@@ -419,9 +422,9 @@ class BatchRunner:
         if out.finish is Finish.STOP:
             return turn.text.finish()  # the end-of-sequence token itself is not text
         delta = turn.text.push(out.token)
-        if out.finish is not None and delta.stop_sequence is None:
+        if out.finish is not None and delta.stop_sequence is None and not delta.ends_turn:
             tail = turn.text.finish()
-            return TextDelta(delta.text + tail.text, tail.stop_sequence)
+            return TextDelta(delta.text + tail.text, tail.stop_sequence, tail.ends_turn)
         return delta
 
     def _remove_cancelled(self) -> None:

@@ -58,6 +58,9 @@ class GenerationRequest:
     max_tokens: int
     sampling: SamplingParams = SamplingParams()
     stop_strings: tuple[str, ...] = ()
+    # Next-speaker markers of a prompt format without a chat template (``\n\nUser:``): the reply
+    # ends before one, reported as an ordinary end of turn (rendering.py, text_stream.py).
+    turn_end_strings: tuple[str, ...] = ()
     source: AgentSource = AgentSource.API
     display_name: str | None = None
     model_id: str | None = None

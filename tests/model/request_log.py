@@ -65,7 +65,28 @@ class Exchange:
         shown |= {k: "<set>" for k in ("x-api-key", "authorization") if k in self.headers}
         return (f"{self.method} {self.path}{'?' + self.query if self.query else ''} -> {self.status}, "
                 f"request {len(self.body)} B, response {len(self.response)} B\n  body {shape}\n  headers {shown}"
-                f"\n  usage {self.usage()}")
+                f"\n  usage {self.usage()}{self._reply_summary()}")
+
+    def reply_text(self) -> str:
+        """The text a Messages stream carried so far (a stream cut short included)."""
+        text = []
+        for line in self.response.decode(errors="replace").splitlines():
+            if not line.startswith("data: {"):
+                continue
+            try:
+                event = json.loads(line[6:])
+            except ValueError:
+                continue
+            delta = event.get("delta", {}) if event.get("type") == "content_block_delta" else {}
+            text.append(delta.get("text", ""))
+        return "".join(text)
+
+    def _reply_summary(self) -> str:
+        text = self.reply_text()
+        if not text:
+            return ""
+        shown = repr(text) if len(text) <= 400 else f"{text[:200]!r} ... {text[-200:]!r}"
+        return f"\n  reply {len(text)} chars: {shown}"
 
 
 def _count(system: Any) -> int:

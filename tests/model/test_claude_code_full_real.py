@@ -10,8 +10,13 @@ Measured on the 2-core CPU (2026-11-27): the first run 182.8 s (about 90 s of it
 19,652 tokens, the rest Gemma's 443-token answer at that context); ``--continue`` 76.7 s, first
 output after 3.7 s, 19,651 of 20,105 prompt tokens read from cache; the new session 62.7 s, first
 output after 12.2 s, 17,920 of 19,651 from the stored prefix. How long a run takes after its first
-output is Gemma's sampled answer (one ran 671 tokens, 152 s, before the repetition guard ended it),
-so later runs are held to a time to first output, not a run time.
+output is Gemma's sampled answer, so every run is held to a time to first output, not a run time.
+
+Gemma 3 270M is a base model without a chat template: it sees the plain ``User:``/``Assistant:``
+format and, once it has answered, goes on writing the transcript (a made-up ``User:`` turn, another
+answer, ...). In CI (2026-11-27) the first run's answer ran past the 300 s harness timeout that way,
+211 s after its first output, at ~6 tok/s (the tied 262K-row output head, 671 MB of float32, read per
+token). Now the reply ends where it starts the next speaker's paragraph (test_plain_format_real.py).
 
 Before, the continued turn missed its cache: Claude Code restores a continued session's model from
 its replies, and a reply naming the plain model switched it off the 1M-context variant, whose system
@@ -32,7 +37,10 @@ from tests.model.real_api import RealApi, running_api
 from tests.model.request_log import Exchange, RequestLog
 from tests.model.test_claude_code_e2e import main_turns, report
 
-FIRST_RUN_LIMIT_S = 300.0  # the one full prefill of the suite, and a long answer at 19.6K tokens
+# The first run's first output waits for the one full prefill of the suite (~90-125 s here).
+FIRST_RUN_FIRST_OUTPUT_LIMIT_S = 240.0
+# A hard stop per run: Gemma's answer is bounded by the turn ends, the repetition guard and the output cap.
+GEMMA_RUN_TIMEOUT_S = 600.0
 # A later session's first output: ~1,700 new tokens after the cached prefix (about 11 s of compute here,
 # bench_prefill_floor.py), against ~90 s for the whole prompt. The rest of a run is Gemma's sampled answer
 # at ~20K tokens of context (~5 tok/s here), as long as the model makes it up to the repetition guard or
@@ -68,18 +76,20 @@ def test_full_size_claude_code_sessions_on_gemma3_reuse_their_cache_and_the_shar
     project.mkdir()
     claude = ClaudeCode(install_claude_code(npm_prefix()), api.url, home, project)
 
-    first = claude.print_mode("Name one colour.", bare=False)
+    first = claude.print_mode("Name one colour.", bare=False, timeout_s=GEMMA_RUN_TIMEOUT_S)
     print("\n" + report(api, exchanges, first))
     assert first.returncode == 0 and first.stdout.strip(), report(api, exchanges, first)
-    assert first.seconds < FIRST_RUN_LIMIT_S, report(api, exchanges, first)
     opening = main_turns(exchanges)
     assert opening, report(api, exchanges, first)
+    wait = opening[0].first_output_s
+    assert wait is not None and wait < FIRST_RUN_FIRST_OUTPUT_LIMIT_S, report(api, exchanges, first)
     usage = opening[0].usage()
-    print(f"\nfirst full-size request: {prompt_of(usage)} prompt tokens, {first.seconds:.0f} s for the whole run")
+    print(f"\nfirst full-size request: {prompt_of(usage)} prompt tokens, first output after "
+          f"{opening[0].first_output_s:.0f} s, {first.seconds:.0f} s for the whole run")
     assert prompt_of(usage) > 12_000 and len(opening[0].json()["tools"]) > 10
 
     seen = len(exchanges)
-    second = claude.print_mode("--continue", "Name another.", bare=False)
+    second = claude.print_mode("--continue", "Name another.", bare=False, timeout_s=GEMMA_RUN_TIMEOUT_S)
     print("\n" + report(api, exchanges[seen:], second))
     assert second.returncode == 0 and second.stdout.strip(), report(api, exchanges, second)
     continued = main_turns(exchanges[seen:])
@@ -88,7 +98,7 @@ def test_full_size_claude_code_sessions_on_gemma3_reuse_their_cache_and_the_shar
     assert usage["cache_read_input_tokens"] > 0.9 * prompt_of(usage), usage
 
     seen = len(exchanges)
-    other = claude.print_mode("Say hello.", bare=False)  # no --continue: a new session id
+    other = claude.print_mode("Say hello.", bare=False, timeout_s=GEMMA_RUN_TIMEOUT_S)  # no --continue: a new session id
     print("\n" + report(api, exchanges[seen:], other))
     assert other.returncode == 0, report(api, exchanges, other)
     started = main_turns(exchanges[seen:])

@@ -188,3 +188,11 @@ def test_blocks_hold_whitespace_and_index_in_order():
 def test_only_whitespace_gives_no_block():
     blocks = ContentBlocks()
     assert blocks.add([TextPiece("\n\n")]) + blocks.close() == [] and blocks.content == []
+
+
+def test_only_the_plain_format_has_turn_ends() -> None:
+    class Templated(ByteTokenizer):
+        chat_template = "{{ messages }}"
+
+    assert PromptRenderer(ByteTokenizer()).turn_end_strings == ("\n\nUser:", "\n\nAssistant:", "\n\nSystem:")
+    assert PromptRenderer(Templated()).turn_end_strings == ()

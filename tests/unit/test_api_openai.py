@@ -384,3 +384,12 @@ def test_sdk_raises_on_a_mid_stream_error(tmp_path: Path) -> None:
         stream = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}], stream=True)
         with pytest.raises(openai.APIError, match="generation failed: engine step failed: boom"):
             list(stream)
+
+
+async def test_a_model_without_a_chat_template_ends_replies_at_the_next_speaker(
+    client: httpx.AsyncClient, engine: ScriptedEngine,
+) -> None:
+    # The scripted tokenizer has no chat template: prompts are plain User:/Assistant: paragraphs.
+    await client.post(URL, json=ask())
+    assert engine.requests[-1].turn_end_strings == ("\n\nUser:", "\n\nAssistant:", "\n\nSystem:")
+    assert engine.requests[-1].stop_strings == ()

@@ -53,3 +53,33 @@ def test_output_is_the_text_up_to_the_first_stop(text: str, stops: list[str]) ->
     else:
         at = min(i for i, _ in hits)
         assert stop is not None and emitted == text[:at]
+
+
+# -- turn ends: a plain-format model starting the next speaker's paragraph -----------------------
+
+
+def test_a_turn_end_cuts_the_text_and_reports_an_end_of_turn_not_a_stop_sequence() -> None:
+    stream = TextStream(ByteDetokenizer(), (), ("\n\nUser:",))
+    deltas = [stream.push(b) for b in "Paris.\n\nUser: and Rome?".encode()]
+    ended = [d for d in deltas if d.ends_turn]
+    assert ended and ended[0].stop_sequence is None
+    assert stream.text == "Paris." and "".join(d.text for d in deltas) == "Paris."
+
+
+def test_a_paragraph_that_only_starts_like_a_turn_end_is_released() -> None:
+    stream = TextStream(ByteDetokenizer(), (), ("\n\nUser:",))
+    deltas = [stream.push(b) for b in "a\n\nUsers may".encode()]
+    deltas.append(stream.finish())
+    assert not any(d.ends_turn for d in deltas) and stream.text == "a\n\nUsers may"
+
+
+def test_a_client_stop_equal_to_a_turn_end_reports_as_the_clients() -> None:
+    stream = TextStream(ByteDetokenizer(), ("\n\nUser:",), ("\n\nUser:", "\n\nSystem:"))
+    deltas = [stream.push(b) for b in "ok\n\nUser:".encode()]
+    assert deltas[-1].stop_sequence == "\n\nUser:" and not deltas[-1].ends_turn
+
+
+def test_the_earlier_of_a_client_stop_and_a_turn_end_wins() -> None:
+    stream = TextStream(ByteDetokenizer(), ("END",), ("\n\nUser:",))
+    deltas = [stream.push(b) for b in "x\n\nUser: END".encode()]
+    assert any(d.ends_turn for d in deltas) and stream.text == "x"
