@@ -40,7 +40,7 @@ def build_engine(
     settings: Settings, loaded: LoadedModel, events: EventLog | None = None, seed_agents: Iterable[AgentView] = ()
 ) -> Engine:
     events = events or EventLog()
-    store = WarmStore(settings.agents_dir, loaded, settings.disk_budget_bytes, events)
+    store = WarmStore(settings.agents_dir, loaded, settings.disk_budget_bytes, events, kv_bits=settings.kv_bits)
     engine = Engine(loaded, EngineConfig.from_settings(settings), store=store, events=events, seed_agents=seed_agents)
     events.emit(EventKind.LOAD, f"loaded {loaded.model_id} ({loaded.architecture}, context {loaded.context_length})")
     return engine

@@ -96,6 +96,12 @@ class Settings(BaseSettings):
     disk_budget_mb: float = Field(4096.0, gt=0, description="Byte budget of the warm (disk) tier in MiB; past it the oldest warm entries go cold.")
     prefix_sharing: bool = Field(True, description="Let a new agent start from another agent's cached prefix (found per block, shared up to the first differing token).")
     persist_on_exit: bool = Field(True, description="Write every hot agent to the warm tier on clean shutdown.")
+    kv_bits_at_rest: Literal["none", "8", "4"] = Field(
+        "none",
+        description="Store evicted agents' KV (and shared prefixes) on disk quantized to 8 or 4 bits: files about "
+                    "3.6x / 6.4x smaller than float32, restored close to, not exactly as, computed "
+                    "(bench/bench_kv_at_rest.py). none: exact. Files of either kind load under any setting.",
+    )
 
     # -- HTTP ------------------------------------------------------------------
     host: str = Field("127.0.0.1", description="Address the HTTP API binds.")
@@ -172,6 +178,11 @@ class Settings(BaseSettings):
     @property
     def pool_budget_bytes(self) -> int:
         return int(self.pool_budget_mb * 1024 * 1024)
+
+    @property
+    def kv_bits(self) -> int | None:
+        """kv_bits_at_rest as a number of bits; None for full precision."""
+        return None if self.kv_bits_at_rest == "none" else int(self.kv_bits_at_rest)
 
     @property
     def disk_budget_bytes(self) -> int:

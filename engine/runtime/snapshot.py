@@ -75,6 +75,8 @@ class TierView:
     hot_array_bytes: int = 0
     warm_bytes: int = 0
     disk_budget_bytes: int = 0
+    # Bits of the K/V in warm files written now (--kv-bits-at-rest); None: full precision.
+    warm_kv_bits: int | None = None
     # Shared prefixes stored on disk (system prompt + tools), read by new agents instead of prefilled.
     prefix_files: int = 0
     prefix_bytes: int = 0

@@ -105,6 +105,7 @@ def _tiers(engine: "Engine", agents: tuple[AgentView, ...]) -> TierView:
         prefix_bytes=store.prefixes.disk_bytes if store is not None else 0,
         shared_blocks=engine.pool.shared_blocks,
         disk_budget_bytes=store.disk_budget_bytes if store is not None else 0,
+        warm_kv_bits=store.quantization.bits if store is not None and store.quantization else None,
         evictions_total=dict(tiers.evictions),
         restores_total=tiers.restores,
         discards_total=store.stats.discards if store is not None else 0,

@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from engine.domain.cache_spec import ModelCacheSpec
 from engine.models.loaded import ModelIdentity
@@ -24,6 +24,13 @@ from .file_names import agent_file_stem
 
 FORMAT_NAME = "semantic-agent-cache"
 FORMAT_VERSION = 1
+# Version 2: K/V quantized at rest (the header's ``kv_quantization``). A full-precision file is
+# still written as version 1, byte for byte as before, so files of either kind keep loading.
+QUANTIZED_FORMAT_VERSION = 2
+READABLE_VERSIONS = (FORMAT_VERSION, QUANTIZED_FORMAT_VERSION)
+# What mx.quantize offers; a reader checks a file's bits and group size against these.
+QUANTIZATION_BITS = (2, 3, 4, 5, 6, 8)
+QUANTIZATION_GROUP_SIZES = (32, 64, 128)
 CHECKSUM_ALGORITHM = "crc32"
 SUFFIX = ".safetensors"
 QUARANTINE_DIR = "quarantine"
@@ -43,8 +50,9 @@ _CHECKSUM_VALUE = re.compile(r"crc32:[0-9a-f]{8}")
 # A prefix file's key: lowercase hex, so it is also a safe file name.
 _PREFIX_KEY = re.compile(r"[0-9a-f]{1,64}")
 _INDEX = r"(0|[1-9][0-9]{0,17})"
-# A cache's own block "g{group}.b{start}.l{slot}.k", or a checkpoint's "c{i}.g...".
-_BLOCK_NAME = re.compile(rf"(?:c{_INDEX}\.)?g{_INDEX}\.b{_INDEX}\.l{_INDEX}\.([kv])")
+# A cache's own block "g{group}.b{start}.l{slot}.k", or a checkpoint's "c{i}.g...";
+# a quantized K or V adds ".scales" and ".biases" next to its packed words.
+_BLOCK_NAME = re.compile(rf"(?:c{_INDEX}\.)?g{_INDEX}\.b{_INDEX}\.l{_INDEX}\.([kv])(?:\.(scales|biases))?")
 # The writer's temp files: ".{stem}.{pid}.{random hex}.tmp".
 _TEMP_NAME = re.compile(r"\.[A-Za-z0-9_-]+\.([1-9][0-9]{0,9})\.[0-9a-f]+\.tmp")
 
@@ -65,17 +73,39 @@ _KV_DTYPES = {
     "bfloat16": _Dtype("bfloat16", "BF16", 2, "<u2", frozenset({"bfloat16", "H", "<H"})),
 }
 _TOKEN_DTYPE = _Dtype("uint32", "U32", 4, "<u4", frozenset({"I", "<I"}))
+_PACKED_DTYPE = _TOKEN_DTYPE  # quantized K/V: mx.quantize's packed uint32 words
 _BY_CODE = {d.code: d for d in (*_KV_DTYPES.values(), _TOKEN_DTYPE)}
 
 
 # -- records -------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class KVQuantization:
+    """How a file's K/V are quantized: ``mx.quantize`` along the head dimension."""
+
+    bits: int
+    group_size: int
+
+    def describe(self) -> dict[str, int]:
+        return {"bits": self.bits, "group_size": self.group_size}
+
+
+class QuantizedArray(NamedTuple):
+    """One quantized K or V as ``mx.quantize`` returns it: packed uint32 words, then per-group
+    scales and biases in the spec's dtype (shape [1, kv_heads, length, head_dim / group_size])."""
+
+    packed: Any
+    scales: Any
+    biases: Any
+
+
 @dataclass(frozen=True, slots=True)
 class PersistedBlock:
     """One block's K and V, one array per layer slot of the group.
 
     Arrays are anything with the buffer protocol: evaluated, C-contiguous
     mx.arrays when writing; numpy views of the file's bytes after reading.
-    ``checkpoint`` is None for the cache's own blocks, ``i`` for a block of
+    In a quantized record (the header's ``kv_quantization``) each is a
+    :class:`QuantizedArray`. ``checkpoint`` is None for the cache's own blocks, ``i`` for a block of
     the header's ``checkpoints[i]``.
     """
 
@@ -116,6 +146,13 @@ class CacheHeader:
     # The shared prefix file whose first tokens stand in for the global groups'
     # own blocks: {"key": hex, "n_tokens": tokens}; None when the file holds them all.
     prefix: dict[str, Any] | None = None
+    # {"bits": b, "group_size": g} when the K/V are quantized (format version 2); None: full precision.
+    kv_quantization: dict[str, int] | None = None
+
+    @property
+    def quantization(self) -> KVQuantization | None:
+        q = self.kv_quantization
+        return None if q is None else KVQuantization(q["bits"], q["group_size"])
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,17 +201,19 @@ def new_header(
     extra: dict[str, Any] | None = None,
     checkpoints: Sequence[dict[str, Any]] | None = None,
     prefix: dict[str, Any] | None = None,
+    quantization: KVQuantization | None = None,
 ) -> CacheHeader:
     """A header ready for :func:`write_cache_file` (which stamps checksum and sizes)."""
     now = time.time()
     return CacheHeader(
-        FORMAT_VERSION, agent_id, model.name, model.digest, spec_fingerprint(spec),
+        FORMAT_VERSION if quantization is None else QUANTIZED_FORMAT_VERSION, agent_id, model.name, model.digest, spec_fingerprint(spec),
         spec.describe(), list(cache_classes), [dict(m) for m in cache_meta],
         [int(t) for t in token_ids], len(token_ids),
         now if created_at is None else created_at, now if last_used is None else last_used,
         display_name=display_name, source=source, extra=dict(extra or {}),
         checkpoints=[dict(c) for c in checkpoints or ()],
         prefix=None if prefix is None else dict(prefix),
+        kv_quantization=None if quantization is None else quantization.describe(),
     )
 
 

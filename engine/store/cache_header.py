@@ -27,6 +27,10 @@ from .cache_format import (
     CHECKSUM_ALGORITHM,
     FORMAT_NAME,
     FORMAT_VERSION,
+    QUANTIZATION_BITS,
+    QUANTIZATION_GROUP_SIZES,
+    QUANTIZED_FORMAT_VERSION,
+    READABLE_VERSIONS,
     CacheHeader,
     _Entry,
     _short,
@@ -71,6 +75,13 @@ def _is_prefix(v: Any) -> bool:
             and type(v["n_tokens"]) is int and v["n_tokens"] >= 1)
 
 
+def _is_quantization(v: Any) -> bool:
+    # Never null, like prefix: a full-precision file has no kv_quantization field.
+    return (type(v) is dict and set(v) == {"bits", "group_size"}
+            and v["bits"] in QUANTIZATION_BITS and type(v["bits"]) is int
+            and v["group_size"] in QUANTIZATION_GROUP_SIZES and type(v["group_size"]) is int)
+
+
 # The header's JSON fields, in the order written; token ids travel as a tensor.
 _HEADER_FIELDS = {
     "format_version": _is_count, "agent_id": _is_str, "model_name": _is_str,
@@ -79,12 +90,15 @@ _HEADER_FIELDS = {
     "n_tokens": _is_count, "checkpoints": _is_list_of(_is_checkpoint), "prefix": _is_prefix,
     "created_at": _is_time, "last_used": _is_time,
     "tensor_bytes": _is_count, "display_name": _is_optional_str, "source": _is_optional_str,
-    "extra": _is_dict, "checksum": _is_str,
+    "extra": _is_dict, "kv_quantization": _is_quantization, "checksum": _is_str,
 }
 # Fields added within format version 1 are written only when they differ from
 # their default, so a file without them is byte-identical to one written
 # before they existed, and that older file still reads.
-_OPTIONAL_FIELDS: dict[str, Callable[[], Any]] = {"checkpoints": list, "prefix": lambda: None}
+# kv_quantization came with format version 2 and is written exactly when the version is 2.
+_OPTIONAL_FIELDS: dict[str, Callable[[], Any]] = {
+    "checkpoints": list, "prefix": lambda: None, "kv_quantization": lambda: None,
+}
 
 
 # -- encoding ----------------------------------------------------------------------------------
@@ -127,10 +141,10 @@ def _parse_header(metadata: Any) -> CacheHeader:
     if type(fields) is not dict:
         raise CacheCorruptionError("bad JSON semantic header: not an object")
     version = fields.get("format_version")
-    if type(version) is not int or version != FORMAT_VERSION:
+    if type(version) is not int or version not in READABLE_VERSIONS:
         raise CacheCorruptionError(
             f"unsupported format_version {_short(repr(version))} "
-            f"(this build reads {FORMAT_VERSION})")
+            f"(this build reads {', '.join(map(str, READABLE_VERSIONS))})")
     _check_fields(fields)
     fields["created_at"] = float(fields["created_at"])
     fields["last_used"] = float(fields["last_used"])
@@ -148,6 +162,11 @@ def _check_fields(fields: dict[str, Any]) -> None:
                 f"header field {name} has a bad value {_short(repr(fields[name]))}")
     _check_checkpoint_offsets(fields.get("checkpoints", []), fields["n_tokens"])
     _check_prefix(fields.get("prefix"), fields["n_tokens"], fields["spec"])
+    quantized = "kv_quantization" in fields
+    if quantized != (fields["format_version"] == QUANTIZED_FORMAT_VERSION):
+        raise CacheCorruptionError(
+            f"format_version {fields['format_version']} {'with' if quantized else 'without'} kv_quantization "
+            f"(version {QUANTIZED_FORMAT_VERSION} files and only they are quantized)")
     if not _CHECKSUM_VALUE.fullmatch(fields["checksum"]):
         raise CacheCorruptionError(
             f"unsupported checksum {_short(repr(fields['checksum']))}, "

@@ -22,11 +22,13 @@ from engine.errors import CacheCorruptionError
 
 from .cache_format import (
     _LENGTH,
+    _PACKED_DTYPE,
     _TOKEN_DTYPE,
     MAX_HEADER_BYTES,
     CacheHeader,
     CacheRecord,
     PersistedBlock,
+    QuantizedArray,
     _Dtype,
     _Entry,
 )
@@ -80,10 +82,15 @@ def read_cache_file(
         _check_checksum(layout.head, layout.checksum_at, header.checksum, data)
     data.flags.writeable = False  # blocks are immutable; every array below is a view of this
     tokens = _view(data, layout.tokens, _TOKEN_DTYPE)
+    def array(entry: _Entry | QuantizedArray) -> np.ndarray | QuantizedArray:
+        if isinstance(entry, QuantizedArray):
+            return QuantizedArray(_view(data, entry.packed, _PACKED_DTYPE), _view(data, entry.scales, geometry.dtype),
+                                  _view(data, entry.biases, geometry.dtype))
+        return _view(data, entry, geometry.dtype)
+
     blocks = tuple(
-        PersistedBlock(b.group, b.start, b.length,
-                       tuple(_view(data, e, geometry.dtype) for e in b.keys),
-                       tuple(_view(data, e, geometry.dtype) for e in b.values), b.checkpoint)
+        PersistedBlock(b.group, b.start, b.length, tuple(array(e) for e in b.keys),
+                       tuple(array(e) for e in b.values), b.checkpoint)
         for b in _in_file_order(runs)
     )
     return CacheRecord(replace(header, token_ids=tokens.tolist()), blocks)

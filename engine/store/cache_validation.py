@@ -27,10 +27,13 @@ from .cache_format import (
     _BLOCK_NAME,
     _CRC_DIGITS,
     _KV_DTYPES,
+    _PACKED_DTYPE,
     _TOKEN_DTYPE,
     CHECKSUM_ALGORITHM,
     TOKENS,
     CacheHeader,
+    KVQuantization,
+    QuantizedArray,
     _Dtype,
     _Entry,
     _fingerprint,
@@ -111,8 +114,8 @@ class _BlockEntries:
     group: int
     start: int
     length: int
-    keys: tuple[_Entry, ...]
-    values: tuple[_Entry, ...]
+    keys: tuple[_Entry | QuantizedArray, ...]  # QuantizedArrays of entries in a quantized file
+    values: tuple[_Entry | QuantizedArray, ...]
     checkpoint: int | None = None
 
     @property
@@ -148,7 +151,10 @@ def _check_blocks(geometry: _Geometry, entries: dict[str, _Entry], header: Cache
     if layers != {geometry.n_layers}:
         raise CacheCorruptionError(f"header describes {sorted(layers)} layer caches, "
                                    f"the spec has {geometry.n_layers} layers")
-    runs = _group_blocks(geometry, entries)
+    quantization = header.quantization
+    if quantization is not None:
+        _check_quantization(geometry, quantization)
+    runs = _group_blocks(geometry, entries, quantization)
     orphans = sorted(i for i in runs if i is not None and i >= len(header.checkpoints))
     if orphans:
         raise CacheCorruptionError(f"tensors of checkpoint {orphans[0]}, which the header "
@@ -166,9 +172,20 @@ def _check_blocks(geometry: _Geometry, entries: dict[str, _Entry], header: Cache
     return runs
 
 
-def _group_blocks(geometry: _Geometry, entries: dict[str, _Entry]) -> _Runs:
+def _check_quantization(geometry: _Geometry, quantization: KVQuantization) -> None:
+    """The head dims split into whole groups, and a group into whole packed words."""
+    for dim in {geometry.head_dim, geometry.v_head_dim}:
+        if dim % quantization.group_size or dim * quantization.bits % 32:
+            raise CacheCorruptionError(
+                f"kv_quantization {quantization.bits} bits in groups of {quantization.group_size} "
+                f"does not fit head_dim {dim}")
+
+
+def _group_blocks(
+    geometry: _Geometry, entries: dict[str, _Entry], quantization: KVQuantization | None = None,
+) -> _Runs:
     """The K/V tensors gathered into blocks by name, each group's blocks in token order."""
-    found: dict[tuple[int, int, int], dict[tuple[int, str], _Entry]] = {}
+    found: dict[tuple[int, int, int], dict[tuple[int, str, str | None], _Entry]] = {}
     for name, entry in entries.items():
         if name == TOKENS:
             continue
@@ -177,30 +194,41 @@ def _group_blocks(geometry: _Geometry, entries: dict[str, _Entry]) -> _Runs:
             raise CacheCorruptionError(f"unexpected tensor {_short(repr(name))}")
         checkpoint = -1 if match[1] is None else int(match[1])  # -1 sorts the cache's own first
         group, start, slot = int(match[2]), int(match[3]), int(match[4])
-        found.setdefault((checkpoint, group, start), {})[(slot, match[5])] = entry
+        found.setdefault((checkpoint, group, start), {})[(slot, match[5], match[6])] = entry
     runs: _Runs = {}
     for (checkpoint, group, start), tensors in sorted(found.items()):
-        block = _block(geometry, None if checkpoint < 0 else checkpoint, group, start, tensors)
+        block = _block(geometry, None if checkpoint < 0 else checkpoint, group, start, tensors, quantization)
         runs.setdefault(block.checkpoint, {}).setdefault(group, []).append(block)
     return runs
 
 
+_PARTS = (None, "scales", "biases")  # a quantized K or V: packed words, then its group parameters
+
+
 def _block(
     geometry: _Geometry, checkpoint: int | None, group: int, start: int,
-    tensors: dict[tuple[int, str], _Entry],
+    tensors: dict[tuple[int, str, str | None], _Entry], quantization: KVQuantization | None = None,
 ) -> _BlockEntries:
     name = ("" if checkpoint is None else f"c{checkpoint}.") + f"g{group}.b{start}"
     if group not in geometry.groups:
         raise CacheCorruptionError(
             f"tensor group {group} is not in the spec (groups {sorted(geometry.groups)})")
     width = geometry.groups[group][0]
-    if set(tensors) != {(slot, kind) for slot in range(width) for kind in "kv"}:
-        raise CacheCorruptionError(
-            f"block {name} lacks k or v of some of the group's {width} layers")
-    keys = tuple(tensors[(slot, "k")] for slot in range(width))
-    values = tuple(tensors[(slot, "v")] for slot in range(width))
-    lengths = {_tensor_length(geometry, e, geometry.head_dim) for e in keys}
-    lengths |= {_tensor_length(geometry, e, geometry.v_head_dim) for e in values}
+    parts = _PARTS if quantization is not None else (None,)
+    if set(tensors) != {(slot, kind, part) for slot in range(width) for kind in "kv" for part in parts}:
+        what = "k or v (packed, scales and biases)" if quantization is not None else "k or v"
+        raise CacheCorruptionError(f"block {name} lacks {what} of some of the group's {width} layers "
+                                   "or has tensors its format does not have")
+    if quantization is None:
+        keys: tuple[Any, ...] = tuple(tensors[(slot, "k", None)] for slot in range(width))
+        values: tuple[Any, ...] = tuple(tensors[(slot, "v", None)] for slot in range(width))
+        lengths = {_tensor_length(geometry, e, geometry.head_dim) for e in keys}
+        lengths |= {_tensor_length(geometry, e, geometry.v_head_dim) for e in values}
+    else:
+        keys = tuple(QuantizedArray(*(tensors[(slot, "k", p)] for p in _PARTS)) for slot in range(width))
+        values = tuple(QuantizedArray(*(tensors[(slot, "v", p)] for p in _PARTS)) for slot in range(width))
+        lengths = {_quantized_length(geometry, q, geometry.head_dim, quantization) for q in keys}
+        lengths |= {_quantized_length(geometry, q, geometry.v_head_dim, quantization) for q in values}
     length = min(lengths)
     room = geometry.block_tokens - start % geometry.block_tokens  # blocks sit on boundaries
     if len(lengths) != 1 or not 1 <= length <= room:
@@ -209,15 +237,30 @@ def _block(
     return _BlockEntries(group, start, length, keys, values, checkpoint)
 
 
-def _tensor_length(geometry: _Geometry, entry: _Entry, head_dim: int) -> int:
-    if entry.dtype != geometry.dtype.code:
+def _tensor_length(geometry: _Geometry, entry: _Entry, head_dim: int, dtype: _Dtype | None = None) -> int:
+    stored_as = "the spec stores" if dtype is None else "quantized K/V are"
+    dtype = dtype or geometry.dtype
+    if entry.dtype != dtype.code:
         raise CacheCorruptionError(f"tensor {entry.name} has unexpected dtype {entry.dtype}, "
-                                   f"the spec stores {geometry.dtype.name}")
+                                   f"{stored_as} {dtype.name}")
     shape = entry.shape
     if len(shape) != 4 or shape[0] != 1 or shape[1] != geometry.kv_heads or shape[3] != head_dim:
         raise CacheCorruptionError(f"tensor {entry.name} has shape {list(shape)}, "
                                    f"the spec needs [1, {geometry.kv_heads}, n, {head_dim}]")
     return shape[2]
+
+
+def _quantized_length(
+    geometry: _Geometry, array: QuantizedArray, head_dim: int, quantization: KVQuantization,
+) -> int:
+    """Packed words [1, H, n, head_dim * bits / 32], scales and biases [1, H, n, head_dim / group]."""
+    lengths = {_tensor_length(geometry, array.packed, head_dim * quantization.bits // 32, _PACKED_DTYPE)}
+    for part in (array.scales, array.biases):
+        lengths.add(_tensor_length(geometry, part, head_dim // quantization.group_size))
+    if len(lengths) != 1:
+        raise CacheCorruptionError(f"tensor {array.packed.name}: its packed words, scales and biases "
+                                   f"hold {sorted(lengths)} tokens")
+    return lengths.pop()
 
 
 def _check_run(

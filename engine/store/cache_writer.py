@@ -26,12 +26,15 @@ from engine.errors import CacheCorruptionError, CachePersistenceError
 
 from .cache_format import (
     _CHECKSUM_PLACEHOLDER,
+    _PACKED_DTYPE,
     _TOKEN_DTYPE,
     FORMAT_VERSION,
+    QUANTIZED_FORMAT_VERSION,
     SUFFIX,
     TOKENS,
     CacheRecord,
     PersistedBlock,
+    QuantizedArray,
     WrittenFile,
     _Dtype,
     _Entry,
@@ -152,7 +155,8 @@ def _plan(record: CacheRecord) -> _Plan:
         geometry = _geometry(header.spec)
         sources = [_token_source(header.token_ids), *_block_sources(record.blocks, geometry.dtype)]
         entries = _lay_out(sources)
-        header = replace(header, format_version=FORMAT_VERSION, checksum=_CHECKSUM_PLACEHOLDER,
+        version = FORMAT_VERSION if header.kv_quantization is None else QUANTIZED_FORMAT_VERSION
+        header = replace(header, format_version=version, checksum=_CHECKSUM_PLACEHOLDER,
                          tensor_bytes=sum(e.end - e.begin for e in entries[1:]))
         head, checksum_at = _encode_head(header, entries)  # checks the fields _check_blocks reads
         _token_entry(_by_name(entries), header.n_tokens)
@@ -175,10 +179,19 @@ def _block_sources(blocks: Sequence[PersistedBlock], dtype: _Dtype) -> list[_Sou
         checkpoint = "" if block.checkpoint is None else f"c{block.checkpoint}."
         for slot, (k, v) in enumerate(zip(block.keys, block.values)):
             prefix = f"{checkpoint}g{block.group}.b{block.start}.l{slot}"
-            sources += [_source(f"{prefix}.k", k, dtype), _source(f"{prefix}.v", v, dtype)]
-            if {sources[-1].shape[2:3], sources[-2].shape[2:3]} != {(block.length,)}:
+            written = [*_kv_sources(f"{prefix}.k", k, dtype), *_kv_sources(f"{prefix}.v", v, dtype)]
+            if {source.shape[2:3] for source in written} != {(block.length,)}:
                 raise ValueError(f"{prefix}: arrays do not hold the block's {block.length} tokens")
+            sources += written
     return sources
+
+
+def _kv_sources(name: str, array: Any, dtype: _Dtype) -> list[_Source]:
+    """One K or V: its array, or a quantized one's packed words, scales and biases."""
+    if not isinstance(array, QuantizedArray):
+        return [_source(name, array, dtype)]
+    return [_source(name, array.packed, _PACKED_DTYPE), _source(f"{name}.scales", array.scales, dtype),
+            _source(f"{name}.biases", array.biases, dtype)]
 
 
 def _source(name: str, array: Any, dtype: _Dtype) -> _Source:

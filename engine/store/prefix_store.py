@@ -24,7 +24,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Literal, Sequence
 
 import numpy as np
 
@@ -70,6 +70,8 @@ class PrefixEntry:
     path: Path
     nbytes: int
     last_used: float = field(default_factory=time.time)
+    # The file's header kv_quantization ({"bits", "group_size"}; None: full precision).
+    kv_quantization: dict[str, int] | None = None
 
 
 @dataclass(slots=True)
@@ -111,12 +113,17 @@ class PrefixStore:
             if prefix_key(header.token_ids, self.block_tokens) != key:
                 quarantine(path, "its tokens do not match its key")
                 continue
-            self.entries[key] = PrefixEntry(key, header.n_tokens, path, path.stat().st_size, header.last_used)
+            self.entries[key] = PrefixEntry(key, header.n_tokens, path, path.stat().st_size, header.last_used,
+                                            header.kv_quantization)
 
-    def longest(self, prompt: Sequence[int], at_most: int) -> PrefixEntry | None:
-        """The longest stored (or being written) prefix of ``prompt`` no longer than ``at_most`` tokens."""
+    def longest(
+        self, prompt: Sequence[int], at_most: int, *, stored_as: dict[str, int] | None | Literal["any"] = "any",
+    ) -> PrefixEntry | None:
+        """The longest stored (or being written) prefix of ``prompt`` no longer than ``at_most`` tokens;
+        with ``stored_as``, only one whose K/V are stored that way (a header's kv_quantization)."""
         keys = block_keys(prompt[:at_most], self.block_tokens)
-        found = [self.entries[key] for key in keys if key in self.entries]
+        found = [self.entries[key] for key in keys if key in self.entries
+                 and (stored_as == "any" or self.entries[key].kv_quantization == stored_as)]
         return found[-1] if found else None
 
     def has(self, tokens: Sequence[int]) -> bool:
@@ -134,7 +141,8 @@ class PrefixStore:
             return
         self._writes[key] = self._io.submit(write_cache_file, self.directory, record)
         path = self.directory / "pending"
-        self.entries[key] = PrefixEntry(key, record.header.n_tokens, path, 0)
+        self.entries[key] = PrefixEntry(key, record.header.n_tokens, path, 0,
+                                        kv_quantization=record.header.kv_quantization)
 
     def poll(self) -> None:
         """Settle finished writes (engine thread)."""

@@ -15,6 +15,8 @@ import numpy as np
 from engine.runtime.kv.sequence_kv import LayerSlice
 
 from .cache_file import CacheRecord
+from .cache_format import QuantizedArray
+from .kv_at_rest import dequantized
 
 _AS_MLX: dict[str, Callable[[np.ndarray], mx.array]] = {
     "float32": mx.array,
@@ -30,11 +32,21 @@ def to_mx_slices(record: CacheRecord) -> list[LayerSlice]:
     checkpoint's, with ``checkpoint`` set to its index in the header.
     """
     as_mlx = _AS_MLX[record.header.spec["dtype"]]
+    quantization = record.header.quantization
+
+    def array(stored: np.ndarray | QuantizedArray) -> mx.array:
+        if isinstance(stored, QuantizedArray):
+            assert quantization is not None
+            return dequantized(QuantizedArray(mx.array(stored.packed), as_mlx(stored.scales), as_mlx(stored.biases)),
+                               quantization)
+        return as_mlx(stored)
+
     slices = [
         LayerSlice(block.group, block.start, block.length,
-                   tuple(as_mlx(k) for k in block.keys), tuple(as_mlx(v) for v in block.values),
+                   tuple(array(k) for k in block.keys), tuple(array(v) for v in block.values),
                    block.checkpoint)
         for block in sorted(record.blocks, key=lambda b: b.file_order)
     ]
     mx.eval([a for s in slices for a in (*s.keys, *s.values)])
     return slices
+

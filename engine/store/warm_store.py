@@ -48,6 +48,7 @@ from .cache_file import (
 )
 from .cold_index import ColdIndex, ColdEntry
 from .file_names import model_dir_name
+from .kv_at_rest import block_nbytes, dequantized, quantization_for, quantize_blocks
 from .prefix_store import AGENT_PREFIX, PrefixEntry, PrefixStore, prefix_key
 from .private_dirs import make_private_dir
 from .to_mlx import to_mx_slices
@@ -114,10 +115,13 @@ def token_hash(tokens: list[int]) -> str:
 
 
 class WarmStore:
-    def __init__(self, root: Path, loaded: LoadedModel, disk_budget_bytes: int, events: EventLog) -> None:
+    def __init__(self, root: Path, loaded: LoadedModel, disk_budget_bytes: int, events: EventLog,
+                 kv_bits: int | None = None) -> None:
         self.directory = model_directory(root, loaded)
         self.loaded = loaded
         self.disk_budget_bytes = disk_budget_bytes
+        # K/V written quantized (kv_at_rest.py); files of either kind load whatever the setting.
+        self.quantization = quantization_for(kv_bits, loaded.spec.head_dim, loaded.spec.value_head_dim)
         self.events = events
         self.fingerprint = spec_fingerprint(loaded.spec)
         self.entries: dict[str, WarmEntry] = {}
@@ -131,6 +135,7 @@ class WarmStore:
         self.usable = self._prepare_directory()
         # Shared prefixes live beside the agents, on the same I/O thread and disk budget.
         self.prefixes = PrefixStore(self.directory / "prefixes", loaded, self.fingerprint, events, self._io)
+        self._quantization_field = None if self.quantization is None else self.quantization.describe()
 
     # -- start-up -------------------------------------------------------------------------
     def _prepare_directory(self) -> bool:
@@ -183,7 +188,7 @@ class WarmStore:
         self._cancel_read(agent.agent_id)
         future = self._io.submit(write_cache_file, self.directory, record)
         self._writes[agent.agent_id] = PendingWrite(record, future, digest)
-        return sum(_nbytes(a) for b in record.blocks for a in (*b.keys, *b.values))
+        return sum(block_nbytes(b) for b in record.blocks)
 
     def write_now(self, agent: AgentRecord, hot: HotCache) -> "Future[WrittenFile] | None":
         """Write a hot agent's cache to its file while it stays hot (an export needs the file); the
@@ -225,18 +230,22 @@ class WarmStore:
         shared = self._stored_prefix_of(agent.tokens)
         # Copies cut from the resident arrays: the write owns them, the agent's cache can go.
         checkpoints, checkpoint_slices = agent.kv.checkpoint_slices()
-        blocks = [
+        blocks = tuple(
             PersistedBlock(s.group, s.start, s.length, s.keys, s.values, s.checkpoint)
             for s in agent.kv.slices(len(agent.tokens), full_from=shared.n_tokens if shared else 0) + checkpoint_slices
-        ]
+        )
         header = new_header(
             agent.agent_id, self.loaded.identity, self.loaded.spec, agent.tokens,
             *_cache_classes(self.loaded),
             created_at=agent.created_at, last_used=agent.last_used,
             display_name=agent.display_name, source=agent.source.value, checkpoints=checkpoints,
             prefix={"key": shared.key, "n_tokens": shared.n_tokens} if shared else None,
+            quantization=self.quantization,
         )
-        return CacheRecord(header, tuple(blocks))
+        return CacheRecord(header, self._at_rest(blocks))
+
+    def _at_rest(self, blocks: tuple[PersistedBlock, ...]) -> tuple[PersistedBlock, ...]:
+        return blocks if self.quantization is None else quantize_blocks(blocks, self.quantization)
 
     # -- restore (warm -> hot) ------------------------------------------------------------------
     def load(self, agent_id: str) -> tuple[LoadState, Loaded | None]:
@@ -343,8 +352,11 @@ class WarmStore:
 
     # -- shared prefixes ------------------------------------------------------------------------
     def _stored_prefix_of(self, tokens: list[int]) -> "PrefixEntry | None":
-        """The longest prefix file on disk (not one still being written) that ``tokens`` start with."""
-        entry = self.prefixes.longest(tokens, len(tokens))
+        """The longest prefix file on disk (not one still being written) that ``tokens`` start with.
+
+        Only one stored as this store stores K/V (quantized or not, alike): a file holds one kind,
+        and an export joins the prefix's blocks into the agent's file."""
+        entry = self.prefixes.longest(tokens, len(tokens), stored_as=self._quantization_field)
         return entry if entry is not None and not self.prefixes.reading(entry.key) else None
 
     def referenced_prefixes(self) -> set[str]:
@@ -358,10 +370,10 @@ class WarmStore:
         key = prefix_key(tokens, self.loaded.spec.block_tokens)
         header = new_header(
             AGENT_PREFIX + key, self.loaded.identity, self.loaded.spec, tokens, *_cache_classes(self.loaded),
-            display_name=f"shared prefix of {len(tokens)} tokens", source="prefix",
+            display_name=f"shared prefix of {len(tokens)} tokens", source="prefix", quantization=self.quantization,
         )
         blocks = tuple(PersistedBlock(s.group, s.start, s.length, s.keys, s.values) for s in slices)
-        self.prefixes.write(CacheRecord(header, blocks))
+        self.prefixes.write(CacheRecord(header, self._at_rest(blocks)))
 
     def _enforce_budget(self) -> None:
         """Oldest files go until the warm tier fits its budget: agents become cold, prefixes are forgotten."""
@@ -441,8 +453,13 @@ class WarmStore:
 
 def _from_record(record: CacheRecord, from_memory: bool) -> Loaded:
     if from_memory:
+        quantization = record.header.quantization
+
+        def arrays(stored: tuple[Any, ...]) -> tuple[Any, ...]:
+            return stored if quantization is None else tuple(dequantized(a, quantization) for a in stored)
+
         slices = [
-            LayerSlice(b.group, b.start, b.length, b.keys, b.values, b.checkpoint)
+            LayerSlice(b.group, b.start, b.length, arrays(b.keys), arrays(b.values), b.checkpoint)
             for b in record.blocks
         ]
     else:
@@ -457,10 +474,6 @@ def _cache_classes(loaded: LoadedModel) -> tuple[list[str], list[dict[str, Any]]
         classes.append(type(cache).__name__ if cache is not None else "KVCache")
         meta.append({"max_size": cache.max_size, "keep": cache.keep} if hasattr(cache, "max_size") else {})
     return classes, meta
-
-
-def _nbytes(array: Any) -> int:
-    return int(array.nbytes)
 
 
 def _unlink_quietly(path: Path) -> None:

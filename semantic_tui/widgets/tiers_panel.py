@@ -25,6 +25,8 @@ def tier_lines(tiers: TierView) -> Text:
     warm_size = human_bytes(tiers.warm_bytes).rjust(9)
     if tiers.disk_budget_bytes:
         warm_size += f" of {human_bytes(tiers.disk_budget_bytes)}"
+    if tiers.warm_kv_bits:
+        warm_size += f", {tiers.warm_kv_bits}-bit"  # --kv-bits-at-rest: new warm files are quantized
     # Discarded warm caches are how agents end up cold, so the count sits on the cold line.
     discarded = f"{tiers.discards_total:,} discarded" if tiers.discards_total else ""
     rows = (

@@ -13,7 +13,8 @@ from engine.models.loaded import LoadedModel, ModelIdentity
 from .byte_tokenizer import VOCAB_SIZE, ByteTokenizer
 
 
-def tiny_llama(seed: int = 0, layers: int = 2):
+def tiny_llama(seed: int = 0, layers: int = 2, head_dim: int | None = None):
+    """Heads of 16 dims; ``head_dim`` widens them (64: wide enough for mx.quantize's groups)."""
     mx.random.seed(seed)
     args = llama.ModelArgs(
         model_type="llama",
@@ -22,6 +23,7 @@ def tiny_llama(seed: int = 0, layers: int = 2):
         intermediate_size=128,
         num_attention_heads=4,
         num_key_value_heads=2,
+        head_dim=head_dim,
         rms_norm_eps=1e-5,
         vocab_size=VOCAB_SIZE,
         tie_word_embeddings=True,
@@ -53,7 +55,9 @@ def tiny_gemma3(seed: int = 0, window: int = 24):
 
 
 def loaded_tiny(kind: str = "llama", block_tokens: int = 16, context: int = 2048, seed: int = 0) -> LoadedModel:
-    model = tiny_llama(seed) if kind == "llama" else tiny_gemma3(seed)
+    # "llama-hd64": the tiny llama with 64-dim heads, for K/V quantized at rest (groups of 32 or more).
+    model = {"llama": lambda: tiny_llama(seed), "llama-hd64": lambda: tiny_llama(seed, head_dim=64),
+             "gemma": lambda: tiny_gemma3(seed)}[kind]()
     spec = derive_cache_spec(model, block_tokens)
     return LoadedModel(
         model_id=f"tiny-{kind}",

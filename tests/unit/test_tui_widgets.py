@@ -279,3 +279,12 @@ def test_hybrid_spec_marks_groups_1_to_5_sliding():
     assert sliding_groups_of(dashboard_snapshot(spec=HYBRID_SPEC)) == frozenset(range(1, 6))
     no_model = EngineSnapshot("ready", None, hybrid_pool(), at=0.0)
     assert sliding_groups_of(no_model) == frozenset(range(1, 6))
+
+
+async def test_tiers_panel_says_when_warm_files_are_quantized():
+    snapshot = dashboard_snapshot()
+    quantized = replace(snapshot, tiers=replace(snapshot.tiers, warm_kv_bits=8))
+    panel = TiersPanel()
+    async with mounted(panel, quantized, (48, 10)):
+        agents = text_of(panel.query_one("#tiers-agents", Static))
+    assert agents.splitlines()[1] == "warm 2 agents   40.0 MiB of 1.0 GiB, 8-bit"

@@ -1,0 +1,75 @@
+"""K/V quantized at rest: what an evicted agent's blocks become on disk under ``--kv-bits-at-rest``.
+
+mlx-lm's ``BatchGenerator`` decodes only full-precision caches, so the engine
+quantizes where it owns the bytes: blocks leaving the pool for the warm tier
+(and the shared prefix files beside them). ``mx.quantize`` packs each K or V
+along the head dimension in groups with a scale and a bias per group (in the
+KV dtype); a restore dequantizes them back into the pool's dtype. 8 bits keep
+the agent's greedy continuation close to the full-precision one; the
+measurements are in bench/bench_kv_at_rest.py and its report.
+
+Runs on the engine thread (it is MLX work): the I/O thread only writes bytes.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import mlx.core as mx
+
+from .cache_format import QUANTIZATION_GROUP_SIZES, KVQuantization, PersistedBlock, QuantizedArray
+
+log = logging.getLogger("semantic.store")
+
+# Groups of 64 values share a scale and a bias: mlx-lm's default for weights and for its own
+# quantized KV cache. Smaller head dims take the largest group size that divides them.
+PREFERRED_GROUP_SIZE = 64
+
+
+def quantization_for(bits: int | None, head_dim: int, v_head_dim: int) -> KVQuantization | None:
+    """The quantization for ``bits`` on these head dims; None for full precision, or when no group
+    size ``mx.quantize`` offers divides both head dims (then the files stay full precision, logged)."""
+    if bits is None:
+        return None
+    sizes = [PREFERRED_GROUP_SIZE, *sorted((g for g in QUANTIZATION_GROUP_SIZES if g != PREFERRED_GROUP_SIZE),
+                                           reverse=True)]
+    for group_size in sizes:
+        if all(dim % group_size == 0 and dim * bits % 32 == 0 for dim in (head_dim, v_head_dim)):
+            return KVQuantization(bits, group_size)
+    log.warning("kv_bits_at_rest %d: head dims %d/%d split into no group size of %s; "
+                "caches are stored at full precision", bits, head_dim, v_head_dim, QUANTIZATION_GROUP_SIZES)
+    return None
+
+
+def quantize_blocks(blocks: tuple[PersistedBlock, ...], quantization: KVQuantization) -> tuple[PersistedBlock, ...]:
+    """Every K and V of ``blocks`` quantized, evaluated (the I/O thread reads their bytes as they are)."""
+    out = tuple(
+        PersistedBlock(b.group, b.start, b.length, tuple(_quantized(k, quantization) for k in b.keys),
+                       tuple(_quantized(v, quantization) for v in b.values), b.checkpoint)
+        for b in blocks
+    )
+    mx.eval([part for b in out for q in (*b.keys, *b.values) for part in q])
+    return out
+
+
+def dequantized(array: QuantizedArray, quantization: KVQuantization) -> mx.array:
+    """A quantized K or V back in the dtype of its scales (the spec's KV dtype)."""
+    return mx.dequantize(array.packed, array.scales, array.biases,
+                         group_size=quantization.group_size, bits=quantization.bits)
+
+
+def block_nbytes(block: PersistedBlock) -> int:
+    """The bytes a block's arrays hold (a quantized K or V counts its packed words, scales and biases)."""
+    return sum(_nbytes(a) for a in (*block.keys, *block.values))
+
+
+def _quantized(array: mx.array, quantization: KVQuantization) -> QuantizedArray:
+    packed, scales, biases = mx.quantize(array, group_size=quantization.group_size, bits=quantization.bits)
+    return QuantizedArray(packed, scales, biases)
+
+
+def _nbytes(array: Any) -> int:
+    if isinstance(array, QuantizedArray):
+        return sum(int(part.nbytes) for part in array)
+    return int(array.nbytes)
