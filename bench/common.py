@@ -45,9 +45,11 @@ def load(args: argparse.Namespace) -> LoadedModel:
 
 
 def start_engine(
-    loaded: LoadedModel, pool_mb: float, batch: int = 16, prefill_step: int = 512, store=None, prefix_sharing: bool = True
+    loaded: LoadedModel, pool_mb: float, batch: int = 16, prefill_step: int = 512, store=None, prefix_sharing: bool = True,
+    kv_bits: int | None = None,
 ) -> Engine:
-    config = EngineConfig(int(pool_mb * 2**20), RunnerLimits(batch, 8, prefill_step), prefix_sharing=prefix_sharing)
+    config = EngineConfig(int(pool_mb * 2**20), RunnerLimits(batch, 8, prefill_step), prefix_sharing=prefix_sharing,
+                          kv_bits=kv_bits)
     engine = Engine(loaded, config, store=store)
     engine.start()
     return engine

@@ -98,9 +98,11 @@ class Settings(BaseSettings):
     persist_on_exit: bool = Field(True, description="Write every hot agent to the warm tier on clean shutdown.")
     kv_bits_at_rest: Literal["none", "8", "4"] = Field(
         "none",
-        description="Store evicted agents' KV (and shared prefixes) on disk quantized to 8 or 4 bits: files about "
-                    "3.6x / 6.4x smaller than float32, restored close to, not exactly as, computed "
-                    "(bench/bench_kv_at_rest.py). none: exact. Files of either kind load under any setting.",
+        description="Quantize idle agents' KV to 8 or 4 bits when the pool needs room: kept in memory first "
+                    "(the cool tier, about 3.6x / 6.4x fewer bytes than float32, back by a dequantize), then "
+                    "written to disk that way (warm files and shared prefixes). Restored close to, not exactly "
+                    "as, computed (bench/bench_kv_at_rest.py). none: exact, no cool tier. Files of either kind "
+                    "load under any setting.",
     )
 
     # -- HTTP ------------------------------------------------------------------

@@ -29,7 +29,7 @@ AGENT_PALETTE: tuple[str, ...] = (
 FREE_STYLE = "dim"
 """Free blocks: dim so used blocks stand out whatever the theme's foreground."""
 
-TIER_STYLES = {"hot": "bold red", "warm": "yellow", "cold": "blue", "empty": "dim"}
+TIER_STYLES = {"hot": "bold red", "cool": "cyan", "warm": "yellow", "cold": "blue", "empty": "dim"}
 """Tier names, styled as the agents table styles them."""
 
 PRESSURE_OK_STYLE = "#3fa34d"

@@ -45,13 +45,20 @@ class AgentTable:
     def touch(self, record: AgentRecord) -> None:
         record.touch(next(self._tick))
 
+    def cool_order(self, protect: set[str], auxiliary_only: bool = False) -> list[AgentRecord]:
+        """Cool, idle, unpinned agents in the order :meth:`eviction_order` gives hot ones."""
+        return self._idle_in(Tier.COOL, protect, auxiliary_only)
+
     def eviction_order(self, protect: set[str], auxiliary_only: bool = False) -> list[AgentRecord]:
         """Hot, idle, unpinned agents, least recently used first: auxiliary agents, then agents
         without a live cache_control retention, then retained ones (a last resort, not a pin)."""
+        return self._idle_in(Tier.HOT, protect, auxiliary_only)
+
+    def _idle_in(self, tier: Tier, protect: set[str], auxiliary_only: bool) -> list[AgentRecord]:
         candidates = [
             a
             for a in self._agents.values()
-            if a.tier is Tier.HOT
+            if a.tier is tier
             and not a.is_busy
             and not a.pinned
             and a.agent_id not in protect

@@ -12,6 +12,7 @@ from .forensics import HISTORY_KEPT, TurnForensics
 from .requests import AgentSource
 
 if TYPE_CHECKING:
+    from .cool_cache import CoolCache
     from .kv.sequence_kv import SequenceKV
 
 
@@ -24,6 +25,7 @@ class AgentState(str, enum.Enum):
 
 class Tier(str, enum.Enum):
     HOT = "hot"  # blocks in the pool
+    COOL = "cool"  # quantized in memory, paid for in pool blocks (cool_cache.py)
     WARM = "warm"  # on disk
     COLD = "cold"  # dropped; metadata only
     EMPTY = "empty"  # nothing cached yet
@@ -38,8 +40,10 @@ class AgentRecord:
     # The tokens whose K/V the resident cache holds, position for position.
     tokens: list[int] = field(default_factory=list)
     kv: "SequenceKV | None" = None
-    # Pool blocks paying for ``kv``, per layer group.
+    # Pool blocks paying for ``kv`` per layer group (a cool agent's: for ``cool``, under group 0).
     blocks: dict[int, list[int]] = field(default_factory=dict)
+    # The quantized cache of a cool agent (tier COOL); None otherwise.
+    cool: "CoolCache | None" = None
     tier: Tier = Tier.EMPTY
     state: AgentState = AgentState.IDLE
     pinned: bool = False

@@ -30,6 +30,7 @@ from engine.errors import (
 )
 from engine.models.loaded import LoadedModel
 from engine.models.sampling_defaults import model_sampling_defaults
+from engine.store.kv_at_rest import quantization_for
 
 from .agent_table import AgentTable
 from .agents import AgentRecord, Tier
@@ -67,6 +68,8 @@ class EngineConfig:
     watchdog_s: float = 60.0
     # Settings' overrides of the model's sampling defaults: temperature, top_p, top_k (None: the model's).
     sampling_overrides: tuple[float | None, float | None, int | None] = (None, None, None)
+    # --kv-bits-at-rest: idle agents are cooled (quantized in memory) to this many bits; None: never.
+    kv_bits: int | None = None
 
     @classmethod
     def from_settings(cls, settings: Any) -> "EngineConfig":
@@ -82,6 +85,7 @@ class EngineConfig:
             queue_timeout_s=settings.request_timeout_s,
             watchdog_s=settings.watchdog_s,
             sampling_overrides=(settings.default_temperature, settings.default_top_p, settings.default_top_k),
+            kv_bits=settings.kv_bits,
         )
 
 
@@ -126,7 +130,8 @@ class Engine:
             *config.sampling_overrides)
         # Prefixes are shared by reference where the model's attention can be hooked (kv/ragged.py).
         self.hot = HotCache(loaded.spec, self._pool, share_by_reference=ragged.install(loaded.model))
-        self.tiers = TierManager(self.hot, self.agents, self.events, store)
+        cool = quantization_for(config.kv_bits, loaded.spec.head_dim, loaded.spec.value_head_dim)
+        self.tiers = TierManager(self.hot, self.agents, self.events, store, cool=cool)
         self.branching = Branching(self.hot, self.agents, self.tiers, self.events)
         self.runner: BatchRunner | None = None
 
@@ -275,6 +280,7 @@ class Engine:
         if agent.is_busy:
             raise EngineUnavailableError(f"agent {agent_id!r} is generating", retry_after_s=1)
         self.hot.drop(agent)
+        agent.cool = None
         if self._store is not None:
             self._store.forget(agent_id)
             self._store.forget_cold(agent_id)
@@ -299,7 +305,7 @@ class Engine:
             raise EngineUnavailableError("this server has no cache directory to export from (--no-persist?)")
         if agent.is_busy:
             raise EngineUnavailableError(f"agent {agent_id!r} is generating; export it when idle", retry_after_s=1)
-        if agent.tier is Tier.HOT and agent.tokens:
+        if (agent.tier is Tier.HOT and agent.tokens) or agent.tier is Tier.COOL:
             return self._store.write_now(agent, self.hot)
         if agent.tier is not Tier.WARM:
             raise AgentNotFoundError(agent_id, f"agent {agent_id!r} has no cache to export (tier {agent.tier.value})")
@@ -328,6 +334,7 @@ class Engine:
         if agent is not None:
             self.check_import(agent_id, replace=True)
             self.hot.drop(agent)
+            agent.cool = None
         else:
             agent = self.agents.add(AgentRecord(agent_id, _source(header.source), header.display_name))
         agent.tier, agent.stored_tokens = Tier.WARM, header.n_tokens
@@ -508,17 +515,17 @@ class Engine:
         """Free every block on this thread: MLX aborts the process if arrays made
         here are only freed during interpreter teardown."""
         for agent in self.agents:
-            if agent.tier is Tier.HOT:
-                agent.stored_tokens = len(agent.tokens)
+            if agent.tier in (Tier.HOT, Tier.COOL):
+                agent.stored_tokens = agent.cached_tokens
                 self.hot.drop(agent)
-                agent.tier = Tier.COLD
+                agent.tier, agent.cool = Tier.COLD, None
 
     def _persist_all(self) -> None:
         if self._store is None:
             return
         if self.config.persist_on_exit:
             for agent in self.agents:
-                if agent.tier is Tier.HOT and not agent.auxiliary:
+                if agent.tier in (Tier.HOT, Tier.COOL) and not agent.auxiliary:
                     self.tiers.evict(agent, Tier.WARM, reason="shutdown")
         self._store.close()
 

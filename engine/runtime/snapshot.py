@@ -67,11 +67,15 @@ class ThroughputView:
 @dataclass(frozen=True, slots=True)
 class TierView:
     hot_agents: int = 0
+    # Idle agents quantized in memory (--kv-bits-at-rest): their pool blocks, and the bits.
+    cool_agents: int = 0
+    cool_bytes: int = 0
+    cool_kv_bits: int | None = None
     warm_agents: int = 0
     cold_agents: int = 0
     hot_bytes: int = 0
-    # What the hot caches' arrays measure (own arrays, checkpoints, shared segments once):
-    # equal to hot_bytes, which the pool counts, whenever the engine is between steps.
+    # hot_bytes: the pool's bytes less cool agents' blocks. What the hot caches' arrays measure (own
+    # arrays, checkpoints, shared segments once): equal to hot_bytes whenever the engine is between steps.
     hot_array_bytes: int = 0
     warm_bytes: int = 0
     disk_budget_bytes: int = 0

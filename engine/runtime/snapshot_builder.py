@@ -28,8 +28,9 @@ def build_snapshot(engine: "Engine", status: str) -> EngineSnapshot:
 
 
 def _agent_view(agent: AgentRecord, engine: "Engine") -> AgentView:
-    blocks = engine.pool.owned_blocks(agent.agent_id) if agent.tier is Tier.HOT else 0
-    nbytes = blocks * engine.pool.block_bytes if agent.tier is Tier.HOT else agent.stored_bytes
+    in_pool = agent.tier in (Tier.HOT, Tier.COOL)
+    blocks = engine.pool.owned_blocks(agent.agent_id) if in_pool else 0
+    nbytes = blocks * engine.pool.block_bytes if in_pool else agent.stored_bytes
     return AgentView(
         agent_id=agent.agent_id,
         display_name=agent.display_name,
@@ -94,11 +95,15 @@ def _tiers(engine: "Engine", agents: tuple[AgentView, ...]) -> TierView:
     counts = {t.value: 0 for t in Tier}
     for a in agents:
         counts[a.tier] += 1
+    cool_bytes = sum(a.bytes for a in agents if a.tier == Tier.COOL.value)
     return TierView(
         hot_agents=counts["hot"],
+        cool_agents=counts["cool"],
         warm_agents=counts["warm"],
         cold_agents=counts["cold"],
-        hot_bytes=engine.pool.used_bytes,
+        hot_bytes=engine.pool.used_bytes - cool_bytes,
+        cool_bytes=cool_bytes,
+        cool_kv_bits=tiers.cool.bits if tiers.cool is not None else None,
         hot_array_bytes=held_bytes(engine.agents),
         warm_bytes=store.disk_bytes if store is not None else 0,
         prefix_files=len(store.prefixes.entries) if store is not None else 0,

@@ -1,6 +1,12 @@
-"""Moving agents between tiers: hot (pool) -> warm (disk) -> cold (metadata).
+"""Moving agents between tiers: hot (pool) -> cool (quantized, pool) -> warm (disk) -> cold (metadata).
 
-Without a warm store (``store=None``) eviction drops caches straight to cold.
+When the pool needs room, the cheapest agent to bring back goes first, and
+the least expensive way: idle agents are cooled (quantized in memory, a
+dequantize to bring back) before any is spilled; cool agents, least recently
+used first, are spilled to disk (a read to bring back) before a hot agent
+that cannot be cooled; without a warm store (``store=None``) eviction drops
+caches to cold (a prefill to bring back). Cooling needs ``cool`` (the
+--kv-bits-at-rest quantization); without it agents go from hot to warm.
 """
 
 from __future__ import annotations
@@ -11,12 +17,14 @@ from typing import TYPE_CHECKING
 
 from .agent_table import AgentTable
 from .agents import AgentRecord, Tier
+from .cool_cache import cool_copy
 from .event_log import EventKind, EventLog
 from .hot_cache import HotCache
 from .kv.sequence_kv import SequenceKV
 from .meters import RateMeter
 
 if TYPE_CHECKING:
+    from engine.store.cache_format import KVQuantization
     from engine.store.warm_store import Loaded, WarmStore
 
 
@@ -27,12 +35,14 @@ class HotState(enum.Enum):
 
 
 class TierManager:
-    def __init__(self, hot: HotCache, agents: AgentTable, events: EventLog, store: "WarmStore | None" = None) -> None:
+    def __init__(self, hot: HotCache, agents: AgentTable, events: EventLog, store: "WarmStore | None" = None,
+                 cool: "KVQuantization | None" = None) -> None:
         self.hot = hot
         self.agents = agents
         self.events = events
         self.store = store
-        self.evictions: dict[str, int] = {"warm": 0, "cold": 0}
+        self.cool = cool
+        self.evictions: dict[str, int] = {"warm": 0, "cold": 0} | ({"cool": 0} if cool is not None else {})
         self.restores = 0
         # Per-minute rates for the workbench's tier pane.
         self.eviction_rate = RateMeter(window_s=60.0)
@@ -41,38 +51,81 @@ class TierManager:
     # -- eviction ---------------------------------------------------------------------
     def make_room(self, free_blocks: int, protect: set[str], auxiliary_only: bool = False) -> bool:
         """Free pool blocks until ``free_blocks`` are free: idle agents' checkpoints first, then
-        least-recently-used idle agents go to disk."""
+        least-recently-used idle agents are cooled, then cool ones (else hot ones) go to disk."""
         victims = self.agents.eviction_order(protect, auxiliary_only)
         for agent in victims:
             while self.hot.pool.free_blocks < free_blocks and self.hot.drop_checkpoint(agent):
                 pass
+        uncoolable: set[str] = set()
         while self.hot.pool.free_blocks < free_blocks:
             victims = self.agents.eviction_order(protect, auxiliary_only)
+            coolable = [a for a in victims if self._worth_cooling(a) and a.agent_id not in uncoolable]
+            if coolable:
+                if not self._cool(coolable[0], reason="pool needs room"):
+                    uncoolable.add(coolable[0].agent_id)
+                continue
+            victims = self.agents.cool_order(protect, auxiliary_only) + victims
             if not victims:
                 return False
             self.evict(victims[0], Tier.WARM, reason="pool needs room")
         return True
 
     def evict(self, agent: AgentRecord, tier: Tier, reason: str) -> None:
-        if agent.tier is Tier.HOT:
+        if tier is Tier.COOL:
+            if agent.tier is Tier.HOT and self.cool is not None:
+                self._cool(agent, reason)
+        elif agent.tier is Tier.HOT:
             self._evict_hot(agent, tier, reason)
+        elif agent.tier is Tier.COOL:
+            self._evict_hot(agent, tier, reason, source="cool")
         elif agent.tier is Tier.WARM and tier is Tier.COLD:
             self._to_cold(agent, f"warm -> cold ({reason})")
 
-    def _evict_hot(self, agent: AgentRecord, tier: Tier, reason: str) -> None:
-        agent.stored_tokens = len(agent.tokens)
+    # -- cooling --------------------------------------------------------------------------
+    def _worth_cooling(self, agent: AgentRecord) -> bool:
+        # Auxiliary agents (titles, probes) are not worth keeping: they go straight on.
+        return self.cool is not None and not agent.auxiliary and agent.kv is not None and bool(agent.tokens)
+
+    def _cool(self, agent: AgentRecord, reason: str) -> bool:
+        """Quantize the agent's cache in memory; False (nothing changed) when that frees no block."""
+        assert self.cool is not None and agent.kv is not None
+        cool = cool_copy(agent, self.cool)
+        blocks = cool.pool_blocks(self.hot.pool.block_bytes)
+        held = self.hot.exclusive_blocks(agent)
+        if blocks >= held:
+            return False  # mostly a shared prefix others hold: quantizing frees nothing
+        n_tokens = len(agent.tokens)
+        self.hot.drop(agent)
+        got = self.hot.pool.allocate(agent.agent_id, {0: blocks})
+        assert got is not None, "cooling frees more blocks than it takes"
+        agent.blocks, agent.cool, agent.tier = got, cool, Tier.COOL
+        agent.stored_tokens, agent.stored_bytes = n_tokens, cool.nbytes
+        self.evictions["cool"] += 1
+        self.eviction_rate.add(1)
+        self.events.emit(EventKind.EVICT, f"{agent.agent_id}: hot -> cool, {n_tokens} tokens quantized to "
+                         f"{self.cool.bits} bits, {held} -> {blocks} blocks ({reason})", agent.agent_id)
+        return True
+
+    def _evict_hot(self, agent: AgentRecord, tier: Tier, reason: str, source: str = "hot") -> None:
+        """A hot or cool agent's cache leaves the pool: written to disk, or dropped."""
+        agent.stored_tokens = len(agent.cool.tokens) if agent.cool is not None else len(agent.tokens)
         if tier is Tier.WARM and self.store is not None and self.store.usable:
             agent.stored_bytes = self.store.spill(agent, self.hot)
             agent.tier = Tier.WARM
             self.evictions["warm"] += 1
             self.eviction_rate.add(1)
-            self.hot.drop(agent)
+            self._drop(agent)
             self.events.emit(
-                EventKind.EVICT, f"{agent.agent_id}: hot -> warm, {agent.stored_tokens} tokens ({reason})", agent.agent_id
+                EventKind.EVICT, f"{agent.agent_id}: {source} -> warm, {agent.stored_tokens} tokens ({reason})",
+                agent.agent_id,
             )
             return
+        self._drop(agent)
+        self._to_cold(agent, f"{source} -> cold ({reason})")
+
+    def _drop(self, agent: AgentRecord) -> None:
         self.hot.drop(agent)
-        self._to_cold(agent, f"hot -> cold ({reason})")
+        agent.cool = None
 
     def _to_cold(self, agent: AgentRecord, message: str) -> None:
         if self.store is not None:
@@ -86,7 +139,10 @@ class TierManager:
 
     # -- restore ----------------------------------------------------------------------
     def ensure_hot(self, agent: AgentRecord, protect: set[str] = frozenset()) -> HotState:  # type: ignore[assignment]
-        """Bring a warm agent's cache back into the pool without blocking on disk."""
+        """Bring a cool agent's cache back to full precision, or a warm one's into the pool without
+        blocking on disk."""
+        if agent.tier is Tier.COOL:
+            return self._warm_up(agent, set(protect) | {agent.agent_id})
         if agent.tier is not Tier.WARM or self.store is None:
             return HotState.READY
         from engine.store.warm_store import LoadState
@@ -99,6 +155,29 @@ class TierManager:
             self.events.emit(EventKind.DISCARD, f"{agent.agent_id}: warm cache unusable, prefilling its conversation again (only a prefix shared with other agents is reused)", agent.agent_id, logging.WARNING)
             return HotState.READY
         return self._install(agent, loaded, set(protect) | {agent.agent_id})
+
+    def _warm_up(self, agent: AgentRecord, protect: set[str]) -> HotState:
+        """Cool -> hot: dequantize into the pool. Its cool blocks are freed as the cache is installed,
+        so the room to make is what it needs beyond them; without it the agent stays cool."""
+        cool = agent.cool
+        assert cool is not None
+        need = sum(SequenceKV.empty(self.hot.spec).blocks_for(len(cool.tokens)).values())
+        need += sum(1 for b in cool.blocks if b.checkpoint is not None)
+        held = sum(len(ids) for ids in agent.blocks.values())
+        if not self.make_room(need - held, protect):
+            return HotState.NO_ROOM
+        if not self.hot.install(agent, cool.tokens, cool.slices(), cool.checkpoints):
+            # install released the cool blocks; they are still free (nothing ran in between).
+            got = self.hot.pool.allocate(agent.agent_id, {0: held})
+            assert got is not None
+            agent.blocks, agent.tier = got, Tier.COOL
+            return HotState.NO_ROOM
+        agent.cool = None
+        self.restores += 1
+        self.restore_rate.add(1)
+        self.events.emit(EventKind.RESTORE, f"{agent.agent_id}: cool -> hot, {len(agent.tokens)} tokens dequantized",
+                         agent.agent_id)
+        return HotState.READY
 
     def _install(self, agent: AgentRecord, loaded: "Loaded", protect: set[str]) -> HotState:
         own = sum(SequenceKV.empty(self.hot.spec).blocks_for(len(loaded.tokens)).values())

@@ -178,9 +178,10 @@ class WarmStore:
     # -- spill (hot -> warm) ------------------------------------------------------------------
     def spill(self, agent: AgentRecord, hot: HotCache) -> int:
         """Start writing the agent's hot cache; returns its size in bytes. Engine thread."""
-        if not self.usable or not agent.tokens:
+        tokens = agent.cool.tokens if agent.cool is not None else agent.tokens
+        if not self.usable or not tokens:
             return 0
-        digest = token_hash(agent.tokens)
+        digest = token_hash(tokens)
         entry = self.entries.get(agent.agent_id)
         if entry is not None and entry.token_hash == digest and agent.agent_id not in self._writes:
             return entry.nbytes  # the file on disk already holds exactly this cache
@@ -225,6 +226,8 @@ class WarmStore:
         return header
 
     def _record(self, agent: AgentRecord, hot: HotCache) -> CacheRecord:
+        if agent.cool is not None:
+            return self._cool_record(agent)
         assert agent.kv is not None
         # A stored shared prefix the agent starts with is referenced, not written again.
         shared = self._stored_prefix_of(agent.tokens)
@@ -243,6 +246,17 @@ class WarmStore:
             quantization=self.quantization,
         )
         return CacheRecord(header, self._at_rest(blocks))
+
+    def _cool_record(self, agent: AgentRecord) -> CacheRecord:
+        """A cool agent's file: its blocks as quantized in memory, all of them (no prefix reference)."""
+        cool = agent.cool
+        assert cool is not None
+        header = new_header(
+            agent.agent_id, self.loaded.identity, self.loaded.spec, cool.tokens, *_cache_classes(self.loaded),
+            created_at=agent.created_at, last_used=agent.last_used, display_name=agent.display_name,
+            source=agent.source.value, checkpoints=cool.checkpoints, quantization=cool.quantization,
+        )
+        return CacheRecord(header, cool.blocks)
 
     def _at_rest(self, blocks: tuple[PersistedBlock, ...]) -> tuple[PersistedBlock, ...]:
         return blocks if self.quantization is None else quantize_blocks(blocks, self.quantization)

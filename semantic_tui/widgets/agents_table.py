@@ -11,7 +11,7 @@ from textual.widgets import DataTable
 
 from engine.runtime.snapshot import AgentView, EngineSnapshot
 
-from ..agent_colors import agent_color
+from ..agent_colors import TIER_STYLES, agent_color
 from ..formatting import human_bytes, relative_time
 
 # Fixed widths: columns never jump as states and numbers change.
@@ -38,7 +38,6 @@ CELL_PADDING = 2  # DataTable pads every cell by one column on each side
 # The table redraws every visible cell when any cell changes; once a second is enough.
 MIN_REFRESH_S = 1.0
 SOURCE_LABELS = {"claude-code": "Claude Code", "tui": "workbench", "openai": "OpenAI", "anthropic": "Anthropic", "api": "API", "bench": "bench"}
-TIER_STYLES = {"hot": "bold red", "warm": "yellow", "cold": "blue", "empty": "dim"}
 
 
 class AgentsTable(DataTable):

@@ -21,6 +21,7 @@ GLOBAL_GLYPH = "█"
 SLIDING_GLYPH = "▒"
 SHARED_GLYPH = "▓"  # a block several agents hold (a shared prefix), in its first holder's colour
 KEPT_GLYPH = "▣"  # a block of an agent a client's cache_control breakpoint asked to keep
+COOL_GLYPH = "▪"  # a block paying for an idle agent's cache quantized in memory (--kv-bits-at-rest)
 FREE_GLYPH = "·"
 BAR_FILL, BAR_EMPTY = "█", "░"
 MIN_BAR = 10  # below this the bar says little; drop the label, then the byte sizes
@@ -35,6 +36,8 @@ class PoolView:
     labels: tuple[tuple[str, str], ...]
     # Agents under a live cache_control retention: evicted only after every unmarked agent.
     kept: frozenset[str] = frozenset()
+    # Cool agents: their blocks hold a quantized cache, not K/V the batch reads.
+    cool: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +54,7 @@ class Cell(NamedTuple):
     sliding: bool
     shared: bool = False
     kept: bool = False
+    cool: bool = False
 
 
 def sliding_groups_of(snapshot: EngineSnapshot) -> frozenset[int]:
@@ -87,8 +91,10 @@ def aggregate_cells(view: PoolView, per: int) -> list[Cell]:
     """
     owners, groups, sliding, kept = view.pool.block_owner, view.pool.block_group, view.sliding_groups, view.kept
     holders = view.pool.block_holders or (1,) * len(owners)
+    cool = view.cool
     if per == 1:
-        return [Cell(o, o is not None and g in sliding, h > 1, o in kept) for o, g, h in zip(owners, groups, holders)]
+        return [Cell(o, o is not None and g in sliding, h > 1, o in kept, o in cool)
+                for o, g, h in zip(owners, groups, holders)]
     # Counting the few global groups with tuple.count keeps the per-block work in C.
     global_groups = tuple(set(range(view.pool.n_groups)) - sliding)
     cells = []
@@ -103,7 +109,8 @@ def aggregate_cells(view: PoolView, per: int) -> list[Cell]:
         held = chunk_groups if uniform else tuple(g for o, g in zip(chunk, chunk_groups) if o == owner)
         n_global = sum(held.count(g) for g in global_groups)
         n_shared = sum(1 for h in holders[start : start + per] if h > 1)
-        cells.append(Cell(owner, (len(held) - n_global) * 2 > len(held), n_shared * 2 > len(chunk), owner in kept))
+        cells.append(Cell(owner, (len(held) - n_global) * 2 > len(held), n_shared * 2 > len(chunk), owner in kept,
+                          owner in cool))
     return cells
 
 
@@ -134,6 +141,8 @@ def grid_lines(cells: list[Cell], layout: GridLayout) -> list[Text]:
 def _cell_glyph(cell: Cell) -> tuple[str, str]:
     if cell.owner is None:
         return FREE_GLYPH, FREE_STYLE
+    if cell.cool:
+        return COOL_GLYPH, agent_color(cell.owner)
     if cell.shared:
         return SHARED_GLYPH, agent_color(cell.owner)
     if cell.kept:
@@ -172,18 +181,21 @@ def pressure_line(pool: PoolSnapshot, width: int) -> Text:
     return line
 
 
-def legend_line(hybrid: bool, per: int, width: int, shared: bool = False, kept: bool = False) -> Text:
+def legend_line(hybrid: bool, per: int, width: int, shared: bool = False, kept: bool = False,
+                cool: bool = False) -> Text:
     """Glyph meanings and, when blocks are aggregated, the scale."""
     glyph_forms = [
         [f"{GLOBAL_GLYPH} global", f"{SLIDING_GLYPH} sliding", f"{SHARED_GLYPH} shared", f"{KEPT_GLYPH} kept",
-         f"{FREE_GLYPH} free"],
-        [f"{GLOBAL_GLYPH} glb", f"{SLIDING_GLYPH} sld", f"{SHARED_GLYPH} shr", f"{KEPT_GLYPH} kpt", f"{FREE_GLYPH} free"],
-        [f"{GLOBAL_GLYPH}glb", f"{SLIDING_GLYPH}sld", f"{SHARED_GLYPH}shr", f"{KEPT_GLYPH}kpt", f"{FREE_GLYPH}free"],
+         f"{COOL_GLYPH} cool", f"{FREE_GLYPH} free"],
+        [f"{GLOBAL_GLYPH} glb", f"{SLIDING_GLYPH} sld", f"{SHARED_GLYPH} shr", f"{KEPT_GLYPH} kpt",
+         f"{COOL_GLYPH} cool", f"{FREE_GLYPH} free"],
+        [f"{GLOBAL_GLYPH}glb", f"{SLIDING_GLYPH}sld", f"{SHARED_GLYPH}shr", f"{KEPT_GLYPH}kpt",
+         f"{COOL_GLYPH}cool", f"{FREE_GLYPH}free"],
     ]
     scale_forms = [f"1 cell = {per} blocks", f"1 cell={per} blocks", f"1 cell={per} blk"] if per > 1 else [""]
     candidates = []
     for glyphs, scale, sep in product(glyph_forms, scale_forms, ("  ", " ")):
-        shown = [g for g, keep in zip(glyphs, (True, hybrid, shared, kept, True)) if keep]
+        shown = [g for g, keep in zip(glyphs, (True, hybrid, shared, kept, cool, True)) if keep]
         candidates.append(sep.join([*shown, scale]).rstrip())
     return _style_glyphs(_first_fit(candidates, width))
 
@@ -193,7 +205,7 @@ def _style_glyphs(legend: str) -> Text:
     for i, char in enumerate(legend):
         if char == FREE_GLYPH:
             text.stylize(FREE_STYLE, i, i + 1)
-        elif char in (GLOBAL_GLYPH, SLIDING_GLYPH, SHARED_GLYPH, KEPT_GLYPH):
+        elif char in (GLOBAL_GLYPH, SLIDING_GLYPH, SHARED_GLYPH, KEPT_GLYPH, COOL_GLYPH):
             text.stylize("not dim", i, i + 1)
     return text
 
@@ -226,7 +238,7 @@ def render_pool(view: PoolView, width: int, height: int) -> Text:
     if legend_rows:
         kept = any(owner in view.kept for owner in view.pool.owner_blocks)
         lines.append(legend_line(bool(view.sliding_groups), layout.blocks_per_cell, width,
-                                 view.pool.shared_blocks > 0, kept))
+                                 view.pool.shared_blocks > 0, kept, bool(view.cool)))
     if len(lines) < height and pool.owner_blocks:
         lines.append(owners_line(view, width))
     return Text("\n").join(lines[:height])
@@ -256,7 +268,8 @@ class PoolMap(Widget):
             owners = snapshot.pool.owner_blocks
             labels = tuple(sorted((a.agent_id, a.label) for a in snapshot.agents if a.agent_id in owners))
             kept = frozenset(a.agent_id for a in snapshot.agents if a.retained_s > 0 and a.agent_id in owners)
-            view = PoolView(snapshot.pool, sliding_groups_of(snapshot), labels, kept)
+            cool = frozenset(a.agent_id for a in snapshot.agents if a.tier == "cool" and a.agent_id in owners)
+            view = PoolView(snapshot.pool, sliding_groups_of(snapshot), labels, kept, cool)
         if view == self._view and snapshot.status == self._status:
             return
         self._view, self._status = view, snapshot.status

@@ -13,7 +13,7 @@ from ..agent_colors import FREE_STYLE, TIER_STYLES
 from ..formatting import human_bytes
 
 
-EVICTION_ORDER = {"warm": 0, "cold": 1}  # down the tiers, not alphabetical
+EVICTION_ORDER = {"cool": 0, "warm": 1, "cold": 2}  # down the tiers, not alphabetical
 
 
 def _agents(n: int) -> str:
@@ -31,6 +31,9 @@ def tier_lines(tiers: TierView) -> Text:
     discarded = f"{tiers.discards_total:,} discarded" if tiers.discards_total else ""
     rows = (
         ("hot", tiers.hot_agents, human_bytes(tiers.hot_bytes).rjust(9)),
+        # Only where idle agents are quantized in memory (--kv-bits-at-rest): otherwise no such tier.
+        *((("cool", tiers.cool_agents, f"{human_bytes(tiers.cool_bytes).rjust(9)}, {tiers.cool_kv_bits}-bit"),)
+          if tiers.cool_kv_bits or tiers.cool_agents else ()),
         ("warm", tiers.warm_agents, warm_size),
         ("cold", tiers.cold_agents, discarded),
     )
@@ -45,7 +48,7 @@ def tier_lines(tiers: TierView) -> Text:
 def movement_lines(tiers: TierView) -> Text:
     """Each movement's rate (is the pool thrashing now?) next to its totals since start."""
     text = Text(f"evictions {tiers.evictions_per_min:.1f}/min ·")
-    evicted = sorted(tiers.evictions_total.items(), key=lambda item: (EVICTION_ORDER.get(item[0], 2), item[0]))
+    evicted = sorted(tiers.evictions_total.items(), key=lambda item: (EVICTION_ORDER.get(item[0], 3), item[0]))
     for tier, count in evicted:
         text.append(f" →{tier}", style=TIER_STYLES.get(tier, ""))
         text.append(f" {count:,}")
@@ -84,7 +87,7 @@ class TiersPanel(Vertical):
     DEFAULT_CSS = """
     TiersPanel { height: auto; }
     TiersPanel Static { text-wrap: nowrap; text-overflow: ellipsis; }
-    TiersPanel #tiers-agents { height: 3; }
+    TiersPanel #tiers-agents { height: auto; }
     TiersPanel #tiers-disk { height: 1; }
     TiersPanel #tiers-disk-label { width: 5; }
     TiersPanel #tiers-disk-bar { width: 1fr; }

@@ -23,7 +23,15 @@ from semantic_tui.agent_colors import (
     agent_color,
     pressure_style,
 )
-from semantic_tui.widgets.pool_map import FREE_GLYPH, GLOBAL_GLYPH, SHARED_GLYPH, SLIDING_GLYPH, PoolMap, pressure_line
+from semantic_tui.widgets.pool_map import (
+    COOL_GLYPH,
+    FREE_GLYPH,
+    GLOBAL_GLYPH,
+    SHARED_GLYPH,
+    SLIDING_GLYPH,
+    PoolMap,
+    pressure_line,
+)
 from semantic_tui.widgets.throughput_panel import HISTORY_TICKS, ThroughputPanel, compact_count
 from semantic_tui.widgets.tiers_panel import TiersPanel
 from tests.support.dashboard_snapshots import (
@@ -288,3 +296,26 @@ async def test_tiers_panel_says_when_warm_files_are_quantized():
     async with mounted(panel, quantized, (48, 10)):
         agents = text_of(panel.query_one("#tiers-agents", Static))
     assert agents.splitlines()[1] == "warm 2 agents   40.0 MiB of 1.0 GiB, 8-bit"
+
+
+async def test_the_pool_map_marks_cool_agents_blocks_and_says_so_in_the_legend():
+    snapshot = dashboard_snapshot(hybrid_pool(total=96, used=72))
+    agents = tuple(replace(a, tier="cool") if a.agent_id == "bob" else a for a in snapshot.agents)
+    pool_map = PoolMap()
+    async with mounted(pool_map, replace(snapshot, agents=agents), (80, 12)):
+        strips = [pool_map.render_line(y) for y in range(pool_map.size.height)]
+    cells = [seg.text[i] for strip in strips[2:5] for seg in strip for i in range(0, len(seg.text), 2)]
+    owners = [("alice", "bob", "erin")[(block // 12) % 3] for block in range(72)]
+    assert [cells[b] == COOL_GLYPH for b in range(72)] == [o == "bob" for o in owners]
+    legend = "".join(seg.text for seg in strips[5])
+    assert f"{COOL_GLYPH} cool" in legend
+
+
+async def test_tiers_panel_shows_the_cool_tier_only_where_agents_are_cooled():
+    snapshot = dashboard_snapshot()
+    cooled = replace(snapshot, tiers=replace(snapshot.tiers, cool_agents=2, cool_bytes=3 * 2**20, cool_kv_bits=8))
+    panel = TiersPanel()
+    async with mounted(panel, cooled, (48, 10)):
+        agents = text_of(panel.query_one("#tiers-agents", Static))
+    assert agents.splitlines()[1] == "cool 2 agents    3.0 MiB, 8-bit"
+    assert len(agents.splitlines()) == 4
