@@ -5,7 +5,8 @@ its own warm tier:
 
 1. prefills ``--prompts`` agents (code from this repository, ``--context``
    tokens each; SmolLM2 asked to explain it through its chat template, Gemma 3,
-   a base model, continuing it), then evicts every agent to disk;
+   a base model, continuing it), then evicts every agent to disk (warm) or,
+   quantized, to memory (cool);
 2. brings each agent back alone (a one-token turn: read, dequantize, install,
    one token of prefill) and times it; the file sizes give bytes per token;
 3. decodes ``--tokens`` greedy tokens for all agents at once from the
@@ -52,12 +53,16 @@ from engine.store.kv_at_rest import dequantized, quantization_for
 from engine.store.warm_store import WarmStore
 
 SETTINGS = (None, 8, 4)
+NOISE = "noise"  # full precision, prefilled in smaller chunks: how often greedy answers flip without quantizing
+NOISE_PREFILL_STEP = 128
 GREEDY = SamplingParams(temperature=0.0)
 SOURCE_GLOB = "engine/**/*.py"
 
 
-def label(bits: int | None) -> str:
-    return "16/32-bit (none)" if bits is None else f"{bits}-bit"
+def label(bits: int | str | None) -> str:
+    if bits == NOISE:
+        return f"none, prefilled in {NOISE_PREFILL_STEP}-token chunks"
+    return "none (full precision)" if bits is None else f"{bits}-bit"
 
 
 # -- prompts ------------------------------------------------------------------------------------
@@ -89,20 +94,29 @@ def quantization(loaded, bits: int | None, group_size: int | None) -> KVQuantiza
 
 
 def run_setting(loaded, bits: int | None, prompts: list[tuple[int, ...]], tokens: int, pool_mb: float,
-                group_size: int | None = None) -> dict:
+                group_size: int | None = None, tier: Tier = Tier.WARM, prefill_step: int = 512) -> dict:
+    """Prefill, evict every agent to ``tier`` (warm: a file; cool: quantized in memory), restore each
+    alone, then decode all at once."""
     with tempfile.TemporaryDirectory() as root:
         store = WarmStore(Path(root), loaded, 1 << 40, EventLog(), kv_bits=bits)
         store.quantization = quantization(loaded, bits, group_size)
-        engine = start_engine(loaded, pool_mb, batch=max(16, len(prompts)), store=store, prefix_sharing=False)
+        engine = start_engine(loaded, pool_mb, batch=max(16, len(prompts)), prefill_step=prefill_step, store=store,
+                              prefix_sharing=False, kv_bits=bits)
+        engine.call(lambda e: setattr(e.tiers, "cool", store.quantization)).result()
         try:
             agents = [f"agent-{i}" for i in range(len(prompts))]
             with ThreadPoolExecutor(len(agents)) as pool:
                 list(pool.map(lambda a, p: run_turn(engine, GenerationRequest(a, p, 1, GREEDY), timeout_s=3600),
                               agents, prompts))
             for agent in agents:
-                engine.call(lambda e, a=agent: e.evict_agent(a, Tier.WARM)).result()
+                engine.call(lambda e, a=agent: e.evict_agent(a, tier)).result()
             engine.call(lambda e: e._store.flush()).result()
-            sizes = engine.call(lambda e: [e._store.entries[a].nbytes for a in agents]).result()
+            placed = {a.agent_id: a.tier for a in engine.fresh_snapshot().agents}
+            assert set(placed.values()) == {tier.value}, placed
+            if tier is Tier.WARM:
+                sizes = engine.call(lambda e: [e._store.entries[a].nbytes for a in agents]).result()
+            else:
+                sizes = engine.call(lambda e: [e.agents.get(a).stored_bytes for a in agents]).result()
             restores = []
             for agent, prompt in zip(agents, prompts):
                 back = run_turn(engine, GenerationRequest(agent, prompt, 1, GREEDY), timeout_s=3600)
@@ -187,20 +201,28 @@ def agreement_part(loaded, args, result: BenchResult) -> None:
     prompts = code_prompts(loaded, args.prompts, args.context)
     runs = {}
     for bits in SETTINGS:
-        started = time.perf_counter()
-        runs[bits] = run_setting(loaded, bits, prompts, args.tokens, args.pool_mb, args.group_size)
-        print(f"# {label(bits)}: {time.perf_counter() - started:.0f} s")
+        for tier in (Tier.WARM,) if bits is None else (Tier.COOL, Tier.WARM):
+            started = time.perf_counter()
+            runs[bits, tier] = run_setting(loaded, bits, prompts, args.tokens, args.pool_mb, args.group_size, tier)
+            print(f"# {label(bits)} from {tier.value}: {time.perf_counter() - started:.0f} s")
+    # The noise floor: the same full-precision caches computed in other prefill chunks (other float sums).
+    runs[NOISE, Tier.WARM] = run_setting(loaded, None, prompts, args.tokens, args.pool_mb, tier=Tier.WARM,
+                                         prefill_step=NOISE_PREFILL_STEP)
     ppl = perplexities(loaded, args.text_tokens, args.group_size)
     rows = []
-    for bits, run in runs.items():
-        matches = [agreement(ref, out) for ref, out in zip(runs[None]["outputs"], run["outputs"])]
+    reference = runs[None, Tier.WARM]["outputs"]
+    for (bits, tier), run in runs.items():
+        matches = [agreement(ref, out) for ref, out in zip(reference, run["outputs"])]
         diverged = [first for first, share in matches if share < 1.0]
         rate = statistics.mean(share for _, share in matches)
-        group = f"{loaded.model_id}, K/V at rest {label(bits)}"
-        result.metric(group, "warm file bytes per token", run["bytes_per_token"], "B", "lower")
+        where = "on disk (warm)" if tier is Tier.WARM else "in memory (cool)"
+        group = f"{loaded.model_id}, K/V at rest {label(bits)}, restored from {where}"
+        result.metric(group, "bytes per token " + ("of the warm file" if tier is Tier.WARM else "in memory"),
+                      run["bytes_per_token"], "B", "lower")
         result.metric(group, "restore one agent (one-token turn), median", statistics.median(run["restore_s"]),
                       "s", "lower")
-        result.metric(group, "file read, mean", run["read_s"], "s", "lower")
+        if tier is Tier.WARM:
+            result.metric(group, "file read, mean", run["read_s"], "s", "lower")
         result.metric(group, "greedy agreement with full precision", 100 * rate, "%",
                       target=95.0 if bits == 8 else None)
         if diverged:
@@ -209,17 +231,21 @@ def agreement_part(loaded, args, result: BenchResult) -> None:
             result.metric(group, "first divergence of the answers that diverged, median",
                           statistics.median(diverged), "tokens", "neither")
         result.metric(group, "prompts identical throughout", sum(s == 1.0 for _, s in matches), "prompts", "neither")
-        result.metric(group, "perplexity of the README's second half", ppl[bits], "", "lower")
-        rows.append([label(bits), run["bytes_per_token"], statistics.median(run["restore_s"]), run["read_s"],
+        if bits != NOISE:
+            result.metric(group, "perplexity of the README's second half", ppl[bits], "", "lower")
+        rows.append([label(bits), tier.value, run["bytes_per_token"], statistics.median(run["restore_s"]),
+                     run["read_s"] if tier is Tier.WARM else "-",
                      100 * rate, f"{len(matches) - len(diverged)} of {len(matches)}",
                      min(diverged) if diverged else "-", statistics.median(diverged) if diverged else "-",
-                     ppl[bits]])
+                     ppl.get(bits, "-")])
     print(f"\n## {loaded.model_id}: {args.prompts} prompts of ~{args.context} tokens, {args.tokens} greedy tokens")
-    print_table(["K/V at rest", "file B/token", "restore s (median)", "read s (mean)", "agreement %",
+    print_table(["K/V at rest", "from", "B/token", "restore s (median)", "read s (mean)", "agreement %",
                  "identical", "diverged at: min", "median", "perplexity"], rows)
     result.notes.append(
         "Agreement: per prompt, the share of the answer generated before the first token that differs from the "
-        "full-precision run's (1.0 when identical), averaged; the full-precision row compares the run with itself.")
+        "full-precision run's (1.0 when identical), averaged; the full-precision row compares the run with itself. "
+        f"The noise-floor row computes the same full-precision caches in {NOISE_PREFILL_STEP}-token prefill chunks "
+        "instead of 512: float sums in another order, no quantization.")
 
 
 # -- the report ----------------------------------------------------------------------------------
