@@ -163,7 +163,7 @@ class ModelSwapper:
             return ()
         before = engine.snapshot()
         self._timed(SwapPhase.DRAINING, lambda: self._drain(engine, grace_s))
-        self._set(replace(self._status, spilled_agents=before.tiers.hot_agents, spilled_bytes=before.pool.used_bytes if before.pool else 0))
+        self._set(replace(self._status, spilled_agents=before.tiers.hot_agents + before.tiers.cool_agents, spilled_bytes=before.pool.used_bytes if before.pool else 0))
         cancelled = self._timed(SwapPhase.SPILLING, lambda: self._spill(engine))
         seeds = engine.snapshot().agents or before.agents
         self._set(replace(self._status, cancelled_requests=cancelled, memory={"before": memory_reading()["mlx_active"]}))
