@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.store.cache_format import KVQuantization, PersistedBlock
-from engine.store.kv_at_rest import block_nbytes, dequantized, quantize_blocks
+from engine.store.kv_at_rest import block_nbytes, dequantized_slices, quantize_blocks, resident_blocks
 
 from .agents import AgentRecord
 from .kv.sequence_kv import LayerSlice
@@ -42,16 +42,11 @@ class CoolCache:
 
     def slices(self) -> list[LayerSlice]:
         """Dequantized, in the layout a restore installs (the warm tier's ``Loaded.slices``)."""
-        q = self.quantization
-        return [LayerSlice(b.group, b.start, b.length, tuple(dequantized(k, q) for k in b.keys),
-                           tuple(dequantized(v, q) for v in b.values), b.checkpoint)
-                for b in self.blocks]
+        return dequantized_slices(self.blocks, self.quantization)
 
 
 def cool_copy(agent: AgentRecord, quantization: KVQuantization) -> CoolCache:
     """The agent's hot cache (shared prefix segments included, checkpoints too) quantized. Engine thread."""
     assert agent.kv is not None
-    checkpoints, checkpoint_slices = agent.kv.checkpoint_slices()
-    blocks = tuple(PersistedBlock(s.group, s.start, s.length, s.keys, s.values, s.checkpoint)
-                   for s in agent.kv.slices(len(agent.tokens)) + checkpoint_slices)
+    checkpoints, blocks = resident_blocks(agent.kv, len(agent.tokens))
     return CoolCache(list(agent.tokens), quantize_blocks(blocks, quantization), quantization, checkpoints)

@@ -161,8 +161,7 @@ class TierManager:
         so the room to make is what it needs beyond them; without it the agent stays cool."""
         cool = agent.cool
         assert cool is not None
-        need = sum(SequenceKV.empty(self.hot.spec).blocks_for(len(cool.tokens)).values())
-        need += sum(1 for b in cool.blocks if b.checkpoint is not None)
+        need = self._blocks_for(len(cool.tokens)) + sum(1 for b in cool.blocks if b.checkpoint is not None)
         held = sum(len(ids) for ids in agent.blocks.values())
         if not self.make_room(need - held, protect):
             return HotState.NO_ROOM
@@ -180,7 +179,7 @@ class TierManager:
         return HotState.READY
 
     def _install(self, agent: AgentRecord, loaded: "Loaded", protect: set[str]) -> HotState:
-        own = sum(SequenceKV.empty(self.hot.spec).blocks_for(len(loaded.tokens)).values())
+        own = self._blocks_for(len(loaded.tokens))
         if own > self.hot.pool.total_blocks:
             # The pool shrank since the cache was written (a smaller budget after a restart): it can
             # never come back whole, and waiting for room would refuse the agent forever.
@@ -203,6 +202,10 @@ class TierManager:
             EventKind.RESTORE, f"{agent.agent_id}: warm -> hot from {source}, {len(agent.tokens)} tokens", agent.agent_id
         )
         return HotState.READY
+
+    def _blocks_for(self, n_tokens: int) -> int:
+        """Pool blocks a restored cache of ``n_tokens`` takes (a checkpoint block takes one more each)."""
+        return sum(SequenceKV.empty(self.hot.spec).blocks_for(n_tokens).values())
 
     def prefetch(self, agent: AgentRecord) -> None:
         if agent.tier is Tier.WARM and self.store is not None:

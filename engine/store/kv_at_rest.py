@@ -18,6 +18,8 @@ from typing import Any
 
 import mlx.core as mx
 
+from engine.runtime.kv.sequence_kv import LayerSlice, SequenceKV
+
 from .cache_format import QUANTIZATION_GROUP_SIZES, KVQuantization, PersistedBlock, QuantizedArray
 
 log = logging.getLogger("semantic.store")
@@ -42,6 +44,18 @@ def quantization_for(bits: int | None, head_dim: int, v_head_dim: int) -> KVQuan
     return None
 
 
+def resident_blocks(
+    kv: SequenceKV, n_tokens: int, full_from: int = 0,
+) -> tuple[list[dict[str, object]], tuple[PersistedBlock, ...]]:
+    """A resident cache as blocks at rest (copies; checkpoints after the cache's own blocks) and the
+    checkpoints' header entries. ``full_from``: full-attention layers start there (the positions
+    before it are in a shared prefix file)."""
+    checkpoints, checkpoint_slices = kv.checkpoint_slices()
+    blocks = tuple(PersistedBlock(s.group, s.start, s.length, s.keys, s.values, s.checkpoint)
+                   for s in kv.slices(n_tokens, full_from=full_from) + checkpoint_slices)
+    return checkpoints, blocks
+
+
 def quantize_blocks(blocks: tuple[PersistedBlock, ...], quantization: KVQuantization) -> tuple[PersistedBlock, ...]:
     """Every K and V of ``blocks`` quantized, evaluated (the I/O thread reads their bytes as they are)."""
     out = tuple(
@@ -57,6 +71,13 @@ def dequantized(array: QuantizedArray, quantization: KVQuantization) -> mx.array
     """A quantized K or V back in the dtype of its scales (the spec's KV dtype)."""
     return mx.dequantize(array.packed, array.scales, array.biases,
                          group_size=quantization.group_size, bits=quantization.bits)
+
+
+def dequantized_slices(blocks: tuple[PersistedBlock, ...], quantization: KVQuantization) -> list[LayerSlice]:
+    """Quantized blocks (MLX arrays) as the full-precision slices a restore installs."""
+    return [LayerSlice(b.group, b.start, b.length, tuple(dequantized(k, quantization) for k in b.keys),
+                       tuple(dequantized(v, quantization) for v in b.values), b.checkpoint)
+            for b in blocks]
 
 
 def block_nbytes(block: PersistedBlock) -> int:

@@ -48,7 +48,7 @@ from .cache_file import (
 )
 from .cold_index import ColdIndex, ColdEntry
 from .file_names import model_dir_name
-from .kv_at_rest import block_nbytes, dequantized, quantization_for, quantize_blocks
+from .kv_at_rest import block_nbytes, dequantized_slices, quantization_for, quantize_blocks, resident_blocks
 from .prefix_store import AGENT_PREFIX, PrefixEntry, PrefixStore, prefix_key
 from .private_dirs import make_private_dir
 from .to_mlx import to_mx_slices
@@ -135,7 +135,6 @@ class WarmStore:
         self.usable = self._prepare_directory()
         # Shared prefixes live beside the agents, on the same I/O thread and disk budget.
         self.prefixes = PrefixStore(self.directory / "prefixes", loaded, self.fingerprint, events, self._io)
-        self._quantization_field = None if self.quantization is None else self.quantization.describe()
 
     # -- start-up -------------------------------------------------------------------------
     def _prepare_directory(self) -> bool:
@@ -232,11 +231,7 @@ class WarmStore:
         # A stored shared prefix the agent starts with is referenced, not written again.
         shared = self._stored_prefix_of(agent.tokens)
         # Copies cut from the resident arrays: the write owns them, the agent's cache can go.
-        checkpoints, checkpoint_slices = agent.kv.checkpoint_slices()
-        blocks = tuple(
-            PersistedBlock(s.group, s.start, s.length, s.keys, s.values, s.checkpoint)
-            for s in agent.kv.slices(len(agent.tokens), full_from=shared.n_tokens if shared else 0) + checkpoint_slices
-        )
+        checkpoints, blocks = resident_blocks(agent.kv, len(agent.tokens), full_from=shared.n_tokens if shared else 0)
         header = new_header(
             agent.agent_id, self.loaded.identity, self.loaded.spec, agent.tokens,
             *_cache_classes(self.loaded),
@@ -370,7 +365,7 @@ class WarmStore:
 
         Only one stored as this store stores K/V (quantized or not, alike): a file holds one kind,
         and an export joins the prefix's blocks into the agent's file."""
-        entry = self.prefixes.longest(tokens, len(tokens), stored_as=self._quantization_field)
+        entry = self.prefixes.longest(tokens, len(tokens), stored_as=self.quantization.describe() if self.quantization else None)
         return entry if entry is not None and not self.prefixes.reading(entry.key) else None
 
     def referenced_prefixes(self) -> set[str]:
@@ -466,16 +461,11 @@ class WarmStore:
 
 
 def _from_record(record: CacheRecord, from_memory: bool) -> Loaded:
-    if from_memory:
-        quantization = record.header.quantization
-
-        def arrays(stored: tuple[Any, ...]) -> tuple[Any, ...]:
-            return stored if quantization is None else tuple(dequantized(a, quantization) for a in stored)
-
-        slices = [
-            LayerSlice(b.group, b.start, b.length, arrays(b.keys), arrays(b.values), b.checkpoint)
-            for b in record.blocks
-        ]
+    quantization = record.header.quantization
+    if from_memory and quantization is not None:
+        slices = dequantized_slices(record.blocks, quantization)
+    elif from_memory:
+        slices = [LayerSlice(b.group, b.start, b.length, b.keys, b.values, b.checkpoint) for b in record.blocks]
     else:
         slices = to_mx_slices(record)
     return Loaded(list(record.header.token_ids), slices, from_memory, list(record.header.checkpoints))

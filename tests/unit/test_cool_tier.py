@@ -50,14 +50,24 @@ def tiers(engine: Engine) -> dict[str, str]:
     return {a.agent_id: a.tier for a in engine.fresh_snapshot().agents}
 
 
-def accounting(engine: Engine) -> tuple[int, int, int]:
-    """(pool blocks in use, blocks the agents hold, hot bytes the pool counts minus what hot arrays hold)."""
-    def measure(e: Engine) -> tuple[int, int, int]:
-        held = sum(e.pool.owned_blocks(a.agent_id) for a in e.agents)
-        return e.pool.used_blocks, held, 0
-    used, held, _ = engine.call(measure).result()
+def assert_exact_accounting(engine: Engine) -> None:
+    """Pool blocks in use are exactly the blocks agents hold; hot bytes are exactly the hot arrays."""
+    used, held = engine.call(lambda e: (e.pool.used_blocks,
+                                        sum(e.pool.owned_blocks(a.agent_id) for a in e.agents))).result()
     snap = engine.fresh_snapshot()
-    return used, held, snap.tiers.hot_bytes - snap.tiers.hot_array_bytes
+    assert used == held and snap.tiers.hot_bytes == snap.tiers.hot_array_bytes
+
+
+def events(engine: Engine, kind: EventKind) -> list[str]:
+    return [e.message for e in engine.events.since(0) if e.kind is kind]
+
+
+def continue_whole(engine: Engine, agent: str, first, more: bytes):
+    """The agent's next turn, which must read everything its first turn left cached."""
+    prompt = first.request.prompt_tokens + tuple(first.tokens) + tuple(more)
+    result = ask(engine, agent, prompt)
+    assert result.finish.usage.reused_tokens == len(first.request.prompt_tokens) + first.finish.usage.generated_tokens
+    return result
 
 
 def test_idle_agents_are_cooled_before_any_goes_to_disk(tmp_path: Path) -> None:
@@ -68,13 +78,12 @@ def test_idle_agents_are_cooled_before_any_goes_to_disk(tmp_path: Path) -> None:
         placed = tiers(engine)
         assert list(placed.values()).count("cool") >= 2 and "warm" not in placed.values(), placed
         assert placed["a0"] == "cool" and placed[f"a{POOL_AGENTS + 1}"] == "hot"  # least recently used first
-        used, held, hot_gap = accounting(engine)
-        assert used == held and hot_gap == 0
+        assert_exact_accounting(engine)
         snap = engine.fresh_snapshot()
         assert snap.tiers.cool_agents == list(placed.values()).count("cool") and snap.tiers.cool_kv_bits == 8
         cool = snap.agent("a0")
         assert cool.blocks >= 1 and cool.cached_tokens > len(notes(0))
-        evictions = [e.message for e in engine.events.since(0) if e.kind is EventKind.EVICT]
+        evictions = events(engine, EventKind.EVICT)
         assert any("a0: hot -> cool" in m and "quantized to 8 bits" in m for m in evictions), evictions
     finally:
         engine.stop()
@@ -87,16 +96,13 @@ def test_a_cool_agent_comes_back_whole_by_a_dequantize(tmp_path: Path) -> None:
         for i in range(1, POOL_AGENTS + 1):
             ask(engine, f"a{i}", notes(i))
         assert tiers(engine)["a0"] == "cool"
-        prompt = first.request.prompt_tokens + tuple(first.tokens) + tuple(b" What does item 3 weigh?")
-        again = ask(engine, "a0", prompt)
-        assert again.finish.usage.reused_tokens == len(first.request.prompt_tokens) + first.finish.usage.generated_tokens
-        expected = without_eos(reference_greedy(engine.loaded.model, list(prompt), 8, {EOS}))
+        again = continue_whole(engine, "a0", first, b" What does item 3 weigh?")
+        expected = without_eos(reference_greedy(engine.loaded.model, list(again.request.prompt_tokens), 8, {EOS}))
         assert again.tokens == expected  # 8 bits of K/V leave this model's greedy answer as it was
-        restores = [e.message for e in engine.events.since(0) if e.kind is EventKind.RESTORE]
+        restores = events(engine, EventKind.RESTORE)
         assert any("a0: cool -> hot" in m for m in restores), restores
         assert tiers(engine)["a0"] == "hot"
-        used, held, hot_gap = accounting(engine)
-        assert used == held and hot_gap == 0
+        assert_exact_accounting(engine)
     finally:
         engine.stop()
 
@@ -123,8 +129,7 @@ def test_cool_hot_cool_round_trips_keep_exact_accounting(tmp_path: Path) -> None
             blocks = snap.agent("a0").blocks
             assert blocks <= hot_blocks and snap.pool.free_blocks == total - blocks
             restored.add(blocks)
-            used, held, hot_gap = accounting(engine)
-            assert used == held and hot_gap == 0
+            assert_exact_accounting(engine)
         assert len(seen) == 1 and len(restored) == 1  # the same sizes every round trip
     finally:
         engine.stop()
@@ -141,14 +146,10 @@ def test_cool_agents_spill_to_disk_as_they_are_when_even_cooling_is_not_enough(t
         path = engine.call(lambda e: e._store.entries[spilled[0]].path).result()
         header = read_header(path)
         assert header.format_version == 2 and header.kv_quantization == {"bits": 8, "group_size": 64}
-        first = results[spilled[0]]
-        prompt = first.request.prompt_tokens + tuple(first.tokens) + tuple(b" Next?")
-        back = ask(engine, spilled[0], prompt)
-        assert back.finish.usage.reused_tokens == len(first.request.prompt_tokens) + first.finish.usage.generated_tokens
-        evictions = [e.message for e in engine.events.since(0) if e.kind is EventKind.EVICT]
+        continue_whole(engine, spilled[0], results[spilled[0]], b" Next?")
+        evictions = events(engine, EventKind.EVICT)
         assert any(f"{spilled[0]}: cool -> warm" in m for m in evictions), evictions
-        used, held, hot_gap = accounting(engine)
-        assert used == held and hot_gap == 0
+        assert_exact_accounting(engine)
     finally:
         engine.stop()
 
@@ -164,9 +165,7 @@ def test_cool_agents_are_written_on_shutdown_and_resume_after_a_restart(tmp_path
     engine = engine_on(tmp_path)
     try:
         assert tiers(engine)["a0"] == "warm"
-        prompt = first.request.prompt_tokens + tuple(first.tokens) + tuple(b" Next?")
-        back = ask(engine, "a0", prompt)
-        assert back.finish.usage.reused_tokens == len(first.request.prompt_tokens) + first.finish.usage.generated_tokens
+        continue_whole(engine, "a0", first, b" Next?")
     finally:
         engine.stop()
 
@@ -178,7 +177,7 @@ def test_without_a_disk_tier_cool_agents_are_dropped_last(tmp_path: Path) -> Non
             ask(engine, f"a{i}", notes(i))
         placed = tiers(engine)
         assert {"hot", "cool", "cold"} <= set(placed.values()), placed
-        evictions = [e.message for e in engine.events.since(0) if e.kind is EventKind.EVICT]
+        evictions = events(engine, EventKind.EVICT)
         assert any("cool -> cold" in m for m in evictions) and not any("hot -> cold" in m for m in evictions)
     finally:
         engine.stop()
