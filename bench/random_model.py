@@ -34,6 +34,10 @@ SHAPES: dict[str, dict] = {
                          head_dim=128, intermediate_size=8192, rope_theta=500000.0, tie_word_embeddings=True),
     "llama-3.1-8b": dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
                          head_dim=128, intermediate_size=14336, rope_theta=500000.0, tie_word_embeddings=False),
+    # Not a released model: so small that a decode step is almost all host work (Python, graph
+    # building, the engine's machinery), which makes the CPU a stand-in for a GPU's host-bound step.
+    "llama-tiny": dict(hidden_size=64, num_hidden_layers=16, num_attention_heads=4, num_key_value_heads=2,
+                       head_dim=16, intermediate_size=128, rope_theta=10000.0, tie_word_embeddings=True),
 }
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 

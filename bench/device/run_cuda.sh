@@ -35,37 +35,9 @@ while [ $# -gt 0 ]; do
 done
 out=${out:-bench/results/cuda-$shape-$(date +%Y%m%d-%H%M%S)}
 work=${TMPDIR:-/tmp}/semantic-cuda-bench
-venv=$work/venv
-mkdir -p "$work" "$out"
+mkdir -p "$out"
 
-if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
-  echo "no NVIDIA GPU visible (nvidia-smi); this script is for CUDA machines" >&2; exit 1
-fi
-nvidia-smi -L
-
-if [ "$system" = 1 ]; then
-  python=$(command -v python3)
-else
-  [ -x "$venv/bin/python" ] || python3 -m venv --system-site-packages "$venv"
-  python=$venv/bin/python
-fi
-pip=("$python" -m pip)
-if [ -n "$wheels" ]; then
-  for first in "$wheels"/*.whl.part.aa; do
-    [ -e "$first" ] && cat "${first%.part.aa}".part.* > "${first%.part.aa}"
-  done
-  "${pip[@]}" install -q --no-index --no-deps "$wheels"/*.whl
-  # The repository itself runs from here: an editable install would need a recent setuptools too.
-  export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-else
-  "${pip[@]}" install -q -e ".[cuda]"
-fi
-"$python" -c "import mlx.core as mx; assert mx.default_device().type == mx.DeviceType.gpu, mx.default_device(); print('mlx', mx.__version__, mx.default_device())"
-
-model=$work/model-$shape
-tokenizer_args=()
-[ -n "$tokenizer" ] && tokenizer_args=(--tokenizer-from "$tokenizer")
-[ -f "$model/config.json" ] || "$python" bench/random_model.py --shape "$shape" --out "$model" "${tokenizer_args[@]}"
+source bench/device/prepare_cuda.sh
 
 # A bigger pool than the CPU default: a GPU holds many agents of a 1B-8B model.
 "$python" bench/run_all.py "${quick[@]}" --model "$model" --pool-mb 8192 --out "$out" \
