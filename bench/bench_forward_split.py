@@ -1,0 +1,179 @@
+"""Inside the decode forward pass on this machine: weights, attention layout and MLX's elementwise ops.
+
+bench_step_profile shows that the model's forward pass is >90% of a decode
+step for both engines. This splits the forward itself, on the same model, at
+batch 1 and 16 with every row holding ``--context`` tokens:
+
+- the whole decode forward with mlx-lm's batched ``KVCache`` (one cache for
+  all rows: what a padded batch costs), and with the engine's ragged rows
+  (each row its own resident cache, attention per row: ``kv/ragged.py``);
+- the model's linear layers alone (its own weight matrices, the same
+  activations' shapes): the floor a forward cannot go under without reading
+  fewer weight bytes or doing less arithmetic;
+- memory read bandwidth (numpy summing 256 MB), which bounds the batch-1 weight read;
+- MLX's elementwise transcendental ops (exp, sigmoid, sin) against numpy's on
+  the same data: the activations, rotary embeddings and softmax use them.
+
+Run: ``LD_PRELOAD=... python bench/bench_forward_split.py [--model M] [--context N] [--json PATH]``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+from mlx.utils import tree_flatten
+from mlx_lm.models.cache import KVCache
+
+from common import base_parser, load, print_table
+from results import BenchResult, recorded
+
+from engine.runtime.kv import ragged
+from engine.runtime.kv.full_kv import FullKV
+from engine.runtime.kv.sequence_kv import kv_shape
+
+BATCHES = (1, 16)
+
+
+def timed_ms(fn: Callable[[], object], repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1000)
+    return statistics.median(times)
+
+
+def linear_layers(model) -> list[nn.Module]:
+    return [m for _, m in model.named_modules() if isinstance(m, (nn.Linear, nn.QuantizedLinear))]
+
+
+def linears_only(model, batch: int) -> Callable[[], None]:
+    """Every linear layer once, on a batch of one-token activations of its input width."""
+    layers = linear_layers(model)
+    inputs = {}
+    for layer in layers:
+        width = layer.weight.shape[1] * (32 // layer.bits if isinstance(layer, nn.QuantizedLinear) else 1)
+        inputs.setdefault(width, mx.random.normal((batch, 1, width)))
+    mx.eval(list(inputs.values()))
+    head = model.language_model if hasattr(model, "language_model") else model
+    embed = getattr(getattr(head, "model", head), "embed_tokens", None)
+    tied = embed is not None and not any(name.endswith("lm_head") for name, _ in model.named_modules())
+
+    def run() -> None:
+        outs = []
+        for layer in layers:
+            width = layer.weight.shape[1] * (32 // layer.bits if isinstance(layer, nn.QuantizedLinear) else 1)
+            outs.append(layer(inputs[width]))
+        if tied:  # the output head is the embedding matrix, used as a linear layer
+            outs.append(embed.as_linear(inputs[embed.weight.shape[1]] if embed.weight.shape[1] in inputs
+                                        else mx.random.normal((batch, 1, embed.weight.shape[1]))))
+        mx.eval(outs)
+    return run
+
+
+def batched_forward(model, n_layers: int, batch: int, context: int) -> Callable[[], None]:
+    cache = [KVCache() for _ in range(n_layers)]
+    model(mx.array([[1 + i % 1000 for i in range(context)]] * batch), cache=cache)
+    mx.eval([c.keys for c in cache])
+    token = mx.array([[5]] * batch)
+
+    def run() -> None:
+        for c in cache:  # every timed step attends over the same context length
+            c.offset = context
+        mx.eval(model(token, cache=cache)[:, -1, :].argmax(-1))
+    return run
+
+
+def ragged_forward(loaded, batch: int, context: int) -> Callable[[], None]:
+    model = loaded.model
+    ragged.install(model)
+    shape = kv_shape(loaded.spec)
+    n_layers = len(model.layers)
+    rows = []
+    for _ in range(batch):
+        layers = [FullKV(shape, loaded.spec.block_tokens) for _ in range(n_layers)]
+        for layer in layers:
+            layer.reserve(context + 8)
+        model(mx.array([[1 + i % 1000 for i in range(context)]]), cache=layers)
+        mx.eval([layer.keys for layer in layers])
+        rows.append(layers)
+    token = mx.array([[5]] * batch)
+
+    def run() -> None:
+        for layers in rows:
+            for layer in layers:
+                layer.offset = context
+        # As the engine's batch does: one row runs on its own caches, several through the ragged hook.
+        caches = rows[0] if batch == 1 else [
+            ragged.RaggedLayerCache([rows[b][i] for b in range(batch)]) for i in range(n_layers)]
+        mx.eval(model(token, cache=caches)[:, -1, :].argmax(-1))
+    return run
+
+
+def elementwise(repeats: int) -> list[list[object]]:
+    data = np.random.default_rng(0).normal(size=(16, 1536)).astype(np.float32)
+    x = mx.array(data)
+    mx.eval(x)
+    ops = {
+        "exp": (mx.exp, np.exp),
+        "sigmoid": (mx.sigmoid, lambda a: 1 / (1 + np.exp(-a))),
+        "sin": (mx.sin, np.sin),
+        "multiply (for scale)": (lambda a: a * a, lambda a: a * a),
+    }
+    rows = []
+    for name, (ours, theirs) in ops.items():
+        mlx_ns = timed_ms(lambda: mx.eval(ours(x)), repeats) * 1e6 / data.size
+        numpy_ns = timed_ms(lambda: theirs(data), repeats) * 1e6 / data.size
+        rows.append([name, mlx_ns, numpy_ns, mlx_ns / numpy_ns])
+    return rows
+
+
+def main() -> None:
+    parser = base_parser(__doc__.splitlines()[0])
+    parser.add_argument("--context", type=int, default=200, help="tokens each row's cache holds (default 200)")
+    parser.add_argument("--repeats", type=int, default=10, help="timed runs per cell (default 10)")
+    args = parser.parse_args()
+    repeats = 3 if args.quick else args.repeats
+    result = BenchResult("bench_forward_split", "Inside the decode forward pass",
+                         {"model": args.model, "context": args.context, "repeats": repeats})
+    with recorded(result, args.json):
+        loaded = load(args)
+        model = loaded.model
+        n_layers = len(model.layers)
+        weight_bytes = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+        big = np.ones(64 * 2**20, dtype=np.float32)
+        read_gbs = big.nbytes / (timed_ms(lambda: big.sum(), repeats) / 1000) / 1e9
+        result.metric("machine", "memory read bandwidth (numpy sum of 256 MB)", read_gbs, "GB/s", better="higher")
+        result.metric("machine", "model weight bytes", weight_bytes / 1e6, "MB", better="neither")
+        print(f"# weights {weight_bytes / 1e6:.0f} MB; memory read {read_gbs:.1f} GB/s, so reading them once "
+              f"takes {weight_bytes / read_gbs / 1e6:.1f} ms")
+        rows = []
+        for batch in BATCHES:
+            linear = timed_ms(linears_only(model, batch), repeats)
+            whole = timed_ms(batched_forward(model, n_layers, batch, args.context), repeats)
+            per_row = timed_ms(ragged_forward(loaded, batch, args.context), repeats)
+            rows.append([batch, linear, whole, per_row, whole - linear, per_row - whole])
+            group = f"decode forward at batch {batch}, {args.context}-token context (ms)"
+            result.metric(group, "linear layers alone", linear, "ms", better="lower")
+            result.metric(group, "whole forward, batched KVCache", whole, "ms", better="lower")
+            result.metric(group, "whole forward, ragged rows (the engine)", per_row, "ms", better="lower")
+        print(f"\n## Decode forward, {args.context}-token context per row (median ms)")
+        print_table(["batch", "linear layers alone", "forward, batched cache", "forward, ragged rows",
+                     "batched - linear", "ragged - batched"], rows)
+        ops = elementwise(repeats)
+        for name, mlx_ns, numpy_ns, ratio in ops:
+            result.metric("elementwise ns per element (16 x 1536 float32)", f"{name}: MLX", mlx_ns, "ns", better="lower")
+            result.metric("elementwise ns per element (16 x 1536 float32)", f"{name}: numpy", numpy_ns, "ns",
+                          better="lower")
+        print("\n## Elementwise ops, ns per element (16 x 1536 float32)")
+        print_table(["op", "MLX", "numpy", "MLX / numpy"], ops)
+
+
+if __name__ == "__main__":
+    main()
