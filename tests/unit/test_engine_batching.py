@@ -157,7 +157,7 @@ def test_equal_length_prompts_are_prefilled_together_and_match_single_stream(
         return real(self, group, n, out)
 
     monkeypatch.setattr(SequenceBatch, "_prefill_group", recording)
-    engine = make_engine(kind, prefill_step=128)
+    engine = make_engine(kind, prefill_step=128)  # 128 tokens a step: 4 rows of 32
     model = engine.loaded.model
     try:
         prompts = [(BOS, *(f"agent {i} asks about topic {i * 7}. " * 6).encode()[:69]) for i in range(4)]
@@ -169,3 +169,43 @@ def test_equal_length_prompts_are_prefilled_together_and_match_single_stream(
     assert all(size * n <= 128 for size, n in groups)
     for result, prompt in zip(results, prompts):
         assert result.tokens == without_eos(reference_greedy(model, list(prompt), 12, {EOS}))
+
+
+@pytest.mark.parametrize("kind", ["llama", "gemma"])
+def test_prompts_of_different_lengths_are_padded_into_one_pass_where_the_model_allows(
+    kind: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Four prompts of 61-70 tokens arriving together: on a model without sliding-window layers the
+    shorter ones join the longest's pass padded (filler K/V trimmed away after it); with window
+    layers only equal chunks group. Greedy output equals single-stream either way, and every cache
+    holds exactly its prompt and answer afterwards."""
+    from engine.runtime.batch.generator import PAD_SLACK, SequenceBatch
+
+    groups: list[tuple[list[int], int]] = []
+    real = SequenceBatch._prefill_group
+
+    def recording(self, group, n, out):
+        groups.append(([m for _, m in group], n))
+        return real(self, group, n, out)
+
+    monkeypatch.setattr(SequenceBatch, "_prefill_group", recording)
+    engine = make_engine(kind, prefill_step=512)
+    model = engine.loaded.model
+    try:
+        prompts = [(BOS, *(f"agent {i} asks about topic {i * 7}. " * 6).encode()[:60 + 3 * i]) for i in range(4)]
+        assert len({len(p) for p in prompts}) == 4
+        requests = [GenerationRequest(f"ragged-{kind}-{i}", p, 12) for i, p in enumerate(prompts)]
+        results = run_turns(engine, requests)
+        held = engine.call(lambda e: [(len(e.agents.get(r.agent_id).tokens), e.agents.get(r.agent_id).kv.offset)
+                                      for r in requests]).result()
+    finally:
+        engine.stop()
+    padded = [(sizes, n) for sizes, n in groups if len(sizes) > 1 and min(sizes) < n]
+    if kind == "llama":
+        assert padded, groups
+        assert all(n - m <= max(n // 4, PAD_SLACK) for sizes, n in padded for m in sizes), padded
+    else:
+        assert not padded, groups
+    for result, prompt in zip(results, prompts):
+        assert result.tokens == without_eos(reference_greedy(model, list(prompt), 12, {EOS}))
+    assert all(tokens == offset for tokens, offset in held), held

@@ -31,6 +31,9 @@ from .sequence import Finish, Phase, Sequence
 # Called before a sequence's cache grows to hold ``n_tokens`` positions: the
 # engine reserves pool blocks and grows the arrays, or answers False.
 RoomFn = Callable[[Sequence, int], bool]
+# Filler tokens a prefill row may carry to share a pass (see SequenceBatch._fits). SmolLM2 on a
+# 2-core CPU computes about 40 tokens in the time one pass reads its weights (bench_forward_split).
+PAD_SLACK = 32
 # Called after a checkpoint was taken: the engine pays for it or drops it.
 CheckpointFn = Callable[[Sequence], None]
 
@@ -68,7 +71,7 @@ class SequenceBatch:
     def __init__(
         self, model: Any, prefill_step_size: int, max_batch_size: int, room: RoomFn,
         checkpointed: CheckpointFn = lambda sequence: None,
-        keep_turn_checkpoints: int = 1, keep_prefix_checkpoints: int = 2,
+        keep_turn_checkpoints: int = 1, keep_prefix_checkpoints: int = 2, pad_prefill: bool = True,
     ) -> None:
         self.model = model
         self.prefill_step_size = prefill_step_size
@@ -77,6 +80,7 @@ class SequenceBatch:
         self.checkpointed = checkpointed
         self.keep_turn_checkpoints = keep_turn_checkpoints
         self.keep_prefix_checkpoints = keep_prefix_checkpoints
+        self.pad_prefill = pad_prefill
         self.ragged = ragged.install(model)
         self.sequences: dict[int, Sequence] = {}
         self._launched: _Launched | None = None
@@ -116,27 +120,39 @@ class SequenceBatch:
     def _prefill(self, out: StepOutput) -> None:
         """Feed up to ``prefill_step_size`` prompt tokens this step.
 
-        Sequences whose next chunks have the same length go through the model together
-        (one pass reads the weights once: on a memory-bound device, several short prompts
-        cost about what one does); each still writes only its own cache (ragged hook).
+        Sequences go through the model together when their next chunks fit one
+        pass (one pass reads the weights once: on a memory-bound device, several
+        short prompts cost about what one does); each still writes only its own
+        cache (ragged hook). Chunks of one length always group. On a model
+        without sliding-window layers, a shorter chunk joins too, padded to the
+        group's length (see ``_fits``): prompts of different lengths arriving
+        together are then prefilled in one pass, as mlx-lm's batch does.
         """
         budget = self.prefill_step_size
         waiting = [s for s in self.sequences.values() if s.phase is Phase.PREFILL]
         while waiting and budget > 0:
             first = waiting.pop(0)
             n = self._chunk_size(first, budget)
-            group = [first]
+            group = [(first, n)]
             if self.ragged:
                 for sequence in list(waiting):
                     if n * (len(group) + 1) > budget:
                         break
-                    if self._chunk_size(sequence, n) == n:
-                        group.append(sequence)
-                        waiting.remove(sequence)
-            group = [s for s in group if self._has_prefill_room(s, n, out)]
+                    m = self._chunk_size(sequence, budget)
+                    wider = max(n, m)
+                    if wider * (len(group) + 1) <= budget and self._fits([*group, (sequence, m)], wider):
+                        group.append((sequence, m))  # its whole chunk, the group padded to the longest
+                        n = wider
+                    elif self._chunk_size(sequence, n) == n:
+                        group.append((sequence, n))  # the first n tokens of a longer chunk
+                    else:
+                        continue
+                    waiting.remove(sequence)
+            group = [(s, m) for s, m in group if self._has_prefill_room(s, n if len(group) > 1 else m, out)]
             if group:
-                self._prefill_group(group, n, out)
-                budget -= n * len(group)
+                width = max(m for _, m in group)
+                self._prefill_group(group, width, out)
+                budget -= width * len(group)
 
     @staticmethod
     def _chunk_size(sequence: Sequence, budget: int) -> int:
@@ -151,18 +167,42 @@ class SequenceBatch:
         self._out_of_room(sequence, out)
         return False
 
-    def _prefill_group(self, group: list[Sequence], n: int, out: StepOutput) -> None:
-        chunks = [s.prompt[s.prompt_fed:s.prompt_fed + n] for s in group]
+    def _fits(self, rows: list[tuple[Sequence, int]], width: int) -> bool:
+        """Can these rows' chunks go through one pass ``width`` tokens wide?
+
+        Equal chunks always can. Shorter ones are padded: a padded row writes
+        filler K/V after its chunk and drops it again, and causal attention
+        keeps its real positions from ever seeing the filler. A sliding-window
+        layer's ring would overwrite positions it still needs, so only models
+        without one pad. A row may carry up to a quarter of the width, or
+        ``PAD_SLACK`` tokens, of filler: on a memory-bound device a pass costs a
+        read of all the weights, which buys about that much arithmetic.
+        """
+        if all(m == width for _, m in rows):
+            return True
+        if not self.pad_prefill or any(s.kv.has_windows for s, _ in rows):
+            return False
+        return all(0 < m and width - m <= max(width // 4, PAD_SLACK) for _, m in rows)
+
+    def _prefill_group(self, group: list[tuple[Sequence, int]], n: int, out: StepOutput) -> None:
+        """One pass over ``group``'s chunks (each row's ``m`` tokens, padded to ``n``)."""
+        chunks = [s.prompt[s.prompt_fed:s.prompt_fed + m] for s, m in group]
         if len(group) == 1:
-            self.model(mx.array(chunks), cache=group[0].kv.caches())
+            self.model(mx.array(chunks), cache=group[0][0].kv.caches())
         else:
-            n_layers = len(group[0].kv.layers)
-            caches = [ragged.RaggedLayerCache([s.kv.layers[i] for s in group]) for i in range(n_layers)]
-            self.model(mx.array(chunks), cache=caches)
+            # Filler repeats a row's last token: any id works, the row's real positions never attend to it.
+            inputs = mx.array([chunk + [chunk[-1]] * (n - len(chunk)) for chunk in chunks])
+            n_layers = len(group[0][0].kv.layers)
+            caches = [ragged.RaggedLayerCache([s.kv.layers[i] for s, _ in group]) for i in range(n_layers)]
+            self.model(inputs, cache=caches)
+            for (sequence, m), chunk in zip(group, chunks):
+                if m < n:
+                    for layer in sequence.kv.layers:
+                        layer.trim_to(layer.offset - (n - m))
         # Only the caches are evaluated: the logits of a prefill chunk are never computed.
-        mx.eval([a for s in group for layer in s.kv.layers for a in (layer.keys, layer.values)])
-        for sequence, chunk in zip(group, chunks):
-            sequence.prompt_fed += n
+        mx.eval([a for s, _ in group for layer in s.kv.layers for a in (layer.keys, layer.values)])
+        for (sequence, m), chunk in zip(group, chunks):
+            sequence.prompt_fed += m
             sequence.fed.extend(chunk)
             at_checkpoint = sequence.kv.offset in sequence.checkpoint_at
             if at_checkpoint:
