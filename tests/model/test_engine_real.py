@@ -83,6 +83,37 @@ def test_equal_length_prompts_prefilled_in_one_pass_equal_single_stream(engine) 
         assert result.tokens == without_eos(loaded, expected), loaded.tokenizer.decode(result.tokens)
 
 
+def test_prompts_of_different_lengths_prefilled_padded_in_one_pass_equal_single_stream(
+    engine, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Eight chat prompts of different lengths arriving together: on SmolLM2 (no sliding windows) the
+    shorter ones ride the longest one's pass padded; on Gemma 3 only equal chunks group. Every agent's
+    greedy tokens equal single-stream mlx_lm, and its cache holds exactly its prompt and answer."""
+    from engine.runtime.batch.generator import SequenceBatch
+
+    groups: list[tuple[list[int], int]] = []
+    real = SequenceBatch._prefill_group
+
+    def recording(self, group, n, out):
+        groups.append(([m for _, m in group], n))
+        return real(self, group, n, out)
+
+    monkeypatch.setattr(SequenceBatch, "_prefill_group", recording)
+    loaded = engine.loaded
+    prompts = prompts_for(loaded, 8)
+    assert len({len(p) for p in prompts}) > 1
+    requests = [GenerationRequest(f"padded-{i}", p, MAX_TOKENS) for i, p in enumerate(prompts)]
+    results = run_turns(engine, requests)
+    padded = [sizes for sizes, n in groups if len(sizes) > 1 and min(sizes) < n]
+    assert bool(padded) == (loaded.architecture == "llama"), groups
+    for result, prompt in zip(results, prompts):
+        expected = reference_greedy(loaded.model, list(prompt), MAX_TOKENS, set(loaded.eos_token_ids))
+        assert result.tokens == without_eos(loaded, expected), loaded.tokenizer.decode(result.tokens)
+    held = engine.call(lambda e: [(len(e.agents.get(r.agent_id).tokens), e.agents.get(r.agent_id).kv.offset)
+                                  for r in requests]).result()
+    assert all(tokens == offset for tokens, offset in held), held
+
+
 def test_second_turn_reuses_cache_and_equals_fresh_prefill(engine) -> None:
     loaded = engine.loaded
     if loaded.architecture == "llama":
