@@ -209,3 +209,32 @@ def test_prompts_of_different_lengths_are_padded_into_one_pass_where_the_model_a
     for result, prompt in zip(results, prompts):
         assert result.tokens == without_eos(reference_greedy(model, list(prompt), 12, {EOS}))
     assert all(tokens == offset for tokens, offset in held), held
+
+
+def test_a_row_without_room_for_its_filler_waits_for_a_later_pass_instead_of_failing() -> None:
+    """The batch asks room for a padded row's filler separately: refused, the row leaves the padded
+    pass and is prefilled unpadded in a later one; nobody runs out of room over filler."""
+    from engine.runtime.batch.generator import SequenceBatch
+    from engine.runtime.batch.sequence import Phase, Sequence
+    from engine.runtime.kv.sequence_kv import SequenceKV
+
+    loaded = loaded_tiny("llama")
+    tight = 1  # this sequence's cache may hold its prompt, never more
+
+    def room(sequence: Sequence, n_tokens: int) -> bool:
+        if sequence.uid == tight and n_tokens > len(sequence.prompt):
+            return False
+        sequence.kv.reserve(n_tokens)
+        return True
+
+    batch = SequenceBatch(loaded.model, 512, 8, room)
+    prompts = [[BOS, *b"a longer prompt that sets the width of the pass"], [BOS, *b"a shorter prompt here"]]
+    sequences = [Sequence(uid, SequenceKV.empty(loaded.spec), p, 4) for uid, p in enumerate(prompts)]
+    for sequence in sequences:
+        batch.insert(sequence)
+    first = batch.step()
+    assert [p.uid for p in first.prefill] == [0] and not first.out_of_room
+    assert sequences[tight].phase is Phase.PREFILL
+    second = batch.step()
+    assert [p.uid for p in second.prefill] == [tight] and not second.out_of_room
+    assert sequences[tight].prompt_fed == len(prompts[tight]) - 1  # its whole chunk, unpadded

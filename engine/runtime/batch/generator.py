@@ -148,7 +148,7 @@ class SequenceBatch:
                     else:
                         continue
                     waiting.remove(sequence)
-            group = [(s, m) for s, m in group if self._has_prefill_room(s, n if len(group) > 1 else m, out)]
+            group = self._with_room(group, n, out)
             if group:
                 width = max(m for _, m in group)
                 self._prefill_group(group, width, out)
@@ -166,6 +166,19 @@ class SequenceBatch:
             return True
         self._out_of_room(sequence, out)
         return False
+
+    def _with_room(self, group: list[tuple[Sequence, int]], width: int,
+                   out: StepOutput) -> list[tuple[Sequence, int]]:
+        """The rows that have room: for their own chunk (else they end, out of room, as always), and
+        for their filler when padded (else they wait for a later pass rather than fail for filler)."""
+        kept = []
+        for sequence, m in group:
+            if not self._has_prefill_room(sequence, m, out):
+                continue
+            if m < width and len(group) > 1 and not self.room(sequence, sequence.kv.offset + width):
+                continue
+            kept.append((sequence, m))
+        return kept
 
     def _fits(self, rows: list[tuple[Sequence, int]], width: int) -> bool:
         """Can these rows' chunks go through one pass ``width`` tokens wide?
