@@ -100,10 +100,16 @@ def test_prompts_of_different_lengths_prefilled_padded_in_one_pass_equal_single_
 
     monkeypatch.setattr(SequenceBatch, "_prefill_group", recording)
     loaded = engine.loaded
-    prompts = prompts_for(loaded, 8)
+    # Prompts no other test sends: an agent holding the same prompt would share it whole, and
+    # nothing would be left to prefill.
+    if loaded.architecture == "llama":
+        prompts = [chat_prompt(loaded, f"In one sentence: {q}") for q in QUESTIONS]
+    else:
+        prompts = [raw_prompt(loaded, f"Notes. {p}") for p in GEMMA_PROMPTS]
     assert len({len(p) for p in prompts}) > 1
     requests = [GenerationRequest(f"padded-{i}", p, MAX_TOKENS) for i, p in enumerate(prompts)]
     results = run_turns(engine, requests)
+    assert groups, "no prefill pass ran"
     padded = [sizes for sizes, n in groups if len(sizes) > 1 and min(sizes) < n]
     assert bool(padded) == (loaded.architecture == "llama"), groups
     for result, prompt in zip(results, prompts):
