@@ -7,6 +7,7 @@ import pytest
 from engine.runtime.requests import GenerationRequest
 from tests.model.engine_fixtures import start_engine
 from engine.runtime.sync_client import run_turn, run_turns
+from tests.support.prefill_passes import record_prefill_passes
 from tests.support.reference import reference_greedy
 
 QUESTIONS = [
@@ -89,16 +90,7 @@ def test_prompts_of_different_lengths_prefilled_padded_in_one_pass_equal_single_
     """Eight chat prompts of different lengths arriving together: on SmolLM2 (no sliding windows) the
     shorter ones ride the longest one's pass padded; on Gemma 3 only equal chunks group. Every agent's
     greedy tokens equal single-stream mlx_lm, and its cache holds exactly its prompt and answer."""
-    from engine.runtime.batch.generator import SequenceBatch
-
-    groups: list[tuple[list[int], int]] = []
-    real = SequenceBatch._prefill_group
-
-    def recording(self, group, n, out):
-        groups.append(([m for _, m in group], n))
-        return real(self, group, n, out)
-
-    monkeypatch.setattr(SequenceBatch, "_prefill_group", recording)
+    groups = record_prefill_passes(monkeypatch)
     loaded = engine.loaded
     # Prompts no other test sends: an agent holding the same prompt would share it whole, and
     # nothing would be left to prefill.

@@ -9,6 +9,7 @@ from engine.runtime.engine import Engine, EngineConfig
 from engine.runtime.requests import FinishReason, GenerationRequest, SamplingParams
 from tests.support.byte_tokenizer import BOS, EOS
 from engine.runtime.sync_client import run_turn, run_turns
+from tests.support.prefill_passes import record_prefill_passes
 from tests.support.reference import reference_greedy
 from tests.support.tiny_models import loaded_tiny
 
@@ -147,16 +148,7 @@ def test_equal_length_prompts_are_prefilled_together_and_match_single_stream(
 ) -> None:
     """Four 70-token prompts: their 32-token chunks (and the 6-token tails) go through the model
     as one batch per step, each row writing its own cache; greedy output equals single-stream."""
-    from engine.runtime.batch.generator import SequenceBatch
-
-    groups: list[tuple[int, int]] = []
-    real = SequenceBatch._prefill_group
-
-    def recording(self, group, n, out):
-        groups.append((len(group), n))
-        return real(self, group, n, out)
-
-    monkeypatch.setattr(SequenceBatch, "_prefill_group", recording)
+    passes = record_prefill_passes(monkeypatch)
     engine = make_engine(kind, prefill_step=128)  # 128 tokens a step: 4 rows of 32
     model = engine.loaded.model
     try:
@@ -165,6 +157,7 @@ def test_equal_length_prompts_are_prefilled_together_and_match_single_stream(
         results = run_turns(engine, [GenerationRequest(f"together-{i}", p, 12) for i, p in enumerate(prompts)])
     finally:
         engine.stop()
+    groups = [(len(sizes), n) for sizes, n in passes]
     assert any(size > 1 for size, _ in groups), groups
     assert all(size * n <= 128 for size, n in groups)
     for result, prompt in zip(results, prompts):
@@ -179,16 +172,9 @@ def test_prompts_of_different_lengths_are_padded_into_one_pass_where_the_model_a
     shorter ones join the longest's pass padded (filler K/V trimmed away after it); with window
     layers only equal chunks group. Greedy output equals single-stream either way, and every cache
     holds exactly its prompt and answer afterwards."""
-    from engine.runtime.batch.generator import PAD_SLACK, SequenceBatch
+    from engine.runtime.batch.generator import PAD_SLACK
 
-    groups: list[tuple[list[int], int]] = []
-    real = SequenceBatch._prefill_group
-
-    def recording(self, group, n, out):
-        groups.append(([m for _, m in group], n))
-        return real(self, group, n, out)
-
-    monkeypatch.setattr(SequenceBatch, "_prefill_group", recording)
+    groups = record_prefill_passes(monkeypatch)
     engine = make_engine(kind, prefill_step=512)
     model = engine.loaded.model
     try:

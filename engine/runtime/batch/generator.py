@@ -208,7 +208,7 @@ class SequenceBatch:
             n_layers = len(group[0][0].kv.layers)
             caches = [ragged.RaggedLayerCache([s.kv.layers[i] for s, _ in group]) for i in range(n_layers)]
             self.model(inputs, cache=caches)
-            for (sequence, m), chunk in zip(group, chunks):
+            for sequence, m in group:
                 if m < n:
                     for layer in sequence.kv.layers:
                         layer.trim_to(layer.offset - (n - m))
