@@ -7,6 +7,9 @@ from typing import Callable, Iterable
 
 import mlx.core as mx
 
+from engine.distributed.lockstep import Lockstep
+from engine.distributed.stall_guard import StallGuard
+from engine.distributed.world import World
 from engine.models.gguf_import import ImportProgress
 from engine.models.loaded import LoadedModel
 from engine.models.loader import load_model
@@ -20,7 +23,8 @@ log = logging.getLogger("semantic")
 
 
 def load_configured_model(
-    settings: Settings, progress: Callable[[ImportProgress], None] | None = None, ref: str | None = None
+    settings: Settings, progress: Callable[[ImportProgress], None] | None = None, ref: str | None = None,
+    world: "World | None" = None,
 ) -> LoadedModel:
     loaded = load_model(
         ref or settings.model,
@@ -29,6 +33,8 @@ def load_configured_model(
         dtype=settings.weights_dtype,
         progress=progress,
         trust_remote_code=settings.trust_remote_code,
+        world=world,
+        shard_mode=settings.shard_mode,
     )
     # Loading evaluates weights on this thread's stream; drain it before the
     # engine thread takes over (queued work at exit aborts MLX).
@@ -37,18 +43,26 @@ def load_configured_model(
 
 
 def build_engine(
-    settings: Settings, loaded: LoadedModel, events: EventLog | None = None, seed_agents: Iterable[AgentView] = ()
+    settings: Settings, loaded: LoadedModel, events: EventLog | None = None, seed_agents: Iterable[AgentView] = (),
+    world: "World | None" = None,
 ) -> Engine:
     events = events or EventLog()
     store = WarmStore(settings.agents_dir, loaded, settings.disk_budget_bytes, events, kv_bits=settings.kv_bits)
-    engine = Engine(loaded, EngineConfig.from_settings(settings), store=store, events=events, seed_agents=seed_agents)
+    lockstep = Lockstep(world) if world is not None else None
+    engine = Engine(loaded, EngineConfig.from_settings(settings), store=store, events=events, seed_agents=seed_agents,
+                    lockstep=lockstep)
     events.emit(EventKind.LOAD, f"loaded {loaded.model_id} ({loaded.architecture}, context {loaded.context_length})")
     return engine
 
 
-def start_engine(settings: Settings, progress: Callable[[ImportProgress], None] | None = None) -> Engine:
-    engine = build_engine(settings, load_configured_model(settings, progress))
-    engine.start()
+def start_engine(settings: Settings, progress: Callable[[ImportProgress], None] | None = None,
+                 world: "World | None" = None) -> Engine:
+    """Load, build and start; with a ``world`` of several ranks, this rank's shard in lockstep with the others."""
+    engine = build_engine(settings, load_configured_model(settings, progress, world=world), world=world)
+    engine.start(timeout_s=None if world is not None else 120.0)
+    if world is not None:
+        StallGuard(lambda: engine.heartbeat, lambda: engine.is_running, settings.rank_timeout_s, world.label,
+                   world.peers_described()).start()
     return engine
 
 

@@ -135,6 +135,17 @@ class Settings(BaseSettings):
     swap_wait_s: float = Field(60.0, ge=0, description="Longest a request waits for a model swap before a 503 with retry-after.")
     idle_unload_s: float | None = Field(None, gt=0, description="Unload the model after this many idle seconds; the next request reloads it.")
 
+    # -- several processes, one model (mlx.launch) ----------------------------------
+    distributed_backend: Literal["any", "ring", "jaccl", "mpi", "nccl"] = Field(
+        "any", description="mx.distributed backend when mlx.launch started this process as one of several ranks "
+        "(ignored when it runs alone).")
+    rank_timeout_s: float = Field(
+        300.0, gt=0, description="Under mlx.launch: a rank whose engine makes no progress this long takes a peer "
+        "for dead and exits non-zero (MLX can wait forever on a peer killed mid-transfer).")
+    shard_mode: Literal["tensor", "pipeline"] = Field(
+        "tensor", description="How a model is split across ranks: tensor (each rank holds a share of every "
+        "layer's heads) or pipeline (each rank a run of layers).")
+
     # -- platform -----------------------------------------------------------------
     preload_openblas: bool = Field(True, description="On Linux CPU, re-exec once with OpenBLAS preloaded (about 30x faster matmul).")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log verbosity.")

@@ -23,6 +23,7 @@ from engine.errors import SemanticError
 from engine.runtime.agents import Tier
 from engine.settings import Settings
 from engine.swap import release_thread_streams
+from engine.runtime.engine_ops import engine_op
 
 from .backend import WorkbenchBackend
 from .messages import EngineStopped, LoadProgress, ModelFailed, ModelReady
@@ -214,13 +215,13 @@ class SemanticApp(App[None]):
         view = snapshot.agent(agent_id) if (snapshot and agent_id) else None
         return view.label if view else agent_id
 
-    async def _engine_action(self, verb: str, fn: Any) -> None:
+    async def _engine_action(self, verb: str, op: str, *args: Any) -> None:
         agent_id = self.selected_agent()
         if agent_id is None:
             self.notify("Select an agent in the table first", severity="warning")
             return
         try:
-            await self.backend.service.call(lambda engine: fn(engine, agent_id))
+            await self.backend.service.call(engine_op(op, agent_id, *args))
         except SemanticError as exc:
             self.notify(f"{verb} {agent_id}: {exc}", severity="error")
             return
@@ -240,19 +241,19 @@ class SemanticApp(App[None]):
         self.branching.import_()
 
     async def action_evict_warm(self) -> None:
-        await self._engine_action("Evicted to disk", lambda e, a: e.evict_agent(a, Tier.WARM))
+        await self._engine_action("Evicted to disk", "evict_agent", Tier.WARM)
 
     async def action_drop(self) -> None:
-        await self._engine_action("Dropped", lambda e, a: e.evict_agent(a, Tier.COLD))
+        await self._engine_action("Dropped", "evict_agent", Tier.COLD)
 
     async def action_delete_agent(self) -> None:
-        await self._engine_action("Deleted", lambda e, a: e.delete_agent(a))
+        await self._engine_action("Deleted", "delete_agent")
 
     async def action_toggle_pin(self) -> None:
         snapshot = self.backend.service.snapshot()
         agent_id = self.selected_agent()
         pinned = bool(snapshot and agent_id and snapshot.agent(agent_id) and snapshot.agent(agent_id).pinned)
-        await self._engine_action("Unpinned" if pinned else "Pinned", lambda e, a: e.pin_agent(a, not pinned))
+        await self._engine_action("Unpinned" if pinned else "Pinned", "pin_agent", not pinned)
 
     async def action_evict_idle(self) -> None:
         await self._evict_idle(Tier.WARM)
@@ -262,7 +263,7 @@ class SemanticApp(App[None]):
 
     async def _evict_idle(self, tier: Tier) -> None:
         try:
-            count = await self.backend.service.call(lambda engine: engine.evict_idle(tier))
+            count = await self.backend.service.call(engine_op("evict_idle", tier))
         except SemanticError as exc:
             self.notify(str(exc), severity="error")
             return

@@ -22,6 +22,7 @@ from engine.runtime.snapshot import AgentView
 from engine.store.agent_export import export_agent, import_agent
 from engine.store.agents_on_disk import ModelKey
 from engine.store.cache_file import read_header
+from engine.runtime.engine_ops import engine_op
 
 from .screens.branching import PathPrompt, TurnPicker
 from .widgets.chat_area import ChatArea
@@ -62,7 +63,7 @@ class BranchFlow:
         new_id = f"{view.agent_id}-fork-{self._forks}"
         try:
             branch = await self.service.call(
-                lambda engine: engine.fork_agent(view.agent_id, new_id, display_name=f"fork of {view.label}"))
+                engine_op("fork_agent", view.agent_id, new_id, None, None, f"fork of {view.label}"))
         except SemanticError as exc:
             self._fail("Fork", view.agent_id, exc)
             return
@@ -92,7 +93,7 @@ class BranchFlow:
 
     async def _do_rewind(self, view: AgentView, turn: int) -> None:
         try:
-            branch = await self.service.call(lambda engine: engine.rewind_agent(view.agent_id, turn=turn))
+            branch = await self.service.call(engine_op("rewind_agent", view.agent_id, turn))
         except SemanticError as exc:
             self._fail("Rewind", view.agent_id, exc)
             return
@@ -113,7 +114,7 @@ class BranchFlow:
 
     async def _do_export(self, view: AgentView, path: Path) -> None:
         try:
-            write = await self.service.call(lambda engine: engine.write_agent(view.agent_id))
+            write = await self.service.call(engine_op("write_agent", view.agent_id))
             if write is not None:
                 await asyncio.wrap_future(write)
             summary = await asyncio.to_thread(export_agent, self.service.settings.cache_dir, view.agent_id,
@@ -132,9 +133,9 @@ class BranchFlow:
         cache_dir, path = self.service.settings.cache_dir, path.expanduser()
         try:
             agent_id = (await asyncio.to_thread(read_header, path)).agent_id
-            await self.service.call(lambda engine: engine.check_import(agent_id, False))
+            await self.service.call(engine_op("check_import", agent_id, False))
             summary = await asyncio.to_thread(import_agent, cache_dir, path, None, self._model_key())
-            await self.service.call(lambda engine: engine.adopt_agent(summary.path))
+            await self.service.call(engine_op("adopt_agent", summary.path))
         except (SemanticError, OSError) as exc:
             self._fail("Import", str(path), exc)
             return

@@ -75,9 +75,20 @@ def generate(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def serve(settings: Settings) -> int:
-    from engine.api.serve import serve_headless
+    """Headless; under ``mlx.launch`` rank 0 serves HTTP and the other ranks follow it."""
+    from functools import partial
 
-    return serve_headless(settings)
+    from engine.api.serve import serve_headless
+    from engine.bootstrap import start_engine
+    from engine.distributed.follower import serve_follower
+    from engine.distributed.world import join_world
+
+    world = join_world(settings.distributed_backend)
+    if world is None:
+        return serve_headless(settings)
+    if not world.is_root:
+        return serve_follower(settings, world)
+    return serve_headless(settings, partial(start_engine, world=world))
 
 
 def workbench(settings: Settings) -> int:

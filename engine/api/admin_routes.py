@@ -16,6 +16,7 @@ from engine.domain.block_pool import PoolSnapshot
 from engine.platform import blas_report
 from engine.runtime.agents import Tier
 from engine.runtime.snapshot import AgentView, EngineSnapshot, ModelView, ThroughputView, TierView
+from engine.runtime.engine_ops import engine_op
 
 from .service import EngineService
 
@@ -130,7 +131,7 @@ async def stats(request: Request, blocks: bool = Query(False, description="Inclu
 async def evict_idle(request: Request, body: EvictIdleRequest | None = Body(None)) -> EvictIdleResponse:
     tier = Tier((body or EvictIdleRequest()).tier)
     service: EngineService = request.app.state.service
-    evicted = await service.call(lambda engine: engine.evict_idle(tier))
+    evicted = await service.call(engine_op("evict_idle", tier))
     # Republish now, so a GET /v1/stats right after this shows the evictions.
     await service.in_thread(service.engine.fresh_snapshot)
     return EvictIdleResponse(evicted=evicted)

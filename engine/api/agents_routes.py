@@ -23,6 +23,7 @@ from engine.runtime.agents import Tier
 from engine.runtime.forensics import TurnForensics
 from engine.runtime.requests import AgentSource, FinishEvent
 from engine.runtime.snapshot import AgentView, EngineSnapshot
+from engine.runtime.engine_ops import engine_op
 
 from .admission import SSE_HEADERS, await_admission
 from .agent_turns import StatefulTurn, busy_error, start_turn
@@ -166,7 +167,7 @@ async def delete_agent(request: Request, agent_id: str = Depends(path_agent_id))
         raise busy_error(agent_id)
     if view is not None:
         try:
-            await request.app.state.service.call(lambda engine: engine.delete_agent(agent_id))
+            await request.app.state.service.call(engine_op("delete_agent", agent_id))
         except AgentNotFoundError:
             pass  # gone between the snapshot and the call: the goal is met
     await store.adelete(agent_id)
@@ -183,7 +184,7 @@ async def evict_agent(
     tier = Tier((body or EvictBody()).tier)
     # An agent that never ran has no cache to move; answering with it unchanged is the truth.
     if view is not None:
-        await request.app.state.service.call(lambda engine: engine.evict_agent(agent_id, tier))
+        await request.app.state.service.call(engine_op("evict_agent", agent_id, tier))
     return await _current(request, agent_id, fresh=True)
 
 
@@ -193,7 +194,7 @@ async def pin_agent(body: PinBody, request: Request, agent_id: str = Depends(pat
     view, _ = await _find(request, agent_id)
     if view is None:
         raise ApiError(409, f"agent {agent_id!r} has no cache yet; pin it after its first turn")
-    await request.app.state.service.call(lambda engine: engine.pin_agent(agent_id, body.pinned))
+    await request.app.state.service.call(engine_op("pin_agent", agent_id, body.pinned))
     return await _current(request, agent_id, fresh=True)
 
 

@@ -28,6 +28,7 @@ from fastapi import APIRouter, Depends, Request
 from engine.errors import AgentNotFoundError
 from engine.runtime.branching import Branch, CacheStillLoading
 from engine.runtime.requests import AgentSource
+from engine.runtime.engine_ops import engine_op
 
 from .agent_turns import busy_error, context_prompt
 from .agents_routes import _current, _find, conversations, path_agent_id
@@ -59,8 +60,8 @@ async def fork_agent(body: ForkBody, request: Request, agent_id: str = Depends(p
     name = body.display_name or f"fork of {agent_id}"
     branch = Branch(new_id, 0, 0, 0, 0)
     if view is not None:
-        branch = await _on_engine(request, lambda e: e.fork_agent(
-            agent_id, new_id, body.at_turn if prompt is None else None, prompt, name, AgentSource.API))
+        branch = await _on_engine(request, engine_op(
+            "fork_agent", agent_id, new_id, body.at_turn if prompt is None else None, prompt, name, AgentSource.API))
     if conversation is not None:
         await store.acopy(conversation, new_id, name, messages)
     elif branch.tokens:
@@ -82,8 +83,8 @@ async def rewind_agent(body: RewindBody, request: Request, agent_id: str = Depen
         prompt, messages = await _cut(request, conversation, body.turn)
         branch = Branch(agent_id, 0, 0, 0, 0)
         if view is not None:
-            branch = await _on_engine(request, lambda e: e.rewind_agent(agent_id, body.turn if prompt is None
-                                                                        else None, prompt))
+            branch = await _on_engine(request, engine_op("rewind_agent", agent_id,
+                                                         body.turn if prompt is None else None, prompt))
         if conversation is not None:
             await store.atruncate(agent_id, len(messages))
     finally:

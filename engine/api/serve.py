@@ -162,11 +162,9 @@ class ProgressLog:
 
 def start_configured_engine(settings: Settings, progress: Callable[[ImportProgress], None]) -> Any:
     """Import if needed, load, build and start the engine (blocking; runs in a worker thread)."""
-    from engine.bootstrap import build_engine, load_configured_model
+    from engine.bootstrap import start_engine
 
-    engine = build_engine(settings, load_configured_model(settings, progress))
-    engine.start()
-    return engine
+    return start_engine(settings, progress)
 
 
 def serve_headless(settings: Settings, engine_factory: EngineFactory = start_configured_engine) -> int:
@@ -187,6 +185,7 @@ class HeadlessRun:
         self.service = EngineService(settings, None)
         self.service.status_detail = "loading the model"
         self.exit_requested = asyncio.Event()
+        self.failure: BaseException | None = None
         self.server = EmbeddedServer(create_app(self.service), settings.host, settings.port,
                                      grace_s=settings.shutdown_grace_s, on_grace_expired=self._stop_engine,
                                      access_log=True)
@@ -205,7 +204,7 @@ class HeadlessRun:
                 await self.exit_requested.wait()
             await self.server.stop()
             await self._stop_engine()
-        return 0 if engine is not None else 1
+        return 0 if engine is not None and self.failure is None else 1
 
     async def _load(self) -> Any | None:
         loading = asyncio.ensure_future(asyncio.to_thread(self.factory, self.settings, ProgressLog()))
@@ -226,8 +225,27 @@ class HeadlessRun:
             return None
         self.service.events = engine.events
         self.service.attach(engine)
-        self.service.enable_swaps(engine_builder(self.settings, engine.events))
+        if engine.loaded.shard is None:  # a sharded model's ranks would all have to swap together
+            self.service.enable_swaps(engine_builder(self.settings, engine.events))
+        self._watch_failure(engine)
         return engine
+
+    def _watch_failure(self, engine: Any) -> None:
+        """An engine that stops on its own (a sharded model lost a rank) ends the run, non-zero."""
+        loop = asyncio.get_running_loop()
+
+        def failed(exc: BaseException) -> None:
+            loop.call_soon_threadsafe(self._engine_failed, exc)
+
+        engine.on_failure = failed
+        if getattr(engine, "failure", None) is not None:
+            self._engine_failed(engine.failure)
+
+    def _engine_failed(self, exc: BaseException) -> None:
+        if self.failure is None:
+            self.failure = exc
+            log.error("the engine stopped: %s; shutting down", exc)
+        self.exit_requested.set()
 
     def _announce(self, engine: Any) -> None:
         loaded = engine.loaded

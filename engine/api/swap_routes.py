@@ -49,6 +49,10 @@ def progress_of(status: SwapStatus) -> SwapProgress:
 
 def _swapper(service: EngineService):
     if service.swapper is None:
+        shard = service.engine.loaded.shard if service.is_ready else None
+        if shard is not None:
+            raise ApiError(400, f"model swaps are not available while the model is sharded across {shard[1]} ranks; "
+                                "restart the ranks with the other model")
         raise ApiError(400, "model swaps are not enabled in this process")
     return service.swapper
 

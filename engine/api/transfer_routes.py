@@ -32,6 +32,7 @@ from engine.errors import CacheCorruptionError, InvalidAgentFileError
 from engine.store.agent_export import ExportSummary, export_agent, import_agent
 from engine.store.cache_file import read_header
 from engine.store.agents_on_disk import ModelKey
+from engine.runtime.engine_ops import engine_op
 
 from .agents_routes import _current, conversations, path_agent_id
 from .agents_schemas import ImportedOut, errors
@@ -55,7 +56,7 @@ def _model_key(service: EngineService) -> ModelKey:
                        **errors(400, 404, 503)})
 async def export(request: Request, agent_id: str = Depends(path_agent_id)) -> FileResponse:
     service: EngineService = request.app.state.service
-    write = await service.call(lambda engine: engine.write_agent(agent_id))
+    write = await service.call(engine_op("write_agent", agent_id))
     if write is not None:
         await asyncio.wrap_future(write)  # the store's I/O thread writes the warm file
     summary = await asyncio.to_thread(_export_to_temp, service.settings.cache_dir, agent_id, _model_key(service))
@@ -92,13 +93,13 @@ async def import_file(
     upload = await _receive(request, service.settings.cache_dir)
     try:
         target = new_id or await asyncio.to_thread(_agent_id_in, upload)
-        await service.call(lambda engine: engine.check_import(target, replace))
+        await service.call(engine_op("check_import", target, replace))
         summary = await asyncio.to_thread(import_agent, service.settings.cache_dir, upload, new_id,
                                           _model_key(service), replace_existing=replace)
     finally:
         await asyncio.to_thread(upload.unlink, missing_ok=True)
     conversations(request).forget_loaded(summary.agent_id)  # the file on disk is the new truth
-    await service.call(lambda engine: engine.adopt_agent(summary.path))
+    await service.call(engine_op("adopt_agent", summary.path))
     agent = await _current(request, summary.agent_id, fresh=True)
     return {"agent": agent, "tokens": summary.n_tokens, "bytes": summary.nbytes, "model": summary.model,
             "conversation_turns": summary.conversation_turns, "replaced": summary.replaced}

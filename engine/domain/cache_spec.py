@@ -51,6 +51,9 @@ class ModelCacheSpec:
     groups: tuple[LayerGroup, ...]
     v_head_dim: int | None = None
     layer_windows: tuple[int | None, ...] = field(default=())
+    # (rank, world size) when the model is sharded across processes: this rank's blocks hold its
+    # shard of the heads (or layers), and its cache files are only ever read back by the same rank.
+    shard: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         if self.n_layers <= 0 or self.n_kv_heads <= 0 or self.head_dim <= 0:
@@ -131,7 +134,7 @@ class ModelCacheSpec:
             "groups": [
                 {"index": g.index, "kind": g.kind, "layers": list(g.layers)} for g in self.groups
             ],
-        }
+        } | ({} if self.shard is None else {"shard": {"rank": self.shard[0], "world_size": self.shard[1]}})
 
 
 def group_layers(layer_windows: list[int | None]) -> tuple[LayerGroup, ...]:

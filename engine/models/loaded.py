@@ -37,5 +37,10 @@ class LoadedModel:
     context_length: int
 
     @property
+    def shard(self) -> tuple[int, int] | None:
+        """(rank, world size) when this process holds one shard of the model."""
+        return self.spec.shard
+
+    @property
     def eos_token_ids(self) -> list[int]:
         return sorted(self.tokenizer.eos_token_ids)

@@ -12,15 +12,18 @@ import hashlib
 import json
 import logging
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from engine.errors import ModelLoadError, SemanticError
 from engine.models.cache_spec import derive_cache_spec, model_type_of
 from engine.models.gguf_import import ImportProgress, import_gguf, read_import_marker
 from engine.models.loaded import LoadedModel, ModelIdentity
 from engine.models.packaged import ensure_packaged_model, find_packaged_model
+
+if TYPE_CHECKING:
+    from engine.distributed.world import World
 
 log = logging.getLogger("semantic.models")
 
@@ -63,13 +66,27 @@ def load_model(
     dtype: str = "auto",
     progress: ProgressCallback | None = None,
     trust_remote_code: bool = False,
+    world: "World | None" = None,
+    shard_mode: str = "tensor",
 ) -> LoadedModel:
-    """Resolve, load with mlx_lm, and derive the cache layout. Raises ModelLoadError with a reason."""
-    resolved = resolve_model(ref, cache_dir, dtype, progress)
+    """Resolve, load with mlx_lm, and derive the cache layout. Raises ModelLoadError with a reason.
+
+    With a ``world`` of several ranks this rank loads its shard (engine/distributed/sharded_loading.py);
+    rank 0 resolves first, so a GGUF import or hub download happens once, not once per rank.
+    """
+    resolved = _resolve_once(ref, cache_dir, dtype, progress, world)
     if progress:
         progress(ImportProgress("loading", 0, 1))
     folder = Path(resolved.location) if resolved.is_local else _download_hub_model(resolved.location)
-    model, tokenizer, config = _mlx_load(folder, trust_remote_code)
+    if world is None:
+        model, tokenizer, config = _mlx_load(folder, trust_remote_code)
+    else:
+        from engine.distributed.sharded_loading import load_shard
+
+        model, tokenizer, config = load_shard(folder, world, shard_mode, trust_remote_code)
+    spec = derive_cache_spec(model, block_tokens)
+    if world is not None:
+        spec = replace(spec, shard=(world.rank, world.size))
     if progress:
         progress(ImportProgress("loading", 1, 1))
     return LoadedModel(
@@ -79,9 +96,27 @@ def load_model(
         architecture=model_type_of(model),
         model=model,
         tokenizer=tokenizer,
-        spec=derive_cache_spec(model, block_tokens),
+        spec=spec,
         context_length=context_length(config),
     )
+
+
+def _resolve_once(ref: str, cache_dir: Path, dtype: str, progress: ProgressCallback | None,
+                  world: "World | None") -> ResolvedModel:
+    if world is None:
+        return resolve_model(ref, cache_dir, dtype, progress)
+    resolved, failure = None, ""
+    if world.is_root:
+        try:
+            resolved = resolve_model(ref, cache_dir, dtype, progress)
+        except SemanticError as exc:
+            failure = str(exc)
+    # The others wait for rank 0's outcome: they find its import in place (hosts sharing a cache
+    # directory), or stop with its reason instead of waiting on a rank that gave up.
+    failure = world.share(failure)
+    if failure:
+        raise ModelLoadError(failure if world.is_root else f"rank 0 could not resolve the model: {failure}")
+    return resolved or resolve_model(ref, cache_dir, dtype, progress)
 
 
 def _download_hub_model(repo: str) -> Path:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import itertools
-import time
 from typing import Iterator
 
+from . import clock
 from .agents import AgentRecord, Tier
 from .requests import GenerationRequest
 
@@ -64,5 +64,5 @@ class AgentTable:
             and a.agent_id not in protect
             and (a.auxiliary or not auxiliary_only)
         ]
-        now = time.monotonic()
+        now = clock.now()
         return sorted(candidates, key=lambda a: (not a.auxiliary, a.retained_until > now, a.lru_tick))

@@ -17,6 +17,7 @@ from typing import Any, Callable
 from engine.errors import PoolExhaustedError
 from engine.models.loaded import LoadedModel
 
+from . import clock
 from .agent_table import AgentTable
 from .agents import AgentRecord, AgentState, Tier
 from .batch.generator import CheckpointFn, PrefillProgress, RoomFn, SequenceBatch, TokenOut
@@ -217,7 +218,7 @@ class BatchRunner:
         """Turns that waited longer than the queue timeout are refused (overloaded), not served late."""
         if self.queue_timeout_s is None:
             return
-        now = time.monotonic()
+        now = clock.now()
         for turn in [t for t in self.waiting if now - t.submitted_at > self.queue_timeout_s]:
             self.waiting.remove(turn)
             self._complete(turn, FinishReason.ERROR, error_type="overloaded", retry_after_s=5,

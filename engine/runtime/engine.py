@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import gc
 import logging
+import os
 import queue
 import threading
 import time
@@ -32,10 +33,12 @@ from engine.models.loaded import LoadedModel
 from engine.models.sampling_defaults import model_sampling_defaults
 from engine.store.kv_at_rest import quantization_for
 
+from . import clock
 from .agent_table import AgentTable
 from .agents import AgentRecord, Tier
 from .batch_runner import BatchRunner, GeneratorFactory, RunnerLimits, sequence_batch_factory
 from .branching import Branch, Branching
+from .engine_ops import EngineOp
 from .event_log import EventKind, EventLog
 from .hot_cache import HotCache
 from .kv import ragged
@@ -46,6 +49,7 @@ from .tiers import TierManager
 from .turn import Turn
 
 if TYPE_CHECKING:
+    from engine.distributed.lockstep import Lockstep
     from engine.store.warm_store import WarmStore
 
 T = TypeVar("T")
@@ -99,8 +103,17 @@ class Engine:
         generator_factory: GeneratorFactory = sequence_batch_factory,
         events: EventLog | None = None,
         seed_agents: Iterable[AgentView] = (),
+        lockstep: "Lockstep | None" = None,
     ) -> None:
         self.loaded = loaded
+        # Under a sharded model: rank 0 sends this engine's inputs to the other ranks, which replay
+        # them (engine/distributed/lockstep.py). None: this process holds the whole model.
+        self._lockstep = lockstep
+        # Why the engine thread ended on its own (a rank lost, ranks diverged); None while it runs
+        # or after a requested stop. ``on_failure`` (set by the owner) hears of it at once.
+        self.failure: BaseException | None = None
+        self.on_failure: Callable[[BaseException], None] | None = None
+        self._last_digest: tuple[Any, ...] = ()
         # Agents known before a model swap: they keep their identity here even
         # when this model holds no cache for them yet.
         self._seeds = tuple(seed_agents)
@@ -136,7 +149,7 @@ class Engine:
         self.runner: BatchRunner | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
-    def start(self, timeout_s: float = 120.0) -> None:
+    def start(self, timeout_s: float | None = 120.0) -> None:
         self._thread = threading.Thread(target=self._run, name="semantic-engine", daemon=True)
         self._thread.start()
         atexit.register(self.stop, 0.0)
@@ -155,6 +168,11 @@ class Engine:
         self._thread.join()
         atexit.unregister(self.stop)
 
+    def wait(self, poll_s: float = 0.5) -> None:
+        """Until the engine thread ends (a sharded model's other ranks: when rank 0 ends the run)."""
+        while self._thread is not None and self._thread.is_alive():
+            self._thread.join(poll_s)  # in slices, so the main thread still runs its signal handlers
+
     @property
     def is_running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
@@ -162,7 +180,7 @@ class Engine:
     # -- client API (any thread) ------------------------------------------------------------
     def submit(self, request: GenerationRequest, sink: EventSink) -> str:
         """Queue a turn; events for it go to ``sink`` (called on the engine thread: keep it cheap)."""
-        request = self.validate(request)
+        request = self._replicable(self.validate(request))
         turn = Turn(request, sink)
         queued = len(self.runner.waiting) + self._commands.qsize() if self.runner is not None else 0
         if queued >= self.config.max_queued_turns:
@@ -171,8 +189,19 @@ class Engine:
         with self._door:
             if self._closed or self._stop.is_set() or not self.is_running:
                 raise EngineUnavailableError("engine is not running", retry_after_s=5)
-            self._commands.put(lambda: self._runner().submit(turn))
+            self._commands.put(lambda: self._submit(turn))
         return request.request_id
+
+    def _submit(self, turn: Turn) -> None:
+        self._record("submit", turn.request, turn.submitted_at)
+        self._runner().submit(turn)
+
+    def _replicable(self, request: GenerationRequest) -> GenerationRequest:
+        """Under lockstep every rank samples a turn with the same key: rank 0 picks the seed."""
+        if self._lockstep is None or request.sampling.seed is not None or request.sampling.is_greedy:
+            return request
+        seed = int.from_bytes(os.urandom(8), "little")
+        return replace(request, sampling=replace(request.sampling, seed=seed))
 
     def validate(self, request: GenerationRequest) -> GenerationRequest:
         """Reject what can never run; clamp ``max_tokens`` to the context. Raises domain errors."""
@@ -191,7 +220,11 @@ class Engine:
         return replace(request, max_tokens=min(request.max_tokens, limit - n))
 
     def cancel(self, request_id: str, reason: FinishReason = FinishReason.CANCELLED) -> None:
-        self._commands.put(lambda: self._runner().cancel(request_id, reason))
+        def command() -> None:
+            self._record("cancel", request_id, reason)
+            self._runner().cancel(request_id, reason)
+
+        self._commands.put(command)
 
     def watch(self, agent_id: str, sink: EventSink) -> None:
         """Receive the events of every turn of ``agent_id`` (also HTTP ones) until ``unwatch``."""
@@ -201,12 +234,18 @@ class Engine:
         self._commands.put(lambda: self._runner().unwatch(agent_id, sink))
 
     def call(self, fn: Callable[["Engine"], T]) -> "Future[T]":
-        """Run ``fn(engine)`` on the engine thread; the future carries its result or exception."""
+        """Run ``fn(engine)`` on the engine thread; the future carries its result or exception.
+
+        What changes engine state must be an ``EngineOp`` (engine_ops.py): under a sharded model the
+        other ranks apply it too. A plain function runs on this rank alone and may only read.
+        """
         future: Future[T] = Future()
 
         def command() -> None:
             if not future.set_running_or_notify_cancel():
                 return
+            if isinstance(fn, EngineOp):
+                self._record("call", fn)
             try:
                 future.set_result(fn(self))
             except BaseException as exc:  # handed to the caller, never kills the thread
@@ -301,6 +340,7 @@ class Engine:
         """Make the agent's warm file current (an export reads it); the pending write's future, or
         None when the file is current already. The agent stays where it is."""
         agent = self._agent(agent_id)
+        self._refuse_when_sharded("exporting an agent")
         if self._store is None or not self._store.usable:
             raise EngineUnavailableError("this server has no cache directory to export from (--no-persist?)")
         if agent.is_busy:
@@ -313,6 +353,7 @@ class Engine:
 
     def check_import(self, agent_id: str, replace: bool) -> None:
         """Refuse an import over an agent this engine has, unless asked to replace an idle one."""
+        self._refuse_when_sharded("importing an agent")
         if self._store is None or not self._store.usable:
             raise EngineUnavailableError("this server has no cache directory to import into")
         agent = self.agents.get(agent_id)
@@ -343,6 +384,12 @@ class Engine:
         self.events.emit(EventKind.RESTORE, f"{agent_id}: imported, {header.n_tokens} tokens on disk", agent_id)
         return agent_id
 
+    def _refuse_when_sharded(self, what: str) -> None:
+        # An export file holds one process's whole cache; a sharded agent's cache is one file per rank.
+        if self.loaded.shard is not None:
+            raise EngineUnavailableError(f"{what} is not available while the model is sharded across "
+                                         f"{self.loaded.shard[1]} ranks (each rank holds a shard of its cache)")
+
     def _agent(self, agent_id: str) -> Any:
         from engine.errors import AgentNotFoundError
 
@@ -358,6 +405,8 @@ class Engine:
     # -- the loop ---------------------------------------------------------------------------
     def _run(self) -> None:
         try:
+            if self._lockstep is not None:
+                self._lockstep.agree("the engine's settings", self._lockstep_settings())
             self._index_store()
             self.runner = BatchRunner(
                 self.loaded, self.hot, self.agents, self.tiers, self.events, self.config.limits, self._factory,
@@ -376,8 +425,29 @@ class Engine:
         self._ready.set()
         try:
             self._loop()
+        except Exception as exc:
+            if self._lockstep is None:
+                raise
+            self._fail(exc)
         finally:
             self._shutdown()
+
+    def _fail(self, exc: Exception) -> None:
+        """Lockstep broke (a rank died, ranks diverged): this rank stops, and says why."""
+        assert self._lockstep is not None
+        exc = self._lockstep.world.explain(exc)  # type: ignore[assignment]
+        self.failure = exc
+        self._status = "failed"
+        log.error("engine stopped: %s", exc)
+        self.events.emit(EventKind.ERROR, f"engine stopped: {exc}", level=logging.ERROR)
+        if self.on_failure is not None:
+            self.on_failure(exc)
+
+    def _lockstep_settings(self) -> tuple[Any, ...]:
+        """What must be equal on every rank for their engines to decide alike."""
+        config = replace(self.config, snapshot_interval_s=0, idle_wait_s=0, admission_window_s=0, watchdog_s=0)
+        return (self.loaded.identity.key, self._pool.total_blocks, self.loaded.spec.block_bytes, repr(config),
+                self.sampling_defaults.describe())
 
     def _index_store(self) -> None:
         """Agents from earlier runs: warm ones resume from disk, cold ones are listed."""
@@ -393,31 +463,54 @@ class Engine:
     def _index_warm_and_cold(self) -> None:
         if self._store is None:
             return
-        for header in self._store.scan():
+        headers = self._store.scan()
+        if self._lockstep is not None:
+            headers = self._whole_shards(headers)
+        for header in headers:
             record = self.agents.add(AgentRecord(header.agent_id, _source(header.source), header.display_name))
             record.tier, record.stored_tokens = Tier.WARM, header.n_tokens
             record.stored_bytes = self._store.entries[header.agent_id].nbytes
             record.created_at, record.last_used = header.created_at, header.last_used
-        for entry in self._store.cold.entries():
+        cold = self._store.cold.entries()
+        if self._lockstep is not None:
+            cold = self._lockstep.share(cold)  # rank 0's list: the agent tables must match
+        for entry in cold:
             if entry.agent_id not in self.agents:
                 record = self.agents.add(AgentRecord(entry.agent_id, _source(entry.source), entry.display_name))
                 record.tier, record.stored_tokens, record.last_used = Tier.COLD, entry.n_tokens, entry.last_used
         if len(self.agents):
             self.events.emit(EventKind.RESTORE, f"indexed {len(self.agents)} agents from {self._store.directory}")
 
+    def _whole_shards(self, headers: list[Any]) -> list[Any]:
+        """The warm agents every rank has a matching shard of; the others go cold on every rank."""
+        assert self._store is not None and self._lockstep is not None
+        entries = self._store.entries
+        local = {h.agent_id: (h.n_tokens, entries[h.agent_id].token_hash) for h in headers}
+        keep = self._lockstep.common(local)
+        every = sorted(set().union(*self._lockstep.world.gather(sorted(local))))
+        for agent_id in every:
+            if agent_id in keep:
+                continue
+            self._store.forget(agent_id)
+            record = self.agents.add(AgentRecord(agent_id, AgentSource.API, None))
+            record.tier = Tier.COLD
+            self.events.emit(EventKind.DISCARD, f"{agent_id}: its warm cache is missing or different on another "
+                             f"rank; cold on every rank (its conversation is prefilled again)", agent_id,
+                             logging.WARNING)
+        prefixes = self._store.prefixes
+        shared = self._lockstep.common({key: entry.n_tokens for key, entry in prefixes.entries.items()})
+        for key in set(prefixes.entries) - shared:
+            prefixes.forget(key)
+        return [h for h in headers if h.agent_id in keep]
+
     def _loop(self) -> None:
         runner = self._runner()
         last = 0.0
         completed = 0
         while True:
-            # Wait for commands only when nothing is decoding, and only briefly
-            # when turns are queued behind a disk read.
-            idle = not runner.by_uid
-            self._run_commands(block=idle, timeout=self._idle_wait(runner))
-            if idle and runner.waiting:
-                self._gather_arrivals()
+            stop = self._take_inputs(runner)
             self.tiers.poll()
-            if self._stop.is_set() and self._drained_or_late(runner):
+            if stop:
                 return
             self._busy = runner.has_work  # before the step: a step that hangs leaves it set
             self._step_once(runner)
@@ -427,6 +520,57 @@ class Engine:
             if now - last >= self.config.snapshot_interval_s or runner.completed != completed:
                 self._publish()
                 last, completed = now, runner.completed
+
+    def _take_inputs(self, runner: BatchRunner) -> bool:
+        """This pass's commands, and under lockstep the tick every rank applies. True: stop now."""
+        lockstep = self._lockstep
+        stop = False
+        if lockstep is None or lockstep.is_root:
+            # Wait for commands only when nothing is decoding, and only briefly
+            # when turns are queued behind a disk read.
+            idle = not runner.by_uid
+            self._run_commands(block=idle, timeout=self._idle_wait(runner))
+            if idle and runner.waiting:
+                self._gather_arrivals()
+            stop = self._stop.is_set() and self._drained_or_late(runner)
+        else:
+            self._run_commands(block=False, timeout=0)  # this rank's own reads (snapshots)
+        if lockstep is None:
+            return stop
+        tick = lockstep.exchange(time.monotonic(), stop, self._last_digest)
+        clock.set_tick(tick.now)
+        if not lockstep.is_root:
+            for op in tick.ops:
+                self._replay(op, runner)
+        return tick.stop
+
+    def _record(self, kind: str, *args: Any) -> None:
+        """Rank 0: an input the other ranks replay at the same point (nothing without lockstep)."""
+        if self._lockstep is not None:
+            from engine.distributed.lockstep import OpKind
+
+            self._lockstep.record(OpKind(kind), *args)
+
+    def _replay(self, op: Any, runner: BatchRunner) -> None:
+        """Another rank's engine: apply one of rank 0's inputs as rank 0 did."""
+        kind, args = op.kind.value, op.args
+        if kind == "submit":
+            request, submitted_at = args
+            runner.submit(Turn(request, _discard, submitted_at=submitted_at))
+        elif kind == "cancel":
+            runner.cancel(*args)
+        elif kind == "cancel_all":
+            runner.cancel_all(*args)
+        else:
+            try:
+                args[0](self)
+            except Exception as exc:  # rank 0 met the same error and answered its caller with it
+                log.debug("replayed %s failed as on rank 0: %s", args[0].name, exc)
+
+    def _state_digest(self, runner: BatchRunner) -> tuple[Any, ...]:
+        """What every rank must agree on after each step (compared at the next tick)."""
+        running = tuple((uid, turn.generated) for uid, turn in sorted(runner.by_uid.items()))
+        return (self._pool.used_blocks, len(runner.waiting), runner.completed, running)
 
     def _gather_arrivals(self) -> None:
         """An idle engine that just got work waits one short window for more.
@@ -447,6 +591,7 @@ class Engine:
         if not runner.has_work:
             return True
         if time.monotonic() >= self._grace_deadline:
+            self._record("cancel_all", FinishReason.CANCELLED)
             runner.cancel_all(FinishReason.CANCELLED)
             return True
         return False
@@ -456,9 +601,14 @@ class Engine:
             runner.admit()
             runner.step()
         except Exception as exc:
+            if self._lockstep is not None:
+                # A rank cannot fail its turns alone: its peers would wait in the next collective.
+                raise
             log.exception("engine step failed")
             self.events.emit(EventKind.ERROR, f"engine step failed: {type(exc).__name__}: {exc}", level=logging.ERROR)
             runner.fail_all(exc)
+        if self._lockstep is not None:
+            self._last_digest = self._state_digest(runner)
 
     def _idle_wait(self, runner: BatchRunner) -> float:
         return 0.005 if runner.waiting else self.config.idle_wait_s
@@ -523,7 +673,9 @@ class Engine:
     def _persist_all(self) -> None:
         if self._store is None:
             return
-        if self.config.persist_on_exit:
+        if self.config.persist_on_exit and self.failure is None:
+            # After a lost rank this rank's shard alone could not be restored: the files from the
+            # last clean stop stay the agents' warm copies.
             for agent in self.agents:
                 if agent.tier in (Tier.HOT, Tier.COOL) and not agent.auxiliary:
                     self.tiers.evict(agent, Tier.WARM, reason="shutdown")
@@ -531,6 +683,10 @@ class Engine:
 
     def _publish(self, force: bool = False) -> None:
         self._snapshot = build_snapshot(self, self._status)
+
+
+def _discard(event: Any) -> None:
+    """The sink of a replayed turn: its client talks to rank 0."""
 
 
 def _source(value: str | None) -> AgentSource:

@@ -15,6 +15,7 @@ from typing import Callable
 
 from engine.models.loaded import LoadedModel
 
+from . import clock
 from .agent_table import AgentTable
 from .agents import AgentRecord, Tier
 from .event_log import EventKind, EventLog
@@ -53,7 +54,7 @@ class Admitter:
         if agent.turns == 0 and agent.tier in (Tier.EMPTY, Tier.COLD):
             agent.auxiliary = request.auxiliary
         self.agents.touch(agent)
-        agent.retain(request.retain_s, time.monotonic())
+        agent.retain(request.retain_s, clock.now())
         if turn.arrival is None:
             other_model = agent.model_id is not None and agent.model_id != self.loaded.identity.key
             turn.arrival = (agent.tier.value, other_model and agent.tier in (Tier.EMPTY, Tier.COLD))

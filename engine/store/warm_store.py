@@ -107,7 +107,28 @@ class StoreStats:
 
 
 def model_directory(root: Path, loaded: LoadedModel) -> Path:
-    return root / model_dir_name(loaded.identity.name, loaded.identity.digest)
+    """Where this model's warm files live; a sharded model's rank keeps its shards in a folder of its own."""
+    directory = root / model_dir_name(loaded.identity.name, loaded.identity.digest)
+    if loaded.shard is not None:
+        rank, size = loaded.shard
+        directory = directory / f"rank{rank}-of-{size}"
+    return directory
+
+
+class InlineExecutor:
+    """Runs each job at once on the caller's thread: a sharded model's ranks must see every read
+    and write finish at the same point of the engine loop (engine/distributed/lockstep.py)."""
+
+    def submit(self, fn: Any, *args: Any) -> "Future[Any]":
+        future: Future[Any] = Future()
+        try:
+            future.set_result(fn(*args))
+        except BaseException as exc:
+            future.set_exception(exc)
+        return future
+
+    def shutdown(self, wait: bool = True) -> None:
+        pass
 
 
 def token_hash(tokens: list[int]) -> str:
@@ -131,7 +152,8 @@ class WarmStore:
         self._reads: dict[str, tuple[Future[CacheRecord], float]] = {}
         # Finished reads not yet installed (the pool had no room): kept, never read twice.
         self._ready: dict[str, Loaded] = {}
-        self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="semantic-io")
+        self._io: Any = (InlineExecutor() if loaded.shard is not None
+                         else ThreadPoolExecutor(max_workers=1, thread_name_prefix="semantic-io"))
         self.usable = self._prepare_directory()
         # Shared prefixes live beside the agents, on the same I/O thread and disk budget.
         self.prefixes = PrefixStore(self.directory / "prefixes", loaded, self.fingerprint, events, self._io)

@@ -1,0 +1,160 @@
+"""Drive `semantic --serve` as one process or as ranks under ``mlx.launch``, the way users start it.
+
+A run is a fixed script of agent turns (several agents at once, then evict,
+restore and restart steps chosen by the caller), so the same script against
+one process and against two ranks must produce the same tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[2]
+VENV_BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Launched:
+    """One `semantic --serve` run (its process is the launcher when ranks > 1) and its log lines."""
+
+    process: subprocess.Popen[str]
+    url: str
+    log: list[str] = field(default_factory=list)
+    _reader: threading.Thread | None = None
+
+    def start_reading(self) -> None:
+        def read() -> None:
+            assert self.process.stdout is not None
+            for line in self.process.stdout:
+                self.log.append(line)
+
+        self._reader = threading.Thread(target=read, daemon=True)
+        self._reader.start()
+
+    def text(self) -> str:
+        return "".join(self.log)
+
+    def wait_ready(self, timeout_s: float = 180) -> dict:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise AssertionError(f"exited {self.process.returncode} before ready:\n{self.text()}")
+            try:
+                response = httpx.get(f"{self.url}/health/ready", timeout=5)
+                if response.status_code == 200:
+                    return response.json()
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        raise AssertionError(f"never ready:\n{self.text()}")
+
+    def stop(self, timeout_s: float = 60) -> int:
+        """Ctrl+C in the launcher's terminal: SIGINT to its whole process group, the launcher and every
+        rank. Rank 0 ends the run; the others follow its last tick and write their shards."""
+        os.killpg(self.process.pid, signal.SIGINT)
+        try:
+            return self.process.wait(timeout=timeout_s)
+        finally:
+            if self._reader is not None:
+                self._reader.join(5)
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+
+
+def launch(model: Path, cache_dir: Path, ranks: int, *extra: str, env: dict[str, str] | None = None) -> Launched:
+    """`semantic --serve` alone (ranks == 1) or `mlx.launch --backend ring -n N -- semantic --serve`."""
+    port = free_port()
+    settings = {"SEMANTIC_CACHE_DIR": str(cache_dir), "SEMANTIC_PORT": str(port), "SEMANTIC_LOG_JSON": "true",
+                "SEMANTIC_POOL_BUDGET_MB": "64"}
+    serve = [str(VENV_BIN / "semantic"), "--serve", "--model", str(model), *extra]
+    if ranks == 1:
+        argv = serve
+    else:
+        argv = [str(VENV_BIN / "mlx.launch"), "--backend", "ring", "-n", str(ranks),
+                "--starting-port", str(free_port()), *[f"--env={k}={v}" for k, v in settings.items()], "--", *serve]
+    process = subprocess.Popen(argv, cwd=ROOT, env={**os.environ, **settings, **(env or {})}, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    launched = Launched(process, f"http://127.0.0.1:{port}")
+    launched.start_reading()
+    return launched
+
+
+def create_agents(url: str, names: list[str]) -> None:
+    for name in names:
+        response = httpx.post(f"{url}/v1/agents", json={"agent_id": name, "system": f"You are {name}."}, timeout=30)
+        assert response.status_code == 201, response.text
+
+
+def say(url: str, agent: str, content: str, max_tokens: int = 24) -> dict:
+    response = httpx.post(f"{url}/v1/agents/{agent}/messages", timeout=300,
+                          json={"content": content, "max_tokens": max_tokens, "temperature": 0})
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def say_all(url: str, turns: dict[str, str]) -> dict[str, dict]:
+    """One message to each agent, all at once (they share the batch)."""
+    with ThreadPoolExecutor(len(turns)) as pool:
+        futures = {agent: pool.submit(say, url, agent, content) for agent, content in turns.items()}
+        return {agent: future.result() for agent, future in futures.items()}
+
+
+def evict(url: str, agent: str, tier: str = "warm") -> None:
+    response = httpx.post(f"{url}/v1/agents/{agent}/evict", json={"tier": tier}, timeout=60)
+    assert response.status_code == 200, response.text
+
+
+def json_lines(text: str) -> list[dict]:
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+
+@dataclass
+class Rank:
+    """One rank started by hand (``MLX_RANK`` and ``MLX_HOSTFILE``, as ``mlx.launch`` sets them)."""
+
+    rank: int
+    process: subprocess.Popen[str]
+    log: list[str] = field(default_factory=list)
+
+    def text(self) -> str:
+        return "".join(self.log)
+
+
+def launch_by_hand(model: Path, cache_dir: Path, per_rank: list[list[str]]) -> tuple[list[Rank], str]:
+    """Ranks started one by one (no launcher to kill the others when one dies); (ranks, rank 0's URL)."""
+    hostfile = cache_dir / "hosts.json"
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    hostfile.write_text(json.dumps([[f"127.0.0.1:{free_port()}"] for _ in per_rank]))
+    port = free_port()
+    ranks = []
+    for rank, extra in enumerate(per_rank):
+        env = {**os.environ, "MLX_RANK": str(rank), "MLX_HOSTFILE": str(hostfile), "SEMANTIC_CACHE_DIR": str(cache_dir),
+               "SEMANTIC_PORT": str(port), "SEMANTIC_LOG_JSON": "true", "SEMANTIC_POOL_BUDGET_MB": "64"}
+        argv = [str(VENV_BIN / "semantic"), "--serve", "--model", str(model), *extra]
+        process = subprocess.Popen(argv, cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT)
+        ranks.append(Rank(rank, process))
+    for r in ranks:
+        threading.Thread(target=lambda r=r: r.log.extend(iter(r.process.stdout.readline, "")), daemon=True).start()
+    return ranks, f"http://127.0.0.1:{port}"

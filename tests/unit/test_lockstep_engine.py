@@ -1,0 +1,129 @@
+"""Two engines in lockstep, ranks as threads (tests/support/thread_world.py): rank 0 takes the requests,
+rank 1 replays them and must end every step in the same state, cache for cache.
+
+The real two-process runs over MLX's ring backend are in tests/model/test_distributed_real.py.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from engine.distributed.lockstep import Lockstep, LockstepError
+from engine.distributed.world import PeerLostError
+from engine.runtime.agents import Tier
+from engine.runtime.batch_runner import RunnerLimits
+from engine.runtime.engine import Engine, EngineConfig
+from engine.runtime.engine_ops import engine_op
+from engine.runtime.event_log import EventLog
+from engine.runtime.requests import GenerationRequest, SamplingParams
+from engine.runtime.sync_client import run_turns
+from engine.store.warm_store import WarmStore
+from tests.support.byte_tokenizer import BOS
+from tests.support.thread_world import ThreadHub
+from tests.support.tiny_models import loaded_tiny
+
+
+def start_pair(root: Path, budgets_mb: tuple[float, float] = (16, 16), timeout_s: float = 30) -> list[Engine]:
+    """Rank 0 and rank 1 of a "sharded" tiny llama (each holds the whole model; lockstep does not care)."""
+    engines = []
+    for world, budget in zip(ThreadHub(2, timeout_s).worlds(), budgets_mb):
+        loaded = loaded_tiny("llama")
+        loaded = replace(loaded, spec=replace(loaded.spec, shard=(world.rank, world.size)))
+        store = WarmStore(root, loaded, 2**30, EventLog())
+        config = EngineConfig(pool_budget_bytes=int(budget * 2**20), limits=RunnerLimits(8, 4, 32))
+        engines.append(Engine(loaded, config, store=store, lockstep=Lockstep(world)))
+    errors: list[BaseException] = []
+
+    def start(engine: Engine) -> None:
+        try:
+            engine.start()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=start, args=(e,)) for e in engines]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    if errors:
+        for engine in engines:
+            engine.stop(0)
+        raise errors[0]
+    return engines
+
+
+def request(agent: str, text: str, **sampling) -> GenerationRequest:
+    return GenerationRequest(agent, (BOS, *text.encode()), 12, SamplingParams(**sampling))
+
+
+def caches(engine: Engine) -> dict[str, tuple[str, list[int]]]:
+    """Every agent's tier and cached tokens, read on the engine thread after its last step."""
+    return engine.call(lambda e: {a.agent_id: (a.tier.value, list(a.tokens)) for a in e.agents}).result(10)
+
+
+def settled(follower: Engine, leader: Engine, timeout_s: float = 10) -> None:
+    """Rank 1 replays a tick after rank 0 ran it: wait until it holds what rank 0 holds."""
+    deadline = time.monotonic() + timeout_s
+    while caches(follower) != caches(leader) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def test_the_follower_replays_turns_evictions_and_restores_cache_for_cache(tmp_path: Path) -> None:
+    leader, follower = start_pair(tmp_path)
+    try:
+        turns = [request(f"a{i}", f"agent {i} says hello " * (i + 1)) for i in range(3)]
+        turns.append(request("sampled", "pick any words", temperature=1.0))  # no seed: rank 0 picks one for all
+        run_turns(leader, turns)
+        settled(follower, leader)
+        assert caches(follower) == caches(leader)
+        assert all(tier == "hot" and tokens for tier, tokens in caches(leader).values())
+
+        leader.call(engine_op("evict_agent", "a0", Tier.WARM)).result(10)
+        leader.call(engine_op("evict_agent", "a1", Tier.COLD)).result(10)
+        settled(follower, leader)
+        assert {a: t for a, (t, _) in caches(follower).items()} == {"a0": "warm", "a1": "cold", "a2": "hot",
+                                                                     "sampled": "hot"}
+        for rank in (0, 1):
+            assert len(list((tmp_path.glob(f"*/rank{rank}-of-2/a0-*.safetensors")))) == 1
+
+        run_turns(leader, [request("a0", "agent 0 says hello and more"), request("a1", "agent 1 again")])
+        settled(follower, leader)
+        assert caches(follower) == caches(leader)
+        assert caches(leader)["a0"][0] == "hot"
+    finally:
+        leader.stop(0)
+        follower.wait()
+    # Rank 0's stop reached rank 1 as its last tick: it ended cleanly and wrote its shards too.
+    assert follower.failure is None and leader.failure is None
+    for rank in (0, 1):
+        names = sorted(p.name.split("-")[0] for p in tmp_path.glob(f"*/rank{rank}-of-2/*.safetensors"))
+        assert names == ["a0", "a1", "a2", "sampled"], (rank, names)
+
+
+def test_a_change_made_on_one_rank_alone_is_caught_as_divergence_and_stops_both(tmp_path: Path) -> None:
+    leader, follower = start_pair(tmp_path, timeout_s=5)
+    try:
+        run_turns(leader, [request("a0", "hello there")])
+        settled(follower, leader)
+        # A plain function is this rank's business only; one that changes state breaks the lockstep.
+        follower.call(lambda e: e.evict_agent("a0", Tier.COLD)).result(10)
+        run_turns(leader, [request("a1", "another agent")])
+        follower.wait()
+        deadline = time.monotonic() + 20
+        while leader.failure is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        leader.stop(0)
+        follower.stop(0)
+    assert isinstance(follower.failure, LockstepError) and "diverged from rank 0" in str(follower.failure)
+    assert isinstance(leader.failure, PeerLostError)
+
+
+def test_ranks_whose_settings_differ_refuse_to_start_naming_the_difference(tmp_path: Path) -> None:
+    with pytest.raises(LockstepError, match="differs between ranks"):
+        start_pair(tmp_path, budgets_mb=(16, 8))
