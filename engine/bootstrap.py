@@ -56,9 +56,9 @@ def build_engine(
 
 
 def start_engine(settings: Settings, progress: Callable[[ImportProgress], None] | None = None,
-                 world: "World | None" = None) -> Engine:
+                 world: "World | None" = None, events: EventLog | None = None) -> Engine:
     """Load, build and start; with a ``world`` of several ranks, this rank's shard in lockstep with the others."""
-    engine = build_engine(settings, load_configured_model(settings, progress, world=world), world=world)
+    engine = build_engine(settings, load_configured_model(settings, progress, world=world), events, world=world)
     engine.start(timeout_s=None if world is not None else 120.0)
     if world is not None:
         StallGuard(lambda: engine.heartbeat, lambda: engine.is_running, settings.rank_timeout_s, world.label,

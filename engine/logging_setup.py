@@ -50,3 +50,22 @@ def configure_logging(level: str = "info", json_lines: bool = False, stream=None
     # Libraries' per-request chatter drowns the engine's own events.
     for noisy in ("httpx", "httpcore", "urllib3", "huggingface_hub"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+class _RankTag(logging.Filter):
+    def __init__(self, rank: int) -> None:
+        super().__init__()
+        self.rank = rank
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.rank = self.rank
+        return True
+
+
+def tag_logs_with_rank(rank: int) -> None:
+    """Under mlx.launch every rank's lines reach one terminal: each line says which rank wrote it."""
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_RankTag(rank))
+        if not isinstance(handler.formatter, JsonFormatter):
+            handler.setFormatter(logging.Formatter(f"%(asctime)s r{rank} %(levelname)-7s %(name)s: %(message)s",
+                                                   "%H:%M:%S"))

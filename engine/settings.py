@@ -144,7 +144,8 @@ class Settings(BaseSettings):
         "for dead and exits non-zero (MLX can wait forever on a peer killed mid-transfer).")
     shard_mode: Literal["tensor", "pipeline"] = Field(
         "tensor", description="How a model is split across ranks: tensor (each rank holds a share of every "
-        "layer's heads) or pipeline (each rank a run of layers).")
+        "layer's heads). pipeline (each rank a run of layers) is refused with the reason: mlx-lm pipelines "
+        "only model families whose caches the block pool does not hold.")
 
     # -- platform -----------------------------------------------------------------
     preload_openblas: bool = Field(True, description="On Linux CPU, re-exec once with OpenBLAS preloaded (about 30x faster matmul).")

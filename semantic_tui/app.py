@@ -442,12 +442,16 @@ class _NoSnapshot:
     agents: tuple = ()
 
 
-def run_workbench(settings: Settings) -> int:
+def run_workbench(settings: Settings, world: Any = None) -> int:
+    """The workbench; with a ``world`` (rank 0 of a sharded model) its engine follows lockstep."""
+    from functools import partial
+
+    from .backend import real_engine_factory
     from .preferences import load_preferences
 
     from engine.bootstrap import release_mlx
 
-    app = SemanticApp(WorkbenchBackend(settings), load_preferences())
+    app = SemanticApp(WorkbenchBackend(settings, partial(real_engine_factory, world=world)), load_preferences())
     app.run()
     del app
     release_mlx()

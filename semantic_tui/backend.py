@@ -21,14 +21,13 @@ log = logging.getLogger("semantic.tui")
 EngineFactory = Callable[[Settings, EventLog, Callable[[ImportProgress], None]], Any]
 
 
-def real_engine_factory(settings: Settings, events: EventLog, progress: Callable[[ImportProgress], None]) -> Any:
-    """Import/load the configured model and start an engine with the warm tier (blocking)."""
-    from engine.bootstrap import build_engine, load_configured_model
+def real_engine_factory(settings: Settings, events: EventLog, progress: Callable[[ImportProgress], None],
+                        world: Any = None) -> Any:
+    """Import/load the configured model and start an engine with the warm tier (blocking); with a
+    ``world`` (mlx.launch), rank 0's shard, in lockstep with the other ranks."""
+    from engine.bootstrap import start_engine
 
-    loaded = load_configured_model(settings, progress)
-    engine = build_engine(settings, loaded, events)
-    engine.start()
-    return engine
+    return start_engine(settings, progress, world=world, events=events)
 
 
 def _real_swap_builder(settings: Settings, events: EventLog) -> Any:
@@ -70,7 +69,8 @@ class WorkbenchBackend:
             self.events.emit(EventKind.ERROR, self.service.status_detail, level=logging.ERROR)
             raise
         self.service.attach(engine)
-        self.service.enable_swaps(self._swap_builder or _real_swap_builder(self.settings, self.events))
+        if getattr(engine.loaded, "shard", None) is None:  # a sharded model's ranks would all have to swap
+            self.service.enable_swaps(self._swap_builder or _real_swap_builder(self.settings, self.events))
         return engine
 
     @property

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from pydantic import ValidationError
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     from engine.logging_setup import configure_logging
 
     # The workbench draws on the terminal: its logs go to a file (the log pane shows engine events).
-    workbench = args.command is None and not args.serve
+    workbench = args.command is None and not args.serve and not _headless_rank()
     log_file = settings.cache_dir / "logs" / "workbench.log" if workbench else None
     configure_logging(settings.log_level, json_lines=settings.log_json or (args.serve and not sys.stderr.isatty()),
                       file=log_file)
@@ -77,6 +78,16 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def _headless_rank() -> bool:
+    """A rank of a sharded model that cannot draw the workbench: not rank 0, or no terminal (mlx.launch
+    pipes output). It runs headless and logs to stderr, where the launcher shows each rank's lines."""
+    from engine.distributed.world import launched_distributed
+
+    if not launched_distributed():
+        return False
+    return os.environ.get("MLX_RANK", "0") != "0" or not sys.stdout.isatty()
 
 
 def _maybe_reexec(settings: Settings) -> None:

@@ -92,6 +92,21 @@ def serve(settings: Settings) -> int:
 
 
 def workbench(settings: Settings) -> int:
+    """The workbench; under ``mlx.launch`` it runs on rank 0 and the other ranks follow headless."""
+    import logging
+
+    from engine.distributed.follower import serve_follower
+    from engine.distributed.world import join_world
+
     from .app import run_workbench
 
-    return run_workbench(settings)
+    world = join_world(settings.distributed_backend)
+    if world is not None and not world.is_root:
+        return serve_follower(settings, world)
+    if world is not None and not sys.stdout.isatty():
+        # mlx.launch pipes every rank's output: there is no terminal to draw on.
+        logging.getLogger("semantic").warning(
+            "rank 0 has no terminal (mlx.launch pipes its output): serving headless instead of the workbench; "
+            "start rank 0 by hand in a terminal for the workbench (README: several machines)")
+        return serve(settings)
+    return run_workbench(settings, world)

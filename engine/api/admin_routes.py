@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 from engine.domain.block_pool import PoolSnapshot
 from engine.platform import blas_report
 from engine.runtime.agents import Tier
-from engine.runtime.snapshot import AgentView, EngineSnapshot, ModelView, ThroughputView, TierView
+from engine.runtime.snapshot import AgentView, EngineSnapshot, ModelView, RankView, ThroughputView, TierView
 from engine.runtime.engine_ops import engine_op
 
 from .service import EngineService
@@ -66,6 +66,8 @@ class Stats(BaseModel):
     throughput: ThroughputView
     agents: list[AgentView]
     backend: dict[str, object]
+    ranks: list[RankView] = Field(default_factory=list, description="A sharded model's ranks (mlx.launch), rank 0 "
+                                  "first, with each rank's MLX memory; empty when one process holds the model")
 
 
 class EvictIdleRequest(BaseModel):
@@ -118,6 +120,7 @@ def build_stats(service: EngineService, with_blocks: bool = False) -> Stats:
         throughput=snapshot.throughput,
         agents=list(snapshot.agents),
         backend={**snapshot.backend, **_blas()},
+        ranks=list(snapshot.ranks),
     )
 
 

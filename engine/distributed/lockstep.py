@@ -54,12 +54,23 @@ class Tick:
     digest: tuple[Any, ...]  # rank 0's state after its previous step
 
 
+@dataclass(frozen=True, slots=True)
+class RankReport:
+    """What a rank tells the others each tick: its state after its last step, and its memory."""
+
+    rank: int
+    digest: tuple[Any, ...]
+    active_bytes: int
+    peak_bytes: int
+
+
 @dataclass
 class Lockstep:
     """One engine's side of the exchange: rank 0 sends ticks, the others receive them."""
 
     world: World
     ticks: int = 0
+    reports: tuple[RankReport, ...] = ()  # every rank's, from the last tick (the workbench shows them)
     _pending: list[ReplicatedOp] = field(default_factory=list)
 
     @property
@@ -72,20 +83,28 @@ class Lockstep:
             self._pending.append(ReplicatedOp(kind, args))
 
     def exchange(self, now: float, stop: bool, digest: tuple[Any, ...]) -> Tick:
-        """Rank 0 sends its tick, the others receive it; every rank returns it. Raises PeerLostError."""
-        mine = Tick(tuple(self._pending), now, stop, digest) if self.is_root else None
-        self._pending.clear()
+        """One tick: rank 0's inputs to every rank, every rank's report to every rank.
+
+        Every rank compares all digests, so a diverged rank stops the run on every rank at the same
+        tick, with the same message. Raises PeerLostError, LockstepError.
+        """
+        pending, self._pending = tuple(self._pending), []
         # The decode step launched last is still in flight, with the model's own all_sums. A second
         # collective beside them is unordered across ranks, and when a peer dies MLX then waits
         # forever instead of raising: let the step finish first (its host work already overlapped).
         mx.synchronize()
-        tick: Tick = self.world.share(mine)
+        report = RankReport(self.world.rank, digest, mx.get_active_memory(), mx.get_peak_memory())
+        mine: Any = (Tick(pending, now, stop, digest), report) if self.is_root else report
+        everyone = self.world.gather(mine)
+        tick, root_report = everyone[0]
+        self.reports = (root_report, *everyone[1:])
         self.ticks += 1
-        if not self.is_root and tick.digest != digest:
-            raise LockstepError(
-                f"{self.world.label} diverged from rank 0 at tick {self.ticks}: rank 0 has {tick.digest}, "
-                f"this rank has {digest} (a disk write that failed on one rank only can do this)"
-            )
+        for other in self.reports[1:]:
+            if other.digest != tick.digest:
+                raise LockstepError(
+                    f"rank {other.rank} diverged from rank 0 at tick {self.ticks}: rank 0 has {tick.digest}, rank "
+                    f"{other.rank} has {other.digest} (a disk write that failed on one rank only can do this)"
+                )
         return tick
 
     # -- start-up agreements --------------------------------------------------------------------

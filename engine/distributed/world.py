@@ -9,6 +9,7 @@ sockets of our own.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import pickle
@@ -102,8 +103,9 @@ def launched_distributed() -> bool:
     return any(os.environ.get(name) for name in LAUNCH_ENV)
 
 
+@functools.cache
 def join_world(backend: str = "any") -> World | None:
-    """Join the ranks this process was launched with; None when it runs alone.
+    """Join the ranks this process was launched with (once per process); None when it runs alone.
 
     ``strict`` initialisation makes a broken launch (a hostfile naming an
     unreachable host) an error here, not a silent world of one.
@@ -114,5 +116,8 @@ def join_world(backend: str = "any") -> World | None:
     if group.size() == 1:
         return None
     world = World(group, group.rank(), group.size())
+    from engine.logging_setup import tag_logs_with_rank
+
+    tag_logs_with_rank(world.rank)
     log.info("joined %s (%s backend)", world.label, backend, extra={"rank": world.rank, "world_size": world.size})
     return world

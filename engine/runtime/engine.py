@@ -295,6 +295,11 @@ class Engine:
         return self.loaded.context_length
 
     @property
+    def rank_reports(self) -> tuple[Any, ...]:
+        """Every rank's report from the last lockstep tick (empty when this process runs alone)."""
+        return self._lockstep.reports if self._lockstep is not None else ()
+
+    @property
     def pool(self) -> BlockPool:
         return self._pool
 

@@ -113,6 +113,17 @@ class ModelView:
 
 
 @dataclass(frozen=True, slots=True)
+class RankView:
+    """One rank of a sharded model, as of the last lockstep tick (every rank holds the same blocks,
+    each its shard of them, so the pool's block counts are every rank's)."""
+
+    rank: int
+    world_size: int
+    active_bytes: int  # MLX memory in use on that rank: its weight shard, its pool blocks, buffers
+    peak_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
 class EngineSnapshot:
     status: str  # "starting", "ready", "swapping", "stopping", "stopped", "failed"
     model: ModelView | None
@@ -123,6 +134,8 @@ class EngineSnapshot:
     backend: dict[str, object] = field(default_factory=dict)
     at: float = field(default_factory=time.time)
     detail: str | None = None
+    # A sharded model's ranks (rank 0 first); empty when this process holds the whole model.
+    ranks: tuple[RankView, ...] = ()
 
     def agent(self, agent_id: str) -> AgentView | None:
         return next((a for a in self.agents if a.agent_id == agent_id), None)

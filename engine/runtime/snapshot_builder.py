@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from .accounting import held_bytes
 from .agents import AgentRecord, Tier
-from .snapshot import AgentView, EngineSnapshot, ModelView, ThroughputView, TierView
+from .snapshot import AgentView, EngineSnapshot, ModelView, RankView, ThroughputView, TierView
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -24,7 +24,16 @@ def build_snapshot(engine: "Engine", status: str) -> EngineSnapshot:
         throughput=_throughput(engine),
         tiers=_tiers(engine, agents),
         backend=engine.backend_info() if hasattr(engine, "backend_info") else {},
+        ranks=_ranks(engine),
     )
+
+
+def _ranks(engine: "Engine") -> tuple[RankView, ...]:
+    shard = engine.loaded.shard
+    reports = engine.rank_reports
+    if shard is None:
+        return ()
+    return tuple(RankView(r.rank, shard[1], r.active_bytes, r.peak_bytes) for r in reports)
 
 
 def _agent_view(agent: AgentRecord, engine: "Engine") -> AgentView:

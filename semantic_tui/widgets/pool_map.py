@@ -38,6 +38,8 @@ class PoolView:
     kept: frozenset[str] = frozenset()
     # Cool agents: their blocks hold a quantized cache, not K/V the batch reads.
     cool: frozenset[str] = frozenset()
+    # A sharded model's ranks: (rank, MLX bytes in use there). Each holds its shard of every block.
+    ranks: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +166,16 @@ def counts_line(pool: PoolSnapshot, width: int) -> Text:
     ], width))
 
 
+def ranks_line(ranks: tuple[tuple[int, int], ...], width: int) -> Text:
+    """A sharded model: every rank holds its shard of each block below, and this much memory."""
+    memory = " · ".join(f"r{rank} {human_bytes(nbytes)}" for rank, nbytes in ranks)
+    return Text(_first_fit([
+        f"{len(ranks)} ranks, each a shard of every block: {memory}",
+        f"{len(ranks)} ranks: {memory}",
+        f"{len(ranks)} ranks",
+    ], width), style="dim")
+
+
 def pressure_line(pool: PoolSnapshot, width: int) -> Text:
     """A bar in the pressure colour, the percentage, and used/total bytes if they fit."""
     percent = f" {pool.pressure:.0%}"
@@ -230,7 +242,8 @@ def render_pool(view: PoolView, width: int, height: int) -> Text:
     """Header lines, the grid, the legend, then the owners if a row is left over."""
     pool = view.pool
     # Short widgets drop the counts line first, then the legend: the grid always keeps a row.
-    header = [counts_line(pool, width)] if height >= 4 else []
+    header = [ranks_line(view.ranks, width)] if view.ranks and height >= 6 else []
+    header += [counts_line(pool, width)] if height >= 4 else []
     header += [pressure_line(pool, width)] if height >= 2 else []
     legend_rows = 1 if height >= 3 else 0
     layout = plan_grid(pool.total_blocks, width, height - len(header) - legend_rows)
@@ -269,7 +282,8 @@ class PoolMap(Widget):
             labels = tuple(sorted((a.agent_id, a.label) for a in snapshot.agents if a.agent_id in owners))
             kept = frozenset(a.agent_id for a in snapshot.agents if a.retained_s > 0 and a.agent_id in owners)
             cool = frozenset(a.agent_id for a in snapshot.agents if a.tier == "cool" and a.agent_id in owners)
-            view = PoolView(snapshot.pool, sliding_groups_of(snapshot), labels, kept, cool)
+            ranks = tuple((r.rank, r.active_bytes) for r in snapshot.ranks)
+            view = PoolView(snapshot.pool, sliding_groups_of(snapshot), labels, kept, cool, ranks)
         if view == self._view and snapshot.status == self._status:
             return
         self._view, self._status = view, snapshot.status

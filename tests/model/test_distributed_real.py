@@ -9,6 +9,7 @@ drop to cold, and a restart that resumes every agent from both ranks' warm files
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import threading
@@ -19,6 +20,7 @@ import httpx
 import pytest
 
 from tests.support.distributed_run import (
+    free_port,
     create_agents,
     evict,
     json_lines,
@@ -192,6 +194,45 @@ def test_a_world_size_that_does_not_divide_the_heads_stops_every_rank(smollm2_pa
     lines = json_lines(run.text())
     refusals = [line for line in lines if "world size 2 does not divide the model's 9 attention heads" in line["msg"]]
     assert len(refusals) == 2, run.text()[-4000:]  # each rank says why it stops
-    # mlx.launch itself exits 0 here; it reports each rank's status.
+    # mlx.launch itself exits 0 here; it reports each rank's status (a rank that has not exited yet when
+    # the other one did is stopped by the launcher: -15).
     for rank in (0, 1):
-        assert f"Node with rank {rank} exited with code 1" in run.text(), run.text()[-4000:]
+        status = re.search(rf"Node with rank {rank} exited with code (-?\d+)", run.text())
+        assert status and int(status.group(1)) != 0, run.text()[-4000:]
+
+
+def test_the_workbench_runs_on_rank_0_in_a_terminal_and_shows_each_rank(tiny_llama: Path, tmp_path: Path) -> None:
+    """Rank 0 started by hand in a terminal draws the workbench (mlx.launch pipes output: no terminal);
+    rank 1 runs the same command and follows headless. Quitting the workbench ends both ranks."""
+    from tests.support.terminal import (TmuxTerminal, focus_off_inputs, isolated_env, semantic_command,
+                                        tmux_available, wait_until_ready)
+
+    if not tmux_available():
+        pytest.skip("needs tmux (apt-get install tmux)")
+    cache_dir = tmp_path / "cache"
+    hostfile = tmp_path / "hosts.json"
+    hostfile.write_text(f'[["127.0.0.1:{free_port()}"], ["127.0.0.1:{free_port()}"]]')
+    argv = [*semantic_command(), "--model", str(tiny_llama), "--cache-dir", str(cache_dir), "--port", "0",
+            "--pool-budget-mb", "64"]
+    env = isolated_env(tmp_path / "home")
+    follower = subprocess.Popen(argv, env={**env, "MLX_RANK": "1", "MLX_HOSTFILE": str(hostfile)}, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=tmp_path)
+    try:
+        with TmuxTerminal(tmp_path / "tty") as terminal, terminal.dump_on_failure():
+            terminal.start(argv, {**env, "MLX_RANK": "0", "MLX_HOSTFILE": str(hostfile)}, cwd=tmp_path)
+            url = wait_until_ready(terminal, 180)
+            create_agents(url, AGENTS[:1])
+            say(url, AGENTS[0], "hello from the workbench test")
+            terminal.wait_for_text(r"2 ranks[^:\n]*: r0 [\d.]+ \wiB · r1 [\d.]+ \wiB",
+                                   "the pool map to name both ranks and their memory", 60)
+            focus_off_inputs(terminal)
+            terminal.press("q")
+            assert terminal.wait_exit(120) == 0
+        assert follower.wait(timeout=60) == 0
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+    log = follower.stdout.read() if follower.stdout else ""
+    assert "rank 1 of 2: rank 0 ended the run" in log, log[-3000:]
+    for rank in (0, 1):
+        assert list(cache_dir.glob(f"agents/*/rank{rank}-of-2/{AGENTS[0]}-*.safetensors")), (rank, log[-3000:])

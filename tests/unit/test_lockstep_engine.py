@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from engine.distributed.lockstep import Lockstep, LockstepError
-from engine.distributed.world import PeerLostError
 from engine.runtime.agents import Tier
 from engine.runtime.batch_runner import RunnerLimits
 from engine.runtime.engine import Engine, EngineConfig
@@ -95,6 +94,10 @@ def test_the_follower_replays_turns_evictions_and_restores_cache_for_cache(tmp_p
         settled(follower, leader)
         assert caches(follower) == caches(leader)
         assert caches(leader)["a0"][0] == "hot"
+        # Rank 0 knows every rank's memory from the last tick, and shows it in its snapshot.
+        ranks = leader.fresh_snapshot().ranks
+        assert [(r.rank, r.world_size) for r in ranks] == [(0, 2), (1, 2)]
+        assert all(r.active_bytes > 0 for r in ranks)
     finally:
         leader.stop(0)
         follower.wait()
@@ -120,10 +123,24 @@ def test_a_change_made_on_one_rank_alone_is_caught_as_divergence_and_stops_both(
     finally:
         leader.stop(0)
         follower.stop(0)
-    assert isinstance(follower.failure, LockstepError) and "diverged from rank 0" in str(follower.failure)
-    assert isinstance(leader.failure, PeerLostError)
+    # Every rank sees every rank's digest, so both stop at the same tick with the same message.
+    for engine in (leader, follower):
+        assert isinstance(engine.failure, LockstepError), engine.failure
+        assert "rank 1 diverged from rank 0" in str(engine.failure)
 
 
 def test_ranks_whose_settings_differ_refuse_to_start_naming_the_difference(tmp_path: Path) -> None:
     with pytest.raises(LockstepError, match="differs between ranks"):
         start_pair(tmp_path, budgets_mb=(16, 8))
+
+
+def test_the_pool_map_names_each_rank_and_its_memory_above_the_blocks() -> None:
+    from engine.domain.block_pool import PoolSnapshot
+    from semantic_tui.widgets.pool_map import PoolView, render_pool
+
+    pool = PoolSnapshot(total_blocks=4, used_blocks=2, block_bytes=1024, n_groups=1, shared_blocks=0,
+                        owner_blocks={"a": 2}, block_owner=("a", "a", None, None), block_group=(0, 0, None, None))
+    sharded = render_pool(PoolView(pool, frozenset(), (("a", "a"),), ranks=((0, 3 * 2**30), (1, 2**30))), 70, 8)
+    assert sharded.plain.splitlines()[0] == "2 ranks, each a shard of every block: r0 3.0 GiB · r1 1.0 GiB"
+    alone = render_pool(PoolView(pool, frozenset(), (("a", "a"),)), 70, 8)
+    assert "ranks" not in alone.plain

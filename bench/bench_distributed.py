@@ -1,0 +1,113 @@
+"""One model on several ranks (mlx.launch, ring backend) against the same model in one process.
+
+Both sides run the same server (`semantic --serve`) on the same random-weight
+model folder and the same workload, alternating which goes first: N agents
+created together, one warm-up turn each, then a measured turn where all N
+generate ``--tokens`` greedy tokens at once. Reported per side: aggregate
+decode tok/s over the measured turn (wall clock, first request sent to last
+reply), TTFT median (server-reported), and seconds from launch to ready.
+
+The ranks run on this one machine, so they share its cores and talk over
+loopback TCP: this measures what the lockstep costs here, not what two Macs
+gain. Reproduce a rank run by hand with:
+
+    mlx.launch --backend ring -n 2 -- semantic --serve --model FOLDER
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+from common import base_parser, print_table
+from random_model import tokenizer_folder, write_random_model
+from results import BenchResult, recorded
+
+from tests.support.distributed_run import create_agents, launch
+
+SHAPES = ("llama-tiny", "llama-3.2-1b")
+
+
+def measure(model: Path, ranks: int, agents: int, tokens: int, work: Path) -> dict[str, float]:
+    """One launch: ready time, then a warm-up and a measured concurrent turn for ``agents`` agents."""
+    started = time.perf_counter()
+    run = launch(model, work, ranks, "--pool-budget-mb", "512")
+    try:
+        run.wait_ready(timeout_s=900)
+        ready_s = time.perf_counter() - started
+        names = [f"bench-{i}" for i in range(agents)]
+        create_agents(run.url, names)
+        turn(run.url, names, "Write a short story about a lighthouse keeper.", tokens)  # warm-up (and compile)
+        t0 = time.perf_counter()
+        replies = turn(run.url, names, "Go on with the story.", tokens)
+        wall = time.perf_counter() - t0
+    finally:
+        run.stop(timeout_s=300)
+    generated = sum(r["usage"]["generated_tokens"] for r in replies)
+    return {"ready_s": ready_s, "tok_s": generated / wall,
+            "ttft_s": statistics.median(r["usage"]["ttft_s"] for r in replies)}
+
+
+def turn(url: str, names: list[str], content: str, tokens: int) -> list[dict]:
+    def one(name: str) -> dict:
+        response = httpx.post(f"{url}/v1/agents/{name}/messages", timeout=1800,
+                              json={"content": content, "max_tokens": tokens, "temperature": 0})
+        response.raise_for_status()
+        return response.json()
+
+    with ThreadPoolExecutor(len(names)) as pool:
+        return list(pool.map(one, names))
+
+
+def main() -> None:
+    parser = base_parser(__doc__.splitlines()[0])
+    parser.add_argument("--shape", choices=SHAPES, default="llama-3.2-1b", help="random-weight model shape")
+    parser.add_argument("--ranks", type=int, default=2, help="ranks of the sharded side (default 2)")
+    parser.add_argument("--agents", default="1,4", help="concurrent agents per measurement (default 1,4)")
+    parser.add_argument("--tokens", type=int, default=32, help="greedy tokens per agent per turn (default 32)")
+    parser.add_argument("--repeats", type=int, default=2, help="alternating pairs per concurrency (default 2)")
+    args = parser.parse_args()
+    agent_counts = [1] if args.quick else [int(n) for n in args.agents.split(",")]
+    tokens, repeats = (8, 1) if args.quick else (args.tokens, args.repeats)
+    result = BenchResult("bench_distributed", f"{args.ranks} ranks (ring backend, one machine) vs 1 process",
+                         {"shape": args.shape, "ranks": args.ranks, "agents": agent_counts, "tokens": tokens,
+                          "repeats": repeats})
+    with recorded(result, args.json), tempfile.TemporaryDirectory(prefix="semantic-bench-ranks-") as tmp:
+        work = Path(tmp)
+        model = write_random_model(args.shape, work / args.shape, tokenizer_folder("smollm2-135m", args.cache_dir),
+                                   "float32", 0)
+        rows = []
+        for agents in agent_counts:
+            sides: dict[int, list[dict[str, float]]] = {1: [], args.ranks: []}
+            for repeat in range(repeats):
+                order = (1, args.ranks) if repeat % 2 == 0 else (args.ranks, 1)
+                for ranks in order:
+                    got = measure(model, ranks, agents, tokens, work / f"cache-{agents}-{repeat}-{ranks}")
+                    sides[ranks].append(got)
+                    print(f"# {agents} agents, {ranks} rank(s), repeat {repeat + 1}: {got['tok_s']:.2f} tok/s, "
+                          f"TTFT {got['ttft_s']:.2f} s, ready in {got['ready_s']:.1f} s", flush=True)
+            ratios = [s["tok_s"] / o["tok_s"] for s, o in zip(sides[args.ranks], sides[1], strict=True)]
+            group = f"{agents} agent(s) x {tokens} tokens"
+            for ranks, label in ((1, "1 process"), (args.ranks, f"{args.ranks} ranks")):
+                med = {k: statistics.median(m[k] for m in sides[ranks]) for k in ("tok_s", "ttft_s", "ready_s")}
+                result.metric(group, f"{label}: aggregate decode", med["tok_s"], "tok/s")
+                result.metric(group, f"{label}: TTFT median", med["ttft_s"], "s", better="lower")
+                result.metric(group, f"{label}: launch to ready", med["ready_s"], "s", better="lower")
+                rows.append([group, label, med["tok_s"], med["ttft_s"], med["ready_s"]])
+            result.metric(group, f"{args.ranks} ranks / 1 process, decode (median of pairs)",
+                          statistics.median(ratios), "x")
+            rows.append([group, "ratio", statistics.median(ratios), "", ""])
+        result.notes.append(f"Ranks ran on one machine over loopback ({args.ranks} processes sharing its cores); "
+                            f"reproduce with: mlx.launch --backend ring -n {args.ranks} -- semantic --serve "
+                            f"--model FOLDER (FOLDER: bench/random_model.py --shape {args.shape})")
+        print(f"\n## {args.shape}, {args.ranks} ranks vs 1 process, {tokens} greedy tokens per agent")
+        print_table(["workload", "side", "decode tok/s", "TTFT s", "ready s"], rows)
+
+
+if __name__ == "__main__":
+    main()
