@@ -104,6 +104,9 @@ class SnapshotCollector:
         for outcome, count in tiers.cache_outcomes:
             outcomes.add_metric([outcome], count)
         yield outcomes
+        if snapshot.ranks:  # a sharded model (mlx.launch): each rank's MLX memory, as of the last tick
+            yield _labelled_gauge("semantic_rank_memory_bytes", "MLX memory in use on each rank of a sharded model",
+                                  "rank", {str(r.rank): r.active_bytes for r in snapshot.ranks})
 
 
 def _labelled_gauge(name: str, doc: str, label: str, values: dict[str, float]) -> GaugeMetricFamily:

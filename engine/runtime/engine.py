@@ -10,7 +10,6 @@ from __future__ import annotations
 import atexit
 import gc
 import logging
-import os
 import queue
 import threading
 import time
@@ -33,12 +32,12 @@ from engine.models.loaded import LoadedModel
 from engine.models.sampling_defaults import model_sampling_defaults
 from engine.store.kv_at_rest import quantization_for
 
-from . import clock
 from .agent_table import AgentTable
 from .agents import AgentRecord, Tier
 from .batch_runner import BatchRunner, GeneratorFactory, RunnerLimits, sequence_batch_factory
 from .branching import Branch, Branching
 from .engine_ops import EngineOp
+from .replica import Replica
 from .event_log import EventKind, EventLog
 from .hot_cache import HotCache
 from .kv import ragged
@@ -107,13 +106,12 @@ class Engine:
     ) -> None:
         self.loaded = loaded
         # Under a sharded model: rank 0 sends this engine's inputs to the other ranks, which replay
-        # them (engine/distributed/lockstep.py). None: this process holds the whole model.
-        self._lockstep = lockstep
+        # them (runtime/replica.py). None: this process holds the whole model.
+        self._replica = Replica(self, lockstep) if lockstep is not None else None
         # Why the engine thread ended on its own (a rank lost, ranks diverged); None while it runs
         # or after a requested stop. ``on_failure`` (set by the owner) hears of it at once.
         self.failure: BaseException | None = None
         self.on_failure: Callable[[BaseException], None] | None = None
-        self._last_digest: tuple[Any, ...] = ()
         # Agents known before a model swap: they keep their identity here even
         # when this model holds no cache for them yet.
         self._seeds = tuple(seed_agents)
@@ -180,7 +178,8 @@ class Engine:
     # -- client API (any thread) ------------------------------------------------------------
     def submit(self, request: GenerationRequest, sink: EventSink) -> str:
         """Queue a turn; events for it go to ``sink`` (called on the engine thread: keep it cheap)."""
-        request = self._replicable(self.validate(request))
+        request = self.validate(request)
+        request = self._replica.seeded(request) if self._replica is not None else request
         turn = Turn(request, sink)
         queued = len(self.runner.waiting) + self._commands.qsize() if self.runner is not None else 0
         if queued >= self.config.max_queued_turns:
@@ -195,13 +194,6 @@ class Engine:
     def _submit(self, turn: Turn) -> None:
         self._record("submit", turn.request, turn.submitted_at)
         self._runner().submit(turn)
-
-    def _replicable(self, request: GenerationRequest) -> GenerationRequest:
-        """Under lockstep every rank samples a turn with the same key: rank 0 picks the seed."""
-        if self._lockstep is None or request.sampling.seed is not None or request.sampling.is_greedy:
-            return request
-        seed = int.from_bytes(os.urandom(8), "little")
-        return replace(request, sampling=replace(request.sampling, seed=seed))
 
     def validate(self, request: GenerationRequest) -> GenerationRequest:
         """Reject what can never run; clamp ``max_tokens`` to the context. Raises domain errors."""
@@ -297,7 +289,7 @@ class Engine:
     @property
     def rank_reports(self) -> tuple[Any, ...]:
         """Every rank's report from the last lockstep tick (empty when this process runs alone)."""
-        return self._lockstep.reports if self._lockstep is not None else ()
+        return self._replica.lockstep.reports if self._replica is not None else ()
 
     @property
     def pool(self) -> BlockPool:
@@ -410,8 +402,8 @@ class Engine:
     # -- the loop ---------------------------------------------------------------------------
     def _run(self) -> None:
         try:
-            if self._lockstep is not None:
-                self._lockstep.agree("the engine's settings", self._lockstep_settings())
+            if self._replica is not None:
+                self._replica.agree_on_settings()
             self._index_store()
             self.runner = BatchRunner(
                 self.loaded, self.hot, self.agents, self.tiers, self.events, self.config.limits, self._factory,
@@ -431,7 +423,7 @@ class Engine:
         try:
             self._loop()
         except Exception as exc:
-            if self._lockstep is None:
+            if self._replica is None:
                 raise
             self._fail(exc)
         finally:
@@ -439,20 +431,14 @@ class Engine:
 
     def _fail(self, exc: Exception) -> None:
         """Lockstep broke (a rank died, ranks diverged): this rank stops, and says why."""
-        assert self._lockstep is not None
-        exc = self._lockstep.world.explain(exc)  # type: ignore[assignment]
+        assert self._replica is not None
+        exc = self._replica.lockstep.world.explain(exc)  # type: ignore[assignment]
         self.failure = exc
         self._status = "failed"
         log.error("engine stopped: %s", exc)
         self.events.emit(EventKind.ERROR, f"engine stopped: {exc}", level=logging.ERROR)
         if self.on_failure is not None:
             self.on_failure(exc)
-
-    def _lockstep_settings(self) -> tuple[Any, ...]:
-        """What must be equal on every rank for their engines to decide alike."""
-        config = replace(self.config, snapshot_interval_s=0, idle_wait_s=0, admission_window_s=0, watchdog_s=0)
-        return (self.loaded.identity.key, self._pool.total_blocks, self.loaded.spec.block_bytes, repr(config),
-                self.sampling_defaults.describe())
 
     def _index_store(self) -> None:
         """Agents from earlier runs: warm ones resume from disk, cold ones are listed."""
@@ -469,44 +455,22 @@ class Engine:
         if self._store is None:
             return
         headers = self._store.scan()
-        if self._lockstep is not None:
-            headers = self._whole_shards(headers)
+        if self._replica is not None:
+            headers = self._replica.whole_shards(self._store, headers)
         for header in headers:
             record = self.agents.add(AgentRecord(header.agent_id, _source(header.source), header.display_name))
             record.tier, record.stored_tokens = Tier.WARM, header.n_tokens
             record.stored_bytes = self._store.entries[header.agent_id].nbytes
             record.created_at, record.last_used = header.created_at, header.last_used
         cold = self._store.cold.entries()
-        if self._lockstep is not None:
-            cold = self._lockstep.share(cold)  # rank 0's list: the agent tables must match
+        if self._replica is not None:
+            cold = self._replica.rank0s(cold)
         for entry in cold:
             if entry.agent_id not in self.agents:
                 record = self.agents.add(AgentRecord(entry.agent_id, _source(entry.source), entry.display_name))
                 record.tier, record.stored_tokens, record.last_used = Tier.COLD, entry.n_tokens, entry.last_used
         if len(self.agents):
             self.events.emit(EventKind.RESTORE, f"indexed {len(self.agents)} agents from {self._store.directory}")
-
-    def _whole_shards(self, headers: list[Any]) -> list[Any]:
-        """The warm agents every rank has a matching shard of; the others go cold on every rank."""
-        assert self._store is not None and self._lockstep is not None
-        entries = self._store.entries
-        local = {h.agent_id: (h.n_tokens, entries[h.agent_id].token_hash) for h in headers}
-        keep = self._lockstep.common(local)
-        every = sorted(set().union(*self._lockstep.world.gather(sorted(local))))
-        for agent_id in every:
-            if agent_id in keep:
-                continue
-            self._store.forget(agent_id)
-            record = self.agents.add(AgentRecord(agent_id, AgentSource.API, None))
-            record.tier = Tier.COLD
-            self.events.emit(EventKind.DISCARD, f"{agent_id}: its warm cache is missing or different on another "
-                             f"rank; cold on every rank (its conversation is prefilled again)", agent_id,
-                             logging.WARNING)
-        prefixes = self._store.prefixes
-        shared = self._lockstep.common({key: entry.n_tokens for key, entry in prefixes.entries.items()})
-        for key in set(prefixes.entries) - shared:
-            prefixes.forget(key)
-        return [h for h in headers if h.agent_id in keep]
 
     def _loop(self) -> None:
         runner = self._runner()
@@ -528,9 +492,9 @@ class Engine:
 
     def _take_inputs(self, runner: BatchRunner) -> bool:
         """This pass's commands, and under lockstep the tick every rank applies. True: stop now."""
-        lockstep = self._lockstep
+        replica = self._replica
         stop = False
-        if lockstep is None or lockstep.is_root:
+        if replica is None or replica.is_root:
             # Wait for commands only when nothing is decoding, and only briefly
             # when turns are queued behind a disk read.
             idle = not runner.by_uid
@@ -540,42 +504,12 @@ class Engine:
             stop = self._stop.is_set() and self._drained_or_late(runner)
         else:
             self._run_commands(block=False, timeout=0)  # this rank's own reads (snapshots)
-        if lockstep is None:
-            return stop
-        tick = lockstep.exchange(time.monotonic(), stop, self._last_digest)
-        clock.set_tick(tick.now)
-        if not lockstep.is_root:
-            for op in tick.ops:
-                self._replay(op, runner)
-        return tick.stop
+        return stop if replica is None else replica.tick(runner, stop)
 
     def _record(self, kind: str, *args: Any) -> None:
         """Rank 0: an input the other ranks replay at the same point (nothing without lockstep)."""
-        if self._lockstep is not None:
-            from engine.distributed.lockstep import OpKind
-
-            self._lockstep.record(OpKind(kind), *args)
-
-    def _replay(self, op: Any, runner: BatchRunner) -> None:
-        """Another rank's engine: apply one of rank 0's inputs as rank 0 did."""
-        kind, args = op.kind.value, op.args
-        if kind == "submit":
-            request, submitted_at = args
-            runner.submit(Turn(request, _discard, submitted_at=submitted_at))
-        elif kind == "cancel":
-            runner.cancel(*args)
-        elif kind == "cancel_all":
-            runner.cancel_all(*args)
-        else:
-            try:
-                args[0](self)
-            except Exception as exc:  # rank 0 met the same error and answered its caller with it
-                log.debug("replayed %s failed as on rank 0: %s", args[0].name, exc)
-
-    def _state_digest(self, runner: BatchRunner) -> tuple[Any, ...]:
-        """What every rank must agree on after each step (compared at the next tick)."""
-        running = tuple((uid, turn.generated) for uid, turn in sorted(runner.by_uid.items()))
-        return (self._pool.used_blocks, len(runner.waiting), runner.completed, running)
+        if self._replica is not None:
+            self._replica.record(kind, *args)
 
     def _gather_arrivals(self) -> None:
         """An idle engine that just got work waits one short window for more.
@@ -606,14 +540,14 @@ class Engine:
             runner.admit()
             runner.step()
         except Exception as exc:
-            if self._lockstep is not None:
+            if self._replica is not None:
                 # A rank cannot fail its turns alone: its peers would wait in the next collective.
                 raise
             log.exception("engine step failed")
             self.events.emit(EventKind.ERROR, f"engine step failed: {type(exc).__name__}: {exc}", level=logging.ERROR)
             runner.fail_all(exc)
-        if self._lockstep is not None:
-            self._last_digest = self._state_digest(runner)
+        if self._replica is not None:
+            self._replica.after_step(runner)
 
     def _idle_wait(self, runner: BatchRunner) -> float:
         return 0.005 if runner.waiting else self.config.idle_wait_s
@@ -688,10 +622,6 @@ class Engine:
 
     def _publish(self, force: bool = False) -> None:
         self._snapshot = build_snapshot(self, self._status)
-
-
-def _discard(event: Any) -> None:
-    """The sink of a replayed turn: its client talks to rank 0."""
 
 
 def _source(value: str | None) -> AgentSource:

@@ -98,6 +98,15 @@ def test_the_follower_replays_turns_evictions_and_restores_cache_for_cache(tmp_p
         ranks = leader.fresh_snapshot().ranks
         assert [(r.rank, r.world_size) for r in ranks] == [(0, 2), (1, 2)]
         assert all(r.active_bytes > 0 for r in ranks)
+        from engine.api.metrics import SnapshotCollector
+        from engine.api.service import EngineService
+        from engine.settings import Settings
+
+        service = EngineService(Settings(), None)
+        service.attach(leader)
+        families = {f.name: f for f in SnapshotCollector(service).collect()}
+        samples = {s.labels["rank"]: s.value for s in families["semantic_rank_memory_bytes"].samples}
+        assert set(samples) == {"0", "1"} and all(v > 0 for v in samples.values())
     finally:
         leader.stop(0)
         follower.wait()
