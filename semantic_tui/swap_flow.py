@@ -36,7 +36,12 @@ class ModelSwapFlow:
 
     def pick(self) -> None:
         if self.service.swapper is None:
-            self.app.notify("Model swaps start once the first model has loaded", severity="warning")
+            shard = self.service.engine.loaded.shard if self.service.is_ready else None
+            if shard is not None:
+                self.app.notify(f"Model swaps are not available while the model is sharded across {shard[1]} "
+                                "ranks: restart the ranks with the other model", severity="warning")
+            else:
+                self.app.notify("Model swaps start once the first model has loaded", severity="warning")
             return
         entries = self.service.registry.entries()
         self.app.push_screen(ModelPicker(entries), lambda entry: self.confirm(entry) if entry else None)

@@ -235,6 +235,11 @@ def reexec_environ(library: Path, environ: Mapping[str, str]) -> dict[str, str]:
     env["LD_PRELOAD"] = f"{library}:{existing}" if existing else str(library)
     env[REEXEC_ENV] = "1"
     env[PRELOADED_ENV] = str(library)
+    from engine.distributed.local_ranks import blas_threads
+
+    threads = blas_threads(env)  # ranks of one mlx.launch run sharing this host split its cores
+    if threads is not None:
+        env["OPENBLAS_NUM_THREADS"] = str(threads)
     return env
 
 
@@ -246,7 +251,8 @@ def reexec_notice() -> str | None:
     if active_openblas() is None:
         # ld.so only warns on stderr when a preload fails; say it plainly.
         return f"OpenBLAS preload of {library} did not load (re-exec); MLX uses its bundled BLAS"
-    return f"OpenBLAS preloaded from {library} (re-exec)"
+    threads = os.environ.get("OPENBLAS_NUM_THREADS")
+    return f"OpenBLAS preloaded from {library} (re-exec{f', {threads} BLAS threads' if threads else ''})"
 
 
 # -- reporting ---------------------------------------------------------------------------

@@ -9,6 +9,7 @@ drop to cold, and a restart that resumes every agent from both ranks' warm files
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -99,6 +100,10 @@ def test_two_ranks_serve_the_tokens_one_process_serves_through_evict_restore_and
     # (Their shutdown lines are not asserted: on Ctrl+C mlx.launch stops relaying the ranks' output at once.)
     lines = json_lines(logs)
     assert any(line["msg"].startswith("rank 1 of 2: ready, following rank 0") for line in lines), logs[-4000:]
+    if sys.platform.startswith("linux"):  # two ranks on this host: each re-executed with half its cores for BLAS
+        threads = max(1, (os.cpu_count() or 1) // 2)
+        notices = [line for line in lines if line["msg"].startswith("OpenBLAS preloaded")]
+        assert len(notices) >= 4 and all(f"{threads} BLAS threads" in n["msg"] for n in notices[-2:]), notices
 
 
 def test_a_shard_missing_on_one_rank_makes_that_agent_cold_on_every_rank(tiny_llama: Path, tmp_path: Path) -> None:

@@ -25,6 +25,14 @@ ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 
 
+def user_environ() -> dict[str, str]:
+    """This environment less the test runner's OpenBLAS preload: each rank re-executes itself with
+    OpenBLAS as a user's would, keeping the launcher's MLX_RANK and MLX_HOSTFILE."""
+    env = dict(os.environ)
+    env.pop("LD_PRELOAD", None)
+    return env
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -93,7 +101,7 @@ def launch(model: Path, cache_dir: Path, ranks: int, *extra: str, env: dict[str,
     else:
         argv = [str(VENV_BIN / "mlx.launch"), "--backend", "ring", "-n", str(ranks),
                 "--starting-port", str(free_port()), *[f"--env={k}={v}" for k, v in settings.items()], "--", *serve]
-    process = subprocess.Popen(argv, cwd=ROOT, env={**os.environ, **settings, **(env or {})}, text=True,
+    process = subprocess.Popen(argv, cwd=ROOT, env={**user_environ(), **settings, **(env or {})}, text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     launched = Launched(process, f"http://127.0.0.1:{port}")
     launched.start_reading()
@@ -149,7 +157,7 @@ def launch_by_hand(model: Path, cache_dir: Path, per_rank: list[list[str]]) -> t
     port = free_port()
     ranks = []
     for rank, extra in enumerate(per_rank):
-        env = {**os.environ, "MLX_RANK": str(rank), "MLX_HOSTFILE": str(hostfile), "SEMANTIC_CACHE_DIR": str(cache_dir),
+        env = {**user_environ(), "MLX_RANK": str(rank), "MLX_HOSTFILE": str(hostfile), "SEMANTIC_CACHE_DIR": str(cache_dir),
                "SEMANTIC_PORT": str(port), "SEMANTIC_LOG_JSON": "true", "SEMANTIC_POOL_BUDGET_MB": "64"}
         argv = [str(VENV_BIN / "semantic"), "--serve", "--model", str(model), *extra]
         process = subprocess.Popen(argv, cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE,

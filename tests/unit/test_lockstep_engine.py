@@ -153,3 +153,17 @@ def test_the_pool_map_names_each_rank_and_its_memory_above_the_blocks() -> None:
     assert sharded.plain.splitlines()[0] == "2 ranks, each a shard of every block: r0 3.0 GiB · r1 1.0 GiB"
     alone = render_pool(PoolView(pool, frozenset(), (("a", "a"),)), 70, 8)
     assert "ranks" not in alone.plain
+
+
+def test_ranks_sharing_a_host_split_its_cores_between_their_blas_threads(tmp_path: Path) -> None:
+    from engine.distributed.local_ranks import blas_threads, local_ranks
+
+    hostfile = tmp_path / "hosts.json"
+    hostfile.write_text('[["127.0.0.1:5000"], ["127.0.0.1:5001"], ["10.0.0.2:5002"]]')
+    env = {"MLX_HOSTFILE": str(hostfile), "MLX_RANK": "1"}
+    assert local_ranks(env) == 2 and blas_threads(env, cores=8) == 4
+    assert local_ranks({**env, "MLX_RANK": "2"}) == 1 and blas_threads({**env, "MLX_RANK": "2"}, cores=8) is None
+    assert blas_threads({**env, "OPENBLAS_NUM_THREADS": "3"}, cores=8) is None  # the user's choice stands
+    assert blas_threads({}, cores=8) is None  # not launched
+    hostfile.write_text('{"jaccl": true}')
+    assert local_ranks(env) == 1
