@@ -2,9 +2,10 @@
 
 Several ranks on one Linux box (a test run, a big machine) each preload
 OpenBLAS, whose threads default to one per core: two ranks on two cores then
-run four spinning BLAS threads, which measured 0.68 tok/s against 0.97 tok/s
-with a thread per rank (bench_distributed.py, Llama-3.2-1B shape). No mlx
-import here: the OpenBLAS re-exec decides before MLX is loaded.
+run four spinning BLAS threads. Two ranks against one process measured 0.27x
+that way and 0.42x with a thread per rank (bench_distributed.py, Llama-3.2-1B
+shape, bench/reports/2026-11-27-cpu-2core-s5). No mlx import here: the
+OpenBLAS re-exec decides before MLX is loaded.
 """
 
 from __future__ import annotations
