@@ -9,24 +9,21 @@ forked; rank 0's clock; whether to stop), and every rank applies it before
 the same admission and step. Disk reads and writes are synchronous under
 lockstep, so an I/O thread's timing cannot make ranks decide differently.
 
-Each tick also carries rank 0's digest of the state its last step left
-(blocks in use, sequences running, tokens made): a rank whose own digest
-differs has diverged, and stops the run with both digests in the message
-rather than generate from a cache that no longer matches its peers'.
+Each tick also gathers every rank's report: the state its last step left
+(blocks in use, sequences running, tokens made) and its memory. Every rank
+compares all the digests, so a rank that diverged stops every rank at the
+same tick, rather than generate from a cache that no longer matches its peers'.
 """
 
 from __future__ import annotations
 
 import enum
-import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
 
 from .world import World
-
-log = logging.getLogger("semantic.distributed")
 
 
 class LockstepError(RuntimeError):
@@ -123,5 +120,5 @@ class Lockstep:
         return {key for key, value in local.items() if all(other.get(key) == value for other in everyone)}
 
     def share(self, value: Any = None) -> Any:
-        """Rank 0's ``value`` on every rank."""
-        return self.world.share(value if self.is_root else None)
+        """Rank 0's ``value`` on every rank (the others' is ignored)."""
+        return self.world.share(value)

@@ -54,7 +54,7 @@ class World:
 
     # -- collectives (any thread; every rank must call them in the same order) -------------------
     def share(self, obj: Any = None) -> Any:
-        """Rank 0's ``obj`` on every rank (the others pass nothing)."""
+        """Rank 0's ``obj`` on every rank (the others' is ignored)."""
         payload = pickle.dumps(obj) if self.is_root else b""
         size = int(self._sum(np.array([len(payload)], dtype=np.int64))[0])
         if size == 0:

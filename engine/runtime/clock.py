@@ -25,7 +25,3 @@ def set_tick(value: float | None) -> None:
     """Engine thread: decisions read ``value`` until the next call (None: the real clock)."""
     _local.tick = value
 
-
-def real_now() -> float:
-    """The host's monotonic clock, whatever tick is set (what rank 0 sends as the tick time)."""
-    return time.monotonic()

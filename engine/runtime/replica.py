@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -83,7 +84,7 @@ class Replica:
 
     def tick(self, runner: "BatchRunner", stop: bool) -> bool:
         """Exchange this pass's tick; the other ranks apply rank 0's inputs. True: the run ends now."""
-        tick = self.lockstep.exchange(clock.real_now(), stop, self.digest)
+        tick = self.lockstep.exchange(time.monotonic(), stop, self.digest)
         clock.set_tick(tick.now)
         if not self.is_root:
             for op in tick.ops:

@@ -58,6 +58,9 @@ class Launched:
         self._reader.start()
 
     def text(self) -> str:
+        """The output so far; once the process has exited, all of it (its last lines may still be in the pipe)."""
+        if self.process.poll() is not None and self._reader is not None:
+            self._reader.join(10)
         return "".join(self.log)
 
     def wait_ready(self, timeout_s: float = 180) -> dict:
@@ -144,8 +147,18 @@ class Rank:
     rank: int
     process: subprocess.Popen[str]
     log: list[str] = field(default_factory=list)
+    _reader: threading.Thread | None = None
+
+    def start_reading(self) -> None:
+        assert self.process.stdout is not None
+        self._reader = threading.Thread(target=lambda: self.log.extend(iter(self.process.stdout.readline, "")),
+                                        daemon=True)
+        self._reader.start()
 
     def text(self) -> str:
+        """The output so far; once the process has exited, all of it (its last lines may still be in the pipe)."""
+        if self.process.poll() is not None and self._reader is not None:
+            self._reader.join(10)
         return "".join(self.log)
 
 
@@ -164,5 +177,5 @@ def launch_by_hand(model: Path, cache_dir: Path, per_rank: list[list[str]]) -> t
                                    stderr=subprocess.STDOUT)
         ranks.append(Rank(rank, process))
     for r in ranks:
-        threading.Thread(target=lambda r=r: r.log.extend(iter(r.process.stdout.readline, "")), daemon=True).start()
+        r.start_reading()
     return ranks, f"http://127.0.0.1:{port}"
