@@ -60,7 +60,7 @@ class World:
         if size == 0:
             raise PeerLostError("rank 0 sent an empty message")
         data = np.frombuffer(payload, dtype=np.uint8) if self.is_root else np.zeros(size, dtype=np.uint8)
-        return pickle.loads(self._sum(data).tobytes())
+        return self._unpickle(self._sum(data).tobytes())
 
     def gather(self, obj: Any) -> list[Any]:
         """Every rank's ``obj``, in rank order, on every rank."""
@@ -74,9 +74,18 @@ class World:
         data = self._sum(data)
         out, offset = [], 0
         for n in sizes.tolist():
-            out.append(pickle.loads(data[offset:offset + n].tobytes()))
+            out.append(self._unpickle(data[offset:offset + n].tobytes()))
             offset += n
         return out
+
+    def _unpickle(self, payload: bytes) -> Any:
+        # A peer that dies during a collective can leave this rank's sum short of its bytes without an
+        # error from MLX (its pending transfers are failed, the buffer keeps zeros): a torn message.
+        try:
+            return pickle.loads(payload)
+        except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError) as exc:
+            raise PeerLostError(f"{self.label}: lost the connection to {self.peers_described()} "
+                                f"(a message arrived torn: {type(exc).__name__}: {exc})") from exc
 
     def barrier(self) -> None:
         self._sum(np.zeros(1, dtype=np.int64))

@@ -167,3 +167,11 @@ def test_ranks_sharing_a_host_split_its_cores_between_their_blas_threads(tmp_pat
     assert blas_threads({}, cores=8) is None  # not launched
     hostfile.write_text('{"jaccl": true}')
     assert local_ranks(env) == 1
+
+
+def test_a_message_torn_by_a_dying_peer_reads_as_a_lost_rank() -> None:
+    from engine.distributed.world import PeerLostError, World
+
+    world = World(None, 1, 2)
+    with pytest.raises(PeerLostError, match="lost the connection to rank 0 .*a message arrived torn"):
+        world._unpickle(bytes(16))  # zeros where rank 0's bytes should have been summed in
