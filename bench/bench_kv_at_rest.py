@@ -19,8 +19,20 @@ prefilled again, and how many agents the pool holds at the end (hot + cool),
 per GiB of pool.
 
 Greedy agreement compares step 3 with the full-precision run, prompt by
-prompt: the share of tokens generated before the first divergence, and the
-first divergence position. Perplexity: a fixed text (this repository's
+prompt, two ways:
+
+- free-running (through the engine): the share of tokens generated before the
+  first divergence, and the first divergence position. One near-tied choice
+  that flips makes the rest of the answer another answer, so this counts
+  every token after it as lost;
+- teacher-forced (per token): every prompt's cache quantized and
+  dequantized as the engine does, then the full-precision answer fed
+  through it in one forward pass; the share of positions whose greedy choice
+  (argmax) equals the one the full-precision cache makes on the same input.
+  Each position is judged on its own, so a flip costs one token, not the
+  rest of the answer.
+
+Perplexity: a fixed text (this repository's
 README) cut in two; the second half's perplexity given the first half's
 cache as computed, and as it comes back from 8 and 4 bits (mlx-lm forward,
 the engine's own quantize/dequantize).
@@ -154,11 +166,53 @@ def crowd(loaded, bits: int | None, n_agents: int, turns: int, context: int, fit
         try:
             total, prompt, prefilled, reused, _ = _crowd(engine, loaded, n_agents, turns, context)
             snap = engine.fresh_snapshot()
+            evictions = engine.call(lambda e: dict(e.tiers.evictions)).result()
         finally:
             engine.stop()
     resident = snap.tiers.hot_agents + snap.tiers.cool_agents
+    stats = store.stats
+    # Where a turn's restore came from and what the moves cost: what decides whether cooling pays.
     return [label(bits), total, prefilled, reused, snap.tiers.hot_agents, snap.tiers.cool_agents,
-            snap.tiers.warm_agents, resident / (pool_mb / 1024)]
+            snap.tiers.warm_agents, resident / (pool_mb / 1024), evictions.get("cool", 0), evictions["warm"],
+            stats.reads, stats.read_seconds, stats.writes, stats.write_seconds]
+
+
+# -- teacher-forced agreement ---------------------------------------------------------------------
+def quantized_in_place(cache: list, q: KVQuantization | None) -> None:
+    """Each layer's K and V through the engine's quantize and dequantize (as a cool or warm restore)."""
+    if q is None:
+        return
+    for layer in cache:
+        layer.keys = dequantized(QuantizedArray(*mx.quantize(layer.keys, q.group_size, q.bits)), q)
+        layer.values = dequantized(QuantizedArray(*mx.quantize(layer.values, q.group_size, q.bits)), q)
+
+
+def greedy_choices(loaded, prompt: tuple[int, ...], answer: list[int], q: KVQuantization | None) -> list[int]:
+    """The argmax at every position of ``answer`` fed after ``prompt``, with the prompt's cache (its
+    last token excepted, as the engine re-feeds it) quantized by ``q``."""
+    cache = make_prompt_cache(loaded.model)
+    for i in range(0, len(prompt) - 1, 512):
+        loaded.model(mx.array([prompt[i:min(i + 512, len(prompt) - 1)]]), cache=cache)
+        mx.eval([c.state for c in cache])
+    quantized_in_place(cache, q)
+    logits = loaded.model(mx.array([[prompt[-1], *answer[:-1]]]), cache=cache)
+    return mx.argmax(logits[0], axis=-1).tolist()
+
+
+def teacher_forced(loaded, prompts: list[tuple[int, ...]], answers: list[list[int]],
+                   group_size: int | None) -> dict[int | None, list[float]]:
+    """Per setting, per prompt: the share of the full-precision answer's positions where the greedy
+    choice with the cache at rest equals the one with the full-precision cache."""
+    out: dict[int | None, list[float]] = {bits: [] for bits in SETTINGS}
+    for prompt, answer in zip(prompts, answers):
+        if not answer:
+            continue
+        choices = {bits: greedy_choices(loaded, prompt, answer, quantization(loaded, bits, group_size))
+                   for bits in SETTINGS}
+        for bits in SETTINGS:
+            same = sum(a == b for a, b in zip(choices[bits], choices[None]))
+            out[bits].append(same / len(answer))
+    return out
 
 
 # -- perplexity ----------------------------------------------------------------------------------
@@ -170,11 +224,7 @@ def perplexities(loaded, text_tokens: int, group_size: int | None = None) -> dic
         cache = make_prompt_cache(loaded.model)
         loaded.model(mx.array([ids[:half]]), cache=cache)
         mx.eval([c.state for c in cache])
-        q = quantization(loaded, bits, group_size)
-        if q is not None:
-            for layer in cache:
-                layer.keys = dequantized(QuantizedArray(*mx.quantize(layer.keys, q.group_size, q.bits)), q)
-                layer.values = dequantized(QuantizedArray(*mx.quantize(layer.values, q.group_size, q.bits)), q)
+        quantized_in_place(cache, quantization(loaded, bits, group_size))
         logits = loaded.model(mx.array([ids[half - 1:-1]]), cache=cache)
         nll = nn.losses.cross_entropy(logits[0].astype(mx.float32), mx.array(ids[half:]), reduction="mean")
         out[bits] = math.exp(float(nll))
@@ -186,13 +236,18 @@ def crowd_part(loaded, args, result: BenchResult) -> None:
     rows = [crowd(loaded, bits, n_agents, turns, context, fit) for bits in SETTINGS]
     print(f"\n## {loaded.model_id}: {n_agents} agents x {turns} turns on a pool for ~{fit} full-precision agents")
     print_table(["K/V at rest", "total s", "prefilled tokens", "reused tokens", "hot", "cool", "warm",
-                 "resident agents per GiB"], rows)
-    for name, total, prefilled, reused, hot, cool, warm, per_gib in rows:
+                 "resident agents per GiB", "cooled", "spilled to disk", "disk reads", "read s", "disk writes",
+                 "write s"], rows)
+    for name, total, prefilled, reused, hot, cool, warm, per_gib, cooled, spilled, reads, read_s, _, _ in rows:
         group = f"{loaded.model_id}, {n_agents} agents x {turns} turns on a pool for ~{fit}: K/V at rest {name}"
         result.metric(group, "total time", total, "s", "lower")
         result.metric(group, "prefilled tokens", prefilled, "tokens", "lower")
         result.metric(group, "agents resident at the end (hot + cool)", hot + cool, "agents", "neither")
         result.metric(group, "resident agents per GiB of pool", per_gib, "agents")
+        result.metric(group, "agents cooled (quantized in memory)", cooled, "moves", "neither")
+        result.metric(group, "agents spilled to disk", spilled, "moves", "neither")
+        result.metric(group, "restores read from disk", reads, "reads", "neither")
+        result.metric(group, "disk read time, total", read_s, "s", "lower")
     result.metric(f"{loaded.model_id}, crowd", "8-bit at rest speed-up (total time, none / 8-bit)",
                   rows[0][1] / rows[1][1], "x", target=1.0)
 
@@ -209,8 +264,9 @@ def agreement_part(loaded, args, result: BenchResult) -> None:
     runs[NOISE, Tier.WARM] = run_setting(loaded, None, prompts, args.tokens, args.pool_mb, tier=Tier.WARM,
                                          prefill_step=NOISE_PREFILL_STEP)
     ppl = perplexities(loaded, args.text_tokens, args.group_size)
-    rows = []
     reference = runs[None, Tier.WARM]["outputs"]
+    forced = teacher_forced(loaded, prompts, reference, args.group_size)
+    rows = []
     for (bits, tier), run in runs.items():
         matches = [agreement(ref, out) for ref, out in zip(reference, run["outputs"])]
         diverged = [first for first, share in matches if share < 1.0]
@@ -223,8 +279,13 @@ def agreement_part(loaded, args, result: BenchResult) -> None:
                       "s", "lower")
         if tier is Tier.WARM:
             result.metric(group, "file read, mean", run["read_s"], "s", "lower")
-        result.metric(group, "greedy agreement with full precision", 100 * rate, "%",
-                      target=95.0 if bits == 8 else None)
+        result.metric(group, "greedy agreement with full precision, free-running (share before the first "
+                      "divergence)", 100 * rate, "%", target=95.0 if bits == 8 else None)
+        per_token = statistics.mean(forced[bits]) if bits != NOISE else None
+        if per_token is not None:
+            result.metric(group, "greedy agreement with full precision, teacher-forced (per token)", 100 * per_token,
+                          "%", target=95.0 if bits == 8 else None)
+            result.metric(group, "teacher-forced agreement, worst prompt", 100 * min(forced[bits]), "%", "neither")
         if diverged:
             result.metric(group, "first divergence of the answers that diverged, min", min(diverged), "tokens",
                           "neither")
@@ -235,17 +296,22 @@ def agreement_part(loaded, args, result: BenchResult) -> None:
             result.metric(group, "perplexity of the README's second half", ppl[bits], "", "lower")
         rows.append([label(bits), tier.value, run["bytes_per_token"], statistics.median(run["restore_s"]),
                      run["read_s"] if tier is Tier.WARM else "-",
-                     100 * rate, f"{len(matches) - len(diverged)} of {len(matches)}",
+                     100 * rate, "-" if per_token is None else 100 * per_token,
+                     "-" if per_token is None else 100 * min(forced[bits]),
+                     f"{len(matches) - len(diverged)} of {len(matches)}",
                      min(diverged) if diverged else "-", statistics.median(diverged) if diverged else "-",
                      ppl.get(bits, "-")])
     print(f"\n## {loaded.model_id}: {args.prompts} prompts of ~{args.context} tokens, {args.tokens} greedy tokens")
-    print_table(["K/V at rest", "from", "B/token", "restore s (median)", "read s (mean)", "agreement %",
+    print_table(["K/V at rest", "from", "B/token", "restore s (median)", "read s (mean)", "free-running %",
+                 "per token %", "worst prompt %",
                  "identical", "diverged at: min", "median", "perplexity"], rows)
     result.notes.append(
         "Agreement: per prompt, the share of the answer generated before the first token that differs from the "
         "full-precision run's (1.0 when identical), averaged; the full-precision row compares the run with itself. "
         f"The noise-floor row computes the same full-precision caches in {NOISE_PREFILL_STEP}-token prefill chunks "
-        "instead of 512: float sums in another order, no quantization.")
+        "instead of 512: float sums in another order, no quantization. Per token (teacher-forced): the full-precision "
+        "answer fed through the quantized cache; the share of positions whose argmax equals the full-precision "
+        "cache's on the same input, averaged over prompts (worst prompt beside it).")
 
 
 # -- the report ----------------------------------------------------------------------------------
