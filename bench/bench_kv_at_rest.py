@@ -60,8 +60,8 @@ from engine.runtime.agents import Tier
 from engine.runtime.event_log import EventLog
 from engine.runtime.requests import GenerationRequest, SamplingParams
 from engine.runtime.sync_client import run_turn
-from engine.store.cache_format import KVQuantization, QuantizedArray
-from engine.store.kv_at_rest import dequantized, quantization_for
+from engine.store.cache_format import KVQuantization
+from engine.store.kv_at_rest import dequantized, quantization_for, quantized
 from engine.store.warm_store import WarmStore
 
 SETTINGS = (None, 8, 4)
@@ -183,8 +183,8 @@ def quantized_in_place(cache: list, q: KVQuantization | None) -> None:
     if q is None:
         return
     for layer in cache:
-        layer.keys = dequantized(QuantizedArray(*mx.quantize(layer.keys, q.group_size, q.bits)), q)
-        layer.values = dequantized(QuantizedArray(*mx.quantize(layer.values, q.group_size, q.bits)), q)
+        layer.keys = dequantized(quantized(layer.keys, q), q)
+        layer.values = dequantized(quantized(layer.values, q), q)
 
 
 def greedy_choices(loaded, prompt: tuple[int, ...], answer: list[int], q: KVQuantization | None) -> list[int]:

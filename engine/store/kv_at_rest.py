@@ -59,8 +59,8 @@ def resident_blocks(
 def quantize_blocks(blocks: tuple[PersistedBlock, ...], quantization: KVQuantization) -> tuple[PersistedBlock, ...]:
     """Every K and V of ``blocks`` quantized, evaluated (the I/O thread reads their bytes as they are)."""
     out = tuple(
-        PersistedBlock(b.group, b.start, b.length, tuple(_quantized(k, quantization) for k in b.keys),
-                       tuple(_quantized(v, quantization) for v in b.values), b.checkpoint)
+        PersistedBlock(b.group, b.start, b.length, tuple(quantized(k, quantization) for k in b.keys),
+                       tuple(quantized(v, quantization) for v in b.values), b.checkpoint)
         for b in blocks
     )
     mx.eval([part for b in out for q in (*b.keys, *b.values) for part in q])
@@ -85,7 +85,8 @@ def block_nbytes(block: PersistedBlock) -> int:
     return sum(_nbytes(a) for a in (*block.keys, *block.values))
 
 
-def _quantized(array: mx.array, quantization: KVQuantization) -> QuantizedArray:
+def quantized(array: mx.array, quantization: KVQuantization) -> QuantizedArray:
+    """One K or V as the cool tier and the warm files hold it (not evaluated)."""
     packed, scales, biases = mx.quantize(array, group_size=quantization.group_size, bits=quantization.bits)
     return QuantizedArray(packed, scales, biases)
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import mlx.core as mx
 import pytest
+from mlx_lm.models.cache import make_prompt_cache
 
 from engine.runtime.agents import Tier
 from engine.runtime.batch_runner import RunnerLimits
@@ -18,7 +20,10 @@ from engine.runtime.event_log import EventKind, EventLog
 from engine.runtime.requests import GenerationRequest, SamplingParams
 from engine.runtime.sync_client import run_turn
 from engine.store.cache_file import read_header
+from engine.store.cache_format import KVQuantization
+from engine.store.kv_at_rest import dequantized, quantization_for, quantized
 from engine.store.warm_store import WarmStore
+from tests.support.reference import reference_greedy
 
 pytestmark = pytest.mark.model
 
@@ -74,3 +79,36 @@ def test_an_idle_agent_is_cooled_comes_back_whole_and_survives_a_restart(smollm2
         assert from_disk.tokens == from_cool.tokens
     finally:
         engine.stop()
+
+
+def test_eight_bit_keeps_at_least_95_percent_of_greedy_choices_per_token(smollm2) -> None:
+    """The issue's agreement target, on the engine's own quantize and dequantize: each prompt's cache
+    through 8 bits, then the full-precision greedy answer fed through it; at least 95% of positions
+    pick the token the full-precision cache picks on the same input (bench_kv_at_rest measures 99.9%
+    over 20 prompts x 256 tokens, and the free-running share as well). Keys at 2 bits fail it
+    (58 of 96 tokens); 4 bits pass (97% in the benchmark)."""
+    model = smollm2.model
+    quantization = quantization_for(8, smollm2.spec.head_dim, smollm2.spec.value_head_dim)
+    assert quantization == KVQuantization(8, 64)
+
+    def choices(prompt: tuple[int, ...], answer: list[int], at_rest: KVQuantization | None) -> list[int]:
+        cache = make_prompt_cache(model)
+        model(mx.array([prompt[:-1]]), cache=cache)
+        if at_rest is not None:
+            for layer in cache:
+                for part in ("keys", "values"):
+                    setattr(layer, part, dequantized(quantized(getattr(layer, part), at_rest), at_rest))
+        logits = model(mx.array([[prompt[-1], *answer[:-1]]]), cache=cache)
+        return mx.argmax(logits[0], axis=-1).tolist()
+
+    agree = total = 0
+    for name in ("ann", "bob"):
+        prompt = chat(smollm2, name, "List every box and its apples.")
+        answer = reference_greedy(model, list(prompt), 48, set())
+        exact, at_rest = choices(prompt, answer, None), choices(prompt, answer, quantization)
+        # The pass is aligned: at full precision it picks the greedy answer's own tokens (all of them
+        # but float-order near-ties between one long pass and token-by-token decoding).
+        assert sum(a == b for a, b in zip(exact, answer)) >= 0.95 * len(answer), (exact, answer)
+        agree += sum(a == b for a, b in zip(at_rest, exact))
+        total += len(exact)
+    assert agree / total >= 0.95, f"{agree} of {total} tokens agree"

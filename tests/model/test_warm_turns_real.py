@@ -2,7 +2,7 @@
 
 A client sends the assistant's reply back as text, rendered again through
 the chat template (or the plain rendering of a template-less model), so the
-next prompt can diverge inside the previous reply. Every turn must produce
+next prompt can diverge inside the previous reply. The checked turns must produce
 the tokens a fresh prefill of the same prompt produces; on Gemma 3 every
 turn must reuse at least everything up to the previous turn's prompt end but
 its last token (the window layers resume from the checkpoint kept there); the pool must count exactly
@@ -28,6 +28,11 @@ from tests.support.reference import reference_greedy
 TURNS = 20
 REPLY_TOKENS = 8
 EVICT_AT = 11  # the turn before which the agent goes to disk and comes back
+# The turns compared with a fresh prefill of the whole conversation (the reference's prefill is most
+# of this test's time): the first, every turn right after a reply whose text changed (turn % 3 == 0
+# rewrites it), the turn restored from disk and the last. A cache that drifted on an unchecked turn
+# stays drifted, so the next checked turn (at most two later) still sees it.
+CHECKED = {0, EVICT_AT, TURNS - 1} | {turn for turn in range(TURNS) if turn % 3 == 1}
 
 
 def system_text(words: int) -> str:
@@ -63,8 +68,9 @@ def test_twenty_rerendered_turns_equal_fresh_prefill(model: str, system_words: i
             if turn == EVICT_AT:
                 engine.call(lambda e: e.evict_agent("weather", Tier.WARM)).result()
             result = run_turn(engine, GenerationRequest("weather", prompt, REPLY_TOKENS), timeout_s=600)
-            expected = reference_greedy(loaded.model, list(prompt), REPLY_TOKENS, eos)
-            assert result.tokens == without_eos(expected, eos), (turn, result.text)
+            if turn in CHECKED:
+                expected = reference_greedy(loaded.model, list(prompt), REPLY_TOKENS, eos)
+                assert result.tokens == without_eos(expected, eos), (turn, result.text)
             usage = result.finish.usage
             if turn:
                 assert usage.reused_tokens >= previous_prompt - 1, (turn, usage)
