@@ -23,6 +23,8 @@ from pathlib import Path
 from common import base_parser, load, print_table, start_engine
 from results import BenchResult, Series, recorded
 
+from engine.api.chat import ChatMessage, Conversation
+from engine.api.rendering import PromptRenderer
 from engine.runtime.agents import Tier
 from engine.runtime.event_log import EventLog
 from engine.runtime.requests import GenerationRequest
@@ -41,7 +43,11 @@ def facts(loaded, n_tokens: int) -> str:
 
 
 def chat(loaded, messages: list[dict]) -> tuple[int, ...]:
-    return tuple(loaded.tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+    if getattr(loaded.tokenizer, "chat_template", None):
+        return tuple(loaded.tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+    # A base model (Gemma 3 270M): the plain rendering the server gives it.
+    conversation = Conversation(tuple(ChatMessage(m["role"], m["content"]) for m in messages))
+    return tuple(PromptRenderer(loaded.tokenizer).render(conversation))
 
 
 def drop_page_cache() -> bool:
