@@ -1,7 +1,9 @@
-"""Test-suite wiring: markers by directory, and a warning when BLAS is slow."""
+"""Test-suite wiring: markers by directory, a warning when BLAS is slow, and the root logger
+put back after each test."""
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from pathlib import Path
@@ -18,6 +20,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.model)
         elif TESTS / "unit" in path.parents and "unit" not in item.keywords:
             item.add_marker(pytest.mark.unit)
+
+
+@pytest.fixture(autouse=True)
+def _root_logger_restored():
+    """A test that configures logging (the command line does, run in-process) points the root
+    logger at that test's captured stderr; an engine thread of a later test logging there after the
+    capture closed printed 'Logging error ... I/O operation on closed file' into the run's output."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:], root.level = handlers, level
 
 
 def pytest_report_header(config: pytest.Config) -> str:
