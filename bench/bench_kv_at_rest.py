@@ -61,7 +61,7 @@ from engine.runtime.event_log import EventLog
 from engine.runtime.requests import GenerationRequest, SamplingParams
 from engine.runtime.sync_client import run_turn
 from engine.store.cache_format import KVQuantization
-from engine.store.kv_at_rest import dequantized, quantization_for, quantized
+from engine.store.kv_at_rest import quantization_for, round_trip
 from engine.store.warm_store import WarmStore
 
 SETTINGS = (None, 8, 4)
@@ -183,8 +183,7 @@ def quantized_in_place(cache: list, q: KVQuantization | None) -> None:
     if q is None:
         return
     for layer in cache:
-        layer.keys = dequantized(quantized(layer.keys, q), q)
-        layer.values = dequantized(quantized(layer.values, q), q)
+        layer.keys, layer.values = round_trip(layer.keys, q), round_trip(layer.values, q)
 
 
 def greedy_choices(loaded, prompt: tuple[int, ...], answer: list[int], q: KVQuantization | None) -> list[int]:

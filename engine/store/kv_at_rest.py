@@ -80,6 +80,11 @@ def dequantized_slices(blocks: tuple[PersistedBlock, ...], quantization: KVQuant
             for b in blocks]
 
 
+def round_trip(array: mx.array, quantization: KVQuantization) -> mx.array:
+    """A K or V as it comes back from the cool or warm tier: quantized, then dequantized."""
+    return dequantized(quantized(array, quantization), quantization)
+
+
 def block_nbytes(block: PersistedBlock) -> int:
     """The bytes a block's arrays hold (a quantized K or V counts its packed words, scales and biases)."""
     return sum(_nbytes(a) for a in (*block.keys, *block.values))
