@@ -40,6 +40,7 @@ from .engine_ops import EngineOp
 from .replica import Replica
 from .event_log import EventKind, EventLog
 from .hot_cache import HotCache
+from . import cpu_math
 from .kv import ragged
 from .requests import AgentSource, EventSink, FinishReason, GenerationRequest
 from .snapshot import AgentView, EngineSnapshot
@@ -73,6 +74,8 @@ class EngineConfig:
     sampling_overrides: tuple[float | None, float | None, int | None] = (None, None, None)
     # --kv-bits-at-rest: idle agents are cooled (quantized in memory) to this many bits; None: never.
     kv_bits: int | None = None
+    # --fast-cpu-math: attention's softmax and SiLU through runtime/cpu_math.py on the CPU.
+    fast_cpu_math: bool = True
 
     @classmethod
     def from_settings(cls, settings: Any) -> "EngineConfig":
@@ -89,6 +92,7 @@ class EngineConfig:
             watchdog_s=settings.watchdog_s,
             sampling_overrides=(settings.default_temperature, settings.default_top_p, settings.default_top_k),
             kv_bits=settings.kv_bits,
+            fast_cpu_math=settings.fast_cpu_math,
         )
 
 
@@ -139,6 +143,7 @@ class Engine:
         # What requests that name no temperature sample with (engine/models/sampling_defaults.py).
         self.sampling_defaults = model_sampling_defaults(loaded.model_id, loaded.path).with_overrides(
             *config.sampling_overrides)
+        cpu_math.install(loaded.model, config.fast_cpu_math)
         # Prefixes are shared by reference where the model's attention can be hooked (kv/ragged.py).
         self.hot = HotCache(loaded.spec, self._pool, share_by_reference=ragged.install(loaded.model))
         cool = quantization_for(config.kv_bits, loaded.spec.head_dim, loaded.spec.value_head_dim)

@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 import mlx.core as mx
 
+from engine.runtime import cpu_math
 from engine.runtime.kv import ragged
 from engine.runtime.kv.sequence_kv import CheckpointKind
 from engine.runtime.sampling import sample
@@ -201,13 +202,13 @@ class SequenceBatch:
         """One pass over ``group``'s chunks (each row's ``m`` tokens, padded to ``n``)."""
         chunks = [s.prompt[s.prompt_fed:s.prompt_fed + m] for s, m in group]
         if len(group) == 1:
-            self.model(mx.array(chunks), cache=group[0][0].kv.caches())
+            self._run_model(mx.array(chunks), cache=group[0][0].kv.caches())
         else:
             # Filler repeats a row's last token: any id works, the row's real positions never attend to it.
             inputs = mx.array([chunk + [chunk[-1]] * (n - len(chunk)) for chunk in chunks])
             n_layers = len(group[0][0].kv.layers)
             caches = [ragged.RaggedLayerCache([s.kv.layers[i] for s, _ in group]) for i in range(n_layers)]
-            self.model(inputs, cache=caches)
+            self._run_model(inputs, cache=caches)
             for sequence, m in group:
                 if m < n:
                     for layer in sequence.kv.layers:
@@ -273,16 +274,21 @@ class SequenceBatch:
                 parts.append(previous.sampled[i:i + 1].astype(mx.uint32))
         return mx.concatenate(parts) if len(parts) > 1 else parts[0]
 
+    def _run_model(self, inputs: mx.array, cache: Any) -> mx.array:
+        """The model on ``inputs``, with the CPU's fast softmax and SiLU where they are on (runtime/cpu_math.py)."""
+        with cpu_math.routing():
+            return self.model(inputs, cache=cache)
+
     def _forward(self, rows: list[Sequence], inputs: mx.array) -> mx.array:
         if len(rows) == 1:
-            return self.model(inputs[:, None], cache=rows[0].kv.caches())[:, -1, :]
+            return self._run_model(inputs[:, None], cache=rows[0].kv.caches())[:, -1, :]
         if self.ragged:
             n_layers = len(rows[0].kv.layers)
             caches = [ragged.RaggedLayerCache([s.kv.layers[i] for s in rows]) for i in range(n_layers)]
-            return self.model(inputs[:, None], cache=caches)[:, -1, :]
+            return self._run_model(inputs[:, None], cache=caches)[:, -1, :]
         # No hook for this model's attention: one forward pass per sequence.
         return mx.concatenate(
-            [self.model(inputs[b:b + 1, None], cache=s.kv.caches())[:, -1, :] for b, s in enumerate(rows)]
+            [self._run_model(inputs[b:b + 1, None], cache=s.kv.caches())[:, -1, :] for b, s in enumerate(rows)]
         )
 
     def _checkpoint_prompt_ends(self, rows: list[Sequence]) -> None:

@@ -29,6 +29,8 @@ from typing import Any, Sequence
 
 import mlx.core as mx
 
+from engine.runtime import cpu_math
+
 from .segment import segmented_attention
 
 SDPA_NAME = "scaled_dot_product_attention"
@@ -74,12 +76,19 @@ def attention(queries: mx.array, keys: mx.array, values: mx.array, cache: Any, s
     """One sequence's attention: over shared segments and its own keys when it has segments."""
     prefix = getattr(cache, "prefix", None)
     if not prefix:
-        return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask, sinks=sinks)
+        return sdpa(queries, keys, values, scale, mask, sinks)
     if sinks is not None:
         keys = mx.concatenate([k for k, _ in prefix] + [keys], axis=2)
         values = mx.concatenate([v for _, v in prefix] + [values], axis=2)
-        return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask, sinks=sinks)
+        return sdpa(queries, keys, values, scale, mask, sinks)
     return segmented_attention(queries, [*prefix, (keys, values)], scale, mask)
+
+
+def sdpa(queries: mx.array, keys: mx.array, values: mx.array, scale: float, mask: Any, sinks: Any = None) -> mx.array:
+    """MLX's fused attention, or on the CPU the faster softmax of ``cpu_math`` where it is faster."""
+    if sinks is None and cpu_math.routed() and cpu_math.attention_fits(queries, keys):
+        return cpu_math.attention(queries, keys, values, scale, mask)
+    return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask, sinks=sinks)
 
 
 def install(model: Any) -> bool:
@@ -103,6 +112,8 @@ def _hooked(original: Any) -> Any:
             return cache.attend(queries, scale, mask, sinks)
         if getattr(cache, "prefix", None):
             return attention(queries, keys, values, cache, scale, mask, sinks)
+        if cpu_math.routed() and not hasattr(cache, "bits"):  # (quantized caches: mlx-lm's own path)
+            return sdpa(queries, keys, values, scale, mask, sinks)
         if sinks is None:
             return original(queries, keys, values, cache=cache, scale=scale, mask=mask)
         return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)

@@ -20,6 +20,8 @@ from typing import Any, Sequence
 import mlx.core as mx
 from mlx_lm.models.base import create_causal_mask
 
+from engine.runtime import cpu_math
+
 
 @dataclass(eq=False, slots=True)
 class Segment:
@@ -57,7 +59,7 @@ def segmented_attention(
     q = (queries * scale).reshape(batch, kv_heads, repeats, n, dim)
     scores = mx.concatenate([q @ mx.expand_dims(k, 2).swapaxes(-1, -2) for k, _ in parts], axis=-1)
     scores = _masked(scores, mask, n)
-    weights = mx.softmax(scores, axis=-1, precise=True)
+    weights = cpu_math.softmax(scores) if cpu_math.routed() else mx.softmax(scores, axis=-1, precise=True)
     out = None
     start = 0
     for _, v in parts:

@@ -1,0 +1,230 @@
+"""Softmax, attention and SiLU for MLX's CPU backend, built from its fast arithmetic.
+
+MLX's CPU kernels evaluate ``exp`` and ``sigmoid`` at ~15 ns per float32
+element on this project's x86 machines (numpy: ~1 ns), while a multiply or an
+add costs under 1 ns (``bench/bench_forward_split.py``). A decode step takes
+one ``exp`` per attention score and per SiLU input, so on the CPU its
+attention grows with context mostly through ``exp``.
+
+:func:`exp` is MLX's own algorithm (``mlx/backend/cpu/simd/math.h``: a
+degree-6 polynomial for ``2**f`` times ``2**n`` assembled from its bits)
+written with MLX's elementwise arithmetic and compiled (a few fused kernels).
+It agrees with ``mx.exp`` to 2 ulp (MLX rounds each step with ``fma``; this
+evaluates the polynomial in another order) and takes ~3 ns per element.
+:func:`attention` keeps the arithmetic of MLX's unfused CPU attention
+(scaled queries, one softmax in float32 over all scores) with this softmax;
+the real-model tests check that greedy outputs stay token-identical to
+mlx-lm's, as batching (which also reorders float sums) does.
+
+Each kernel is a pass over memory where MLX's softmax is one, so past
+``MAX_SCORES`` scores per call (a long prefill chunk) MLX's own is faster and
+is used. Only the CPU uses any of this: Metal and CUDA have fused kernels.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+import mlx.core as mx
+
+_LOG2_E = 1.442695
+# exp underflows to 0 below this (as mx.exp: 2**-126 is float32's smallest normal).
+_MIN_EXPONENT = -126.0
+_MAX_EXPONENT = 128.0
+_OVERFLOW = 88.0 * _LOG2_E
+# Adding then subtracting 1.5 * 2**23 rounds a float32 of magnitude < 2**22 to
+# the nearest integer; unlike floor(), the compiled kernel vectorizes it.
+_ROUND = 12582912.0
+# 2**f on [-0.5, 0.5], Horner coefficients highest first (MLX's).
+_POLY = (1.535336188319500e-4, 1.339887440266574e-3, 9.618437357674640e-3,
+         5.550332471162809e-2, 2.402264791363012e-1, 6.931472028550421e-1, 1.0)
+
+
+@mx.compile
+def _exp_parts(x: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+    """``2**f`` (a polynomial), the bits of the float32 ``2**n``, and ``y = x * log2(e)``, clamped.
+
+    The polynomial is evaluated in Estrin's form, not Horner's: MLX fuses a
+    chain of at most 11 elementwise ops into one compiled loop, and Horner's
+    14-deep chain would be split into several passes over memory.
+    """
+    y = mx.clip(x * _LOG2_E, _MIN_EXPONENT - 1.0, _MAX_EXPONENT)
+    n = (y + _ROUND) - _ROUND
+    f = y - n
+    f2 = f * f
+    c6, c5, c4, c3, c2, c1, c0 = _POLY
+    p = (c0 + c1 * f) + f2 * (c2 + c3 * f) + (f2 * f2) * (c4 + c5 * f + c6 * f2)
+    return p, mx.left_shift(n.astype(mx.int32) + 127, 23), y
+
+
+@mx.compile
+def _exp_join(p: mx.array, two_n: mx.array, y: mx.array) -> mx.array:
+    # Above 88 mx.exp returns infinity (a little early: e**88.7 is still finite); so does this.
+    return mx.where(y < _MIN_EXPONENT, 0.0, mx.where(y > _OVERFLOW, mx.inf, p * two_n))
+
+
+def exp(x: mx.array) -> mx.array:
+    """``e**x`` for float32 ``x``: MLX's polynomial, within 2 ulp of ``mx.exp``.
+
+    As ``mx.exp``: infinity above 88; 0 below -87.3 (where ``mx.exp`` returns
+    denormals, down to 0 at -88).
+
+    Two compiled kernels around a bit cast (``view``), which a compiled graph
+    cannot hold without being traced again for every new shape.
+    """
+    p, bits, y = _exp_parts(x)
+    return _exp_join(p, bits.view(mx.float32), y)
+
+
+@mx.compile
+def _shifted(scores: mx.array) -> mx.array:
+    return scores - mx.max(scores, axis=-1, keepdims=True)
+
+
+@mx.compile
+def _normalized(e: mx.array) -> mx.array:
+    return e / mx.sum(e, axis=-1, keepdims=True)
+
+
+def _softmax_f32(scores: mx.array) -> mx.array:
+    return _normalized(exp(_shifted(scores)))
+
+
+def softmax(scores: mx.array) -> mx.array:
+    """Softmax over the last axis, computed in float32 (``mx.softmax(..., precise=True)``)."""
+    if scores.dtype == mx.float32:
+        return _softmax_f32(scores)
+    return _softmax_f32(scores.astype(mx.float32)).astype(scores.dtype)
+
+
+@mx.compile
+def _times_over(gate: mx.array, x: mx.array, e: mx.array) -> mx.array:
+    return gate / (1.0 + e) * x
+
+
+def _silu_times(gate: mx.array, x: mx.array) -> mx.array:
+    return _times_over(gate, x, exp(-gate))
+
+
+def swiglu(gate: mx.array, x: mx.array) -> mx.array:
+    """``silu(gate) * x`` (mlx-lm's ``swiglu``), in float32 and back to the inputs' dtype."""
+    if gate.dtype == mx.float32:
+        return _silu_times(gate, x)
+    return _silu_times(gate.astype(mx.float32), x.astype(mx.float32)).astype(gate.dtype)
+
+
+def attention(queries: mx.array, keys: mx.array, values: mx.array, scale: float, mask: Any = None) -> mx.array:
+    """Scaled dot-product attention as MLX's unfused CPU path computes it, with :func:`softmax`.
+
+    ``queries`` (B, H, n, D); ``keys``/``values`` (B, KV, L, D) with H a
+    multiple of KV (grouped queries share a key head without copying it);
+    ``mask``: None, ``"causal"`` (the last ``n`` keys are the queries'
+    positions) or an array broadcastable to (B, H, n, L), boolean (True
+    attends) or additive.
+    """
+    batch, q_heads, n, dim = queries.shape
+    kv_heads, length = keys.shape[1], keys.shape[2]
+    repeats = q_heads // kv_heads
+    q = (queries * mx.array(scale, dtype=queries.dtype)).reshape(batch, kv_heads, repeats * n, dim)
+    scores = q @ keys.swapaxes(-1, -2)
+    if mask is not None:
+        scores = scores.reshape(batch, kv_heads, repeats, n, length)
+        scores = _apply_mask(scores, mask, n, length)
+        scores = scores.reshape(batch, kv_heads, repeats * n, length)
+    out = softmax(scores) @ values
+    return out.reshape(batch, q_heads, n, values.shape[-1])
+
+
+def _apply_mask(scores: mx.array, mask: Any, n: int, length: int) -> mx.array:
+    """``scores`` (B, KV, R, n, L); a (.., H, n, L) mask is split into (KV, R) to match."""
+    if isinstance(mask, str):
+        if n == 1:
+            return scores  # one query at the last position sees every key
+        rows = mx.arange(length - n, length)[:, None]
+        mask = rows >= mx.arange(length)[None, :]
+    if mask.ndim >= 3 and mask.shape[-3] > 1:
+        heads = mask.shape[-3]
+        kv_heads = scores.shape[1]
+        mask = mask.reshape(*mask.shape[:-3], kv_heads, heads // kv_heads, *mask.shape[-2:])
+    elif mask.ndim >= 3:
+        mask = mx.expand_dims(mask, -3)
+    if mask.dtype == mx.bool_:
+        return mx.where(mask, scores, mx.finfo(scores.dtype).min)
+    return scores + mask.astype(scores.dtype)
+
+
+def on_cpu() -> bool:
+    """Whether MLX's default device (where the model runs) is the CPU."""
+    return mx.default_device().type == mx.DeviceType.cpu
+
+
+# Above this many scores per attention call MLX's fused CPU softmax wins: the
+# passes above go through memory once per kernel, and a long prefill chunk's
+# scores (heads x chunk x context) no longer fit in the caches.
+MAX_SCORES = 1 << 20
+_SWIGLU_NAME = "swiglu"
+_HOOKED = "_semantic_cpu_math"
+_active = False
+_local = threading.local()
+
+
+def active() -> bool:
+    """Whether :func:`install` turned the fast paths on (the CPU, and not ``--no-fast-cpu-math``)."""
+    return _active
+
+
+@contextmanager
+def routing() -> Iterator[None]:
+    """The engine's forward passes: inside, the hooked SiLU and attention use this module.
+
+    Outside (mlx-lm's own generation on the same model, as the tests'
+    references run it) the hooks call MLX's kernels, so the patched modules
+    change nothing for anyone else. Per thread; graphs are built while the
+    model is called, so the flag only has to cover the call.
+    """
+    previous = getattr(_local, "on", False)
+    _local.on = _active
+    try:
+        yield
+    finally:
+        _local.on = previous
+
+
+def routed() -> bool:
+    """Whether the current call is an engine forward pass with the fast paths on."""
+    return getattr(_local, "on", False)
+
+
+def attention_fits(queries: mx.array, keys: mx.array) -> bool:
+    """Whether :func:`attention` is the faster path for these shapes (see ``MAX_SCORES``)."""
+    return queries.shape[0] * queries.shape[1] * queries.shape[2] * keys.shape[2] <= MAX_SCORES
+
+
+def install(model: Any, enabled: bool = True) -> bool:
+    """Hook the model's SiLU (mlx-lm's ``swiglu``); attention is hooked by ``kv/ragged.py``.
+
+    Returns whether the fast paths are on: only on the CPU, and only when
+    ``enabled`` (``--no-fast-cpu-math`` turns them off, to compare). Either
+    way they apply only inside :func:`routing`.
+    """
+    global _active
+    _active = bool(enabled) and on_cpu()
+    modules = {type(m).__module__ for _, m in model.named_modules()} | {type(model).__module__}
+    for name in modules:
+        module = sys.modules.get(name)
+        current = getattr(module, _SWIGLU_NAME, None)
+        if callable(current) and not getattr(current, _HOOKED, False):
+            setattr(module, _SWIGLU_NAME, _hooked_swiglu(current))
+    return _active
+
+
+def _hooked_swiglu(original: Any) -> Any:
+    def hooked(gate: mx.array, x: mx.array) -> mx.array:
+        return swiglu(gate, x) if routed() else original(gate, x)
+
+    setattr(hooked, _HOOKED, True)
+    hooked.__wrapped__ = original  # type: ignore[attr-defined]
+    return hooked

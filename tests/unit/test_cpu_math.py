@@ -1,0 +1,151 @@
+"""cpu_math: the CPU's softmax, SiLU and attention agree with MLX's own to float32 rounding."""
+
+from __future__ import annotations
+
+import sys
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from mlx_lm.models.activations import swiglu as mlx_lm_swiglu
+from mlx_lm.models.base import create_causal_mask
+
+from engine.runtime import cpu_math
+from engine.runtime.kv import ragged
+from tests.support.tiny_models import loaded_tiny
+
+pytestmark = pytest.mark.unit
+
+
+def ulps(a: mx.array, b: mx.array) -> np.ndarray:
+    """Distance in units of float32's last place, per element."""
+    x = np.array(a, dtype=np.float32).view(np.int32).astype(np.int64)
+    y = np.array(b, dtype=np.float32).view(np.int32).astype(np.int64)
+    return np.abs(x - y)
+
+
+def test_exp_is_within_two_ulp_of_mlx_over_float32s_range() -> None:
+    # Normal results only: below -87.3 mx.exp returns denormals and this returns 0; above 88 both overflow.
+    x = mx.concatenate([mx.linspace(-87.3, 88.0, 200_001), mx.array([0.0, 1.0, -1.0, 1e-30, -1e-30])])
+    assert ulps(cpu_math.exp(x), mx.exp(x)).max() <= 2
+
+
+def test_exp_underflows_to_zero_and_overflows_to_infinity() -> None:
+    out = np.array(cpu_math.exp(mx.array([-mx.inf, -1000.0, -88.0, 88.01, 1000.0, mx.inf])))
+    assert out[:3].tolist() == [0.0, 0.0, 0.0]
+    assert np.isinf(out[3:]).all() and (out[3:] > 0).all()
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.floats(-80, 80, width=32), min_size=1, max_size=64))
+def test_exp_property_relative_error(values: list[float]) -> None:
+    x = mx.array(values, dtype=mx.float32)
+    np.testing.assert_allclose(np.array(cpu_math.exp(x)), np.array(mx.exp(x)), rtol=2.5e-7)
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16, mx.float16])
+def test_softmax_matches_mlx_precise_softmax_and_keeps_the_dtype(dtype: mx.Dtype) -> None:
+    scores = (mx.random.normal((4, 9, 300), key=mx.random.key(1)) * 8).astype(dtype)
+    ours = cpu_math.softmax(scores)
+    assert ours.dtype == dtype
+    theirs = mx.softmax(scores, axis=-1, precise=True)
+    np.testing.assert_allclose(np.array(ours.astype(mx.float32)), np.array(theirs.astype(mx.float32)),
+                               atol=1e-6 if dtype == mx.float32 else 1e-2)
+    np.testing.assert_allclose(np.array(ours.astype(mx.float32).sum(-1)), 1.0, rtol=1e-5 if dtype == mx.float32 else 1e-2)
+
+
+def test_softmax_of_masked_scores_gives_masked_positions_zero_weight() -> None:
+    scores = mx.array([[0.0, 1.0, mx.finfo(mx.float32).min, -mx.inf]])
+    weights = np.array(cpu_math.softmax(scores))
+    assert weights[0, 2:].tolist() == [0.0, 0.0]
+    np.testing.assert_allclose(weights[0, :2], np.array(mx.softmax(scores[:, :2], axis=-1))[0], rtol=1e-6)
+
+
+def test_swiglu_matches_mlx_lm() -> None:
+    gate = mx.random.normal((16, 1536), key=mx.random.key(2)) * 6
+    x = mx.random.normal((16, 1536), key=mx.random.key(3))
+    np.testing.assert_allclose(np.array(cpu_math.swiglu(gate, x)), np.array(mlx_lm_swiglu(gate, x)),
+                               rtol=1e-5, atol=1e-6)
+    assert cpu_math.swiglu(gate.astype(mx.bfloat16), x.astype(mx.bfloat16)).dtype == mx.bfloat16
+
+
+def _qkv(batch: int, n: int, length: int, heads: int = 9, kv_heads: int = 3, dim: int = 64):
+    keys = mx.random.split(mx.random.key(n * 1000 + length), 3)
+    q = mx.random.normal((batch, heads, n, dim), key=keys[0])
+    k = mx.random.normal((batch, kv_heads, length, dim), key=keys[1])
+    v = mx.random.normal((batch, kv_heads, length, dim), key=keys[2])
+    return q, k, v
+
+
+@pytest.mark.parametrize("mask_kind", ["none", "causal", "bool", "additive", "per-head bool", "per-row bool"])
+@pytest.mark.parametrize("n", [1, 7])
+def test_attention_matches_mlx_fused_attention(mask_kind: str, n: int) -> None:
+    batch, length = 2, 40
+    q, k, v = _qkv(batch, n, length)
+    mask: object = None
+    if mask_kind == "causal":
+        mask = "causal"
+    elif mask_kind == "bool":
+        mask = create_causal_mask(n, length - n)
+    elif mask_kind == "additive":
+        mask = mx.where(create_causal_mask(n, length - n), 0.0, -1e9).astype(mx.float32)
+    elif mask_kind == "per-head bool":
+        mask = mx.random.bernoulli(0.7, (batch, 9, n, length), key=mx.random.key(5))
+        mask[..., 0] = True  # every query sees at least one key
+    elif mask_kind == "per-row bool":
+        mask = mx.arange(length)[None, None, None, :] < mx.array([length, 25])[:, None, None, None]
+    ours = cpu_math.attention(q, k, v, 0.125, mask)
+    theirs = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask=mask)
+    assert ours.shape == theirs.shape
+    np.testing.assert_allclose(np.array(ours), np.array(theirs), atol=2e-6)
+
+
+def test_attention_without_grouped_queries() -> None:
+    q, k, v = _qkv(1, 3, 20, heads=4, kv_heads=4)
+    np.testing.assert_allclose(np.array(cpu_math.attention(q, k, v, 0.5, "causal")),
+                               np.array(mx.fast.scaled_dot_product_attention(q, k, v, scale=0.5, mask="causal")),
+                               atol=2e-6)
+
+
+def test_install_routes_swiglu_and_attention_only_inside_the_engines_forward() -> None:
+    loaded = loaded_tiny("llama")
+    module = sys.modules[type(loaded.model.layers[0].mlp).__module__]
+    calls: list[str] = []
+    fast_swiglu, fast_attention = cpu_math.swiglu, cpu_math.attention
+    try:
+        assert cpu_math.install(loaded.model, enabled=True) is cpu_math.on_cpu()
+        if not cpu_math.on_cpu():
+            pytest.skip("the fast paths are for the CPU")
+        assert getattr(module.swiglu, "__wrapped__", None) is mlx_lm_swiglu
+        cpu_math.install(loaded.model, enabled=True)  # installing twice wraps once
+        assert module.swiglu.__wrapped__ is mlx_lm_swiglu
+        ragged.install(loaded.model)
+        cpu_math.swiglu = lambda g, x: (calls.append("swiglu"), fast_swiglu(g, x))[1]
+        cpu_math.attention = lambda *a: (calls.append("attention"), fast_attention(*a))[1]
+        tokens = mx.array([[3, 14, 15, 92, 65, 35]])
+        plain = loaded.model(tokens)  # outside routing(): mlx-lm's kernels, as its own generation runs
+        assert calls == []
+        with cpu_math.routing():
+            fast = loaded.model(tokens)
+        assert "swiglu" in calls and "attention" in calls
+        assert not cpu_math.routed()
+        np.testing.assert_allclose(np.array(fast), np.array(plain), atol=1e-4)
+        assert (mx.argmax(fast, -1) == mx.argmax(plain, -1)).all().item()
+        calls.clear()
+        assert not cpu_math.install(loaded.model, enabled=False)
+        with cpu_math.routing():
+            loaded.model(tokens)
+        assert calls == []  # --no-fast-cpu-math
+    finally:
+        cpu_math.swiglu, cpu_math.attention = fast_swiglu, fast_attention
+        cpu_math.install(loaded.model, enabled=True)
+
+
+def test_attention_fits_bounds_the_scores_of_one_call() -> None:
+    q, k, _ = _qkv(1, 1, 100)
+    assert cpu_math.attention_fits(q, k)
+    big_q = mx.zeros((1, 9, 512, 64))
+    big_k = mx.zeros((1, 3, cpu_math.MAX_SCORES // (9 * 512) + 1, 64))
+    assert not cpu_math.attention_fits(big_q, big_k)
