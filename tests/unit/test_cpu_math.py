@@ -143,9 +143,36 @@ def test_install_routes_swiglu_and_attention_only_inside_the_engines_forward() -
         cpu_math.install(loaded.model, enabled=True)
 
 
-def test_attention_fits_bounds_the_scores_of_one_call() -> None:
-    q, k, _ = _qkv(1, 1, 100)
-    assert cpu_math.attention_fits(q, k)
-    big_q = mx.zeros((1, 9, 512, 64))
-    big_k = mx.zeros((1, 3, cpu_math.MAX_SCORES // (9 * 512) + 1, 64))
-    assert not cpu_math.attention_fits(big_q, big_k)
+@pytest.mark.parametrize("mask_kind", ["none", "causal", "bool", "additive", "one-row bool"])
+def test_long_calls_run_in_blocks_of_queries_with_the_same_result(mask_kind: str, monkeypatch) -> None:
+    n, length = 40, 300
+    q, k, v = _qkv(1, n, length)
+    mask: object = None
+    if mask_kind == "causal":
+        mask = "causal"
+    elif mask_kind == "bool":
+        mask = create_causal_mask(n, length - n)
+    elif mask_kind == "additive":
+        mask = mx.where(create_causal_mask(n, length - n), 0.0, -1e9).astype(mx.float32)
+    elif mask_kind == "one-row bool":
+        mask = mx.arange(length)[None, :] < 250
+    monkeypatch.setattr(cpu_math, "MAX_SCORES", 9 * 10 * length)
+    monkeypatch.setattr(cpu_math, "BLOCK_SCORES", 9 * 8 * length)
+    blocks: list[int] = []
+    inner = cpu_math._attention
+    monkeypatch.setattr(cpu_math, "_attention", lambda qq, *a: (blocks.append(qq.shape[2]), inner(qq, *a))[1])
+    ours = cpu_math.attention(q, k, v, 0.125, mask)
+    assert blocks == [8, 8, 8, 8, 8]
+    theirs = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask=mask)
+    np.testing.assert_allclose(np.array(ours), np.array(theirs), atol=2e-6)
+
+
+def test_decode_and_short_calls_are_not_blocked(monkeypatch) -> None:
+    blocks: list[int] = []
+    inner = cpu_math._attention
+    monkeypatch.setattr(cpu_math, "_attention", lambda qq, *a: (blocks.append(qq.shape[2]), inner(qq, *a))[1])
+    q, k, v = _qkv(1, 1, cpu_math.MAX_SCORES // 9 + 1)  # one query: never blocked
+    cpu_math.attention(q, k, v, 0.125, None)
+    q, k, v = _qkv(1, 16, 64)
+    cpu_math.attention(q, k, v, 0.125, "causal")
+    assert blocks == [1, 16]

@@ -86,7 +86,7 @@ def attention(queries: mx.array, keys: mx.array, values: mx.array, cache: Any, s
 
 def sdpa(queries: mx.array, keys: mx.array, values: mx.array, scale: float, mask: Any, sinks: Any = None) -> mx.array:
     """MLX's fused attention, or on the CPU the faster softmax of ``cpu_math`` where it is faster."""
-    if sinks is None and cpu_math.routed() and cpu_math.attention_fits(queries, keys):
+    if sinks is None and cpu_math.routed():
         return cpu_math.attention(queries, keys, values, scale, mask)
     return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask, sinks=sinks)
 
