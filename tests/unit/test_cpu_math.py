@@ -96,7 +96,7 @@ def test_attention_matches_mlx_fused_attention(mask_kind: str, n: int) -> None:
         mask[..., 0] = True  # every query sees at least one key
     elif mask_kind == "per-row bool":
         mask = mx.arange(length)[None, None, None, :] < mx.array([length, 25])[:, None, None, None]
-    ours = cpu_math.attention(q, k, v, 0.125, mask)
+    ours = cpu_math._attention(q, k, v, 0.125, mask)  # the kernel itself, at any size
     theirs = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask=mask)
     assert ours.shape == theirs.shape
     np.testing.assert_allclose(np.array(ours), np.array(theirs), atol=2e-6)
@@ -104,12 +104,13 @@ def test_attention_matches_mlx_fused_attention(mask_kind: str, n: int) -> None:
 
 def test_attention_without_grouped_queries() -> None:
     q, k, v = _qkv(1, 3, 20, heads=4, kv_heads=4)
-    np.testing.assert_allclose(np.array(cpu_math.attention(q, k, v, 0.5, "causal")),
+    np.testing.assert_allclose(np.array(cpu_math._attention(q, k, v, 0.5, "causal")),
                                np.array(mx.fast.scaled_dot_product_attention(q, k, v, scale=0.5, mask="causal")),
                                atol=2e-6)
 
 
-def test_install_routes_swiglu_and_attention_only_inside_the_engines_forward() -> None:
+def test_install_routes_swiglu_and_attention_only_inside_the_engines_forward(monkeypatch) -> None:
+    monkeypatch.setattr(cpu_math, "MIN_ELEMENTS", 0)  # the tiny model's arrays are all small
     loaded = loaded_tiny("llama")
     module = sys.modules[type(loaded.model.layers[0].mlp).__module__]
     calls: list[str] = []
@@ -167,10 +168,14 @@ def test_long_calls_run_in_blocks_of_queries_with_the_same_result(mask_kind: str
     np.testing.assert_allclose(np.array(ours), np.array(theirs), atol=2e-6)
 
 
-def test_decode_and_short_calls_are_not_blocked(monkeypatch) -> None:
+def test_attention_dispatches_by_size(monkeypatch) -> None:
+    """Small calls: MLX's attention; decode and short prefill: one kernel call; long prefill: blocks."""
     blocks: list[int] = []
     inner = cpu_math._attention
     monkeypatch.setattr(cpu_math, "_attention", lambda qq, *a: (blocks.append(qq.shape[2]), inner(qq, *a))[1])
+    q, k, v = _qkv(1, 1, cpu_math.MIN_ELEMENTS // 9 - 1)
+    cpu_math.attention(q, k, v, 0.125, None)
+    assert blocks == []
     q, k, v = _qkv(1, 1, cpu_math.MAX_SCORES // 9 + 1)  # one query: never blocked
     cpu_math.attention(q, k, v, 0.125, None)
     q, k, v = _qkv(1, 16, 64)
