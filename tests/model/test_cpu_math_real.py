@@ -1,0 +1,77 @@
+"""The CPU's fast softmax and SiLU on the real models: long prompts, batched, token-identical to mlx-lm.
+
+Prompts of ~1,100 tokens put every path of ``runtime/cpu_math.py`` to work in
+the engine: prefill chunks of 512 queries (over 512 and ~1K keys) attend in blocks, and
+each decode row's scores (heads x ~1.1K) are past ``MIN_ELEMENTS``. The
+reference is plain mlx-lm (``generate_step``) on the same model object,
+outside the engine's forward passes, so it runs MLX's own kernels.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from engine.runtime import cpu_math
+from engine.runtime.requests import GenerationRequest
+from engine.runtime.sync_client import run_turns
+from tests.model.engine_fixtures import start_engine
+from tests.support.reference import reference_greedy
+
+pytestmark = pytest.mark.model
+
+MAX_TOKENS = 24
+README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+
+
+def long_prompts(loaded, n: int, tokens: int = 1100) -> list[list[int]]:
+    """``n`` prompts of about ``tokens`` tokens: different stretches of the README, then a request."""
+    words = README.split()
+    prompts = []
+    for i in range(n):
+        text = " ".join(words[i * 40:])
+        ids = loaded.tokenizer.encode(text)[:tokens]
+        excerpt = loaded.tokenizer.decode(ids)
+        if loaded.architecture == "llama":
+            messages = [{"role": "user", "content": excerpt + "\n\nSummarize the text above in one sentence."}]
+            prompts.append(list(loaded.tokenizer.apply_chat_template(messages, add_generation_prompt=True)))
+        else:
+            prompts.append(list(loaded.tokenizer.encode(excerpt + "\n\nIn one sentence, the text above says that")))
+    return prompts
+
+
+@pytest.mark.parametrize("model_name", ["smollm2", "gemma3"])
+def test_long_prompts_batched_through_the_fast_paths_equal_mlx_lm(request, model_name: str, monkeypatch) -> None:
+    loaded = request.getfixturevalue(model_name)
+    if not cpu_math.on_cpu():
+        pytest.skip("the fast paths are for the CPU")
+    calls = {"blocked": 0, "kernel": 0}
+    blocked, kernel = cpu_math._blocked, cpu_math._attention
+
+    def counting_blocked(*args):
+        calls["blocked"] += 1
+        return blocked(*args)
+
+    def counting_kernel(*args):
+        calls["kernel"] += 1
+        return kernel(*args)
+
+    monkeypatch.setattr(cpu_math, "_blocked", counting_blocked)
+    monkeypatch.setattr(cpu_math, "_attention", counting_kernel)
+    prompts = long_prompts(loaded, 2)
+    engine = start_engine(loaded, batch=8, prefill_step=512)
+    try:
+        assert cpu_math.active()
+        results = run_turns(engine, [GenerationRequest(f"long-{i}", tuple(p), MAX_TOKENS)
+                                     for i, p in enumerate(prompts)])
+    finally:
+        engine.stop()
+    assert calls["blocked"] > 0 and calls["kernel"] > calls["blocked"]
+    kernel_calls = calls["kernel"]
+    eos = set(loaded.eos_token_ids)
+    for result, prompt in zip(results, prompts):
+        expected = reference_greedy(loaded.model, prompt, MAX_TOKENS, eos)
+        expected = expected[:-1] if expected and expected[-1] in eos else expected
+        assert result.tokens == expected, loaded.tokenizer.decode(result.tokens)
+    assert calls["kernel"] == kernel_calls  # the reference ran MLX's kernels, not these
