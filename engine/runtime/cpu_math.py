@@ -114,6 +114,18 @@ def softmax(scores: mx.array) -> mx.array:
     return _softmax_f32(scores.astype(mx.float32)).astype(scores.dtype)
 
 
+def attention_softmax(scores: mx.array) -> mx.array:
+    """Attention weights from ``scores`` built outside :func:`attention` (shared segments' joined scores).
+
+    :func:`softmax` inside the engine's forward passes where it pays
+    (``MIN_ELEMENTS`` to ``MAX_SCORES``: past that, one pass of MLX's beats
+    its passes over memory), else MLX's precise softmax.
+    """
+    if routed() and MIN_ELEMENTS <= scores.size <= MAX_SCORES:
+        return softmax(scores)
+    return mx.softmax(scores, axis=-1, precise=True)
+
+
 @mx.compile
 def _times_over(gate: mx.array, x: mx.array, e: mx.array) -> mx.array:
     return gate / (1.0 + e) * x

@@ -79,23 +79,33 @@ def _qkv(batch: int, n: int, length: int, heads: int = 9, kv_heads: int = 3, dim
     return q, k, v
 
 
+def make_mask(kind: str, batch: int, n: int, length: int) -> object:
+    """An attention mask of each kind mlx-lm's models pass, for ``n`` queries over ``length`` keys."""
+    if kind == "none":
+        return None
+    if kind == "causal":
+        return "causal"
+    if kind == "bool":
+        return create_causal_mask(n, length - n)
+    if kind == "additive":
+        return mx.where(create_causal_mask(n, length - n), 0.0, -1e9).astype(mx.float32)
+    if kind == "per-head bool":
+        mask = mx.random.bernoulli(0.7, (batch, 9, n, length), key=mx.random.key(5))
+        mask[..., 0] = True  # every query sees at least one key
+        return mask
+    if kind == "per-row bool":
+        return mx.arange(length)[None, None, None, :] < mx.array([length, 25])[:, None, None, None]
+    if kind == "one-row bool":
+        return mx.arange(length)[None, :] < 250
+    raise ValueError(kind)
+
+
 @pytest.mark.parametrize("mask_kind", ["none", "causal", "bool", "additive", "per-head bool", "per-row bool"])
 @pytest.mark.parametrize("n", [1, 7])
 def test_attention_matches_mlx_fused_attention(mask_kind: str, n: int) -> None:
     batch, length = 2, 40
     q, k, v = _qkv(batch, n, length)
-    mask: object = None
-    if mask_kind == "causal":
-        mask = "causal"
-    elif mask_kind == "bool":
-        mask = create_causal_mask(n, length - n)
-    elif mask_kind == "additive":
-        mask = mx.where(create_causal_mask(n, length - n), 0.0, -1e9).astype(mx.float32)
-    elif mask_kind == "per-head bool":
-        mask = mx.random.bernoulli(0.7, (batch, 9, n, length), key=mx.random.key(5))
-        mask[..., 0] = True  # every query sees at least one key
-    elif mask_kind == "per-row bool":
-        mask = mx.arange(length)[None, None, None, :] < mx.array([length, 25])[:, None, None, None]
+    mask = make_mask(mask_kind, batch, n, length)
     ours = cpu_math._attention(q, k, v, 0.125, mask)  # the kernel itself, at any size
     theirs = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask=mask)
     assert ours.shape == theirs.shape
@@ -148,15 +158,7 @@ def test_install_routes_swiglu_and_attention_only_inside_the_engines_forward(mon
 def test_long_calls_run_in_blocks_of_queries_with_the_same_result(mask_kind: str, monkeypatch) -> None:
     n, length = 40, 300
     q, k, v = _qkv(1, n, length)
-    mask: object = None
-    if mask_kind == "causal":
-        mask = "causal"
-    elif mask_kind == "bool":
-        mask = create_causal_mask(n, length - n)
-    elif mask_kind == "additive":
-        mask = mx.where(create_causal_mask(n, length - n), 0.0, -1e9).astype(mx.float32)
-    elif mask_kind == "one-row bool":
-        mask = mx.arange(length)[None, :] < 250
+    mask = make_mask(mask_kind, 1, n, length)
     monkeypatch.setattr(cpu_math, "MAX_SCORES", 9 * 10 * length)
     monkeypatch.setattr(cpu_math, "BLOCK_SCORES", 9 * 8 * length)
     blocks: list[int] = []

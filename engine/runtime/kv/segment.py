@@ -59,10 +59,7 @@ def segmented_attention(
     q = (queries * scale).reshape(batch, kv_heads, repeats, n, dim)
     scores = mx.concatenate([q @ mx.expand_dims(k, 2).swapaxes(-1, -2) for k, _ in parts], axis=-1)
     scores = _masked(scores, mask, n)
-    if cpu_math.routed() and cpu_math.MIN_ELEMENTS <= scores.size <= cpu_math.MAX_SCORES:  # (see cpu_math)
-        weights = cpu_math.softmax(scores)
-    else:
-        weights = mx.softmax(scores, axis=-1, precise=True)
+    weights = cpu_math.attention_softmax(scores)
     out = None
     start = 0
     for _, v in parts:
