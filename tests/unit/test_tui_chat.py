@@ -167,6 +167,8 @@ async def test_escape_stops_a_slow_turn_and_keeps_it_out_of_the_history() -> Non
         await wait_until(pilot, lambda: pane.state is PaneState.GENERATING)
         await pilot.press("escape")
         await wait_until(pilot, lambda: pane.state is PaneState.IDLE)
+        # The pane turns idle before its TurnFinished has bubbled up to the app: wait for both.
+        await wait_until(pilot, lambda: bool(app.finished()))
         assert app.engine.requests[-1].request_id in app.engine.cancelled
         assert app.finished()[-1].reason == FinishReason.CANCELLED.value
         assert texts(pane, ".chat-note") == ["stopped"]
