@@ -12,6 +12,11 @@ batch 1 and 16 with every row holding ``--context`` tokens:
 - the model's linear layers alone (its own weight matrices, the same
   activations' shapes): the floor a forward cannot go under without reading
   fewer weight bytes or doing less arithmetic;
+- where the engine's ragged forward goes at batch 16: the same forward with
+  attention left out (each layer's queries passed on), then with the cache
+  writes left out too, and with the rows' keys and values gathered into one
+  batch for a single attention call per layer (what a padded batch layout
+  would cost, the gather's copy included);
 - memory read bandwidth (numpy summing 256 MB), which bounds the batch-1 weight read;
 - MLX's elementwise transcendental ops (exp, sigmoid, sin) against numpy's on
   the same data: the activations, rotary embeddings and softmax use them.
@@ -23,7 +28,8 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Callable
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -121,6 +127,53 @@ def ragged_forward(loaded, batch: int, context: int) -> Callable[[], None]:
     return run
 
 
+def _gathered_attend(self, queries, scale, mask, sinks=None):
+    keys = mx.concatenate([k for k, _ in self._fetched], axis=0)
+    values = mx.concatenate([v for _, v in self._fetched], axis=0)
+    self._fetched = []
+    return cpu_math.attention(queries, keys, values, scale, None)
+
+
+def _no_attend(self, queries, scale, mask, sinks=None):
+    self._fetched = []
+    return queries
+
+
+def _no_write(self, keys, values):
+    return keys, values
+
+
+ABLATIONS = {  # label: RaggedLayerCache methods swapped in (every row holds the same context, so no masks)
+    "engine (fast CPU math)": {},
+    "rows gathered, one attention per layer": {"attend": _gathered_attend},
+    "attention left out": {"attend": _no_attend},
+    "attention and cache writes left out": {"attend": _no_attend, "update_and_fetch": _no_write},
+}
+
+
+@contextmanager
+def swapped(methods: dict) -> Iterator[None]:
+    saved = {name: getattr(ragged.RaggedLayerCache, name) for name in methods}
+    for name, method in methods.items():
+        setattr(ragged.RaggedLayerCache, name, method)
+    try:
+        yield
+    finally:
+        for name, method in saved.items():
+            setattr(ragged.RaggedLayerCache, name, method)
+
+
+def ablations(loaded, context: int, repeats: int) -> list[list[object]]:
+    """The engine's batch-16 ragged forward with parts left out or batched; cpu_math installed."""
+    run = ragged_forward(loaded, 16, context)
+    rows = []
+    for label, methods in ABLATIONS.items():
+        with swapped(methods):
+            rows.append([label, timed_ms(run, repeats)])
+    base = rows[0][1]
+    return [[label, ms, base - ms] for label, ms in rows]
+
+
 def elementwise(repeats: int) -> list[list[object]]:
     data = np.random.default_rng(0).normal(size=(16, 1536)).astype(np.float32)
     x = mx.array(data)
@@ -177,6 +230,13 @@ def main() -> None:
         print(f"\n## Decode forward, {args.context}-token context per row (median ms)")
         print_table(["batch", "linear layers alone", "forward, batched cache", "forward, ragged rows",
                      "ragged rows, fast CPU math", "batched - linear", "ragged - batched"], rows)
+        if cpu_math.install(model):
+            parts = ablations(loaded, args.context, repeats)
+            for label, ms, _ in parts:
+                result.metric(f"batch-16 ragged forward, {args.context}-token context (ms)", label, ms, "ms",
+                              better="lower")
+            print(f"\n## Where the engine's batch-16 forward goes, {args.context}-token context (median ms)")
+            print_table(["forward", "ms", "engine - this"], parts)
         ops = elementwise(repeats)
         for name, mlx_ns, numpy_ns, ratio in ops:
             result.metric("elementwise ns per element (16 x 1536 float32)", f"{name}: MLX", mlx_ns, "ns", better="lower")
