@@ -1,10 +1,12 @@
-"""Softmax, attention and SiLU for MLX's CPU backend, built from its fast arithmetic.
+"""Softmax, attention, SiLU and GELU for MLX's CPU backend, built from its fast arithmetic.
 
 MLX's CPU kernels evaluate ``exp`` and ``sigmoid`` at ~15 ns per float32
 element on this project's x86 machines (numpy: ~1 ns), while a multiply or an
 add costs under 1 ns (``bench/bench_forward_split.py``). A decode step takes
 one ``exp`` per attention score and per SiLU input, so on the CPU its
-attention grows with context mostly through ``exp``.
+attention grows with context mostly through ``exp``. Gemma's MLP takes a
+``tanh`` per input (``nn.gelu_approx``), at ~33 ns per element: a 512-token
+prefill chunk of Gemma 3 270M spent 0.87 s of its 18 layers in it.
 
 :func:`exp` is MLX's own algorithm (``mlx/backend/cpu/simd/math.h``: a
 degree-6 polynomial for ``2**f`` times ``2**n`` assembled from its bits)
@@ -23,12 +25,14 @@ CPU's caches. Only the CPU uses any of this: Metal and CUDA have fused kernels.
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 from contextlib import contextmanager
 from typing import Any, Iterator
 
 import mlx.core as mx
+import mlx.nn as nn
 
 _LOG2_E = 1.442695
 # exp underflows to 0 below this (as mx.exp: 2**-126 is float32's smallest normal).
@@ -140,6 +144,31 @@ def swiglu(gate: mx.array, x: mx.array) -> mx.array:
     if gate.dtype == mx.float32:
         return _silu_times(gate, x)
     return _silu_times(gate.astype(mx.float32), x.astype(mx.float32)).astype(gate.dtype)
+
+
+_GELU_SCALE = math.sqrt(2 / math.pi)
+
+
+@mx.compile
+def _gelu_exponent(x: mx.array) -> mx.array:
+    return (-2.0 * _GELU_SCALE) * (x + 0.044715 * x * x * x)
+
+
+@mx.compile
+def _gelu_join(x: mx.array, e: mx.array) -> mx.array:
+    return x / (1.0 + e)
+
+
+def gelu_approx(x: mx.array) -> mx.array:
+    """``nn.gelu_approx``, in float32 and back to the input's dtype.
+
+    ``0.5 x (1 + tanh(u))`` equals ``x * sigmoid(2u)``, and so ``x / (1 + exp(-2u))``:
+    one ``exp`` from this module instead of MLX's ``tanh``. Where ``exp(-2u)``
+    overflows (x below about -10) the result is -0, as MLX's is.
+    """
+    xf = x if x.dtype == mx.float32 else x.astype(mx.float32)
+    out = _gelu_join(xf, exp(_gelu_exponent(xf)))
+    return out if x.dtype == mx.float32 else out.astype(x.dtype)
 
 
 def attention(queries: mx.array, keys: mx.array, values: mx.array, scale: float, mask: Any = None) -> mx.array:
@@ -260,11 +289,14 @@ def routed() -> bool:
 
 
 def install(model: Any, enabled: bool = True) -> bool:
-    """Hook the model's SiLU (mlx-lm's ``swiglu``); attention is hooked by ``kv/ragged.py``.
+    """Hook the model's SiLU (mlx-lm's ``swiglu``) and ``mlx.nn.gelu_approx``; attention is hooked by ``kv/ragged.py``.
 
     Returns whether the fast paths are on: only on the CPU, and only when
     ``enabled`` (``--no-fast-cpu-math`` turns them off, to compare). Either
-    way they apply only inside :func:`routing`.
+    way they apply only inside :func:`routing`. Models call ``nn.gelu_approx``
+    through the ``mlx.nn`` namespace (Gemma, GPT-2, Phi, ...), so that name
+    is wrapped there, for every caller; outside :func:`routing` the wrapper
+    calls MLX's own.
     """
     global _active
     _active = bool(enabled) and on_cpu()
@@ -273,13 +305,20 @@ def install(model: Any, enabled: bool = True) -> bool:
         module = sys.modules.get(name)
         current = getattr(module, _SWIGLU_NAME, None)
         if callable(current) and not getattr(current, _HOOKED, False):
-            setattr(module, _SWIGLU_NAME, _hooked_swiglu(current))
+            setattr(module, _SWIGLU_NAME, _hooked(original=current, fast_name="swiglu"))
+    if not getattr(nn.gelu_approx, _HOOKED, False):
+        nn.gelu_approx = _hooked(original=nn.gelu_approx, fast_name="gelu_approx")
     return _active
 
 
-def _hooked_swiglu(original: Any) -> Any:
-    def hooked(gate: mx.array, x: mx.array) -> mx.array:
-        return swiglu(gate, x) if routed() and gate.size >= MIN_ELEMENTS else original(gate, x)
+def _hooked(original: Any, fast_name: str) -> Any:
+    """``original``, or inside the engine's forward and for arrays worth it, this module's ``fast_name``."""
+    this = sys.modules[__name__]
+
+    def hooked(first: mx.array, *rest: mx.array) -> mx.array:
+        if routed() and first.size >= MIN_ELEMENTS:
+            return getattr(this, fast_name)(first, *rest)  # looked up per call, so tests can count calls
+        return original(first, *rest)
 
     setattr(hooked, _HOOKED, True)
     hooked.__wrapped__ = original  # type: ignore[attr-defined]

@@ -1,8 +1,9 @@
-"""The CPU's fast softmax and SiLU on the real models: long prompts, batched, token-identical to mlx-lm.
+"""The CPU's fast softmax, SiLU and GELU on the real models: long prompts, batched, token-identical to mlx-lm.
 
 Prompts of ~1,100 tokens put every path of ``runtime/cpu_math.py`` to work in
 the engine: prefill chunks of 512 queries (over 512 and ~1K keys) attend in blocks, and
-each decode row's scores (heads x ~1.1K) are past ``MIN_ELEMENTS``. The
+each decode row's scores (heads x ~1.1K) are past ``MIN_ELEMENTS``; SmolLM2's
+MLP goes through the fast SiLU, Gemma 3's through the fast GELU. The
 reference is plain mlx-lm (``generate_step``) on the same model object,
 outside the engine's forward passes, so it runs MLX's own kernels.
 """
@@ -46,8 +47,15 @@ def test_long_prompts_batched_through_the_fast_paths_equal_mlx_lm(request, model
     loaded = request.getfixturevalue(model_name)
     if not cpu_math.on_cpu():
         pytest.skip("the fast paths are for the CPU")
-    calls = {"blocked": 0, "kernel": 0}
+    calls = {"blocked": 0, "kernel": 0, "swiglu": 0, "gelu_approx": 0}
     blocked, kernel = cpu_math._blocked, cpu_math._attention
+    activations = {name: getattr(cpu_math, name) for name in ("swiglu", "gelu_approx")}
+
+    def counting(name: str):
+        def counted(*args):
+            calls[name] += 1
+            return activations[name](*args)
+        return counted
 
     def counting_blocked(*args):
         calls["blocked"] += 1
@@ -59,6 +67,8 @@ def test_long_prompts_batched_through_the_fast_paths_equal_mlx_lm(request, model
 
     monkeypatch.setattr(cpu_math, "_blocked", counting_blocked)
     monkeypatch.setattr(cpu_math, "_attention", counting_kernel)
+    for name in activations:
+        monkeypatch.setattr(cpu_math, name, counting(name))
     prompts = long_prompts(loaded, 2)
     engine = start_engine(loaded, batch=8, prefill_step=512)
     try:
@@ -68,10 +78,12 @@ def test_long_prompts_batched_through_the_fast_paths_equal_mlx_lm(request, model
     finally:
         engine.stop()
     assert calls["blocked"] > 0 and calls["kernel"] > calls["blocked"]
-    kernel_calls = calls["kernel"]
+    activation = "swiglu" if model_name == "smollm2" else "gelu_approx"
+    assert calls[activation] > 0, calls
+    before = dict(calls)
     eos = set(loaded.eos_token_ids)
     for result, prompt in zip(results, prompts):
         expected = reference_greedy(loaded.model, prompt, MAX_TOKENS, eos)
         expected = expected[:-1] if expected and expected[-1] in eos else expected
         assert result.tokens == expected, loaded.tokenizer.decode(result.tokens)
-    assert calls["kernel"] == kernel_calls  # the reference ran MLX's kernels, not these
+    assert calls == before  # the reference ran MLX's kernels, not these

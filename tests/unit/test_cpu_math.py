@@ -1,15 +1,17 @@
-"""cpu_math: the CPU's softmax, SiLU and attention agree with MLX's own to float32 rounding."""
+"""cpu_math: the CPU's softmax, SiLU, GELU and attention agree with MLX's own to float32 rounding."""
 
 from __future__ import annotations
 
 import sys
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from mlx_lm.models.activations import swiglu as mlx_lm_swiglu
+from mlx.nn.layers.activations import gelu_approx as mlx_gelu_approx
 from mlx_lm.models.base import create_causal_mask
 
 from engine.runtime import cpu_math
@@ -69,6 +71,55 @@ def test_swiglu_matches_mlx_lm() -> None:
     np.testing.assert_allclose(np.array(cpu_math.swiglu(gate, x)), np.array(mlx_lm_swiglu(gate, x)),
                                rtol=1e-5, atol=1e-6)
     assert cpu_math.swiglu(gate.astype(mx.bfloat16), x.astype(mx.bfloat16)).dtype == mx.bfloat16
+
+
+def test_gelu_approx_is_closer_to_the_exact_formula_than_mlx_and_within_its_rounding() -> None:
+    x = mx.linspace(-30, 30, 600_001)
+    fast, mlx = np.array(cpu_math.gelu_approx(x)), np.array(mlx_gelu_approx(x))
+    x64 = np.array(x).astype(np.float64)
+    exact = 0.5 * x64 * (1 + np.tanh(np.sqrt(2 / np.pi) * (x64 + 0.044715 * x64**3)))
+    # MLX's 1 + tanh(u) cancels where tanh(u) is near -1 (x below about -2): its relative error there
+    # reaches ~5e-5; x / (1 + exp(-2u)) keeps ~1e-6. Both round |y| ~ 30 to ~5e-7.
+    large = np.abs(exact) > 1e-3
+    fast_rel = (np.abs(fast - exact)[large] / np.abs(exact[large])).max()
+    assert fast_rel < 2e-6 < (np.abs(mlx - exact)[large] / np.abs(exact[large])).max()
+    assert np.abs(fast - exact).max() < 1e-6 and np.abs(fast - mlx).max() < 1e-6
+
+
+def test_gelu_approx_ends_like_mlx_and_keeps_the_dtype() -> None:
+    ends = mx.array([-1e30, -100.0, -12.0, -0.0, 0.0, 1e30, mx.inf])
+    assert np.array(cpu_math.gelu_approx(ends)).tolist() == np.array(mlx_gelu_approx(ends)).tolist()
+    assert np.isnan(np.array(cpu_math.gelu_approx(mx.array([mx.nan])))).all()
+    x = mx.random.normal((8, 2048), key=mx.random.key(4)).astype(mx.bfloat16)
+    assert cpu_math.gelu_approx(x).dtype == mx.bfloat16
+
+
+def test_install_routes_gemmas_gelu_only_inside_the_engines_forward(monkeypatch) -> None:
+    monkeypatch.setattr(cpu_math, "MIN_ELEMENTS", 0)
+    loaded = loaded_tiny("gemma")
+    calls: list[str] = []
+    fast_gelu = cpu_math.gelu_approx
+    monkeypatch.setattr(cpu_math, "gelu_approx", lambda x: (calls.append("gelu"), fast_gelu(x))[1])
+    try:
+        assert cpu_math.install(loaded.model, enabled=True) is cpu_math.on_cpu()
+        if not cpu_math.on_cpu():
+            pytest.skip("the fast paths are for the CPU")
+        cpu_math.install(loaded.model, enabled=True)  # installing twice wraps once
+        assert nn.gelu_approx.__wrapped__ is mlx_gelu_approx
+        tokens = mx.array([[3, 14, 15, 92, 65, 35]])
+        plain = loaded.model(tokens)
+        assert calls == []
+        with cpu_math.routing():
+            fast = loaded.model(tokens)
+        assert calls == ["gelu"] * len(loaded.model.layers)
+        np.testing.assert_allclose(np.array(fast), np.array(plain), atol=1e-4)
+        calls.clear()
+        cpu_math.install(loaded.model, enabled=False)
+        with cpu_math.routing():
+            loaded.model(tokens)
+        assert calls == []  # --no-fast-cpu-math
+    finally:
+        cpu_math.install(loaded.model, enabled=True)
 
 
 def _qkv(batch: int, n: int, length: int, heads: int = 9, kv_heads: int = 3, dim: int = 64):
