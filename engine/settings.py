@@ -72,6 +72,14 @@ class Settings(BaseSettings):
         description="Most tokens one response may generate; a request asking for more is clamped, and the clamp "
                     "is logged and reported in the response (Claude Code asks for 32,000 or more).",
     )
+    max_output_seconds: float = Field(
+        300.0, ge=0,
+        description="Most seconds one response may spend generating after its first token; a response still going "
+                    "then ends as if it had reached max_tokens, and the log and the agent's last finish say why. "
+                    "Otherwise the client may give up first: Claude Code abandons a request after 10 minutes by "
+                    "default (API_TIMEOUT_MS) and sends it again, and a small model on a CPU can take longer than "
+                    "that to write max_output_tokens. 0 turns it off.",
+    )
     repetition_window: int = Field(
         512, ge=0,
         description="End a runaway loop: a response whose last half-window of tokens repeats one cycle of up "

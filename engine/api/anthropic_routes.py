@@ -32,7 +32,7 @@ from .anthropic_stream import (
     MessageStream,
     Recorder,
     SseResponse,
-    finish_error,
+    error_if_failed,
     first_event,
     message_body,
 )
@@ -99,7 +99,7 @@ async def _streamed(service: EngineService, turn: AsyncTurn, assembler: OutputAs
     except BaseException:
         turn.cancel()
         raise
-    error = finish_error(opening) if isinstance(opening, FinishEvent) else None
+    error = error_if_failed(opening) if isinstance(opening, FinishEvent) else None
     if error is not None:
         record(opening, None)
         raise error
@@ -117,7 +117,7 @@ async def _complete(request: Request, turn: AsyncTurn, assembler: OutputAssemble
     # run_to_finish returns only once the finish event has arrived.
     finish = cast(FinishEvent, turn.finish)
     record(finish, None)
-    error = finish_error(finish)
+    error = error_if_failed(finish)
     if error is not None:
         raise error
     blocks = ContentBlocks()

@@ -28,8 +28,7 @@ from engine.runtime.requests import EngineEvent, FinishEvent, FinishReason, Pref
 
 from .async_turn import AsyncTurn
 from .chat import ToolCall
-from .admission import failed
-from .admission import finish_error as failure_of
+from .admission import failed, finish_error
 from .errors import ApiError, internal_error, stream_error_payload
 from .retention import usage_split
 from .tool_calls import Piece, TextPiece, ToolPiece
@@ -140,9 +139,9 @@ def stop_of(finish: FinishEvent, made_tool_calls: bool) -> tuple[str, str | None
     return reason, finish.stop_sequence if reason == "stop_sequence" else None
 
 
-def finish_error(finish: FinishEvent) -> ApiError | None:
+def error_if_failed(finish: FinishEvent) -> ApiError | None:
     """The error a failed or server-cancelled generation answers with; None when it ended normally."""
-    return failure_of(finish) if failed(finish) else None
+    return finish_error(finish) if failed(finish) else None
 
 
 def message_body(head: MessageHead, content: list[Payload], finish: FinishEvent, made_tool_calls: bool) -> Payload:
@@ -238,7 +237,7 @@ class MessageStream:
         return [message_start(self.head, reused)]
 
     def _ending(self, finish: FinishEvent) -> list[Payload]:
-        error = finish_error(finish)
+        error = error_if_failed(finish)
         if error is not None:
             return [stream_error_payload(error)]
         out = self._start(finish.usage.reused_tokens)

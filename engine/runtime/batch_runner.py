@@ -96,6 +96,7 @@ class BatchRunner:
         prefix_sharing: bool = True,
         repetition_window: int = 0,
         queue_timeout_s: float | None = None,
+        max_output_s: float = 0.0,
     ) -> None:
         self.loaded = loaded
         self.hot = hot
@@ -107,6 +108,7 @@ class BatchRunner:
         self.prefix_sharing = prefix_sharing
         self.repetition_window = repetition_window
         self.queue_timeout_s = queue_timeout_s
+        self.max_output_s = max_output_s
         self.admitter = Admitter(loaded, hot, agents, tiers, events, prefix_sharing)
         self._hooks = BatchHooks(self._room, self._checkpointed)
         self._generator = generator_factory(loaded, limits, self._hooks)
@@ -399,12 +401,24 @@ class BatchRunner:
             self._complete(turn, turn.cancel_reason)
         elif loop is not None:
             self._cut_loop(turn, loop.describe())
+        elif self._out_of_time(turn):
+            self._end_for_time(turn)
 
     def _cut_loop(self, turn: Turn, description: str) -> None:
         """A runaway repetition: end the turn with what it said so far, and say why."""
         note = f"ended by the repetition guard: {description}"
         self.events.emit(EventKind.FINISH, f"{turn.request.agent_id}: {note}", turn.request.agent_id, logging.WARNING)
         self._complete(turn, FinishReason.REPETITION, note=note)
+
+    def _out_of_time(self, turn: Turn) -> bool:
+        started = turn.first_token_at
+        return self.max_output_s > 0 and started is not None and time.monotonic() - started >= self.max_output_s
+
+    def _end_for_time(self, turn: Turn) -> None:
+        """Generating past ``max_output_s``: end as max_tokens would, before the client's own timeout does."""
+        note = f"ended after {self.max_output_s:g} s of generating (max_output_seconds)"
+        self.events.emit(EventKind.FINISH, f"{turn.request.agent_id}: {note}", turn.request.agent_id, logging.WARNING)
+        self._complete(turn, FinishReason.LENGTH, note=note)
 
     def _mark_first_token(self, turn: Turn) -> None:
         if turn.first_token_at is not None:
@@ -452,7 +466,7 @@ class BatchRunner:
         if agent is not None and turn.uid is not None:
             self._record_turn(agent, event)
             asked = turn.request.asked_max_tokens
-            if reason is FinishReason.LENGTH and asked is not None:
+            if reason is FinishReason.LENGTH and asked is not None and event.note is None:
                 agent.last_finish_note = (f"max_tokens {asked} clamped to {turn.request.max_tokens} "
                                           "by the server's max_output_tokens")
         self._emit(turn, event)

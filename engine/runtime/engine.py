@@ -67,6 +67,8 @@ class EngineConfig:
     snapshot_interval_s: float = 0.2
     idle_wait_s: float = 0.05
     repetition_window: int = 512
+    # --max-output-seconds: a response generating longer ends as if it reached max_tokens; 0: never.
+    max_output_s: float = 0.0
     max_queued_turns: int = 256
     queue_timeout_s: float = 1800.0
     watchdog_s: float = 60.0
@@ -87,6 +89,7 @@ class EngineConfig:
             persist_on_exit=settings.persist_on_exit,
             admission_window_s=settings.batch_window_ms / 1000,
             repetition_window=settings.repetition_window,
+            max_output_s=settings.max_output_seconds,
             max_queued_turns=settings.max_queued_requests,
             queue_timeout_s=settings.request_timeout_s,
             watchdog_s=settings.watchdog_s,
@@ -413,7 +416,7 @@ class Engine:
             self.runner = BatchRunner(
                 self.loaded, self.hot, self.agents, self.tiers, self.events, self.config.limits, self._factory,
                 prefix_sharing=self.config.prefix_sharing, repetition_window=self.config.repetition_window,
-                queue_timeout_s=self.config.queue_timeout_s,
+                queue_timeout_s=self.config.queue_timeout_s, max_output_s=self.config.max_output_s,
             )
         except BaseException as exc:
             self._startup_error = exc

@@ -65,7 +65,13 @@ class Exchange:
         shown |= {k: "<set>" for k in ("x-api-key", "authorization") if k in self.headers}
         return (f"{self.method} {self.path}{'?' + self.query if self.query else ''} -> {self.status}, "
                 f"request {len(self.body)} B, response {len(self.response)} B\n  body {shape}\n  headers {shown}"
-                f"\n  usage {self.usage()}{self._reply_summary()}")
+                f"\n  usage {self._usage_line()}{self._reply_summary()}")
+
+    def _usage_line(self) -> str:
+        try:
+            return str(self.usage())
+        except AssertionError as exc:  # a stream cut short (the client gave up): the report says so and goes on
+            return f"none: {str(exc).splitlines()[0]}"
 
     def reply_text(self) -> str:
         """The text a Messages stream carried so far (a stream cut short included)."""

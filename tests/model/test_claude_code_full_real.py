@@ -39,7 +39,10 @@ from tests.model.test_claude_code_e2e import main_turns, report
 
 # The first run's first output waits for the one full prefill of the suite (~90-125 s here).
 FIRST_RUN_FIRST_OUTPUT_LIMIT_S = 240.0
-# A hard stop per run: Gemma's answer is bounded by the turn ends, the repetition guard and the output cap.
+# A hard stop per run: Gemma's answer is bounded by the turn ends, the repetition guard, the output cap and
+# the server's max_output_seconds (300 s after the first token; the first run's prefill comes before).
+# In a full run on 2026-11-27, before that setting, the new session's sampled answer (no loop the guard
+# knows) was still streaming when this stop came, 600 s in.
 GEMMA_RUN_TIMEOUT_S = 600.0
 # A later session's first output: ~1,700 new tokens after the cached prefix (about 11 s of compute here,
 # bench_prefill_floor.py), against ~90 s for the whole prompt. The rest of a run is Gemma's sampled answer
