@@ -411,8 +411,8 @@ class BatchRunner:
         self._complete(turn, FinishReason.REPETITION, note=note)
 
     def _out_of_time(self, turn: Turn) -> bool:
-        started = turn.first_token_at
-        return self.max_output_s > 0 and started is not None and time.monotonic() - started >= self.max_output_s
+        started = turn.first_token_tick
+        return self.max_output_s > 0 and started is not None and clock.now() - started >= self.max_output_s
 
     def _end_for_time(self, turn: Turn) -> None:
         """Generating past ``max_output_s``: end as max_tokens would, before the client's own timeout does."""
@@ -424,6 +424,7 @@ class BatchRunner:
         if turn.first_token_at is not None:
             return
         turn.first_token_at = time.monotonic()
+        turn.first_token_tick = clock.now()
         turn.phase = TurnPhase.DECODING
         self.stats.prefill.add(turn.to_prefill - turn.prefill_done)
         turn.prefill_done = turn.to_prefill

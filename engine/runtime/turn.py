@@ -37,6 +37,8 @@ class Turn:
     text: TextStream | None = None
     admitted_at: float | None = None
     first_token_at: float | None = None
+    # clock.now() at the first token: what decisions (max_output_s) read, the same on every rank.
+    first_token_tick: float | None = None
     generated: int = 0
     prefill_done: int = 0
     cancel_reason: FinishReason | None = None
