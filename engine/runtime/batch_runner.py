@@ -406,9 +406,12 @@ class BatchRunner:
 
     def _cut_loop(self, turn: Turn, description: str) -> None:
         """A runaway repetition: end the turn with what it said so far, and say why."""
-        note = f"ended by the repetition guard: {description}"
+        self._end_early(turn, FinishReason.REPETITION, f"ended by the repetition guard: {description}")
+
+    def _end_early(self, turn: Turn, reason: FinishReason, note: str) -> None:
+        """The server, not the model or the request, ends the turn: keep what it said, log and report why."""
         self.events.emit(EventKind.FINISH, f"{turn.request.agent_id}: {note}", turn.request.agent_id, logging.WARNING)
-        self._complete(turn, FinishReason.REPETITION, note=note)
+        self._complete(turn, reason, note=note)
 
     def _out_of_time(self, turn: Turn) -> bool:
         started = turn.first_token_tick
@@ -416,9 +419,7 @@ class BatchRunner:
 
     def _end_for_time(self, turn: Turn) -> None:
         """Generating past ``max_output_s``: end as max_tokens would, before the client's own timeout does."""
-        note = f"ended after {self.max_output_s:g} s of generating (max_output_seconds)"
-        self.events.emit(EventKind.FINISH, f"{turn.request.agent_id}: {note}", turn.request.agent_id, logging.WARNING)
-        self._complete(turn, FinishReason.LENGTH, note=note)
+        self._end_early(turn, FinishReason.LENGTH, f"ended after {self.max_output_s:g} s of generating (max_output_seconds)")
 
     def _mark_first_token(self, turn: Turn) -> None:
         if turn.first_token_at is not None:
