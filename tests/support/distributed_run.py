@@ -83,6 +83,10 @@ class Launched:
         os.killpg(self.process.pid, signal.SIGINT)
         try:
             return self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(10)
+            raise AssertionError(f"still running {timeout_s:g} s after Ctrl+C; its output:\n{self.text()[-8000:]}")
         finally:
             if self._reader is not None:
                 self._reader.join(5)
