@@ -13,6 +13,7 @@ batch 1 and 16 with every row holding ``--context`` tokens:
   activations' shapes): the floor a forward cannot go under without reading
   fewer weight bytes or doing less arithmetic;
 - where the engine's ragged forward goes at batch 16: the same forward with
+  each row's attention in MLX instead of numpy (``kv/host_decode.py``), with
   attention left out (each layer's queries passed on), then with the cache
   writes left out too, and with the rows' keys and values gathered into one
   batch for a single attention call per layer (what a padded batch layout
@@ -41,11 +42,12 @@ from common import base_parser, load, print_table
 from results import BenchResult, recorded
 
 from engine.runtime import cpu_math
-from engine.runtime.kv import ragged
+from engine.runtime.kv import host_decode, ragged
 from engine.runtime.kv.full_kv import FullKV
 from engine.runtime.kv.sequence_kv import kv_shape
 
 BATCHES = (1, 16)
+ENGINE_ATTEND = ragged.RaggedLayerCache.attend
 
 
 def timed_ms(fn: Callable[[], object], repeats: int) -> float:
@@ -134,6 +136,14 @@ def _gathered_attend(self, queries, scale, mask, sinks=None):
     return cpu_math.attention(queries, keys, values, scale, None)
 
 
+def _mlx_attend(self, queries, scale, mask, sinks=None):
+    host_decode.enabled = False
+    try:
+        return ENGINE_ATTEND(self, queries, scale, mask, sinks)
+    finally:
+        host_decode.enabled = True
+
+
 def _no_attend(self, queries, scale, mask, sinks=None):
     self._fetched = []
     return queries
@@ -144,7 +154,8 @@ def _no_write(self, keys, values):
 
 
 ABLATIONS = {  # label: RaggedLayerCache methods swapped in (every row holds the same context, so no masks)
-    "engine (fast CPU math)": {},
+    "engine (fast CPU math, attention in numpy)": {},
+    "attention per row in MLX (host_decode off)": {"attend": _mlx_attend},
     "rows gathered, one attention per layer": {"attend": _gathered_attend},
     "attention left out": {"attend": _no_attend},
     "attention and cache writes left out": {"attend": _no_attend, "update_and_fetch": _no_write},

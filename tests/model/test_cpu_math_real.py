@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from engine.runtime import cpu_math
+from engine.runtime.kv import host_decode
 from engine.runtime.requests import GenerationRequest
 from engine.runtime.sync_client import run_turns
 from tests.model.engine_fixtures import start_engine
@@ -47,8 +48,8 @@ def test_long_prompts_batched_through_the_fast_paths_equal_mlx_lm(request, model
     loaded = request.getfixturevalue(model_name)
     if not cpu_math.on_cpu():
         pytest.skip("the fast paths are for the CPU")
-    calls = {"blocked": 0, "kernel": 0, "swiglu": 0, "gelu_approx": 0}
-    blocked, kernel = cpu_math._blocked, cpu_math._attention
+    calls = {"blocked": 0, "kernel": 0, "swiglu": 0, "gelu_approx": 0, "host_decode": 0}
+    blocked, kernel, host = cpu_math._blocked, cpu_math._attention, host_decode.attend
     activations = {name: getattr(cpu_math, name) for name in ("swiglu", "gelu_approx")}
 
     def counting(name: str):
@@ -65,6 +66,11 @@ def test_long_prompts_batched_through_the_fast_paths_equal_mlx_lm(request, model
         calls["kernel"] += 1
         return kernel(*args)
 
+    def counting_host(*args):
+        calls["host_decode"] += 1
+        return host(*args)
+
+    monkeypatch.setattr(host_decode, "attend", counting_host)
     monkeypatch.setattr(cpu_math, "_blocked", counting_blocked)
     monkeypatch.setattr(cpu_math, "_attention", counting_kernel)
     for name in activations:
@@ -80,6 +86,8 @@ def test_long_prompts_batched_through_the_fast_paths_equal_mlx_lm(request, model
     assert calls["blocked"] > 0 and calls["kernel"] > calls["blocked"]
     activation = "swiglu" if model_name == "smollm2" else "gelu_approx"
     assert calls[activation] > 0, calls
+    # The two rows decode together: their attention ran in numpy (kv/host_decode.py), both layer kinds for Gemma.
+    assert calls["host_decode"] >= (MAX_TOKENS - 2) * len(loaded.model.layers) // 2, calls
     before = dict(calls)
     eos = set(loaded.eos_token_ids)
     for result, prompt in zip(results, prompts):

@@ -31,6 +31,7 @@ import mlx.core as mx
 
 from engine.runtime import cpu_math
 
+from . import host_decode
 from .segment import segmented_attention
 
 SDPA_NAME = "scaled_dot_product_attention"
@@ -63,6 +64,11 @@ class RaggedLayerCache:
 
     def attend(self, queries: mx.array, scale: float, mask: Any, sinks: Any = None) -> mx.array:
         masks = mask.masks if isinstance(mask, RowMasks) else (None,) * len(self.rows)
+        if cpu_math.routed():
+            parts = [[*(getattr(row, "prefix", None) or ()), fetched] for row, fetched in zip(self.rows, self._fetched)]
+            if host_decode.applies(queries, parts, masks, sinks):
+                self._fetched = []
+                return host_decode.attend(queries, parts, scale, masks)
         outputs = [
             attention(queries[b:b + 1], k, v, row, scale, m, sinks)
             for b, ((k, v), m, row) in enumerate(zip(self._fetched, masks, self.rows))

@@ -1,0 +1,129 @@
+"""A decode batch's attention in numpy (kv/host_decode.py): MLX's result, its conditions, its threads."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from engine.runtime.kv import host_decode
+from engine.runtime.requests import GenerationRequest
+from engine.runtime.sync_client import run_turns
+from tests.support.byte_tokenizer import BOS
+from tests.unit.test_engine_batching import make_engine
+
+pytestmark = pytest.mark.unit
+
+HEADS, KV_HEADS, DIM = 9, 3, 64
+SCALE = DIM ** -0.5
+
+
+def cache(length: int, capacity: int, seed: int) -> tuple[mx.array, mx.array]:
+    """A row's own K/V as the engine passes them: views of the first ``length`` positions of bigger arrays."""
+    rng = np.random.default_rng(seed)
+    keys, values = (mx.array(rng.standard_normal((1, KV_HEADS, capacity, DIM)).astype(np.float32)) for _ in range(2))
+    return keys[..., :length, :], values[..., :length, :]
+
+
+def rows(lengths: list[int], prefix: int = 0) -> list[list[tuple[mx.array, mx.array]]]:
+    shared = [cache(prefix, prefix, seed=99)] if prefix else []
+    return [[*shared, cache(n, n + 37, seed=b)] for b, n in enumerate(lengths)]
+
+
+def queries(batch: int) -> mx.array:
+    return mx.array(np.random.default_rng(7).standard_normal((batch, HEADS, 1, DIM)).astype(np.float32))
+
+
+def mlx_reference(q: mx.array, parts_per_row, masks) -> mx.array:
+    outs = []
+    for b, parts in enumerate(parts_per_row):
+        keys = mx.concatenate([k for k, _ in parts], axis=2)
+        values = mx.concatenate([v for _, v in parts], axis=2)
+        mask = masks[b] if isinstance(masks[b], mx.array) else None
+        outs.append(mx.fast.scaled_dot_product_attention(q[b:b + 1], keys, values, scale=SCALE, mask=mask))
+    return mx.concatenate(outs, axis=0)
+
+
+@pytest.mark.parametrize("prefix", [0, 48])
+def test_rows_of_different_lengths_and_shared_segments_equal_mlx_attention(prefix: int) -> None:
+    parts = rows([5, 200, 64, 1], prefix)
+    q = queries(4)
+    masks = [None, "causal", None, None]
+    got = host_decode.attend(q, parts, SCALE, masks)
+    assert got.shape == (4, HEADS, 1, DIM) and got.dtype == mx.float32
+    np.testing.assert_allclose(np.asarray(got), np.asarray(mlx_reference(q, parts, masks)), rtol=2e-5, atol=2e-6)
+
+
+def test_a_boolean_mask_per_key_hides_those_keys() -> None:
+    parts = rows([30, 40])
+    hidden = np.zeros(40, dtype=bool)
+    hidden[:25] = True  # a window layer's ring: the oldest positions fell out of the window
+    masks = [None, mx.array(~hidden)]
+    q = queries(2)
+    got = np.asarray(host_decode.attend(q, parts, SCALE, masks))
+    np.testing.assert_allclose(got, np.asarray(mlx_reference(q, parts, masks)), rtol=2e-5, atol=2e-6)
+    visible_only = [parts[0], [(parts[1][0][0][..., 25:, :], parts[1][0][1][..., 25:, :])]]
+    np.testing.assert_allclose(got[1], np.asarray(mlx_reference(q, visible_only, [None, None]))[1], rtol=2e-5, atol=2e-6)
+
+
+def test_rows_split_across_threads_give_the_same_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    parts = rows([300, 20, 500, 80, 260, 9])
+    q = queries(6)
+    masks = [None] * 6
+    monkeypatch.setattr(host_decode, "PARALLEL_MIN_KEYS", 10**9)
+    alone = np.asarray(host_decode.attend(q, parts, SCALE, masks))
+    monkeypatch.setattr(host_decode, "PARALLEL_MIN_KEYS", 0)
+    monkeypatch.setattr(host_decode, "_worker_count", lambda: 3)
+    monkeypatch.setattr(host_decode, "_pool", None)
+    assert len(host_decode._chunks([300, 20, 500, 80, 260, 9])) == 3
+    split = np.asarray(host_decode.attend(q, parts, SCALE, masks))
+    assert np.array_equal(alone, split)
+
+
+def test_chunks_cover_every_row_once_in_order_with_about_equal_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(host_decode, "_worker_count", lambda: 2)
+    keys = [1100] * 4 + [10] * 8
+    chunks = host_decode._chunks(keys)
+    assert [b for chunk in chunks for b in chunk] == list(range(12))
+    assert len(chunks) == 2 and sum(keys[b] for b in chunks[0]) == 2200
+    assert host_decode._chunks([100] * 16) == [list(range(16))]  # 1,600 keys: under PARALLEL_MIN_KEYS, one thread
+    monkeypatch.setattr(host_decode, "_worker_count", lambda: 1)
+    assert host_decode._chunks(keys) == [list(range(12))]
+
+
+def test_it_applies_only_where_it_computes_what_mlx_would() -> None:
+    parts = rows([10, 12])
+    q = queries(2)
+    assert host_decode.applies(q, parts, [None, "causal"], None)
+    assert host_decode.applies(q, parts, [None, mx.ones((12,), dtype=mx.bool_)], None)
+    assert not host_decode.applies(q, parts, [None, mx.zeros((12,))], None)  # additive masks: MLX's path
+    assert not host_decode.applies(q, parts, [None, mx.ones((11,), dtype=mx.bool_)], None)
+    assert not host_decode.applies(q, parts, [None, None], mx.zeros((HEADS,)))  # attention sinks
+    assert not host_decode.applies(q[:1], parts[:1], [None], None)  # one row: the model's own attention
+    assert not host_decode.applies(mx.concatenate([q, q], axis=2), parts, [None, None], None)  # prefill
+    half = [[(k.astype(mx.float16), v.astype(mx.float16)) for k, v in row] for row in parts]
+    assert not host_decode.applies(q.astype(mx.float16), half, [None, None], None)
+
+
+@pytest.mark.parametrize("kind", ["llama", "gemma"])
+def test_a_batched_engine_decodes_through_it_with_the_tokens_mlx_attention_gives(
+        kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tiny Gemma's window layers pass their rings (past the window: a boolean mask per key)."""
+    calls = []
+    real = host_decode.attend
+    monkeypatch.setattr(host_decode, "attend", lambda *a: calls.append(1) or real(*a))
+    prompts = [(BOS, *(f"agent {i} writes a longer line. " * (2 + i)).encode()) for i in range(4)]
+
+    def decode() -> list[list[int]]:
+        engine = make_engine(kind)
+        try:
+            return [r.tokens for r in run_turns(engine, [GenerationRequest(f"a{i}", p, 40)
+                                                         for i, p in enumerate(prompts)])]
+        finally:
+            engine.stop()
+
+    with_numpy = decode()
+    assert calls, "the batch never reached host_decode"
+    monkeypatch.setattr(host_decode, "enabled", False)
+    calls.clear()
+    assert decode() == with_numpy and not calls
