@@ -86,7 +86,7 @@ def test_long_prompts_batched_through_the_fast_paths_equal_mlx_lm(request, model
     assert calls["blocked"] > 0 and calls["kernel"] > calls["blocked"]
     activation = "swiglu" if model_name == "smollm2" else "gelu_approx"
     assert calls[activation] > 0, calls
-    # The two rows decode together: their attention ran in numpy (kv/host_decode.py), both layer kinds for Gemma.
+    # The two rows decode together: their attention ran in host_decode's compiled loops, both layer kinds for Gemma.
     assert calls["host_decode"] >= (MAX_TOKENS - 2) * len(loaded.model.layers) // 2, calls
     before = dict(calls)
     eos = set(loaded.eos_token_ids)

@@ -1,4 +1,4 @@
-"""A decode batch's attention in numpy (kv/host_decode.py): MLX's result, its conditions, its threads."""
+"""A decode batch's attention in compiled loops (kv/host_decode.py): MLX's result, its conditions, its threads."""
 
 from __future__ import annotations
 
@@ -18,16 +18,21 @@ HEADS, KV_HEADS, DIM = 9, 3, 64
 SCALE = DIM ** -0.5
 
 
-def cache(length: int, capacity: int, seed: int) -> tuple[mx.array, mx.array]:
-    """A row's own K/V as the engine passes them: views of the first ``length`` positions of bigger arrays."""
+def cache(length: int, capacity: int, seed: int) -> tuple[mx.array, mx.array, int]:
+    """A row's own K/V as the engine passes them: arrays of a bigger capacity, and how many positions are its."""
     rng = np.random.default_rng(seed)
     keys, values = (mx.array(rng.standard_normal((1, KV_HEADS, capacity, DIM)).astype(np.float32)) for _ in range(2))
-    return keys[..., :length, :], values[..., :length, :]
+    return keys, values, length
 
 
-def rows(lengths: list[int], prefix: int = 0) -> list[list[tuple[mx.array, mx.array]]]:
+def rows(lengths: list[int], prefix: int = 0) -> list[list[tuple[mx.array, mx.array, int]]]:
     shared = [cache(prefix, prefix, seed=99)] if prefix else []
     return [[*shared, cache(n, n + 37, seed=b)] for b, n in enumerate(lengths)]
+
+
+def viewed(part: tuple[mx.array, mx.array, int]) -> tuple[mx.array, mx.array]:
+    keys, values, length = part
+    return keys[..., :length, :], values[..., :length, :]
 
 
 def queries(batch: int) -> mx.array:
@@ -37,8 +42,8 @@ def queries(batch: int) -> mx.array:
 def mlx_reference(q: mx.array, parts_per_row, masks) -> mx.array:
     outs = []
     for b, parts in enumerate(parts_per_row):
-        keys = mx.concatenate([k for k, _ in parts], axis=2)
-        values = mx.concatenate([v for _, v in parts], axis=2)
+        keys = mx.concatenate([viewed(p)[0] for p in parts], axis=2)
+        values = mx.concatenate([viewed(p)[1] for p in parts], axis=2)
         mask = masks[b] if isinstance(masks[b], mx.array) else None
         outs.append(mx.fast.scaled_dot_product_attention(q[b:b + 1], keys, values, scale=SCALE, mask=mask))
     return mx.concatenate(outs, axis=0)
@@ -54,6 +59,16 @@ def test_rows_of_different_lengths_and_shared_segments_equal_mlx_attention(prefi
     np.testing.assert_allclose(np.asarray(got), np.asarray(mlx_reference(q, parts, masks)), rtol=2e-5, atol=2e-6)
 
 
+def test_a_segment_that_is_a_strided_view_is_read_as_its_positions() -> None:
+    """Segments are whole arrays in the engine; a view of a bigger array (here every other position) is copied."""
+    wide_k, wide_v, _ = cache(80, 80, seed=5)
+    segment = (wide_k[..., ::2, :], wide_v[..., ::2, :], 40)
+    parts = [[segment, cache(n, n + 3, seed=b)] for b, n in enumerate([7, 19])]
+    q = queries(2)
+    got = host_decode.attend(q, parts, SCALE, [None, None])
+    np.testing.assert_allclose(np.asarray(got), np.asarray(mlx_reference(q, parts, [None, None])), rtol=2e-5, atol=2e-6)
+
+
 def test_a_boolean_mask_per_key_hides_those_keys() -> None:
     parts = rows([30, 40])
     hidden = np.zeros(40, dtype=bool)
@@ -62,7 +77,8 @@ def test_a_boolean_mask_per_key_hides_those_keys() -> None:
     q = queries(2)
     got = np.asarray(host_decode.attend(q, parts, SCALE, masks))
     np.testing.assert_allclose(got, np.asarray(mlx_reference(q, parts, masks)), rtol=2e-5, atol=2e-6)
-    visible_only = [parts[0], [(parts[1][0][0][..., 25:, :], parts[1][0][1][..., 25:, :])]]
+    keys, values = viewed(parts[1][0])
+    visible_only = [parts[0], [(keys[..., 25:, :], values[..., 25:, :], 15)]]
     np.testing.assert_allclose(got[1], np.asarray(mlx_reference(q, visible_only, [None, None]))[1], rtol=2e-5, atol=2e-6)
 
 
@@ -101,7 +117,7 @@ def test_it_applies_only_where_it_computes_what_mlx_would() -> None:
     assert not host_decode.applies(q, parts, [None, None], mx.zeros((HEADS,)))  # attention sinks
     assert not host_decode.applies(q[:1], parts[:1], [None], None)  # one row: the model's own attention
     assert not host_decode.applies(mx.concatenate([q, q], axis=2), parts, [None, None], None)  # prefill
-    half = [[(k.astype(mx.float16), v.astype(mx.float16)) for k, v in row] for row in parts]
+    half = [[(k.astype(mx.float16), v.astype(mx.float16), n) for k, v, n in row] for row in parts]
     assert not host_decode.applies(q.astype(mx.float16), half, [None, None], None)
 
 

@@ -1,21 +1,23 @@
-"""A decode batch's attention on the CPU, computed with numpy over the rows' own caches.
+"""A decode batch's attention on the CPU, in compiled loops over the rows' own caches.
 
 In a decode step every row attends with one query to its own cache, so a
 batch of 16 rows on a 30-layer model makes 480 small attention calls. MLX's
 CPU backend pays ~7-50 us per operation of such a call (a grouped
 3 x (3x64 @ 64x200) matmul: 35 us; a softmax over 1,800 scores: 48 us), far
-more than its arithmetic, and one call takes ~6 of them. numpy does the same
-arithmetic on the same memory (a ``memoryview`` of an evaluated MLX array is
-not a copy) at ~1-2 us per call: measured on 16 rows x 30 layers, 27 ms a
-step against MLX's 70 ms at 200 tokens of context, 113 against 165 ms at
-1,000 (``bench/bench_forward_split.py``).
+more than its arithmetic, and one call takes ~6 of them: 70 ms a step at
+200 tokens of context, 165 ms at 1,000. This hands the whole batch of one
+layer to one compiled call (``host_kernels.batch_rows``, numba) that reads
+each row's cache where it lies: an evaluated MLX array gives numpy its own
+buffer, and the call gets its address. Measured on 16 rows x 30 layers,
+2 cores: 19 ms a step at 200 tokens, 54 ms at 1,000, where the rows' keys
+and values (737 MB a step) are read at ~14 GB/s.
 
 The price is one ``mx.eval`` per layer (the queries and the rows' updated
-caches must exist before numpy reads them), so this runs only where it pays:
-on the CPU, inside the engine's forward (``cpu_math.routing``), for float32
-decode batches of more than one row without attention sinks (masks: none, or
-one boolean per key, as a sliding-window layer's ring makes).
-The arithmetic is MLX's unfused attention's (scaled queries, one float32
+caches must exist before the loops read them), so this runs only where it
+pays: on the CPU, inside the engine's forward (``cpu_math.routing``), for
+float32 decode batches of more than one row without attention sinks (masks:
+none, or one boolean per key, as a sliding-window layer's ring makes). The
+arithmetic is MLX's unfused attention's (scaled queries, one float32
 softmax over all scores); the real-model tests hold greedy outputs
 token-identical to mlx-lm's.
 """
@@ -25,24 +27,27 @@ from __future__ import annotations
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Sequence
+from typing import Any, Sequence, Tuple
 
 import mlx.core as mx
 import numpy as np
 
+# (keys, values, length): the first ``length`` positions of (1, kv_heads, capacity, dim) arrays.
+PartArrays = Tuple[mx.array, mx.array, int]
+
 # Turned off to compare (bench/bench_forward_split.py) and by --no-fast-cpu-math (through routing()).
 enabled = True
 # Keys in a batch from which rows are split across threads (see _chunks), and the most threads.
-PARALLEL_MIN_KEYS = 4096
+PARALLEL_MIN_KEYS = 2048
 MAX_WORKERS = 8
 
 
-def applies(queries: mx.array, parts_per_row: Sequence[Sequence[tuple[mx.array, mx.array]]], masks: Sequence[Any],
+def applies(queries: mx.array, parts_per_row: Sequence[Sequence[PartArrays]], masks: Sequence[Any],
             sinks: Any) -> bool:
     """Whether :func:`attend` computes this batch: one float32 query per row, no sinks, masks it can apply."""
     return (enabled and sinks is None and len(parts_per_row) > 1 and queries.shape[2] == 1
             and queries.dtype == mx.float32 and parts_per_row[0][-1][0].dtype == mx.float32
-            and all(m is None or isinstance(m, str) or _key_mask(m, sum(k.shape[2] for k, _ in parts))
+            and all(m is None or isinstance(m, str) or _key_mask(m, sum(n for _, _, n in parts))
                     for m, parts in zip(masks, parts_per_row)))
 
 
@@ -51,63 +56,71 @@ def _key_mask(mask: Any, keys: int) -> bool:
     return isinstance(mask, mx.array) and mask.dtype == mx.bool_ and mask.size == keys
 
 
-def attend(queries: mx.array, parts_per_row: Sequence[Sequence[tuple[mx.array, mx.array]]],
-           scale: float, masks: Sequence[Any]) -> mx.array:
+def attend(queries: mx.array, parts_per_row: Sequence[Sequence[PartArrays]], scale: float,
+           masks: Sequence[Any]) -> mx.array:
     """Row ``b``'s query (``queries[b]``: heads x 1 x dim) over its keys and values, given in consecutive parts.
 
-    A part is a (1, kv_heads, length, dim) pair: shared prefix segments, then
-    the row's own cache. A row's mask is None or "causal" (one query at the
+    A part is (keys, values, length): (1, kv_heads, capacity, dim) arrays
+    whose first ``length`` positions it holds (shared prefix segments, then
+    the row's own cache). A row's mask is None or "causal" (one query at the
     last position sees every key) or a boolean per key (False: hidden).
     """
     key_masks = [m if isinstance(m, mx.array) else None for m in masks]
-    mx.eval(queries, [a for parts in parts_per_row for pair in parts for a in pair], [m for m in key_masks if m is not None])
-    scaled = np.asarray(queries) * np.float32(scale)
-    batch, heads, _, _ = scaled.shape
-    v_dim = parts_per_row[0][0][1].shape[-1]
-    out = np.empty((batch, heads, 1, v_dim), dtype=np.float32)
-    rows = [[(np.asarray(k)[0], np.asarray(v)[0]) for k, v in parts] for parts in parts_per_row]
-    hidden = [None if m is None else ~np.asarray(m).reshape(-1) for m in key_masks]
-    chunks = _chunks([sum(k.shape[1] for k, _ in parts) for parts in rows])
-    if len(chunks) == 1:
-        _attend_rows(scaled, rows, hidden, out, range(batch))
-    else:
-        pending = [_workers().submit(_attend_rows, scaled, rows, hidden, out, chunk) for chunk in chunks[1:]]
-        _attend_rows(scaled, rows, hidden, out, chunks[0])
-        for future in pending:
-            future.result()
-    return mx.array(out)
+    mx.eval(queries, [(k, v) for parts in parts_per_row for k, v, _ in parts],
+            [m for m in key_masks if m is not None])
+    from . import host_kernels  # (numba: imported where the CPU decodes, not where Metal or CUDA do)
+
+    scaled = np.ascontiguousarray((np.asarray(queries) * np.float32(scale))[:, :, 0, :])
+    batch, heads, _ = scaled.shape
+    kv_heads = parts_per_row[0][0][0].shape[1]
+    out = np.empty((batch, heads, parts_per_row[0][0][1].shape[-1]), dtype=np.float32)
+    alive: list[np.ndarray] = []  # every buffer whose address the table holds, until the kernels return
+    table = np.empty((sum(len(parts) for parts in parts_per_row), host_kernels.PART_COLUMNS), dtype=np.int64)
+    row_parts = np.zeros(batch + 1, dtype=np.int64)
+    line = 0
+    for b, parts in enumerate(parts_per_row):
+        for keys, values, length in parts:
+            table[line] = (*_flat(keys, alive), *_flat(values, alive), length)
+            line += 1
+        row_parts[b + 1] = line
+    hidden = np.zeros(batch, dtype=np.int64)
+    for b, m in enumerate(key_masks):
+        if m is not None:
+            hidden[b] = _address(np.logical_not(np.asarray(m)).astype(np.uint8).reshape(-1), alive)
+    chunks = _chunks([sum(n for _, _, n in parts) for parts in parts_per_row])
+    run = host_kernels.batch_rows
+    pending = [_workers().submit(run, scaled, table, row_parts, hidden, kv_heads, out, c[0], c[-1] + 1)
+               for c in chunks[1:]]
+    run(scaled, table, row_parts, hidden, kv_heads, out, chunks[0][0], chunks[0][-1] + 1)
+    for future in pending:
+        future.result()
+    del alive
+    return mx.array(out[:, :, None, :])
 
 
-def _attend_rows(scaled: np.ndarray, rows: list[list[tuple[np.ndarray, np.ndarray]]],
-                 hidden: list[np.ndarray | None], out: np.ndarray, which: Sequence[int]) -> None:
-    heads, dim = scaled.shape[1], scaled.shape[3]
-    for b in which:
-        parts = rows[b]
-        kv_heads = parts[0][0].shape[0]
-        q = scaled[b, :, 0, :].reshape(kv_heads, heads // kv_heads, dim)
-        scores = q @ parts[0][0].transpose(0, 2, 1) if len(parts) == 1 else np.concatenate(
-            [q @ k.transpose(0, 2, 1) for k, _ in parts], axis=-1)
-        if hidden[b] is not None:
-            scores[..., hidden[b]] = np.finfo(np.float32).min  # as MLX's mx.where(mask, scores, min)
-        scores -= scores.max(axis=-1, keepdims=True)
-        np.exp(scores, out=scores)
-        scores /= scores.sum(axis=-1, keepdims=True)
-        row = None
-        start = 0
-        for _, values in parts:
-            piece = scores[..., start:start + values.shape[1]] @ values
-            row = piece if row is None else row + piece
-            start += values.shape[1]
-        out[b, :, 0, :] = row.reshape(heads, -1)
+def _flat(array: mx.array, alive: list[np.ndarray]) -> tuple[int, int]:
+    """The address of ``array``'s (1, kv_heads, capacity, dim) floats, and the floats from one head to the next.
+
+    The engine's caches are C-contiguous, so this is their own memory (an
+    evaluated MLX array hands numpy its buffer); another layout is copied.
+    """
+    heads = np.ascontiguousarray(np.asarray(array)[0], dtype=np.float32)
+    return _address(heads, alive), heads.shape[1] * heads.shape[2]
+
+
+def _address(buffer: np.ndarray, alive: list[np.ndarray]) -> int:
+    alive.append(buffer)
+    return buffer.__array_interface__["data"][0]
 
 
 def _chunks(keys_per_row: list[int]) -> list[list[int]]:
     """Rows split into consecutive groups of about equal keys, one per worker; one group for short rows.
 
-    numpy's matmul and ufuncs release the GIL, so threads read the rows'
-    caches in parallel: on 2 cores, 16 rows x 1,000 keys x 30 layers took
-    62 ms a step against 111 ms on one thread. Under ~256 keys a row the
-    calls are too short to gain (24 against 26 ms at 200).
+    The compiled loops release the GIL, so threads read the rows' caches in
+    parallel: on 2 cores, 16 rows x 30 layers took 54 ms a step against
+    90 ms on one thread at 1,000 keys a row, 19 against 24 ms at 200. Under
+    ~100 keys a row a thread's hand-off costs more than it saves (11.8
+    against 8.7 ms at 30).
     """
     total = sum(keys_per_row)
     workers = _worker_count()

@@ -65,7 +65,7 @@ class RaggedLayerCache:
     def attend(self, queries: mx.array, scale: float, mask: Any, sinks: Any = None) -> mx.array:
         masks = mask.masks if isinstance(mask, RowMasks) else (None,) * len(self.rows)
         if cpu_math.routed():
-            parts = [[*(getattr(row, "prefix", None) or ()), fetched] for row, fetched in zip(self.rows, self._fetched)]
+            parts = [_host_parts(row, keys) for row, (keys, _) in zip(self.rows, self._fetched)]
             if host_decode.applies(queries, parts, masks, sinks):
                 self._fetched = []
                 return host_decode.attend(queries, parts, scale, masks)
@@ -75,6 +75,12 @@ class RaggedLayerCache:
         ]
         self._fetched = []  # the views pin the rows' arrays; a write in place needs them gone
         return mx.concatenate(outputs, axis=0)
+
+
+def _host_parts(row: Any, keys: mx.array) -> list[host_decode.PartArrays]:
+    """A row's parts for host_decode: its shared segments, then its own arrays (``keys`` views their first positions)."""
+    segments = [(k, v, k.shape[2]) for k, v in (getattr(row, "prefix", None) or ())]
+    return [*segments, (row.keys, row.values, keys.shape[2])]
 
 
 def attention(queries: mx.array, keys: mx.array, values: mx.array, cache: Any, scale: float, mask: Any,
