@@ -130,9 +130,9 @@ def ragged_forward(loaded, batch: int, context: int) -> Callable[[], None]:
 
 
 def _gathered_attend(self, queries, scale, mask, sinks=None):
-    keys = mx.concatenate([k for k, _ in self._fetched], axis=0)
-    values = mx.concatenate([v for _, v in self._fetched], axis=0)
-    self._fetched = []
+    held, self._held = self._held, []
+    keys = mx.concatenate([row.keys[..., :n, :] for row, n in zip(self.rows, held)], axis=0)
+    values = mx.concatenate([row.values[..., :n, :] for row, n in zip(self.rows, held)], axis=0)
     return cpu_math.attention(queries, keys, values, scale, None)
 
 
@@ -145,7 +145,7 @@ def _mlx_attend(self, queries, scale, mask, sinks=None):
 
 
 def _no_attend(self, queries, scale, mask, sinks=None):
-    self._fetched = []
+    self._held = []
     return queries
 
 

@@ -41,7 +41,7 @@ from .replica import Replica
 from .event_log import EventKind, EventLog
 from .hot_cache import HotCache
 from . import cpu_math
-from .kv import ragged
+from .kv import host_decode, ragged
 from .requests import AgentSource, EventSink, FinishReason, GenerationRequest
 from .snapshot import AgentView, EngineSnapshot
 from .snapshot_builder import build_snapshot
@@ -146,9 +146,12 @@ class Engine:
         # What requests that name no temperature sample with (engine/models/sampling_defaults.py).
         self.sampling_defaults = model_sampling_defaults(loaded.model_id, loaded.path).with_overrides(
             *config.sampling_overrides)
-        cpu_math.install(loaded.model, config.fast_cpu_math)
+        fast = cpu_math.install(loaded.model, config.fast_cpu_math)
         # Prefixes are shared by reference where the model's attention can be hooked (kv/ragged.py).
-        self.hot = HotCache(loaded.spec, self._pool, share_by_reference=ragged.install(loaded.model))
+        hooked = ragged.install(loaded.model)
+        if fast and hooked:
+            host_decode.prepare()
+        self.hot = HotCache(loaded.spec, self._pool, share_by_reference=hooked)
         cool = quantization_for(config.kv_bits, loaded.spec.head_dim, loaded.spec.value_head_dim)
         self.tiers = TierManager(self.hot, self.agents, self.events, store, cool=cool)
         self.branching = Branching(self.hot, self.agents, self.tiers, self.events)

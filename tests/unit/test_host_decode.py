@@ -143,3 +143,22 @@ def test_a_batched_engine_decodes_through_it_with_the_tokens_mlx_attention_gives
     monkeypatch.setattr(host_decode, "enabled", False)
     calls.clear()
     assert decode() == with_numpy and not calls
+
+
+def test_prepare_loads_the_kernels_and_a_failure_leaves_attention_in_mlx(monkeypatch: pytest.MonkeyPatch,
+                                                                         caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(host_decode, "enabled", True)  # (restored after the test)
+    host_decode._warm_up()
+    assert host_decode.enabled
+    from engine.runtime.kv import host_kernels
+
+    def broken(*args):
+        raise RuntimeError("no compiler here")
+
+    monkeypatch.setattr(host_kernels, "batch_rows", broken)
+    with caplog.at_level("WARNING", logger="semantic.engine"):
+        host_decode._warm_up()
+    assert not host_decode.enabled
+    assert "decode attention stays in MLX" in caplog.text and "no compiler here" in caplog.text
+    parts = rows([10, 12])
+    assert not host_decode.applies(queries(2), parts, [None, None], None)

@@ -97,13 +97,22 @@ class FullKV(KVCache):
 
     # -- the model's interface -----------------------------------------------------------
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        end = self._write(keys, values)
+        return self.keys[..., :end, :], self.values[..., :end, :]
+
+    def append_one(self, keys: mx.array, values: mx.array) -> int:
+        """A decode step's position, without the views :meth:`update_and_fetch` makes (a batch's attention
+        in ``host_decode`` reads the arrays); returns how many leading positions of them attention reads."""
+        return self._write(keys, values)
+
+    def _write(self, keys: mx.array, values: mx.array) -> int:
         start, end = self.offset - self.base, self.offset - self.base + keys.shape[2]
         if end > self.own_capacity:
             raise RuntimeError(f"KV capacity {self.capacity} reached at {self.base + end} tokens: reserve() first")
         self.keys[..., start:end, :] = keys
         self.values[..., start:end, :] = values
         self.offset += keys.shape[2]
-        return self.keys[..., :end, :], self.values[..., :end, :]
+        return end
 
     def trim_to(self, n_tokens: int) -> None:
         if n_tokens < self.base:

@@ -24,6 +24,7 @@ token-identical to mlx-lm's.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -31,6 +32,8 @@ from typing import Any, Sequence, Tuple
 
 import mlx.core as mx
 import numpy as np
+
+log = logging.getLogger("semantic.engine")
 
 # (keys, values, length): the first ``length`` positions of (1, kv_heads, capacity, dim) arrays.
 PartArrays = Tuple[mx.array, mx.array, int]
@@ -40,6 +43,32 @@ enabled = True
 # Keys in a batch from which rows are split across threads (see _chunks), and the most threads.
 PARALLEL_MIN_KEYS = 2048
 MAX_WORKERS = 8
+
+
+def prepare() -> None:
+    """Load the compiled loops in the background (compile them, the first run after an install).
+
+    Importing numba and loading its cache takes ~0.4 s; unprepared, the
+    first batch of several rows would wait for it. Where numba cannot load
+    or compile, decode attention stays in MLX, and the log says why.
+    """
+    threading.Thread(target=_warm_up, name="semantic-attention-warmup", daemon=True).start()
+
+
+def _warm_up() -> None:
+    global enabled
+    try:
+        from . import host_kernels
+
+        alive: list[np.ndarray] = []
+        q = np.zeros((2, 2, 4), dtype=np.float32)
+        cache = np.ones((1, 8, 4), dtype=np.float32)
+        table = np.array([[_address(cache, alive), 32, _address(cache, alive), 32, 8]] * 2, dtype=np.int64)
+        out = np.empty((2, 2, 4), dtype=np.float32)
+        host_kernels.batch_rows(q, table, np.array([0, 1, 2]), np.zeros(2, dtype=np.int64), 1, out, 0, 2)
+    except Exception as exc:  # noqa: BLE001 (any failure to load or compile means: not here)
+        enabled = False
+        log.warning("decode attention stays in MLX: its compiled loops did not load (%s: %s)", type(exc).__name__, exc)
 
 
 def applies(queries: mx.array, parts_per_row: Sequence[Sequence[PartArrays]], masks: Sequence[Any],

@@ -81,15 +81,15 @@ def part_values(scores, values, stride, length, column, out, accumulate):  # pra
     kv_heads, repeats, _ = scores.shape
     v_dim = out.shape[1]
     for h in range(kv_heads):
-        for r in range(repeats):
-            row = out[h * repeats + r]
-            if not accumulate:
-                for d in range(v_dim):
-                    row[d] = 0.0
-            for p in range(length):
+        if not accumulate:
+            for r in range(repeats):
+                out[h * repeats + r, :] = 0.0
+        for p in range(length):
+            at = h * stride + p * v_dim
+            value = values[at:at + v_dim]  # read once for the head's queries
+            for r in range(repeats):
                 w = scores[h, r, column + p]
-                at = h * stride + p * v_dim
-                value = values[at:at + v_dim]
+                row = out[h * repeats + r]
                 for d in range(v_dim):
                     row[d] += w * value[d]
 

@@ -52,35 +52,42 @@ class RaggedLayerCache:
         self.rows = rows
         self.offset = mx.array([row.offset for row in rows])
         self._fetched: list[tuple[mx.array, mx.array]] = []
+        self._held: list[int] = []  # a decode step: how many leading positions of each row's arrays it reads
 
     def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None) -> RowMasks:
         # n > 1: prompt chunks of one length, each row at its own offset (batched prefill).
         return RowMasks(tuple(row.make_mask(n, return_array=return_array, window_size=window_size) for row in self.rows))
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        self._fetched = [row.update_and_fetch(keys[b:b + 1], values[b:b + 1]) for b, row in enumerate(self.rows)]
-        # What attention needs is in self._fetched; the model only passes these on to the hook.
+        if keys.shape[2] == 1:
+            # A decode step: each row's position written; the views attention may need are made there.
+            self._held = [row.append_one(keys[b:b + 1], values[b:b + 1]) for b, row in enumerate(self.rows)]
+        else:
+            self._fetched = [row.update_and_fetch(keys[b:b + 1], values[b:b + 1]) for b, row in enumerate(self.rows)]
+        # What attention needs is in self._fetched or the rows; the model only passes these on to the hook.
         return keys, values
 
     def attend(self, queries: mx.array, scale: float, mask: Any, sinks: Any = None) -> mx.array:
         masks = mask.masks if isinstance(mask, RowMasks) else (None,) * len(self.rows)
-        if cpu_math.routed():
-            parts = [_host_parts(row, keys) for row, (keys, _) in zip(self.rows, self._fetched)]
+        held, self._held = self._held, []
+        if held and cpu_math.routed():
+            parts = [_host_parts(row, n) for row, n in zip(self.rows, held)]
             if host_decode.applies(queries, parts, masks, sinks):
-                self._fetched = []
                 return host_decode.attend(queries, parts, scale, masks)
+        fetched = self._fetched or [(row.keys[..., :n, :], row.values[..., :n, :]) for row, n in zip(self.rows, held)]
         outputs = [
             attention(queries[b:b + 1], k, v, row, scale, m, sinks)
-            for b, ((k, v), m, row) in enumerate(zip(self._fetched, masks, self.rows))
+            for b, ((k, v), m, row) in enumerate(zip(fetched, masks, self.rows))
         ]
         self._fetched = []  # the views pin the rows' arrays; a write in place needs them gone
+        del fetched
         return mx.concatenate(outputs, axis=0)
 
 
-def _host_parts(row: Any, keys: mx.array) -> list[host_decode.PartArrays]:
-    """A row's parts for host_decode: its shared segments, then its own arrays (``keys`` views their first positions)."""
+def _host_parts(row: Any, held: int) -> list[host_decode.PartArrays]:
+    """A row's parts for host_decode: its shared segments, then the first ``held`` positions of its own arrays."""
     segments = [(k, v, k.shape[2]) for k, v in (getattr(row, "prefix", None) or ())]
-    return [*segments, (row.keys, row.values, keys.shape[2])]
+    return [*segments, (row.keys, row.values, held)]
 
 
 def attention(queries: mx.array, keys: mx.array, values: mx.array, cache: Any, scale: float, mask: Any,

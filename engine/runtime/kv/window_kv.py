@@ -91,8 +91,7 @@ class WindowKV(_BaseCache):
         if self.offset + n > self.capacity and self.capacity < self.max_capacity:
             raise RuntimeError(f"window capacity {self.capacity} reached at {self.offset + n} tokens: reserve() first")
         if n == 1:
-            self._write(keys, values)
-            used = min(self.offset, self.capacity)
+            used = self.append_one(keys, values)
             return self.keys[..., :used, :], self.values[..., :used, :]
         before_k, before_v = self.recent(min(self.offset, self.window - 1))
         self._write(keys, values)
@@ -126,6 +125,14 @@ class WindowKV(_BaseCache):
         keys = mx.concatenate([self.keys[..., start:, :], self.keys[..., : n - split, :]], axis=2)
         values = mx.concatenate([self.values[..., start:, :], self.values[..., : n - split, :]], axis=2)
         return keys, values
+
+    def append_one(self, keys: mx.array, values: mx.array) -> int:
+        """A decode step's position, without the views :meth:`update_and_fetch` makes; returns how many
+        leading columns of the ring attention reads (all it holds: one query's mask hides the stale ones)."""
+        if self.offset + 1 > self.capacity and self.capacity < self.max_capacity:
+            raise RuntimeError(f"window capacity {self.capacity} reached at {self.offset + 1} tokens: reserve() first")
+        self._write(keys, values)
+        return min(self.offset, self.capacity)
 
     def _write(self, keys: mx.array, values: mx.array) -> None:
         """Store new positions at their ring columns; only the last ``capacity`` of them survive."""
