@@ -13,7 +13,7 @@ batch 1 and 16 with every row holding ``--context`` tokens:
   activations' shapes): the floor a forward cannot go under without reading
   fewer weight bytes or doing less arithmetic;
 - where the engine's ragged forward goes at batch 16: the same forward with
-  each row's attention in MLX instead of numpy (``kv/host_decode.py``), with
+  each row's attention in MLX instead of compiled loops (``kv/host_decode.py``), with
   attention left out (each layer's queries passed on), then with the cache
   writes left out too, and with the rows' keys and values gathered into one
   batch for a single attention call per layer (what a padded batch layout
@@ -154,7 +154,7 @@ def _no_write(self, keys, values):
 
 
 ABLATIONS = {  # label: RaggedLayerCache methods swapped in (every row holds the same context, so no masks)
-    "engine (fast CPU math, attention in numpy)": {},
+    "engine (fast CPU math, decode attention in compiled loops)": {},
     "attention per row in MLX (host_decode off)": {"attend": _mlx_attend},
     "rows gathered, one attention per layer": {"attend": _gathered_attend},
     "attention left out": {"attend": _no_attend},
