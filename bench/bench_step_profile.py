@@ -4,7 +4,10 @@ The engine's named steps are timed from outside (wrappers installed by this
 script, nothing in the engine changes): per decode step,
 
 - graph: building the forward pass and the sampler (Python, MLX graph
-  construction; the ragged batch's per-sequence attention included);
+  construction; the ragged batch's per-sequence attention included). On the
+  CPU a decode batch of several rows evaluates each layer inside the model
+  call and attends in compiled loops (``kv/host_decode.py``), so there this
+  holds the whole forward and "device" only what follows it;
 - device: evaluating it (``mx.async_eval`` of the step, which on the CPU
   backend computes before it returns, plus the wait when the tokens are
   read: the arithmetic itself, memory traffic and MLX's per-operation cost);
