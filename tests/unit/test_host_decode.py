@@ -162,3 +162,28 @@ def test_prepare_loads_the_kernels_and_a_failure_leaves_attention_in_mlx(monkeyp
     assert "decode attention stays in MLX" in caplog.text and "no compiler here" in caplog.text
     parts = rows([10, 12])
     assert not host_decode.applies(queries(2), parts, [None, None], None)
+
+
+def test_a_failure_in_one_thread_waits_for_the_others_before_the_buffers_go(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The threads read caches by address: attend may not return (or raise) while any of them still runs."""
+    import threading
+    import time
+
+    from engine.runtime.kv import host_kernels
+
+    finished = []
+    main = threading.get_ident()
+
+    def rows_or_fail(*args):
+        if threading.get_ident() == main:
+            raise RuntimeError("this thread's rows failed")
+        time.sleep(0.2)
+        finished.append(args[-2])
+
+    monkeypatch.setattr(host_decode, "PARALLEL_MIN_KEYS", 0)
+    monkeypatch.setattr(host_decode, "_worker_count", lambda: 2)
+    monkeypatch.setattr(host_decode, "_pool", None)
+    monkeypatch.setattr(host_kernels, "batch_rows", rows_or_fail)
+    with pytest.raises(RuntimeError, match="this thread's rows failed"):
+        host_decode.attend(queries(4), rows([50, 50, 50, 50]), SCALE, [None] * 4)
+    assert finished == [2]  # the other thread's chunk (rows 2-3) had finished

@@ -120,7 +120,12 @@ def attend(queries: mx.array, parts_per_row: Sequence[Sequence[PartArrays]], sca
     run = host_kernels.batch_rows
     pending = [_workers().submit(run, scaled, table, row_parts, hidden, kv_heads, out, c[0], c[-1] + 1)
                for c in chunks[1:]]
-    run(scaled, table, row_parts, hidden, kv_heads, out, chunks[0][0], chunks[0][-1] + 1)
+    try:
+        run(scaled, table, row_parts, hidden, kv_heads, out, chunks[0][0], chunks[0][-1] + 1)
+    finally:
+        # Even when this thread's rows failed, the others read the buffers ``alive`` keeps: wait for them.
+        for future in pending:
+            future.exception()
     for future in pending:
         future.result()
     del alive
