@@ -94,25 +94,22 @@ def part_values(scores, values, stride, length, column, out, accumulate):  # pra
                     row[d] += w * value[d]
 
 
-@intrinsic
-def _floats_at(typingctx, address):  # pragma: no cover (compiled)
-    """The float32 buffer at an integer address (one numpy handed over, kept alive by the caller)."""
-    signature = types.CPointer(types.float32)(types.int64)
+def _pointer_from_address(element):
+    """An intrinsic: the ``element`` buffer at an integer address (one numpy handed over, kept alive by the caller)."""
+    pointer = types.CPointer(element)
 
-    def codegen(context, builder, sig, args):
-        return builder.inttoptr(args[0], context.get_value_type(types.CPointer(types.float32)))
+    @intrinsic
+    def at(typingctx, address):  # pragma: no cover (compiled)
+        def codegen(context, builder, sig, args):
+            return builder.inttoptr(args[0], context.get_value_type(pointer))
 
-    return signature, codegen
+        return pointer(types.int64), codegen
+
+    return at
 
 
-@intrinsic
-def _bytes_at(typingctx, address):  # pragma: no cover (compiled)
-    signature = types.CPointer(types.uint8)(types.int64)
-
-    def codegen(context, builder, sig, args):
-        return builder.inttoptr(args[0], context.get_value_type(types.CPointer(types.uint8)))
-
-    return signature, codegen
+_floats_at = _pointer_from_address(types.float32)
+_bytes_at = _pointer_from_address(types.uint8)
 
 
 # Columns of the ``parts`` table batch_rows reads: one part per line.
