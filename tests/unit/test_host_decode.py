@@ -127,7 +127,8 @@ def test_a_batched_engine_decodes_through_it_with_the_tokens_mlx_attention_gives
     """The tiny Gemma's window layers pass their rings (past the window: a boolean mask per key)."""
     calls = []
     real = host_decode.attend
-    monkeypatch.setattr(host_decode, "attend", lambda *a: calls.append(1) or real(*a))
+    # (each call records whether the step's positions came to it to write in place: FullKV.claim_one)
+    monkeypatch.setattr(host_decode, "attend", lambda *a: calls.append(a[4] is not None) or real(*a))
     prompts = [(BOS, *(f"agent {i} writes a longer line. " * (2 + i)).encode()) for i in range(4)]
 
     def decode() -> list[list[int]]:
@@ -140,6 +141,7 @@ def test_a_batched_engine_decodes_through_it_with_the_tokens_mlx_attention_gives
 
     with_numpy = decode()
     assert calls, "the batch never reached host_decode"
+    assert any(calls), "no decode position was written in place"
     monkeypatch.setattr(host_decode, "enabled", False)
     calls.clear()
     assert decode() == with_numpy and not calls
@@ -178,7 +180,7 @@ def test_a_failure_in_one_thread_waits_for_the_others_before_the_buffers_go(monk
         if threading.get_ident() == main:
             raise RuntimeError("this thread's rows failed")
         time.sleep(0.2)
-        finished.append(args[-2])
+        finished.append(args[6])  # the chunk's first row
 
     monkeypatch.setattr(host_decode, "PARALLEL_MIN_KEYS", 0)
     monkeypatch.setattr(host_decode, "_worker_count", lambda: 2)

@@ -38,11 +38,25 @@ class FullKV(KVCache):
     """
 
     def __init__(self, shape: KVShape, block_tokens: int) -> None:
+        # Own positions from ``_untouched_from`` on were never written in the arrays held now (None: not
+        # known, as for arrays set from outside). No view can show them, so a decode step may write one
+        # there in place (``claim_one``, then host_decode's loops) instead of through an MLX slice update.
+        self._untouched_from: int | None = None
         super().__init__()
         self.shape = shape
         self.block_tokens = block_tokens
         self.base = 0
         self.prefix: list[tuple[mx.array, mx.array]] = []
+
+    @property
+    def keys(self) -> mx.array | None:
+        return self._keys
+
+    @keys.setter
+    def keys(self, array: mx.array | None) -> None:
+        # (``keys[...] = x`` writes into the same array object and does not come here.)
+        self._keys = array
+        self._untouched_from = None
 
     # -- capacity --------------------------------------------------------------------
     @property
@@ -73,6 +87,7 @@ class FullKV(KVCache):
         used = self.offset - self.base
         self.keys = _grown(self.keys, used, target, self.shape.k_dim, self.shape)
         self.values = _grown(self.values, used, target, self.shape.v_dim, self.shape)
+        self._untouched_from = used
         return used * self.shape.token_bytes()
 
     def fitted_capacity(self) -> int:
@@ -88,6 +103,7 @@ class FullKV(KVCache):
         target = max(_round_up(used, self.block_tokens), self.block_tokens)
         self.keys = _grown(self.keys, used, target, self.shape.k_dim, self.shape)
         self.values = _grown(self.values, used, target, self.shape.v_dim, self.shape)
+        self._untouched_from = used
         return used * self.shape.token_bytes()
 
     @property
@@ -105,14 +121,34 @@ class FullKV(KVCache):
         in ``host_decode`` reads the arrays); returns how many leading positions of them attention reads."""
         return self._write(keys, values)
 
+    def claim_one(self) -> int | None:
+        """Take the next position for a decode step whose key and value the caller writes in place
+        (host_decode); returns its index in the own arrays, or None where only :meth:`append_one` may
+        write it: a position written before (a view taken then may still show it), or arrays not known."""
+        at = self.offset - self.base
+        if self._untouched_from is None or at < self._untouched_from or at >= self.own_capacity:
+            return None
+        self.offset += 1
+        self._untouched_from = at + 1
+        return at
+
+    def write_claimed(self, at: int, keys: mx.array, values: mx.array) -> None:
+        """Write a claimed position through MLX after all (the batch's attention did not run in host_decode)."""
+        self._store(at, at + 1, keys, values)
+
     def _write(self, keys: mx.array, values: mx.array) -> int:
         start, end = self.offset - self.base, self.offset - self.base + keys.shape[2]
         if end > self.own_capacity:
             raise RuntimeError(f"KV capacity {self.capacity} reached at {self.base + end} tokens: reserve() first")
-        self.keys[..., start:end, :] = keys
-        self.values[..., start:end, :] = values
+        self._store(start, end, keys, values)
         self.offset += keys.shape[2]
         return end
+
+    def _store(self, start: int, end: int, keys: mx.array, values: mx.array) -> None:
+        self.keys[..., start:end, :] = keys
+        self.values[..., start:end, :] = values
+        if self._untouched_from is not None:
+            self._untouched_from = max(self._untouched_from, end)
 
     def trim_to(self, n_tokens: int) -> None:
         if n_tokens < self.base:
@@ -144,8 +180,7 @@ class FullKV(KVCache):
     def load(self, keys: mx.array, values: mx.array) -> None:
         """Write ``keys``/``values`` as the positions right after the prefix (capacity reserved by the caller)."""
         n = keys.shape[2]
-        self.keys[..., :n, :] = keys
-        self.values[..., :n, :] = values
+        self._store(0, n, keys, values)
         self.offset = self.base + n
 
     def rebase(self, prefix: list[tuple[mx.array, mx.array]], capacity: int) -> int:
@@ -160,9 +195,9 @@ class FullKV(KVCache):
         self.keys = mx.zeros((1, self.shape.heads, own, self.shape.k_dim), dtype=self.shape.dtype)
         self.values = mx.zeros((1, self.shape.heads, own, self.shape.v_dim), dtype=self.shape.dtype)
         offset = max(self.offset, base)
+        self._untouched_from = 0
         if tail_k is not None:
-            self.keys[..., :offset - base, :] = tail_k
-            self.values[..., :offset - base, :] = tail_v
+            self._store(0, offset - base, tail_k, tail_v)
         self.prefix, self.base, self.offset = prefix, base, offset
         return (offset - base) * self.shape.token_bytes()
 

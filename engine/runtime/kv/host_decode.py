@@ -28,7 +28,7 @@ import logging
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Sequence, Tuple
+from typing import Any, Optional, Sequence, Tuple
 
 import mlx.core as mx
 import numpy as np
@@ -37,6 +37,8 @@ log = logging.getLogger("semantic.engine")
 
 # (keys, values, length): the first ``length`` positions of (1, kv_heads, capacity, dim) arrays.
 PartArrays = Tuple[mx.array, mx.array, int]
+# A decode step's new keys, values (batch, kv_heads, 1, dim), and per row the own position to write them to.
+NewPositions = Tuple[mx.array, mx.array, Sequence[Optional[int]]]
 
 # Turned off to compare (bench/bench_forward_split.py) and by --no-fast-cpu-math (through routing()).
 enabled = True
@@ -65,7 +67,9 @@ def _warm_up() -> None:
         cache = np.ones((1, 8, 4), dtype=np.float32)
         table = np.array([[_address(cache, alive), 32, _address(cache, alive), 32, 8]] * 2, dtype=np.int64)
         out = np.empty((2, 2, 4), dtype=np.float32)
-        host_kernels.batch_rows(q, table, np.array([0, 1, 2]), np.zeros(2, dtype=np.int64), 1, out, 0, 2)
+        writes = np.ones(2, dtype=np.int64)
+        host_kernels.batch_rows(q, table, np.array([0, 1, 2]), np.zeros(2, dtype=np.int64), 1, out, 0, 2,
+                                np.zeros((2, 1, 4), dtype=np.float32), np.zeros((2, 1, 4), dtype=np.float32), writes)
     except Exception as exc:  # noqa: BLE001 (any failure to load or compile means: not here)
         enabled = False
         log.warning("decode attention stays in MLX: its compiled loops did not load (%s: %s)", type(exc).__name__, exc)
@@ -80,23 +84,34 @@ def applies(queries: mx.array, parts_per_row: Sequence[Sequence[PartArrays]], ma
                     for m, parts in zip(masks, parts_per_row)))
 
 
+def may_write(keys: mx.array, rows: int) -> bool:
+    """Whether a decode step's new keys (batch x kv_heads x 1 x dim) may be left for :func:`attend` to write:
+    it will run for them if the layer's queries and masks let it (``applies``; else the caller writes them)."""
+    return enabled and rows > 1 and keys.dtype == mx.float32
+
+
 def _key_mask(mask: Any, keys: int) -> bool:
     """A boolean mask with one entry per key (a window layer's ring longer than its window)."""
     return isinstance(mask, mx.array) and mask.dtype == mx.bool_ and mask.size == keys
 
 
 def attend(queries: mx.array, parts_per_row: Sequence[Sequence[PartArrays]], scale: float,
-           masks: Sequence[Any]) -> mx.array:
+           masks: Sequence[Any], new: NewPositions | None = None) -> mx.array:
     """Row ``b``'s query (``queries[b]``: heads x 1 x dim) over its keys and values, given in consecutive parts.
 
     A part is (keys, values, length): (1, kv_heads, capacity, dim) arrays
     whose first ``length`` positions it holds (shared prefix segments, then
     the row's own cache). A row's mask is None or "causal" (one query at the
     last position sees every key) or a boolean per key (False: hidden).
+
+    ``new``: the step's keys and values (batch x kv_heads x 1 x dim) and,
+    per row, None or the own position they go to (the last key of the row's
+    last part), which the loops write in place before the row attends; the
+    row's own arrays must then be their own memory (``FullKV.claim_one``).
     """
     key_masks = [m if isinstance(m, mx.array) else None for m in masks]
     mx.eval(queries, [(k, v) for parts in parts_per_row for k, v, _ in parts],
-            [m for m in key_masks if m is not None])
+            [m for m in key_masks if m is not None], new[:2] if new is not None else [])
     from . import host_kernels  # (numba: imported where the CPU decodes, not where Metal or CUDA do)
 
     scaled = np.ascontiguousarray((np.asarray(queries) * np.float32(scale))[:, :, 0, :])
@@ -106,10 +121,20 @@ def attend(queries: mx.array, parts_per_row: Sequence[Sequence[PartArrays]], sca
     alive: list[np.ndarray] = []  # every buffer whose address the table holds, until the kernels return
     table = np.empty((sum(len(parts) for parts in parts_per_row), host_kernels.PART_COLUMNS), dtype=np.int64)
     row_parts = np.zeros(batch + 1, dtype=np.int64)
+    writes = np.zeros(batch, dtype=np.int64)
+    if new is not None:
+        new_keys, new_values = _rows(new[0]), _rows(new[1])
+        for b, at in enumerate(new[2]):
+            if at is not None:
+                assert parts_per_row[b][-1][2] == at + 1, "a claimed position is the last key of its row"
+                writes[b] = 1
+    else:
+        new_keys = new_values = _NO_ROWS
     line = 0
     for b, parts in enumerate(parts_per_row):
-        for keys, values, length in parts:
-            table[line] = (*_flat(keys, alive), *_flat(values, alive), length)
+        for p, (keys, values, length) in enumerate(parts):
+            in_place = bool(writes[b]) and p == len(parts) - 1
+            table[line] = (*_flat(keys, alive, in_place), *_flat(values, alive, in_place), length)
             line += 1
         row_parts[b + 1] = line
     hidden = np.zeros(batch, dtype=np.int64)
@@ -118,10 +143,10 @@ def attend(queries: mx.array, parts_per_row: Sequence[Sequence[PartArrays]], sca
             hidden[b] = _address(np.logical_not(np.asarray(m)).astype(np.uint8).reshape(-1), alive)
     chunks = _chunks([sum(n for _, _, n in parts) for parts in parts_per_row])
     run = host_kernels.batch_rows
-    pending = [_workers().submit(run, scaled, table, row_parts, hidden, kv_heads, out, c[0], c[-1] + 1)
-               for c in chunks[1:]]
+    args = (scaled, table, row_parts, hidden, kv_heads, out)
+    pending = [_workers().submit(run, *args, c[0], c[-1] + 1, new_keys, new_values, writes) for c in chunks[1:]]
     try:
-        run(scaled, table, row_parts, hidden, kv_heads, out, chunks[0][0], chunks[0][-1] + 1)
+        run(*args, chunks[0][0], chunks[0][-1] + 1, new_keys, new_values, writes)
     finally:
         # Even when this thread's rows failed, the others read the buffers ``alive`` keeps: wait for them.
         for future in pending:
@@ -132,14 +157,26 @@ def attend(queries: mx.array, parts_per_row: Sequence[Sequence[PartArrays]], sca
     return mx.array(out[:, :, None, :])
 
 
-def _flat(array: mx.array, alive: list[np.ndarray]) -> tuple[int, int]:
+def _flat(array: mx.array, alive: list[np.ndarray], in_place: bool = False) -> tuple[int, int]:
     """The address of ``array``'s (1, kv_heads, capacity, dim) floats, and the floats from one head to the next.
 
     The engine's caches are C-contiguous, so this is their own memory (an
-    evaluated MLX array hands numpy its buffer); another layout is copied.
+    evaluated MLX array hands numpy its buffer); another layout is copied,
+    except ``in_place`` (the loops write there), where a copy would lose the write.
     """
-    heads = np.ascontiguousarray(np.asarray(array)[0], dtype=np.float32)
+    own = np.asarray(array)[0]
+    if in_place and not (own.flags.c_contiguous and own.dtype == np.float32):
+        raise RuntimeError("a claimed decode position's cache is not one contiguous float32 buffer")
+    heads = np.ascontiguousarray(own, dtype=np.float32)
     return _address(heads, alive), heads.shape[1] * heads.shape[2]
+
+
+def _rows(array: mx.array) -> np.ndarray:
+    """(batch, kv_heads, 1, dim) -> (batch, kv_heads, dim) float32, contiguous."""
+    return np.ascontiguousarray(np.asarray(array)[:, :, 0, :], dtype=np.float32)
+
+
+_NO_ROWS = np.zeros((1, 1, 1), dtype=np.float32)  # (nothing to write: the loops never read it)
 
 
 def _address(buffer: np.ndarray, alive: list[np.ndarray]) -> int:

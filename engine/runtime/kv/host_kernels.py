@@ -118,7 +118,18 @@ PART_COLUMNS = 5
 
 
 @numba.njit(nogil=True, fastmath=_FAST, cache=True)
-def batch_rows(q, parts, row_parts, hidden, kv_heads, out, first, last):  # pragma: no cover (compiled)
+def write_last(parts, line, new, stride):  # pragma: no cover (compiled)
+    """Copy ``new`` (kv_heads, dim) into the last position of part ``line`` (its keys: column KEYS, values: VALUES)."""
+    kv_heads, dim = new.shape
+    at = (parts[line[0], LENGTH] - 1) * dim
+    flat = numba.carray(_floats_at(parts[line[0], line[1]]), ((kv_heads - 1) * stride + at + dim,))
+    for h in range(kv_heads):
+        flat[h * stride + at:h * stride + at + dim] = new[h]
+
+
+@numba.njit(nogil=True, fastmath=_FAST, cache=True)
+def batch_rows(q, parts, row_parts, hidden, kv_heads, out, first, last, new_keys, new_values,
+               writes):  # pragma: no cover (compiled)
     """Rows ``first..last-1`` of a decode batch in one call.
 
     ``q`` (batch, heads, dim) scaled; ``parts`` (n, PART_COLUMNS) int64: the
@@ -126,12 +137,19 @@ def batch_rows(q, parts, row_parts, hidden, kv_heads, out, first, last):  # prag
     and its length; row ``b``'s parts are lines ``row_parts[b]`` to
     ``row_parts[b + 1] - 1``, in order. ``hidden[b]``: the address of one
     byte per key (non-zero: hidden), or 0. ``out`` (batch, heads, v_dim).
+    ``writes[b]`` non-zero: first copy ``new_keys[b]`` and ``new_values[b]``
+    (kv_heads, dim) into the last position of the row's last part (the
+    step's own position, claimed for this write).
     """
     heads, dim = q.shape[1], q.shape[2]
     v_dim = out.shape[2]
     repeats = heads // kv_heads
     nothing = np.zeros(1, dtype=np.uint8)
     for b in range(first, last):
+        if writes[b]:
+            own = row_parts[b + 1] - 1
+            write_last(parts, (own, KEYS), new_keys[b], parts[own, K_STRIDE])
+            write_last(parts, (own, VALUES), new_values[b], parts[own, V_STRIDE])
         total = 0
         for i in range(row_parts[b], row_parts[b + 1]):
             total += parts[i, LENGTH]

@@ -53,6 +53,10 @@ class RaggedLayerCache:
         self.offset = mx.array([row.offset for row in rows])
         self._fetched: list[tuple[mx.array, mx.array]] = []
         self._held: list[int] = []  # a decode step: how many leading positions of each row's arrays it reads
+        # A decode step's new keys and values, and per row the own position host_decode writes them to
+        # (None: written already, through MLX); empty when no row claimed one.
+        self._new: tuple[mx.array, mx.array] | None = None
+        self._claimed: list[int | None] = []
 
     def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None) -> RowMasks:
         # n > 1: prompt chunks of one length, each row at its own offset (batched prefill).
@@ -60,20 +64,39 @@ class RaggedLayerCache:
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         if keys.shape[2] == 1:
-            # A decode step: each row's position written; the views attention may need are made there.
-            self._held = [row.append_one(keys[b:b + 1], values[b:b + 1]) for b, row in enumerate(self.rows)]
+            self._decode_positions(keys, values)
         else:
             self._fetched = [row.update_and_fetch(keys[b:b + 1], values[b:b + 1]) for b, row in enumerate(self.rows)]
         # What attention needs is in self._fetched or the rows; the model only passes these on to the hook.
         return keys, values
 
+    def _decode_positions(self, keys: mx.array, values: mx.array) -> None:
+        """A decode step's positions: claimed for host_decode to write in place where it will run and the
+        row allows it (``FullKV.claim_one``), else written now through MLX (two slice updates a row and
+        layer, ~2,000 small operations a step at 16 rows x 30 layers). The views attention may need are
+        made where it runs."""
+        claim = cpu_math.routed() and host_decode.may_write(keys, len(self.rows))
+        held: list[int] = []
+        claimed: list[int | None] = []
+        for b, row in enumerate(self.rows):
+            at = row.claim_one() if claim and hasattr(row, "claim_one") else None
+            held.append(at + 1 if at is not None else row.append_one(keys[b:b + 1], values[b:b + 1]))
+            claimed.append(at)
+        self._held = held
+        self._new, self._claimed = ((keys, values), claimed) if any(a is not None for a in claimed) else (None, [])
+
     def attend(self, queries: mx.array, scale: float, mask: Any, sinks: Any = None) -> mx.array:
         masks = mask.masks if isinstance(mask, RowMasks) else (None,) * len(self.rows)
         held, self._held = self._held, []
+        new, claimed, self._new, self._claimed = self._new, self._claimed, None, []
         if held and cpu_math.routed():
             parts = [_host_parts(row, n) for row, n in zip(self.rows, held)]
             if host_decode.applies(queries, parts, masks, sinks):
-                return host_decode.attend(queries, parts, scale, masks)
+                return host_decode.attend(queries, parts, scale, masks, (*new, claimed) if new else None)
+        if new is not None:  # claimed, but attention runs in MLX after all: write those positions through it
+            for b, at in enumerate(claimed):
+                if at is not None:
+                    self.rows[b].write_claimed(at, new[0][b:b + 1], new[1][b:b + 1])
         fetched = self._fetched or [(row.keys[..., :n, :], row.values[..., :n, :]) for row, n in zip(self.rows, held)]
         outputs = [
             attention(queries[b:b + 1], k, v, row, scale, m, sinks)
