@@ -119,7 +119,10 @@ def ragged_forward(loaded, batch: int, context: int) -> Callable[[], None]:
     def run() -> None:
         for layers in rows:
             for layer in layers:
-                layer.offset = context
+                # Back to the same step each run. In the engine a decode step writes a position never
+                # written before, which host_decode writes in place (FullKV.claim_one); a position
+                # rewritten after a rewind goes through MLX. Each timed step here is the engine's kind.
+                layer.offset, layer._untouched_from = context, context
         # As the engine's batch does: one row runs on its own caches, several through the ragged hook.
         caches = rows[0] if batch == 1 else [
             ragged.RaggedLayerCache([rows[b][i] for b in range(batch)]) for i in range(n_layers)]

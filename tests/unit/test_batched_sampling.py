@@ -9,10 +9,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from mlx_lm.sample_utils import apply_top_k, apply_top_p
 
+from engine.runtime import cpu_math
 from engine.runtime.requests import SamplingParams
-from engine.runtime.sampling import RowSampler, _filtered, build_sampler, sample
+from engine.runtime.sampling import RowSampler, _filtered, _filtered_on_host, build_sampler, sample
 
 pytestmark = pytest.mark.unit
+
+
+@pytest.fixture(params=["mlx", "host"])
+def filter_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Top-k rows are filtered in MLX, or on the CPU's fast path in numpy (sampling._filtered_on_host)."""
+    monkeypatch.setattr(cpu_math, "_active", request.param == "host")
+    return request.param
 
 
 def kept_by_mlx_lm(logprobs: mx.array, top_p: float, top_k: int) -> set[int]:
@@ -43,9 +51,16 @@ def test_the_kept_tokens_equal_mlx_lm_top_p_and_top_k(seed: int, top_p: float, t
     logits = mx.array(rng.normal(size=(1, 300)).astype(np.float32) * sharpness)
     logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
     assert kept_by_ours(logprobs, top_p, top_k) == kept_by_mlx_lm(logprobs, top_p, top_k)
+    if top_k:
+        values, ids = _filtered_on_host(logits, top_p, top_k)  # (from the raw logits: it normalizes them)
+        kept = {int(np.array(ids[0])[j]) for j in np.nonzero(np.isfinite(np.array(values[0])))[0]}
+        assert kept == kept_by_mlx_lm(logprobs, top_p, top_k)
+        finite = np.isfinite(np.array(values[0]))
+        np.testing.assert_allclose(np.array(values[0])[finite],
+                                   np.array(logprobs[0])[np.array(ids[0])[finite]], rtol=1e-5, atol=1e-5)
 
 
-def test_draws_follow_the_filtered_distribution() -> None:
+def test_draws_follow_the_filtered_distribution(filter_path: str) -> None:
     """Temperature scales the kept log-probabilities; dropped tokens are never drawn."""
     probs = np.array([0.4, 0.3, 0.15, 0.1, 0.05])
     logits = mx.array(np.log(probs)[None, :].astype(np.float32))
@@ -60,7 +75,7 @@ def test_draws_follow_the_filtered_distribution() -> None:
     assert np.allclose(counts[:3] / rows, expected, atol=0.03), (counts, expected)
 
 
-def test_a_seeded_request_draws_the_same_tokens_alone_or_in_any_batch() -> None:
+def test_a_seeded_request_draws_the_same_tokens_alone_or_in_any_batch(filter_path: str) -> None:
     row = mx.array(np.random.default_rng(0).normal(size=(1, 500)).astype(np.float32))
     mine = SamplingParams(temperature=0.8, top_p=0.95, top_k=40, seed=1234)
     same_group = SamplingParams(temperature=0.8, top_p=0.95, top_k=40, seed=5)
@@ -86,3 +101,14 @@ def test_greedy_rows_take_the_argmax_next_to_sampled_rows() -> None:
     best = np.argmax(np.array(logits), axis=-1)
     assert tokens[0] == best[0] and tokens[2] == best[2]
     assert tokens[3] in set(np.argsort(-np.array(logits[3]))[:5])
+
+
+def test_temperature_alone_draws_from_the_whole_softened_distribution() -> None:
+    """Nothing to filter: the draw skips the normalizer, and every token keeps its chance."""
+    probs = np.array([0.4, 0.3, 0.15, 0.1, 0.05])
+    logits = mx.array(np.log(probs)[None, :].astype(np.float32) + 7.0)  # (unnormalized on purpose)
+    rows = 4000
+    samplers = [RowSampler(SamplingParams(temperature=2.0, seed=i)) for i in range(rows)]
+    counts = np.bincount(np.array(sample(mx.repeat(logits, rows, axis=0), samplers)), minlength=5)
+    expected = probs ** 0.5 / (probs ** 0.5).sum()  # temperature 2 takes the square root
+    assert np.allclose(counts / rows, expected, atol=0.03), (counts, expected)

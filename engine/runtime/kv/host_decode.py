@@ -70,6 +70,9 @@ def _warm_up() -> None:
         writes = np.ones(2, dtype=np.int64)
         host_kernels.batch_rows(q, table, np.array([0, 1, 2]), np.zeros(2, dtype=np.int64), 1, out, 0, 2,
                                 np.zeros((2, 1, 4), dtype=np.float32), np.zeros((2, 1, 4), dtype=np.float32), writes)
+        from engine.runtime.top_k_kernel import top_k_rows  # (sampling's, loaded here too: same compiler)
+
+        top_k_rows(np.zeros((1, 4), dtype=np.float32), 2, np.empty((1, 2), dtype=np.int64))
     except Exception as exc:  # noqa: BLE001 (any failure to load or compile means: not here)
         enabled = False
         log.warning("decode attention stays in MLX: its compiled loops did not load (%s: %s)", type(exc).__name__, exc)
