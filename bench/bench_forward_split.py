@@ -14,8 +14,9 @@ batch 1 and 16 with every row holding ``--context`` tokens:
   fewer weight bytes or doing less arithmetic;
 - where the engine's ragged forward goes at batch 16: the same forward with
   each row's attention in MLX instead of compiled loops (``kv/host_decode.py``), with
-  attention left out (each layer's queries passed on), then with the cache
-  writes left out too, and with the rows' keys and values gathered into one
+  attention left out (each layer's queries passed on; the step's positions
+  written through MLX's slice updates, which the engine's compiled loops
+  otherwise do in place), then with the cache writes left out too, and with the rows' keys and values gathered into one
   batch for a single attention call per layer (what a padded batch layout
   would cost, the gather's copy included);
 - memory read bandwidth (numpy summing 256 MB), which bounds the batch-1 weight read;
@@ -148,7 +149,12 @@ def _mlx_attend(self, queries, scale, mask, sinks=None):
 
 
 def _no_attend(self, queries, scale, mask, sinks=None):
+    """Attention left out; the step's positions still written (through MLX, as without host_decode's writes)."""
     self._held = []
+    new, claimed, self._new, self._claimed = self._new, self._claimed, None, []
+    for b, at in enumerate(claimed):
+        if at is not None:
+            self.rows[b].write_claimed(at, new[0][b:b + 1], new[1][b:b + 1])
     return queries
 
 
