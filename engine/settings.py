@@ -65,7 +65,7 @@ class Settings(BaseSettings):
     batch_window_ms: float = Field(10.0, ge=0, le=1000, description="An idle engine waits this long for more requests to prefill together.")
     prefill_batch_size: int = Field(4, ge=1, le=64, description="Most prompts prefilled together.")
     prefill_step_size: int = Field(512, ge=16, description="Prompt tokens processed per prefill chunk (bounds memory; progress is reported per chunk).")
-    fast_cpu_math: bool = Field(True, description="On the CPU, compute attention's softmax, SiLU and GELU (Gemma) with an exp built from MLX's fast arithmetic (within 2 ulp of mx.exp, about 5x faster per element; GELU about 10x), a long prefill chunk's attention in cache-sized blocks, and a decode batch's attention in compiled loops over each agent's cache (numba). Off: MLX's own kernels, as mlx_lm runs them.")
+    fast_cpu_math: bool = Field(True, description="On the CPU, compute attention's softmax, SiLU and GELU (Gemma) with an exp built from MLX's fast arithmetic (within 2 ulp of mx.exp, about 5x faster per element; GELU about 10x), a long prefill chunk's attention in cache-sized blocks, a decode batch's attention in compiled loops over each agent's cache that also write the step's keys and values in place (numba), and sampling's top-k pass over the vocabulary in numpy. Off: MLX's own kernels, as mlx_lm runs them.")
     default_max_tokens: int = Field(1024, ge=1, description="Tokens generated when a request names no limit.")
     max_output_tokens: int = Field(
         4096, ge=1,
