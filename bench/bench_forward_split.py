@@ -13,12 +13,13 @@ batch 1 and 16 with every row holding ``--context`` tokens:
   activations' shapes): the floor a forward cannot go under without reading
   fewer weight bytes or doing less arithmetic;
 - where the engine's ragged forward goes at batch 16: the same forward with
-  each row's attention in MLX instead of compiled loops (``kv/host_decode.py``), with
-  attention left out (each layer's queries passed on; the step's positions
-  written through MLX's slice updates, which the engine's compiled loops
-  otherwise do in place), then with the cache writes left out too, and with the rows' keys and values gathered into one
-  batch for a single attention call per layer (what a padded batch layout
-  would cost, the gather's copy included);
+  the step's keys and values written through MLX slice updates instead of in
+  place by the compiled loops; with each row's attention in MLX instead of
+  compiled loops (``kv/host_decode.py``); with attention left out (each
+  layer's queries passed on, the step's positions written through MLX);
+  then with the cache writes left out too; and with the rows' keys and
+  values gathered into one batch for a single attention call per layer
+  (what a padded batch layout would cost, the gather's copy included);
 - memory read bandwidth (numpy summing 256 MB), which bounds the batch-1 weight read;
 - MLX's elementwise transcendental ops (exp, sigmoid, sin) against numpy's on
   the same data: the activations, rotary embeddings and softmax use them.
@@ -158,12 +159,19 @@ def _no_attend(self, queries, scale, mask, sinks=None):
     return queries
 
 
+def _writes_through_mlx(self, keys, values):
+    """The step's positions written through MLX slice updates (as before host_decode wrote them in place)."""
+    self._held = [row.append_one(keys[b:b + 1], values[b:b + 1]) for b, row in enumerate(self.rows)]
+    self._new, self._claimed = None, []
+
+
 def _no_write(self, keys, values):
     return keys, values
 
 
 ABLATIONS = {  # label: RaggedLayerCache methods swapped in (every row holds the same context, so no masks)
     "engine (fast CPU math, decode attention in compiled loops)": {},
+    "positions written through MLX slice updates, not in place": {"_decode_positions": _writes_through_mlx},
     "attention per row in MLX (host_decode off)": {"attend": _mlx_attend},
     "rows gathered, one attention per layer": {"attend": _gathered_attend},
     "attention left out": {"attend": _no_attend},
