@@ -120,13 +120,21 @@ def test_claimed_positions_are_written_through_mlx_when_attention_stays_there(ro
 
 
 def test_nothing_is_claimed_outside_the_engine_forward_or_with_host_decode_off(monkeypatch) -> None:
+    """There the position is written at once, through MLX (a claimed one is written only when attention runs)."""
     monkeypatch.setattr(cpu_math, "_active", True)
     rows = [filled(5, seed=0), filled(7, seed=1)]
-    layer = RaggedLayerCache(rows)
-    k = mx.zeros((2, KV_HEADS, 1, DIM))
-    layer.update_and_fetch(k, k)  # not routed: mlx-lm's own callers of the model
-    assert layer._claimed == []
+
+    def written_at_once(seed: int) -> bool:
+        new_k, new_v = kv(2, seed)
+        new_k, new_v = new_k.transpose(2, 1, 0, 3), new_v.transpose(2, 1, 0, 3)  # (2 rows, heads, 1, dim)
+        RaggedLayerCache(rows).update_and_fetch(new_k, new_v)
+        return all(np.array_equal(np.asarray(r.keys)[:, :, r.offset - 1], np.asarray(new_k)[b:b + 1, :, 0])
+                   for b, r in enumerate(rows))
+
+    assert written_at_once(seed=2)  # not routed: mlx-lm's own callers of the model
     monkeypatch.setattr(host_decode, "enabled", False)
     with cpu_math.routing():
-        layer.update_and_fetch(k, k)
-    assert layer._claimed == []
+        assert written_at_once(seed=3)
+    monkeypatch.setattr(host_decode, "enabled", True)
+    with cpu_math.routing():
+        assert not written_at_once(seed=4)  # claimed: left for host_decode's loops
