@@ -125,13 +125,7 @@ def _filtered_on_host(logits: mx.array, top_p: float, top_k: int) -> tuple[mx.ar
     np.exp(np.subtract(host, top, out=shifted), out=shifted)
     normalizer = top + np.log(shifted.sum(axis=-1, keepdims=True, dtype=np.float32))
     logprobs = np.take_along_axis(host, ids, axis=-1) - normalizer
-    if 0 < top_p < 1:  # _top_p's steps, on k values
-        order = np.argsort(-logprobs, axis=-1)
-        logprobs, ids = np.take_along_axis(logprobs, order, axis=-1), np.take_along_axis(ids, order, axis=-1)
-        probs = np.exp(logprobs)
-        mass_above = np.cumsum(probs, axis=-1, dtype=np.float32) - probs
-        logprobs = np.where(mass_above >= top_p, -np.inf, logprobs).astype(np.float32)
-    return mx.array(logprobs), mx.array(ids.astype(np.uint32))
+    return _top_p(mx.array(logprobs), mx.array(ids.astype(np.uint32)), top_p)  # (on k values: cheap in MLX)
 
 
 def _top_k_ids(host: np.ndarray, k: int) -> np.ndarray:

@@ -118,11 +118,12 @@ PART_COLUMNS = 5
 
 
 @numba.njit(nogil=True, fastmath=_FAST, cache=True)
-def write_last(parts, line, new, stride):  # pragma: no cover (compiled)
-    """Copy ``new`` (kv_heads, dim) into the last position of part ``line`` (its keys: column KEYS, values: VALUES)."""
+def write_last(address, stride, length, new):  # pragma: no cover (compiled)
+    """Copy ``new`` (kv_heads, dim) into position ``length - 1`` of the flat (1, kv_heads, capacity, dim) floats
+    at ``address``, whose heads are ``stride`` floats apart."""
     kv_heads, dim = new.shape
-    at = (parts[line[0], LENGTH] - 1) * dim
-    flat = numba.carray(_floats_at(parts[line[0], line[1]]), ((kv_heads - 1) * stride + at + dim,))
+    at = (length - 1) * dim
+    flat = numba.carray(_floats_at(address), ((kv_heads - 1) * stride + at + dim,))
     for h in range(kv_heads):
         flat[h * stride + at:h * stride + at + dim] = new[h]
 
@@ -147,9 +148,9 @@ def batch_rows(q, parts, row_parts, hidden, kv_heads, out, first, last, new_keys
     nothing = np.zeros(1, dtype=np.uint8)
     for b in range(first, last):
         if writes[b]:
-            own = row_parts[b + 1] - 1
-            write_last(parts, (own, KEYS), new_keys[b], parts[own, K_STRIDE])
-            write_last(parts, (own, VALUES), new_values[b], parts[own, V_STRIDE])
+            own = parts[row_parts[b + 1] - 1]
+            write_last(own[KEYS], own[K_STRIDE], own[LENGTH], new_keys[b])
+            write_last(own[VALUES], own[V_STRIDE], own[LENGTH], new_values[b])
         total = 0
         for i in range(row_parts[b], row_parts[b + 1]):
             total += parts[i, LENGTH]
