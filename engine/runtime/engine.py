@@ -40,7 +40,7 @@ from .engine_ops import EngineOp
 from .replica import Replica
 from .event_log import EventKind, EventLog
 from .hot_cache import HotCache
-from . import cpu_math
+from . import cpu_math, host_linear
 from .kv import host_decode, ragged
 from .requests import AgentSource, EventSink, FinishReason, GenerationRequest
 from .snapshot import AgentView, EngineSnapshot
@@ -151,6 +151,9 @@ class Engine:
         hooked = ragged.install(loaded.model)
         if fast and hooked:
             host_decode.prepare()
+        if fast:
+            host_linear.install(loaded.model)
+            host_linear.prepare()
         self.hot = HotCache(loaded.spec, self._pool, share_by_reference=hooked)
         cool = quantization_for(config.kv_bits, loaded.spec.head_dim, loaded.spec.value_head_dim)
         self.tiers = TierManager(self.hot, self.agents, self.events, store, cool=cool)

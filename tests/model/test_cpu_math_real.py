@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.runtime import cpu_math
+from engine.runtime import cpu_math, host_forward
 from engine.runtime.kv import host_decode
 from engine.runtime.requests import GenerationRequest
 from engine.runtime.sync_client import run_turns
@@ -48,8 +48,8 @@ def test_long_prompts_batched_through_the_fast_paths_equal_mlx_lm(request, model
     loaded = request.getfixturevalue(model_name)
     if not cpu_math.on_cpu():
         pytest.skip("the fast paths are for the CPU")
-    calls = {"blocked": 0, "kernel": 0, "swiglu": 0, "gelu_approx": 0, "host_decode": 0}
-    blocked, kernel, host = cpu_math._blocked, cpu_math._attention, host_decode.attend
+    calls = {"blocked": 0, "kernel": 0, "swiglu": 0, "gelu_approx": 0, "host_decode": 0, "host_forward": 0}
+    blocked, kernel, host, forward = cpu_math._blocked, cpu_math._attention, host_decode.attend_host, host_forward.decode
     activations = {name: getattr(cpu_math, name) for name in ("swiglu", "gelu_approx")}
 
     def counting(name: str):
@@ -70,7 +70,12 @@ def test_long_prompts_batched_through_the_fast_paths_equal_mlx_lm(request, model
         calls["host_decode"] += 1
         return host(*args)
 
-    monkeypatch.setattr(host_decode, "attend", counting_host)
+    def counting_forward(*args):
+        calls["host_forward"] += 1
+        return forward(*args)
+
+    monkeypatch.setattr(host_decode, "attend_host", counting_host)
+    monkeypatch.setattr(host_forward, "decode", counting_forward)
     monkeypatch.setattr(cpu_math, "_blocked", counting_blocked)
     monkeypatch.setattr(cpu_math, "_attention", counting_kernel)
     for name in activations:
@@ -86,8 +91,13 @@ def test_long_prompts_batched_through_the_fast_paths_equal_mlx_lm(request, model
     assert calls["blocked"] > 0 and calls["kernel"] > calls["blocked"]
     activation = "swiglu" if model_name == "smollm2" else "gelu_approx"
     assert calls[activation] > 0, calls
-    # The two rows decode together: their attention ran in host_decode's compiled loops, both layer kinds for Gemma.
+    # The two rows decode together: their attention ran in host_decode's compiled loops, both layer kinds for Gemma;
+    # SmolLM2's whole decode step ran on the host (host_forward), Gemma's sliding windows keep MLX's forward.
     assert calls["host_decode"] >= (MAX_TOKENS - 2) * len(loaded.model.layers) // 2, calls
+    if model_name == "smollm2":
+        assert calls["host_forward"] >= MAX_TOKENS - 2, calls
+    else:
+        assert calls["host_forward"] == 0, calls
     before = dict(calls)
     eos = set(loaded.eos_token_ids)
     for result, prompt in zip(results, prompts):

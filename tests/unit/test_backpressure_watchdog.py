@@ -22,11 +22,12 @@ pytestmark = pytest.mark.unit
 
 
 class Gate:
-    """A batch whose steps wait while the gate is closed: an MLX call that hangs."""
+    """A batch whose steps wait while the gate is closed: an MLX call that hangs; ``step_s``: a slow model."""
 
-    def __init__(self) -> None:
+    def __init__(self, step_s: float = 0.0) -> None:
         self.open = threading.Event()
         self.open.set()
+        self.step_s = step_s
 
     def factory(self, loaded, limits, hooks):
         batch = sequence_batch_factory(loaded, limits, hooks)
@@ -34,6 +35,7 @@ class Gate:
 
         def gated_step():
             self.open.wait()
+            time.sleep(self.step_s)
             return step()
 
         batch.step = gated_step
@@ -86,7 +88,7 @@ async def test_the_http_answer_to_a_full_queue_is_429_in_each_protocols_shape(tm
 
 
 def test_a_request_that_waited_past_the_queue_timeout_is_refused_as_overloaded() -> None:
-    gate = Gate()
+    gate = Gate(step_s=0.005)  # the two long turns hold the batch for ~2 s however fast the tiny model decodes
     engine = engine_with(gate, queue_timeout_s=0.3)
     finished: list[FinishEvent] = []
     done = threading.Event()

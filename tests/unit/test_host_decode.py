@@ -6,6 +6,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from engine.runtime import host_forward
 from engine.runtime.kv import host_decode
 from engine.runtime.requests import GenerationRequest
 from engine.runtime.sync_client import run_turns
@@ -124,7 +125,10 @@ def test_it_applies_only_where_it_computes_what_mlx_would() -> None:
 @pytest.mark.parametrize("kind", ["llama", "gemma"])
 def test_a_batched_engine_decodes_through_it_with_the_tokens_mlx_attention_gives(
         kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The tiny Gemma's window layers pass their rings (past the window: a boolean mask per key)."""
+    """The tiny Gemma's window layers pass their rings (past the window: a boolean mask per key). The tiny
+    Llama's decode steps would run on the host whole (host_forward.py, tested there): here they go through
+    MLX's forward, whose attention hook hands its batch to host_decode."""
+    monkeypatch.setattr(host_forward, "enabled", False)
     calls = []
     real = host_decode.attend
     # (each call records whether the step's positions came to it to write in place: FullKV.claim_one)

@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import mlx.core as mx
 
-from engine.runtime import cpu_math
+from engine.runtime import cpu_math, host_forward
 from engine.runtime.kv import ragged
 from engine.runtime.kv.sequence_kv import CheckpointKind
 from engine.runtime.sampling import sample
@@ -280,6 +280,8 @@ class SequenceBatch:
             return self.model(inputs, cache=cache)
 
     def _forward(self, rows: list[Sequence], inputs: mx.array) -> mx.array:
+        if host_forward.applies(self.model, [s.kv for s in rows]):
+            return host_forward.decode(self.model, inputs, [s.kv for s in rows])
         if len(rows) == 1:
             return self._run_model(inputs[:, None], cache=rows[0].kv.caches())[:, -1, :]
         if self.ragged:

@@ -125,12 +125,17 @@ class FullKV(KVCache):
         """Take the next position for a decode step whose key and value the caller writes in place
         (host_decode); returns its index in the own arrays, or None where only :meth:`append_one` may
         write it: a position written before (a view taken then may still show it), or arrays not known."""
-        at = self.offset - self.base
-        if self._untouched_from is None or at < self._untouched_from or at >= self.own_capacity:
+        if not self.can_claim():
             return None
+        at = self.offset - self.base
         self.offset += 1
         self._untouched_from = at + 1
         return at
+
+    def can_claim(self) -> bool:
+        """Whether :meth:`claim_one` would take the next position (and not return None)."""
+        at = self.offset - self.base
+        return self._untouched_from is not None and self._untouched_from <= at < self.own_capacity
 
     def write_claimed(self, at: int, keys: mx.array, values: mx.array) -> None:
         """Write a claimed position through MLX after all (the batch's attention did not run in host_decode)."""

@@ -121,9 +121,26 @@ def attend(queries: mx.array, parts_per_row: Sequence[Sequence[PartArrays]], sca
     key_masks = [m if isinstance(m, mx.array) else None for m in masks]
     mx.eval(queries, [(k, v) for parts in parts_per_row for k, v, _ in parts],
             [m for m in key_masks if m is not None], new[:2] if new is not None else [])
+    scaled = np.asarray(queries)[:, :, 0, :] * np.float32(scale)
+    if new is not None:
+        new_keys, new_values, claimed = _rows(new[0]), _rows(new[1]), new[2]
+    else:
+        new_keys = new_values = None
+        claimed = ()
+    hidden = [None if m is None else np.asarray(m) for m in key_masks]
+    out = attend_host(scaled, parts_per_row, new_keys, new_values, claimed, hidden)
+    return mx.array(out[:, :, None, :])
+
+
+def attend_host(scaled: np.ndarray, parts_per_row: Sequence[Sequence[PartArrays]], new_keys: np.ndarray | None,
+                new_values: np.ndarray | None, claimed: Sequence[Optional[int]],
+                hidden: Sequence[np.ndarray | None] | None = None) -> np.ndarray:
+    """:func:`attend` on host arrays: ``scaled`` (batch, heads, dim) queries already times the scale; ``new_keys``
+    and ``new_values`` (batch, kv_heads, dim) and ``claimed`` as ``new`` there; ``hidden``: per row None or a
+    boolean per key (False: hidden). The parts' arrays must be evaluated. Returns (batch, heads, v_dim)."""
     from . import host_kernels  # (numba: imported where the CPU decodes, not where Metal or CUDA do)
 
-    scaled = np.ascontiguousarray((np.asarray(queries) * np.float32(scale))[:, :, 0, :])
+    scaled = np.ascontiguousarray(scaled, dtype=np.float32)
     batch, heads, _ = scaled.shape
     kv_heads = parts_per_row[0][0][0].shape[1]
     out = np.empty((batch, heads, parts_per_row[0][0][1].shape[-1]), dtype=np.float32)
@@ -131,13 +148,11 @@ def attend(queries: mx.array, parts_per_row: Sequence[Sequence[PartArrays]], sca
     table = np.empty((sum(len(parts) for parts in parts_per_row), host_kernels.PART_COLUMNS), dtype=np.int64)
     row_parts = np.zeros(batch + 1, dtype=np.int64)
     writes = np.zeros(batch, dtype=np.int64)
-    if new is not None:
-        new_keys, new_values = _rows(new[0]), _rows(new[1])
-        for b, at in enumerate(new[2]):
-            if at is not None:
-                assert parts_per_row[b][-1][2] == at + 1, "a claimed position is the last key of its row"
-                writes[b] = 1
-    else:
+    for b, at in enumerate(claimed):
+        if at is not None:
+            assert parts_per_row[b][-1][2] == at + 1, "a claimed position is the last key of its row"
+            writes[b] = 1
+    if not writes.any():
         new_keys = new_values = _NO_ROWS
     line = 0
     for b, parts in enumerate(parts_per_row):
@@ -146,13 +161,13 @@ def attend(queries: mx.array, parts_per_row: Sequence[Sequence[PartArrays]], sca
             table[line] = (*_flat(keys, alive, in_place), *_flat(values, alive, in_place), length)
             line += 1
         row_parts[b + 1] = line
-    hidden = np.zeros(batch, dtype=np.int64)
-    for b, m in enumerate(key_masks):
+    addresses = np.zeros(batch, dtype=np.int64)
+    for b, m in enumerate(hidden or ()):
         if m is not None:
-            hidden[b] = _address(np.logical_not(np.asarray(m)).astype(np.uint8).reshape(-1), alive)
+            addresses[b] = _address(np.logical_not(m).astype(np.uint8).reshape(-1), alive)
     chunks = _chunks([sum(n for _, _, n in parts) for parts in parts_per_row])
     run = host_kernels.batch_rows
-    args = (scaled, table, row_parts, hidden, kv_heads, out)
+    args = (scaled, table, row_parts, addresses, kv_heads, out)
     pending = [_workers().submit(run, *args, c[0], c[-1] + 1, new_keys, new_values, writes) for c in chunks[1:]]
     try:
         run(*args, chunks[0][0], chunks[0][-1] + 1, new_keys, new_values, writes)
@@ -163,7 +178,7 @@ def attend(queries: mx.array, parts_per_row: Sequence[Sequence[PartArrays]], sca
     for future in pending:
         future.result()
     del alive
-    return mx.array(out[:, :, None, :])
+    return out
 
 
 def _flat(array: mx.array, alive: list[np.ndarray], in_place: bool = False) -> tuple[int, int]:

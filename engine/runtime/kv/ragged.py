@@ -90,7 +90,7 @@ class RaggedLayerCache:
         held, self._held = self._held, []
         new, claimed, self._new, self._claimed = self._new, self._claimed, None, []
         if held and cpu_math.routed():
-            parts = [_host_parts(row, n) for row, n in zip(self.rows, held)]
+            parts = [host_parts(row, n) for row, n in zip(self.rows, held)]
             if host_decode.applies(queries, parts, masks, sinks):
                 return host_decode.attend(queries, parts, scale, masks, (*new, claimed) if new else None)
         if new is not None:  # claimed, but attention runs in MLX after all: write those positions through it
@@ -107,7 +107,7 @@ class RaggedLayerCache:
         return mx.concatenate(outputs, axis=0)
 
 
-def _host_parts(row: Any, held: int) -> list[host_decode.PartArrays]:
+def host_parts(row: Any, held: int) -> list[host_decode.PartArrays]:
     """A row's parts for host_decode: its shared segments, then the first ``held`` positions of its own arrays."""
     segments = [(k, v, k.shape[2]) for k, v in (getattr(row, "prefix", None) or ())]
     return [*segments, (row.keys, row.values, held)]

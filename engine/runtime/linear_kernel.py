@@ -1,0 +1,80 @@
+"""``x @ W.T`` for a few rows of ``x``, in one compiled pass over the weights (numba).
+
+A decode step multiplies a handful of rows (one per agent) by every weight
+matrix of the model, so its linear layers read the weights once and do
+little arithmetic per byte: they are bound by memory bandwidth. BLAS's
+``sgemm`` first copies ("packs") the weight matrix into its own layout,
+which at a few rows costs more than the product: measured on this
+project's 2-core x86 machines over SmolLM2's 538 MB of float32 weights,
+OpenBLAS's ``sgemm`` took 54-56 ms at 1 to 4 rows (~10 GB/s), this pass
+20 ms at one row, 23 ms at 2, 27 ms at 4 and 37 ms at 8 (against 45), and
+the same 56 ms at 16 (``bench/bench_step_profile.py`` shows it in a step).
+
+Four weight rows at a time: each is read from memory once and multiplied
+with every row of ``x`` (which stays in the CPU's cache), so a load of ``x``
+feeds four multiply-adds. Output rows are split across threads
+(``parallel``: numba's OpenMP layer, or its work queue where OpenMP is not
+installed). Sums may be reassociated for SIMD (``fastmath`` reassoc and
+contract only), as BLAS's blocked sums are; the real-model tests hold greedy
+tokens to mlx-lm's.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+_FAST = {"reassoc", "contract"}
+# Weight rows per block; a thread's share of the output is a multiple of it.
+_BLOCK = 4
+
+
+@numba.njit(nogil=True, fastmath=_FAST, cache=True)
+def _rows(x, weights, out, start, end):  # pragma: no cover (compiled)
+    """``out[:, j] = x @ weights[j]`` for ``start <= j < end``."""
+    batch, inner = x.shape
+    j = start
+    while j + _BLOCK <= end:
+        w0 = weights[j]
+        w1 = weights[j + 1]
+        w2 = weights[j + 2]
+        w3 = weights[j + 3]
+        for m in range(batch):
+            xm = x[m]
+            s0 = np.float32(0.0)
+            s1 = np.float32(0.0)
+            s2 = np.float32(0.0)
+            s3 = np.float32(0.0)
+            for k in range(inner):
+                v = xm[k]
+                s0 += v * w0[k]
+                s1 += v * w1[k]
+                s2 += v * w2[k]
+                s3 += v * w3[k]
+            out[m, j] = s0
+            out[m, j + 1] = s1
+            out[m, j + 2] = s2
+            out[m, j + 3] = s3
+        j += _BLOCK
+    while j < end:
+        w0 = weights[j]
+        for m in range(batch):
+            xm = x[m]
+            s0 = np.float32(0.0)
+            for k in range(inner):
+                s0 += xm[k] * w0[k]
+            out[m, j] = s0
+        j += 1
+
+
+@numba.njit(nogil=True, fastmath=_FAST, parallel=True, cache=True)
+def times_transposed(x, weights, out, shares):  # pragma: no cover (compiled)
+    """``out = x @ weights.T``: ``x`` (rows, inner), ``weights`` (outputs, inner), both C-contiguous float32.
+
+    ``shares``: how many parts the outputs are split into, one per thread.
+    """
+    outputs = weights.shape[0]
+    step = (outputs + shares - 1) // shares
+    step = (step + _BLOCK - 1) // _BLOCK * _BLOCK
+    for p in numba.prange(shares):
+        _rows(x, weights, out, min(outputs, p * step), min(outputs, (p + 1) * step))

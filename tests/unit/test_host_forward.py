@@ -1,0 +1,170 @@
+"""A Llama decode step on the host (runtime/host_forward.py): MLX's logits and cache writes, and where it applies."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+from mlx_lm.models import llama
+
+from engine.runtime import cpu_math, host_forward, host_linear
+from engine.runtime.kv import host_decode
+from engine.runtime.kv.full_kv import FullKV, KVShape
+from engine.runtime.requests import GenerationRequest
+from engine.runtime.sync_client import run_turns
+from tests.support.byte_tokenizer import BOS
+from tests.support.tiny_models import tiny_gemma3, tiny_llama
+from tests.unit.test_engine_batching import make_engine
+
+pytestmark = pytest.mark.unit
+
+
+@dataclass
+class Row:
+    """What decode reads of a sequence's cache: its layers."""
+
+    layers: list[FullKV]
+
+
+def llama_model(seed: int = 0, **changes) -> llama.Model:
+    mx.random.seed(seed)
+    args = dict(model_type="llama", hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4,
+                num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=97, tie_word_embeddings=True)
+    model = llama.Model(llama.ModelArgs(**{**args, **changes}))
+    mx.eval(model.parameters())
+    return model
+
+
+def prefilled(model: llama.Model, tokens: list[int]) -> list[FullKV]:
+    attn = model.model.layers[0].self_attn
+    shape = KVShape(attn.n_kv_heads, attn.head_dim, attn.head_dim, mx.float32)
+    layers = [FullKV(shape, block_tokens=16) for _ in model.model.layers]
+    for layer in layers:
+        layer.reserve(len(tokens) + 8)
+    mx.eval(model(mx.array([tokens]), cache=layers))
+    return layers
+
+
+@pytest.fixture
+def routed(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(cpu_math, "_active", True)
+    monkeypatch.setattr(host_decode, "enabled", True)
+    monkeypatch.setattr(host_forward, "enabled", True)
+    with cpu_math.routing():
+        yield
+
+
+@pytest.mark.parametrize("changes", [
+    {},
+    {"attention_bias": True, "mlp_bias": True, "tie_word_embeddings": False},
+    {"rope_traditional": True, "rope_theta": 500000.0, "head_dim": 32},
+], ids=["smollm2-like", "biases-and-output-layer", "traditional-rope"])
+@pytest.mark.parametrize("rows", [1, 3, 11], ids=["1-row", "3-rows", "11-rows-blas"])
+def test_decode_steps_give_mlx_forward_logits_and_cache_writes(routed, changes: dict, rows: int) -> None:
+    model = llama_model(**changes)
+    host_linear.install(model)
+    assert host_forward.supports(model)
+    prompts = [[(7 * b + i) % 97 for i in range(3 + 5 * b)] for b in range(rows)]
+    host_rows = [Row(prefilled(model, p)) for p in prompts]
+    mlx_rows = [prefilled(model, p) for p in prompts]
+    tokens = [p[-1] for p in prompts]
+    for step in range(3):
+        assert host_forward.applies(model, host_rows)
+        got = np.asarray(host_forward.decode(model, mx.array(tokens, dtype=mx.uint32), host_rows))
+        with cpu_math.routing():  # (inside, the patched layers would use the host pass: compare with MLX's)
+            cpu_math._local.on = False
+            expected = np.concatenate([np.asarray(model(mx.array([[t]]), cache=layers)[:, -1, :])
+                                       for t, layers in zip(tokens, mlx_rows)])
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+        assert (got.argmax(-1) == expected.argmax(-1)).all()
+        for host_row, layers in zip(host_rows, mlx_rows):
+            for mine, theirs in zip(host_row.layers, layers):
+                assert mine.offset == theirs.offset
+                np.testing.assert_allclose(np.asarray(mine.keys[..., :mine.offset, :]),
+                                           np.asarray(theirs.keys[..., :theirs.offset, :]), rtol=1e-5, atol=1e-5)
+                np.testing.assert_allclose(np.asarray(mine.values[..., :mine.offset, :]),
+                                           np.asarray(theirs.values[..., :theirs.offset, :]), rtol=1e-5, atol=1e-5)
+        tokens = [int(t) for t in got.argmax(-1)]
+
+
+@pytest.mark.parametrize("traditional", [False, True])
+def test_rotations_are_bit_identical_to_mlx_rope(traditional: bool) -> None:
+    rope = nn.RoPE(32, traditional=traditional, base=100000.0)
+    x = np.random.default_rng(0).standard_normal((5, 3, 32)).astype(np.float32)
+    positions = np.array([0, 1, 4095, 4096, 40000])  # (the last two grow the table)
+    cos, sin = host_forward._tables.at(host_forward._Rope(32, traditional, 100000.0, 1.0), positions)
+    got = host_forward._rotate(x, cos, sin, rope)
+    for b, position in enumerate(positions):
+        expected = mx.fast.rope(mx.array(x[b:b + 1, :, None, :]), 32, traditional=traditional, base=100000.0,
+                                scale=1.0, offset=int(position))
+        assert np.array_equal(got[b], np.asarray(expected)[0, :, 0, :])
+
+
+def test_rms_norm_and_swiglu_agree_with_mlx_and_overflow_quietly() -> None:
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((4, 64)).astype(np.float32) * 3
+    norm = nn.RMSNorm(64, eps=1e-5)
+    norm.weight = mx.array(rng.standard_normal(64).astype(np.float32))
+    np.testing.assert_allclose(host_forward._rms_norm(x, norm), np.asarray(norm(mx.array(x))), rtol=1e-5, atol=1e-6)
+    gate = np.array([[-200.0, -30.0, -1.0, 0.0, 2.5, 90.0]], dtype=np.float32)
+    up = np.array([[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]], dtype=np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = host_forward._swiglu(gate, up)
+    np.testing.assert_allclose(got, np.asarray(nn.silu(mx.array(gate)) * mx.array(up)), rtol=1e-5, atol=1e-30)  # a few ulp
+
+
+def test_it_supports_only_models_whose_every_part_it_knows() -> None:
+    assert host_forward.supports(tiny_llama())
+    assert not host_forward.supports(tiny_gemma3())  # sliding windows, Gemma's norms
+    quantized = llama_model(hidden_size=64, intermediate_size=128)
+    nn.quantize(quantized, group_size=32, bits=4)
+    assert not host_forward.supports(quantized)
+    assert not host_forward.supports(llama_model(rope_scaling={"type": "llama3", "factor": 8.0,
+                                                               "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                               "original_max_position_embeddings": 8192},
+                                                 max_position_embeddings=131072))
+    assert not host_forward.supports(llama_model(layer_types=["full_attention", "sliding_attention"], sliding_window=8))
+    half = llama_model()
+    half.set_dtype(mx.float16)
+    assert not host_forward.supports(half)
+
+
+def test_it_applies_only_where_every_row_may_be_written_in_place(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = llama_model()
+    rows = [Row(prefilled(model, [1, 2, 3])), Row(prefilled(model, [4, 5]))]
+    monkeypatch.setattr(cpu_math, "_active", True)
+    assert host_forward.applies(model, rows)
+    rows[1].layers[0].trim_to(1)  # rewound: a view taken before may show position 1
+    assert not host_forward.applies(model, rows)
+    rows[1] = Row(prefilled(model, [4, 5]))
+    monkeypatch.setattr(host_decode, "enabled", False)
+    assert not host_forward.applies(model, rows)
+    monkeypatch.setattr(host_decode, "enabled", True)
+    monkeypatch.setattr(cpu_math, "_active", False)  # Metal, CUDA, or --no-fast-cpu-math
+    assert not host_forward.applies(model, rows)
+
+
+def test_an_engine_decodes_llama_on_the_host_with_the_tokens_of_mlx_forward(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = []
+    real = host_forward.decode
+    monkeypatch.setattr(host_forward, "decode", lambda *a: calls.append(len(a[2])) or real(*a))
+    prompts = [(BOS, *(f"agent {i} writes a longer line. " * (2 + i)).encode()) for i in range(4)]
+
+    def decode() -> list[list[int]]:
+        engine = make_engine("llama")
+        try:
+            return [r.tokens for r in run_turns(engine, [GenerationRequest(f"a{i}", p, 40)
+                                                         for i, p in enumerate(prompts)])]
+        finally:
+            engine.stop()
+
+    on_host = decode()
+    assert calls and max(calls) == 4 and min(calls) >= 1, calls
+    monkeypatch.setattr(host_forward, "enabled", False)
+    calls.clear()
+    assert decode() == on_host and not calls
