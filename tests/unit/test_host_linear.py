@@ -1,0 +1,133 @@
+"""A decode step's few-row linear layers through one compiled pass over the weights (host_linear, linear_kernel)."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.runtime import cpu_math, host_linear, linear_kernel
+from tests.support.tiny_models import tiny_llama
+
+pytestmark = pytest.mark.unit
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=st.integers(1, 9), outputs=st.integers(1, 37), inner=st.integers(1, 70), shares=st.integers(1, 3),
+       seed=st.integers(0, 2**16))
+def test_the_pass_equals_x_times_weights_transposed(rows: int, outputs: int, inner: int, shares: int, seed: int) -> None:
+    """Every output, with blocks of four weight rows, a tail, and shares of any size (some empty)."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((rows, inner)).astype(np.float32)
+    w = rng.standard_normal((outputs, inner)).astype(np.float32)
+    out = np.full((rows, outputs), np.nan, dtype=np.float32)
+    linear_kernel.times_transposed(x, w, out, shares)
+    np.testing.assert_allclose(out, x @ w.T, rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture
+def routed(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(cpu_math, "_active", True)
+    monkeypatch.setattr(host_linear, "enabled", True)
+    with cpu_math.routing():
+        yield
+
+
+@pytest.fixture
+def passes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The rows of each call of the compiled pass."""
+    calls: list[int] = []
+    real = linear_kernel.times_transposed
+    monkeypatch.setattr(linear_kernel, "times_transposed", lambda x, *rest: calls.append(x.shape[0]) or real(x, *rest))
+    return calls
+
+
+def linear(bias: bool) -> nn.Linear:
+    layer = nn.Linear(48, 20, bias=bias)
+    mx.eval(layer.parameters())
+    host_linear.install(layer)
+    assert type(layer) is host_linear.HostLinear
+    return layer
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_inside_the_engine_forward_up_to_8_rows_take_the_pass(routed, passes: list[int], bias: bool) -> None:
+    layer = linear(bias)
+    x = mx.array(np.random.default_rng(0).standard_normal((2, 4, 48)).astype(np.float32))  # 8 rows
+    got = layer(x)
+    expected = x @ layer.weight.T + (layer.bias if bias else 0)
+    assert got.shape == (2, 4, 20) and passes == [8]
+    np.testing.assert_allclose(np.asarray(got), np.asarray(expected), rtol=1e-5, atol=1e-5)
+    nine = mx.ones((9, 48))
+    np.testing.assert_allclose(np.asarray(layer(nine)), np.asarray(nine @ layer.weight.T + (layer.bias if bias else 0)),
+                               rtol=1e-6)
+    assert passes == [8]  # 9 rows: MLX's matmul (sgemm is as fast there)
+
+
+def test_outside_the_engine_forward_and_for_other_dtypes_mlx_computes(passes: list[int],
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    layer = linear(bias=True)
+    x = mx.ones((1, 48))
+    plain = nn.Linear(48, 20)
+    plain.update(layer.parameters())
+    assert np.array_equal(np.asarray(layer(x)), np.asarray(plain(x)))  # mlx-lm's own generation, the tests' references
+    monkeypatch.setattr(cpu_math, "_active", True)
+    with cpu_math.routing():
+        layer.set_dtype(mx.float16)
+        assert layer(x.astype(mx.float16)).dtype == mx.float16
+    assert passes == []
+
+
+def test_a_tied_output_layer_takes_the_pass(routed, passes: list[int]) -> None:
+    model = tiny_llama()
+    host_linear.install(model)
+    embed = model.model.embed_tokens
+    x = mx.array(np.random.default_rng(1).standard_normal((3, 64)).astype(np.float32))
+    np.testing.assert_allclose(np.asarray(embed.as_linear(x)), np.asarray(x @ embed.weight.T), rtol=1e-5, atol=1e-5)
+    assert passes == [3]
+
+
+def test_install_swaps_only_the_exact_classes_and_keeps_the_parameters() -> None:
+    class Adapted(nn.Linear):  # a LoRA-style subclass keeps its own __call__
+        pass
+
+    model = tiny_llama()
+    before = {k: np.asarray(v) for k, v in _flat(model.parameters())}
+    model.extra = Adapted(4, 4)
+    swapped = host_linear.install(model)
+    assert swapped == 2 * 7 + 1  # two layers of seven projections, and the embedding
+    assert type(model.extra) is Adapted
+    after = dict(_flat(model.parameters()))
+    assert all(np.array_equal(before[k], np.asarray(after[k])) for k in before)
+
+
+def _flat(tree, prefix: str = ""):
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            yield from _flat(v, f"{prefix}{k}.")
+    elif isinstance(tree, list):
+        for i, v in enumerate(tree):
+            yield from _flat(v, f"{prefix}{i}.")
+    else:
+        yield prefix, tree
+
+
+def test_a_pass_that_does_not_load_leaves_the_layers_in_mlx(routed, monkeypatch: pytest.MonkeyPatch,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    host_linear._warm_up()
+    assert host_linear.enabled
+
+    def broken(*args):
+        raise RuntimeError("no compiler here")
+
+    monkeypatch.setattr(linear_kernel, "times_transposed", broken)
+    with caplog.at_level("WARNING", logger="semantic.engine"):
+        host_linear._warm_up()
+    assert not host_linear.enabled
+    assert "linear layers stay in MLX" in caplog.text and "no compiler here" in caplog.text
+    layer = linear(bias=False)
+    x = mx.ones((1, 48))
+    np.testing.assert_allclose(np.asarray(layer(x)), np.asarray(x @ layer.weight.T), rtol=1e-6)
