@@ -5,9 +5,10 @@ script, nothing in the engine changes): per decode step,
 
 - graph: building the forward pass and the sampler (Python, MLX graph
   construction; the ragged batch's per-sequence attention included). On the
-  CPU a decode batch of several rows evaluates each layer inside the model
-  call and attends in compiled loops (``kv/host_decode.py``), so there this
-  holds the whole forward and "device" only what follows it;
+  CPU a Llama-family decode step runs whole on the host
+  (``runtime/host_forward.py``), and other models' batches evaluate each
+  layer inside the model call (``kv/host_decode.py``, ``runtime/host_linear.py``),
+  so there this holds the whole forward and "device" only what follows it;
 - device: evaluating it (``mx.async_eval`` of the step, which on the CPU
   backend computes before it returns, plus the wait when the tokens are
   read: the arithmetic itself, memory traffic and MLX's per-operation cost);
@@ -16,6 +17,10 @@ script, nothing in the engine changes): per decode step,
 - text: detokenization and stop-string checks (``BatchRunner._decode``);
 - delivery: handing events to sinks (``BatchRunner._emit``);
 - other: the rest of the engine loop around the step.
+
+Each batch also runs with the decode step through MLX's forward
+(``host_forward`` and ``host_linear`` off: the engine before them), in the
+same run, so the report shows what they change.
 
 mlx-lm's ``BatchGenerator.next()`` (what mlx_lm.server runs) is timed the same
 way where it can be: its whole step, and its detokenization as the server does
@@ -38,6 +43,7 @@ from mlx_lm.generate import BatchGenerator
 from common import base_parser, load, print_table, start_engine
 from results import BenchResult, recorded
 
+from engine.runtime import host_forward, host_linear
 from engine.runtime.batch import generator as batch_module
 from engine.runtime.batch_runner import BatchRunner
 from engine.runtime.requests import GenerationRequest, SamplingParams
@@ -118,6 +124,17 @@ def prompts(loaded, n: int) -> list[tuple[int, ...]]:
 DEFAULT_SAMPLING = SamplingParams(temperature=0.7, top_p=0.95, top_k=40, seed=0)
 
 
+@contextmanager
+def through_mlx() -> Iterator[None]:
+    """The engine's decode steps through MLX's forward (host_forward and host_linear off): the path before them."""
+    saved = host_forward.enabled, host_linear.enabled
+    host_forward.enabled = host_linear.enabled = False
+    try:
+        yield
+    finally:
+        host_forward.enabled, host_linear.enabled = saved
+
+
 def engine_profile(engine, loaded, batch: int, tokens: int, sampling: SamplingParams = SamplingParams(),
                    tag: str = "g") -> dict[str, float]:
     requests = [GenerationRequest(f"p{tag}{batch}-{i}", p, tokens, sampling=sampling, stop_strings=("\n\n\n",))
@@ -191,10 +208,16 @@ def main() -> None:
             rows = []
             for batch in BATCHES:
                 ours = engine_profile(engine, loaded, batch, tokens)
+                with through_mlx():
+                    mlx_forward = engine_profile(engine, loaded, batch, tokens, tag="m")
                 peer = batchgenerator_profile(loaded, batch, tokens)
                 rows.append([batch, *(f"{ours[k]:.1f}" for k in PARTS),
                              f"{ours['tok/s']:.1f}", f"{peer['step (forward, sample, sync)']:.1f}",
                              f"{peer['text']:.1f}", f"{peer['tok/s']:.1f}"])
+                rows.append([f"{batch}, MLX forward", *(f"{mlx_forward[k]:.1f}" for k in PARTS),
+                             f"{mlx_forward['tok/s']:.1f}", "", "", ""])
+                result.metric("decode throughput", f"engine through MLX's forward, batch {batch}", mlx_forward["tok/s"],
+                              "tok/s")
                 for key in PARTS:
                     result.metric(f"engine step at batch {batch} (ms per step)", key, ours[key], "ms", better="lower")
                 result.metric("decode throughput", f"engine, batch {batch}", ours["tok/s"], "tok/s")
