@@ -172,14 +172,8 @@ def _linear(x: np.ndarray, layer: nn.Linear) -> np.ndarray:
 
 def _times(x: np.ndarray, weight: np.ndarray) -> np.ndarray:
     """``x @ weight.T``: the few-row pass (``linear_kernel``) where it is faster than BLAS, else BLAS."""
-    x = np.ascontiguousarray(x, dtype=np.float32)
-    if x.shape[0] <= host_linear.MAX_ROWS and host_linear.enabled and weight.flags.c_contiguous:
-        from engine.runtime.linear_kernel import times_transposed
-
-        out = np.empty((x.shape[0], weight.shape[0]), dtype=np.float32)
-        times_transposed(x, weight, out, host_linear.threads())
-        return out
-    return x @ weight.T
+    out = host_linear.times(x, weight)
+    return x @ weight.T if out is None else out
 
 
 def _rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, rope: nn.RoPE) -> np.ndarray:

@@ -48,21 +48,29 @@ def _times_weights(x: mx.array, weights: mx.array) -> mx.array | None:
         return None
     inner = x.shape[-1]
     rows = x.size // inner if inner else 0
-    if not 0 < rows <= MAX_ROWS or not _busy.acquire(blocking=False):
+    if not 0 < rows <= MAX_ROWS:
+        return None
+    mx.eval(x, weights)
+    out = times(np.asarray(x).reshape(rows, inner), np.asarray(weights))
+    return None if out is None else mx.array(out.reshape(*x.shape[:-1], out.shape[-1]))
+
+
+def times(x: np.ndarray, weights: np.ndarray) -> np.ndarray | None:
+    """``x @ weights.T`` for ``x`` (rows, inner) through the compiled pass; None where it does not run: more
+    than ``MAX_ROWS`` rows, weights that are not one C-contiguous float32 buffer (a view of another array:
+    BLAS reads it where it lies, a copy would cost more), the pass off, or another thread inside it."""
+    if not (enabled and 0 < x.shape[0] <= MAX_ROWS and weights.dtype == np.float32 and weights.flags.c_contiguous):
+        return None
+    if not _busy.acquire(blocking=False):
         return None
     try:
-        from engine.runtime.linear_kernel import times_transposed  # (numba: only where the CPU decodes)
+        from engine.runtime import linear_kernel  # (numba: only where the CPU decodes)
 
-        mx.eval(x, weights)
-        w = np.asarray(weights)
-        if not w.flags.c_contiguous:
-            return None  # (a view of another array: BLAS reads it where it lies, a copy would cost more)
-        xs = np.ascontiguousarray(np.asarray(x).reshape(rows, inner))
-        out = np.empty((rows, w.shape[0]), dtype=np.float32)
-        times_transposed(xs, w, out, threads())
+        out = np.empty((x.shape[0], weights.shape[0]), dtype=np.float32)
+        linear_kernel.times_transposed(np.ascontiguousarray(x, dtype=np.float32), weights, out, threads())
     finally:
         _busy.release()
-    return mx.array(out.reshape(*x.shape[:-1], w.shape[0]))
+    return out
 
 
 _THREADS = max(1, min(8, os.cpu_count() or 1))

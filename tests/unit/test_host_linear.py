@@ -131,3 +131,15 @@ def test_a_pass_that_does_not_load_leaves_the_layers_in_mlx(routed, monkeypatch:
     layer = linear(bias=False)
     x = mx.ones((1, 48))
     np.testing.assert_allclose(np.asarray(layer(x)), np.asarray(x @ layer.weight.T), rtol=1e-6)
+
+
+def test_a_second_thread_inside_the_pass_takes_mlx_instead_of_waiting(routed, passes: list[int]) -> None:
+    """numba's work-queue threading layer (where OpenMP is missing) must not be entered twice at once."""
+    layer = linear(bias=False)
+    x = mx.ones((2, 48))
+    with host_linear._busy:
+        got = layer(x)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(x @ layer.weight.T), rtol=1e-6)
+    assert passes == []
+    layer(x)
+    assert passes == [2]
