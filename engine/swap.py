@@ -175,12 +175,12 @@ class ModelSwapper:
 
     def _drain(self, engine: Any, grace_s: float) -> None:
         deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and engine.snapshot().throughput.active_requests > 0:
+        while time.monotonic() < deadline and _active_requests(engine) > 0:
             time.sleep(0.05)
 
     def _spill(self, engine: Any) -> int:
         """Stop the engine: it cancels what still runs and writes every hot cache to disk."""
-        still_running = engine.snapshot().throughput.active_requests
+        still_running = _active_requests(engine)
         engine.stop(0.0)
         return still_running
 
@@ -247,3 +247,13 @@ def _release_memory() -> None:
 def ensure_swap_allowed(status: SwapStatus) -> None:
     if status.running:
         raise ModelSwapError(f"a swap to {status.to_model} is already running")
+
+
+def _active_requests(engine: Any) -> int:
+    """Requests the engine is serving now: a snapshot taken for this question (the published one may be
+    up to a publishing interval old, and may not yet show a turn that just started); the published one
+    where the engine does not answer in time."""
+    try:
+        return engine.fresh_snapshot(timeout_s=2.0).throughput.active_requests
+    except Exception:  # noqa: BLE001 (a stuck or stopped engine: what it last published)
+        return engine.snapshot().throughput.active_requests

@@ -1,13 +1,14 @@
 """A Llama-family decode step on the CPU in numpy and compiled loops, with no MLX operation inside the model.
 
-Measured on this project's 2-core x86 machines, each ``mx.eval`` costs
-~90 us of thread hand-off before any arithmetic (MLX's CPU stream runs on
-its own thread), and MLX's ``sgemm`` reads a decode step's weights at half
-the rate a few-row pass can (``linear_kernel.py``). A decode step that hands
-its linear layers and attention to compiled loops inside MLX's forward must
-evaluate the graph four or five times a layer: at one agent (SmolLM2, 30
-layers) those evaluations took ~25 ms of a ~65 ms step. This runs the whole
-step on the host instead: the token embeddings, RMS norms, projections
+On this project's 2-core x86 machines each ``mx.eval`` is a hand-off to
+MLX's CPU stream thread (28-90 us before any arithmetic,
+``bench/bench_linear_pass.py``), and MLX's ``sgemm`` reads a decode step's
+weights at half the rate a few-row pass can (``linear_kernel.py``). A decode
+step that hands its linear layers and attention to compiled loops inside
+MLX's forward must evaluate the graph four or five times a layer, and its
+small MLX operations between them cost more than their arithmetic. This runs
+the whole step on the host instead (SmolLM2, one agent: 25.3 against 14.7
+tok/s through MLX's forward, ``bench/bench_step_profile.py``): the token embeddings, RMS norms, projections
 (``linear_kernel`` up to ``host_linear.MAX_ROWS`` rows, BLAS's ``sgemm``
 through numpy above), rotary embeddings, attention over each row's cache
 where it lies (``host_decode.attend_host``, which also writes the step's key

@@ -4,11 +4,11 @@ A decode step multiplies a handful of rows (one per agent) by every weight
 matrix of the model, so its linear layers read the weights once and do
 little arithmetic per byte: they are bound by memory bandwidth. BLAS's
 ``sgemm`` first copies ("packs") the weight matrix into its own layout,
-which at a few rows costs more than the product: measured on this
-project's 2-core x86 machines over SmolLM2's 538 MB of float32 weights,
-OpenBLAS's ``sgemm`` took 54-56 ms at 1 to 4 rows (~10 GB/s), this pass
-20 ms at one row, 23 ms at 2, 27 ms at 4 and 37 ms at 8 (against 45), and
-the same 56 ms at 16 (``bench/bench_step_profile.py`` shows it in a step).
+which at a few rows costs more than the product. Over SmolLM2's 538 MB of
+float32 weights on this project's 2-core x86 machines
+(``bench/bench_linear_pass.py``, report ``2026-11-28-cpu-2core-s11``), MLX's
+matmul took 52.4 / 55.7 / 76.4 / 82.3 ms at 1 / 2 / 4 / 8 rows, this pass
+21.5 / 23.8 / 28.7 / 40.9 ms (25 down to 13 GB/s), and both ~65 ms at 16.
 
 Four weight rows at a time: each is read from memory once and multiplied
 with every row of ``x`` (which stays in the CPU's cache), so a load of ``x``

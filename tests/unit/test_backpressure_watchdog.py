@@ -74,7 +74,12 @@ async def test_the_http_answer_to_a_full_queue_is_429_in_each_protocols_shape(tm
     try:
         gate.open.clear()
         engine.submit(GenerationRequest("first", prompt_for(0), 4), lambda e: None)
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://t") as client:
+        time.sleep(0.2)  # the engine took what it could before the gate
+        with pytest.raises(QueueFullError):  # the queue is full however many the engine took
+            for i in range(1, 10):
+                engine.submit(GenerationRequest(f"more-{i}", prompt_for(i), 4), lambda e: None)
+        # (a timeout: a request let through would wait on the closed gate for ever)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://t", timeout=30) as client:
             body = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
             anthropic = await client.post("/v1/messages", json=body)
             openai = await client.post("/v1/chat/completions", json={"messages": body["messages"]})

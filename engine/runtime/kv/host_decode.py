@@ -21,6 +21,10 @@ arithmetic is MLX's unfused attention's (scaled queries, one float32
 softmax over all scores); the real-model tests hold greedy outputs
 token-identical to mlx-lm's.
 
+A Llama-family decode step that runs whole on the host
+(``runtime/host_forward.py``) calls :func:`attend_host` directly, with its
+queries, keys and values already in numpy: no evaluation at all.
+
 The loops also write the step's own key and value into each row's cache
 before the row attends, where ``FullKV.claim_one`` allowed it (a position
 never written in those arrays, so no view can show it): through MLX that is
@@ -152,7 +156,10 @@ def attend_host(scaled: np.ndarray, parts_per_row: Sequence[Sequence[PartArrays]
         if at is not None:
             assert parts_per_row[b][-1][2] == at + 1, "a claimed position is the last key of its row"
             writes[b] = 1
-    if not writes.any():
+    if writes.any():  # (the loops read them as (batch, kv_heads, dim) float32 runs)
+        new_keys = np.ascontiguousarray(new_keys, dtype=np.float32)
+        new_values = np.ascontiguousarray(new_values, dtype=np.float32)
+    else:
         new_keys = new_values = _NO_ROWS
     line = 0
     for b, parts in enumerate(parts_per_row):
