@@ -29,8 +29,6 @@ Run: ``LD_PRELOAD=... python bench/bench_forward_split.py [--model M] [--context
 
 from __future__ import annotations
 
-import statistics
-import time
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
@@ -40,7 +38,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import KVCache
 
-from common import base_parser, load, print_table
+from common import base_parser, load, median_ms, print_table
 from results import BenchResult, recorded
 
 from engine.runtime import cpu_math
@@ -50,16 +48,6 @@ from engine.runtime.kv.sequence_kv import kv_shape
 
 BATCHES = (1, 16)
 ENGINE_ATTEND = ragged.RaggedLayerCache.attend
-
-
-def timed_ms(fn: Callable[[], object], repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1000)
-    return statistics.median(times)
 
 
 def linear_layers(model) -> list[nn.Module]:
@@ -197,7 +185,7 @@ def ablations(loaded, context: int, repeats: int) -> list[list[object]]:
     rows = []
     for label, methods in ABLATIONS.items():
         with swapped(methods):
-            rows.append([label, timed_ms(run, repeats)])
+            rows.append([label, median_ms(run, repeats)])
     base = rows[0][1]
     return [[label, ms, base - ms] for label, ms in rows]
 
@@ -214,8 +202,8 @@ def elementwise(repeats: int) -> list[list[object]]:
     }
     rows = []
     for name, (ours, theirs) in ops.items():
-        mlx_ns = timed_ms(lambda: mx.eval(ours(x)), repeats) * 1e6 / data.size
-        numpy_ns = timed_ms(lambda: theirs(data), repeats) * 1e6 / data.size
+        mlx_ns = median_ms(lambda: mx.eval(ours(x)), repeats) * 1e6 / data.size
+        numpy_ns = median_ms(lambda: theirs(data), repeats) * 1e6 / data.size
         rows.append([name, mlx_ns, numpy_ns, mlx_ns / numpy_ns])
     return rows
 
@@ -234,20 +222,20 @@ def main() -> None:
         n_layers = len(model.layers)
         weight_bytes = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
         big = np.ones(64 * 2**20, dtype=np.float32)
-        read_gbs = big.nbytes / (timed_ms(lambda: big.sum(), repeats) / 1000) / 1e9
+        read_gbs = big.nbytes / (median_ms(lambda: big.sum(), repeats) / 1000) / 1e9
         result.metric("machine", "memory read bandwidth (numpy sum of 256 MB)", read_gbs, "GB/s", better="higher")
         result.metric("machine", "model weight bytes", weight_bytes / 1e6, "MB", better="neither")
         print(f"# weights {weight_bytes / 1e6:.0f} MB; memory read {read_gbs:.1f} GB/s, so reading them once "
               f"takes {weight_bytes / read_gbs / 1e6:.1f} ms")
         rows = []
         for batch in BATCHES:
-            linear = timed_ms(linears_only(model, batch), repeats)
+            linear = median_ms(linears_only(model, batch), repeats)
             cpu_math.install(model, enabled=False)  # mlx-lm's own attention and SiLU, as mlx_lm.server runs them
-            whole = timed_ms(batched_forward(model, n_layers, batch, args.context), repeats)
-            per_row = timed_ms(ragged_forward(loaded, batch, args.context), repeats)
+            whole = median_ms(batched_forward(model, n_layers, batch, args.context), repeats)
+            per_row = median_ms(ragged_forward(loaded, batch, args.context), repeats)
             fast = None
             if cpu_math.install(model):
-                fast = timed_ms(ragged_forward(loaded, batch, args.context), repeats)
+                fast = median_ms(ragged_forward(loaded, batch, args.context), repeats)
                 result.metric(f"decode forward at batch {batch}, {args.context}-token context (ms)",
                               "whole forward, ragged rows, fast CPU math (the engine)", fast, "ms", better="lower")
             rows.append([batch, linear, whole, per_row, fast, whole - linear, per_row - whole])

@@ -21,15 +21,11 @@ Run: ``LD_PRELOAD=... python bench/bench_linear_pass.py [--repeats N] [--json PA
 
 from __future__ import annotations
 
-import statistics
-import time
-from typing import Callable
-
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from common import base_parser, load, print_table
+from common import base_parser, load, median_ms, print_table
 from results import BenchResult, recorded
 
 from engine.runtime import host_linear, linear_kernel
@@ -45,16 +41,6 @@ def weights_of(model) -> list[mx.array]:
         found.append(embed[0].weight)
     mx.eval(found)
     return found
-
-
-def median_ms(fn: Callable[[], object], repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1000)
-    return statistics.median(times)
 
 
 def main() -> None:

@@ -9,7 +9,7 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -61,6 +61,17 @@ def timed() -> Iterator[list[float]]:
     t0 = time.perf_counter()
     yield box
     box.append(time.perf_counter() - t0)
+
+
+def median_ms(fn: Callable[[], object], repeats: int) -> float:
+    """Median milliseconds of ``repeats`` calls of ``fn``, after one untimed call (a warm-up)."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1000)
+    return statistics.median(times)
 
 
 def median(values: list[float]) -> float:
