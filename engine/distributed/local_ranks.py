@@ -4,7 +4,9 @@ Several ranks on one Linux box (a test run, a big machine) each preload
 OpenBLAS, whose threads default to one per core: two ranks on two cores then
 run four spinning BLAS threads. Two ranks against one process measured 0.27x
 that way and 0.42x with a thread per rank (bench_distributed.py, Llama-3.2-1B
-shape, bench/reports/2026-11-27-cpu-2core-s5). No mlx import here: the
+shape, bench/reports/2026-11-27-cpu-2core-s5). The engine's own compiled
+loops (numba: the decode step's linear pass and attention) take the same
+share. No mlx import here: the
 OpenBLAS re-exec decides before MLX is loaded.
 """
 
@@ -29,11 +31,13 @@ def local_ranks(environ: Mapping[str, str]) -> int:
         return 1  # another backend's hostfile (JACCL, MPI): leave OpenBLAS's own choice
 
 
+def cores_per_rank(environ: Mapping[str, str], cores: int | None = None) -> int:
+    """This rank's share of the host's cores: all of them unless ranks of one run share the host."""
+    return max(1, (cores or os.cpu_count() or 1) // local_ranks(environ))
+
+
 def blas_threads(environ: Mapping[str, str], cores: int | None = None) -> int | None:
     """OpenBLAS threads for this rank when ranks share the host and the user set none; else None."""
-    if "OPENBLAS_NUM_THREADS" in environ:
+    if "OPENBLAS_NUM_THREADS" in environ or local_ranks(environ) <= 1:
         return None
-    sharing = local_ranks(environ)
-    if sharing <= 1:
-        return None
-    return max(1, (cores or os.cpu_count() or 1) // sharing)
+    return cores_per_rank(environ, cores)

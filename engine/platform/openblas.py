@@ -240,6 +240,7 @@ def reexec_environ(library: Path, environ: Mapping[str, str]) -> dict[str, str]:
     threads = blas_threads(env)  # ranks of one mlx.launch run sharing this host split its cores
     if threads is not None:
         env["OPENBLAS_NUM_THREADS"] = str(threads)
+        env.setdefault("NUMBA_NUM_THREADS", str(threads))  # numba's team, sized once at its first parallel call
     return env
 
 

@@ -28,6 +28,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from engine.distributed.local_ranks import cores_per_rank
 from engine.runtime import cpu_math
 
 log = logging.getLogger("semantic.engine")
@@ -73,11 +74,12 @@ def times(x: np.ndarray, weights: np.ndarray) -> np.ndarray | None:
     return out
 
 
-_THREADS = max(1, min(8, os.cpu_count() or 1))
+_THREADS = min(8, cores_per_rank(os.environ))
 
 
 def threads() -> int:
-    """Threads the pass splits its outputs across (the cores, up to 8)."""
+    """Threads the pass splits its outputs across (this process's cores, up to 8: ranks sharing a host
+    split its cores)."""
     return _THREADS
 
 

@@ -6,6 +6,7 @@ The real two-process runs over MLX's ring backend are in tests/model/test_distri
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import replace
@@ -156,7 +157,8 @@ def test_the_pool_map_names_each_rank_and_its_memory_above_the_blocks() -> None:
 
 
 def test_ranks_sharing_a_host_split_its_cores_between_their_blas_threads(tmp_path: Path) -> None:
-    from engine.distributed.local_ranks import blas_threads, local_ranks
+    from engine.distributed.local_ranks import blas_threads, cores_per_rank, local_ranks
+    from engine.platform.openblas import reexec_environ
 
     hostfile = tmp_path / "hosts.json"
     hostfile.write_text('[["127.0.0.1:5000"], ["127.0.0.1:5001"], ["10.0.0.2:5002"]]')
@@ -165,6 +167,12 @@ def test_ranks_sharing_a_host_split_its_cores_between_their_blas_threads(tmp_pat
     assert local_ranks({**env, "MLX_RANK": "2"}) == 1 and blas_threads({**env, "MLX_RANK": "2"}, cores=8) is None
     assert blas_threads({**env, "OPENBLAS_NUM_THREADS": "3"}, cores=8) is None  # the user's choice stands
     assert blas_threads({}, cores=8) is None  # not launched
+    assert cores_per_rank(env, cores=8) == 4 and cores_per_rank({}, cores=8) == 8 and cores_per_rank(env, cores=1) == 1
+    # The re-exec gives numba's team (the decode step's compiled loops) the same share as OpenBLAS.
+    shared = reexec_environ(tmp_path / "libblas.so.3", env)
+    assert shared["NUMBA_NUM_THREADS"] == shared["OPENBLAS_NUM_THREADS"] == str(max(1, (os.cpu_count() or 1) // 2))
+    assert reexec_environ(tmp_path / "libblas.so.3", {**env, "NUMBA_NUM_THREADS": "1"})["NUMBA_NUM_THREADS"] == "1"
+    assert "NUMBA_NUM_THREADS" not in reexec_environ(tmp_path / "libblas.so.3", {"MLX_RANK": "0"})
     hostfile.write_text('{"jaccl": true}')
     assert local_ranks(env) == 1
 

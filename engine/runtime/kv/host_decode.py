@@ -34,6 +34,7 @@ rows x 30 layers.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -42,6 +43,8 @@ from typing import Any, Optional, Sequence, Tuple
 
 import mlx.core as mx
 import numpy as np
+
+from engine.distributed.local_ranks import cores_per_rank
 
 log = logging.getLogger("semantic.engine")
 
@@ -239,8 +242,9 @@ def _chunks(keys_per_row: list[int]) -> list[list[int]]:
     return [c for c in chunks if c]
 
 
+@functools.cache
 def _worker_count() -> int:
-    return max(1, min(MAX_WORKERS, os.cpu_count() or 1))
+    return min(MAX_WORKERS, cores_per_rank(os.environ))  # ranks sharing a host split its cores
 
 
 _pool: ThreadPoolExecutor | None = None
