@@ -20,6 +20,12 @@ batch 1 and 16 with every row holding ``--context`` tokens:
   then with the cache writes left out too; and with the rows' keys and
   values gathered into one batch for a single attention call per layer
   (what a padded batch layout would cost, the gather's copy included);
+- the engine's decode step as it runs now (session 11): a Llama-family model's
+  whole step on the host (``runtime/host_forward.py``: numpy, the compiled
+  linear pass up to 8 rows, host_decode's attention loops), and for other
+  models the ragged forward with the linear pass in their linear layers
+  (``runtime/host_linear.py``); the "fast CPU math" column above is the
+  engine before them;
 - memory read bandwidth (numpy summing 256 MB), which bounds the batch-1 weight read;
 - MLX's elementwise transcendental ops (exp, sigmoid, sin) against numpy's on
   the same data: the activations, rotary embeddings and softmax use them.
@@ -41,7 +47,7 @@ from mlx_lm.models.cache import KVCache
 from common import base_parser, load, median_ms, print_table
 from results import BenchResult, recorded
 
-from engine.runtime import cpu_math
+from engine.runtime import cpu_math, host_forward, host_linear
 from engine.runtime.kv import host_decode, ragged
 from engine.runtime.kv.full_kv import FullKV
 from engine.runtime.kv.sequence_kv import kv_shape
@@ -120,6 +126,43 @@ def ragged_forward(loaded, batch: int, context: int) -> Callable[[], None]:
             logits = model(token, cache=caches)
         mx.eval(logits[:, -1, :].argmax(-1))
     return run
+
+
+class _Rows:
+    """What host_forward reads of a sequence's cache: its layers."""
+
+    def __init__(self, layers: list[FullKV]) -> None:
+        self.layers = layers
+
+
+def engine_step(loaded, batch: int, context: int) -> tuple[str, Callable[[], None]]:
+    """The engine's decode forward now: on the host for a Llama, else the ragged forward with the linear pass.
+
+    host_linear stays installed afterwards; it only acts inside ``cpu_math.routing`` at <= 8 rows.
+    """
+    model = loaded.model
+    host_linear.install(model)
+    if not host_forward.supports(model):
+        return "ragged rows, fast CPU math, linear pass", ragged_forward(loaded, batch, context)
+    ragged.install(model)
+    shape = kv_shape(loaded.spec)
+    rows = []
+    for _ in range(batch):
+        layers = [FullKV(shape, loaded.spec.block_tokens) for _ in range(len(model.layers))]
+        for layer in layers:
+            layer.reserve(context + 8)
+        model(mx.array([[1 + i % 1000 for i in range(context)]]), cache=layers)
+        mx.eval([layer.keys for layer in layers])
+        rows.append(_Rows(layers))
+    token = mx.array([5] * batch)
+    assert host_forward.applies(model, rows)
+
+    def run() -> None:
+        for row in rows:
+            for layer in row.layers:
+                layer.offset, layer._untouched_from = context, context  # back to the same step (see ragged_forward)
+        mx.eval(host_forward.decode(model, token, rows).argmax(-1))
+    return "whole step on the host (host_forward)", run
 
 
 def _gathered_attend(self, queries, scale, mask, sinks=None):
@@ -253,6 +296,16 @@ def main() -> None:
                               better="lower")
             print(f"\n## Where the engine's batch-16 forward goes, {args.context}-token context (median ms)")
             print_table(["forward", "ms", "engine - this"], parts)
+        if cpu_math.install(model):
+            now = []
+            for batch in BATCHES:
+                label, run = engine_step(loaded, batch, args.context)
+                ms = median_ms(run, repeats)
+                result.metric(f"decode forward at batch {batch}, {args.context}-token context (ms)",
+                              f"the engine's step now: {label}", ms, "ms", better="lower")
+                now.append([batch, label, ms])
+            print(f"\n## The engine's decode forward now, {args.context}-token context (median ms)")
+            print_table(["batch", "path", "ms"], now)
         ops = elementwise(repeats)
         for name, mlx_ns, numpy_ns, ratio in ops:
             result.metric("elementwise ns per element (16 x 1536 float32)", f"{name}: MLX", mlx_ns, "ns", better="lower")

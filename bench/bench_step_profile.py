@@ -1,4 +1,4 @@
-"""Where one engine step's time goes, at batch 1, 4 and 16 (SmolLM2), next to mlx-lm's BatchGenerator.
+"""Where one engine step's time goes, at batch 1, 4 and 16 (SmolLM2 unless --model), next to mlx-lm's BatchGenerator.
 
 The engine's named steps are timed from outside (wrappers installed by this
 script, nothing in the engine changes): per decode step,
@@ -43,6 +43,8 @@ from mlx_lm.generate import BatchGenerator
 from common import base_parser, load, print_table, start_engine
 from results import BenchResult, recorded
 
+from engine.api.chat import ChatMessage, Conversation
+from engine.api.rendering import PromptRenderer
 from engine.runtime import host_forward, host_linear
 from engine.runtime.batch import generator as batch_module
 from engine.runtime.batch_runner import BatchRunner
@@ -115,9 +117,13 @@ def engine_timers() -> Iterator[Timers]:
         batch_module.mx = mx
 
 def prompts(loaded, n: int) -> list[tuple[int, ...]]:
-    return [tuple(loaded.tokenizer.apply_chat_template(
-        [{"role": "user", "content": f"Write a long story about {TOPICS[i % len(TOPICS)]}, part {i}."}],
-        add_generation_prompt=True)) for i in range(n)]
+    texts = [f"Write a long story about {TOPICS[i % len(TOPICS)]}, part {i}." for i in range(n)]
+    if getattr(loaded.tokenizer, "chat_template", None):
+        return [tuple(loaded.tokenizer.apply_chat_template([{"role": "user", "content": text}],
+                                                           add_generation_prompt=True)) for text in texts]
+    # A base model (Gemma 3 270M): the plain rendering the server gives it.
+    renderer = PromptRenderer(loaded.tokenizer)
+    return [tuple(renderer.render(Conversation((ChatMessage("user", text),)))) for text in texts]
 
 
 # What a request without a temperature gets from the server (engine/models/sampling_defaults.py's fallback).
