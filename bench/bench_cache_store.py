@@ -23,7 +23,7 @@ from pathlib import Path
 from common import base_parser, load, print_table, start_engine
 from results import BenchResult, Series, recorded
 
-from engine.api.chat import ChatMessage, Conversation
+from engine.domain.chat import ChatMessage, Conversation
 from engine.api.rendering import PromptRenderer
 from engine.runtime.agents import Tier
 from engine.runtime.event_log import EventLog

@@ -43,7 +43,7 @@ from mlx_lm.generate import BatchGenerator
 from common import base_parser, load, print_table, start_engine
 from results import BenchResult, recorded
 
-from engine.api.chat import ChatMessage, Conversation
+from engine.domain.chat import ChatMessage, Conversation
 from engine.api.rendering import PromptRenderer
 from engine.runtime import host_forward, host_linear
 from engine.runtime.batch import generator as batch_module

@@ -20,12 +20,12 @@ from engine.runtime.requests import AgentSource, EngineEvent, FinishEvent, Token
 from .admission import KEEP_ALIVE, failed, finish_error, replay
 from .agents_schemas import MessageBody
 from .async_turn import AsyncTurn
-from .conversations import AgentConversation, ConversationStore
+from engine.store.conversations import AgentConversation, ConversationStore
 from .errors import ApiError, from_domain, stream_error_payload
 from .identity import AgentIdentity
 from .openai_translate import stops_of
 from .service import EngineService
-from .chat import ChatMessage
+from engine.domain.chat import ChatMessage
 from .turns import SamplingAsked, TurnSpec, ended_by, prepare, renderer_for, text_of
 
 

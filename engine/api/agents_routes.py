@@ -40,7 +40,7 @@ from .agents_schemas import (
     TurnResult,
     errors,
 )
-from .conversations import AgentConversation, ConversationStore
+from engine.store.conversations import AgentConversation, ConversationStore
 from .errors import ApiError
 from .identity import validate_agent_id
 from .metrics import MetricsRecorder

@@ -27,7 +27,7 @@ from starlette.types import Receive, Scope, Send
 from engine.runtime.requests import EngineEvent, FinishEvent, FinishReason, PrefillEvent, QueuedEvent, TokenEvent
 
 from .async_turn import AsyncTurn
-from .chat import ToolCall
+from engine.domain.chat import ToolCall
 from .admission import failed, finish_error
 from .errors import ApiError, internal_error, stream_error_payload
 from .retention import usage_split

@@ -39,7 +39,7 @@ from .anthropic_schemas import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from .chat import ChatMessage, Conversation, ToolCall, ToolSpec
+from engine.domain.chat import ChatMessage, Conversation, ToolCall, ToolSpec
 from .identity import anthropic_identity
 from .retention import retention_of
 from .turns import GREEDY, SamplingAsked, TurnSpec

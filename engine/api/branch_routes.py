@@ -33,7 +33,7 @@ from engine.runtime.engine_ops import engine_op
 from .agent_turns import busy_error, context_prompt
 from .agents_routes import _current, _find, conversations, path_agent_id
 from .agents_schemas import BranchOut, ForkBody, RewindBody, errors
-from .conversations import AgentConversation
+from engine.store.conversations import AgentConversation
 from .errors import ApiError
 from .identity import validate_agent_id
 from .service import EngineService

@@ -25,7 +25,7 @@ from typing import Any, Mapping
 from engine.errors import InvalidRequestError
 from engine.runtime.requests import AgentSource
 
-from .chat import Conversation
+from engine.domain.chat import Conversation
 from .rendering import dumps
 
 AGENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+=-]{0,127}$")

@@ -29,7 +29,7 @@ from engine.errors import InvalidRequestError
 from engine.runtime.requests import FinishEvent, Usage
 from engine.settings import Settings
 
-from .chat import ChatMessage, Conversation, ToolCall, ToolSpec
+from engine.domain.chat import ChatMessage, Conversation, ToolCall, ToolSpec
 from .identity import openai_identity
 from .openai_schemas import ChatCompletionRequest, ContentPart, MessageIn, NamedToolChoice, ToolCallIn
 from .turns import SamplingAsked, TurnSpec, ended_by

@@ -27,7 +27,7 @@ from typing import Any
 
 from jinja2 import TemplateError
 
-from .chat import ChatMessage, Conversation, ToolSpec
+from engine.domain.chat import ChatMessage, Conversation, ToolSpec
 
 FALLBACK_TOOL_PROMPT = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n"

@@ -15,7 +15,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .chat import ToolCall
+from engine.domain.chat import ToolCall
 
 ParseFn = Callable[[str, Any], Any]
 

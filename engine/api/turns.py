@@ -13,7 +13,7 @@ from engine.models.sampling_defaults import SamplingDefaults
 from engine.runtime.requests import FinishEvent, FinishReason, GenerationRequest, SamplingParams, TokenEvent
 
 from .async_turn import AsyncTurn
-from .chat import Conversation, ToolCall
+from engine.domain.chat import Conversation, ToolCall
 from .identity import AgentIdentity
 from .rendering import PromptRenderer
 from .retention import Retention, retained_tokens

@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from engine.api.conversations import AgentConversation
+from engine.store.conversations import AgentConversation
 from engine.api.identity import validate_agent_id
 from engine.errors import (
     AgentExistsError,

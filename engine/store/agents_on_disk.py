@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.api.conversations import AgentConversation, ConversationStore
+from engine.store.conversations import AgentConversation, ConversationStore
 from engine.domain.cache_spec import ModelCacheSpec
 from engine.errors import CacheCorruptionError
 from engine.models.loaded import ModelIdentity

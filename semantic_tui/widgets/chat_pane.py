@@ -14,7 +14,7 @@ from textual.worker import Worker
 
 from engine.api import turns
 from engine.api.async_turn import AsyncTurn
-from engine.api.chat import ChatMessage, Conversation
+from engine.domain.chat import ChatMessage, Conversation
 from engine.api.identity import AgentIdentity
 from engine.api.service import EngineService
 from engine.errors import SemanticError

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engine.api.chat import ChatMessage
+from engine.domain.chat import ChatMessage
 from engine.api.rendering import PromptRenderer
 from tests.model.real_api import RealApi, running_api
 from tests.support.reference import reference_greedy_shared

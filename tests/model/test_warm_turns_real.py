@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.api.chat import ChatMessage, Conversation
+from engine.domain.chat import ChatMessage, Conversation
 from engine.api.rendering import PromptRenderer
 from engine.runtime.accounting import held_bytes
 from engine.runtime.agents import Tier

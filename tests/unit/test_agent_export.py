@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.api.chat import ChatMessage
+from engine.domain.chat import ChatMessage
 from engine.errors import (
     AgentExistsError,
     AgentModelMismatchError,

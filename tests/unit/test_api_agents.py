@@ -14,7 +14,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from engine.api.conversations import AgentConversation, ConversationStore
+from engine.store.conversations import AgentConversation, ConversationStore
 from engine.api.identity import AGENT_ID
 from engine.api.service import EngineService
 from engine.store.file_names import agent_file_stem

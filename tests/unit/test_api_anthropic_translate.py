@@ -16,7 +16,7 @@ from engine.api.anthropic_translate import (
     sampling_of,
     turn_spec,
 )
-from engine.api.chat import ChatMessage, ToolCall
+from engine.domain.chat import ChatMessage, ToolCall
 from engine.api.rendering import PromptRenderer
 from engine.api.tool_calls import TextPiece, ToolPiece
 from engine.errors import InvalidRequestError

@@ -20,7 +20,7 @@ from typing import Iterator
 
 import pytest
 
-from engine.api.conversations import ConversationStore
+from engine.store.conversations import ConversationStore
 from engine.logging_setup import configure_logging
 from engine.runtime.agents import Tier
 from engine.runtime.engine import Engine

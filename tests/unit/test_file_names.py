@@ -8,7 +8,7 @@ from pathlib import Path
 
 from hypothesis import given, settings, strategies as st
 
-from engine.api.conversations import ConversationStore
+from engine.store.conversations import ConversationStore
 from engine.store.cache_file import cache_file_path
 from engine.store.file_names import DIGEST_HEX_CHARS, STEM_MAX_CHARS, agent_file_stem
 

@@ -11,9 +11,9 @@ the same directory, fsync, ``os.replace``; a crash leaves the old file or the
 new one. Files are read lazily; an unreadable or inconsistent file is
 skipped with a warning and never stops the server.
 
-Used only from the event loop (route handlers), so it needs no lock; the
-files are small enough that writing them there costs well under a
-millisecond of loop time.
+Route handlers call the ``a*`` methods, which do the file work (reads, and
+writes that fsync) on worker threads, never on the event loop; a lock
+guards the loaded conversations between those threads.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from engine.errors import AgentExistsError, CachePersistenceError
 from engine.store.file_names import agent_file_stem
 from engine.store.private_dirs import make_private_dir
 
-from .chat import ChatMessage, Conversation
+from engine.domain.chat import ChatMessage, Conversation
 
 log = logging.getLogger("semantic.api")
 
