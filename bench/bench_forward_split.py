@@ -97,19 +97,25 @@ def batched_forward(model, n_layers: int, batch: int, context: int) -> Callable[
     return run
 
 
+def filled_rows(loaded, batch: int, context: int) -> list[list[FullKV]]:
+    """``batch`` rows of the engine's per-layer caches, each prefilled with ``context`` tokens."""
+    shape = kv_shape(loaded.spec)
+    rows = []
+    for _ in range(batch):
+        layers = [FullKV(shape, loaded.spec.block_tokens) for _ in range(len(loaded.model.layers))]
+        for layer in layers:
+            layer.reserve(context + 8)
+        loaded.model(mx.array([[1 + i % 1000 for i in range(context)]]), cache=layers)
+        mx.eval([layer.keys for layer in layers])
+        rows.append(layers)
+    return rows
+
+
 def ragged_forward(loaded, batch: int, context: int) -> Callable[[], None]:
     model = loaded.model
     ragged.install(model)
-    shape = kv_shape(loaded.spec)
     n_layers = len(model.layers)
-    rows = []
-    for _ in range(batch):
-        layers = [FullKV(shape, loaded.spec.block_tokens) for _ in range(n_layers)]
-        for layer in layers:
-            layer.reserve(context + 8)
-        model(mx.array([[1 + i % 1000 for i in range(context)]]), cache=layers)
-        mx.eval([layer.keys for layer in layers])
-        rows.append(layers)
+    rows = filled_rows(loaded, batch, context)
     token = mx.array([[5]] * batch)
 
     def run() -> None:
@@ -145,15 +151,7 @@ def engine_step(loaded, batch: int, context: int) -> tuple[str, Callable[[], Non
     if not host_forward.supports(model):
         return "ragged rows, fast CPU math, linear pass", ragged_forward(loaded, batch, context)
     ragged.install(model)
-    shape = kv_shape(loaded.spec)
-    rows = []
-    for _ in range(batch):
-        layers = [FullKV(shape, loaded.spec.block_tokens) for _ in range(len(model.layers))]
-        for layer in layers:
-            layer.reserve(context + 8)
-        model(mx.array([[1 + i % 1000 for i in range(context)]]), cache=layers)
-        mx.eval([layer.keys for layer in layers])
-        rows.append(_Rows(layers))
+    rows = [_Rows(layers) for layers in filled_rows(loaded, batch, context)]
     token = mx.array([5] * batch)
     assert host_forward.applies(model, rows)
 
