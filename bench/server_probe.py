@@ -247,26 +247,33 @@ class HealthProbe:
 PEAK_WINDOW_S = 10.0
 
 
-def rss_peak_slope_mb_per_min(samples: list[tuple[float, float]], window_s: float = PEAK_WINDOW_S) -> float:
-    """Least-squares slope of the highest RSS in each ``window_s`` of (seconds, MiB) samples, in MiB/min.
+def rss_level_slope_mb_per_min(samples: list[tuple[float, float]], window_s: float = PEAK_WINDOW_S) -> float:
+    """How fast RSS's levels rise, in MiB/min: the lesser of the least-squares slopes through the highest
+    and through the lowest RSS in each ``window_s`` of (seconds, MiB) samples.
 
-    Under traffic RSS can alternate between two levels ~13 MiB apart from one
-    2-s sample to the next (the allocator returning and retaking memory; seen
-    in a one-minute CI soak whose idle RSS ended 4.8 MiB below its start): a
-    slope through the raw samples then reads tens of MiB/min over a 30-s
-    window with nothing growing. Each window's peak sits on the upper level,
-    so the peaks stay flat while that alternation goes on, and climb with a
-    leak.
+    Under traffic RSS can alternate between two levels ~12 MiB apart from one
+    2-s sample to the next (the allocator returning and retaking a step's
+    temporaries): a slope through the raw samples then reads tens of MiB/min
+    over a 30-s window with nothing growing. Each window's peak sits on the
+    upper level and its floor on the lower one, so both stay flat while the
+    alternation goes on, and both climb with a leak. Either alone can read a
+    slope from one window that missed its level (CI soaks of 2026-11-27 and
+    2026-11-28: the raw samples, then the peaks, read 19-22 MiB/min), but not
+    both at once: the upper level is the rarer one when the peaks miss it.
     """
     if not samples:
         return 0.0
     first = samples[0][0]
     peaks: dict[int, tuple[float, float]] = {}
+    floors: dict[int, tuple[float, float]] = {}
     for t, mb in samples:
         window = int((t - first) // window_s)
         if window not in peaks or mb >= peaks[window][1]:
             peaks[window] = (t, mb)
-    return rss_slope_mb_per_min([peaks[w] for w in sorted(peaks)])
+        if window not in floors or mb <= floors[window][1]:
+            floors[window] = (t, mb)
+    return min(rss_slope_mb_per_min([peaks[w] for w in sorted(peaks)]),
+               rss_slope_mb_per_min([floors[w] for w in sorted(floors)]))
 
 
 def rss_slope_mb_per_min(samples: list[tuple[float, float]]) -> float:

@@ -12,7 +12,7 @@ holds the same caches and its used blocks can be compared exactly.
 Prints a table of the samples and a summary, optionally writes it all as JSON,
 and exits 1 when a check fails: a bad response, a failed health probe, an
 error in the server's log, a block no hot cache accounts for, a pool not
-empty after evicting every agent, or growth past the limits (the slope of RSS's peak in each 10 s
+empty after evicting every agent, or growth past the limits (the lesser slope through RSS's peak and its floor in each 10 s
 over the second half of the traffic, RSS from idle start to idle end, used blocks from idle start to
 idle end).
 
@@ -38,7 +38,7 @@ import httpx  # noqa: E402
 
 from bench.load_driver import Budget, Tally, TrafficMix, cursors, run_round, settle_round  # noqa: E402
 from bench.server_probe import (  # noqa: E402
-    HealthProbe, PoolAccount, ServerOptions, ServerProcess, evict_all, read_account, rss_peak_slope_mb_per_min,
+    HealthProbe, PoolAccount, ServerOptions, ServerProcess, evict_all, read_account, rss_level_slope_mb_per_min,
     semantic_server, wait_idle,
 )
 from engine.models.loader import resolve_model  # noqa: E402
@@ -129,8 +129,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="MALLOC_ARENA_MAX of the server, 0 to inherit; glibc's default of many arenas lets idle RSS "
              "wander over ~100 MiB and hides slow leaks (default: %(default)s)")
     add("--max-rss-slope", type=float, default=30.0, metavar="MIB_PER_MIN",
-        help="fail when the server's RSS rises faster than this: least squares through its peak in each "
-             "10 s of the second half of the traffic (default: %(default)s)")
+        help="fail when the server's RSS rises faster than this: the lesser of the least-squares slopes "
+             "through its peak and through its floor in each 10 s of the second half of the traffic "
+             "(default: %(default)s)")
     add("--max-rss-growth", type=float, default=128.0, metavar="MIB",
         help="fail when RSS at idle end exceeds RSS at idle start by more than this; RSS may step up once "
              "by 60-80 MiB as MLX's buffer cache and malloc settle, a leak keeps climbing "
@@ -198,8 +199,8 @@ def checks(result: SoakResult, args: argparse.Namespace) -> list[Check]:
         Check("pool accounting problems at idle", len(start.problems) + len(end.problems) + len(emptied.problems), 0),
         Check("blocks no hot cache holds, idle end", end.unaccounted, 0),
         Check("used blocks after evicting all", emptied.used_blocks, 0),
-        Check("RSS slope of 10-s peaks, second half (MiB/min)", round(rss_peak_slope_mb_per_min(second_half), 2),
-              args.max_rss_slope),
+        Check("RSS slope of 10-s peaks and floors (the lesser), second half (MiB/min)",
+              round(rss_level_slope_mb_per_min(second_half), 2), args.max_rss_slope),
         Check("RSS growth idle start -> end (MiB)", round(result.rss_idle_end_mb - result.rss_idle_start_mb, 1),
               args.max_rss_growth),
         Check("used blocks growth idle start -> end", end.used_blocks - start.used_blocks, args.max_block_growth),
