@@ -20,11 +20,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from common import base_parser, load, print_table, start_engine
+from common import base_parser, load, print_table, render_chat, start_engine
 from results import BenchResult, Series, recorded
 
-from engine.domain.chat import ChatMessage, Conversation
-from engine.api.rendering import PromptRenderer
 from engine.runtime.agents import Tier
 from engine.runtime.event_log import EventLog
 from engine.runtime.requests import GenerationRequest
@@ -40,14 +38,6 @@ def facts(loaded, n_tokens: int) -> str:
         start = len(sentences)
         sentences += [f"Fact {i}: item {i} weighs {i * 7 % 101} grams." for i in range(start, start + 25)]
     return " ".join(sentences)
-
-
-def chat(loaded, messages: list[dict]) -> tuple[int, ...]:
-    if getattr(loaded.tokenizer, "chat_template", None):
-        return tuple(loaded.tokenizer.apply_chat_template(messages, add_generation_prompt=True))
-    # A base model (Gemma 3 270M): the plain rendering the server gives it.
-    conversation = Conversation(tuple(ChatMessage(m["role"], m["content"]) for m in messages))
-    return tuple(PromptRenderer(loaded.tokenizer).render(conversation))
 
 
 def drop_page_cache() -> bool:
@@ -103,9 +93,9 @@ def record_resume(result: BenchResult, sizes: list[int], rows: list[list], io_ro
 
 def _one_resume(engine, loaded, size: int, io_rows: list) -> list:
     messages = [{"role": "user", "content": f"Remember these facts.\n{facts(loaded, size)}\nReply OK."}]
-    first = run_turn(engine, GenerationRequest("resume", chat(loaded, messages), 4), timeout_s=3600)
+    first = run_turn(engine, GenerationRequest("resume", render_chat(loaded, messages), 4), timeout_s=3600)
     messages += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "What does item 3 weigh?"}]
-    prompt = chat(loaded, messages)
+    prompt = render_chat(loaded, messages)
     engine.call(lambda e: e.evict_agent("resume", Tier.WARM)).result()
     engine.call(lambda e: e._store.flush()).result()
     store = engine.call(lambda e: e._store).result()
@@ -181,7 +171,7 @@ def _crowd(engine, loaded, n_agents: int, turns: int, context: int) -> list:
     totals = {"prompt": 0, "prefilled": 0, "reused": 0}
 
     def turn(i: int) -> None:
-        prompt = chat(loaded, histories[i])
+        prompt = render_chat(loaded, histories[i])
         result = run_turn(engine, GenerationRequest(f"crowd-{i}", prompt, 8), timeout_s=3600)
         histories[i] += [{"role": "assistant", "content": result.text}, {"role": "user", "content": "Continue."}]
         usage = result.finish.usage
@@ -207,7 +197,8 @@ def shared_prefix(loaded, pool_mb: float, n_agents: int, system_tokens: int, res
         for i in range(n_agents):
             history = [{"role": "system", "content": system}, {"role": "user", "content": f"Task {i}: list files."}]
             for _ in range(2):
-                turn = run_turn(engine, GenerationRequest(f"share-{i}", chat(loaded, history), 8), timeout_s=3600)
+                request = GenerationRequest(f"share-{i}", render_chat(loaded, history), 8)
+                turn = run_turn(engine, request, timeout_s=3600)
                 usage = turn.finish.usage
                 prompt_total += usage.prompt_tokens
                 # An agent's reuse of its own cache and a start from another agent's prefix are

@@ -37,7 +37,7 @@ from common import base_parser, print_table
 from random_model import tokenizer_folder, write_random_model
 from results import BenchResult, recorded
 
-from tests.support.distributed_run import create_agents, launch, launch_by_hand
+from tests.support.distributed_run import create_agents, launch, launch_by_hand, wait_ranks_ready
 
 SHAPES = ("llama-tiny", "llama-3.2-1b")
 
@@ -58,11 +58,7 @@ def served(model: Path, work: Path, ranks: int, how: str) -> Iterator[str]:
         return
     started, url = launch_by_hand(model, work, [["--pool-budget-mb", "512"]] * ranks)
     try:
-        deadline = time.monotonic() + 900
-        while not _ready(url):
-            if time.monotonic() > deadline or any(r.process.poll() is not None for r in started):
-                raise RuntimeError("ranks started by hand never became ready:\n" + started[0].text()[-3000:])
-            time.sleep(0.3)
+        wait_ranks_ready(started, url, timeout_s=900)
         yield url
     finally:
         for r in started:
@@ -72,13 +68,6 @@ def served(model: Path, work: Path, ranks: int, how: str) -> Iterator[str]:
                 r.process.wait(timeout=300)
             except subprocess.TimeoutExpired:
                 r.process.kill()
-
-
-def _ready(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/health/ready", timeout=5).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def measure(model: Path, ranks: int, agents: int, tokens: int, work: Path, how: str = "") -> dict[str, float]:

@@ -40,11 +40,9 @@ from typing import Any, Callable, Iterator
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
 
-from common import base_parser, load, print_table, start_engine
+from common import base_parser, load, print_table, render_chat, start_engine
 from results import BenchResult, recorded
 
-from engine.domain.chat import ChatMessage, Conversation
-from engine.api.rendering import PromptRenderer
 from engine.runtime import host_forward, host_linear
 from engine.runtime.batch import generator as batch_module
 from engine.runtime.batch_runner import BatchRunner
@@ -117,13 +115,8 @@ def engine_timers() -> Iterator[Timers]:
         batch_module.mx = mx
 
 def prompts(loaded, n: int) -> list[tuple[int, ...]]:
-    texts = [f"Write a long story about {TOPICS[i % len(TOPICS)]}, part {i}." for i in range(n)]
-    if getattr(loaded.tokenizer, "chat_template", None):
-        return [tuple(loaded.tokenizer.apply_chat_template([{"role": "user", "content": text}],
-                                                           add_generation_prompt=True)) for text in texts]
-    # A base model (Gemma 3 270M): the plain rendering the server gives it.
-    renderer = PromptRenderer(loaded.tokenizer)
-    return [tuple(renderer.render(Conversation((ChatMessage("user", text),)))) for text in texts]
+    return [render_chat(loaded, [{"role": "user", "content": f"Write a long story about {TOPICS[i % len(TOPICS)]}, "
+                                                            f"part {i}."}]) for i in range(n)]
 
 
 # What a request without a temperature gets from the server (engine/models/sampling_defaults.py's fallback).

@@ -15,6 +15,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from engine.api.rendering import PromptRenderer  # noqa: E402
+from engine.domain.chat import ChatMessage, Conversation  # noqa: E402
 from engine.models.loaded import LoadedModel  # noqa: E402
 from engine.models.loader import load_model  # noqa: E402
 from engine.platform import blas_report  # noqa: E402
@@ -90,3 +92,12 @@ def _fmt(value: object) -> str:
     if isinstance(value, float):
         return f"{value:,.3f}" if abs(value) < 10 else f"{value:,.1f}"
     return str(value)
+
+
+def render_chat(loaded: LoadedModel, messages: list[dict]) -> tuple[int, ...]:
+    """``messages`` (role / content dicts) as prompt tokens: the model's chat template, or for a base
+    model without one (Gemma 3 270M) the plain rendering the server gives it."""
+    if getattr(loaded.tokenizer, "chat_template", None):
+        return tuple(loaded.tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+    conversation = Conversation(tuple(ChatMessage(m["role"], m["content"]) for m in messages))
+    return tuple(PromptRenderer(loaded.tokenizer).render(conversation))

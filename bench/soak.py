@@ -12,9 +12,10 @@ holds the same caches and its used blocks can be compared exactly.
 Prints a table of the samples and a summary, optionally writes it all as JSON,
 and exits 1 when a check fails: a bad response, a failed health probe, an
 error in the server's log, a block no hot cache accounts for, a pool not
-empty after evicting every agent, or growth past the limits (the lesser slope through RSS's peak and its floor in each 10 s
-over the second half of the traffic, RSS from idle start to idle end, used blocks from idle start to
-idle end).
+empty after evicting every agent, or growth past the limits (the lesser of
+the slopes through RSS's peak and through its floor in each 10 s over the
+second half of the traffic, RSS from idle start to idle end, used blocks
+from idle start to idle end).
 
 Run: ``LD_PRELOAD=... python bench/soak.py --duration 600 --json soak.json``.
 """

@@ -12,6 +12,7 @@ OpenBLAS re-exec decides before MLX is loaded.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Mapping
@@ -34,6 +35,12 @@ def local_ranks(environ: Mapping[str, str]) -> int:
 def cores_per_rank(environ: Mapping[str, str], cores: int | None = None) -> int:
     """This rank's share of the host's cores: all of them unless ranks of one run share the host."""
     return max(1, (cores or os.cpu_count() or 1) // local_ranks(environ))
+
+
+@functools.cache
+def process_cores() -> int:
+    """This process's share of the host's cores (:func:`cores_per_rank` of its environment, read once)."""
+    return cores_per_rank(os.environ)
 
 
 def blas_threads(environ: Mapping[str, str], cores: int | None = None) -> int | None:

@@ -20,7 +20,6 @@ the MLP's input and its hidden state), which is why this stops at 8 rows.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from typing import Any
 
@@ -28,7 +27,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from engine.distributed.local_ranks import cores_per_rank
+from engine.distributed.local_ranks import process_cores
 from engine.runtime import cpu_math
 
 log = logging.getLogger("semantic.engine")
@@ -74,7 +73,7 @@ def times(x: np.ndarray, weights: np.ndarray) -> np.ndarray | None:
     return out
 
 
-_THREADS = min(8, cores_per_rank(os.environ))
+_THREADS = min(8, process_cores())
 
 
 def threads() -> int:

@@ -29,6 +29,7 @@ from tests.support.distributed_run import (
     launch_by_hand,
     say,
     say_all,
+    wait_ranks_ready,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -134,14 +135,7 @@ def test_a_killed_rank_stops_the_other_non_zero_naming_it_and_leaves_no_torn_fil
     ranks, url = launch_by_hand(tiny_llama, tmp_path, [["--rank-timeout-s", "5"]] * 2)
     survivor = ranks[1 - victim]
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{url}/health/ready", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
+        wait_ranks_ready(ranks, url)
         create_agents(url, AGENTS[:1])
         replies: list = []
         talk = threading.Thread(target=lambda: replies.append(_long_turn(url)), daemon=True)

@@ -175,6 +175,22 @@ class Rank:
         return "".join(self.log)
 
 
+def wait_ranks_ready(ranks: list[Rank], url: str, timeout_s: float = 120) -> None:
+    """Until rank 0 answers ready at ``url``; AssertionError, with its output, when a rank exits first or
+    the time runs out."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if any(r.process.poll() is not None for r in ranks):
+            raise AssertionError("a rank exited before ready:\n" + "".join(r.text()[-3000:] for r in ranks))
+        try:
+            if httpx.get(f"{url}/health/ready", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise AssertionError(f"never ready in {timeout_s:g} s:\n" + "".join(r.text()[-3000:] for r in ranks))
+
+
 def launch_by_hand(model: Path, cache_dir: Path, per_rank: list[list[str]]) -> tuple[list[Rank], str]:
     """Ranks started one by one (no launcher to kill the others when one dies); (ranks, rank 0's URL)."""
     hostfile = cache_dir / "hosts.json"

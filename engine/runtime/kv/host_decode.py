@@ -34,9 +34,7 @@ rows x 30 layers.
 
 from __future__ import annotations
 
-import functools
 import logging
-import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional, Sequence, Tuple
@@ -44,7 +42,7 @@ from typing import Any, Optional, Sequence, Tuple
 import mlx.core as mx
 import numpy as np
 
-from engine.distributed.local_ranks import cores_per_rank
+from engine.distributed.local_ranks import process_cores
 
 log = logging.getLogger("semantic.engine")
 
@@ -242,9 +240,8 @@ def _chunks(keys_per_row: list[int]) -> list[list[int]]:
     return [c for c in chunks if c]
 
 
-@functools.cache
 def _worker_count() -> int:
-    return min(MAX_WORKERS, cores_per_rank(os.environ))  # ranks sharing a host split its cores
+    return min(MAX_WORKERS, process_cores())  # ranks sharing a host split its cores
 
 
 _pool: ThreadPoolExecutor | None = None
