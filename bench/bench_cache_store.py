@@ -23,10 +23,10 @@ from pathlib import Path
 from common import base_parser, load, print_table, render_chat, start_engine
 from results import BenchResult, Series, recorded
 
-from engine.runtime.agents import Tier
-from engine.runtime.event_log import EventLog
-from engine.runtime.requests import GenerationRequest
-from engine.runtime.sync_client import run_turn
+from engine.runtime.tiers.agents import Tier
+from engine.domain.event_log import EventLog
+from engine.domain.requests import GenerationRequest
+from engine.runtime.engine_thread.sync_client import run_turn
 from engine.store.cache_file import read_cache_file
 from engine.store.warm_store import WarmStore
 

@@ -18,8 +18,8 @@ from mlx_lm.generate import generate_step, generation_stream
 from common import base_parser, load, median, print_table, start_engine
 from results import BenchResult, Series, recorded
 
-from engine.runtime.requests import GenerationRequest
-from engine.runtime.sync_client import run_turn, run_turns
+from engine.domain.requests import GenerationRequest
+from engine.runtime.engine_thread.sync_client import run_turn, run_turns
 
 TOPICS = ["the ocean", "mountains", "a city at night", "a robot", "autumn", "a library", "trains", "the moon",
           "coffee", "a garden", "rain", "a lighthouse", "chess", "bees", "a desert", "snow"]

@@ -8,7 +8,7 @@ workers then each continue it with their own instruction, all at once:
 - **cold**: a fresh engine (same settings, nothing cached) gets the same eight
   worker prompts as new agents. Prefix sharing is on, as by default: agents
   that start together with a common head wait for one of them to compute it
-  (engine/runtime/shared_prefill.py), so this is already the engine's best
+  (engine/runtime/scheduler/shared_prefill.py), so this is already the engine's best
   cold start, not eight separate prefills.
 
 Reported per path: wall time from the first fork (or first submission) to the
@@ -25,8 +25,8 @@ import time
 from common import base_parser, load, median, print_table, start_engine
 from results import BenchResult
 
-from engine.runtime.requests import GenerationRequest
-from engine.runtime.sync_client import run_turn, run_turns
+from engine.domain.requests import GenerationRequest
+from engine.runtime.engine_thread.sync_client import run_turn, run_turns
 
 WORKERS = 8
 REPLY = 16

@@ -6,26 +6,28 @@ batch 1 and 16 with every row holding ``--context`` tokens:
 
 - the whole decode forward with mlx-lm's batched ``KVCache`` (one cache for
   all rows: what a padded batch costs), and with the engine's ragged rows
-  (each row its own resident cache, attention per row: ``kv/ragged.py``);
-- the same ragged forward with ``cpu_math``'s softmax and SiLU (the engine's
-  default on the CPU) instead of MLX's per-element ``exp``;
+  (each row its own resident cache, attention per row: ``kv/ragged.py``), through
+  the MLX backend (``backends/mlx.py``);
+- the same ragged forward through the CPU backend (``backends/cpu/``) without
+  its linear pass: ``cpu_math``'s softmax and SiLU instead of MLX's
+  per-element ``exp``, and decode attention in compiled loops;
 - the model's linear layers alone (its own weight matrices, the same
   activations' shapes): the floor a forward cannot go under without reading
   fewer weight bytes or doing less arithmetic;
 - where the engine's ragged forward goes at batch 16: the same forward with
   the step's keys and values written through MLX slice updates instead of in
   place by the compiled loops; with each row's attention in MLX instead of
-  compiled loops (``kv/host_decode.py``); with attention left out (each
+  compiled loops (``host_decode.py``); with attention left out (each
   layer's queries passed on, the step's positions written through MLX);
   then with the cache writes left out too; and with the rows' keys and
   values gathered into one batch for a single attention call per layer
   (what a padded batch layout would cost, the gather's copy included);
-- the engine's decode step as it runs now (session 11): a Llama-family model's
-  whole step on the host (``runtime/host_forward.py``: numpy, the compiled
-  linear pass up to 8 rows, host_decode's attention loops), and for other
-  models the ragged forward with the linear pass in their linear layers
-  (``runtime/host_linear.py``); the "fast CPU math" column above is the
-  engine before them;
+- the engine's decode step as it runs now, through the CPU backend with every
+  host path on: a Llama-family model's whole step on the host
+  (``host_forward.py``: numpy, the compiled linear pass up to 8 rows,
+  host_decode's attention loops), and for other models the ragged forward
+  with the linear pass in their linear layers (``host_linear.py``); the
+  "fast CPU math" column above is the engine before them;
 - memory read bandwidth (numpy summing 256 MB), which bounds the batch-1 weight read;
 - MLX's elementwise transcendental ops (exp, sigmoid, sin) against numpy's on
   the same data: the activations, rotary embeddings and softmax use them.
@@ -35,8 +37,7 @@ Run: ``LD_PRELOAD=... python bench/bench_forward_split.py [--model M] [--context
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import Callable, Iterator
+from typing import Any, Callable
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -47,13 +48,11 @@ from mlx_lm.models.cache import KVCache
 from common import base_parser, load, median_ms, print_table
 from results import BenchResult, recorded
 
-from engine.runtime import cpu_math, host_forward, host_linear
-from engine.runtime.kv import host_decode, ragged
-from engine.runtime.kv.full_kv import FullKV
-from engine.runtime.kv.sequence_kv import kv_shape
+from engine.runtime.runner.backends.mlx import MlxBackend
+from engine.runtime.runner.kv.full_kv import FullKV
+from engine.runtime.runner.kv.sequence_kv import kv_shape
 
 BATCHES = (1, 16)
-ENGINE_ATTEND = ragged.RaggedLayerCache.attend
 
 
 def linear_layers(model) -> list[nn.Module]:
@@ -97,12 +96,12 @@ def batched_forward(model, n_layers: int, batch: int, context: int) -> Callable[
     return run
 
 
-def filled_rows(loaded, batch: int, context: int) -> list[list[FullKV]]:
-    """``batch`` rows of the engine's per-layer caches, each prefilled with ``context`` tokens."""
+def filled_rows(loaded, batch: int, context: int, kinds) -> list[list[FullKV]]:
+    """``batch`` rows of a backend's per-layer caches (``kinds``), each prefilled with ``context`` tokens."""
     shape = kv_shape(loaded.spec)
     rows = []
     for _ in range(batch):
-        layers = [FullKV(shape, loaded.spec.block_tokens) for _ in range(len(loaded.model.layers))]
+        layers = [kinds.full(shape, loaded.spec.block_tokens) for _ in range(len(loaded.model.layers))]
         for layer in layers:
             layer.reserve(context + 8)
         loaded.model(mx.array([[1 + i % 1000 for i in range(context)]]), cache=layers)
@@ -111,122 +110,119 @@ def filled_rows(loaded, batch: int, context: int) -> list[list[FullKV]]:
     return rows
 
 
-def ragged_forward(loaded, batch: int, context: int) -> Callable[[], None]:
+def back_to_the_step(rows: list[list[FullKV]], context: int) -> None:
+    """Every row at the same decode step again. In the engine a decode step writes a position never written
+    before, which the CPU backend's loops write in place (HostFullKV.claim_one); a position rewritten after a
+    rewind goes through MLX. Each timed step here is the engine's kind."""
+    for layers in rows:
+        for layer in layers:
+            layer.offset = context
+            if hasattr(layer, "_untouched_from"):
+                layer._untouched_from = context
+
+
+def ragged_forward(loaded, batch: int, context: int, backend: MlxBackend) -> Callable[[], None]:
+    """The decode forward as the engine's batch runs it on ``backend``: one row on its own caches, several
+    through the backend's view of each layer."""
     model = loaded.model
-    ragged.install(model)
+    backend.attach(model)
     n_layers = len(model.layers)
-    rows = filled_rows(loaded, batch, context)
+    rows = filled_rows(loaded, batch, context, backend.kinds)
     token = mx.array([[5]] * batch)
 
     def run() -> None:
-        for layers in rows:
-            for layer in layers:
-                # Back to the same step each run. In the engine a decode step writes a position never
-                # written before, which host_decode writes in place (FullKV.claim_one); a position
-                # rewritten after a rewind goes through MLX. Each timed step here is the engine's kind.
-                layer.offset, layer._untouched_from = context, context
-        # As the engine's batch does: one row runs on its own caches, several through the ragged hook.
-        caches = rows[0] if batch == 1 else [
-            ragged.RaggedLayerCache([rows[b][i] for b in range(batch)]) for i in range(n_layers)]
-        with cpu_math.routing():  # as the engine's batch calls the model
-            logits = model(token, cache=caches)
-        mx.eval(logits[:, -1, :].argmax(-1))
+        back_to_the_step(rows, context)
+        caches = rows[0] if batch == 1 else [backend.ragged([rows[b][i] for b in range(batch)]) for i in range(n_layers)]
+        mx.eval(backend.forward(model, token, caches)[:, -1, :].argmax(-1))
     return run
 
 
 class _Rows:
-    """What host_forward reads of a sequence's cache: its layers."""
+    """What a backend's decode reads of a sequence's cache: its layers."""
 
     def __init__(self, layers: list[FullKV]) -> None:
         self.layers = layers
 
 
-def engine_step(loaded, batch: int, context: int) -> tuple[str, Callable[[], None]]:
-    """The engine's decode forward now: on the host for a Llama, else the ragged forward with the linear pass.
-
-    host_linear stays installed afterwards; it only acts inside ``cpu_math.routing`` at <= 8 rows.
-    """
+def engine_step(loaded, batch: int, context: int, backend) -> tuple[str, Callable[[], None]]:
+    """The engine's decode step now, on the CPU backend with every host path: on the host for a Llama, else the
+    ragged forward with the linear pass."""
     model = loaded.model
-    host_linear.install(model)
-    if not host_forward.supports(model):
-        return "ragged rows, fast CPU math, linear pass", ragged_forward(loaded, batch, context)
-    ragged.install(model)
-    rows = [_Rows(layers) for layers in filled_rows(loaded, batch, context)]
+    backend.attach(model)
+    rows = [_Rows(layers) for layers in filled_rows(loaded, batch, context, backend.kinds)]
+    if not backend.steps_on_host(model, rows):
+        return "ragged rows, fast CPU math, linear pass", ragged_forward(loaded, batch, context, backend)
     token = mx.array([5] * batch)
-    assert host_forward.applies(model, rows)
 
     def run() -> None:
-        for row in rows:
-            for layer in row.layers:
-                layer.offset, layer._untouched_from = context, context  # back to the same step (see ragged_forward)
-        mx.eval(host_forward.decode(model, token, rows).argmax(-1))
+        back_to_the_step([row.layers for row in rows], context)
+        mx.eval(backend.decode(model, token, rows).argmax(-1))
     return "whole step on the host (host_forward)", run
 
 
-def _gathered_attend(self, queries, scale, mask, sinks=None):
-    held, self._held = self._held, []
-    keys = mx.concatenate([row.keys[..., :n, :] for row, n in zip(self.rows, held)], axis=0)
-    values = mx.concatenate([row.values[..., :n, :] for row, n in zip(self.rows, held)], axis=0)
-    return cpu_math.attention(queries, keys, values, scale, None)
+def ablated_backends() -> dict[str, Any]:
+    """Label -> a CPU backend (decode loops on, no linear pass) whose batch view has parts left out or batched
+    (every row holds the same context, so no masks)."""
+    from engine.runtime.runner.backends.cpu import cpu_math
+    from engine.runtime.runner.backends.cpu.backend import CpuBackend, CpuOptions
+    from engine.runtime.runner.backends.cpu.host_kv import HostRaggedLayerCache
 
+    class Gathered(HostRaggedLayerCache):
+        def attend(self, queries, scale, mask, sinks=None):
+            self.write_claimed_through_mlx()
+            held, self._held = self._held, []
+            keys = mx.concatenate([row.keys[..., :n, :] for row, n in zip(self.rows, held)], axis=0)
+            values = mx.concatenate([row.values[..., :n, :] for row, n in zip(self.rows, held)], axis=0)
+            return cpu_math.attention(queries, keys, values, scale, None)
 
-def _mlx_attend(self, queries, scale, mask, sinks=None):
-    host_decode.enabled = False
-    try:
-        return ENGINE_ATTEND(self, queries, scale, mask, sinks)
-    finally:
-        host_decode.enabled = True
+    class MlxAttend(HostRaggedLayerCache):
+        def attend(self, queries, scale, mask, sinks=None):
+            self._loops = lambda: False  # claimed positions are written through MLX, rows attend in MLX
+            return super().attend(queries, scale, mask, sinks)
 
+    class NoAttend(HostRaggedLayerCache):
+        """Attention left out; the step's positions still written (through MLX, as without the loops' writes)."""
 
-def _no_attend(self, queries, scale, mask, sinks=None):
-    """Attention left out; the step's positions still written (through MLX, as without host_decode's writes)."""
-    self._held = []
-    new, claimed, self._new, self._claimed = self._new, self._claimed, None, []
-    for b, at in enumerate(claimed):
-        if at is not None:
-            self.rows[b].write_claimed(at, new[0][b:b + 1], new[1][b:b + 1])
-    return queries
+        def attend(self, queries, scale, mask, sinks=None):
+            self.write_claimed_through_mlx()
+            self._held = []
+            return queries
 
+    class WritesThroughMlx(HostRaggedLayerCache):
+        """The step's positions written through MLX slice updates (as before the loops wrote them in place)."""
 
-def _writes_through_mlx(self, keys, values):
-    """The step's positions written through MLX slice updates (as before host_decode wrote them in place)."""
-    self._held = [row.append_one(keys[b:b + 1], values[b:b + 1]) for b, row in enumerate(self.rows)]
-    self._new, self._claimed = None, []
+        def _decode_positions(self, keys, values):
+            self._held = [row.append_one(keys[b:b + 1], values[b:b + 1]) for b, row in enumerate(self.rows)]
+            self._new, self._claimed = None, []
 
+    class NoWrites(NoAttend):
+        def update_and_fetch(self, keys, values):
+            return keys, values
 
-def _no_write(self, keys, values):
-    return keys, values
+    def backend(view: type | None) -> CpuBackend:
+        class Ablated(CpuBackend):
+            def ragged(self, layers):
+                return view(layers, self.loops_ready, self._workers)
 
+        return (CpuBackend if view is None else Ablated)(CpuOptions(linear_pass=False, host_step=False))
 
-ABLATIONS = {  # label: RaggedLayerCache methods swapped in (every row holds the same context, so no masks)
-    "engine (fast CPU math, decode attention in compiled loops)": {},
-    "positions written through MLX slice updates, not in place": {"_decode_positions": _writes_through_mlx},
-    "attention per row in MLX (host_decode off)": {"attend": _mlx_attend},
-    "rows gathered, one attention per layer": {"attend": _gathered_attend},
-    "attention left out": {"attend": _no_attend},
-    "attention and cache writes left out": {"attend": _no_attend, "update_and_fetch": _no_write},
-}
-
-
-@contextmanager
-def swapped(methods: dict) -> Iterator[None]:
-    saved = {name: getattr(ragged.RaggedLayerCache, name) for name in methods}
-    for name, method in methods.items():
-        setattr(ragged.RaggedLayerCache, name, method)
-    try:
-        yield
-    finally:
-        for name, method in saved.items():
-            setattr(ragged.RaggedLayerCache, name, method)
+    return {
+        "engine (fast CPU math, decode attention in compiled loops)": backend(None),
+        "positions written through MLX slice updates, not in place": backend(WritesThroughMlx),
+        "attention per row in MLX (compiled loops off)": backend(MlxAttend),
+        "rows gathered, one attention per layer": backend(Gathered),
+        "attention left out": backend(NoAttend),
+        "attention and cache writes left out": backend(NoWrites),
+    }
 
 
 def ablations(loaded, context: int, repeats: int) -> list[list[object]]:
-    """The engine's batch-16 ragged forward with parts left out or batched; cpu_math installed."""
-    run = ragged_forward(loaded, 16, context)
+    """The engine's batch-16 ragged forward with parts left out or batched, on the CPU backend."""
     rows = []
-    for label, methods in ABLATIONS.items():
-        with swapped(methods):
-            rows.append([label, median_ms(run, repeats)])
+    for label, backend in ablated_backends().items():
+        rows.append([label, median_ms(ragged_forward(loaded, 16, context, backend), repeats)])
+        backend.detach(loaded.model)
+        backend.close()
     base = rows[0][1]
     return [[label, ms, base - ms] for label, ms in rows]
 
@@ -249,6 +245,12 @@ def elementwise(repeats: int) -> list[list[object]]:
     return rows
 
 
+def cpu_backend(**options: bool) -> Any:
+    from engine.runtime.runner.backends.cpu.backend import CpuBackend, CpuOptions
+
+    return CpuBackend(CpuOptions(**options))
+
+
 def main() -> None:
     parser = base_parser(__doc__.splitlines()[0])
     parser.add_argument("--context", type=int, default=200, help="tokens each row's cache holds (default 200)")
@@ -268,15 +270,19 @@ def main() -> None:
         result.metric("machine", "model weight bytes", weight_bytes / 1e6, "MB", better="neither")
         print(f"# weights {weight_bytes / 1e6:.0f} MB; memory read {read_gbs:.1f} GB/s, so reading them once "
               f"takes {weight_bytes / read_gbs / 1e6:.1f} ms")
+        on_cpu = mx.default_device().type == mx.DeviceType.cpu
         rows = []
         for batch in BATCHES:
             linear = median_ms(linears_only(model, batch), repeats)
-            cpu_math.install(model, enabled=False)  # mlx-lm's own attention and SiLU, as mlx_lm.server runs them
             whole = median_ms(batched_forward(model, n_layers, batch, args.context), repeats)
-            per_row = median_ms(ragged_forward(loaded, batch, args.context), repeats)
+            # MLX's own attention and SiLU, as mlx_lm.server runs them.
+            per_row = median_ms(ragged_forward(loaded, batch, args.context, MlxBackend()), repeats)
             fast = None
-            if cpu_math.install(model):
-                fast = median_ms(ragged_forward(loaded, batch, args.context), repeats)
+            if on_cpu:
+                fast_backend = cpu_backend(linear_pass=False, host_step=False)
+                fast = median_ms(ragged_forward(loaded, batch, args.context, fast_backend), repeats)
+                fast_backend.detach(model)
+                fast_backend.close()
                 result.metric(f"decode forward at batch {batch}, {args.context}-token context (ms)",
                               "whole forward, ragged rows, fast CPU math (the engine)", fast, "ms", better="lower")
             rows.append([batch, linear, whole, per_row, fast, whole - linear, per_row - whole])
@@ -287,18 +293,21 @@ def main() -> None:
         print(f"\n## Decode forward, {args.context}-token context per row (median ms)")
         print_table(["batch", "linear layers alone", "forward, batched cache", "forward, ragged rows",
                      "ragged rows, fast CPU math", "batched - linear", "ragged - batched"], rows)
-        if cpu_math.install(model):
+        if on_cpu:
             parts = ablations(loaded, args.context, repeats)
             for label, ms, _ in parts:
                 result.metric(f"batch-16 ragged forward, {args.context}-token context (ms)", label, ms, "ms",
                               better="lower")
             print(f"\n## Where the engine's batch-16 forward goes, {args.context}-token context (median ms)")
             print_table(["forward", "ms", "engine - this"], parts)
-        if cpu_math.install(model):
+        if on_cpu:
             now = []
             for batch in BATCHES:
-                label, run = engine_step(loaded, batch, args.context)
+                backend = cpu_backend()
+                label, run = engine_step(loaded, batch, args.context, backend)
                 ms = median_ms(run, repeats)
+                backend.detach(model)
+                backend.close()
                 result.metric(f"decode forward at batch {batch}, {args.context}-token context (ms)",
                               f"the engine's step now: {label}", ms, "ms", better="lower")
                 now.append([batch, label, ms])

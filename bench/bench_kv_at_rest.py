@@ -56,10 +56,10 @@ from mlx_lm.models.cache import make_prompt_cache
 from common import ROOT, base_parser, load, print_table, start_engine
 from results import BenchResult, recorded
 
-from engine.runtime.agents import Tier
-from engine.runtime.event_log import EventLog
-from engine.runtime.requests import GenerationRequest, SamplingParams
-from engine.runtime.sync_client import run_turn
+from engine.runtime.tiers.agents import Tier
+from engine.domain.event_log import EventLog
+from engine.domain.requests import GenerationRequest, SamplingParams
+from engine.runtime.engine_thread.sync_client import run_turn
 from engine.store.cache_format import KVQuantization
 from engine.store.kv_at_rest import quantization_for, round_trip
 from engine.store.warm_store import WarmStore
@@ -110,7 +110,7 @@ def run_setting(loaded, bits: int | None, prompts: list[tuple[int, ...]], tokens
     """Prefill, evict every agent to ``tier`` (warm: a file; cool: quantized in memory), restore each
     alone, then decode all at once."""
     with tempfile.TemporaryDirectory() as root:
-        store = WarmStore(Path(root), loaded, 1 << 40, EventLog(), kv_bits=bits)
+        store = WarmStore(Path(root), loaded, 1 << 40, EventLog(), kv_bits_at_rest=bits)
         store.quantization = quantization(loaded, bits, group_size)
         engine = start_engine(loaded, pool_mb, batch=max(16, len(prompts)), prefill_step=prefill_step, store=store,
                               prefix_sharing=False, kv_bits=bits)
@@ -161,7 +161,7 @@ def crowd(loaded, bits: int | None, n_agents: int, turns: int, context: int, fit
     blocks_per_agent = loaded.spec.total_blocks_for_tokens(context + 150)
     pool_mb = fit * blocks_per_agent * loaded.spec.block_bytes / 2**20
     with tempfile.TemporaryDirectory() as root:
-        store = WarmStore(Path(root), loaded, 1 << 40, EventLog(), kv_bits=bits)
+        store = WarmStore(Path(root), loaded, 1 << 40, EventLog(), kv_bits_at_rest=bits)
         engine = start_engine(loaded, pool_mb, store=store, kv_bits=bits)
         try:
             total, prompt, prefilled, reused, _ = _crowd(engine, loaded, n_agents, turns, context)

@@ -7,14 +7,14 @@ batch of ``rows`` inputs, what one decode step does), three ways:
   ``sgemm``, the path mlx-lm runs);
 - numpy: the same product through numpy's BLAS (at one row numpy calls
   ``sgemv``);
-- pass: ``engine/runtime/linear_kernel.py`` (numba), which reads each
+- pass: ``engine/runtime/runner/backends/cpu/linear_kernel.py`` (numba), which reads each
   weight once and multiplies it with every row.
 
 The rate is the weights' bytes over the time: at a few rows a linear layer
 is bound by reading its weights, so this is the memory rate each way gets.
 It also times one ``mx.eval`` of a one-element-per-row operation, the
 hand-off to MLX's CPU stream that a decode step pays each time it evaluates
-inside the model (``runtime/host_forward.py``'s reason to leave MLX out).
+inside the model (``runtime/runner/backends/cpu/host_forward.py``'s reason to leave MLX out).
 
 Run: ``LD_PRELOAD=... python bench/bench_linear_pass.py [--repeats N] [--json PATH]``.
 """
@@ -28,7 +28,7 @@ import numpy as np
 from common import base_parser, load, median_ms, print_table
 from results import BenchResult, recorded
 
-from engine.runtime import host_linear, linear_kernel
+from engine.runtime.runner.backends.cpu import host_linear, linear_kernel
 
 ROWS = (1, 2, 4, 8, 16)
 
@@ -72,7 +72,7 @@ def main() -> None:
 
             def through_pass() -> None:
                 for w, out in zip(hosts, outs):
-                    linear_kernel.times_transposed(inputs[w.shape[1]], w, out, host_linear.threads())
+                    linear_kernel.times_transposed(inputs[w.shape[1]], w, out, host_linear.THREADS)
 
             ms = {name: median_ms(fn, repeats) for name, fn in
                   (("MLX", through_mlx), ("numpy", through_numpy), ("pass", through_pass))}

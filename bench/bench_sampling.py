@@ -1,6 +1,6 @@
 """The cost of drawing one token per row with top-p / top-k, per backend, against greedy and mlx-lm's sampler.
 
-The engine's sampler (engine/runtime/sampling.py) partitions the vocabulary for
+The engine's sampler (engine/runtime/runner/sampling.py) partitions the vocabulary for
 top_k, sorts only the k survivors for top_p, and draws each row with its own
 PRNG key. This times it, mlx-lm's ``make_sampler`` and greedy on the same
 logits, and the two vocabulary-wide ops it rests on, for real vocabulary
@@ -28,8 +28,8 @@ from mlx_lm.sample_utils import make_sampler
 from common import print_table
 from results import BenchResult, recorded
 
-from engine.runtime import sampling
-from engine.runtime.requests import SamplingParams
+from engine.runtime.runner import sampling
+from engine.domain.requests import SamplingParams
 
 VOCABS = {"SmolLM2 (49,152)": 49152, "Llama 3 (128,256)": 128256, "Gemma 3 (262,144)": 262144}
 ROWS = (1, 16)

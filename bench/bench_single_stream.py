@@ -31,7 +31,7 @@ from mlx_lm.sample_utils import make_sampler
 from common import base_parser, load, print_table, start_engine
 from results import BenchResult, recorded
 
-from engine.runtime.requests import FinishEvent, GenerationRequest, SamplingParams, TokenEvent
+from engine.domain.requests import FinishEvent, GenerationRequest, SamplingParams, TokenEvent
 
 PROMPT = "Write a long story about a lighthouse keeper and the sea."
 

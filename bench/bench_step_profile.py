@@ -6,21 +6,22 @@ script, nothing in the engine changes): per decode step,
 - graph: building the forward pass and the sampler (Python, MLX graph
   construction; the ragged batch's per-sequence attention included). On the
   CPU a Llama-family decode step runs whole on the host
-  (``runtime/host_forward.py``), and other models' batches evaluate each
-  layer inside the model call (``kv/host_decode.py``, ``runtime/host_linear.py``),
+  (``backends/cpu/host_forward.py``), and other models' batches evaluate each
+  layer inside the model call (``host_decode.py``, ``host_linear.py``),
   so there this holds the whole forward and "device" only what follows it;
 - device: evaluating it (``mx.async_eval`` of the step, which on the CPU
   backend computes before it returns, plus the wait when the tokens are
   read: the arithmetic itself, memory traffic and MLX's per-operation cost);
 - prefill: the prompts' prefill chunks, spread over the decode steps;
 - bookkeeping: room checks and cache capacity (``room``), checkpoints;
-- text: detokenization and stop-string checks (``BatchRunner._decode``);
-- delivery: handing events to sinks (``BatchRunner._emit``);
+- text: detokenization and stop-string checks (``scheduler/stepping.py``: ``Stepping._decode``);
+- delivery: handing events to sinks (``scheduler/delivery.py``: ``Delivery.emit``);
 - other: the rest of the engine loop around the step.
 
-Each batch also runs with the decode step through MLX's forward
-(``host_forward`` and ``host_linear`` off: the engine before them), in the
-same run, so the report shows what they change.
+On the CPU each batch also runs on an engine whose CPU backend sends the
+decode step through MLX's forward (``CpuOptions(host_step=False,
+linear_pass=False)``: the engine before those paths), in the same run, so the
+report shows what they change.
 
 mlx-lm's ``BatchGenerator.next()`` (what mlx_lm.server runs) is timed the same
 way where it can be: its whole step, and its detokenization as the server does
@@ -43,11 +44,12 @@ from mlx_lm.generate import BatchGenerator
 from common import base_parser, load, print_table, render_chat, start_engine
 from results import BenchResult, recorded
 
-from engine.runtime import host_forward, host_linear
-from engine.runtime.batch import generator as batch_module
-from engine.runtime.batch_runner import BatchRunner
-from engine.runtime.requests import GenerationRequest, SamplingParams
-from engine.runtime.sync_client import run_turns
+from engine.runtime.runner import batch as batch_module
+from engine.runtime.scheduler.delivery import Delivery
+from engine.runtime.scheduler.scheduler import Scheduler
+from engine.runtime.scheduler.stepping import Stepping
+from engine.domain.requests import GenerationRequest, SamplingParams
+from engine.runtime.engine_thread.sync_client import run_turns
 
 BATCHES = (1, 4, 16)
 PARTS = ("prefill", "graph", "device", "bookkeeping", "text", "delivery", "other")
@@ -92,20 +94,20 @@ class _TimedMx:
 
 @contextmanager
 def engine_timers() -> Iterator[Timers]:
-    """Times the engine's steps: the whole runner step, and the parts named in the module docstring."""
+    """Times the engine's steps: the whole scheduler step, and the parts named in the module docstring."""
     timers = Timers()
     batch = batch_module.SequenceBatch
     batch_module.mx = _TimedMx(timers)  # type: ignore[assignment]
     undo = [
-        timers.wrap(BatchRunner, "step", "step"),
+        timers.wrap(Scheduler, "step", "step"),
         timers.wrap(batch, "_prefill", "prefill"),
         timers.wrap(batch, "_forward", "graph"),
         timers.wrap(batch_module, "_sample", "graph"),
         timers.wrap(batch, "_has_room", "bookkeeping"),
         timers.wrap(batch, "_checkpoint_prompt_ends", "bookkeeping"),
         timers.wrap(batch, "_collect", "collect"),
-        timers.wrap(BatchRunner, "_decode", "text"),
-        timers.wrap(BatchRunner, "_emit", "delivery"),
+        timers.wrap(Stepping, "_decode", "text"),
+        timers.wrap(Delivery, "emit", "delivery"),
     ]
     try:
         yield timers
@@ -123,15 +125,14 @@ def prompts(loaded, n: int) -> list[tuple[int, ...]]:
 DEFAULT_SAMPLING = SamplingParams(temperature=0.7, top_p=0.95, top_k=40, seed=0)
 
 
-@contextmanager
-def through_mlx() -> Iterator[None]:
-    """The engine's decode steps through MLX's forward (host_forward and host_linear off): the path before them."""
-    saved = host_forward.enabled, host_linear.enabled
-    host_forward.enabled = host_linear.enabled = False
-    try:
-        yield
-    finally:
-        host_forward.enabled, host_linear.enabled = saved
+def through_mlx_forward() -> Any:
+    """A CPU backend whose decode steps go through MLX's forward (no host step, no linear pass); None off the
+    CPU (Metal, CUDA: there is nothing to compare)."""
+    if mx.default_device().type != mx.DeviceType.cpu:
+        return None
+    from engine.runtime.runner.backends.cpu.backend import CpuBackend, CpuOptions
+
+    return CpuBackend(CpuOptions(host_step=False, linear_pass=False))
 
 
 def engine_profile(engine, loaded, batch: int, tokens: int, sampling: SamplingParams = SamplingParams(),
@@ -198,44 +199,57 @@ def main() -> None:
                          {"model": args.model, "tokens": tokens, "batches": list(BATCHES)})
     with recorded(result, args.json):
         loaded = load(args)
-        engine = start_engine(loaded, args.pool_mb)
-        try:
-            # Warm-ups, greedy and sampled: a backend that compiles kernels on first use (CUDA) would
-            # otherwise bill that to the first measured steps (an H100 run once showed 215 ms sampled steps).
-            engine_profile(engine, loaded, 1, 8)
-            engine_profile(engine, loaded, 16, 8, DEFAULT_SAMPLING, tag="w")
-            rows = []
-            for batch in BATCHES:
-                ours = engine_profile(engine, loaded, batch, tokens)
-                with through_mlx():
-                    mlx_forward = engine_profile(engine, loaded, batch, tokens, tag="m")
-                peer = batchgenerator_profile(loaded, batch, tokens)
-                rows.append([batch, *(f"{ours[k]:.1f}" for k in PARTS),
-                             f"{ours['tok/s']:.1f}", f"{peer['step (forward, sample, sync)']:.1f}",
-                             f"{peer['text']:.1f}", f"{peer['tok/s']:.1f}"])
-                rows.append([f"{batch}, MLX forward", *(f"{mlx_forward[k]:.1f}" for k in PARTS),
-                             f"{mlx_forward['tok/s']:.1f}", "", "", ""])
-                result.metric("decode throughput", f"engine through MLX's forward, batch {batch}", mlx_forward["tok/s"],
+        ours, sampled = profile_engine(loaded, args.pool_mb, tokens)
+        compared = through_mlx_forward()
+        mlx_forward = profile_engine(loaded, args.pool_mb, tokens, compared)[0] if compared is not None else {}
+        rows = []
+        for batch in BATCHES:
+            peer = batchgenerator_profile(loaded, batch, tokens)
+            mine = ours[batch]
+            rows.append([batch, *(f"{mine[k]:.1f}" for k in PARTS),
+                         f"{mine['tok/s']:.1f}", f"{peer['step (forward, sample, sync)']:.1f}",
+                         f"{peer['text']:.1f}", f"{peer['tok/s']:.1f}"])
+            if batch in mlx_forward:
+                other = mlx_forward[batch]
+                rows.append([f"{batch}, MLX forward", *(f"{other[k]:.1f}" for k in PARTS),
+                             f"{other['tok/s']:.1f}", "", "", ""])
+                result.metric("decode throughput", f"engine through MLX's forward, batch {batch}", other["tok/s"],
                               "tok/s")
-                for key in PARTS:
-                    result.metric(f"engine step at batch {batch} (ms per step)", key, ours[key], "ms", better="lower")
-                result.metric("decode throughput", f"engine, batch {batch}", ours["tok/s"], "tok/s")
-                result.metric("decode throughput", f"BatchGenerator, batch {batch}", peer["tok/s"], "tok/s")
-                result.metric(f"BatchGenerator step at batch {batch} (ms per step)", "forward, sample, sync",
-                              peer["step (forward, sample, sync)"], "ms", better="lower")
-                result.metric(f"BatchGenerator step at batch {batch} (ms per step)", "text", peer["text"], "ms",
-                              better="lower")
-            sampled = engine_profile(engine, loaded, 16, tokens, DEFAULT_SAMPLING, tag="s")
-            rows.append(["16 sampled", *(f"{sampled[k]:.1f}" for k in PARTS),
-                         f"{sampled['tok/s']:.1f}", "", "", ""])
             for key in PARTS:
-                result.metric("engine step at batch 16, default sampling (ms per step)", key, sampled[key], "ms",
-                              better="lower")
-            result.metric("decode throughput", "engine, batch 16, default sampling", sampled["tok/s"], "tok/s")
-            print_table(["batch", "prefill ms", "graph ms", "device ms", "bookkeeping ms", "text ms", "delivery ms", "other ms",
-                         "engine tok/s", "BG step ms", "BG text ms", "BG tok/s"], rows)
-        finally:
-            engine.stop()
+                result.metric(f"engine step at batch {batch} (ms per step)", key, mine[key], "ms", better="lower")
+            result.metric("decode throughput", f"engine, batch {batch}", mine["tok/s"], "tok/s")
+            result.metric("decode throughput", f"BatchGenerator, batch {batch}", peer["tok/s"], "tok/s")
+            result.metric(f"BatchGenerator step at batch {batch} (ms per step)", "forward, sample, sync",
+                          peer["step (forward, sample, sync)"], "ms", better="lower")
+            result.metric(f"BatchGenerator step at batch {batch} (ms per step)", "text", peer["text"], "ms",
+                          better="lower")
+        assert sampled is not None
+        rows.append(["16 sampled", *(f"{sampled[k]:.1f}" for k in PARTS), f"{sampled['tok/s']:.1f}", "", "", ""])
+        for key in PARTS:
+            result.metric("engine step at batch 16, default sampling (ms per step)", key, sampled[key], "ms",
+                          better="lower")
+        result.metric("decode throughput", "engine, batch 16, default sampling", sampled["tok/s"], "tok/s")
+        print_table(["batch", "prefill ms", "graph ms", "device ms", "bookkeeping ms", "text ms", "delivery ms",
+                     "other ms", "engine tok/s", "BG step ms", "BG text ms", "BG tok/s"], rows)
+
+
+def profile_engine(loaded, pool_mb: float, tokens: int, backend: Any = None
+                   ) -> tuple[dict[int, dict[str, float]], dict[str, float] | None]:
+    """Every batch's split on one engine (``backend``: one to compare, else the device's), and for the default
+    backend the sampled batch-16 split."""
+    compare = backend is not None
+    engine = start_engine(loaded, pool_mb, backend=backend)
+    try:
+        # Warm-ups, greedy and sampled: a backend that compiles kernels on first use (CUDA) would
+        # otherwise bill that to the first measured steps (an H100 run once showed 215 ms sampled steps).
+        engine_profile(engine, loaded, 1, 8)
+        engine_profile(engine, loaded, 16, 8, DEFAULT_SAMPLING, tag="w")
+        splits = {batch: engine_profile(engine, loaded, batch, tokens, tag="m" if compare else "g")
+                  for batch in BATCHES}
+        sampled = None if compare else engine_profile(engine, loaded, 16, tokens, DEFAULT_SAMPLING, tag="s")
+        return splits, sampled
+    finally:
+        engine.stop()
 
 
 if __name__ == "__main__":

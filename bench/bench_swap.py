@@ -19,8 +19,8 @@ from results import BenchResult, Series, recorded
 from engine.api.service import EngineService
 from engine.bootstrap import build_engine, engine_builder, load_configured_model
 from engine.models.loader import resolve_model
-from engine.runtime.requests import GenerationRequest
-from engine.runtime.sync_client import run_turns
+from engine.domain.requests import GenerationRequest
+from engine.runtime.engine_thread.sync_client import run_turns
 from engine.settings import load_settings
 from engine.swap import SwapPhase, SwapStatus, memory_reading
 

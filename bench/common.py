@@ -20,8 +20,8 @@ from engine.domain.chat import ChatMessage, Conversation  # noqa: E402
 from engine.models.loaded import LoadedModel  # noqa: E402
 from engine.models.loader import load_model  # noqa: E402
 from engine.platform import blas_report  # noqa: E402
-from engine.runtime.batch_runner import RunnerLimits  # noqa: E402
-from engine.runtime.engine import Engine, EngineConfig  # noqa: E402
+from engine.runtime.engine_thread.engine import Engine  # noqa: E402
+from engine.settings import BatchSettings, CacheSettings, EngineSettings  # noqa: E402
 from engine.settings import default_cache_dir  # noqa: E402
 
 
@@ -48,11 +48,13 @@ def load(args: argparse.Namespace) -> LoadedModel:
 
 def start_engine(
     loaded: LoadedModel, pool_mb: float, batch: int = 16, prefill_step: int = 512, store=None, prefix_sharing: bool = True,
-    kv_bits: int | None = None,
+    kv_bits: int | None = None, backend=None,
 ) -> Engine:
-    config = EngineConfig(int(pool_mb * 2**20), RunnerLimits(batch, 8, prefill_step), prefix_sharing=prefix_sharing,
-                          kv_bits=kv_bits)
-    engine = Engine(loaded, config, store=store)
+    """A started engine; ``backend``: a compute backend to compare (default: the one chosen for this device)."""
+    settings = EngineSettings(cache=CacheSettings(int(pool_mb * 2**20), prefix_sharing=prefix_sharing,
+                                                  kv_bits_at_rest=kv_bits),
+                              batch=BatchSettings(batch, prefill_step))
+    engine = Engine(loaded, settings, store=store, backend=backend)
     engine.start()
     return engine
 

@@ -37,7 +37,8 @@ class Batching:
     """The knobs both servers expose under different names, set equal on both."""
 
     decode: int = 16  # semantic --max-batch-size, mlx_lm.server --decode-concurrency
-    prefill: int = 4  # semantic --prefill-batch-size, mlx_lm.server --prompt-concurrency
+    prefill: int = 4  # mlx_lm.server --prompt-concurrency (semantic prefills together what fits one chunk of
+    # --prefill-step-size tokens; it has no setting of its own for this)
     prefill_step: int = 512  # --prefill-step-size on both
 
 
@@ -63,9 +64,9 @@ def semantic_launch(folder: Path, state_dir: Path, pool_mb: float, batching: Bat
     """``persist``: write every hot agent to the disk tier on SIGTERM, as a user's server does, so a restart
     resumes them; off where the state dir is thrown away after the run and the write would only slow the stop."""
     argv = (
-        sys.executable, "-m", "semantic_tui.cli", "--serve", "--model", str(folder), "--cache-dir", str(state_dir),
+        sys.executable, "-m", "semantic_cli", "--serve", "--model", str(folder), "--cache-dir", str(state_dir),
         "--pool-budget-mb", f"{pool_mb:.3f}", "--max-batch-size", str(batching.decode),
-        "--prefill-batch-size", str(batching.prefill), "--prefill-step-size", str(batching.prefill_step),
+        "--prefill-step-size", str(batching.prefill_step),
         "--persist-on-exit" if persist else "--no-persist-on-exit", "--log-level", "warning",
     )
     return Launch("semantic", argv, "/health/ready", sends_session_id=True, state_dir=state_dir)

@@ -13,10 +13,10 @@ from engine.distributed.world import World
 from engine.models.gguf_import import ImportProgress
 from engine.models.loaded import LoadedModel
 from engine.models.loader import load_model
-from engine.runtime.engine import Engine, EngineConfig
-from engine.runtime.event_log import EventKind, EventLog
-from engine.runtime.snapshot import AgentView
-from engine.settings import Settings
+from engine.runtime.engine_thread.engine import Engine
+from engine.domain.event_log import EventKind, EventLog
+from engine.runtime.engine_thread.snapshot import AgentView
+from engine.settings import EngineSettings, Settings
 from engine.store.warm_store import WarmStore
 
 log = logging.getLogger("semantic")
@@ -47,9 +47,10 @@ def build_engine(
     world: "World | None" = None,
 ) -> Engine:
     events = events or EventLog()
-    store = WarmStore(settings.agents_dir, loaded, settings.disk_budget_bytes, events, kv_bits=settings.kv_bits)
+    store = WarmStore(settings.agents_dir, loaded, settings.disk_budget_bytes, events,
+                      kv_bits_at_rest=settings.kv_bits)
     lockstep = Lockstep(world) if world is not None else None
-    engine = Engine(loaded, EngineConfig.from_settings(settings), store=store, events=events, seed_agents=seed_agents,
+    engine = Engine(loaded, EngineSettings.of(settings), store=store, events=events, seed_agents=seed_agents,
                     lockstep=lockstep)
     events.emit(EventKind.LOAD, f"loaded {loaded.model_id} ({loaded.architecture}, context {loaded.context_length})")
     return engine

@@ -1,14 +1,21 @@
-"""Every tunable of semantic in one frozen object.
+"""Every tunable of semantic in one frozen object, and the sections of it each part of the engine takes.
 
 Precedence, highest first: CLI flags (passed as init values) > environment
 variables (``SEMANTIC_*``) > ``.env`` > TOML config file > defaults. The TOML
 file is ``--config PATH``, else ``$SEMANTIC_CONFIG``, else
 ``<user config dir>/semantic/config.toml`` when it exists.
+
+A setting keeps its name from the flag to the code that uses it: the engine
+takes :class:`EngineSettings`, whose sections (:class:`CacheSettings`,
+:class:`BatchSettings`, :class:`TurnSettings`, :class:`SamplingSettings`) hold
+the same fields under the same names, with the same defaults, and are passed
+whole to the part that uses them.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
@@ -63,7 +70,6 @@ class Settings(BaseSettings):
     # -- batching ---------------------------------------------------------------
     max_batch_size: int = Field(16, ge=1, le=512, description="Most sequences decoded together.")
     batch_window_ms: float = Field(10.0, ge=0, le=1000, description="An idle engine waits this long for more requests to prefill together.")
-    prefill_batch_size: int = Field(4, ge=1, le=64, description="Most prompts prefilled together.")
     prefill_step_size: int = Field(512, ge=16, description="Prompt tokens processed per prefill chunk (bounds memory; progress is reported per chunk).")
     fast_cpu_math: bool = Field(True, description="On the CPU, compute attention's softmax, SiLU and GELU (Gemma) with an exp built from MLX's fast arithmetic (within 2 ulp of mx.exp, about 5x faster per element; GELU about 10x), a long prefill chunk's attention in cache-sized blocks, a decode batch's attention in compiled loops over each agent's cache that also write the step's keys and values in place (numba), decode's linear layers at up to 8 agents in one compiled pass over the weights, a Llama-family model's whole decode step on the host (numpy and those loops, no MLX evaluation inside the model), and sampling's top-k pass over the vocabulary in numpy. Off: MLX's own kernels, as mlx_lm runs them.")
     default_max_tokens: int = Field(1024, ge=1, description="Tokens generated when a request names no limit.")
@@ -225,6 +231,79 @@ def _toml_path(init_kwargs: dict[str, Any]) -> Path | None:
         return path
     default = default_config_file()
     return default if default.is_file() else None
+
+
+def _default(name: str) -> Any:
+    """A setting's default, from its one definition above."""
+    return Settings.model_fields[name].default
+
+
+@dataclass(frozen=True, slots=True)
+class CacheSettings:
+    """The pool and the tiers: how much memory the KV cache may hold and where it goes when idle."""
+
+    pool_budget_bytes: int = int(_default("pool_budget_mb") * 2**20)
+    prefix_sharing: bool = _default("prefix_sharing")
+    persist_on_exit: bool = _default("persist_on_exit")
+    kv_bits_at_rest: int | None = None  # the setting's "none" / "8" / "4" as bits (None: full precision)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchSettings:
+    """The continuous batch: how many sequences decode together and how prompts are fed."""
+
+    max_batch_size: int = _default("max_batch_size")
+    prefill_step_size: int = _default("prefill_step_size")
+    batch_window_ms: float = _default("batch_window_ms")
+
+
+@dataclass(frozen=True, slots=True)
+class TurnSettings:
+    """What one turn may do: how long it may wait and generate, how much it may write, and the context."""
+
+    max_output_tokens: int = _default("max_output_tokens")
+    max_output_seconds: float = _default("max_output_seconds")
+    repetition_window: int = _default("repetition_window")
+    max_queued_requests: int = _default("max_queued_requests")
+    request_timeout_s: float = _default("request_timeout_s")
+    watchdog_s: float = _default("watchdog_s")
+    max_context_tokens: int | None = _default("max_context_tokens")
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingSettings:
+    """Overrides of the model's sampling defaults for requests that name none (None: the model's)."""
+
+    default_temperature: float | None = None
+    default_top_p: float | None = None
+    default_top_k: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSettings:
+    """Everything the engine takes from the settings, by section."""
+
+    cache: CacheSettings = field(default_factory=CacheSettings)
+    batch: BatchSettings = field(default_factory=BatchSettings)
+    turns: TurnSettings = field(default_factory=TurnSettings)
+    sampling: SamplingSettings = field(default_factory=SamplingSettings)
+    fast_cpu_math: bool = _default("fast_cpu_math")
+
+    @classmethod
+    def of(cls, settings: Settings) -> "EngineSettings":
+        """The sections of ``settings``, each field read under its own name."""
+        return cls(
+            cache=CacheSettings(settings.pool_budget_bytes, settings.prefix_sharing, settings.persist_on_exit,
+                                settings.kv_bits),
+            batch=_section(BatchSettings, settings),
+            turns=_section(TurnSettings, settings),
+            sampling=_section(SamplingSettings, settings),
+            fast_cpu_math=settings.fast_cpu_math,
+        )
+
+
+def _section(section: type, settings: Settings) -> Any:
+    return section(**{f.name: getattr(settings, f.name) for f in fields(section)})
 
 
 def load_settings(**overrides: Any) -> Settings:

@@ -25,8 +25,8 @@ import psutil
 
 from engine.errors import EngineUnavailableError, ModelSwapError, SemanticError
 from engine.models.gguf_import import ImportProgress
-from engine.runtime.event_log import EventKind
-from engine.runtime.snapshot import AgentView
+from engine.domain.event_log import EventKind
+from engine.runtime.engine_thread.snapshot import AgentView
 
 log = logging.getLogger("semantic.swap")
 

@@ -20,10 +20,10 @@ from textual.widgets import ContentSwitcher, Footer
 from textual.worker import Worker, WorkerState
 
 from engine.errors import SemanticError
-from engine.runtime.agents import Tier
+from engine.runtime.tiers.agents import Tier
 from engine.settings import Settings
 from engine.swap import release_thread_streams
-from engine.runtime.engine_ops import engine_op
+from engine.runtime.engine_thread.engine_ops import engine_op
 
 from .backend import WorkbenchBackend
 from .messages import EngineStopped, LoadProgress, ModelFailed, ModelReady

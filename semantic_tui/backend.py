@@ -13,7 +13,7 @@ from typing import Any, Callable
 from engine.api.service import EngineService
 from engine.errors import SemanticError
 from engine.models.gguf_import import ImportProgress
-from engine.runtime.event_log import EventKind, EventLog
+from engine.domain.event_log import EventKind, EventLog
 from engine.settings import Settings
 
 log = logging.getLogger("semantic.tui")

@@ -1,4 +1,4 @@
-"""The workbench side of fork, rewind, export and import (engine/runtime/branching.py,
+"""The workbench side of fork, rewind, export and import (engine/runtime/tiers/branching.py,
 engine/store/agent_export.py).
 
 - fork (``f``): a new agent sharing the selected agent's cache; a chat pane opens on it. A
@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.errors import SemanticError
-from engine.runtime.requests import AgentSource
-from engine.runtime.snapshot import AgentView
+from engine.domain.requests import AgentSource
+from engine.runtime.engine_thread.snapshot import AgentView
 from engine.store.agent_export import export_agent, import_agent
 from engine.store.agents_on_disk import ModelKey
 from engine.store.cache_file import read_header
-from engine.runtime.engine_ops import engine_op
+from engine.runtime.engine_thread.engine_ops import engine_op
 
 from .screens.branching import PathPrompt, TurnPicker
 from .widgets.chat_area import ChatArea

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from rich.text import Text
 
 from engine.api.async_turn import AsyncTurn
-from engine.runtime.requests import (
+from engine.domain.requests import (
     EngineEvent,
     EventSink,
     FinishEvent,

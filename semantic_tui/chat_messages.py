@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from textual.message import Message
 
-from engine.runtime.requests import Usage
+from engine.domain.requests import Usage
 
 
 class TurnStarted(Message, namespace="chat_pane"):

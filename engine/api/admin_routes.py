@@ -14,9 +14,16 @@ from pydantic import BaseModel, Field
 
 from engine.domain.block_pool import PoolSnapshot
 from engine.platform import blas_report
-from engine.runtime.agents import Tier
-from engine.runtime.snapshot import AgentView, EngineSnapshot, ModelView, RankView, ThroughputView, TierView
-from engine.runtime.engine_ops import engine_op
+from engine.runtime.tiers.agents import Tier
+from engine.runtime.engine_thread.snapshot import (
+    AgentView,
+    EngineSnapshot,
+    ModelView,
+    RankView,
+    ThroughputView,
+    TierView,
+)
+from engine.runtime.engine_thread.engine_ops import engine_op
 
 from .service import EngineService
 

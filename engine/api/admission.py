@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from typing import AsyncIterator
 
-from engine.runtime.requests import EngineEvent, FinishEvent, FinishReason, PrefillEvent, TokenEvent
+from engine.domain.requests import EngineEvent, FinishEvent, FinishReason, PrefillEvent, TokenEvent
 
 from .async_turn import AsyncTurn
 from .errors import ApiError

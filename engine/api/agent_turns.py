@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 from engine.errors import SemanticError
-from engine.runtime.requests import AgentSource, EngineEvent, FinishEvent, TokenEvent, Usage
+from engine.domain.requests import AgentSource, EngineEvent, FinishEvent, TokenEvent, Usage
 
 from .admission import KEEP_ALIVE, failed, finish_error, replay
 from .agents_schemas import MessageBody

@@ -19,11 +19,11 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
 from engine.errors import AgentNotFoundError, SemanticError
-from engine.runtime.agents import Tier
-from engine.runtime.forensics import TurnForensics
-from engine.runtime.requests import AgentSource, FinishEvent
-from engine.runtime.snapshot import AgentView, EngineSnapshot
-from engine.runtime.engine_ops import engine_op
+from engine.runtime.tiers.agents import Tier
+from engine.domain.forensics import TurnForensics
+from engine.domain.requests import AgentSource, FinishEvent
+from engine.runtime.engine_thread.snapshot import AgentView, EngineSnapshot
+from engine.runtime.engine_thread.engine_ops import engine_op
 
 from .admission import SSE_HEADERS, await_admission
 from .agent_turns import StatefulTurn, busy_error, start_turn
@@ -42,7 +42,7 @@ from .agents_schemas import (
 )
 from engine.store.conversations import AgentConversation, ConversationStore
 from .errors import ApiError
-from .identity import validate_agent_id
+from engine.domain.agent_ids import validate_agent_id
 from .metrics import MetricsRecorder
 from .service import EngineService
 

@@ -16,7 +16,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from engine.errors import SemanticError
-from engine.runtime.requests import FinishEvent
+from engine.domain.requests import FinishEvent
 
 from .anthropic_schemas import (
     STREAM_EVENT_SCHEMA,

@@ -24,7 +24,13 @@ from typing import Any, AsyncIterator, Callable, Mapping
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from engine.runtime.requests import EngineEvent, FinishEvent, FinishReason, PrefillEvent, QueuedEvent, TokenEvent
+from engine.domain.requests import (
+    EngineEvent,
+    FinishEvent,
+    PrefillEvent,
+    QueuedEvent,
+    TokenEvent,
+)
 
 from .async_turn import AsyncTurn
 from engine.domain.chat import ToolCall

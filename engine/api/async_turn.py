@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 from typing import AsyncIterator, Awaitable, Callable
 
-from engine.runtime.engine import Engine
-from engine.runtime.requests import EngineEvent, FinishEvent, FinishReason, GenerationRequest
+from engine.runtime.engine_thread.engine import Engine
+from engine.domain.requests import EngineEvent, FinishEvent, FinishReason, GenerationRequest
 
 
 class AsyncTurn:

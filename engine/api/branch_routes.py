@@ -1,6 +1,6 @@
 """Fork and rewind over HTTP: ``POST /v1/agents/{id}/fork`` and ``POST /v1/agents/{id}/rewind``.
 
-The engine does the cache work (runtime/branching.py). Here the turn a client
+The engine does the cache work (runtime/tiers/branching.py). Here the turn a client
 names is turned into a cut the engine can make:
 
 - a direct-API agent (one with a stored conversation) is cut where the
@@ -26,16 +26,16 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 
 from engine.errors import AgentNotFoundError
-from engine.runtime.branching import Branch, CacheStillLoading
-from engine.runtime.requests import AgentSource
-from engine.runtime.engine_ops import engine_op
+from engine.runtime.tiers.branching import Branch, CacheStillLoading
+from engine.domain.requests import AgentSource
+from engine.runtime.engine_thread.engine_ops import engine_op
 
 from .agent_turns import busy_error, context_prompt
 from .agents_routes import _current, _find, conversations, path_agent_id
 from .agents_schemas import BranchOut, ForkBody, RewindBody, errors
 from engine.store.conversations import AgentConversation
 from .errors import ApiError
-from .identity import validate_agent_id
+from engine.domain.agent_ids import validate_agent_id
 from .service import EngineService
 from .turns import render_tokens
 

@@ -23,12 +23,11 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from engine.errors import InvalidRequestError
-from engine.runtime.requests import AgentSource
+from engine.domain.requests import AgentSource
 
 from engine.domain.chat import Conversation
 from .rendering import dumps
 
-AGENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+=-]{0,127}$")
 SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,95}$")
 AUX_MAX_TOKENS = 32
 
@@ -39,15 +38,6 @@ class AgentIdentity:
     source: AgentSource
     display_name: str
     auxiliary: bool = False
-
-
-def validate_agent_id(value: str, field: str = "agent_id") -> str:
-    if not isinstance(value, str) or not AGENT_ID.match(value):
-        raise InvalidRequestError(
-            f"{field} must be 1-128 characters of letters, digits and . _ : @ + = - (starting with a letter or digit)",
-            field=field,
-        )
-    return value
 
 
 def _session(value: str | None, field: str) -> str | None:

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from engine.runtime.requests import FinishEvent
+from engine.domain.requests import FinishEvent
 
 from .service import EngineService
 

@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field
 from engine.errors import EngineUnavailableError
 from engine.models.packaged import PACKAGED_MODELS
 from engine.models.registry import RegistryEntry
-from engine.runtime.engine import Engine
+from engine.runtime.engine_thread.engine import Engine
 
 from .errors import ApiError, error_body
 from .service import EngineService

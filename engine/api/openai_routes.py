@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
 from engine.errors import SemanticError
-from engine.runtime.requests import FinishEvent
+from engine.domain.requests import FinishEvent
 
 from .admission import SSE_HEADERS, await_admission, failed, finish_error
 from .async_turn import AsyncTurn

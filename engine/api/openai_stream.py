@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
 
-from engine.runtime.requests import EngineEvent, FinishEvent, TokenEvent
+from engine.domain.requests import EngineEvent, FinishEvent, TokenEvent
 
 from .admission import KEEP_ALIVE, failed, finish_error, replay
 from .async_turn import AsyncTurn

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
 from engine.errors import InvalidRequestError
-from engine.runtime.requests import FinishEvent, Usage
+from engine.domain.requests import FinishEvent, Usage
 from engine.settings import Settings
 
 from engine.domain.chat import ChatMessage, Conversation, ToolCall, ToolSpec

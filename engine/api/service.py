@@ -14,15 +14,17 @@ from typing import Any, Callable, TypeVar
 
 from engine.errors import EngineUnavailableError
 from engine.models.loaded import LoadedModel
-from engine.runtime.engine import Engine
+from engine.runtime.engine_thread.engine import Engine
 from engine.models.registry import ModelRegistry
-from engine.runtime.event_log import EventKind, EventLog
-from engine.runtime.requests import GenerationRequest
-from engine.runtime.snapshot import EngineSnapshot
+from engine.domain.event_log import EventKind, EventLog
+from engine.domain.requests import GenerationRequest
+from engine.runtime.engine_thread.snapshot import EngineSnapshot
 from engine.settings import Settings
 from engine.swap import EngineBuilder, ModelSwapper
 
 from .async_turn import AsyncTurn
+from .rendered_heads import RenderedHeads
+from .rendering import PromptRenderer
 
 T = TypeVar("T")
 GATE_POLL_S = 0.05  # how often a request waiting out a swap looks again
@@ -45,6 +47,8 @@ class EngineService:
         # Closed while a model swap (or an idle unload) runs: new requests wait.
         self._gate = threading.Event()
         self._gate.set()
+        # The loaded model's prompt renderer and its rendered heads: a swap brings a new tokenizer.
+        self._rendering: tuple[LoadedModel, PromptRenderer, RenderedHeads] | None = None
         if engine is not None:
             self.attach(engine)
 
@@ -64,7 +68,7 @@ class EngineService:
     def detach(self) -> None:
         """Forget the engine (a swap released it); cached renderers go with it."""
         self._engine = None
-        self._renderer = None
+        self._rendering = None
 
     def detachable_engine(self) -> Engine | None:
         return self._engine
@@ -79,6 +83,20 @@ class EngineService:
     @property
     def loaded(self) -> LoadedModel:
         return self.engine.loaded
+
+    def renderer(self) -> PromptRenderer:
+        """The loaded model's prompt renderer (one per model)."""
+        return self._rendering_for_loaded()[1]
+
+    def rendered_heads(self) -> RenderedHeads:
+        """Recent conversations' rendered system prompts and tools, for the loaded model."""
+        return self._rendering_for_loaded()[2]
+
+    def _rendering_for_loaded(self) -> tuple[LoadedModel, PromptRenderer, RenderedHeads]:
+        loaded = self.loaded
+        if self._rendering is None or self._rendering[0] is not loaded:
+            self._rendering = (loaded, PromptRenderer(loaded.tokenizer), RenderedHeads())
+        return self._rendering
 
     def snapshot(self) -> EngineSnapshot | None:
         return self._engine.snapshot() if self._engine is not None else None

@@ -32,11 +32,11 @@ from engine.errors import CacheCorruptionError, InvalidAgentFileError
 from engine.store.agent_export import ExportSummary, export_agent, import_agent
 from engine.store.cache_file import read_header
 from engine.store.agents_on_disk import ModelKey
-from engine.runtime.engine_ops import engine_op
+from engine.runtime.engine_thread.engine_ops import engine_op
 
 from .agents_routes import _current, conversations, path_agent_id
 from .agents_schemas import ImportedOut, errors
-from .identity import validate_agent_id
+from engine.domain.agent_ids import validate_agent_id
 from .service import EngineService
 
 router = APIRouter(tags=["agents"])

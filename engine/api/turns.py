@@ -4,13 +4,12 @@ and turning engine events into text and tool-call pieces."""
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
 from engine.domain.block_layout import common_prefix_length
 from engine.models.sampling_defaults import SamplingDefaults
-from engine.runtime.requests import FinishEvent, FinishReason, GenerationRequest, SamplingParams, TokenEvent
+from engine.domain.requests import FinishEvent, FinishReason, GenerationRequest, SamplingParams, TokenEvent
 
 from .async_turn import AsyncTurn
 from engine.domain.chat import Conversation, ToolCall
@@ -61,22 +60,13 @@ class TurnSpec:
 
 
 def renderer_for(service: EngineService) -> PromptRenderer:
-    """One renderer per loaded model (a swap brings a new tokenizer)."""
-    loaded = service.loaded
-    cached = getattr(service, "_renderer", None)
-    if cached is None or cached[0] is not loaded:
-        cached = (loaded, PromptRenderer(loaded.tokenizer))
-        service._renderer = cached  # type: ignore[attr-defined]
-    return cached[1]
+    """The loaded model's renderer (``EngineService.renderer``: one per model, a swap brings a new tokenizer)."""
+    return service.renderer()
 
 
 async def render_tokens(service: EngineService, conversation: Conversation) -> list[int]:
     renderer = renderer_for(service)
     return await service.in_thread(renderer.render, conversation)
-
-
-# Rendered heads (system prompt + tools) of recent conversations: every turn of a session has the same.
-HEADS_KEPT = 32
 
 
 async def head_length(service: EngineService, conversation: Conversation, tokens: list[int]) -> int:
@@ -90,25 +80,12 @@ async def head_length(service: EngineService, conversation: Conversation, tokens
     head = conversation.head()
     if head is None:
         return 0
-    cache: OrderedDict[str, list[int]] = _heads(service)
+    heads = service.rendered_heads()
     key = hashlib.sha256(repr(head).encode("utf-8", "surrogatepass")).hexdigest()
-    rendered = cache.get(key)
+    rendered = heads.get(key)
     if rendered is None:
-        rendered = await render_tokens(service, head)
-        cache[key] = rendered
-        while len(cache) > HEADS_KEPT:
-            cache.popitem(last=False)
-    cache.move_to_end(key)
+        rendered = heads.put(key, await render_tokens(service, head))
     return common_prefix_length(tokens, rendered)
-
-
-def _heads(service: EngineService) -> "OrderedDict[str, list[int]]":
-    loaded = service.loaded
-    cached = getattr(service, "_heads", None)
-    if cached is None or cached[0] is not loaded:
-        cached = (loaded, OrderedDict())
-        service._heads = cached  # type: ignore[attr-defined]
-    return cached[1]
 
 
 async def prepare(service: EngineService, spec: TurnSpec) -> GenerationRequest:
@@ -126,12 +103,10 @@ async def prepare(service: EngineService, spec: TurnSpec) -> GenerationRequest:
         head = await head_length(service, spec.conversation, tokens)
     # Short prompts are not worth a stored prefix of their own.
     hint = head if len(tokens) >= 2 * service.settings.block_tokens else 0
-    cap = service.settings.max_output_tokens
     request = GenerationRequest(
         agent_id=spec.identity.agent_id,
         prompt_tokens=tuple(tokens),
-        max_tokens=min(spec.max_tokens, cap),
-        asked_max_tokens=spec.max_tokens if spec.max_tokens > cap else None,
+        max_tokens=spec.max_tokens,  # clamped once, by the engine (Engine.validate)
         sampling=spec.sampling.resolve(service.engine.sampling_defaults),
         prefix_hint=hint,
         head_tokens=head,
@@ -144,9 +119,10 @@ async def prepare(service: EngineService, spec: TurnSpec) -> GenerationRequest:
         auxiliary=spec.identity.auxiliary,
         model_id=service.loaded.identity.key,
     )
+    request = service.engine.validate(request)
     if request.asked_max_tokens is not None:
         service.note_output_cap(request)
-    return service.engine.validate(request)
+    return request
 
 
 CAP_HEADER = "x-semantic-max-tokens"

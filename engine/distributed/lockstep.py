@@ -23,7 +23,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from .world import World
+from engine.distributed.world import World
 
 
 class LockstepError(RuntimeError):

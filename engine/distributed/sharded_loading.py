@@ -15,7 +15,7 @@ from typing import Any
 
 from engine.errors import ModelLoadError
 
-from .world import World
+from engine.distributed.world import World
 
 _HEADS_KEYS = ("num_attention_heads", "n_heads")
 _KV_HEADS_KEYS = ("num_key_value_heads", "n_kv_heads")

@@ -125,8 +125,5 @@ def join_world(backend: str = "any") -> World | None:
     if group.size() == 1:
         return None
     world = World(group, group.rank(), group.size())
-    from engine.logging_setup import tag_logs_with_rank
-
-    tag_logs_with_rank(world.rank)
     log.info("joined %s (%s backend)", world.label, backend, extra={"rank": world.rank, "world_size": world.size})
     return world

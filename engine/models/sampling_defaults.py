@@ -21,7 +21,7 @@ from typing import Any
 
 from engine.models.gguf_import import read_import_marker
 from engine.models.packaged import PACKAGED_MODELS, PackagedModel, find_packaged_model
-from engine.runtime.requests import SamplingParams
+from engine.domain.requests import SamplingParams
 
 log = logging.getLogger("semantic.models")
 

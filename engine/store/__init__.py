@@ -1,6 +1,8 @@
-"""The warm tier on disk: one safetensors file per agent's KV cache.
+"""The disk: agent cache files (the warm tier), shared prefix files, the cold index, conversations, export.
 
-``cache_file`` writes and validates the files without touching MLX (it runs on
-the I/O thread); ``to_mlx`` turns what it read into MLX blocks on the engine
-thread; ``file_names`` maps agent ids to safe file names.
+It knows nothing of agents' pools or the engine: the runtime hands it plain
+records (``kv_at_rest.CacheAtRest``, ``warm_store.AgentFile``,
+``cold_index.ColdEntry``) and gets ``layer_slice.LayerSlice``s back. File
+work runs on an I/O thread; ``to_mlx`` turns what it read into MLX arrays on
+the engine thread.
 """

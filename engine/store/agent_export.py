@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.store.conversations import AgentConversation
-from engine.api.identity import validate_agent_id
+from engine.domain.agent_ids import validate_agent_id
 from engine.errors import (
     AgentExistsError,
     AgentModelMismatchError,
@@ -43,7 +43,7 @@ from engine.errors import (
     InvalidRequestError,
 )
 
-from .agents_on_disk import (
+from engine.store.agents_on_disk import (
     COLD_INDEX,
     ModelKey,
     WarmFile,
@@ -55,11 +55,11 @@ from .agents_on_disk import (
     prefix_file,
     turns_of,
 )
-from .cache_format import CacheHeader, CacheRecord, cache_file_path
-from .cache_reader import read_cache_file, read_header
-from .cache_validation import _geometry
-from .cache_writer import write_cache_file, write_cache_file_to
-from .cold_index import ColdIndex
+from engine.store.cache_format import CacheHeader, CacheRecord, cache_file_path
+from engine.store.cache_reader import read_cache_file, read_header
+from engine.store.cache_validation import _geometry
+from engine.store.cache_writer import write_cache_file, write_cache_file_to
+from engine.store.cold_index import ColdIndex
 
 EXPORT_FIELD = "export"  # the header's ``extra`` key an export adds
 

@@ -25,9 +25,9 @@ from engine.domain.cache_spec import ModelCacheSpec
 from engine.errors import CacheCorruptionError
 from engine.models.loaded import ModelIdentity
 
-from .cache_format import SUFFIX, CacheHeader, cache_file_path, spec_fingerprint
-from .cache_reader import read_header
-from .file_names import AGENT_PREFIX, model_dir_name
+from engine.store.cache_format import SUFFIX, CacheHeader, cache_file_path, spec_fingerprint
+from engine.store.cache_reader import read_header
+from engine.store.file_names import AGENT_PREFIX, model_dir_name
 
 AGENTS_DIR = "agents"
 CONVERSATIONS_DIR = "conversations"

@@ -15,10 +15,10 @@ from pathlib import Path
 
 from engine.errors import CacheCorruptionError, CachePersistenceError
 
-from .cache_format import _TEMP_NAME, QUARANTINE_DIR, STALE_TEMP_SECONDS, SUFFIX, ScanResult
-from .cache_reader import read_header
-from .cache_writer import _remove_quietly
-from .private_dirs import make_private_dir
+from engine.store.cache_format import _TEMP_NAME, QUARANTINE_DIR, STALE_TEMP_SECONDS, SUFFIX, ScanResult
+from engine.store.cache_reader import read_header
+from engine.store.cache_writer import _remove_quietly
+from engine.store.private_dirs import make_private_dir
 
 
 def scan_directory(directory: Path) -> ScanResult:

@@ -82,8 +82,8 @@ files whose writer is gone, and :func:`quarantine` moves bad files into
 
 from __future__ import annotations
 
-from .cache_directory import quarantine, scan_directory
-from .cache_format import (
+from engine.store.cache_directory import quarantine, scan_directory
+from engine.store.cache_format import (
     CHECKPOINT_KINDS,
     CHECKSUM_ALGORITHM,
     FORMAT_NAME,
@@ -102,8 +102,8 @@ from .cache_format import (
     new_header,
     spec_fingerprint,
 )
-from .cache_reader import read_cache_file, read_header
-from .cache_writer import write_cache_file, write_cache_file_to
+from engine.store.cache_reader import read_cache_file, read_header
+from engine.store.cache_writer import write_cache_file, write_cache_file_to
 
 __all__ = [
     "CHECKPOINT_KINDS",

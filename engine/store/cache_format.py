@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 from engine.domain.cache_spec import ModelCacheSpec
 from engine.models.loaded import ModelIdentity
 
-from .file_names import agent_file_stem
+from engine.store.file_names import agent_file_stem
 
 FORMAT_NAME = "semantic-agent-cache"
 FORMAT_VERSION = 1

@@ -16,7 +16,7 @@ from typing import Any
 
 from engine.errors import CacheCorruptionError
 
-from .cache_format import (
+from engine.store.cache_format import (
     _AFTER_CHECKSUM,
     _BY_CODE,
     _CHECKSUM_VALUE,
@@ -26,7 +26,6 @@ from .cache_format import (
     CHECKPOINT_KINDS,
     CHECKSUM_ALGORITHM,
     FORMAT_NAME,
-    FORMAT_VERSION,
     QUANTIZATION_BITS,
     QUANTIZATION_GROUP_SIZES,
     QUANTIZED_FORMAT_VERSION,

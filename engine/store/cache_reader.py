@@ -20,7 +20,7 @@ import numpy as np
 
 from engine.errors import CacheCorruptionError
 
-from .cache_format import (
+from engine.store.cache_format import (
     _LENGTH,
     _PACKED_DTYPE,
     _TOKEN_DTYPE,
@@ -32,8 +32,8 @@ from .cache_format import (
     _Dtype,
     _Entry,
 )
-from .cache_header import _checksum_offset, _parse_entry, _parse_header, _parse_json
-from .cache_validation import (
+from engine.store.cache_header import _checksum_offset, _parse_entry, _parse_header, _parse_json
+from engine.store.cache_validation import (
     _BlockEntries,
     _check_blocks,
     _check_checksum,

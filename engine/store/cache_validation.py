@@ -23,7 +23,7 @@ import numpy as np
 from engine.domain.block_layout import first_needed_position
 from engine.errors import CacheCorruptionError
 
-from .cache_format import (
+from engine.store.cache_format import (
     _BLOCK_NAME,
     _CRC_DIGITS,
     _KV_DTYPES,

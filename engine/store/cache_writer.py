@@ -24,7 +24,7 @@ import numpy as np
 
 from engine.errors import CacheCorruptionError, CachePersistenceError
 
-from .cache_format import (
+from engine.store.cache_format import (
     _CHECKSUM_PLACEHOLDER,
     _PACKED_DTYPE,
     _TOKEN_DTYPE,
@@ -39,10 +39,10 @@ from .cache_format import (
     _Dtype,
     _Entry,
 )
-from .cache_header import _encode_head
-from .cache_validation import _check_blocks, _geometry, _token_entry
-from .file_names import agent_file_stem
-from .private_dirs import make_private_dir
+from engine.store.cache_header import _encode_head
+from engine.store.cache_validation import _check_blocks, _geometry, _token_entry
+from engine.store.file_names import agent_file_stem
+from engine.store.private_dirs import make_private_dir
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ from contextlib import suppress
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .private_dirs import make_private_dir
+from engine.store.private_dirs import make_private_dir
 
 log = logging.getLogger("semantic.store")
 

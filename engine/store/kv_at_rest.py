@@ -14,13 +14,14 @@ Runs on the engine thread (it is MLX work): the I/O thread only writes bytes.
 from __future__ import annotations
 
 import logging
+import math
+from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
 
-from engine.runtime.kv.sequence_kv import LayerSlice, SequenceKV
-
-from .cache_format import QUANTIZATION_GROUP_SIZES, KVQuantization, PersistedBlock, QuantizedArray
+from engine.store.cache_format import QUANTIZATION_GROUP_SIZES, KVQuantization, PersistedBlock, QuantizedArray
+from engine.store.layer_slice import LayerSlice
 
 log = logging.getLogger("semantic.store")
 
@@ -44,16 +45,37 @@ def quantization_for(bits: int | None, head_dim: int, v_head_dim: int) -> KVQuan
     return None
 
 
-def resident_blocks(
-    kv: SequenceKV, n_tokens: int, full_from: int = 0,
-) -> tuple[list[dict[str, object]], tuple[PersistedBlock, ...]]:
-    """A resident cache as blocks at rest (copies; checkpoints after the cache's own blocks) and the
-    checkpoints' header entries. ``full_from``: full-attention layers start there (the positions
-    before it are in a shared prefix file)."""
-    checkpoints, checkpoint_slices = kv.checkpoint_slices()
-    blocks = tuple(PersistedBlock(s.group, s.start, s.length, s.keys, s.values, s.checkpoint)
-                   for s in kv.slices(n_tokens, full_from=full_from) + checkpoint_slices)
-    return checkpoints, blocks
+@dataclass(slots=True)
+class CacheAtRest:
+    """An agent's cache out of the pool: its tokens, its blocks (the cache's own, then its checkpoints'), and
+    the checkpoints' header entries.
+
+    ``quantization``: how the blocks are stored (None: full precision, the
+    store quantizes them if its setting says so). ``prefix``: the shared
+    prefix file its first tokens are left to (``{"key", "n_tokens"}``), whose
+    full-attention blocks it then does not hold. The cool tier keeps one in
+    memory (quantized); the warm tier writes one to disk.
+    """
+
+    tokens: list[int]
+    blocks: tuple[PersistedBlock, ...]
+    quantization: KVQuantization | None = None
+    checkpoints: list[dict[str, Any]] = field(default_factory=list)
+    prefix: dict[str, Any] | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return sum(block_nbytes(b) for b in self.blocks)
+
+    def pool_blocks(self, block_bytes: int) -> int:
+        """Whole pool blocks its bytes take."""
+        return max(1, math.ceil(self.nbytes / block_bytes))
+
+    def slices(self) -> list[LayerSlice]:
+        """Full precision, in the layout a restore installs."""
+        if self.quantization is None:
+            return [LayerSlice(b.group, b.start, b.length, b.keys, b.values, b.checkpoint) for b in self.blocks]
+        return dequantized_slices(self.blocks, self.quantization)
 
 
 def quantize_blocks(blocks: tuple[PersistedBlock, ...], quantization: KVQuantization) -> tuple[PersistedBlock, ...]:

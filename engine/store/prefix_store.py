@@ -30,13 +30,13 @@ import numpy as np
 
 from engine.errors import CacheCorruptionError
 from engine.models.loaded import LoadedModel
-from engine.runtime.event_log import EventKind, EventLog
-from engine.runtime.kv.sequence_kv import LayerSlice
+from engine.domain.event_log import EventKind, EventLog
+from engine.store.layer_slice import LayerSlice
 
-from .cache_file import CacheRecord, WrittenFile, quarantine, read_cache_file, scan_directory, write_cache_file
-from .file_names import AGENT_PREFIX
-from .private_dirs import make_private_dir
-from .to_mlx import to_mx_slices
+from engine.store.cache_file import CacheRecord, WrittenFile, quarantine, read_cache_file, scan_directory, write_cache_file
+from engine.store.file_names import AGENT_PREFIX
+from engine.store.private_dirs import make_private_dir
+from engine.store.to_mlx import to_mx_slices
 
 log = logging.getLogger("semantic.store")
 

@@ -12,11 +12,11 @@ from collections.abc import Callable
 import mlx.core as mx
 import numpy as np
 
-from engine.runtime.kv.sequence_kv import LayerSlice
+from engine.store.layer_slice import LayerSlice
 
-from .cache_file import CacheRecord
-from .cache_format import QuantizedArray
-from .kv_at_rest import dequantized
+from engine.store.cache_file import CacheRecord
+from engine.store.cache_format import QuantizedArray
+from engine.store.kv_at_rest import dequantized
 
 _AS_MLX: dict[str, Callable[[np.ndarray], mx.array]] = {
     "float32": mx.array,

@@ -23,16 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import mlx.core as mx
 
+from engine.domain.event_log import EventKind, EventLog
 from engine.errors import CacheCorruptionError
 from engine.models.loaded import LoadedModel
-from engine.runtime.agents import AgentRecord
-from engine.runtime.event_log import EventKind, EventLog
-from engine.runtime.hot_cache import HotCache
-from engine.runtime.kv.sequence_kv import LayerSlice
+from engine.store.layer_slice import LayerSlice
 
-from .cache_file import (
+from engine.store.cache_file import (
     CacheHeader,
     CacheRecord,
     PersistedBlock,
@@ -46,12 +43,12 @@ from .cache_file import (
     spec_fingerprint,
     write_cache_file,
 )
-from .cold_index import ColdIndex, ColdEntry
-from .file_names import model_dir_name
-from .kv_at_rest import block_nbytes, dequantized_slices, quantization_for, quantize_blocks, resident_blocks
-from .prefix_store import AGENT_PREFIX, PrefixEntry, PrefixStore, prefix_key
-from .private_dirs import make_private_dir
-from .to_mlx import to_mx_slices
+from engine.store.cold_index import ColdIndex, ColdEntry
+from engine.store.file_names import model_dir_name
+from engine.store.kv_at_rest import CacheAtRest, block_nbytes, dequantized_slices, quantization_for, quantize_blocks
+from engine.store.prefix_store import AGENT_PREFIX, PrefixEntry, PrefixStore, prefix_key
+from engine.store.private_dirs import make_private_dir
+from engine.store.to_mlx import to_mx_slices
 
 log = logging.getLogger("semantic.store")
 
@@ -60,6 +57,17 @@ class LoadState(enum.Enum):
     READY = "ready"
     PENDING = "pending"
     MISSING = "missing"
+
+
+@dataclass(frozen=True, slots=True)
+class AgentFile:
+    """What an agent's file says of it besides its cache."""
+
+    agent_id: str
+    display_name: str | None
+    source: str
+    created_at: float
+    last_used: float
 
 
 @dataclass(slots=True)
@@ -137,12 +145,12 @@ def token_hash(tokens: list[int]) -> str:
 
 class WarmStore:
     def __init__(self, root: Path, loaded: LoadedModel, disk_budget_bytes: int, events: EventLog,
-                 kv_bits: int | None = None) -> None:
+                 kv_bits_at_rest: int | None = None) -> None:
         self.directory = model_directory(root, loaded)
         self.loaded = loaded
         self.disk_budget_bytes = disk_budget_bytes
         # K/V written quantized (kv_at_rest.py); files of either kind load whatever the setting.
-        self.quantization = quantization_for(kv_bits, loaded.spec.head_dim, loaded.spec.value_head_dim)
+        self.quantization = quantization_for(kv_bits_at_rest, loaded.spec.head_dim, loaded.spec.value_head_dim)
         self.events = events
         self.fingerprint = spec_fingerprint(loaded.spec)
         self.entries: dict[str, WarmEntry] = {}
@@ -197,25 +205,32 @@ class WarmStore:
         return headers
 
     # -- spill (hot -> warm) ------------------------------------------------------------------
-    def spill(self, agent: AgentRecord, hot: HotCache) -> int:
-        """Start writing the agent's hot cache; returns its size in bytes. Engine thread."""
-        tokens = agent.cool.tokens if agent.cool is not None else agent.tokens
-        if not self.usable or not tokens:
+    def holds(self, agent_id: str, tokens: list[int]) -> int | None:
+        """The size of the agent's file when it already holds exactly ``tokens`` (nothing to write), else None."""
+        entry = self.entries.get(agent_id)
+        if entry is None or agent_id in self._writes or entry.token_hash != token_hash(tokens):
+            return None
+        return entry.nbytes
+
+    def spill(self, agent: AgentFile, cache: CacheAtRest) -> int:
+        """Start writing an agent's cache; returns its size in bytes. Engine thread.
+
+        Full-precision blocks are quantized first when this store writes K/V
+        quantized; a cache quantized already (a cool agent's) is written as it is.
+        """
+        if not self.usable or not cache.tokens:
             return 0
-        digest = token_hash(tokens)
-        entry = self.entries.get(agent.agent_id)
-        if entry is not None and entry.token_hash == digest and agent.agent_id not in self._writes:
-            return entry.nbytes  # the file on disk already holds exactly this cache
-        record = self._record(agent, hot)
+        record = self._record(agent, cache)
         self._cancel_read(agent.agent_id)
         future = self._io.submit(write_cache_file, self.directory, record)
-        self._writes[agent.agent_id] = PendingWrite(record, future, digest)
+        self._writes[agent.agent_id] = PendingWrite(record, future, token_hash(cache.tokens))
         return sum(block_nbytes(b) for b in record.blocks)
 
-    def write_now(self, agent: AgentRecord, hot: HotCache) -> "Future[WrittenFile] | None":
-        """Write a hot agent's cache to its file while it stays hot (an export needs the file); the
-        write's future, or None when the file already holds exactly this cache. Engine thread."""
-        self.spill(agent, hot)
+    def write_now(self, agent: AgentFile, cache: CacheAtRest) -> "Future[WrittenFile] | None":
+        """Write an agent's cache to its file while it stays in memory (an export needs the file); the write's
+        future, or None when the file already holds exactly this cache. Engine thread."""
+        if self.holds(agent.agent_id, cache.tokens) is None:
+            self.spill(agent, cache)
         pending = self._writes.get(agent.agent_id)
         return pending.future if pending is not None else None
 
@@ -246,34 +261,16 @@ class WarmStore:
         self._enforce_budget()
         return header
 
-    def _record(self, agent: AgentRecord, hot: HotCache) -> CacheRecord:
-        if agent.cool is not None:
-            return self._cool_record(agent)
-        assert agent.kv is not None
-        # A stored shared prefix the agent starts with is referenced, not written again.
-        shared = self._stored_prefix_of(agent.tokens)
-        # Copies cut from the resident arrays: the write owns them, the agent's cache can go.
-        checkpoints, blocks = resident_blocks(agent.kv, len(agent.tokens), full_from=shared.n_tokens if shared else 0)
+    def _record(self, agent: AgentFile, cache: CacheAtRest) -> CacheRecord:
+        quantization, blocks = cache.quantization, cache.blocks
+        if quantization is None and self.quantization is not None:
+            quantization, blocks = self.quantization, self._at_rest(blocks)
         header = new_header(
-            agent.agent_id, self.loaded.identity, self.loaded.spec, agent.tokens,
-            *_cache_classes(self.loaded),
-            created_at=agent.created_at, last_used=agent.last_used,
-            display_name=agent.display_name, source=agent.source.value, checkpoints=checkpoints,
-            prefix={"key": shared.key, "n_tokens": shared.n_tokens} if shared else None,
-            quantization=self.quantization,
-        )
-        return CacheRecord(header, self._at_rest(blocks))
-
-    def _cool_record(self, agent: AgentRecord) -> CacheRecord:
-        """A cool agent's file: its blocks as quantized in memory, all of them (no prefix reference)."""
-        cool = agent.cool
-        assert cool is not None
-        header = new_header(
-            agent.agent_id, self.loaded.identity, self.loaded.spec, cool.tokens, *_cache_classes(self.loaded),
+            agent.agent_id, self.loaded.identity, self.loaded.spec, cache.tokens, *_cache_classes(self.loaded),
             created_at=agent.created_at, last_used=agent.last_used, display_name=agent.display_name,
-            source=agent.source.value, checkpoints=cool.checkpoints, quantization=cool.quantization,
+            source=agent.source, checkpoints=cache.checkpoints, prefix=cache.prefix, quantization=quantization,
         )
-        return CacheRecord(header, cool.blocks)
+        return CacheRecord(header, blocks)
 
     def _at_rest(self, blocks: tuple[PersistedBlock, ...]) -> tuple[PersistedBlock, ...]:
         return blocks if self.quantization is None else quantize_blocks(blocks, self.quantization)
@@ -368,9 +365,8 @@ class WarmStore:
         # Ordered after any write of this agent already running on the I/O thread.
         self._io.submit(_unlink_quietly, path)
 
-    def remember_cold(self, agent: AgentRecord) -> None:
-        self.cold.add(ColdEntry(agent.agent_id, agent.stored_tokens or len(agent.tokens), agent.last_used,
-                                agent.display_name, agent.source.value))
+    def remember_cold(self, entry: ColdEntry) -> None:
+        self.cold.add(entry)
         self._io.submit(self.cold.save)
 
     def forget_cold(self, agent_id: str) -> None:
@@ -382,11 +378,16 @@ class WarmStore:
         return sum(e.nbytes for e in self.entries.values()) + self.prefixes.disk_bytes
 
     # -- shared prefixes ------------------------------------------------------------------------
-    def _stored_prefix_of(self, tokens: list[int]) -> "PrefixEntry | None":
-        """The longest prefix file on disk (not one still being written) that ``tokens`` start with.
+    def shared_prefix_for(self, tokens: list[int]) -> dict[str, Any] | None:
+        """The longest prefix file on disk (not one still being written) that ``tokens`` start with, as a
+        cache's ``prefix`` reference (``{"key", "n_tokens"}``): an agent's file then leaves those tokens to it.
 
         Only one stored as this store stores K/V (quantized or not, alike): a file holds one kind,
         and an export joins the prefix's blocks into the agent's file."""
+        entry = self._stored_prefix_of(tokens)
+        return None if entry is None else {"key": entry.key, "n_tokens": entry.n_tokens}
+
+    def _stored_prefix_of(self, tokens: list[int]) -> "PrefixEntry | None":
         entry = self.prefixes.longest(tokens, len(tokens), stored_as=self.quantization.describe() if self.quantization else None)
         return entry if entry is not None and not self.prefixes.reading(entry.key) else None
 

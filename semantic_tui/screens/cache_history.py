@@ -19,8 +19,8 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Label, Static
 
-from engine.runtime.forensics import Divergence, TurnForensics
-from engine.runtime.snapshot import AgentView, EngineSnapshot
+from engine.domain.forensics import Divergence, TurnForensics
+from engine.runtime.engine_thread.snapshot import AgentView, EngineSnapshot
 
 from ..formatting import relative_time
 

@@ -10,7 +10,7 @@ from textual.widgets import Label, OptionList, ProgressBar
 from textual.widgets.option_list import Option
 
 from engine.models.registry import RegistryEntry
-from engine.runtime.snapshot import EngineSnapshot
+from engine.runtime.engine_thread.snapshot import EngineSnapshot
 from engine.swap import SwapPhase, SwapStatus
 
 from ..formatting import human_bytes

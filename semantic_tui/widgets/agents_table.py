@@ -9,7 +9,7 @@ from textual.binding import Binding
 from textual.message import Message
 from textual.widgets import DataTable
 
-from engine.runtime.snapshot import AgentView, EngineSnapshot
+from engine.runtime.engine_thread.snapshot import AgentView, EngineSnapshot
 
 from ..agent_colors import TIER_STYLES, agent_color
 from ..formatting import human_bytes, relative_time

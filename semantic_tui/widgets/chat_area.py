@@ -9,7 +9,7 @@ from textual.events import Resize
 from textual.widgets import Static
 
 from engine.api.service import EngineService
-from engine.runtime.requests import AgentSource
+from engine.domain.requests import AgentSource
 
 from ..chat_messages import ChatAreaChanged, CloseRequested
 from .chat_pane import ChatPane

@@ -18,8 +18,8 @@ from engine.domain.chat import ChatMessage, Conversation
 from engine.api.identity import AgentIdentity
 from engine.api.service import EngineService
 from engine.errors import SemanticError
-from engine.runtime.engine import Engine
-from engine.runtime.requests import AgentSource, EventSink, FinishEvent, FinishReason
+from engine.runtime.engine_thread.engine import Engine
+from engine.domain.requests import AgentSource, EventSink, FinishEvent, FinishReason
 
 from ..chat_events import (
     WATCH_UPDATES_PER_S,

@@ -8,7 +8,7 @@ import time
 from rich.text import Text
 from textual.widgets import RichLog
 
-from engine.runtime.event_log import EventKind, EventLog
+from engine.domain.event_log import EventKind, EventLog
 
 KIND_STYLES = {
     EventKind.EVICT: "yellow",

@@ -12,7 +12,7 @@ from rich.text import Text
 from textual.widget import Widget
 
 from engine.domain.block_pool import PoolSnapshot
-from engine.runtime.snapshot import EngineSnapshot
+from engine.runtime.engine_thread.snapshot import EngineSnapshot
 
 from ..agent_colors import FREE_STYLE, agent_color, pressure_style
 from ..formatting import human_bytes

@@ -6,7 +6,7 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widgets import Static
 
-from engine.runtime.snapshot import EngineSnapshot
+from engine.runtime.engine_thread.snapshot import EngineSnapshot
 
 
 class StatusBar(Static):

@@ -10,7 +10,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Label, Sparkline, Static
 
-from engine.runtime.snapshot import EngineSnapshot, ThroughputView
+from engine.runtime.engine_thread.snapshot import EngineSnapshot, ThroughputView
 
 from ..agent_colors import FREE_STYLE
 

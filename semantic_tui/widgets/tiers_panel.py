@@ -7,7 +7,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Label, ProgressBar, Static
 
-from engine.runtime.snapshot import EngineSnapshot, TierView
+from engine.runtime.engine_thread.snapshot import EngineSnapshot, TierView
 
 from ..agent_colors import FREE_STYLE, TIER_STYLES
 from ..formatting import human_bytes

@@ -15,8 +15,8 @@ import json
 import sys
 
 from engine.bootstrap import build_engine, load_configured_model
-from engine.runtime.requests import GenerationRequest
-from engine.runtime.sync_client import run_turn
+from engine.domain.requests import GenerationRequest
+from engine.runtime.engine_thread.sync_client import run_turn
 from engine.settings import load_settings
 
 USER_TURNS = [

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from engine.models.loaded import LoadedModel
 from engine.models.loader import load_model
-from engine.runtime.batch_runner import RunnerLimits
-from engine.runtime.engine import Engine, EngineConfig
+from engine.runtime.engine_thread.engine import Engine
+from tests.support.engine_settings import engine_settings
 
 BLOCK_TOKENS = 256
 
@@ -17,7 +17,7 @@ def load_folder(folder: Path, cache_dir: Path) -> LoadedModel:
 
 
 def start_engine(loaded: LoadedModel, budget_mb: float = 1024, batch: int = 16, prefill_step: int = 512, store=None) -> Engine:
-    config = EngineConfig(int(budget_mb * 2**20), RunnerLimits(batch, 8, prefill_step))
+    config = engine_settings(int(budget_mb * 2 ** 20), batch, prefill_step)
     engine = Engine(loaded, config, store=store)
     engine.start()
     return engine

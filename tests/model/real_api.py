@@ -23,7 +23,7 @@ from engine.api.app import create_app
 from engine.api.service import EngineService
 from engine.bootstrap import build_engine
 from engine.models.loaded import LoadedModel
-from engine.runtime.engine import Engine
+from engine.runtime.engine_thread.engine import Engine
 from engine.settings import Settings
 from tests.support.router_app import LiveServer
 

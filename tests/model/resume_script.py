@@ -14,9 +14,9 @@ import json
 import sys
 from pathlib import Path
 
-from engine.runtime.event_log import EventLog
-from engine.runtime.requests import GenerationRequest
-from engine.runtime.sync_client import run_turn
+from engine.domain.event_log import EventLog
+from engine.domain.requests import GenerationRequest
+from engine.runtime.engine_thread.sync_client import run_turn
 from engine.store.warm_store import WarmStore
 from tests.model.engine_fixtures import load_folder, start_engine
 

@@ -8,10 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from engine.runtime.agents import Tier
-from engine.runtime.event_log import EventLog
-from engine.runtime.requests import GenerationRequest
-from engine.runtime.sync_client import run_turn
+from engine.runtime.tiers.agents import Tier
+from engine.domain.event_log import EventLog
+from engine.domain.requests import GenerationRequest
+from engine.runtime.engine_thread.sync_client import run_turn
 from engine.store.agent_export import export_agent, import_agent
 from engine.store.agents_on_disk import DiskTier, ModelKey, list_agents
 from engine.store.warm_store import WarmStore

@@ -1,6 +1,6 @@
 """The CPU's fast softmax, SiLU and GELU on the real models: long prompts, batched, token-identical to mlx-lm.
 
-Prompts of ~1,100 tokens put every path of ``runtime/cpu_math.py`` to work in
+Prompts of ~1,100 tokens put every path of the CPU backend (``backends/cpu/``) to work in
 the engine: prefill chunks of 512 queries (over 512 and ~1K keys) attend in blocks, and
 each decode row's scores (heads x ~1.1K) are past ``MIN_ELEMENTS``; SmolLM2's
 MLP goes through the fast SiLU, Gemma 3's through the fast GELU. The
@@ -14,10 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from engine.runtime import cpu_math, host_forward
-from engine.runtime.kv import host_decode
-from engine.runtime.requests import GenerationRequest
-from engine.runtime.sync_client import run_turns
+import mlx.core as mx
+
+from engine.runtime.runner.backends.cpu import cpu_math, host_decode, host_forward
+from engine.runtime.runner.backends.cpu.backend import CpuBackend
+from engine.domain.requests import GenerationRequest
+from engine.runtime.engine_thread.sync_client import run_turns
 from tests.model.engine_fixtures import start_engine
 from tests.support.reference import reference_greedy
 
@@ -46,7 +48,7 @@ def long_prompts(loaded, n: int, tokens: int = 1100) -> list[list[int]]:
 @pytest.mark.parametrize("model_name", ["smollm2", "gemma3"])
 def test_long_prompts_batched_through_the_fast_paths_equal_mlx_lm(request, model_name: str, monkeypatch) -> None:
     loaded = request.getfixturevalue(model_name)
-    if not cpu_math.on_cpu():
+    if mx.default_device().type != mx.DeviceType.cpu:
         pytest.skip("the fast paths are for the CPU")
     calls = {"blocked": 0, "kernel": 0, "swiglu": 0, "gelu_approx": 0, "host_decode": 0, "host_forward": 0}
     blocked, kernel, host, forward = cpu_math._blocked, cpu_math._attention, host_decode.attend_host, host_forward.decode
@@ -83,7 +85,7 @@ def test_long_prompts_batched_through_the_fast_paths_equal_mlx_lm(request, model
     prompts = long_prompts(loaded, 2)
     engine = start_engine(loaded, batch=8, prefill_step=512)
     try:
-        assert cpu_math.active()
+        assert isinstance(engine.backend, CpuBackend)
         results = run_turns(engine, [GenerationRequest(f"long-{i}", tuple(p), MAX_TOKENS)
                                      for i, p in enumerate(prompts)])
     finally:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine.runtime.requests import GenerationRequest
+from engine.domain.requests import GenerationRequest
 from tests.model.engine_fixtures import start_engine
-from engine.runtime.sync_client import run_turn, run_turns
+from engine.runtime.engine_thread.sync_client import run_turn, run_turns
 from tests.support.prefill_passes import record_prefill_passes
 from tests.support.reference import reference_greedy
 

@@ -13,12 +13,12 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
-from engine.runtime.agents import Tier
-from engine.runtime.batch_runner import RunnerLimits
-from engine.runtime.engine import Engine, EngineConfig
-from engine.runtime.event_log import EventKind, EventLog
-from engine.runtime.requests import GenerationRequest, SamplingParams
-from engine.runtime.sync_client import run_turn
+from engine.runtime.tiers.agents import Tier
+from engine.runtime.engine_thread.engine import Engine
+from tests.support.engine_settings import engine_settings
+from engine.domain.event_log import EventKind, EventLog
+from engine.domain.requests import GenerationRequest, SamplingParams
+from engine.runtime.engine_thread.sync_client import run_turn
 from engine.store.cache_file import read_header
 from engine.store.cache_format import KVQuantization
 from engine.store.kv_at_rest import quantization_for, round_trip
@@ -33,9 +33,9 @@ POOL_BLOCKS = 5  # two agents of two blocks; a third makes room by cooling one
 
 def engine_on(loaded, root: Path) -> Engine:
     events = EventLog()
-    store = WarmStore(root, loaded, 1 << 30, events, kv_bits=8)
+    store = WarmStore(root, loaded, 1 << 30, events, kv_bits_at_rest=8)
     budget = int((POOL_BLOCKS + 0.5) * loaded.spec.block_bytes)
-    engine = Engine(loaded, EngineConfig(budget, RunnerLimits(8, 4, 512), kv_bits=8), store=store, events=events)
+    engine = Engine(loaded, engine_settings(budget, 8, 512, kv_bits_at_rest=8), store=store, events=events)
     engine.start()
     return engine
 

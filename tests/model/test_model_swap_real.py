@@ -10,8 +10,8 @@ import pytest
 from engine.api.service import EngineService
 from engine.bootstrap import build_engine, engine_builder, load_configured_model
 from engine.errors import ModelLoadError
-from engine.runtime.requests import FinishReason, GenerationRequest
-from engine.runtime.sync_client import run_turn, run_turns, stream_turn
+from engine.domain.requests import FinishReason, GenerationRequest
+from engine.runtime.engine_thread.sync_client import run_turn, run_turns, stream_turn
 from engine.settings import load_settings
 from engine.swap import SwapPhase, memory_reading
 

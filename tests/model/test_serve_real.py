@@ -23,7 +23,7 @@ SESSION = "0b6f7b64-3c1e-4c55-9a53-5e7a1c0ffee1"
 
 def start_server(model: Path, cache_dir: Path) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "SEMANTIC_CACHE_DIR": str(cache_dir)}
-    argv = [sys.executable, "-m", "semantic_tui.cli", "--serve", "--port", "0", "--model", str(model),
+    argv = [sys.executable, "-m", "semantic_cli", "--serve", "--port", "0", "--model", str(model),
             "--shutdown-grace-s", str(GRACE_S)]
     # stderr is a pipe, not a terminal, so the logs are JSON lines.
     return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.runtime.agents import Tier
-from engine.runtime.event_log import EventKind, EventLog
-from engine.runtime.requests import GenerationRequest
-from engine.runtime.sync_client import run_turn
+from engine.runtime.tiers.agents import Tier
+from engine.domain.event_log import EventKind, EventLog
+from engine.domain.requests import GenerationRequest
+from engine.runtime.engine_thread.sync_client import run_turn
 from engine.store.warm_store import WarmStore
 from tests.model.engine_fixtures import start_engine
 from tests.model.test_engine_real import GEMMA_PROMPTS, QUESTIONS, chat_prompt, raw_prompt

@@ -16,11 +16,11 @@ import pytest
 
 from engine.domain.chat import ChatMessage, Conversation
 from engine.api.rendering import PromptRenderer
-from engine.runtime.accounting import held_bytes
-from engine.runtime.agents import Tier
-from engine.runtime.event_log import EventLog
-from engine.runtime.requests import GenerationRequest
-from engine.runtime.sync_client import run_turn
+from engine.runtime.tiers.accounting import held_bytes
+from engine.runtime.tiers.agents import Tier
+from engine.domain.event_log import EventLog
+from engine.domain.requests import GenerationRequest
+from engine.runtime.engine_thread.sync_client import run_turn
 from engine.store.warm_store import WarmStore
 from tests.model.engine_fixtures import start_engine
 from tests.support.reference import reference_greedy

@@ -11,8 +11,14 @@ from collections import Counter
 from types import MappingProxyType
 
 from engine.domain.block_pool import PoolSnapshot
-from engine.runtime.requests import FinishEvent, GenerationRequest
-from engine.runtime.snapshot import AgentView, EngineSnapshot, ModelView, ThroughputView, TierView
+from engine.domain.requests import FinishEvent, GenerationRequest
+from engine.runtime.engine_thread.snapshot import (
+    AgentView,
+    EngineSnapshot,
+    ModelView,
+    ThroughputView,
+    TierView,
+)
 
 from .scripted_engine import ScriptedEngine
 

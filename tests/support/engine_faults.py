@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from engine.errors import EngineUnavailableError
-from engine.runtime.requests import (
+from engine.domain.requests import (
     EventSink,
     FinishEvent,
     FinishReason,
@@ -20,7 +20,7 @@ POOL_MESSAGE = "KV pool exhausted: 8/8 blocks held by pinned or busy agents; evi
 
 
 class PoolExhaustedEngine(ScriptedEngine):
-    """Admission fails as BatchRunner._no_room reports it: queued, then an error finish."""
+    """Admission fails as the scheduler's admission (Admission._no_room) reports it: queued, then an error finish."""
 
     def _serve(self, request: GenerationRequest, sink: EventSink) -> None:
         sink(QueuedEvent(request.request_id, 1))

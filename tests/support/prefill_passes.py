@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.runtime.batch.generator import SequenceBatch
+from engine.runtime.runner.batch import SequenceBatch
 
 
 def record_prefill_passes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[int], int]]:

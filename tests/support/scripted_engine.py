@@ -11,12 +11,12 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from engine.domain.block_layout import common_prefix_length
-from engine.runtime.forensics import TurnForensics, examine
+from engine.domain.forensics import TurnForensics, examine
 from engine.domain.block_pool import BlockPool
 from engine.domain.cache_spec import ModelCacheSpec, group_layers
 from engine.errors import (
@@ -26,12 +26,13 @@ from engine.errors import (
     InvalidRequestError,
     PromptTooLongError,
 )
-from engine.runtime.branching import Branch
+from engine.runtime.tiers.branching import Branch
 from engine.models.loaded import LoadedModel, ModelIdentity
-from engine.runtime.agents import Tier
-from engine.runtime.event_log import EventKind, EventLog
+from engine.runtime.tiers.agents import Tier
+from engine.domain.event_log import EventKind, EventLog
 from engine.models.sampling_defaults import FALLBACK
-from engine.runtime.requests import (
+from engine.settings import Settings
+from engine.domain.requests import (
     AgentSource,
     EventSink,
     FinishEvent,
@@ -41,8 +42,15 @@ from engine.runtime.requests import (
     QueuedEvent,
     TokenEvent,
     Usage,
+    clamped,
 )
-from engine.runtime.snapshot import AgentView, EngineSnapshot, ModelView, ThroughputView, TierView
+from engine.runtime.engine_thread.snapshot import (
+    AgentView,
+    EngineSnapshot,
+    ModelView,
+    ThroughputView,
+    TierView,
+)
 
 from .byte_tokenizer import ByteTokenizer
 
@@ -100,8 +108,10 @@ class ScriptedEngine:
         token_delay_s: float = 0.0,
         fail_with: str | None = None,
         seed_agents: tuple = (),
+        max_output_tokens: int = Settings.model_fields["max_output_tokens"].default,
     ) -> None:
         self.loaded = loaded or scripted_loaded()
+        self.max_output_tokens = max_output_tokens
         self.sampling_defaults = FALLBACK  # a scripted model has no generation_config.json
         self.heartbeat = 0.0
         self.stall: float | None = None  # what the watchdog reports; tests set it
@@ -140,7 +150,7 @@ class ScriptedEngine:
         n = len(request.prompt_tokens)
         if n + 1 > self.context_length:
             raise PromptTooLongError(n, self.context_length)
-        return replace(request, max_tokens=min(request.max_tokens, self.context_length - n))
+        return clamped(request, self.max_output_tokens, self.context_length - n)
 
     def submit(self, request: GenerationRequest, sink: EventSink) -> str:
         if not self._running:

@@ -44,7 +44,7 @@ def tmux_available() -> bool:
 def semantic_command() -> list[str]:
     """The installed ``semantic`` console script next to this interpreter, else the module."""
     script = Path(sys.executable).with_name("semantic")
-    return [str(script)] if script.is_file() else [sys.executable, "-m", "semantic_tui.cli"]
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "semantic_cli"]
 
 
 def isolated_env(home: Path, base: dict[str, str] | None = None) -> dict[str, str]:

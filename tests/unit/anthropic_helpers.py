@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from engine.runtime.requests import FinishEvent, FinishReason, GenerationRequest, QueuedEvent, Usage
+from engine.domain.requests import FinishEvent, FinishReason, GenerationRequest, QueuedEvent, Usage
 from tests.support.scripted_engine import ScriptedEngine
 
 WEATHER_TOOL = {"name": "get_weather", "description": "Weather for a city",

@@ -37,7 +37,7 @@ from engine.store.cache_file import (
     write_cache_file,
 )
 from engine.store.file_names import AGENT_PREFIX, model_dir_name
-from semantic_tui.cli import main
+from semantic_cli.main import main
 from tests.unit.test_cache_file import (
     CUTS,
     HYBRID_WINDOWS,

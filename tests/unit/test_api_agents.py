@@ -15,7 +15,7 @@ import pytest
 from fastapi import FastAPI
 
 from engine.store.conversations import AgentConversation, ConversationStore
-from engine.api.identity import AGENT_ID
+from engine.domain.agent_ids import AGENT_ID
 from engine.api.service import EngineService
 from engine.store.file_names import agent_file_stem
 from tests.support.engine_faults import POOL_MESSAGE, BusyEngine, FailsMidStreamEngine, PoolExhaustedEngine

@@ -14,7 +14,14 @@ import pytest
 from engine.api.anthropic_stream import MessageHead, MessageStream
 from engine.api.async_turn import AsyncTurn
 from engine.api.turns import OutputAssembler
-from engine.runtime.requests import FinishEvent, FinishReason, GenerationRequest, PrefillEvent, TokenEvent, Usage
+from engine.domain.requests import (
+    FinishEvent,
+    FinishReason,
+    GenerationRequest,
+    PrefillEvent,
+    TokenEvent,
+    Usage,
+)
 from tests.support.byte_tokenizer import ByteTokenizer
 from tests.support.router_app import LiveServer, build_app, make_service
 from tests.support.scripted_engine import ScriptedEngine, scripted_loaded

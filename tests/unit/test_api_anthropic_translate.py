@@ -20,7 +20,7 @@ from engine.domain.chat import ChatMessage, ToolCall
 from engine.api.rendering import PromptRenderer
 from engine.api.tool_calls import TextPiece, ToolPiece
 from engine.errors import InvalidRequestError
-from engine.runtime.requests import AgentSource
+from engine.domain.requests import AgentSource
 from tests.support.byte_tokenizer import ByteTokenizer
 
 from .anthropic_helpers import WEATHER_TOOL, body

@@ -23,10 +23,11 @@ import httpx
 import pytest
 
 from engine.api.app import create_app
-from engine.runtime.agents import Tier
-from engine.runtime.batch_runner import RunnerLimits, sequence_batch_factory
-from engine.runtime.engine import Engine, EngineConfig
-from engine.runtime.requests import FinishEvent, FinishReason, PrefillEvent, QueuedEvent, TokenEvent
+from engine.runtime.tiers.agents import Tier
+from engine.runtime.scheduler.scheduler import sequence_batch_factory
+from engine.runtime.engine_thread.engine import Engine
+from tests.support.engine_settings import engine_settings
+from engine.domain.requests import FinishEvent, FinishReason, PrefillEvent, QueuedEvent, TokenEvent
 from tests.support.router_app import LiveServer, make_service
 from tests.support.tiny_models import loaded_tiny
 
@@ -76,10 +77,10 @@ def served(tmp_path: Path) -> Iterator[Served]:
     switch = FailureSwitch()
     loaded = loaded_tiny("llama")
 
-    def flaky_factory(loaded: Any, limits: RunnerLimits, hooks: Any) -> SlowFlakyGenerator:
+    def flaky_factory(loaded: Any, limits: Any, hooks: Any) -> SlowFlakyGenerator:
         return SlowFlakyGenerator(sequence_batch_factory(loaded, limits, hooks), switch)
 
-    config = EngineConfig(256 * loaded.spec.block_bytes, RunnerLimits(4, 2, 32))
+    config = engine_settings(256 * loaded.spec.block_bytes, 4, 32)
     engine = Engine(loaded, config, generator_factory=flaky_factory)
     engine.start()
     timeline: list[tuple[float, str, Any]] = []

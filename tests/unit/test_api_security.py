@@ -14,9 +14,9 @@ import pytest
 from engine.api import anthropic_stream, openai_stream
 from engine.api.app import create_app
 from engine.api.serve import HeadlessRun
-from engine.runtime.requests import GenerationRequest
+from engine.domain.requests import GenerationRequest
 from engine.settings import load_settings
-from semantic_tui.cli import main
+from semantic_cli.main import main
 from tests.support.router_app import make_service
 from tests.support.scripted_engine import ScriptedEngine
 from tests.unit.test_api_admin import assert_anthropic_error, assert_openai_error

@@ -11,9 +11,10 @@ import pytest
 
 from engine.api.app import create_app
 from engine.errors import QueueFullError
-from engine.runtime.batch_runner import RunnerLimits, sequence_batch_factory
-from engine.runtime.engine import Engine, EngineConfig
-from engine.runtime.requests import FinishEvent, FinishReason, GenerationRequest
+from engine.runtime.scheduler.scheduler import sequence_batch_factory
+from engine.runtime.engine_thread.engine import Engine
+from tests.support.engine_settings import engine_settings
+from engine.domain.requests import FinishEvent, FinishReason, GenerationRequest
 from tests.support.router_app import make_service
 from tests.support.tiny_models import loaded_tiny
 from tests.unit.test_engine_batching import prompt_for
@@ -44,14 +45,14 @@ class Gate:
 
 def engine_with(gate: Gate, **config) -> Engine:
     loaded = loaded_tiny("llama")
-    engine = Engine(loaded, EngineConfig(64 << 20, RunnerLimits(2, 2, 32), **config), generator_factory=gate.factory)
+    engine = Engine(loaded, engine_settings(64 << 20, 2, 32, **config), generator_factory=gate.factory)
     engine.start()
     return engine
 
 
 def test_beyond_the_queue_bound_a_request_is_refused_with_retry_after() -> None:
     gate = Gate()
-    engine = engine_with(gate, max_queued_turns=3)
+    engine = engine_with(gate, max_queued_requests=3)
     try:
         gate.open.clear()
         run_turn_async = [engine.submit(GenerationRequest(f"a{i}", prompt_for(i), 4), lambda e: None)
@@ -69,7 +70,7 @@ def test_beyond_the_queue_bound_a_request_is_refused_with_retry_after() -> None:
 
 async def test_the_http_answer_to_a_full_queue_is_429_in_each_protocols_shape(tmp_path: Path) -> None:
     gate = Gate()
-    engine = engine_with(gate, max_queued_turns=1)
+    engine = engine_with(gate, max_queued_requests=1)
     app = create_app(make_service(tmp_path, engine))  # type: ignore[arg-type]
     try:
         gate.open.clear()
@@ -94,7 +95,7 @@ async def test_the_http_answer_to_a_full_queue_is_429_in_each_protocols_shape(tm
 
 def test_a_request_that_waited_past_the_queue_timeout_is_refused_as_overloaded() -> None:
     gate = Gate(step_s=0.005)  # the two long turns hold the batch for ~2 s however fast the tiny model decodes
-    engine = engine_with(gate, queue_timeout_s=0.3)
+    engine = engine_with(gate, request_timeout_s=0.3)
     finished: list[FinishEvent] = []
     done = threading.Event()
 

@@ -9,18 +9,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from mlx_lm.sample_utils import apply_top_k, apply_top_p
 
-from engine.runtime import cpu_math
-from engine.runtime.requests import SamplingParams
-from engine.runtime.sampling import RowSampler, _filtered, _filtered_on_host, build_sampler, sample
+from engine.domain.requests import SamplingParams
+from engine.runtime.runner.backends.cpu.host_top_k import HostTopK
+from engine.runtime.runner.sampling import RowSampler, build_sampler, filtered, mlx_top_k, sample
 
 pytestmark = pytest.mark.unit
 
 
 @pytest.fixture(params=["mlx", "host"])
-def filter_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Top-k rows are filtered in MLX, or on the CPU's fast path in numpy (sampling._filtered_on_host)."""
-    monkeypatch.setattr(cpu_math, "_active", request.param == "host")
-    return request.param
+def top_k(request: pytest.FixtureRequest):
+    """Top-k rows are filtered in MLX, or by the CPU backend's pass in numpy (backends/cpu/host_top_k.py)."""
+    return mlx_top_k if request.param == "mlx" else HostTopK()
 
 
 def kept_by_mlx_lm(logprobs: mx.array, top_p: float, top_k: int) -> set[int]:
@@ -33,7 +32,7 @@ def kept_by_mlx_lm(logprobs: mx.array, top_p: float, top_k: int) -> set[int]:
 
 
 def kept_by_ours(logprobs: mx.array, top_p: float, top_k: int) -> set[int]:
-    values, ids = _filtered(logprobs, top_p, top_k)
+    values, ids = filtered(logprobs, top_p, top_k)
     values = np.array(values[0])
     ids_np = np.arange(values.shape[-1]) if ids is None else np.array(ids[0])
     return {int(ids_np[j]) for j in np.nonzero(np.isfinite(values))[0]}
@@ -52,7 +51,7 @@ def test_the_kept_tokens_equal_mlx_lm_top_p_and_top_k(seed: int, top_p: float, t
     logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
     assert kept_by_ours(logprobs, top_p, top_k) == kept_by_mlx_lm(logprobs, top_p, top_k)
     if top_k:
-        values, ids = _filtered_on_host(logits, top_p, top_k)  # (from the raw logits: it normalizes them)
+        values, ids = filtered(logits, top_p, top_k, HostTopK())  # (from the raw logits: it normalizes them)
         kept = {int(np.array(ids[0])[j]) for j in np.nonzero(np.isfinite(np.array(values[0])))[0]}
         assert kept == kept_by_mlx_lm(logprobs, top_p, top_k)
         finite = np.isfinite(np.array(values[0]))
@@ -60,13 +59,13 @@ def test_the_kept_tokens_equal_mlx_lm_top_p_and_top_k(seed: int, top_p: float, t
                                    np.array(logprobs[0])[np.array(ids[0])[finite]], rtol=1e-5, atol=1e-5)
 
 
-def test_draws_follow_the_filtered_distribution(filter_path: str) -> None:
+def test_draws_follow_the_filtered_distribution(top_k) -> None:
     """Temperature scales the kept log-probabilities; dropped tokens are never drawn."""
     probs = np.array([0.4, 0.3, 0.15, 0.1, 0.05])
     logits = mx.array(np.log(probs)[None, :].astype(np.float32))
     rows = 4000
     samplers = [RowSampler(SamplingParams(temperature=0.5, top_p=0.8, top_k=4, seed=i)) for i in range(rows)]
-    tokens = np.array(sample(mx.repeat(logits, rows, axis=0), samplers))
+    tokens = np.array(sample(mx.repeat(logits, rows, axis=0), samplers, top_k))
     # top_p 0.8 keeps 0.4, 0.3, 0.15 (the mass above 0.15 is 0.7 < 0.8; above 0.1 it is 0.85).
     kept = probs[:3] ** 2  # temperature 0.5 squares the probabilities
     expected = kept / kept.sum()
@@ -75,7 +74,7 @@ def test_draws_follow_the_filtered_distribution(filter_path: str) -> None:
     assert np.allclose(counts[:3] / rows, expected, atol=0.03), (counts, expected)
 
 
-def test_a_seeded_request_draws_the_same_tokens_alone_or_in_any_batch(filter_path: str) -> None:
+def test_a_seeded_request_draws_the_same_tokens_alone_or_in_any_batch(top_k) -> None:
     row = mx.array(np.random.default_rng(0).normal(size=(1, 500)).astype(np.float32))
     mine = SamplingParams(temperature=0.8, top_p=0.95, top_k=40, seed=1234)
     same_group = SamplingParams(temperature=0.8, top_p=0.95, top_k=40, seed=5)
@@ -84,7 +83,7 @@ def test_a_seeded_request_draws_the_same_tokens_alone_or_in_any_batch(filter_pat
     def draws(batch: list[SamplingParams | None], position: int, steps: int = 8) -> list[int]:
         samplers = [build_sampler(p) if p is not None else None for p in batch]
         logits = mx.repeat(row, len(batch), axis=0)
-        return [int(sample(logits, samplers)[position]) for _ in range(steps)]
+        return [int(sample(logits, samplers, top_k)[position]) for _ in range(steps)]
 
     alone = draws([mine], 0)
     assert len(set(alone)) > 1  # it does sample

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from engine.errors import AgentExistsError, AgentNotFoundError, InvalidRequestError
-from engine.runtime.accounting import held_bytes
-from engine.runtime.agents import Tier
-from engine.runtime.engine import Engine
-from engine.runtime.requests import GenerationRequest
-from engine.runtime.sync_client import run_turn, run_turns
+from engine.runtime.tiers.accounting import held_bytes
+from engine.runtime.tiers.agents import Tier
+from engine.runtime.engine_thread.engine import Engine
+from engine.domain.requests import GenerationRequest
+from engine.runtime.engine_thread.sync_client import run_turn, run_turns
 from tests.support.byte_tokenizer import BOS, EOS
 from tests.support.reference import reference_greedy
 from tests.unit.test_engine_batching import make_engine, without_eos

@@ -22,11 +22,11 @@ import pytest
 
 from engine.store.conversations import ConversationStore
 from engine.logging_setup import configure_logging
-from engine.runtime.agents import Tier
-from engine.runtime.engine import Engine
-from engine.runtime.event_log import EventKind
-from engine.runtime.requests import GenerationRequest
-from engine.runtime.sync_client import run_turn
+from engine.runtime.tiers.agents import Tier
+from engine.runtime.engine_thread.engine import Engine
+from engine.domain.event_log import EventKind
+from engine.domain.requests import GenerationRequest
+from engine.runtime.engine_thread.sync_client import run_turn
 from engine.store import cache_writer, cold_index, warm_store
 from engine.store.cache_file import cache_file_path, quarantine
 from engine.store.cold_index import ColdEntry, ColdIndex

@@ -8,11 +8,11 @@ import httpx
 import pytest
 
 from engine.api.app import create_app
-from engine.runtime.batch_runner import RunnerLimits
-from engine.runtime.engine import Engine, EngineConfig
-from engine.runtime.forensics import CacheOutcome, examine
-from engine.runtime.requests import GenerationRequest
-from engine.runtime.sync_client import run_turn
+from engine.runtime.engine_thread.engine import Engine
+from tests.support.engine_settings import engine_settings
+from engine.domain.forensics import CacheOutcome, examine
+from engine.domain.requests import GenerationRequest
+from engine.runtime.engine_thread.sync_client import run_turn
 from tests.support.byte_tokenizer import BOS
 from tests.support.router_app import LiveServer, make_service
 from tests.support.tiny_models import loaded_tiny
@@ -90,7 +90,7 @@ def test_volatile_spans_and_regions_from_examine_alone() -> None:
 async def test_agent_endpoint_and_metrics_show_the_divergence(tmp_path: Path) -> None:
     """Through the OpenAI API as a client sends it: the date in the system message changes between turns."""
     loaded = loaded_tiny("llama", block_tokens=16)
-    engine = Engine(loaded, EngineConfig(256 * loaded.spec.block_bytes, RunnerLimits(4, 2, 32)))
+    engine = Engine(loaded, engine_settings(256 * loaded.spec.block_bytes, 4, 32))
     engine.start()
     try:
         with LiveServer(create_app(make_service(tmp_path, engine))) as server:  # type: ignore[arg-type]
@@ -121,7 +121,7 @@ async def test_a_claude_code_session_whose_system_prompt_changed_says_against_wh
     """Claude Code's main agent id carries a hash of the system prompt: a changed date line makes a new
     agent that shares the old one's prefix, and its forensics compare with that agent's tokens."""
     loaded = loaded_tiny("llama", block_tokens=16)
-    engine = Engine(loaded, EngineConfig(256 * loaded.spec.block_bytes, RunnerLimits(4, 2, 32)))
+    engine = Engine(loaded, engine_settings(256 * loaded.spec.block_bytes, 4, 32))
     engine.start()
     headers = {"x-claude-code-session-id": "5f0c9a4e-0000-4000-8000-0000000000f1"}
     try:

@@ -6,13 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from engine.runtime.accounting import held_bytes
-from engine.runtime.agents import Tier
-from engine.runtime.batch_runner import RunnerLimits
-from engine.runtime.engine import Engine, EngineConfig
-from engine.runtime.event_log import EventKind, EventLog
-from engine.runtime.requests import GenerationRequest
-from engine.runtime.sync_client import run_turn
+from engine.runtime.tiers.agents import Tier
+from engine.runtime.engine_thread.engine import Engine
+from tests.support.engine_settings import engine_settings
+from engine.domain.event_log import EventKind, EventLog
+from engine.domain.requests import GenerationRequest
+from engine.runtime.engine_thread.sync_client import run_turn
 from engine.store.cache_file import read_header
 from engine.store.warm_store import WarmStore
 from tests.support.byte_tokenizer import BOS, EOS
@@ -34,9 +33,8 @@ def engine_on(root: Path | None, kv_bits: int | None = 8, persist: bool = True) 
     loaded = loaded_tiny("llama-hd64")
     blocks = loaded.spec.total_blocks_for_tokens(len(notes(9)) + 16)
     events = EventLog()
-    store = WarmStore(root, loaded, 1 << 30, events, kv_bits=kv_bits) if root is not None else None
-    config = EngineConfig(POOL_AGENTS * blocks * loaded.spec.block_bytes, RunnerLimits(8, 4, 32), kv_bits=kv_bits,
-                          persist_on_exit=persist)
+    store = WarmStore(root, loaded, 1 << 30, events, kv_bits_at_rest=kv_bits) if root is not None else None
+    config = engine_settings(POOL_AGENTS * blocks * loaded.spec.block_bytes, 8, 32, kv_bits_at_rest=kv_bits, persist_on_exit=persist)
     engine = Engine(loaded, config, store=store, events=events)
     engine.start()
     return engine

@@ -14,8 +14,11 @@ from mlx_lm.models.activations import swiglu as mlx_lm_swiglu
 from mlx.nn.layers.activations import gelu_approx as mlx_gelu_approx
 from mlx_lm.models.base import create_causal_mask
 
-from engine.runtime import cpu_math
-from engine.runtime.kv import ragged
+from engine.runtime.runner.backends.cpu import cpu_math
+from engine.runtime.runner.backends.cpu.backend import CpuBackend
+from engine.runtime.runner.backends.mlx import MlxBackend
+from engine.runtime.runner.kv.kinds import MLX_KINDS
+from engine.runtime.runner.kv.sequence_kv import SequenceKV
 from tests.support.tiny_models import loaded_tiny
 
 pytestmark = pytest.mark.unit
@@ -94,32 +97,29 @@ def test_gelu_approx_ends_like_mlx_and_keeps_the_dtype() -> None:
     assert cpu_math.gelu_approx(x).dtype == mx.bfloat16
 
 
-def test_install_routes_gemmas_gelu_only_inside_the_engines_forward(monkeypatch) -> None:
+def test_the_cpu_backend_routes_gemmas_gelu_only_inside_its_own_forward(monkeypatch) -> None:
     monkeypatch.setattr(cpu_math, "MIN_ELEMENTS", 0)
     loaded = loaded_tiny("gemma")
     calls: list[str] = []
     fast_gelu = cpu_math.gelu_approx
     monkeypatch.setattr(cpu_math, "gelu_approx", lambda x: (calls.append("gelu"), fast_gelu(x))[1])
+    backend = CpuBackend()
     try:
-        assert cpu_math.install(loaded.model, enabled=True) is cpu_math.on_cpu()
-        if not cpu_math.on_cpu():
-            pytest.skip("the fast paths are for the CPU")
-        cpu_math.install(loaded.model, enabled=True)  # installing twice wraps once
+        backend.attach(loaded.model)
+        backend.attach(loaded.model)  # attaching twice wraps once
         assert nn.gelu_approx.__wrapped__ is mlx_gelu_approx
         tokens = mx.array([[3, 14, 15, 92, 65, 35]])
         plain = loaded.model(tokens)
         assert calls == []
-        with cpu_math.routing():
-            fast = loaded.model(tokens)
+        fast = backend.forward(loaded.model, tokens, None)
         assert calls == ["gelu"] * len(loaded.model.layers)
         np.testing.assert_allclose(np.array(fast), np.array(plain), atol=1e-4)
         calls.clear()
-        cpu_math.install(loaded.model, enabled=False)
-        with cpu_math.routing():
-            loaded.model(tokens)
+        MlxBackend().forward(loaded.model, tokens, None)
         assert calls == []  # --no-fast-cpu-math
     finally:
-        cpu_math.install(loaded.model, enabled=True)
+        backend.detach(loaded.model)
+    assert nn.gelu_approx is mlx_gelu_approx
 
 
 def _qkv(batch: int, n: int, length: int, heads: int = 9, kv_heads: int = 3, dim: int = 64):
@@ -170,39 +170,53 @@ def test_attention_without_grouped_queries() -> None:
                                atol=2e-6)
 
 
-def test_install_routes_swiglu_and_attention_only_inside_the_engines_forward(monkeypatch) -> None:
+def test_the_cpu_backend_routes_swiglu_and_its_caches_attention_only_inside_its_own_forward(monkeypatch) -> None:
     monkeypatch.setattr(cpu_math, "MIN_ELEMENTS", 0)  # the tiny model's arrays are all small
     loaded = loaded_tiny("llama")
     module = sys.modules[type(loaded.model.layers[0].mlp).__module__]
     calls: list[str] = []
     fast_swiglu, fast_attention = cpu_math.swiglu, cpu_math.attention
+    monkeypatch.setattr(cpu_math, "swiglu", lambda g, x: (calls.append("swiglu"), fast_swiglu(g, x))[1])
+    monkeypatch.setattr(cpu_math, "attention", lambda *a: (calls.append("attention"), fast_attention(*a))[1])
+    backend = CpuBackend()
+    tokens = mx.array([[3, 14, 15, 92, 65, 35]])
+
+    def caches(kinds):
+        kv = SequenceKV.empty(loaded.spec, kinds)
+        kv.reserve(tokens.shape[1])
+        return kv.caches()
+
     try:
-        assert cpu_math.install(loaded.model, enabled=True) is cpu_math.on_cpu()
-        if not cpu_math.on_cpu():
-            pytest.skip("the fast paths are for the CPU")
-        assert getattr(module.swiglu, "__wrapped__", None) is mlx_lm_swiglu
-        cpu_math.install(loaded.model, enabled=True)  # installing twice wraps once
+        backend.attach(loaded.model)
         assert module.swiglu.__wrapped__ is mlx_lm_swiglu
-        ragged.install(loaded.model)
-        cpu_math.swiglu = lambda g, x: (calls.append("swiglu"), fast_swiglu(g, x))[1]
-        cpu_math.attention = lambda *a: (calls.append("attention"), fast_attention(*a))[1]
-        tokens = mx.array([[3, 14, 15, 92, 65, 35]])
-        plain = loaded.model(tokens)  # outside routing(): mlx-lm's kernels, as its own generation runs
+        backend.attach(loaded.model)  # attaching twice wraps once
+        assert module.swiglu.__wrapped__ is mlx_lm_swiglu
+        plain = loaded.model(tokens, cache=caches(MLX_KINDS))  # mlx-lm's kernels, as its own generation runs
         assert calls == []
-        with cpu_math.routing():
-            fast = loaded.model(tokens)
+        fast = backend.forward(loaded.model, tokens, caches(backend.kinds))
         assert "swiglu" in calls and "attention" in calls
-        assert not cpu_math.routed()
+        assert not backend.inside_forward()
         np.testing.assert_allclose(np.array(fast), np.array(plain), atol=1e-4)
         assert (mx.argmax(fast, -1) == mx.argmax(plain, -1)).all().item()
         calls.clear()
-        assert not cpu_math.install(loaded.model, enabled=False)
-        with cpu_math.routing():
-            loaded.model(tokens)
+        MlxBackend().forward(loaded.model, tokens, caches(MLX_KINDS))
         assert calls == []  # --no-fast-cpu-math
     finally:
-        cpu_math.swiglu, cpu_math.attention = fast_swiglu, fast_attention
-        cpu_math.install(loaded.model, enabled=True)
+        backend.detach(loaded.model)
+    assert module.swiglu is mlx_lm_swiglu
+
+
+def test_two_cpu_backends_on_one_model_family_stack_and_unwind_in_any_order() -> None:
+    first, second = loaded_tiny("llama"), loaded_tiny("llama", seed=1)
+    module = sys.modules[type(first.model.layers[0].mlp).__module__]
+    a, b = CpuBackend(), CpuBackend()
+    a.attach(first.model)
+    b.attach(second.model)
+    assert module.swiglu.__wrapped__.__wrapped__ is mlx_lm_swiglu
+    a.detach(first.model)  # the first to attach leaves first: the second's wrapper stays and passes on
+    assert module.swiglu.__wrapped__ is not mlx_lm_swiglu
+    b.detach(second.model)
+    assert module.swiglu is mlx_lm_swiglu and nn.gelu_approx is mlx_gelu_approx
 
 
 @pytest.mark.parametrize("mask_kind", ["none", "causal", "bool", "additive", "one-row bool"])

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import pytest
-
-from engine.runtime.batch_runner import RunnerLimits
-from engine.runtime.engine import Engine, EngineConfig
-from engine.runtime.requests import FinishReason, GenerationRequest, SamplingParams
+from engine.runtime.engine_thread.engine import Engine
+from tests.support.engine_settings import engine_settings
+from engine.domain.requests import FinishReason, GenerationRequest, SamplingParams
 from tests.support.byte_tokenizer import BOS, EOS
-from engine.runtime.sync_client import run_turn, run_turns
+from engine.runtime.engine_thread.sync_client import run_turn, run_turns
 from tests.support.prefill_passes import record_prefill_passes
 from tests.support.reference import reference_greedy
 from tests.support.tiny_models import loaded_tiny
@@ -16,13 +15,14 @@ from tests.support.tiny_models import loaded_tiny
 
 def make_engine(
     kind: str = "llama", budget_mb: float = 64, batch: int = 8, prefill_step: int = 32,
-    blocks: int | None = None, prefix_sharing: bool = True, **kw,
+    blocks: int | None = None, prefix_sharing: bool = True, backend=None, **kw,
 ) -> Engine:
-    """A started engine on a tiny model; ``blocks`` sizes the pool in blocks instead of MiB."""
+    """A started engine on a tiny model; ``blocks`` sizes the pool in blocks instead of MiB; ``backend``: the
+    compute backend (default: chosen for this device)."""
     loaded = loaded_tiny(kind, **kw)
     budget = blocks * loaded.spec.block_bytes if blocks else int(budget_mb * 2**20)
-    config = EngineConfig(pool_budget_bytes=budget, limits=RunnerLimits(batch, 4, prefill_step), prefix_sharing=prefix_sharing)
-    engine = Engine(loaded, config)
+    config = engine_settings(budget, batch, prefill_step, prefix_sharing=prefix_sharing)
+    engine = Engine(loaded, config, backend=backend)
     engine.start()
     return engine
 
@@ -172,7 +172,7 @@ def test_prompts_of_different_lengths_are_padded_into_one_pass_where_the_model_a
     shorter ones join the longest's pass padded (filler K/V trimmed away after it); with window
     layers only equal chunks group. Greedy output equals single-stream either way, and every cache
     holds exactly its prompt and answer afterwards."""
-    from engine.runtime.batch.generator import PAD_SLACK
+    from engine.runtime.runner.batch import PAD_SLACK
 
     groups = record_prefill_passes(monkeypatch)
     engine = make_engine(kind, prefill_step=512)
@@ -200,9 +200,9 @@ def test_prompts_of_different_lengths_are_padded_into_one_pass_where_the_model_a
 def test_a_row_without_room_for_its_filler_waits_for_a_later_pass_instead_of_failing() -> None:
     """The batch asks room for a padded row's filler separately: refused, the row leaves the padded
     pass and is prefilled unpadded in a later one; nobody runs out of room over filler."""
-    from engine.runtime.batch.generator import SequenceBatch
-    from engine.runtime.batch.sequence import Phase, Sequence
-    from engine.runtime.kv.sequence_kv import SequenceKV
+    from engine.runtime.runner.batch import SequenceBatch
+    from engine.runtime.runner.sequence import Phase, Sequence
+    from engine.runtime.runner.kv.sequence_kv import SequenceKV
 
     loaded = loaded_tiny("llama")
     tight = 1  # this sequence's cache may hold its prompt, never more

@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 
 from engine.errors import EngineUnavailableError
-from engine.runtime.accounting import held_bytes
-from engine.runtime.agents import Tier
-from engine.runtime.batch_runner import RunnerLimits
-from engine.runtime.engine import Engine, EngineConfig
-from engine.runtime.event_log import EventLog
-from engine.runtime.requests import FinishEvent, FinishReason, GenerationRequest
-from engine.runtime.sync_client import run_turn, run_turns
+from engine.runtime.tiers.accounting import held_bytes
+from engine.runtime.tiers.agents import Tier
+from engine.runtime.engine_thread.engine import Engine
+from tests.support.engine_settings import engine_settings
+from engine.domain.event_log import EventLog
+from engine.domain.requests import FinishEvent, FinishReason, GenerationRequest
+from engine.runtime.engine_thread.sync_client import run_turn, run_turns
 from engine.store.warm_store import WarmStore
 from tests.support.byte_tokenizer import EOS
 from tests.support.reference import reference_greedy
@@ -38,14 +38,14 @@ def accounts(engine: Engine) -> tuple[int, int]:
 def test_a_failing_admission_fails_that_turn_alone() -> None:
     engine = make_engine("llama")
     try:
-        admit = engine.call(lambda e: e.runner.admitter.admit).result()
+        admit = engine.call(lambda e: e.scheduler.admission.caches.prepare).result()
 
         def flaky(turn, running):
             if turn.request.agent_id == "bad":
                 raise RuntimeError("injected admission failure")
             return admit(turn, running)
 
-        engine.call(lambda e: setattr(e.runner.admitter, "admit", flaky)).result()
+        engine.call(lambda e: setattr(e.scheduler.admission.caches, "prepare", flaky)).result()
         requests = [GenerationRequest(f"ok-{i}", prompt_for(i), 8) for i in range(3)]
         results = run_turns(engine, requests[:2] + [GenerationRequest("bad", prompt_for(5), 8)] + requests[2:])
         bad = results[2]
@@ -96,7 +96,7 @@ def test_a_failing_watcher_is_detached() -> None:
         engine.watch("w", broken)
         result = run_turn(engine, GenerationRequest("w", prompt_for(0), 8))
         assert result.finish.error is None
-        assert engine.call(lambda e: e.runner.watchers.get("w")).result() == []
+        assert engine.call(lambda e: e.scheduler.delivery.watchers.get("w")).result() == []
     finally:
         engine.stop()
 
@@ -127,7 +127,7 @@ def test_a_turn_queued_while_the_engine_stops_is_answered() -> None:
 
 def test_the_pool_running_out_mid_decode_ends_the_turn_with_capacity() -> None:
     loaded = loaded_tiny("llama")
-    config = EngineConfig(4 * loaded.spec.block_bytes, RunnerLimits(4, 2, 32), repetition_window=0)
+    config = engine_settings(4 * loaded.spec.block_bytes, 4, 32, repetition_window=0)
     engine = Engine(loaded, config)
     engine.start()
     try:
@@ -145,14 +145,14 @@ def test_the_pool_running_out_mid_decode_ends_the_turn_with_capacity() -> None:
 
 def test_a_restore_bigger_than_the_whole_pool_drops_to_cold_and_prefills(tmp_path: Path) -> None:
     loaded = loaded_tiny("llama")
-    big = Engine(loaded, EngineConfig(64 << 20, RunnerLimits(4, 2, 32)), store=WarmStore(tmp_path, loaded, 1 << 30, EventLog()))
+    big = Engine(loaded, engine_settings(64 << 20, 4, 32), store=WarmStore(tmp_path, loaded, 1 << 30, EventLog()))
     big.start()
     long_prompt = prompt_for(0, 8)
     try:
         run_turn(big, GenerationRequest("long", long_prompt, 8))
     finally:
         big.stop()  # persisted on exit
-    small = Engine(loaded, EngineConfig(6 * loaded.spec.block_bytes, RunnerLimits(4, 2, 32)),
+    small = Engine(loaded, engine_settings(6 * loaded.spec.block_bytes, 4, 32),
                    store=WarmStore(tmp_path, loaded, 1 << 30, EventLog()))
     small.start()
     try:
@@ -168,7 +168,7 @@ def test_a_restore_bigger_than_the_whole_pool_drops_to_cold_and_prefills(tmp_pat
 def test_a_warm_read_that_finds_no_room_is_kept_not_read_again(tmp_path: Path) -> None:
     loaded = loaded_tiny("llama")
     store = WarmStore(tmp_path, loaded, 1 << 30, EventLog())
-    engine = Engine(loaded, EngineConfig(10 * loaded.spec.block_bytes, RunnerLimits(4, 2, 32)), store=store)
+    engine = Engine(loaded, engine_settings(10 * loaded.spec.block_bytes, 4, 32), store=store)
     engine.start()
     try:
         first = run_turn(engine, GenerationRequest("reader", prompt_for(0, 2), 4))

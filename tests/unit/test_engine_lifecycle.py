@@ -9,12 +9,12 @@ import time
 import pytest
 
 from engine.errors import EngineUnavailableError, PromptTooLongError, RequestTooLargeForPoolError
-from engine.runtime.agents import Tier
-from engine.runtime.batch_runner import sequence_batch_factory
-from engine.runtime.engine import Engine
-from engine.runtime.requests import FinishEvent, FinishReason, GenerationRequest, PrefillEvent, TokenEvent
+from engine.runtime.tiers.agents import Tier
+from engine.runtime.scheduler.scheduler import sequence_batch_factory
+from engine.runtime.engine_thread.engine import Engine
+from engine.domain.requests import FinishEvent, FinishReason, GenerationRequest, TokenEvent
 from tests.support.byte_tokenizer import BOS, EOS
-from engine.runtime.sync_client import run_turn, run_turns
+from engine.runtime.engine_thread.sync_client import run_turn, run_turns
 from tests.support.reference import reference_greedy
 from tests.unit.test_engine_batching import make_engine, prompt_for, without_eos
 
@@ -164,11 +164,10 @@ def test_generator_failure_fails_turns_but_engine_survives() -> None:
             generator.step = explode
         return generator
 
-    from engine.runtime.engine import EngineConfig
-    from engine.runtime.batch_runner import RunnerLimits
+    from tests.support.engine_settings import engine_settings
     from tests.support.tiny_models import loaded_tiny
 
-    engine = Engine(loaded_tiny("llama"), EngineConfig(64 << 20, RunnerLimits(4, 2, 32)), generator_factory=flaky_factory)
+    engine = Engine(loaded_tiny("llama"), engine_settings(64 << 20, 4, 32), generator_factory=flaky_factory)
     engine.start()
     try:
         failed = run_turn(engine, GenerationRequest("f", prompt_for(0), 8))

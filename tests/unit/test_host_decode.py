@@ -1,15 +1,17 @@
-"""A decode batch's attention in compiled loops (kv/host_decode.py): MLX's result, its conditions, its threads."""
+"""A decode batch's attention in compiled loops (backends/cpu/host_decode.py): MLX's result, its conditions, its threads."""
 
 from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
 
 import mlx.core as mx
 import numpy as np
 import pytest
 
-from engine.runtime import host_forward
-from engine.runtime.kv import host_decode
-from engine.runtime.requests import GenerationRequest
-from engine.runtime.sync_client import run_turns
+from engine.runtime.runner.backends.cpu import host_decode
+from engine.runtime.runner.backends.cpu.backend import CpuBackend, CpuOptions
+from engine.domain.requests import GenerationRequest
+from engine.runtime.engine_thread.sync_client import run_turns
 from tests.support.byte_tokenizer import BOS
 from tests.unit.test_engine_batching import make_engine
 
@@ -90,22 +92,20 @@ def test_rows_split_across_threads_give_the_same_bits(monkeypatch: pytest.Monkey
     monkeypatch.setattr(host_decode, "PARALLEL_MIN_KEYS", 10**9)
     alone = np.asarray(host_decode.attend(q, parts, SCALE, masks))
     monkeypatch.setattr(host_decode, "PARALLEL_MIN_KEYS", 0)
-    monkeypatch.setattr(host_decode, "_worker_count", lambda: 3)
-    monkeypatch.setattr(host_decode, "_pool", None)
-    assert len(host_decode._chunks([300, 20, 500, 80, 260, 9])) == 3
-    split = np.asarray(host_decode.attend(q, parts, SCALE, masks))
+    monkeypatch.setattr(host_decode, "worker_count", lambda: 3)
+    assert len(host_decode._chunks([300, 20, 500, 80, 260, 9], 3)) == 3
+    with ThreadPoolExecutor(2) as workers:
+        split = np.asarray(host_decode.attend(q, parts, SCALE, masks, workers=workers))
     assert np.array_equal(alone, split)
 
 
-def test_chunks_cover_every_row_once_in_order_with_about_equal_keys(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(host_decode, "_worker_count", lambda: 2)
+def test_chunks_cover_every_row_once_in_order_with_about_equal_keys() -> None:
     keys = [1100] * 4 + [10] * 8
-    chunks = host_decode._chunks(keys)
+    chunks = host_decode._chunks(keys, 2)
     assert [b for chunk in chunks for b in chunk] == list(range(12))
     assert len(chunks) == 2 and sum(keys[b] for b in chunks[0]) == 2200
-    assert host_decode._chunks([100] * 16) == [list(range(16))]  # 1,600 keys: under PARALLEL_MIN_KEYS, one thread
-    monkeypatch.setattr(host_decode, "_worker_count", lambda: 1)
-    assert host_decode._chunks(keys) == [list(range(12))]
+    assert host_decode._chunks([100] * 16, 2) == [list(range(16))]  # 1,600 keys: under PARALLEL_MIN_KEYS, one thread
+    assert host_decode._chunks(keys, 1) == [list(range(12))]
 
 
 def test_it_applies_only_where_it_computes_what_mlx_would() -> None:
@@ -128,46 +128,43 @@ def test_a_batched_engine_decodes_through_it_with_the_tokens_mlx_attention_gives
     """The tiny Gemma's window layers pass their rings (past the window: a boolean mask per key). The tiny
     Llama's decode steps would run on the host whole (host_forward.py, tested there): here they go through
     MLX's forward, whose attention hook hands its batch to host_decode."""
-    monkeypatch.setattr(host_forward, "enabled", False)
     calls = []
     real = host_decode.attend
-    # (each call records whether the step's positions came to it to write in place: FullKV.claim_one)
+    # (each call records whether the step's positions came to it to write in place: HostFullKV.claim_one)
     monkeypatch.setattr(host_decode, "attend", lambda *a: calls.append(a[4] is not None) or real(*a))
     prompts = [(BOS, *(f"agent {i} writes a longer line. " * (2 + i)).encode()) for i in range(4)]
 
-    def decode() -> list[list[int]]:
-        engine = make_engine(kind)
+    def decode(options: CpuOptions) -> list[list[int]]:
+        engine = make_engine(kind, backend=CpuBackend(options))
         try:
             return [r.tokens for r in run_turns(engine, [GenerationRequest(f"a{i}", p, 40)
                                                          for i, p in enumerate(prompts)])]
         finally:
             engine.stop()
 
-    with_numpy = decode()
+    with_numpy = decode(CpuOptions(host_step=False))
     assert calls, "the batch never reached host_decode"
     assert any(calls), "no decode position was written in place"
-    monkeypatch.setattr(host_decode, "enabled", False)
     calls.clear()
-    assert decode() == with_numpy and not calls
+    assert decode(CpuOptions(host_step=False, decode_loops=False)) == with_numpy and not calls
 
 
-def test_prepare_loads_the_kernels_and_a_failure_leaves_attention_in_mlx(monkeypatch: pytest.MonkeyPatch,
-                                                                         caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.setattr(host_decode, "enabled", True)  # (restored after the test)
-    host_decode._warm_up()
-    assert host_decode.enabled
-    from engine.runtime.kv import host_kernels
+def test_the_backend_loads_the_kernels_and_a_failure_leaves_attention_in_mlx(monkeypatch: pytest.MonkeyPatch,
+                                                                             caplog: pytest.LogCaptureFixture) -> None:
+    backend = CpuBackend()
+    backend._load(host_decode.warm_up, "_loops_ok", "decode attention")
+    assert backend.loops_ready()
+    from engine.runtime.runner.backends.cpu import host_kernels
 
     def broken(*args):
         raise RuntimeError("no compiler here")
 
     monkeypatch.setattr(host_kernels, "batch_rows", broken)
     with caplog.at_level("WARNING", logger="semantic.engine"):
-        host_decode._warm_up()
-    assert not host_decode.enabled
-    assert "decode attention stays in MLX" in caplog.text and "no compiler here" in caplog.text
-    parts = rows([10, 12])
-    assert not host_decode.applies(queries(2), parts, [None, None], None)
+        backend._load(host_decode.warm_up, "_loops_ok", "decode attention")
+    assert not backend.loops_ready()
+    assert "decode attention: MLX runs it instead" in caplog.text and "no compiler here" in caplog.text
+    backend.close()
 
 
 def test_a_failure_in_one_thread_waits_for_the_others_before_the_buffers_go(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -175,7 +172,7 @@ def test_a_failure_in_one_thread_waits_for_the_others_before_the_buffers_go(monk
     import threading
     import time
 
-    from engine.runtime.kv import host_kernels
+    from engine.runtime.runner.backends.cpu import host_kernels
 
     finished = []
     main = threading.get_ident()
@@ -187,9 +184,8 @@ def test_a_failure_in_one_thread_waits_for_the_others_before_the_buffers_go(monk
         finished.append(args[6])  # the chunk's first row
 
     monkeypatch.setattr(host_decode, "PARALLEL_MIN_KEYS", 0)
-    monkeypatch.setattr(host_decode, "_worker_count", lambda: 2)
-    monkeypatch.setattr(host_decode, "_pool", None)
+    monkeypatch.setattr(host_decode, "worker_count", lambda: 2)
     monkeypatch.setattr(host_kernels, "batch_rows", rows_or_fail)
-    with pytest.raises(RuntimeError, match="this thread's rows failed"):
-        host_decode.attend(queries(4), rows([50, 50, 50, 50]), SCALE, [None] * 4)
+    with ThreadPoolExecutor(1) as workers, pytest.raises(RuntimeError, match="this thread's rows failed"):
+        host_decode.attend(queries(4), rows([50, 50, 50, 50]), SCALE, [None] * 4, workers=workers)
     assert finished == [2]  # the other thread's chunk (rows 2-3) had finished

@@ -1,4 +1,4 @@
-"""A Llama decode step on the host (runtime/host_forward.py): MLX's logits and cache writes, and where it applies."""
+"""A Llama decode step on the host (backends/cpu/host_forward.py): MLX's logits and cache writes, and where it applies."""
 
 from __future__ import annotations
 
@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 from mlx_lm.models import llama
 
-from engine.runtime import cpu_math, host_forward, host_linear
-from engine.runtime.kv import host_decode
-from engine.runtime.kv.full_kv import FullKV, KVShape
-from engine.runtime.requests import GenerationRequest
-from engine.runtime.sync_client import run_turns
+from engine.runtime.runner.backends.cpu import host_forward
+from engine.runtime.runner.backends.cpu.backend import CpuBackend, CpuOptions
+from engine.runtime.runner.backends.cpu.host_kv import HostFullKV
+from engine.runtime.runner.kv.full_kv import FullKV, KVShape
+from engine.domain.requests import GenerationRequest
+from engine.runtime.engine_thread.sync_client import run_turns
 from tests.support.byte_tokenizer import BOS
 from tests.support.tiny_models import tiny_gemma3, tiny_llama
 from tests.unit.test_engine_batching import make_engine
@@ -39,23 +40,14 @@ def llama_model(seed: int = 0, **changes) -> llama.Model:
     return model
 
 
-def prefilled(model: llama.Model, tokens: list[int]) -> list[FullKV]:
+def prefilled(model: llama.Model, tokens: list[int], kind: type[FullKV] = HostFullKV) -> list[FullKV]:
     attn = model.model.layers[0].self_attn
     shape = KVShape(attn.n_kv_heads, attn.head_dim, attn.head_dim, mx.float32)
-    layers = [FullKV(shape, block_tokens=16) for _ in model.model.layers]
+    layers = [kind(shape, block_tokens=16) for _ in model.model.layers]
     for layer in layers:
         layer.reserve(len(tokens) + 8)
     mx.eval(model(mx.array([tokens]), cache=layers))
     return layers
-
-
-@pytest.fixture
-def routed(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(cpu_math, "_active", True)
-    monkeypatch.setattr(host_decode, "enabled", True)
-    monkeypatch.setattr(host_forward, "enabled", True)
-    with cpu_math.routing():
-        yield
 
 
 @pytest.mark.parametrize("changes", [
@@ -64,21 +56,19 @@ def routed(monkeypatch: pytest.MonkeyPatch):
     {"rope_traditional": True, "rope_theta": 500000.0, "head_dim": 32},
 ], ids=["smollm2-like", "biases-and-output-layer", "traditional-rope"])
 @pytest.mark.parametrize("rows", [1, 3, 11], ids=["1-row", "3-rows", "11-rows-blas"])
-def test_decode_steps_give_mlx_forward_logits_and_cache_writes(routed, changes: dict, rows: int) -> None:
+def test_decode_steps_give_mlx_forward_logits_and_cache_writes(changes: dict, rows: int) -> None:
     model = llama_model(**changes)
-    host_linear.install(model)
-    assert host_forward.supports(model)
+    backend = CpuBackend()
+    backend.attach(model)  # (its layers take the host pass only inside its forward: the reference below is MLX's)
     prompts = [[(7 * b + i) % 97 for i in range(3 + 5 * b)] for b in range(rows)]
     host_rows = [Row(prefilled(model, p)) for p in prompts]
-    mlx_rows = [prefilled(model, p) for p in prompts]
+    mlx_rows = [prefilled(model, p, FullKV) for p in prompts]
     tokens = [p[-1] for p in prompts]
     for step in range(3):
-        assert host_forward.applies(model, host_rows)
-        got = np.asarray(host_forward.decode(model, mx.array(tokens, dtype=mx.uint32), host_rows))
-        with cpu_math.routing():  # (inside, the patched layers would use the host pass: compare with MLX's)
-            cpu_math._local.on = False
-            expected = np.concatenate([np.asarray(model(mx.array([[t]]), cache=layers)[:, -1, :])
-                                       for t, layers in zip(tokens, mlx_rows)])
+        assert backend.steps_on_host(model, host_rows)
+        got = np.asarray(backend.decode(model, mx.array(tokens, dtype=mx.uint32), host_rows))
+        expected = np.concatenate([np.asarray(model(mx.array([[t]]), cache=layers)[:, -1, :])
+                                   for t, layers in zip(tokens, mlx_rows)])
         np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
         assert (got.argmax(-1) == expected.argmax(-1)).all()
         for host_row, layers in zip(host_rows, mlx_rows):
@@ -89,6 +79,8 @@ def test_decode_steps_give_mlx_forward_logits_and_cache_writes(routed, changes: 
                 np.testing.assert_allclose(np.asarray(mine.values[..., :mine.offset, :]),
                                            np.asarray(theirs.values[..., :theirs.offset, :]), rtol=1e-5, atol=1e-5)
         tokens = [int(t) for t in got.argmax(-1)]
+    backend.detach(model)
+    backend.close()
 
 
 @pytest.mark.parametrize("traditional", [False, True])
@@ -96,7 +88,7 @@ def test_rotations_are_bit_identical_to_mlx_rope(traditional: bool) -> None:
     rope = nn.RoPE(32, traditional=traditional, base=100000.0)
     x = np.random.default_rng(0).standard_normal((5, 3, 32)).astype(np.float32)
     positions = np.array([0, 1, 4095, 4096, 40000])  # (the last two grow the table)
-    cos, sin = host_forward._tables.at(host_forward._Rope(32, traditional, 100000.0, 1.0), positions)
+    cos, sin = host_forward.RopeTables().at(host_forward._Rope(32, traditional, 100000.0, 1.0), positions)
     got = host_forward._rotate(x, cos, sin, rope)
     for b, position in enumerate(positions):
         expected = mx.fast.rope(mx.array(x[b:b + 1, :, None, :]), 32, traditional=traditional, base=100000.0,
@@ -134,19 +126,23 @@ def test_it_supports_only_models_whose_every_part_it_knows() -> None:
     assert not host_forward.supports(half)
 
 
-def test_it_applies_only_where_every_row_may_be_written_in_place(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_it_applies_only_where_every_row_may_be_written_in_place() -> None:
     model = llama_model()
+    backend = CpuBackend()
+    backend.attach(model)
     rows = [Row(prefilled(model, [1, 2, 3])), Row(prefilled(model, [4, 5]))]
-    monkeypatch.setattr(cpu_math, "_active", True)
-    assert host_forward.applies(model, rows)
+    assert backend.steps_on_host(model, rows)
     rows[1].layers[0].trim_to(1)  # rewound: a view taken before may show position 1
-    assert not host_forward.applies(model, rows)
+    assert not backend.steps_on_host(model, rows)
     rows[1] = Row(prefilled(model, [4, 5]))
-    monkeypatch.setattr(host_decode, "enabled", False)
-    assert not host_forward.applies(model, rows)
-    monkeypatch.setattr(host_decode, "enabled", True)
-    monkeypatch.setattr(cpu_math, "_active", False)  # Metal, CUDA, or --no-fast-cpu-math
-    assert not host_forward.applies(model, rows)
+    assert not backend.steps_on_host(model, [Row(prefilled(model, [4, 5], FullKV))])  # the MLX backend's caches
+    backend._loops_ok = False  # the compiled loops did not load
+    assert not backend.steps_on_host(model, rows)
+    backend.detach(model)
+    off = CpuBackend(CpuOptions(host_step=False))
+    off.attach(model)
+    assert not off.steps_on_host(model, rows)
+    assert not backend.steps_on_host(model, rows)  # detached: nothing is known of the model
 
 
 def test_an_engine_decodes_llama_on_the_host_with_the_tokens_of_mlx_forward(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -155,16 +151,15 @@ def test_an_engine_decodes_llama_on_the_host_with_the_tokens_of_mlx_forward(monk
     monkeypatch.setattr(host_forward, "decode", lambda *a: calls.append(len(a[2])) or real(*a))
     prompts = [(BOS, *(f"agent {i} writes a longer line. " * (2 + i)).encode()) for i in range(4)]
 
-    def decode() -> list[list[int]]:
-        engine = make_engine("llama")
+    def decode(options: CpuOptions) -> list[list[int]]:
+        engine = make_engine("llama", backend=CpuBackend(options))
         try:
             return [r.tokens for r in run_turns(engine, [GenerationRequest(f"a{i}", p, 40)
                                                          for i, p in enumerate(prompts)])]
         finally:
             engine.stop()
 
-    on_host = decode()
+    on_host = decode(CpuOptions())
     assert calls and max(calls) == 4 and min(calls) >= 1, calls
-    monkeypatch.setattr(host_forward, "enabled", False)
     calls.clear()
-    assert decode() == on_host and not calls
+    assert decode(CpuOptions(host_step=False)) == on_host and not calls

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.runtime import cpu_math, host_linear, linear_kernel
+from engine.runtime.runner.backends.cpu import host_linear, linear_kernel
+from engine.runtime.runner.backends.cpu.backend import CpuBackend, CpuOptions
 from tests.support.tiny_models import tiny_llama
 
 pytestmark = pytest.mark.unit
@@ -29,11 +30,15 @@ def test_the_pass_equals_x_times_weights_transposed(rows: int, outputs: int, inn
 
 
 @pytest.fixture
-def routed(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(cpu_math, "_active", True)
-    monkeypatch.setattr(host_linear, "enabled", True)
-    with cpu_math.routing():
-        yield
+def backend():
+    backend = CpuBackend()
+    yield backend
+    backend.close()
+
+
+def inside(backend: CpuBackend, call, x: mx.array) -> mx.array:
+    """``call(x)`` inside the backend's forward pass, as the engine's batch runs the model."""
+    return backend.forward(lambda inputs, cache: call(inputs), x, None)
 
 
 @pytest.fixture
@@ -45,63 +50,68 @@ def passes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
-def linear(bias: bool) -> nn.Linear:
+def linear(bias: bool, backend: CpuBackend) -> nn.Linear:
     layer = nn.Linear(48, 20, bias=bias)
     mx.eval(layer.parameters())
-    host_linear.install(layer)
-    assert type(layer) is host_linear.HostLinear
+    host_linear.swap_in(layer, backend)
+    assert isinstance(layer, host_linear.HostLinear) and layer.router is backend
     return layer
 
 
 @pytest.mark.parametrize("bias", [False, True])
-def test_inside_the_engine_forward_up_to_8_rows_take_the_pass(routed, passes: list[int], bias: bool) -> None:
-    layer = linear(bias)
+def test_inside_the_backends_forward_up_to_8_rows_take_the_pass(backend, passes: list[int], bias: bool) -> None:
+    layer = linear(bias, backend)
     x = mx.array(np.random.default_rng(0).standard_normal((2, 4, 48)).astype(np.float32))  # 8 rows
-    got = layer(x)
+    got = inside(backend, layer, x)
     expected = x @ layer.weight.T + (layer.bias if bias else 0)
     assert got.shape == (2, 4, 20) and passes == [8]
     np.testing.assert_allclose(np.asarray(got), np.asarray(expected), rtol=1e-5, atol=1e-5)
     nine = mx.ones((9, 48))
-    np.testing.assert_allclose(np.asarray(layer(nine)), np.asarray(nine @ layer.weight.T + (layer.bias if bias else 0)),
-                               rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(inside(backend, layer, nine)),
+                               np.asarray(nine @ layer.weight.T + (layer.bias if bias else 0)), rtol=1e-6)
     assert passes == [8]  # 9 rows: MLX's matmul (sgemm is as fast there)
 
 
-def test_outside_the_engine_forward_and_for_other_dtypes_mlx_computes(passes: list[int],
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    layer = linear(bias=True)
+def test_outside_the_backends_forward_and_for_other_dtypes_mlx_computes(backend, passes: list[int]) -> None:
+    layer = linear(True, backend)
     x = mx.ones((1, 48))
     plain = nn.Linear(48, 20)
     plain.update(layer.parameters())
     assert np.array_equal(np.asarray(layer(x)), np.asarray(plain(x)))  # mlx-lm's own generation, the tests' references
-    monkeypatch.setattr(cpu_math, "_active", True)
-    with cpu_math.routing():
-        layer.set_dtype(mx.float16)
-        assert layer(x.astype(mx.float16)).dtype == mx.float16
+    layer.set_dtype(mx.float16)
+    assert inside(backend, layer, x.astype(mx.float16)).dtype == mx.float16
+    assert passes == []
+    linear_off = linear(True, CpuBackend(CpuOptions(linear_pass=False)))
+    inside(linear_off.router, linear_off, x)
     assert passes == []
 
 
-def test_a_tied_output_layer_takes_the_pass(routed, passes: list[int]) -> None:
+def test_a_tied_output_layer_takes_the_pass(backend, passes: list[int]) -> None:
     model = tiny_llama()
-    host_linear.install(model)
+    host_linear.swap_in(model, backend)
     embed = model.model.embed_tokens
     x = mx.array(np.random.default_rng(1).standard_normal((3, 64)).astype(np.float32))
-    np.testing.assert_allclose(np.asarray(embed.as_linear(x)), np.asarray(x @ embed.weight.T), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(inside(backend, embed.as_linear, x)), np.asarray(x @ embed.weight.T),
+                               rtol=1e-5, atol=1e-5)
     assert passes == [3]
 
 
-def test_install_swaps_only_the_exact_classes_and_keeps_the_parameters() -> None:
+def test_attaching_swaps_only_the_exact_classes_keeps_the_parameters_and_detaching_swaps_back(backend) -> None:
     class Adapted(nn.Linear):  # a LoRA-style subclass keeps its own __call__
         pass
 
     model = tiny_llama()
     before = {k: np.asarray(v) for k, v in _flat(model.parameters())}
     model.extra = Adapted(4, 4)
-    swapped = host_linear.install(model)
+    swapped = host_linear.swap_in(model, backend)
     assert swapped == 2 * 7 + 1  # two layers of seven projections, and the embedding
     assert type(model.extra) is Adapted
     after = dict(_flat(model.parameters()))
     assert all(np.array_equal(before[k], np.asarray(after[k])) for k in before)
+    host_linear.swap_out(model, backend)
+    classes = {type(m) for _, m in model.named_modules()}
+    assert not any(issubclass(c, (host_linear.HostLinear, host_linear.HostEmbedding)) for c in classes)
+    assert nn.Linear in classes and nn.Embedding in classes
 
 
 def _flat(tree, prefix: str = ""):
@@ -115,31 +125,31 @@ def _flat(tree, prefix: str = ""):
         yield prefix, tree
 
 
-def test_a_pass_that_does_not_load_leaves_the_layers_in_mlx(routed, monkeypatch: pytest.MonkeyPatch,
+def test_a_pass_that_does_not_load_leaves_the_layers_in_mlx(backend, monkeypatch: pytest.MonkeyPatch,
                                                             caplog: pytest.LogCaptureFixture) -> None:
-    host_linear._warm_up()
-    assert host_linear.enabled
+    backend._load(host_linear.warm_up, "_linear_ok", "decode's linear layers")
+    assert backend._linear_ok
 
     def broken(*args):
         raise RuntimeError("no compiler here")
 
     monkeypatch.setattr(linear_kernel, "times_transposed", broken)
     with caplog.at_level("WARNING", logger="semantic.engine"):
-        host_linear._warm_up()
-    assert not host_linear.enabled
-    assert "linear layers stay in MLX" in caplog.text and "no compiler here" in caplog.text
-    layer = linear(bias=False)
+        backend._load(host_linear.warm_up, "_linear_ok", "decode's linear layers")
+    assert not backend._linear_ok
+    assert "linear layers: MLX runs it instead" in caplog.text and "no compiler here" in caplog.text
+    layer = linear(False, backend)
     x = mx.ones((1, 48))
-    np.testing.assert_allclose(np.asarray(layer(x)), np.asarray(x @ layer.weight.T), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(inside(backend, layer, x)), np.asarray(x @ layer.weight.T), rtol=1e-6)
 
 
-def test_a_second_thread_inside_the_pass_takes_mlx_instead_of_waiting(routed, passes: list[int]) -> None:
+def test_a_second_thread_inside_the_pass_takes_mlx_instead_of_waiting(backend, passes: list[int]) -> None:
     """numba's work-queue threading layer (where OpenMP is missing) must not be entered twice at once."""
-    layer = linear(bias=False)
+    layer = linear(False, backend)
     x = mx.ones((2, 48))
     with host_linear._busy:
-        got = layer(x)
+        got = inside(backend, layer, x)
     np.testing.assert_allclose(np.asarray(got), np.asarray(x @ layer.weight.T), rtol=1e-6)
     assert passes == []
-    layer(x)
+    inside(backend, layer, x)
     assert passes == [2]

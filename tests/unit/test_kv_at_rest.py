@@ -14,12 +14,12 @@ from engine.domain.block_layout import block_spans
 from engine.domain.cache_spec import ModelCacheSpec, group_layers
 from engine.errors import CacheCorruptionError
 from engine.models.loaded import ModelIdentity
-from engine.runtime.agents import Tier
-from engine.runtime.batch_runner import RunnerLimits
-from engine.runtime.engine import Engine, EngineConfig
-from engine.runtime.event_log import EventKind, EventLog
-from engine.runtime.requests import GenerationRequest
-from engine.runtime.sync_client import run_turn
+from engine.runtime.tiers.agents import Tier
+from engine.runtime.engine_thread.engine import Engine
+from tests.support.engine_settings import engine_settings
+from engine.domain.event_log import EventKind, EventLog
+from engine.domain.requests import GenerationRequest
+from engine.runtime.engine_thread.sync_client import run_turn
 from engine.store.cache_file import (
     CacheRecord,
     PersistedBlock,
@@ -154,8 +154,8 @@ def test_a_group_size_is_chosen_per_head_dim(caplog: pytest.LogCaptureFixture) -
 def engine_on(root: Path, kv_bits: int | None) -> Engine:
     loaded = loaded_tiny("llama-hd64")
     events = EventLog()
-    store = WarmStore(root, loaded, 1 << 30, events, kv_bits=kv_bits)
-    engine = Engine(loaded, EngineConfig(64 * loaded.spec.block_bytes, RunnerLimits(8, 4, 32)), store=store,
+    store = WarmStore(root, loaded, 1 << 30, events, kv_bits_at_rest=kv_bits)
+    engine = Engine(loaded, engine_settings(64 * loaded.spec.block_bytes, 8, 32), store=store,
                     events=events)
     engine.start()
     return engine

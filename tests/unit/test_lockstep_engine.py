@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 
 from engine.distributed.lockstep import Lockstep, LockstepError
-from engine.runtime.agents import Tier
-from engine.runtime.batch_runner import RunnerLimits
-from engine.runtime.engine import Engine, EngineConfig
-from engine.runtime.engine_ops import engine_op
-from engine.runtime.event_log import EventLog
-from engine.runtime.requests import GenerationRequest, SamplingParams
-from engine.runtime.sync_client import run_turns
+from engine.runtime.tiers.agents import Tier
+from engine.runtime.engine_thread.engine import Engine
+from tests.support.engine_settings import engine_settings
+from engine.runtime.engine_thread.engine_ops import engine_op
+from engine.domain.event_log import EventLog
+from engine.domain.requests import GenerationRequest, SamplingParams
+from engine.runtime.engine_thread.sync_client import run_turns
 from engine.store.warm_store import WarmStore
 from tests.support.byte_tokenizer import BOS
 from tests.support.thread_world import ThreadHub
@@ -35,7 +35,7 @@ def start_pair(root: Path, budgets_mb: tuple[float, float] = (16, 16), timeout_s
         loaded = loaded_tiny("llama")
         loaded = replace(loaded, spec=replace(loaded.spec, shard=(world.rank, world.size)))
         store = WarmStore(root, loaded, 2**30, EventLog())
-        config = EngineConfig(pool_budget_bytes=int(budget * 2**20), limits=RunnerLimits(8, 4, 32))
+        config = engine_settings(int(budget * 2 ** 20), 8, 32)
         engines.append(Engine(loaded, config, store=store, lockstep=Lockstep(world)))
     errors: list[BaseException] = []
 

@@ -13,7 +13,7 @@ import pytest
 from engine.api.app import create_app
 from engine.api.service import EngineService
 from engine.errors import EngineUnavailableError, ModelLoadError
-from engine.runtime.requests import FinishEvent, GenerationRequest
+from engine.domain.requests import FinishEvent, GenerationRequest
 from engine.settings import load_settings
 from engine.swap import SwapPhase
 from tests.support.scripted_engine import ScriptedEngine, scripted_loaded

@@ -175,9 +175,9 @@ def test_execs_the_same_program_with_the_same_arguments(
 def test_argv_of_a_python_dash_m_launch(monkeypatch: pytest.MonkeyPatch) -> None:
     # Under -m, sys.argv[0] is the module's file: re-running that file as a
     # script would lose the package, so the -m form must be kept.
-    monkeypatch.setattr(sys, "argv", ["/src/semantic_tui/cli.py", "--tui", "x y"])
-    monkeypatch.setattr(sys, "orig_argv", ["py", "-m", "semantic_tui.cli", "--tui", "x y"])
-    assert reexec_argv(sys.argv) == [sys.executable, "-m", "semantic_tui.cli", "--tui", "x y"]
+    monkeypatch.setattr(sys, "argv", ["/src/semantic_cli/__main__.py", "--tui", "x y"])
+    monkeypatch.setattr(sys, "orig_argv", ["py", "-m", "semantic_cli", "--tui", "x y"])
+    assert reexec_argv(sys.argv) == [sys.executable, "-m", "semantic_cli", "--tui", "x y"]
 
 
 def test_notice_only_in_the_reexecuted_process(

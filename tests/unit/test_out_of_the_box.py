@@ -10,9 +10,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from engine.models.sampling_defaults import FALLBACK, packaged_card_defaults, read_sampling_defaults
-from engine.runtime.repetition import RepetitionGuard
-from engine.runtime.requests import FinishReason, GenerationRequest
-from engine.runtime.sync_client import run_turn
+from engine.runtime.scheduler.repetition import RepetitionGuard
+from engine.domain.requests import FinishReason, GenerationRequest
+from engine.runtime.engine_thread.sync_client import run_turn
 from tests.unit.test_engine_batching import make_engine, prompt_for
 
 pytestmark = pytest.mark.unit

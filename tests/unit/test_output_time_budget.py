@@ -10,12 +10,11 @@ from __future__ import annotations
 import time
 
 import pytest
-
-from engine.runtime.batch_runner import RunnerLimits
-from engine.runtime.engine import Engine, EngineConfig
-from engine.runtime.requests import FinishReason, GenerationRequest
-from engine.runtime.sync_client import run_turn
-from engine.settings import Settings
+from engine.runtime.engine_thread.engine import Engine
+from tests.support.engine_settings import engine_settings
+from engine.domain.requests import FinishReason, GenerationRequest
+from engine.runtime.engine_thread.sync_client import run_turn
+from engine.settings import EngineSettings, Settings
 from tests.support.tiny_models import loaded_tiny
 from tests.unit.test_engine_batching import prompt_for
 
@@ -26,7 +25,7 @@ BUDGET_S = 0.3
 
 def started(max_output_s: float) -> Engine:
     # The tiny random llama repeats one token greedily; the repetition guard is off so only the budget ends it.
-    config = EngineConfig(64 << 20, RunnerLimits(4, 2, 32), repetition_window=0, max_output_s=max_output_s)
+    config = engine_settings(64 << 20, 4, 32, repetition_window=0, max_output_seconds=max_output_s)
     engine = Engine(loaded_tiny("llama", context=1 << 16), config)
     engine.start()
     return engine
@@ -60,5 +59,5 @@ def test_zero_turns_the_budget_off_and_settings_reach_the_engine() -> None:
         assert result.finish.usage.generated_tokens == 300
     finally:
         engine.stop()
-    assert EngineConfig.from_settings(Settings()).max_output_s == 300.0
-    assert EngineConfig.from_settings(Settings(max_output_seconds=0)).max_output_s == 0.0
+    assert EngineSettings.of(Settings()).turns.max_output_seconds == 300.0
+    assert EngineSettings.of(Settings(max_output_seconds=0)).turns.max_output_seconds == 0.0

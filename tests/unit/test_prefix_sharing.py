@@ -6,11 +6,11 @@ import pytest
 
 from engine.domain.block_layout import common_prefix_length
 from engine.domain.prefix_index import PrefixIndex, chain_keys
-from engine.runtime.requests import GenerationRequest
-from engine.runtime.sync_client import run_turn, run_turns
-from engine.runtime.agents import AgentRecord, Tier
-from engine.runtime.shared_prefill import awaits_leader
-from engine.runtime.turn import Turn
+from engine.domain.requests import GenerationRequest
+from engine.runtime.engine_thread.sync_client import run_turn, run_turns
+from engine.runtime.tiers.agents import AgentRecord, Tier
+from engine.runtime.scheduler.shared_prefill import awaits_leader
+from engine.runtime.scheduler.turn import Turn
 from tests.support.byte_tokenizer import BOS, EOS
 from tests.support.reference import reference_greedy
 from tests.unit.test_engine_batching import make_engine, without_eos

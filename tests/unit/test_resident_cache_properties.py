@@ -15,12 +15,12 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from engine.domain.block_pool import BlockPool
-from engine.runtime.accounting import held_bytes
-from engine.runtime.agents import AgentRecord, Tier
-from engine.runtime.hot_cache import HotCache, SideCache
-from engine.runtime.kv.full_kv import FullKV
-from engine.runtime.kv.sequence_kv import CheckpointKind, SequenceKV
-from engine.runtime.kv.window_kv import WindowKV
+from engine.runtime.tiers.accounting import held_bytes
+from engine.runtime.tiers.agents import AgentRecord, Tier
+from engine.runtime.tiers.hot import HotCache, SideCache
+from engine.runtime.runner.kv.full_kv import FullKV
+from engine.runtime.runner.kv.sequence_kv import CheckpointKind, SequenceKV
+from engine.runtime.runner.kv.window_kv import WindowKV
 from tests.support.tiny_models import loaded_tiny
 
 pytestmark = pytest.mark.unit

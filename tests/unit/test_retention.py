@@ -10,8 +10,8 @@ import pytest
 from engine.api.anthropic_schemas import MessagesRequest
 from engine.api.retention import Retention, retention_of, usage_split
 from engine.domain.block_pool import PoolSnapshot
-from engine.runtime.agent_table import AgentTable
-from engine.runtime.agents import AgentRecord, Tier
+from engine.runtime.tiers.agent_table import AgentTable
+from engine.runtime.tiers.agents import AgentRecord, Tier
 from semantic_tui.widgets.pool_map import KEPT_GLYPH, PoolView, render_pool
 from tests.support.router_app import build_app, make_service
 from tests.support.scripted_engine import ScriptedEngine

@@ -61,7 +61,7 @@ def test_serve_with_a_model_that_cannot_load_exits_non_zero_with_one_clear_line(
     model = tmp_path / "model"
     expected = make_model(model) if make_model else "not found"
     cache = tmp_path / "cache"
-    argv = [sys.executable, "-m", "semantic_tui.cli", "--serve", "--port", "0", "--model", str(model),
+    argv = [sys.executable, "-m", "semantic_cli", "--serve", "--port", "0", "--model", str(model),
             "--cache-dir", str(cache), "--no-preload-openblas"]
     began = time.monotonic()
     done = subprocess.run(argv, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},

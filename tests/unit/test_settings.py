@@ -8,8 +8,8 @@ import pytest
 from pydantic import ValidationError
 
 from engine.settings import Settings, load_settings
-from semantic_tui.cli import build_parser
-from semantic_tui.cli_args import overrides_from
+from semantic_cli.main import build_parser
+from semantic_cli.args import overrides_from
 
 
 @pytest.fixture(autouse=True)
@@ -95,14 +95,14 @@ def test_flags_override_only_what_was_passed(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_cli_reports_invalid_settings_with_exit_status_2(capsys: pytest.CaptureFixture[str]) -> None:
-    from semantic_tui.cli import main
+    from semantic_cli.main import main
 
     assert main(["--block-tokens", "7", "models"]) == 2
     assert "block_tokens" in capsys.readouterr().err
 
 
 def test_cli_lists_models(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    from semantic_tui.cli import main
+    from semantic_cli.main import main
 
     assert main(["--cache-dir", str(tmp_path), "models"]) == 0
     out = capsys.readouterr().out

@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from engine.runtime.accounting import held_bytes
-from engine.runtime.agents import Tier
-from engine.runtime.batch_runner import RunnerLimits
-from engine.runtime.engine import Engine, EngineConfig
-from engine.runtime.event_log import EventLog
-from engine.runtime.requests import GenerationRequest
-from engine.runtime.sync_client import run_turn
+from engine.runtime.tiers.accounting import held_bytes
+from engine.runtime.tiers.agents import Tier
+from engine.runtime.engine_thread.engine import Engine
+from tests.support.engine_settings import engine_settings
+from engine.domain.event_log import EventLog
+from engine.domain.requests import GenerationRequest
+from engine.runtime.engine_thread.sync_client import run_turn
 from engine.store.cache_file import read_header
 from engine.store.prefix_store import block_keys, prefix_key
 from engine.store.warm_store import WarmStore
@@ -32,7 +32,7 @@ STORED = HINT // BLOCK * BLOCK
 def engine_on(directory: Path, kind: str) -> Engine:
     loaded = loaded_tiny(kind)
     store = WarmStore(directory, loaded, 1 << 30, EventLog())
-    engine = Engine(loaded, EngineConfig(64 << 20, RunnerLimits(8, 4, 32)), store=store)
+    engine = Engine(loaded, engine_settings(64 << 20, 8, 32), store=store)
     engine.start()
     return engine
 

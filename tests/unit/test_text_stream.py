@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hypothesis import given, strategies as st
 
-from engine.runtime.text_stream import TextStream
+from engine.runtime.runner.text_stream import TextStream
 from tests.support.byte_tokenizer import ByteDetokenizer
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engine.runtime.requests import AgentSource, GenerationRequest
+from engine.domain.requests import AgentSource, GenerationRequest
 from semantic_tui.widgets.agents_table import AgentsTable
 from semantic_tui.widgets.chat_area import ChatArea
 from semantic_tui.widgets.chat_transcript import ChatTranscript

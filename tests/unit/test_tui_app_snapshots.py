@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from textual.widgets import Input
 
-from engine.runtime.requests import AgentSource, FinishEvent, GenerationRequest
+from engine.domain.requests import AgentSource, FinishEvent, GenerationRequest
 from semantic_tui.backend import ListenerInfo, WorkbenchBackend
 from semantic_tui.widgets.agents_table import AgentsTable
 from semantic_tui.widgets.event_log import EventLogView

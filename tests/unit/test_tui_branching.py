@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from engine.runtime.engine import Engine, EngineConfig
-from engine.runtime.batch_runner import RunnerLimits
-from engine.runtime.event_log import EventLog
-from engine.runtime.requests import GenerationRequest
-from engine.runtime.sync_client import run_turn
+from engine.runtime.engine_thread.engine import Engine
+from tests.support.engine_settings import engine_settings
+from engine.domain.event_log import EventLog
+from engine.domain.requests import GenerationRequest
+from engine.runtime.engine_thread.sync_client import run_turn
 from engine.settings import load_settings
 from engine.store.warm_store import WarmStore
 from semantic_tui.app import SemanticApp
@@ -32,7 +32,7 @@ def tiny_workbench(tmp_path: Path) -> tuple[SemanticApp, Engine]:
     settings = load_settings(cache_dir=tmp_path / "cache", port=0, preload_openblas=False)
     loaded = loaded_tiny("llama")
     store = WarmStore(settings.agents_dir, loaded, 1 << 30, EventLog())
-    engine = Engine(loaded, EngineConfig(64 << 20, RunnerLimits(8, 4, 32)), store=store)
+    engine = Engine(loaded, engine_settings(64 << 20, 8, 32), store=store)
 
     def factory(settings, events, progress):
         engine.start()

@@ -14,7 +14,7 @@ from textual.pilot import Pilot
 from textual.widgets import Markdown, Static
 
 from engine.api.service import EngineService
-from engine.runtime.requests import (
+from engine.domain.requests import (
     AgentSource,
     FinishEvent,
     FinishReason,

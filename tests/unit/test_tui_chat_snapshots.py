@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from textual.pilot import Pilot
 
-from engine.runtime.requests import GenerationRequest
+from engine.domain.requests import GenerationRequest
 from tests.support.scripted_engine import ScriptedEngine
 
 from .test_tui_chat import ChatTestApp, say, wait_until

@@ -12,7 +12,7 @@ from textual.app import App, ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widget import Widget
 
-from engine.runtime.snapshot import EngineSnapshot
+from engine.runtime.engine_thread.snapshot import EngineSnapshot
 from semantic_tui.widgets.pool_map import PoolMap
 from semantic_tui.widgets.throughput_panel import ThroughputPanel
 from semantic_tui.widgets.tiers_panel import TiersPanel

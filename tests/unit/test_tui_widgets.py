@@ -14,7 +14,7 @@ from textual.pilot import Pilot
 from textual.widget import Widget
 from textual.widgets import ProgressBar, Sparkline, Static
 
-from engine.runtime.snapshot import EngineSnapshot
+from engine.runtime.engine_thread.snapshot import EngineSnapshot
 from semantic_tui.agent_colors import (
     AGENT_PALETTE,
     PRESSURE_CRITICAL_STYLE,

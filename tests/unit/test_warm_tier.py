@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from engine.runtime.agents import Tier
-from engine.runtime.batch_runner import RunnerLimits
-from engine.runtime.engine import Engine, EngineConfig
-from engine.runtime.event_log import EventKind, EventLog
-from engine.runtime.requests import GenerationRequest
-from engine.runtime.sync_client import run_turn
+from engine.runtime.tiers.agents import Tier
+from engine.runtime.engine_thread.engine import Engine
+from tests.support.engine_settings import engine_settings
+from engine.domain.event_log import EventKind, EventLog
+from engine.domain.requests import GenerationRequest
+from engine.runtime.engine_thread.sync_client import run_turn
 from engine.store.warm_store import WarmStore
 from tests.support.byte_tokenizer import EOS
 from tests.support.reference import reference_greedy
@@ -26,7 +26,7 @@ def engine_with_store(root: Path, kind: str = "llama", blocks: int = 64, disk_mb
     loaded = loaded or loaded_tiny(kind)
     events = EventLog()
     store = WarmStore(root, loaded, int(disk_mb * 2**20), events)
-    config = EngineConfig(blocks * loaded.spec.block_bytes, RunnerLimits(8, 4, 32))
+    config = engine_settings(blocks * loaded.spec.block_bytes, 8, 32)
     engine = Engine(loaded, config, store=store, events=events)
     engine.start()
     return engine

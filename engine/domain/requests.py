@@ -1,0 +1,176 @@
+"""What clients send to the engine and what they get back, as plain values."""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+_request_ids = itertools.count(1)
+
+
+def next_request_id() -> str:
+    return f"req-{next(_request_ids)}"
+
+
+class AgentSource(str, enum.Enum):
+    """Who drives an agent; shown in the UI's agent table."""
+
+    TUI = "tui"
+    CLAUDE_CODE = "claude-code"
+    ANTHROPIC = "anthropic"
+    OPENAI = "openai"
+    API = "api"
+    BENCH = "bench"
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    """One turn of one agent: the whole prompt as token ids.
+
+    The engine finds how much of ``prompt_tokens`` the agent already has
+    cached and prefills only the rest.
+    """
+
+    agent_id: str
+    prompt_tokens: tuple[int, ...]
+    max_tokens: int
+    sampling: SamplingParams = SamplingParams()
+    stop_strings: tuple[str, ...] = ()
+    # Next-speaker markers of a prompt format without a chat template (``\n\nUser:``): the reply
+    # ends before one, reported as an ordinary end of turn (rendering.py, text_stream.py).
+    turn_end_strings: tuple[str, ...] = ()
+    source: AgentSource = AgentSource.API
+    display_name: str | None = None
+    model_id: str | None = None
+    # Auxiliary requests (titles, probes) never evict a main conversation and
+    # do not replace the agent's cache when they finish.
+    auxiliary: bool = False
+    # What the client asked for when the server's output cap clamped ``max_tokens``.
+    asked_max_tokens: int | None = None
+    # How many leading prompt tokens other agents are likely to share (the rendered system prompt
+    # and tools): the engine checkpoints there and stores that prefix for later agents. 0: unknown.
+    prefix_hint: int = 0
+    # How many leading prompt tokens are the rendered system prompt and tools (0: unknown); cache
+    # forensics use it to say whether a divergence lies there or in the messages.
+    head_tokens: int = 0
+    # The client's cache_control breakpoints (Anthropic): keep this agent's cache for ``retain_s``
+    # seconds in preference to unmarked agents when the pool needs room. ``retain_tokens``: how many
+    # leading prompt tokens lie before the last breakpoint (the usage's cache-creation split).
+    retain_s: float = 0.0
+    retain_tokens: int = 0
+    request_id: str = field(default_factory=next_request_id)
+
+    def __post_init__(self) -> None:
+        if not self.prompt_tokens:
+            raise ValueError("prompt_tokens must not be empty")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+
+
+def clamped(request: GenerationRequest, max_output_tokens: int, context_room: int) -> GenerationRequest:
+    """``request`` with ``max_tokens`` clamped, the one rule for it: to the server's ``max_output_tokens`` (the
+    request then records what it asked, for the client's header and the agent's note) and to the context
+    left after its prompt (silently: the turn simply ends there, as ``length``)."""
+    asked = request.max_tokens if request.max_tokens > max_output_tokens else request.asked_max_tokens
+    return replace(request, max_tokens=min(request.max_tokens, max_output_tokens, context_room),
+                   asked_max_tokens=asked)
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"  # the model emitted an end-of-sequence token
+    STOP_SEQUENCE = "stop_sequence"
+    LENGTH = "length"  # max_tokens or the context limit
+    CAPACITY = "capacity"  # the pool could not grow the sequence any further
+    REPETITION = "repetition"  # a runaway loop: the last tokens repeat one short cycle (runtime/scheduler/repetition.py)
+    CANCELLED = "cancelled"
+    ERROR = "error"
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Token accounting of one turn. ``reused + prefilled == prompt``."""
+
+    prompt_tokens: int
+    reused_tokens: int
+    prefilled_tokens: int
+    generated_tokens: int
+    # Where the reused tokens came from: the agent's own cache, another
+    # agent's shared prefix, or the warm (disk) tier.
+    reuse_source: str = "none"
+    # Set when a usable cache existed but could not be used (e.g. a rotating
+    # sliding-window cache that cannot be trimmed back to the divergence).
+    reuse_note: str | None = None
+    ttft_s: float | None = None
+    decode_tok_s: float | None = None
+    duration_s: float | None = None
+    # The hand-off between the pool and the batch (see Turn): admission to the first prefill
+    # chunk, last token to the cache settled, and KV bytes copied on the way.
+    handoff_in_s: float = 0.0
+    handoff_out_s: float = 0.0
+    copied_bytes: int = 0
+    # How the prompt met the agent's cache (domain/forensics.py CacheOutcome) and, when the prompt
+    # left the cached tokens before their end, the index of the first differing token.
+    cache_outcome: str = "new_agent"
+    diverged_at: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedEvent:
+    request_id: str
+    position: int
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillEvent:
+    """Prompt processing progress: ``done`` of ``total`` tokens to prefill."""
+
+    request_id: str
+    done: int
+    total: int
+    reused: int
+
+
+@dataclass(frozen=True, slots=True)
+class TokenEvent:
+    request_id: str
+    token_id: int
+    text: str  # decoded delta; may be empty while a multi-byte char or stop string is pending
+
+
+@dataclass(frozen=True, slots=True)
+class FinishEvent:
+    request_id: str
+    reason: FinishReason
+    usage: Usage
+    stop_sequence: str | None = None
+    error: str | None = None
+    error_type: str | None = None
+    retry_after_s: int | None = None
+    # Why the engine ended the turn when the model did not (a runaway loop cut short).
+    note: str | None = None
+
+
+EngineEvent = QueuedEvent | PrefillEvent | TokenEvent | FinishEvent
+EventSink = Callable[[EngineEvent], None]

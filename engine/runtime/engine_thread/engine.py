@@ -1,0 +1,617 @@
+"""The engine: one thread that owns MLX, the model, the pool and the batch.
+
+Every other thread talks to it through ``submit``/``cancel``/``call``, which
+put commands on a queue, and reads ``snapshot()``, an immutable value the
+engine thread republishes a few times a second.
+"""
+
+from __future__ import annotations
+
+import atexit
+import gc
+import logging
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeVar
+
+import mlx.core as mx
+
+from engine.domain.block_pool import BlockPool
+from engine.errors import (
+    AgentExistsError,
+    AgentNotFoundError,
+    EngineUnavailableError,
+    PromptTooLongError,
+    QueueFullError,
+    RequestTooLargeForPoolError,
+)
+from engine.models.loaded import LoadedModel
+from engine.models.sampling_defaults import model_sampling_defaults
+from engine.settings import EngineSettings
+from engine.store.kv_at_rest import quantization_for
+
+from engine.runtime.tiers.agent_table import AgentTable
+from engine.runtime.tiers.agents import AgentRecord, Tier
+from engine.runtime.runner.backends import MlxBackend, choose_backend
+from engine.runtime.scheduler.scheduler import GeneratorFactory, Scheduler, sequence_batch_factory
+from engine.runtime.tiers.branching import Branch, Branching
+from engine.runtime.engine_thread.engine_ops import EngineOp
+from engine.runtime.engine_thread.replica import Replica
+from engine.domain.event_log import EventKind, EventLog
+from engine.runtime.tiers.hot import HotCache
+from engine.domain.requests import AgentSource, EventSink, FinishReason, GenerationRequest, clamped
+from engine.runtime.engine_thread.snapshot import AgentView, EngineSnapshot
+from engine.runtime.engine_thread.snapshot_builder import SnapshotSources, build_snapshot
+from engine.runtime.tiers import warm
+from engine.runtime.tiers.manager import TierManager
+from engine.runtime.scheduler.turn import Turn
+
+if TYPE_CHECKING:
+    from engine.distributed.lockstep import Lockstep
+    from engine.store.warm_store import WarmStore
+
+T = TypeVar("T")
+log = logging.getLogger("semantic.engine")
+
+
+# How often the engine republishes its snapshot, and how long an idle loop waits for a command.
+SNAPSHOT_INTERVAL_S = 0.2
+IDLE_WAIT_S = 0.05
+
+
+class Engine:
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        settings: EngineSettings,
+        *,
+        store: "WarmStore | None" = None,
+        generator_factory: GeneratorFactory = sequence_batch_factory,
+        events: EventLog | None = None,
+        seed_agents: Iterable[AgentView] = (),
+        lockstep: "Lockstep | None" = None,
+        backend: MlxBackend | None = None,
+    ) -> None:
+        self.loaded = loaded
+        # How the model is computed (runner/backends/): given, else chosen for this device and the settings.
+        self.backend = backend if backend is not None else choose_backend(settings.fast_cpu_math)
+        # Why the engine thread ended on its own (a rank lost, ranks diverged); None while it runs
+        # or after a requested stop. ``on_failure`` (set by the owner) hears of it at once.
+        self.failure: BaseException | None = None
+        self.on_failure: Callable[[BaseException], None] | None = None
+        # Agents known before a model swap: they keep their identity here even
+        # when this model holds no cache for them yet.
+        self._seeds = tuple(seed_agents)
+        self.settings = settings
+        self.events = events or EventLog()
+        self._store = store
+        self._factory = generator_factory
+        self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._stop = threading.Event()
+        # Held while a turn is checked and queued, and while shutdown closes the door: a turn is
+        # either refused or queued before the last drain, never left in a queue nobody reads.
+        self._door = threading.Lock()
+        self._closed = False
+        # The watchdog's evidence, written by the engine thread and read by anyone (floats and bools
+        # are replaced atomically): when the loop last finished a pass, and whether work was waiting.
+        self._beat = time.monotonic()
+        self._busy = False
+        self._status = "starting"
+        self._startup_error: BaseException | None = None
+        self._snapshot = EngineSnapshot(status="starting", model=None, pool=None)
+        self._pool = BlockPool.from_budget(loaded.spec, settings.cache.pool_budget_bytes)
+        self.agents = AgentTable()
+        # Under a sharded model: rank 0 sends this engine's inputs to the other ranks, which replay
+        # them (engine_thread/replica.py). None: this process holds the whole model.
+        self._replica = (Replica(lockstep, self.agents, self.events, lambda op: op(self))
+                         if lockstep is not None else None)
+        # What requests that name no temperature sample with (engine/models/sampling_defaults.py).
+        sampling = settings.sampling
+        self.sampling_defaults = model_sampling_defaults(loaded.model_id, loaded.path).with_overrides(
+            sampling.default_temperature, sampling.default_top_p, sampling.default_top_k)
+        # Prefixes are shared by reference where the model's attention can be hooked (kv/ragged.py).
+        hooked = self.backend.attach(loaded.model)
+        self.hot = HotCache(loaded.spec, self._pool, share_by_reference=hooked, kinds=self.backend.kinds)
+        cool = quantization_for(settings.cache.kv_bits_at_rest, loaded.spec.head_dim, loaded.spec.value_head_dim)
+        self.tiers = TierManager(self.hot, self.agents, self.events, store, cool=cool)
+        self.branching = Branching(self.hot, self.agents, self.tiers, self.events)
+        self.scheduler: Scheduler | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def start(self, timeout_s: float | None = 120.0) -> None:
+        self._thread = threading.Thread(target=self._run, name="semantic-engine", daemon=True)
+        self._thread.start()
+        atexit.register(self.stop, 0.0)
+        if not self._ready.wait(timeout_s):
+            raise EngineUnavailableError("engine thread did not start in time")
+        if self._startup_error is not None:
+            raise self._startup_error
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """Let running turns finish for ``grace_s``, cancel the rest, persist, and join."""
+        if self._thread is None or not self._thread.is_alive():
+            return
+        self._grace_deadline = time.monotonic() + grace_s
+        self._stop.set()
+        self._commands.put(lambda: None)
+        self._thread.join()
+        atexit.unregister(self.stop)
+
+    def wait(self, poll_s: float = 0.5) -> None:
+        """Until the engine thread ends (a sharded model's other ranks: when rank 0 ends the run)."""
+        while self._thread is not None and self._thread.is_alive():
+            self._thread.join(poll_s)  # in slices, so the main thread still runs its signal handlers
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    # -- client API (any thread) ------------------------------------------------------------
+    def submit(self, request: GenerationRequest, sink: EventSink) -> str:
+        """Queue a turn; events for it go to ``sink`` (called on the engine thread: keep it cheap)."""
+        request = self.validate(request)
+        request = self._replica.seeded(request) if self._replica is not None else request
+        turn = Turn(request, sink)
+        queued = len(self.scheduler.waiting) + self._commands.qsize() if self.scheduler is not None else 0
+        limit = self.settings.turns.max_queued_requests
+        if queued >= limit:
+            raise QueueFullError(f"{queued} requests are already waiting for the engine "
+                                 f"(max_queued_requests {limit}); retry shortly")
+        with self._door:
+            if self._closed or self._stop.is_set() or not self.is_running:
+                raise EngineUnavailableError("engine is not running", retry_after_s=5)
+            self._commands.put(lambda: self._submit(turn))
+        return request.request_id
+
+    def _submit(self, turn: Turn) -> None:
+        self._record("submit", turn.request, turn.submitted_at)
+        self._scheduler().submit(turn)
+
+    def validate(self, request: GenerationRequest) -> GenerationRequest:
+        """Reject what can never run, and clamp ``max_tokens``, the one place it is clamped: to
+        ``max_output_tokens`` (the request then says what it asked) and to what the context leaves. Raises
+        domain errors."""
+        limit = self.context_length
+        n = len(request.prompt_tokens)
+        if n + 1 > limit:
+            raise PromptTooLongError(n, limit)
+        needed = self.loaded.spec.total_blocks_for_tokens(n + 1)
+        if needed > self._pool.total_blocks:
+            raise RequestTooLargeForPoolError(
+                f"a prompt of {n} tokens needs {needed} KV blocks "
+                f"({needed * self._pool.block_bytes / 2**20:.0f} MiB) but the whole pool holds "
+                f"{self._pool.total_blocks} blocks ({self._pool.total_bytes / 2**20:.0f} MiB); raise pool_budget_mb",
+                field="messages",
+            )
+        return clamped(request, self.settings.turns.max_output_tokens, limit - n)
+
+    def cancel(self, request_id: str, reason: FinishReason = FinishReason.CANCELLED) -> None:
+        def command() -> None:
+            self._record("cancel", request_id, reason)
+            self._scheduler().cancel(request_id, reason)
+
+        self._commands.put(command)
+
+    def watch(self, agent_id: str, sink: EventSink) -> None:
+        """Receive the events of every turn of ``agent_id`` (also HTTP ones) until ``unwatch``."""
+        self._commands.put(lambda: self._scheduler().watch(agent_id, sink))
+
+    def unwatch(self, agent_id: str, sink: EventSink) -> None:
+        self._commands.put(lambda: self._scheduler().unwatch(agent_id, sink))
+
+    def call(self, fn: Callable[["Engine"], T]) -> "Future[T]":
+        """Run ``fn(engine)`` on the engine thread; the future carries its result or exception.
+
+        What changes engine state must be an ``EngineOp`` (engine_ops.py): under a sharded model the
+        other ranks apply it too. A plain function runs on this rank alone and may only read.
+        """
+        future: Future[T] = Future()
+
+        def command() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            if isinstance(fn, EngineOp):
+                self._record("call", fn)
+            try:
+                future.set_result(fn(self))
+            except BaseException as exc:  # handed to the caller, never kills the thread
+                future.set_exception(exc)
+
+        with self._door:
+            if self._closed:
+                future.set_exception(EngineUnavailableError("engine is not running", retry_after_s=5))
+            else:
+                self._commands.put(command)
+        return future
+
+    def snapshot(self) -> EngineSnapshot:
+        """The latest published state (at most ``snapshot_interval_s`` old)."""
+        return self._snapshot
+
+    def publish_now(self) -> EngineSnapshot:
+        """Engine thread: publish a snapshot of the state as it is, and return it."""
+        self._publish(force=True)
+        return self._snapshot
+
+    def fresh_snapshot(self, timeout_s: float = 30.0) -> EngineSnapshot:
+        """A snapshot taken after every command queued so far has run."""
+        self.call(lambda engine: engine._publish(force=True)).result(timeout_s)
+        return self._snapshot
+
+    @property
+    def heartbeat(self) -> float:
+        """When the engine loop last finished a pass (monotonic seconds)."""
+        return self._beat
+
+    def stalled_for(self) -> float | None:
+        """Seconds the engine has been stuck (no pass of its loop while work waits), or None.
+
+        Judged by the caller's clock against the engine thread's last heartbeat,
+        so a thread hung inside an MLX call is seen from outside.
+        """
+        if not self.is_running or not self._busy:
+            return None
+        quiet = time.monotonic() - self._beat
+        return quiet if quiet >= self.settings.turns.watchdog_s else None
+
+    @property
+    def context_length(self) -> int:
+        cap = self.settings.turns.max_context_tokens
+        if cap is not None:
+            return min(cap, self.loaded.context_length)
+        return self.loaded.context_length
+
+    @property
+    def rank_reports(self) -> tuple[Any, ...]:
+        """Every rank's report from the last lockstep tick (empty when this process runs alone)."""
+        return self._replica.lockstep.reports if self._replica is not None else ()
+
+    @property
+    def pool(self) -> BlockPool:
+        return self._pool
+
+    # -- engine-thread operations (call them through ``call``) ------------------------------
+    def evict_agent(self, agent_id: str, tier: Tier) -> None:
+        agent = self._agent(agent_id)
+        if agent.is_busy:
+            raise EngineUnavailableError(f"agent {agent_id!r} is generating; evict it when idle", retry_after_s=1)
+        self.tiers.evict(agent, tier, reason="requested")
+
+    def evict_idle(self, tier: Tier = Tier.WARM) -> int:
+        victims = self.agents.eviction_order(protect=set())
+        for agent in victims:
+            self.tiers.evict(agent, tier, reason="evict all idle")
+        return len(victims)
+
+    def pin_agent(self, agent_id: str, pinned: bool) -> None:
+        self._agent(agent_id).pinned = pinned
+
+    def delete_agent(self, agent_id: str) -> None:
+        agent = self._agent(agent_id)
+        if agent.is_busy:
+            raise EngineUnavailableError(f"agent {agent_id!r} is generating", retry_after_s=1)
+        self.hot.drop(agent)
+        agent.cool = None
+        if self._store is not None:
+            self._store.forget(agent_id)
+            self._store.forget_cold(agent_id)
+        self.agents.remove(agent_id)
+        self.events.emit(EventKind.INFO, f"{agent_id}: deleted", agent_id)
+
+    def fork_agent(self, source_id: str, new_id: str, turn: int | None = None,
+                   prompt: tuple[int, ...] | None = None, display_name: str | None = None,
+                   source_kind: AgentSource | None = None) -> Branch:
+        """A new agent starting from ``source_id``'s cache (tiers/branching.py)."""
+        return self.branching.fork(source_id, new_id, turn, prompt, display_name, source_kind)
+
+    def rewind_agent(self, agent_id: str, turn: int | None = None, prompt: tuple[int, ...] | None = None) -> Branch:
+        """Cut an agent's cache back to the end of an earlier turn (tiers/branching.py)."""
+        return self.branching.rewind(agent_id, turn, prompt)
+
+    def write_agent(self, agent_id: str) -> "Future[Any] | None":
+        """Make the agent's warm file current (an export reads it); the pending write's future, or
+        None when the file is current already. The agent stays where it is."""
+        agent = self._agent(agent_id)
+        self._refuse_when_sharded("exporting an agent")
+        if self._store is None or not self._store.usable:
+            raise EngineUnavailableError("this server has no cache directory to export from (--no-persist?)")
+        if agent.is_busy:
+            raise EngineUnavailableError(f"agent {agent_id!r} is generating; export it when idle", retry_after_s=1)
+        if (agent.tier is Tier.HOT and agent.tokens) or agent.tier is Tier.COOL:
+            return warm.write_now(self._store, agent)
+        if agent.tier is not Tier.WARM:
+            raise AgentNotFoundError(agent_id, f"agent {agent_id!r} has no cache to export (tier {agent.tier.value})")
+        return None
+
+    def check_import(self, agent_id: str, replace: bool) -> None:
+        """Refuse an import over an agent this engine has, unless asked to replace an idle one."""
+        self._refuse_when_sharded("importing an agent")
+        if self._store is None or not self._store.usable:
+            raise EngineUnavailableError("this server has no cache directory to import into")
+        agent = self.agents.get(agent_id)
+        if agent is None:
+            return
+        if not replace:
+            raise AgentExistsError(agent_id)
+        if agent.is_busy:
+            raise EngineUnavailableError(f"agent {agent_id!r} is generating; replace it when idle", retry_after_s=1)
+        self._store.finish_write(agent_id)
+
+    def adopt_agent(self, path: Any) -> str:
+        """Index a warm file an import just wrote into this model's folder (replacing the agent's
+        cache if it had one); returns its agent id."""
+        assert self._store is not None
+        header = self._store.adopt(path)
+        agent_id = header.agent_id
+        agent = self.agents.get(agent_id)
+        if agent is not None:
+            self.check_import(agent_id, replace=True)
+            self.hot.drop(agent)
+            agent.cool = None
+        else:
+            agent = self.agents.add(AgentRecord(agent_id, _source(header.source), header.display_name))
+        agent.tier, agent.stored_tokens = Tier.WARM, header.n_tokens
+        agent.stored_bytes = self._store.entries[agent_id].nbytes
+        agent.created_at, agent.last_used, agent.turn_ends = header.created_at, header.last_used, []
+        self.events.emit(EventKind.RESTORE, f"{agent_id}: imported, {header.n_tokens} tokens on disk", agent_id)
+        return agent_id
+
+    def _refuse_when_sharded(self, what: str) -> None:
+        # An export file holds one process's whole cache; a sharded agent's cache is one file per rank.
+        if self.loaded.shard is not None:
+            raise EngineUnavailableError(f"{what} is not available while the model is sharded across "
+                                         f"{self.loaded.shard[1]} ranks (each rank holds a shard of its cache)")
+
+    def _agent(self, agent_id: str) -> Any:
+        from engine.errors import AgentNotFoundError
+
+        agent = self.agents.get(agent_id)
+        if agent is None:
+            raise AgentNotFoundError(agent_id)
+        return agent
+
+    def _scheduler(self) -> Scheduler:
+        assert self.scheduler is not None, "engine thread not started"
+        return self.scheduler
+
+    # -- the loop ---------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            if self._replica is not None:
+                self._replica.agree_on_settings(self.loaded.identity.key, self._pool.total_blocks,
+                                                self.loaded.spec.block_bytes, self.settings,
+                                                self.sampling_defaults.describe())
+            self._index_store()
+            self.scheduler = Scheduler(
+                self.loaded, self.hot, self.agents, self.tiers, self.events, self.settings.batch, self.settings.turns,
+                self._factory, prefix_sharing=self.settings.cache.prefix_sharing, backend=self.backend,
+            )
+        except BaseException as exc:
+            self._startup_error = exc
+            self._status = "failed"
+            self._ready.set()
+            return
+        self._status = "ready"
+        self.events.emit(EventKind.LOAD, f"engine ready: {self.loaded.model_id}, {self._pool.total_blocks} blocks; "
+                         f"requests without a temperature sample with {self.sampling_defaults.describe()}")
+        self._publish(force=True)
+        self._ready.set()
+        try:
+            self._loop()
+        except Exception as exc:
+            if self._replica is None:
+                raise
+            self._fail(exc)
+        finally:
+            self._shutdown()
+
+    def _fail(self, exc: Exception) -> None:
+        """Lockstep broke (a rank died, ranks diverged): this rank stops, and says why."""
+        assert self._replica is not None
+        exc = self._replica.lockstep.world.explain(exc)  # type: ignore[assignment]
+        self.failure = exc
+        self._status = "failed"
+        log.error("engine stopped: %s", exc)
+        self.events.emit(EventKind.ERROR, f"engine stopped: {exc}", level=logging.ERROR)
+        if self.on_failure is not None:
+            self.on_failure(exc)
+
+    def _index_store(self) -> None:
+        """Agents from earlier runs: warm ones resume from disk, cold ones are listed."""
+        self._index_warm_and_cold()
+        for seed in self._seeds:
+            if seed.agent_id not in self.agents:
+                record = self.agents.add(AgentRecord(seed.agent_id, _source(seed.source), seed.display_name))
+                record.pinned, record.created_at, record.last_used = seed.pinned, seed.created_at, seed.last_used
+                record.model_id = seed.model_id  # a turn under this model then reports model_changed
+            else:
+                self.agents.get(seed.agent_id).pinned = seed.pinned
+
+    def _index_warm_and_cold(self) -> None:
+        if self._store is None:
+            return
+        headers = self._store.scan()
+        if self._replica is not None:
+            headers = self._replica.whole_shards(self._store, headers)
+        for header in headers:
+            record = self.agents.add(AgentRecord(header.agent_id, _source(header.source), header.display_name))
+            record.tier, record.stored_tokens = Tier.WARM, header.n_tokens
+            record.stored_bytes = self._store.entries[header.agent_id].nbytes
+            record.created_at, record.last_used = header.created_at, header.last_used
+        cold = self._store.cold.entries()
+        if self._replica is not None:
+            cold = self._replica.rank0s(cold)
+        for entry in cold:
+            if entry.agent_id not in self.agents:
+                record = self.agents.add(AgentRecord(entry.agent_id, _source(entry.source), entry.display_name))
+                record.tier, record.stored_tokens, record.last_used = Tier.COLD, entry.n_tokens, entry.last_used
+        if len(self.agents):
+            self.events.emit(EventKind.RESTORE, f"indexed {len(self.agents)} agents from {self._store.directory}")
+
+    def _loop(self) -> None:
+        scheduler = self._scheduler()
+        last = 0.0
+        completed = 0
+        while True:
+            stop = self._take_inputs(scheduler)
+            self.tiers.poll()
+            if stop:
+                return
+            self._busy = scheduler.has_work  # before the step: a step that hangs leaves it set
+            self._step_once(scheduler)
+            self._busy = scheduler.has_work
+            now = self._beat = time.monotonic()
+            # After a turn ends its client may ask about the agent at once: publish then too.
+            if now - last >= SNAPSHOT_INTERVAL_S or scheduler.completed != completed:
+                self._publish()
+                last, completed = now, scheduler.completed
+
+    def _take_inputs(self, scheduler: Scheduler) -> bool:
+        """This pass's commands, and under lockstep the tick every rank applies. True: stop now."""
+        replica = self._replica
+        stop = False
+        if replica is None or replica.is_root:
+            # Wait for commands only when nothing is decoding, and only briefly
+            # when turns are queued behind a disk read.
+            idle = not scheduler.queues.by_uid
+            self._run_commands(block=idle, timeout=self._idle_wait(scheduler))
+            if idle and scheduler.waiting:
+                self._gather_arrivals()
+            stop = self._stop.is_set() and self._drained_or_late(scheduler)
+        else:
+            self._run_commands(block=False, timeout=0)  # this rank's own reads (snapshots)
+        return stop if replica is None else replica.tick(scheduler, stop)
+
+    def _record(self, kind: str, *args: Any) -> None:
+        """Rank 0: an input the other ranks replay at the same point (nothing without lockstep)."""
+        if self._replica is not None:
+            self._replica.record(kind, *args)
+
+    def _gather_arrivals(self) -> None:
+        """An idle engine that just got work waits one short window for more.
+
+        Requests of a burst (agents started together) arrive a few ms apart;
+        prefilling them in one batch instead of one by one saves each later
+        request a whole prefill of waiting.
+        """
+        deadline = time.monotonic() + self.settings.batch.batch_window_ms / 1000
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                command = self._commands.get(timeout=left)
+            except queue.Empty:
+                return
+            self._run_one(command)
+
+    def _drained_or_late(self, scheduler: Scheduler) -> bool:
+        if not scheduler.has_work:
+            return True
+        if time.monotonic() >= self._grace_deadline:
+            self._record("cancel_all", FinishReason.CANCELLED)
+            scheduler.cancel_all(FinishReason.CANCELLED)
+            return True
+        return False
+
+    def _step_once(self, scheduler: Scheduler) -> None:
+        try:
+            scheduler.admit()
+            scheduler.step()
+        except Exception as exc:
+            if self._replica is not None:
+                # A rank cannot fail its turns alone: its peers would wait in the next collective.
+                raise
+            log.exception("engine step failed")
+            self.events.emit(EventKind.ERROR, f"engine step failed: {type(exc).__name__}: {exc}", level=logging.ERROR)
+            scheduler.fail_all(exc)
+        if self._replica is not None:
+            self._replica.after_step(scheduler, self._pool.used_blocks)
+
+    def _idle_wait(self, scheduler: Scheduler) -> float:
+        return 0.005 if scheduler.waiting else IDLE_WAIT_S
+
+    def _run_commands(self, block: bool, timeout: float) -> None:
+        try:
+            command = self._commands.get(timeout=timeout) if block else self._commands.get_nowait()
+        except queue.Empty:
+            if block:
+                self._publish()
+            return
+        while True:
+            self._run_one(command)
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+
+    def _run_one(self, command: Callable[[], None]) -> None:
+        try:
+            command()
+        except Exception as exc:  # a bad command must not stop the engine
+            log.exception("engine command failed")
+            self.events.emit(EventKind.ERROR, f"command failed: {exc}", level=logging.ERROR)
+
+    def _shutdown(self) -> None:
+        self._status = "stopping"
+        scheduler = self._scheduler()
+        with self._door:
+            self._closed = True
+        # Turns queued before the door closed are taken in, then cancelled with the rest (a 503).
+        self._run_commands(block=False, timeout=0)
+        scheduler.cancel_all(FinishReason.CANCELLED)
+        self._persist_all()
+        self._release_hot()
+        scheduler.close()
+        # Anything left in reference cycles is collected here, on the thread
+        # whose stream made its arrays.
+        gc.collect()
+        mx.synchronize()
+        # This thread's streams and compile cache (mlx.nn's activations are
+        # mx.compile'd) must go while Python is alive: their thread-exit
+        # destructors need the GIL, and a thread that exits while the
+        # interpreter finalizes aborts the process (MLX's documented pattern).
+        mx.clear_streams()
+        self.backend.detach(self.loaded.model)
+        self.backend.close()
+        self._status = "stopped"
+        self._publish(force=True)
+        # A stopped engine may still be referenced (a watching chat pane, a
+        # late request); it must not keep the model's weights alive.
+        self.loaded = replace(self.loaded, model=None)
+        self.scheduler = None
+
+    def _release_hot(self) -> None:
+        """Free every block on this thread: MLX aborts the process if arrays made
+        here are only freed during interpreter teardown."""
+        for agent in self.agents:
+            if agent.tier in (Tier.HOT, Tier.COOL):
+                agent.stored_tokens = agent.cached_tokens
+                self.hot.drop(agent)
+                agent.tier, agent.cool = Tier.COLD, None
+
+    def _persist_all(self) -> None:
+        if self._store is None:
+            return
+        if self.settings.cache.persist_on_exit and self.failure is None:
+            # After a lost rank this rank's shard alone could not be restored: the files from the
+            # last clean stop stay the agents' warm copies.
+            for agent in self.agents:
+                if agent.tier in (Tier.HOT, Tier.COOL) and not agent.auxiliary:
+                    self.tiers.evict(agent, Tier.WARM, reason="shutdown")
+        self._store.close()
+
+    def _publish(self, force: bool = False) -> None:
+        sources = SnapshotSources(self.loaded, self._pool, self.agents, self.tiers, self.scheduler,
+                                  self.backend.describe(), self.sampling_defaults.describe(), self.context_length,
+                                  self.rank_reports)
+        self._snapshot = build_snapshot(sources, self._status)
+
+
+def _source(value: str | None) -> AgentSource:
+    try:
+        return AgentSource(value)
+    except ValueError:
+        return AgentSource.API

@@ -1,0 +1,141 @@
+"""Immutable views of engine state for other threads (UI, HTTP, metrics).
+
+The engine thread builds a new EngineSnapshot a few times a second and swaps
+one reference; readers never take a lock and never see a half-updated state.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from engine.domain.block_pool import PoolSnapshot
+
+from engine.domain.forensics import TurnForensics
+
+
+@dataclass(frozen=True, slots=True)
+class AgentView:
+    agent_id: str
+    display_name: str | None
+    source: str
+    state: str
+    tier: str
+    pinned: bool
+    model_id: str | None
+    cached_tokens: int
+    blocks: int
+    bytes: int
+    turns: int
+    reuse_ratio: float
+    last_ttft_s: float | None
+    decode_tok_s: float | None
+    prefill_done: int
+    prefill_total: int
+    last_used: float
+    created_at: float
+    # How the last turn ended (stop, length, repetition, capacity, error...) and why, when the
+    # engine or a server limit ended it rather than the model.
+    last_finish: str | None = None
+    last_finish_note: str | None = None
+    # How the last turns met the cache, oldest first (forensics.TurnForensics).
+    history: tuple[TurnForensics, ...] = ()
+    # Seconds left of a client's cache_control retention (0: none).
+    retained_s: float = 0.0
+    # Cached tokens at the end of each turn run since the agent was loaded: what a rewind offers.
+    turn_ends: tuple[int, ...] = ()
+
+    @property
+    def label(self) -> str:
+        return self.display_name or self.agent_id
+
+
+@dataclass(frozen=True, slots=True)
+class ThroughputView:
+    decode_tok_s: float = 0.0
+    prefill_tok_s: float = 0.0
+    batch_size: int = 0
+    queue_depth: int = 0
+    active_requests: int = 0
+    recent_ttft_s: tuple[float, ...] = ()
+    generated_total: int = 0
+    prefilled_total: int = 0
+    reused_total: int = 0
+    requests_total: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TierView:
+    hot_agents: int = 0
+    # Idle agents quantized in memory (--kv-bits-at-rest): their pool blocks, and the bits.
+    cool_agents: int = 0
+    cool_bytes: int = 0
+    cool_kv_bits: int | None = None
+    warm_agents: int = 0
+    cold_agents: int = 0
+    hot_bytes: int = 0
+    # hot_bytes: the pool's bytes less cool agents' blocks. What the hot caches' arrays measure (own
+    # arrays, checkpoints, shared segments once): equal to hot_bytes whenever the engine is between steps.
+    hot_array_bytes: int = 0
+    warm_bytes: int = 0
+    disk_budget_bytes: int = 0
+    # Bits of the K/V in warm files written now (--kv-bits-at-rest); None: full precision.
+    warm_kv_bits: int | None = None
+    # Shared prefixes stored on disk (system prompt + tools), read by new agents instead of prefilled.
+    prefix_files: int = 0
+    prefix_bytes: int = 0
+    shared_blocks: int = 0  # pool blocks held by more than one agent (shared prefixes in memory)
+    evictions_total: dict[str, int] = field(default_factory=dict)
+    restores_total: int = 0
+    discards_total: int = 0
+    evictions_per_min: float = 0.0
+    restores_per_min: float = 0.0
+    prefix_hits: int = 0
+    prefix_misses: int = 0
+    # prefix_hits split: turns that reused their own agent's cache, and turns that started from a
+    # prefix another agent (or a stored shared prefix) held.
+    own_hits: int = 0
+    shared_hits: int = 0
+    # Turns by how they met their agent's cache (forensics.CacheOutcome value -> count).
+    cache_outcomes: tuple[tuple[str, int], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ModelView:
+    model_id: str
+    identity: str
+    path: str | None
+    architecture: str
+    context_length: int
+    spec: dict[str, object]
+    # What requests naming no temperature sample with, and where that came from.
+    sampling_defaults: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RankView:
+    """One rank of a sharded model, as of the last lockstep tick (every rank holds the same blocks,
+    each its shard of them, so the pool's block counts are every rank's)."""
+
+    rank: int
+    world_size: int
+    active_bytes: int  # MLX memory in use on that rank: its weight shard, its pool blocks, buffers
+    peak_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSnapshot:
+    status: str  # "starting", "ready", "swapping", "stopping", "stopped", "failed"
+    model: ModelView | None
+    pool: PoolSnapshot | None
+    agents: tuple[AgentView, ...] = ()
+    throughput: ThroughputView = ThroughputView()
+    tiers: TierView = TierView()
+    backend: dict[str, object] = field(default_factory=dict)
+    at: float = field(default_factory=time.time)
+    detail: str | None = None
+    # A sharded model's ranks (rank 0 first); empty when this process holds the whole model.
+    ranks: tuple[RankView, ...] = ()
+
+    def agent(self, agent_id: str) -> AgentView | None:
+        return next((a for a in self.agents if a.agent_id == agent_id), None)

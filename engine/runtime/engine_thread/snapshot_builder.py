@@ -1,0 +1,160 @@
+"""Builds EngineSnapshot values from live engine state (engine thread only).
+
+The engine hands over the parts it reads (:class:`SnapshotSources`), not itself.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from engine.domain.block_pool import BlockPool
+from engine.models.loaded import LoadedModel
+from engine.runtime.scheduler.scheduler import Scheduler
+from engine.runtime.tiers.accounting import held_bytes
+from engine.runtime.tiers.agent_table import AgentTable
+from engine.runtime.tiers.agents import AgentRecord, Tier
+from engine.runtime.tiers.manager import TierManager
+from engine.runtime.engine_thread.snapshot import (
+    AgentView,
+    EngineSnapshot,
+    ModelView,
+    RankView,
+    ThroughputView,
+    TierView,
+)
+
+@dataclass(frozen=True, slots=True)
+class SnapshotSources:
+    """What a snapshot is read from."""
+
+    loaded: LoadedModel
+    pool: BlockPool
+    agents: AgentTable
+    tiers: TierManager
+    scheduler: Scheduler | None
+    backend: dict[str, object]
+    sampling_defaults: str
+    context_length: int
+    rank_reports: tuple[Any, ...]
+
+
+def build_snapshot(sources: SnapshotSources, status: str) -> EngineSnapshot:
+    pool = sources.pool
+    agents = tuple(_agent_view(a, sources) for a in sources.agents)
+    return EngineSnapshot(
+        status=status,
+        model=_model_view(sources),
+        pool=pool.snapshot(),
+        agents=agents,
+        throughput=_throughput(sources),
+        tiers=_tiers(sources, agents),
+        backend=sources.backend,
+        ranks=_ranks(sources),
+    )
+
+
+def _ranks(sources: SnapshotSources) -> tuple[RankView, ...]:
+    shard = sources.loaded.shard
+    reports = sources.rank_reports
+    if shard is None:
+        return ()
+    return tuple(RankView(r.rank, shard[1], r.active_bytes, r.peak_bytes) for r in reports)
+
+
+def _agent_view(agent: AgentRecord, sources: SnapshotSources) -> AgentView:
+    in_pool = agent.tier in (Tier.HOT, Tier.COOL)
+    blocks = sources.pool.owned_blocks(agent.agent_id) if in_pool else 0
+    nbytes = blocks * sources.pool.block_bytes if in_pool else agent.stored_bytes
+    return AgentView(
+        agent_id=agent.agent_id,
+        display_name=agent.display_name,
+        source=agent.source.value,
+        state=agent.state.value,
+        tier=agent.tier.value,
+        pinned=agent.pinned,
+        model_id=agent.model_id,
+        cached_tokens=agent.cached_tokens,
+        blocks=blocks,
+        bytes=nbytes,
+        turns=agent.turns,
+        reuse_ratio=agent.reuse_ratio,
+        last_ttft_s=agent.last_ttft_s,
+        decode_tok_s=agent.last_decode_tok_s,
+        prefill_done=agent.prefill_done,
+        prefill_total=agent.prefill_total,
+        last_used=agent.last_used,
+        created_at=agent.created_at,
+        last_finish=agent.last_finish,
+        last_finish_note=agent.last_finish_note,
+        history=tuple(agent.history),
+        turn_ends=tuple(end for end in agent.turn_ends if end <= agent.cached_tokens),
+        retained_s=agent.retained_for(time.monotonic()),
+    )
+
+
+def _model_view(sources: SnapshotSources) -> ModelView:
+    loaded = sources.loaded
+    return ModelView(
+        model_id=loaded.model_id,
+        identity=loaded.identity.key,
+        path=str(loaded.path) if loaded.path else None,
+        architecture=loaded.architecture,
+        context_length=sources.context_length,
+        spec=loaded.spec.describe(),
+        sampling_defaults=sources.sampling_defaults,
+    )
+
+
+def _throughput(sources: SnapshotSources) -> ThroughputView:
+    scheduler = sources.scheduler
+    if scheduler is None:
+        return ThroughputView()
+    stats = scheduler.stats
+    return ThroughputView(
+        decode_tok_s=stats.decode.rate(),
+        prefill_tok_s=stats.prefill.rate(),
+        batch_size=scheduler.batch_size,
+        queue_depth=len(scheduler.waiting),
+        active_requests=scheduler.batch_size + len(scheduler.waiting),
+        recent_ttft_s=stats.ttft.values(),
+        generated_total=stats.decode.total,
+        prefilled_total=stats.prefill.total,
+        reused_total=stats.reused_total,
+        requests_total=stats.requests_total,
+    )
+
+
+def _tiers(sources: SnapshotSources, agents: tuple[AgentView, ...]) -> TierView:
+    scheduler, tiers, store = sources.scheduler, sources.tiers, sources.tiers.store
+    counts = {t.value: 0 for t in Tier}
+    for a in agents:
+        counts[a.tier] += 1
+    cool_bytes = sum(a.bytes for a in agents if a.tier == Tier.COOL.value)
+    return TierView(
+        hot_agents=counts["hot"],
+        cool_agents=counts["cool"],
+        warm_agents=counts["warm"],
+        cold_agents=counts["cold"],
+        hot_bytes=sources.pool.used_bytes - cool_bytes,
+        cool_bytes=cool_bytes,
+        cool_kv_bits=tiers.cool.bits if tiers.cool is not None else None,
+        hot_array_bytes=held_bytes(sources.agents),
+        warm_bytes=store.disk_bytes if store is not None else 0,
+        prefix_files=len(store.prefixes.entries) if store is not None else 0,
+        prefix_bytes=store.prefixes.disk_bytes if store is not None else 0,
+        shared_blocks=sources.pool.shared_blocks,
+        disk_budget_bytes=store.disk_budget_bytes if store is not None else 0,
+        warm_kv_bits=store.quantization.bits if store is not None and store.quantization else None,
+        evictions_total=dict(tiers.evictions),
+        restores_total=tiers.restores,
+        discards_total=store.stats.discards if store is not None else 0,
+        evictions_per_min=float(tiers.eviction_rate.count()),
+        restores_per_min=float(tiers.restore_rate.count()),
+        prefix_hits=scheduler.stats.cache_hits if scheduler else 0,
+        prefix_misses=scheduler.stats.cache_misses if scheduler else 0,
+        own_hits=scheduler.stats.own_hits if scheduler else 0,
+        shared_hits=scheduler.stats.shared_hits if scheduler else 0,
+        cache_outcomes=tuple(sorted(scheduler.stats.outcomes.items())) if scheduler else (),
+    )

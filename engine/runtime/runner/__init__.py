@@ -1,0 +1,1 @@
+"""The model runner: the batch of sequences, each one's resident KV, sampling, text, and compute backends."""

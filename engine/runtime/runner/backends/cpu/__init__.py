@@ -1,0 +1,1 @@
+"""The CPU backend (``backend.py``) and its kernels; imported only where ``choose_backend`` picks it."""

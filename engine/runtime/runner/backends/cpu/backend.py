@@ -1,0 +1,176 @@
+"""The compute backend for MLX's CPU device: the host paths that pay there, behind one object.
+
+MLX's CPU backend pays ~5-90 us per operation and evaluation before any
+arithmetic, and its ``exp`` costs ~15 ns an element; a decode step is a few
+hundred small operations per layer. What this backend does instead (each
+measured in its module's docstring):
+
+* attention, softmax, SiLU and GELU from MLX's fast arithmetic
+  (``cpu_math.py``), for the engine's caches (``host_kv.py``) and the model's
+  MLPs (``hooks.py``);
+* a decode batch's attention in compiled loops over each row's cache, which
+  also write the step's keys and values in place (``host_decode.py``);
+* decode's linear layers at up to 8 rows in one compiled pass over the
+  weights (``host_linear.py``);
+* a Llama-family model's whole decode step in numpy and those loops
+  (``host_forward.py``);
+* sampling's top-k pass over the vocabulary in numpy (``host_top_k.py``).
+
+Everything is decided here, once per engine: no module flag, no thread-local.
+The wrappers and layer classes that reach into the model act only inside this
+backend's own :meth:`forward` (:meth:`inside_forward`), so mlx-lm's own
+generation on the same model object (the tests' references) keeps MLX's
+kernels. Benchmarks turn parts off by constructing it with ``CpuOptions``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from typing import Any, Sequence
+
+import mlx.core as mx
+
+from engine.runtime.runner.backends.cpu import host_decode, host_forward, host_linear
+from engine.runtime.runner.backends.cpu.hooks import ActivationHooks
+from engine.runtime.runner.backends.cpu.host_kv import HOST_KINDS, HostFullKV, HostRaggedLayerCache
+from engine.runtime.runner.backends.cpu.host_top_k import HostTopK
+from engine.runtime.runner.backends.mlx import MlxBackend
+from engine.runtime.runner.kv.kinds import LayerKinds
+from engine.runtime.runner.kv.ragged import RaggedLayerCache
+from engine.runtime.runner.kv.sequence_kv import SequenceKV
+
+log = logging.getLogger("semantic.engine")
+
+
+@dataclass(frozen=True, slots=True)
+class CpuOptions:
+    """Which host paths run (all by default; benchmarks turn some off to compare)."""
+
+    activations: bool = True  # SiLU and GELU from cpu_math inside the model's MLPs
+    decode_loops: bool = True  # a decode batch's attention (and in-place writes) in compiled loops
+    linear_pass: bool = True  # few-row products through linear_kernel
+    host_step: bool = True  # a Llama-family decode step whole on the host
+    host_top_k: bool = True  # sampling's top-k pass in numpy
+
+
+class CpuBackend(MlxBackend):
+    name = "cpu"
+    kinds: LayerKinds = HOST_KINDS
+
+    def __init__(self, options: CpuOptions = CpuOptions()) -> None:
+        super().__init__()
+        self.options = options
+        # The compiled loops load in the background (attach); a failure to load turns them off here. Without
+        # numba (a Linux dependency only) they are off from the start.
+        compiler = importlib.util.find_spec("numba") is not None
+        self._loops_ok = options.decode_loops and compiler
+        self._linear_ok = options.linear_pass and compiler
+        self._forward_thread: int | None = None
+        self._hooks: dict[int, ActivationHooks] = {}
+        self._host_step: dict[int, bool] = {}
+        self._tables = host_forward.RopeTables()
+        self._top_k = HostTopK()
+        workers = host_decode.worker_count() - 1
+        self._workers = ThreadPoolExecutor(workers, thread_name_prefix="semantic-attention") if workers else None
+
+    # -- the model -----------------------------------------------------------------------
+    def attach(self, model: Any) -> bool:
+        key = id(model)
+        if key in self._host_step:
+            return super().attach(model)
+        batched = super().attach(model)
+        if self.options.activations:
+            hooks = self._hooks[key] = ActivationHooks(self.inside_forward)
+            hooks.install(model)
+        if self.options.linear_pass:
+            host_linear.swap_in(model, self)
+        self._host_step[key] = self.options.host_step and host_forward.supports(model)
+        self._warm_up()
+        return batched
+
+    def detach(self, model: Any) -> None:
+        key = id(model)
+        hooks = self._hooks.pop(key, None)
+        if hooks is not None:
+            hooks.uninstall()
+        host_linear.swap_out(model, self)
+        self._host_step.pop(key, None)
+        super().detach(model)
+
+    def close(self) -> None:
+        """Stop the attention threads (the engine is done)."""
+        if self._workers is not None:
+            self._workers.shutdown(wait=False)
+
+    def _warm_up(self) -> None:
+        """Load (the first time: compile) the compiled loops in the background, so no step waits for them;
+        where they cannot load, their work stays in MLX and the log says why."""
+        if self._loops_ok:
+            threading.Thread(target=self._load, args=(host_decode.warm_up, "_loops_ok", "decode attention"),
+                             name="semantic-attention-warmup", daemon=True).start()
+        if self._linear_ok:
+            threading.Thread(target=self._load, args=(host_linear.warm_up, "_linear_ok", "decode's linear layers"),
+                             name="semantic-linear-warmup", daemon=True).start()
+
+    def _load(self, warm_up: Any, flag: str, what: str) -> None:
+        try:
+            warm_up()
+        except Exception as exc:  # noqa: BLE001 (any failure to load or compile means: not here)
+            setattr(self, flag, False)
+            log.warning("%s: MLX runs it instead, its compiled loops did not load (%s: %s)", what, type(exc).__name__, exc)
+
+    # -- forward passes ------------------------------------------------------------------
+    def inside_forward(self) -> bool:
+        """Whether the calling thread is inside this backend's :meth:`forward` (its wrappers act only there)."""
+        return self._forward_thread == threading.get_ident()
+
+    def forward(self, model: Any, inputs: mx.array, cache: Any) -> mx.array:
+        # Graphs are built while the model is called, so marking the call is enough.
+        self._forward_thread = threading.get_ident()
+        try:
+            return model(inputs, cache=cache)
+        finally:
+            self._forward_thread = None
+
+    def ragged(self, layers: Sequence[Any]) -> RaggedLayerCache:
+        return HostRaggedLayerCache(layers, self.loops_ready, self._workers)
+
+    def loops_ready(self) -> bool:
+        return self._loops_ok
+
+    def decode(self, model: Any, inputs: mx.array, rows: Sequence[SequenceKV]) -> mx.array:
+        if self.steps_on_host(model, rows):
+            return host_forward.decode(model, inputs, rows, self._tables, self._workers, self._linear_ok)
+        return super().decode(model, inputs, rows)
+
+    def steps_on_host(self, model: Any, rows: Sequence[Any]) -> bool:
+        """Whether a decode step of ``rows`` runs whole on the host (``host_forward.py``): a model whose every
+        part it knows, the compiled loops loaded, every row's next position writable in place."""
+        return bool(self._host_step.get(id(model))) and self._loops_ok and _claimable(rows)
+
+    def few_rows(self, x: mx.array, weights: mx.array) -> mx.array | None:
+        """A host layer's product through the compiled pass (``host_linear.py``), inside this backend's forward
+        passes; None: MLX's matmul."""
+        if not (self._linear_ok and self.inside_forward()):
+            return None
+        return host_linear.product(x, weights)
+
+    # -- sampling ------------------------------------------------------------------------
+    def top_k_of_logits(self, logits: mx.array, k: int) -> tuple[mx.array, mx.array]:
+        if not self.options.host_top_k:
+            return super().top_k_of_logits(logits, k)
+        return self._top_k(logits, k)
+
+    def describe(self) -> dict[str, object]:
+        return super().describe() | {
+            "host_paths": asdict(self.options) | {"decode_loops": self._loops_ok, "linear_pass": self._linear_ok},
+        }
+
+
+def _claimable(rows: Sequence[Any]) -> bool:
+    """Every row's next position may be written in place (not after a rewind; full attention only)."""
+    return all(isinstance(layer, HostFullKV) and layer.can_claim() for kv in rows for layer in kv.layers)

@@ -1,0 +1,188 @@
+"""A Llama-family decode step on the CPU in numpy and compiled loops, with no MLX operation inside the model.
+
+On this project's 2-core x86 machines each ``mx.eval`` is a hand-off to
+MLX's CPU stream thread (28-90 us before any arithmetic,
+``bench/bench_linear_pass.py``), and MLX's ``sgemm`` reads a decode step's
+weights at half the rate a few-row pass can (``linear_kernel.py``). A decode
+step that hands its linear layers and attention to compiled loops inside
+MLX's forward must evaluate the graph four or five times a layer, and its
+small MLX operations between them cost more than their arithmetic. This runs
+the whole step on the host instead (SmolLM2, one agent: 25.3 against 14.7
+tok/s through MLX's forward, ``bench/bench_step_profile.py``): the token embeddings, RMS norms, projections
+(``linear_kernel`` up to ``host_linear.MAX_ROWS`` rows, BLAS's ``sgemm``
+through numpy above), rotary embeddings, attention over each row's cache
+where it lies (``host_decode.attend_host``, which also writes the step's key
+and value in place), SwiGLU and the output layer, and hands MLX the logits.
+
+Only where every part is known: mlx-lm's ``llama`` models (Llama, SmolLM2,
+and the families mlx-lm loads as ``llama``) with full attention in every
+layer, ``nn.RoPE`` rotations, float32 weights in plain ``nn.Linear``
+layers; a batch whose every row may be written in place (``HostFullKV.can_claim``:
+not after a rewind). The CPU backend decides that (``backend.py``). Everything else (Gemma's sliding windows, quantized
+weights, prefill chunks) runs through MLX's forward as before.
+
+Numerics: the rotations' cosines and sines come from ``mx.fast.rope`` itself
+(a table per position, so they are bit-identical to MLX's); the rest is
+float32 arithmetic in MLX's order up to reassociated sums, as batching and
+BLAS already do. The real-model tests hold greedy tokens to mlx-lm's.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from engine.runtime.runner.backends.cpu import host_decode, host_linear
+from engine.runtime.runner.backends.cpu.host_decode import host_parts
+
+# Rotation tables grow by this many positions at a time.
+_TABLE_STEP = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class _Rope:
+    dims: int
+    traditional: bool
+    base: float
+    scale: float
+
+
+class RopeTables:
+    """Cosines and sines of ``mx.fast.rope`` per position, read off MLX's own rotation of a basis."""
+
+    def __init__(self) -> None:
+        self._tables: dict[_Rope, tuple[np.ndarray, np.ndarray]] = {}
+        self._lock = threading.Lock()
+
+    def at(self, rope: _Rope, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(cos, sin), each (len(positions), dims / 2) float32."""
+        with self._lock:
+            cos, sin = self._tables.get(rope, (None, None))
+            if cos is None or int(positions.max()) >= cos.shape[0]:
+                length = (int(positions.max()) // _TABLE_STEP + 1) * _TABLE_STEP
+                cos, sin = _rope_table(rope, length)
+                self._tables[rope] = (cos, sin)
+        return cos[positions], sin[positions]
+
+
+def _rope_table(rope: _Rope, length: int) -> tuple[np.ndarray, np.ndarray]:
+    half = rope.dims // 2
+    if rope.traditional:  # pairs (2i, 2i + 1): rotate (1, 0) in each
+        basis = mx.broadcast_to(mx.array([1.0, 0.0] * half, dtype=mx.float32), (1, 1, length, rope.dims))
+    else:  # pairs (i, i + half): rotate (1, 0) in each
+        basis = mx.concatenate([mx.ones((1, 1, length, half)), mx.zeros((1, 1, length, half))], axis=-1)
+    turned = np.array(mx.fast.rope(basis, rope.dims, traditional=rope.traditional, base=rope.base,
+                                   scale=rope.scale, offset=0))[0, 0]
+    if rope.traditional:
+        return np.ascontiguousarray(turned[:, 0::2]), np.ascontiguousarray(turned[:, 1::2])
+    return np.ascontiguousarray(turned[:, :half]), np.ascontiguousarray(turned[:, half:])
+
+
+def supports(model: Any) -> bool:
+    """Whether :func:`decode` knows every part of ``model`` (see the module's docstring)."""
+    if type(model).__module__ != "mlx_lm.models.llama":
+        return False
+    args = model.args
+    if any(t != "full_attention" for t in (args.layer_types or ())):
+        return False
+    linears = [getattr(layer.self_attn, n) for layer in model.model.layers for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
+    linears += [getattr(layer.mlp, n) for layer in model.model.layers for n in ("gate_proj", "up_proj", "down_proj")]
+    if not args.tie_word_embeddings:
+        linears.append(model.lm_head)
+    norms = [n for layer in model.model.layers for n in (layer.input_layernorm, layer.post_attention_layernorm)]
+    embed = model.model.embed_tokens
+    return (all(_plain(m, nn.Linear, host_linear.HostLinear) and m.weight.dtype == mx.float32 for m in linears)
+            and _plain(embed, nn.Embedding, host_linear.HostEmbedding) and embed.weight.dtype == mx.float32
+            and all(type(n) is nn.RMSNorm for n in [*norms, model.model.norm])
+            and all(type(layer.self_attn.rope) is nn.RoPE for layer in model.model.layers))
+
+
+def _plain(module: Any, mlx_class: type, host_class: type) -> bool:
+    """An MLX layer of exactly ``mlx_class`` (no LoRA or quantized subclass), or the host pass's own."""
+    return type(module) is mlx_class or isinstance(module, host_class)
+
+
+def decode(model: Any, inputs: mx.array, rows: Sequence[Any], tables: RopeTables, workers: Executor | None = None,
+           linear_pass: bool = True) -> mx.array:
+    """The logits (batch, vocabulary) of one decode step: row ``b`` feeds ``inputs[b]`` to cache ``rows[b]``.
+
+    Each layer's cache takes the step's position as ``model(inputs[:, None], cache)`` would (its offset
+    moves by one); :func:`supports` must hold for ``model`` and every row's layers must be claimable.
+    ``tables``: the rotations (kept by the caller across steps); ``workers``: threads for the attention
+    loops; ``linear_pass``: products of few rows through ``linear_kernel`` (else BLAS).
+    """
+    mx.eval(inputs, [(p[0], p[1]) for kv in rows for layer in kv.layers for p in host_parts(layer, 0)])
+    tokens = np.asarray(inputs).reshape(-1).astype(np.int64)
+    body = model.model
+    h = np.asarray(body.embed_tokens.weight)[tokens]
+    first = body.layers[0].self_attn
+    heads, kv_heads = first.n_heads, first.n_kv_heads
+    rope = first.rope
+    cos, sin = tables.at(_Rope(rope.dims, rope.traditional, rope.base, rope.scale),
+                          np.array([kv.layers[0].offset for kv in rows], dtype=np.int64))
+    batch = len(rows)
+    for i, layer in enumerate(body.layers):
+        attn = layer.self_attn
+        x = _rms_norm(h, layer.input_layernorm)
+        q = _linear(x, attn.q_proj, linear_pass).reshape(batch, heads, -1)
+        k = _linear(x, attn.k_proj, linear_pass).reshape(batch, kv_heads, -1)
+        v = _linear(x, attn.v_proj, linear_pass).reshape(batch, kv_heads, -1)
+        q = _rotate(q, cos, sin, rope)
+        k = _rotate(k, cos, sin, rope)
+        claimed = [kv.layers[i].claim_one() for kv in rows]
+        parts = [host_parts(kv.layers[i], at + 1) for kv, at in zip(rows, claimed)]
+        out = host_decode.attend_host(q * np.float32(attn.scale), parts, k, v, claimed, workers=workers)
+        h = h + _linear(out.reshape(batch, -1), attn.o_proj, linear_pass)
+        mlp = layer.mlp
+        x = _rms_norm(h, layer.post_attention_layernorm)
+        gate, up = _linear(x, mlp.gate_proj, linear_pass), _linear(x, mlp.up_proj, linear_pass)
+        h = h + _linear(_swiglu(gate, up), mlp.down_proj, linear_pass)
+    x = _rms_norm(h, body.norm)
+    head = body.embed_tokens.weight if model.args.tie_word_embeddings else model.lm_head.weight
+    return mx.array(_times(x, np.asarray(head), linear_pass))
+
+
+def _rms_norm(x: np.ndarray, norm: nn.RMSNorm) -> np.ndarray:
+    """``mx.fast.rms_norm``: ``x / sqrt(mean(x**2) + eps) * weight``, summed in float32."""
+    mean = np.einsum("ij,ij->i", x, x, dtype=np.float32) / np.float32(x.shape[-1])
+    return x * (np.float32(1.0) / np.sqrt(mean + np.float32(norm.eps)))[:, None] * np.asarray(norm.weight)
+
+
+def _linear(x: np.ndarray, layer: nn.Linear, linear_pass: bool) -> np.ndarray:
+    out = _times(x, np.asarray(layer.weight), linear_pass)
+    return out + np.asarray(layer.bias) if "bias" in layer else out
+
+
+def _times(x: np.ndarray, weight: np.ndarray, linear_pass: bool) -> np.ndarray:
+    """``x @ weight.T``: the few-row pass (``linear_kernel``) where it is faster than BLAS, else BLAS."""
+    out = host_linear.times(x, weight) if linear_pass else None
+    return x @ weight.T if out is None else out
+
+
+def _rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, rope: nn.RoPE) -> np.ndarray:
+    """``nn.RoPE`` on (batch, heads, dim) at each row's position; ``cos``/``sin`` (batch, dims / 2)."""
+    dims = rope.dims
+    c, s = cos[:, None, :], sin[:, None, :]
+    out = x.copy()
+    if rope.traditional:
+        x1, x2 = x[..., 0:dims:2], x[..., 1:dims:2]
+        out[..., 0:dims:2] = x1 * c - x2 * s
+        out[..., 1:dims:2] = x1 * s + x2 * c
+    else:
+        half = dims // 2
+        x1, x2 = x[..., :half], x[..., half:dims]
+        out[..., :half] = x1 * c - x2 * s
+        out[..., half:dims] = x1 * s + x2 * c
+    return out
+
+
+def _swiglu(gate: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """``silu(gate) * x`` as ``gate / (1 + exp(-gate)) * x`` (where ``exp`` overflows, -0, as MLX's is)."""
+    with np.errstate(over="ignore"):
+        return gate / (np.float32(1.0) + np.exp(-gate)) * x

@@ -1,0 +1,135 @@
+"""The CPU backend's layer caches: this package's attention, and decode positions written in place.
+
+Through MLX, a decode step writes its new key and value into each row's
+cache with two slice updates a row and layer: ~2,000 small operations a step
+at 16 rows x 30 layers, each a hand-off to MLX's CPU stream. Where
+``host_decode`` computes the batch's attention anyway, its loops write those
+positions themselves, before the row attends. They may write in place only
+where no MLX view can show the position: one never written in the arrays
+held now. :class:`HostFullKV` keeps that bookkeeping (``_untouched_from``);
+the MLX backend's ``FullKV`` has none of it.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Executor
+from typing import Any, Callable, Sequence
+
+import mlx.core as mx
+
+from engine.runtime.runner.backends.cpu import host_decode
+from engine.runtime.runner.backends.cpu.cpu_math import HOST_ATTENTION
+from engine.runtime.runner.kv.attention import Attention
+from engine.runtime.runner.kv.full_kv import FullKV
+from engine.runtime.runner.kv.kinds import LayerKinds
+from engine.runtime.runner.kv.ragged import RaggedLayerCache, _row_masks
+from engine.runtime.runner.kv.window_kv import WindowKV
+
+
+class HostFullKV(FullKV):
+    """``FullKV`` whose next decode position may be claimed for ``host_decode`` to write in place."""
+
+    attention: Attention = HOST_ATTENTION
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # Own positions from ``_untouched_from`` on were never written in the arrays held now (None: not
+        # known, as for arrays set from outside). No view can show them.
+        self._untouched_from: int | None = None
+        super().__init__(*args, **kwargs)
+
+    @property
+    def keys(self) -> mx.array | None:
+        return self._keys
+
+    @keys.setter
+    def keys(self, array: mx.array | None) -> None:
+        # (``keys[...] = x`` writes into the same array object and does not come here.)
+        self._keys = array
+        self._untouched_from = None
+
+    def _arrays_replaced(self, written: int) -> None:
+        self._untouched_from = written
+
+    def _store(self, start: int, end: int, keys: mx.array, values: mx.array) -> None:
+        super()._store(start, end, keys, values)
+        if self._untouched_from is not None:
+            self._untouched_from = max(self._untouched_from, end)
+
+    def claim_one(self) -> int | None:
+        """Take the next position for a decode step whose key and value the caller writes in place; returns
+        its index in the own arrays, or None where only :meth:`append_one` may write it: a position written
+        before (a view taken then may still show it), or arrays not known."""
+        if not self.can_claim():
+            return None
+        at = self.offset - self.base
+        self.offset += 1
+        self._untouched_from = at + 1
+        return at
+
+    def can_claim(self) -> bool:
+        """Whether :meth:`claim_one` would take the next position (and not return None)."""
+        at = self.offset - self.base
+        return self._untouched_from is not None and self._untouched_from <= at < self.own_capacity
+
+    def write_claimed(self, at: int, keys: mx.array, values: mx.array) -> None:
+        """Write a claimed position through MLX after all (the batch's attention did not run in host_decode)."""
+        self._store(at, at + 1, keys, values)
+
+
+class HostWindowKV(WindowKV):
+    """``WindowKV`` attending with this package's arithmetic."""
+
+    attention: Attention = HOST_ATTENTION
+
+
+HOST_KINDS = LayerKinds(full=HostFullKV, window=HostWindowKV)
+
+
+class HostRaggedLayerCache(RaggedLayerCache):
+    """One layer of a CPU decode batch: its positions claimed and its attention run by ``host_decode``.
+
+    ``loops``: whether the compiled loops loaded (asked per step: they load in
+    the background); ``workers``: the threads rows are split across.
+    """
+
+    def __init__(self, rows: Sequence[Any], loops: Callable[[], bool], workers: Executor | None) -> None:
+        super().__init__(rows)
+        self._loops = loops
+        self._workers = workers
+        # A decode step's new keys and values, and per row the own position host_decode writes them to
+        # (None: written already, through MLX); empty when no row claimed one.
+        self._new: tuple[mx.array, mx.array] | None = None
+        self._claimed: list[int | None] = []
+
+    def _decode_positions(self, keys: mx.array, values: mx.array) -> None:
+        """Claimed for host_decode to write in place where it will run and the row allows it
+        (``HostFullKV.claim_one``), else written now through MLX."""
+        claim = self._loops() and host_decode.may_write(keys, len(self.rows))
+        held: list[int] = []
+        claimed: list[int | None] = []
+        for b, row in enumerate(self.rows):
+            at = row.claim_one() if claim and isinstance(row, HostFullKV) else None
+            held.append(at + 1 if at is not None else row.append_one(keys[b:b + 1], values[b:b + 1]))
+            claimed.append(at)
+        self._held = held
+        self._new, self._claimed = ((keys, values), claimed) if any(a is not None for a in claimed) else (None, [])
+
+    def attend(self, queries: mx.array, scale: float, mask: Any, sinks: Any = None) -> mx.array:
+        masks = _row_masks(mask, len(self.rows))
+        if self._held and self._loops():
+            parts = [host_decode.host_parts(row, n) for row, n in zip(self.rows, self._held)]
+            if host_decode.applies(queries, parts, masks, sinks):
+                new, claimed = self._new, self._claimed
+                self._held, self._new, self._claimed = [], None, []
+                return host_decode.attend(queries, parts, scale, masks, (*new, claimed) if new else None,
+                                          self._workers)
+        self.write_claimed_through_mlx()  # claimed, but attention runs in MLX after all
+        held, self._held = self._held, []
+        return self._attend_rows(queries, scale, masks, sinks, held)
+
+    def write_claimed_through_mlx(self) -> None:
+        """Write the step's claimed positions through MLX (attention does not run in the loops)."""
+        new, claimed, self._new, self._claimed = self._new, self._claimed, None, []
+        for b, at in enumerate(claimed):
+            if at is not None and new is not None:
+                self.rows[b].write_claimed(at, new[0][b:b + 1], new[1][b:b + 1])

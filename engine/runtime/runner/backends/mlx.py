@@ -1,0 +1,86 @@
+"""The compute backend that runs everything through MLX's own kernels: Metal, CUDA, and the CPU when asked.
+
+The batch (``runner/batch.py``) calls a backend for the three things that
+differ between devices: a forward pass of the model over some caches, a
+decode step's logits for a batch of sequences, and the top-k filter of
+sampling. It also names the layer-cache classes a sequence's KV is made of
+(``kv/kinds.py``) and the view of a batch's layer that attention goes through
+(``kv/ragged.py``). This one adds nothing to MLX: it is what Metal and CUDA
+run, and what the CPU runs with ``--no-fast-cpu-math``. The CPU's own
+backend (``backends/cpu/``) derives from it and replaces what pays there.
+
+One backend object serves one engine and its model; it is chosen once, in
+``backends/__init__.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import mlx.core as mx
+
+from engine.runtime.runner.kv import ragged
+from engine.runtime.runner.kv.kinds import MLX_KINDS, LayerKinds
+from engine.runtime.runner.kv.sequence_kv import SequenceKV
+from engine.runtime.runner.sampling import mlx_top_k
+
+
+class MlxBackend:
+    name = "mlx"
+    kinds: LayerKinds = MLX_KINDS
+
+    def __init__(self) -> None:
+        # Whether each attached model's attention goes through the ragged hook (id(model) -> answer).
+        self._batched: dict[int, bool] = {}
+
+    # -- the model -----------------------------------------------------------------------
+    def attach(self, model: Any) -> bool:
+        """Prepare ``model`` for this backend (once; again is a no-op). Returns whether its sequences can
+        share a forward pass, each attending to its own cache (the ragged hook took its attention)."""
+        key = id(model)
+        if key not in self._batched:
+            self._batched[key] = ragged.install(model)
+        return self._batched[key]
+
+    def detach(self, model: Any) -> None:
+        """The engine is done with ``model``: undo what :meth:`attach` changed (the ragged hook stays while
+        another engine runs a model of the same family)."""
+        if self._batched.pop(id(model), None) is not None:
+            ragged.uninstall(model)
+
+    def close(self) -> None:
+        """The engine is done with this backend (threads of its own, where it has any, stop)."""
+
+    def batched_attention(self, model: Any) -> bool:
+        return self.attach(model)
+
+    # -- forward passes ------------------------------------------------------------------
+    def forward(self, model: Any, inputs: mx.array, cache: Any) -> mx.array:
+        """The model over ``inputs`` (batch, tokens), writing ``cache``; its logits (not evaluated)."""
+        return model(inputs, cache=cache)
+
+    def ragged(self, layers: Sequence[Any]) -> ragged.RaggedLayerCache:
+        """One layer of a batch: row ``b`` attends to ``layers[b]``."""
+        return ragged.RaggedLayerCache(layers)
+
+    def decode(self, model: Any, inputs: mx.array, rows: Sequence[SequenceKV]) -> mx.array:
+        """The logits (batch, vocabulary) of one decode step: row ``b`` feeds ``inputs[b]`` to ``rows[b]``."""
+        if len(rows) == 1:
+            return self.forward(model, inputs[:, None], rows[0].caches())[:, -1, :]
+        if self.batched_attention(model):
+            caches = [self.ragged([kv.layers[i] for kv in rows]) for i in range(len(rows[0].layers))]
+            return self.forward(model, inputs[:, None], caches)[:, -1, :]
+        # No hook for this model's attention: one forward pass per sequence.
+        return mx.concatenate(
+            [self.forward(model, inputs[b:b + 1, None], kv.caches())[:, -1, :] for b, kv in enumerate(rows)]
+        )
+
+    # -- sampling ------------------------------------------------------------------------
+    def top_k_of_logits(self, logits: mx.array, k: int) -> tuple[mx.array, mx.array]:
+        """Each row's ``k`` largest log-probabilities (normalized over the vocabulary) and their ids."""
+        return mlx_top_k(logits, k)
+
+    # -- what it is ------------------------------------------------------------------------
+    def describe(self) -> dict[str, object]:
+        """For the stats: which backend runs, on which device."""
+        return {"compute": self.name, "device": str(mx.default_device())}

@@ -1,0 +1,324 @@
+"""The batch: prefill chunks and pipelined decode steps over sequences' own caches.
+
+One :meth:`SequenceBatch.step` does, in order:
+
+1. prefill: up to ``prefill_step_size`` prompt tokens, one forward pass per
+   sequence (B=1) on that sequence's cache, oldest sequence first; a chunk
+   also ends at a checkpoint position;
+2. launch a decode step for every decoding sequence (a ragged batch, see
+   ``kv/ragged.py``) and start evaluating it asynchronously;
+3. collect the tokens of the decode step launched by the previous call.
+
+Decoding is pipelined as in mlx-lm: step t+1 is launched with step t's
+tokens before they are read, so a sequence that ends at step t has already
+fed its last token to its cache. That is the invariant the engine relies on:
+a finished sequence's cache holds its prompt and every generated token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import mlx.core as mx
+
+from engine.domain.requests import FinishReason
+from engine.runtime.runner.backends.mlx import MlxBackend
+from engine.runtime.runner.kv.sequence_kv import CheckpointKind
+from engine.runtime.runner.sampling import sample
+
+from engine.runtime.runner.sequence import Phase, Sequence
+
+# Called before a sequence's cache grows to hold ``n_tokens`` positions: the
+# engine reserves pool blocks and grows the arrays, or answers False.
+RoomFn = Callable[[Sequence, int], bool]
+# Filler tokens a prefill row may carry to share a pass (see SequenceBatch._fits). SmolLM2 on a
+# 2-core CPU computes about 40 tokens in the time one pass reads its weights (bench_forward_split).
+PAD_SLACK = 32
+# Called after a checkpoint was taken: the engine pays for it or drops it.
+CheckpointFn = Callable[[Sequence], None]
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillProgress:
+    uid: int
+    done: int  # prompt tokens in the cache now (of this turn's new ones)
+    total: int
+    at_checkpoint: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class TokenOut:
+    uid: int
+    token: int
+    finish: FinishReason | None = None
+
+
+@dataclass(slots=True)
+class StepOutput:
+    prefill: list[PrefillProgress] = field(default_factory=list)
+    tokens: list[TokenOut] = field(default_factory=list)
+    # Sequences that could not get room for their next token (finished, no token).
+    out_of_room: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Launched:
+    rows: list[Sequence]
+    sampled: mx.array
+
+
+class SequenceBatch:
+    def __init__(
+        self, model: Any, prefill_step_size: int, max_batch_size: int, room: RoomFn,
+        checkpointed: CheckpointFn = lambda sequence: None,
+        keep_turn_checkpoints: int = 1, keep_prefix_checkpoints: int = 2, pad_prefill: bool = True,
+        backend: MlxBackend | None = None,
+    ) -> None:
+        self.model = model
+        # How the model is computed (runner/backends/): chosen once per engine; MLX's kernels by default.
+        self.backend = backend if backend is not None else MlxBackend()
+        self.prefill_step_size = prefill_step_size
+        self.max_batch_size = max_batch_size
+        self.room = room
+        self.checkpointed = checkpointed
+        self.keep_turn_checkpoints = keep_turn_checkpoints
+        self.keep_prefix_checkpoints = keep_prefix_checkpoints
+        self.pad_prefill = pad_prefill
+        self.ragged = self.backend.attach(model)
+        self.sequences: dict[int, Sequence] = {}
+        self._launched: _Launched | None = None
+
+    # -- membership ---------------------------------------------------------------------
+    def insert(self, sequence: Sequence) -> None:
+        if len(sequence.prompt) < 1:
+            raise ValueError("a sequence needs at least one prompt token to feed")
+        self.sequences[sequence.uid] = sequence
+        if sequence.prefill_left == 0:
+            self._to_decode(sequence)
+
+    def remove(self, uid: int) -> Sequence | None:
+        """Stop a sequence now; its cache keeps what was fed (``sequence.fed``)."""
+        sequence = self.sequences.pop(uid, None)
+        if sequence is not None:
+            sequence.phase = Phase.DONE
+        return sequence
+
+    def __len__(self) -> int:
+        return len(self.sequences)
+
+    @property
+    def decoding(self) -> int:
+        return sum(1 for s in self.sequences.values() if s.phase is Phase.DECODE)
+
+    # -- the step -----------------------------------------------------------------------
+    def step(self) -> StepOutput:
+        out = StepOutput()
+        self._prefill(out)
+        previous = self._launched
+        self._launched = self._launch(out)
+        if previous is not None:
+            self._collect(previous, out)
+        return out
+
+    def _prefill(self, out: StepOutput) -> None:
+        """Feed up to ``prefill_step_size`` prompt tokens this step.
+
+        Sequences go through the model together when their next chunks fit one
+        pass (one pass reads the weights once: on a memory-bound device, several
+        short prompts cost about what one does); each still writes only its own
+        cache (ragged hook). Chunks of one length always group. On a model
+        without sliding-window layers, a shorter chunk joins too, padded to the
+        group's length (see ``_fits``): prompts of different lengths arriving
+        together are then prefilled in one pass, as mlx-lm's batch does.
+        """
+        budget = self.prefill_step_size
+        waiting = [s for s in self.sequences.values() if s.phase is Phase.PREFILL]
+        while waiting and budget > 0:
+            first = waiting.pop(0)
+            n = self._chunk_size(first, budget)
+            group = [(first, n)]
+            if self.ragged:
+                for sequence in list(waiting):
+                    if n * (len(group) + 1) > budget:
+                        break
+                    m = self._chunk_size(sequence, budget)
+                    wider = max(n, m)
+                    if wider * (len(group) + 1) <= budget and self._fits([*group, (sequence, m)], wider):
+                        group.append((sequence, m))  # its whole chunk, the group padded to the longest
+                        n = wider
+                    elif self._chunk_size(sequence, n) == n:
+                        group.append((sequence, n))  # the first n tokens of a longer chunk
+                    else:
+                        continue
+                    waiting.remove(sequence)
+            group = self._with_room(group, n, out)
+            if group:
+                width = max(m for _, m in group)
+                self._prefill_group(group, width, out)
+                budget -= width * len(group)
+
+    @staticmethod
+    def _chunk_size(sequence: Sequence, budget: int) -> int:
+        """The next chunk: within the budget, and ending at the next checkpoint position if one comes first."""
+        n = min(budget, sequence.prefill_left)
+        offset = sequence.kv.offset
+        return min([n] + [p - offset for p in sequence.checkpoint_at if offset < p < offset + n])
+
+    def _has_prefill_room(self, sequence: Sequence, n: int, out: StepOutput) -> bool:
+        if self.room(sequence, sequence.kv.offset + n):
+            return True
+        self._out_of_room(sequence, out)
+        return False
+
+    def _with_room(self, group: list[tuple[Sequence, int]], width: int,
+                   out: StepOutput) -> list[tuple[Sequence, int]]:
+        """The rows that have room: for their own chunk (else they end, out of room, as always), and
+        for their filler when padded (else they wait for a later pass rather than fail for filler)."""
+        kept = []
+        for sequence, m in group:
+            if not self._has_prefill_room(sequence, m, out):
+                continue
+            if m < width and len(group) > 1 and not self.room(sequence, sequence.kv.offset + width):
+                continue
+            kept.append((sequence, m))
+        return kept
+
+    def _fits(self, rows: list[tuple[Sequence, int]], width: int) -> bool:
+        """Can these rows' chunks go through one pass ``width`` tokens wide?
+
+        Equal chunks always can. Shorter ones are padded: a padded row writes
+        filler K/V after its chunk and drops it again, and causal attention
+        keeps its real positions from ever seeing the filler. A sliding-window
+        layer's ring would overwrite positions it still needs, so only models
+        without one pad. A row may carry up to a quarter of the width, or
+        ``PAD_SLACK`` tokens, of filler: on a memory-bound device a pass costs a
+        read of all the weights, which buys about that much arithmetic.
+        """
+        if all(m == width for _, m in rows):
+            return True
+        if not self.pad_prefill or any(s.kv.has_windows for s, _ in rows):
+            return False
+        return all(0 < m and width - m <= max(width // 4, PAD_SLACK) for _, m in rows)
+
+    def _prefill_group(self, group: list[tuple[Sequence, int]], n: int, out: StepOutput) -> None:
+        """One pass over ``group``'s chunks (each row's ``m`` tokens, padded to ``n``)."""
+        chunks = [s.prompt[s.prompt_fed:s.prompt_fed + m] for s, m in group]
+        if len(group) == 1:
+            self._run_model(mx.array(chunks), cache=group[0][0].kv.caches())
+        else:
+            # Filler repeats a row's last token: any id works, the row's real positions never attend to it.
+            inputs = mx.array([chunk + [chunk[-1]] * (n - len(chunk)) for chunk in chunks])
+            n_layers = len(group[0][0].kv.layers)
+            caches = [self.backend.ragged([s.kv.layers[i] for s, _ in group]) for i in range(n_layers)]
+            self._run_model(inputs, cache=caches)
+            for sequence, m in group:
+                if m < n:
+                    for layer in sequence.kv.layers:
+                        layer.trim_to(layer.offset - (n - m))
+        # Only the caches are evaluated: the logits of a prefill chunk are never computed.
+        mx.eval([a for s, _ in group for layer in s.kv.layers for a in (layer.keys, layer.values)])
+        for (sequence, m), chunk in zip(group, chunks):
+            sequence.prompt_fed += m
+            sequence.fed.extend(chunk)
+            at_checkpoint = sequence.kv.offset in sequence.checkpoint_at
+            if at_checkpoint:
+                sequence.kv.take_checkpoint(CheckpointKind.PREFIX, self.keep_prefix_checkpoints)
+                self.checkpointed(sequence)
+            out.prefill.append(PrefillProgress(sequence.uid, sequence.prompt_fed, sequence.prefill_total,
+                                               at_checkpoint))
+            if sequence.prefill_left == 0:
+                self._to_decode(sequence)
+
+    def _to_decode(self, sequence: Sequence) -> None:
+        sequence.phase = Phase.DECODE
+        sequence.next_input = sequence.prompt[-1]
+        sequence.at_prompt_end = True
+
+    def _launch(self, out: StepOutput) -> _Launched | None:
+        previous = self._launched
+        carried = [s for s in previous.rows if not s.done] if previous is not None else []
+        joining = [s for s in self.sequences.values() if s.phase is Phase.DECODE and s.next_input is not None]
+        rows = [s for s in carried + joining if self._has_room(s, out)][: self.max_batch_size]
+        if not rows:
+            return None
+        self._checkpoint_prompt_ends(rows)
+        inputs = self._inputs(rows, previous)
+        for s in rows:
+            if s.next_input is not None:
+                s.fed.append(s.next_input)
+                s.next_input = None
+        logits = self._forward(rows, inputs)
+        sampled = _sample(logits, rows, self.backend)
+        mx.async_eval(sampled)
+        return _Launched(rows, sampled)
+
+    def _has_room(self, sequence: Sequence, out: StepOutput) -> bool:
+        if sequence.done:
+            return False
+        if self.room(sequence, sequence.kv.offset + 1):
+            return True
+        self._out_of_room(sequence, out)
+        return False
+
+    def _out_of_room(self, sequence: Sequence, out: StepOutput) -> None:
+        out.out_of_room.append(sequence.uid)
+        self.remove(sequence.uid)
+
+    def _inputs(self, rows: list[Sequence], previous: _Launched | None) -> mx.array:
+        """Each row's next input: its last sampled token (still on the device) or a known int."""
+        index = {id(s): i for i, s in enumerate(previous.rows)} if previous is not None else {}
+        parts: list[mx.array] = []
+        for s in rows:
+            if s.next_input is not None:
+                parts.append(mx.array([s.next_input], dtype=mx.uint32))
+            else:
+                i = index[id(s)]
+                parts.append(previous.sampled[i:i + 1].astype(mx.uint32))
+        return mx.concatenate(parts) if len(parts) > 1 else parts[0]
+
+    def _run_model(self, inputs: mx.array, cache: Any) -> mx.array:
+        return self.backend.forward(self.model, inputs, cache)
+
+    def _forward(self, rows: list[Sequence], inputs: mx.array) -> mx.array:
+        return self.backend.decode(self.model, inputs, [s.kv for s in rows])
+
+    def _checkpoint_prompt_ends(self, rows: list[Sequence]) -> None:
+        """Rows about to feed their prompt's last token hold the prompt but that token: checkpoint there.
+
+        One position short of the prompt end serves both ways a later prompt
+        can come back: one that diverges after this prompt (inside the reply)
+        resumes here and recomputes one token more; the same prompt re-sent (a
+        client's retry) needs the logits of its last token, so it can resume only
+        from before it, and a checkpoint at the very end would be of no use to it.
+        """
+        for s in rows:
+            if s.at_prompt_end:
+                s.at_prompt_end = False
+                if s.checkpoint_prompt_end and s.kv.has_windows:
+                    s.kv.take_checkpoint(CheckpointKind.TURN, self.keep_turn_checkpoints)
+                    self.checkpointed(s)
+
+    def _collect(self, launched: _Launched, out: StepOutput) -> None:
+        tokens = launched.sampled.tolist()
+        current = {id(s) for s in self._launched.rows} if self._launched is not None else set()
+        for sequence, token in zip(launched.rows, tokens):
+            if sequence.done:
+                continue
+            sequence.generated += 1
+            finish = None
+            if token in sequence.stop_tokens:
+                finish = FinishReason.STOP  # an end-of-sequence token
+            elif sequence.generated >= sequence.max_tokens:
+                finish = FinishReason.LENGTH  # max_tokens
+            if id(sequence) in current:
+                sequence.fed.append(token)  # the launch just made fed it to the cache
+            else:
+                sequence.next_input = token  # it goes in with the next launch, as a known int
+            out.tokens.append(TokenOut(sequence.uid, token, finish))
+            if finish is not None:
+                self.remove(sequence.uid)
+
+
+def _sample(logits: mx.array, rows: list[Sequence], backend: MlxBackend) -> mx.array:
+    return sample(logits, [s.sampler for s in rows], backend.top_k_of_logits)

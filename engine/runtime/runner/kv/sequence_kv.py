@@ -1,0 +1,439 @@
+"""One agent's resident KV: a cache per model layer, and checkpoints of its window layers.
+
+The engine thread owns it. A turn passes its layer caches to the model as
+they are; :meth:`reserve` is the only place capacity grows, after the pool
+has granted the blocks (``blocks_for`` says how many).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import mlx.core as mx
+
+from engine.domain.cache_spec import LayerGroup, ModelCacheSpec
+from engine.store.layer_slice import LayerSlice
+
+from engine.runtime.runner.kv.full_kv import FullKV, KVShape
+from engine.runtime.runner.kv.kinds import MLX_KINDS, LayerKinds
+from engine.runtime.runner.kv.segment import Segment
+from engine.runtime.runner.kv.window_kv import WindowKV, WindowState
+
+LayerKV = FullKV | WindowKV
+
+
+class CheckpointKind(enum.Enum):
+    TURN = "turn"  # the end of a turn's prompt: where the next turn's prompt may diverge
+    PREFIX = "prefix"  # a prefix other agents may share (the end of the system prompt and tools)
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """The window layers at ``offset`` tokens (one state per window layer, in layer order)."""
+
+    offset: int
+    states: tuple[WindowState, ...]
+    kind: CheckpointKind = CheckpointKind.TURN
+
+
+@dataclass(slots=True)
+class SequenceKV:
+    spec: ModelCacheSpec
+    layers: list[LayerKV]
+    checkpoints: list[Checkpoint] = field(default_factory=list)
+    # Shared prefix of the full-attention layers, in order, covering positions [0, base).
+    segments: list[Segment] = field(default_factory=list)
+    # Bytes of K/V this cache has copied so far (growth, re-basing, copies in): the hand-off's cost.
+    copied: int = 0
+
+    @classmethod
+    def empty(cls, spec: ModelCacheSpec, kinds: LayerKinds = MLX_KINDS) -> "SequenceKV":
+        """A cache of no positions, its layers of the compute backend's ``kinds``."""
+        shape = kv_shape(spec)
+        layers: list[LayerKV] = [
+            kinds.full(shape, spec.block_tokens) if window is None else kinds.window(shape, spec.block_tokens, window)
+            for window in _windows(spec)
+        ]
+        return cls(spec, layers)
+
+    # -- sizes -------------------------------------------------------------------------
+    @property
+    def offset(self) -> int:
+        return self.layers[0].offset
+
+    @property
+    def has_windows(self) -> bool:
+        return any(isinstance(layer, WindowKV) for layer in self.layers)
+
+    @property
+    def base(self) -> int:
+        """Positions served by shared segments."""
+        return self.segments[-1].end if self.segments else 0
+
+    def capacity_blocks(self) -> dict[int, int]:
+        """Pool blocks this sequence's own arrays occupy per layer group (checkpoints included, shared
+        segments not: every agent that refers to a segment holds its blocks)."""
+        blocks = {g.index: _own_capacity(self._lead(g)) // self.spec.block_tokens for g in self.spec.groups}
+        for checkpoint in self.checkpoints:
+            for group, n in self._checkpoint_blocks(checkpoint).items():
+                blocks[group] += n
+        return blocks
+
+    def blocks_for(self, n_tokens: int) -> dict[int, int]:
+        """Pool blocks per group after ``reserve(n_tokens)`` (checkpoints included)."""
+        blocks = self.capacity_blocks()
+        for g in self.spec.groups:
+            lead = self._lead(g)
+            blocks[g.index] += (lead.capacity_for(n_tokens) - lead.capacity) // self.spec.block_tokens
+        return blocks
+
+    def reserve(self, n_tokens: int) -> int:
+        """Grow every layer to hold ``n_tokens`` positions; returns bytes copied."""
+        copied = sum(layer.reserve(n_tokens) for layer in self.layers)
+        self.copied += copied
+        return copied
+
+    def shrink(self) -> int:
+        """Give back own capacity far beyond the positions held (after a cut); returns bytes copied."""
+        copied = sum(layer.shrink() for layer in self._full())
+        self.copied += copied
+        return copied
+
+    @property
+    def nbytes(self) -> int:
+        """What the pool counts for this sequence's own arrays and checkpoints."""
+        return sum(self.capacity_blocks().values()) * self.spec.block_bytes
+
+    def array_bytes(self) -> int:
+        """Bytes of the arrays themselves (own layers and checkpoints; shared segments not included)."""
+        arrays = [a for layer in self.layers for a in (layer.keys, layer.values)]
+        arrays += [a for c in self.checkpoints for state in c.states for a in (state.keys, state.values)]
+        return sum(a.nbytes for a in arrays if a is not None)
+
+    def caches(self) -> list[LayerKV]:
+        """The per-layer caches, in the order the model takes them."""
+        return self.layers
+
+    # -- continuing from an earlier position ---------------------------------------------
+    def resumable_at(self, n_tokens: int) -> int:
+        """The largest position <= ``n_tokens`` this cache can continue from (0: none)."""
+        n_tokens = min(n_tokens, self.offset)
+        if all(layer.can_continue_from(n_tokens) for layer in self._windows()):
+            return n_tokens
+        checkpoint = self._checkpoint_at_or_before(n_tokens)
+        return checkpoint.offset if checkpoint is not None else 0
+
+    def continue_from(self, n_tokens: int) -> int:
+        """Cut the cache back to ``resumable_at(n_tokens)`` positions; returns that position.
+
+        Going back into the shared prefix keeps the segments that end before
+        the cut and copies the rest into the sequence's own arrays.
+        """
+        n_tokens = min(n_tokens, self.offset)
+        windows = self._windows()
+        if not all(layer.can_continue_from(n_tokens) for layer in windows):
+            checkpoint = self._checkpoint_at_or_before(n_tokens)
+            n_tokens = checkpoint.offset if checkpoint is not None else 0
+            for layer, state in zip(windows, checkpoint.states if checkpoint else ()):
+                layer.restore(state)
+            if checkpoint is None:
+                for layer in windows:
+                    layer.restore(WindowState(0, 0, layer.keys, layer.values))
+        if n_tokens < self.base:
+            self._rebase([s for s in self.segments if s.end <= n_tokens], n_tokens)
+        for layer in self.layers:
+            if isinstance(layer, FullKV) or layer.offset != n_tokens:
+                layer.trim_to(n_tokens)
+        self.checkpoints = [c for c in self.checkpoints if c.offset <= n_tokens]
+        return n_tokens
+
+    # -- shared segments -------------------------------------------------------------------
+    def freeze(self, upto: int) -> Segment | None:
+        """Turn own positions ``[base, upto)`` into a new shared segment (whole blocks); None if empty.
+
+        Both sides are copies: the segment's arrays, and the own tail re-based
+        after it. The sequence's capacity stays the same, so its pool blocks
+        only change hands (the caller moves them to the segment).
+        """
+        upto = upto // self.spec.block_tokens * self.spec.block_tokens
+        base = self.base
+        if upto <= base or upto > self.offset:
+            return None
+        full = self._full()
+        parts = [layer.positions(base, upto) for layer in full]
+        segment = Segment(base, upto, tuple(mx.contiguous(k) for k, _ in parts), tuple(mx.contiguous(v) for _, v in parts))
+        self.copied += segment.array_bytes()
+        self._rebase(self.segments + [segment], None)
+        return segment
+
+    def adopt(self, segments: list[Segment]) -> None:
+        """Start an empty cache from shared segments (before reserving room for what follows them)."""
+        assert self.offset == 0 and not self.segments
+        self._rebase(list(segments), None)
+
+    def _rebase(self, segments: list[Segment], upto: int | None) -> None:
+        full = self._full()
+        for i, layer in enumerate(full):
+            prefix = [(s.keys[i], s.values[i]) for s in segments]
+            base = segments[-1].end if segments else 0
+            keep = layer.capacity if upto is None else base + _round_up(upto - base, self.spec.block_tokens)
+            if upto is not None:
+                layer.offset = min(layer.offset, upto)
+            self.copied += layer.rebase(prefix, max(keep, base))
+        self.segments = segments
+        mx.eval([a for layer in full for a in (layer.keys, layer.values)] + [a for s in segments for a in (*s.keys, *s.values)])
+
+    # -- checkpoints -------------------------------------------------------------------
+    def take_checkpoint(self, kind: CheckpointKind, keep: int) -> None:
+        """Remember the window layers as they are now; keeps the ``keep`` latest checkpoints of ``kind``."""
+        windows = self._windows()
+        if not windows or keep <= 0 or any(c.offset == self.offset for c in self.checkpoints):
+            return
+        self.checkpoints.append(Checkpoint(self.offset, tuple(layer.state_now() for layer in windows), kind))
+        same = [c for c in self.checkpoints if c.kind is kind]
+        for old in same[:-keep]:
+            self.checkpoints.remove(old)
+
+    def drop_oldest_checkpoint(self) -> bool:
+        """Free the least useful checkpoint (turn ends before shared prefixes, oldest first)."""
+        if not self.checkpoints:
+            return False
+        victim = min(self.checkpoints, key=lambda c: (c.kind is CheckpointKind.PREFIX, c.offset))
+        self.checkpoints.remove(victim)
+        return True
+
+    def drop_newest_checkpoint(self) -> None:
+        if self.checkpoints:
+            self.checkpoints.remove(max(self.checkpoints, key=lambda c: c.offset))
+
+    def _checkpoint_at_or_before(self, n_tokens: int) -> Checkpoint | None:
+        candidates = [c for c in self.checkpoints if c.offset <= n_tokens]
+        return max(candidates, key=lambda c: c.offset) if candidates else None
+
+    def _checkpoint_blocks(self, checkpoint: Checkpoint) -> dict[int, int]:
+        by_layer = dict(zip(self._window_layer_ids(), checkpoint.states))
+        return {
+            g.index: by_layer[g.layers[0]].capacity // self.spec.block_tokens
+            for g in self.spec.groups if g.window is not None
+        }
+
+    # -- copies in and out -----------------------------------------------------------------
+    def copy_prefix_from(self, donor: "SequenceKV", n_tokens: int) -> int:
+        """Become the first ``n_tokens`` positions of ``donor`` (capacity reserved); returns bytes copied.
+
+        Full-attention positions before this cache's own ``base`` (segments it
+        already shares with the donor) are not copied. ``donor.resumable_at(n_tokens)
+        == n_tokens`` must hold: window layers copy the donor's ring or its
+        checkpoint at ``n_tokens``.
+        """
+        checkpoint = next((c for c in donor.checkpoints if c.offset == n_tokens), None)
+        states = iter(checkpoint.states if checkpoint is not None else ())
+        copied = 0
+        for mine, theirs in zip(self.layers, donor.layers):
+            if isinstance(mine, FullKV):
+                if n_tokens > mine.base:
+                    mine.load(*theirs.positions(mine.base, n_tokens))
+                copied += (n_tokens - mine.base) * mine.shape.token_bytes()
+            else:
+                state = next(states) if checkpoint is not None else theirs.state_now()
+                copied += _copy_window(mine, state, n_tokens)
+        mx.eval([a for layer in self.layers for a in (layer.keys, layer.values) if a is not None])
+        self.copied += copied
+        return copied
+
+    def slices(self, n_tokens: int, full_from: int = 0) -> list[LayerSlice]:
+        """Every position the cache needs, cut on absolute block boundaries (copies), for the disk tier.
+
+        ``full_from``: full-attention layers start there (the positions before
+        it are in a shared prefix file).
+        """
+        out: list[LayerSlice] = []
+        for group in self.spec.groups:
+            layers = [self.layers[i] for i in group.layers]
+            start = n_tokens - min(n_tokens, _needed(layers[0], n_tokens))
+            if group.window is None:
+                start = max(start, full_from)
+            out += _cut(group.index, layers, start, n_tokens, self.spec.block_tokens)
+        mx.eval([a for s in out for a in (*s.keys, *s.values)])
+        return out
+
+    def prefix_slices(self, n_tokens: int) -> list[LayerSlice] | None:
+        """Positions ``[0, n_tokens)`` as a cache of their own (a shared prefix for the disk tier), as copies.
+
+        Window layers need their state at ``n_tokens``: the cache's own when it
+        ends there, else a checkpoint taken there; None when there is neither.
+        """
+        states: dict[int, WindowState] = {}
+        if self.has_windows:
+            checkpoint = next((c for c in self.checkpoints if c.offset == n_tokens), None)
+            if checkpoint is not None:
+                states = dict(zip(self._window_layer_ids(), checkpoint.states))
+            elif self.offset == n_tokens:
+                states = {i: layer.state_now() for i, layer in enumerate(self.layers) if isinstance(layer, WindowKV)}
+            else:
+                return None
+        out: list[LayerSlice] = []
+        for group in self.spec.groups:
+            if group.window is None:
+                out += _cut(group.index, [self.layers[i] for i in group.layers], 0, n_tokens, self.spec.block_tokens)
+                continue
+            rings = [_ring(self.layers[i], states[i]) for i in group.layers]
+            start = n_tokens - min(rings[0].held, n_tokens)
+            out += _cut(group.index, rings, start, n_tokens, self.spec.block_tokens)
+        mx.eval([a for s in out for a in (*s.keys, *s.values)])
+        return out
+
+    def checkpoint_slices(self) -> tuple[list[dict[str, object]], list[LayerSlice]]:
+        """The checkpoints as the disk tier stores them: header entries, and each one's window
+        positions cut on block boundaries (``LayerSlice.checkpoint`` = its index in the entries)."""
+        entries: list[dict[str, object]] = []
+        out: list[LayerSlice] = []
+        for index, checkpoint in enumerate(sorted(self.checkpoints, key=lambda c: c.offset)):
+            entries.append({"offset": checkpoint.offset, "kind": checkpoint.kind.value})
+            states = dict(zip(self._window_layer_ids(), checkpoint.states))
+            for group in self.spec.sliding_groups:
+                rings = [_ring(self.layers[i], states[i]) for i in group.layers]
+                start = checkpoint.offset - min(rings[0].held, checkpoint.offset)
+                cut = _cut(group.index, rings, start, checkpoint.offset, self.spec.block_tokens)
+                out += [LayerSlice(s.group, s.start, s.length, s.keys, s.values, index) for s in cut]
+        mx.eval([a for s in out for a in (*s.keys, *s.values)])
+        return entries, out
+
+    def load_slices(self, n_tokens: int, slices: Sequence[LayerSlice],
+                    checkpoints: Sequence[dict[str, object]] = ()) -> None:
+        """Fill an empty cache from slices (capacity for ``n_tokens`` reserved by the caller).
+
+        Slices of checkpoints become checkpoints again; the caller pays for them.
+        """
+        own = [s for s in slices if s.checkpoint is None]
+        self._load_own(n_tokens, own)
+        for index, entry in enumerate(checkpoints):
+            parts = [s for s in slices if s.checkpoint == index]
+            self.checkpoints.append(self._checkpoint_from(int(entry["offset"]), CheckpointKind(entry["kind"]), parts))
+        mx.eval([a for c in self.checkpoints for state in c.states for a in (state.keys, state.values) if a is not None])
+
+    def _checkpoint_from(self, offset: int, kind: CheckpointKind, parts: list[LayerSlice]) -> Checkpoint:
+        states = []
+        for index in self._window_layer_ids():
+            layer = self.layers[index]
+            assert isinstance(layer, WindowKV)
+            group = next(g for g in self.spec.groups if index in g.layers)
+            slot = group.layers.index(index)
+            mine = sorted((p for p in parts if p.group == group.index), key=lambda p: p.start)
+            ring = WindowKV(layer.shape, layer.block_tokens, layer.window)
+            ring.reserve(offset)
+            ring.offset = ring.oldest = mine[0].start if mine else offset
+            if mine:
+                ring._write(mx.concatenate([p.keys[slot] for p in mine], axis=2),
+                            mx.concatenate([p.values[slot] for p in mine], axis=2))
+            states.append(ring.state_now())
+        return Checkpoint(offset, tuple(states), kind)
+
+    def _load_own(self, n_tokens: int, slices: Sequence[LayerSlice]) -> None:
+        by_group: dict[int, list[LayerSlice]] = {}
+        for s in slices:
+            by_group.setdefault(s.group, []).append(s)
+        for group in self.spec.groups:
+            parts = sorted(by_group.get(group.index, []), key=lambda s: s.start)
+            start = parts[0].start if parts else n_tokens
+            for slot, index in enumerate(group.layers):
+                layer = self.layers[index]
+                if not parts:
+                    continue
+                keys = mx.concatenate([p.keys[slot] for p in parts], axis=2)
+                values = mx.concatenate([p.values[slot] for p in parts], axis=2)
+                if isinstance(layer, FullKV):
+                    layer.load(keys, values)
+                else:
+                    layer.offset = layer.oldest = start
+                    layer._write(keys, values)
+        mx.eval([a for layer in self.layers for a in (layer.keys, layer.values) if a is not None])
+
+    # -- helpers -----------------------------------------------------------------------
+    def _lead(self, group: LayerGroup) -> LayerKV:
+        return self.layers[group.layers[0]]
+
+    def _full(self) -> list[FullKV]:
+        return [layer for layer in self.layers if isinstance(layer, FullKV)]
+
+    def _windows(self) -> list[WindowKV]:
+        return [layer for layer in self.layers if isinstance(layer, WindowKV)]
+
+    def _window_layer_ids(self) -> list[int]:
+        return [i for i, layer in enumerate(self.layers) if isinstance(layer, WindowKV)]
+
+
+def kv_shape(spec: ModelCacheSpec) -> KVShape:
+    return KVShape(spec.n_kv_heads, spec.head_dim, spec.value_head_dim, getattr(mx, spec.dtype))
+
+
+def _windows(spec: ModelCacheSpec) -> list[int | None]:
+    if spec.layer_windows:
+        return list(spec.layer_windows)
+    windows: list[int | None] = [None] * spec.n_layers
+    for group in spec.groups:
+        for layer in group.layers:
+            windows[layer] = group.window
+    return windows
+
+
+def _own_capacity(layer: LayerKV) -> int:
+    return layer.own_capacity if isinstance(layer, FullKV) else layer.capacity
+
+
+def _round_up(n: int, step: int) -> int:
+    return -(-n // step) * step
+
+
+def _needed(layer: LayerKV, n_tokens: int) -> int:
+    """How many of the latest positions a layer must keep to continue at ``n_tokens``."""
+    if isinstance(layer, FullKV):
+        return n_tokens
+    return min(layer.held, n_tokens)
+
+
+def _positions(layer: LayerKV, start: int, end: int) -> tuple[mx.array, mx.array]:
+    if isinstance(layer, FullKV):
+        keys, values = layer.positions(start, end)
+        return mx.contiguous(keys), mx.contiguous(values)
+    column = start % layer.capacity
+    # Block boundaries are multiples of the block size and the ring's capacity is one too,
+    # so a slice cut on them never wraps.
+    return (mx.contiguous(layer.keys[..., column:column + end - start, :]),
+            mx.contiguous(layer.values[..., column:column + end - start, :]))
+
+
+def _ring(layer: LayerKV, state: WindowState) -> WindowKV:
+    assert isinstance(layer, WindowKV)
+    ring = WindowKV(layer.shape, layer.block_tokens, layer.window)
+    ring.restore(state)
+    return ring
+
+
+def _cut(group: int, layers: Sequence[LayerKV], start: int, end: int, block: int) -> list[LayerSlice]:
+    """Positions ``[start, end)`` of ``layers`` as copies, one slice per absolute block."""
+    out: list[LayerSlice] = []
+    pos = start
+    while pos < end:
+        stop = min((pos // block + 1) * block, end)
+        keys, values = zip(*(_positions(layer, pos, stop) for layer in layers))
+        out.append(LayerSlice(group, pos, stop - pos, tuple(keys), tuple(values)))
+        pos = stop
+    return out
+
+
+def _copy_window(mine: WindowKV, state: WindowState, n_tokens: int) -> int:
+    """Load positions up to ``n_tokens`` of a window state into an empty window layer."""
+    source = WindowKV(mine.shape, mine.block_tokens, mine.window)
+    source.restore(state)
+    source.trim_to(n_tokens)
+    keep = min(source.held, n_tokens)
+    keys, values = source.recent(keep)
+    mine.offset = mine.oldest = n_tokens - keep
+    if keep:
+        mine._write(keys, values)
+    else:
+        mine.offset = mine.oldest = n_tokens
+    return keep * mine.shape.token_bytes()

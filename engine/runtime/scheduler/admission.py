@@ -1,0 +1,166 @@
+"""Admission: which waiting turns enter the batch, in what order, and what happens to those that cannot.
+
+Oldest first, one turn per agent at a time (a second turn must see the
+first's cache), while the batch has room. A turn whose cache is still being
+read from disk, or that waits for a leader about to share its prefix
+(``shared_prefill.py``), is passed over, not waited for: the turns behind it
+go ahead. Preparing a turn's cache is ``turn_cache.py``'s.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from typing import Any, Callable
+
+from engine.domain.event_log import EventKind, EventLog
+from engine.domain.requests import FinishReason, PrefillEvent
+from engine.errors import PoolExhaustedError
+from engine.runtime import clock
+from engine.runtime.runner.sampling import build_sampler
+from engine.runtime.runner.sequence import Sequence
+from engine.runtime.runner.text_stream import TextStream
+from engine.runtime.scheduler.completion import Completion
+from engine.runtime.scheduler.delivery import Delivery
+from engine.runtime.scheduler.queues import SchedulerStats, TurnQueues
+from engine.runtime.scheduler.repetition import RepetitionGuard
+from engine.runtime.scheduler.shared_prefill import awaits_leader, share_point
+from engine.runtime.scheduler.turn import Turn, TurnPhase
+from engine.runtime.scheduler.turn_cache import Readiness, TurnCaches
+from engine.runtime.tiers.agent_table import AgentTable
+from engine.runtime.tiers.agents import AgentState, Tier
+from engine.runtime.tiers.hot import HotCache
+from engine.runtime.tiers.manager import TierManager
+from engine.settings import BatchSettings, TurnSettings
+
+log = logging.getLogger("semantic.engine")
+
+
+class Admission:
+    def __init__(self, queues: TurnQueues, stats: SchedulerStats, delivery: Delivery, completion: Completion,
+                 caches: TurnCaches, hot: HotCache, agents: AgentTable, tiers: TierManager, events: EventLog,
+                 tokenizer: Any, eos: frozenset[int], batch: BatchSettings, turns: TurnSettings,
+                 prefix_sharing: bool, enter_batch: Callable[[Sequence], None]) -> None:
+        self.queues = queues
+        self.stats = stats
+        self.delivery = delivery
+        self.completion = completion
+        self.caches = caches
+        self.hot = hot
+        self.agents = agents
+        self.tiers = tiers
+        self.events = events
+        self.tokenizer = tokenizer
+        self.eos = eos
+        self.batch = batch
+        self.turns = turns
+        self.prefix_sharing = prefix_sharing
+        self.enter_batch = enter_batch  # puts a sequence into the current batch
+        self._uids = itertools.count()
+
+    def admit(self) -> None:
+        """Move waiting turns into the batch while it has room, oldest first."""
+        self._expire_waiting()
+        queues = self.queues
+        running = queues.running_agents()
+        for turn in list(queues.waiting):
+            if len(queues.by_uid) >= self.batch.max_batch_size:
+                return
+            if turn.request.agent_id in running:
+                continue
+            if self.prefix_sharing and awaits_leader(turn, self.agents.get(turn.request.agent_id),
+                                                     queues.by_uid.values(), self.hot.spec.block_tokens):
+                continue
+            try:
+                readiness = self.caches.prepare(turn, running)
+            except Exception as exc:  # one turn that cannot be admitted must not stop the others
+                queues.waiting.remove(turn)
+                self._fail(turn, exc)
+                continue
+            if readiness is Readiness.NO_ROOM:
+                if queues.by_uid:
+                    return  # a running sequence will finish and free blocks
+                queues.waiting.remove(turn)
+                self._no_room(turn)
+                continue
+            if readiness is Readiness.DEFERRED:
+                continue
+            queues.waiting.remove(turn)
+            self._insert(turn)
+            running.add(turn.request.agent_id)
+
+    def _expire_waiting(self) -> None:
+        """Turns that waited longer than ``request_timeout_s`` are refused (overloaded), not served late."""
+        limit, now = self.turns.request_timeout_s, clock.now()
+        for turn in [t for t in self.queues.waiting if now - t.submitted_at > limit]:
+            self.queues.waiting.remove(turn)
+            self.completion.complete(turn, FinishReason.ERROR, error_type="overloaded", retry_after_s=5,
+                                     error=f"waited {now - turn.submitted_at:.0f} s for a free slot "
+                                           f"(request_timeout_s {limit:g}); the server is overloaded")
+
+    def _fail(self, turn: Turn, error: Exception) -> None:
+        """Preparing the cache raised: end that turn alone with an error, and drop what it half prepared."""
+        log.exception("admitting %s failed", turn.request_id)
+        holder, agent = turn.holder, turn.agent
+        if holder is not None and holder is not agent:
+            self.hot.release(holder)
+        elif agent is not None and agent.kv is not None and agent.tier is Tier.HOT:
+            self.hot.drop(agent)  # its cache may be half cut: recompute rather than serve it
+            agent.tier = Tier.COLD
+        self.completion.complete(turn, FinishReason.ERROR, error_type="api_error",
+                                 error=f"admission failed: {type(error).__name__}: {error}")
+
+    def _no_room(self, turn: Turn) -> None:
+        pool = self.hot.pool
+        if turn.request.auxiliary:
+            # A side request (title, classifier) may only evict other side agents, never a conversation.
+            held = "held by agents' conversations, which a side request may not evict"
+        else:
+            held = "held by pinned or busy agents"
+        message = (
+            f"KV pool exhausted: {pool.used_blocks}/{pool.total_blocks} blocks {held}; "
+            "evict or unpin agents, or raise the pool budget"
+        )
+        self.completion.complete(turn, FinishReason.ERROR, error=message, error_type="rate_limit",
+                                 retry_after_s=PoolExhaustedError(message).retry_after_s)
+
+    def _insert(self, turn: Turn) -> None:
+        """The turn's cache is ready: its sequence enters the batch."""
+        request, agent = turn.request, turn.agent
+        assert agent is not None and turn.holder is not None and turn.holder.kv is not None
+        k = turn.reused
+        if self.prefix_sharing and turn.on_own_cache:
+            turn.share_at = share_point(turn, self.hot.spec.block_tokens)
+        uid = next(self._uids)
+        turn.sequence = Sequence(
+            uid, turn.holder.kv, list(request.prompt_tokens[k:]), request.max_tokens,
+            sampler=build_sampler(request.sampling),
+            stop_tokens=self.eos,
+            checkpoint_at=tuple(sorted({turn.share_at, self._prefix_point(turn)} - {0})),
+            checkpoint_prompt_end=turn.on_own_cache,
+        )
+        self.enter_batch(turn.sequence)
+        turn.uid, turn.phase, turn.admitted_at = uid, TurnPhase.PREFILLING, time.monotonic()
+        turn.text = TextStream(self.tokenizer.detokenizer, request.stop_strings, request.turn_end_strings)
+        turn.guard = RepetitionGuard(self.turns.repetition_window)
+        self.queues.by_uid[uid] = turn
+        agent.active_requests += 1
+        agent.state = AgentState.PREFILLING
+        agent.prefill_done, agent.prefill_total = 0, turn.to_prefill
+        self.stats.count_reuse(turn)
+        self.delivery.emit(turn, PrefillEvent(turn.request_id, 0, turn.to_prefill, k))
+        self.events.emit(
+            EventKind.ADMIT,
+            f"{agent.agent_id}: admitted, {k} tokens reused ({turn.plan.source if turn.plan else 'none'}), "
+            f"{turn.to_prefill} to prefill",
+            agent.agent_id,
+        )
+
+    def _prefix_point(self, turn: Turn) -> int:
+        """Where the prompt's shareable prefix ends in whole blocks, if this turn computes it; else 0."""
+        block = self.hot.spec.block_tokens
+        point = min(turn.request.prefix_hint, turn.prompt_len - 1) // block * block
+        if self.tiers.store is None or not turn.on_own_cache or point <= turn.reused:
+            return 0
+        return point

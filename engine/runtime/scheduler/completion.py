@@ -1,0 +1,113 @@
+"""Finishing a turn: its cache settled into its agent's (or dropped), the agent's record, the finish event.
+
+Every way a turn ends comes here: the model stopped, a limit ended it,
+the client cancelled, admission or a step failed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable
+
+from engine.domain.event_log import EventKind, EventLog
+from engine.domain.requests import FinishEvent, FinishReason
+from engine.runtime.scheduler.delivery import Delivery
+from engine.runtime.scheduler.queues import SchedulerStats, TurnQueues
+from engine.runtime.scheduler.turn import Turn, TurnPhase
+from engine.runtime.tiers.agent_table import AgentTable
+from engine.runtime.tiers.agents import AgentRecord, AgentState, Tier
+from engine.runtime.tiers.hot import HotCache
+from engine.runtime.tiers.manager import TierManager
+
+
+class Completion:
+    def __init__(self, queues: TurnQueues, stats: SchedulerStats, delivery: Delivery, hot: HotCache,
+                 agents: AgentTable, tiers: TierManager, events: EventLog, model_key: str,
+                 leave_batch: Callable[[int], Any]) -> None:
+        self.queues = queues
+        self.stats = stats
+        self.delivery = delivery
+        self.hot = hot
+        self.agents = agents
+        self.tiers = tiers
+        self.events = events
+        self.model_key = model_key  # what a finished turn's agent records as its cache's model
+        self.leave_batch = leave_batch  # takes a sequence out of the batch, by uid
+
+    def complete(self, turn: Turn, reason: FinishReason, **extra: Any) -> None:
+        started = time.monotonic()
+        self.stats.completed += 1
+        turn.phase = TurnPhase.DONE
+        self.queues.by_request.pop(turn.request_id, None)
+        if turn.uid is not None:
+            self.queues.by_uid.pop(turn.uid, None)
+            self.leave_batch(turn.uid)
+        agent = turn.agent or self.agents.get(turn.request.agent_id)
+        kv = turn.holder.kv if turn.holder is not None and turn.uid is not None else None
+        if agent is not None:
+            self._settle(turn, agent, failed=reason is FinishReason.ERROR and turn.uid is not None)
+        if kv is not None:
+            turn.copied_bytes += kv.copied - turn.copied_mark  # growth while running, and the tidy after
+        turn.handoff_out_s = time.monotonic() - started
+        event = turn.finish_event(reason, **extra)
+        if agent is not None and turn.uid is not None:
+            _record_turn(agent, event)
+            asked = turn.request.asked_max_tokens
+            if reason is FinishReason.LENGTH and asked is not None and event.note is None:
+                agent.last_finish_note = (f"max_tokens {asked} clamped to {turn.request.max_tokens} "
+                                          "by the server's max_output_tokens")
+        self.delivery.emit(turn, event)
+        failed = reason is FinishReason.ERROR
+        self.events.emit(
+            EventKind.ERROR if failed else EventKind.FINISH,
+            f"{turn.request.agent_id}: {reason.value}, {turn.generated} tokens"
+            + (f" ({extra['error']})" if "error" in extra else ""),
+            turn.request.agent_id,
+            logging.WARNING if failed else logging.INFO,
+        )
+
+    def _settle(self, turn: Turn, agent: AgentRecord, failed: bool) -> None:
+        """The turn is over: its cache now holds what was fed; account for it (or drop it)."""
+        if turn.uid is not None:
+            agent.active_requests = max(0, agent.active_requests - 1)
+            if failed and turn.on_own_cache:
+                # A step that raised may have updated some layers and not others.
+                self.hot.drop(agent)
+                agent.tier = Tier.COLD
+            elif turn.on_own_cache and turn.sequence is not None:
+                agent.tokens = list(turn.request.prompt_tokens[:turn.reused]) + turn.sequence.fed
+                agent.turn_ends = [end for end in agent.turn_ends if end <= turn.reused] + [len(agent.tokens)]
+                self.hot.tidy(agent)
+                self.hot.publish(agent)
+                agent.model_id = self.model_key
+                self._store_prefix(turn, agent)
+            elif turn.holder is not None:
+                self.hot.release(turn.holder)  # a side request's private cache
+        if not agent.is_busy:
+            agent.state = AgentState.QUEUED if self.queues.has_waiting(agent.agent_id) else AgentState.IDLE
+
+    def _store_prefix(self, turn: Turn, agent: AgentRecord) -> None:
+        """The turn computed its prompt's shareable prefix: write it once for later agents."""
+        store = self.tiers.store
+        block = self.hot.spec.block_tokens
+        point = turn.request.prefix_hint // block * block
+        if store is None or not store.usable or point == 0 or len(agent.tokens) < point or agent.kv is None:
+            return
+        if store.prefixes.has(agent.tokens[:point]):
+            return
+        slices = agent.kv.prefix_slices(point)
+        if slices is not None:
+            store.store_prefix(agent.tokens[:point], slices)
+
+
+def _record_turn(agent: AgentRecord, event: FinishEvent) -> None:
+    usage = event.usage
+    agent.last_finish, agent.last_finish_note = event.reason.value, event.note or event.error
+    agent.turns += 1
+    agent.prompt_tokens_total += usage.prompt_tokens
+    agent.reused_tokens_total += usage.reused_tokens
+    agent.generated_tokens_total += usage.generated_tokens
+    agent.last_ttft_s = usage.ttft_s
+    agent.last_decode_tok_s = usage.decode_tok_s
+    agent.prefill_done = agent.prefill_total = 0

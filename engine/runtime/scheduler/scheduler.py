@@ -1,0 +1,183 @@
+"""The scheduler: turns through one batch of sequences, one named step of the engine loop at a time.
+
+Engine-thread only. Its state is one :class:`TurnQueues`; each concern is a
+file of its own: which waiting turns enter the batch (``admission.py``), how
+an admitted turn's cache is prepared (``turn_cache.py``), what a step of the
+batch means for its turns (``stepping.py``), how a turn ends
+(``completion.py``), and who hears of it (``delivery.py``). The batch itself
+is the model runner's (``runtime/runner/batch.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from engine.domain.event_log import EventLog
+from engine.domain.requests import EventSink, FinishReason, QueuedEvent
+from engine.models.loaded import LoadedModel
+from engine.runtime.runner.backends.mlx import MlxBackend
+from engine.runtime.runner.batch import CheckpointFn, RoomFn, SequenceBatch
+from engine.runtime.runner.sequence import Sequence
+from engine.runtime.scheduler.admission import Admission
+from engine.runtime.scheduler.completion import Completion
+from engine.runtime.scheduler.delivery import Delivery
+from engine.runtime.scheduler.queues import SchedulerStats, TurnQueues
+from engine.runtime.scheduler.stepping import Stepping
+from engine.runtime.scheduler.turn import Turn, TurnPhase
+from engine.runtime.scheduler.turn_cache import TurnCaches
+from engine.runtime.tiers.agent_table import AgentTable
+from engine.runtime.tiers.agents import AgentState
+from engine.runtime.tiers.hot import HotCache
+from engine.runtime.tiers.manager import TierManager
+from engine.settings import BatchSettings, TurnSettings
+
+
+@dataclass(frozen=True, slots=True)
+class BatchHooks:
+    """What the batch gets from the engine: how to compute (the backend), room to grow, and payment for
+    checkpoints."""
+
+    room: RoomFn
+    checkpointed: CheckpointFn
+    backend: MlxBackend
+
+
+GeneratorFactory = Callable[[LoadedModel, BatchSettings, BatchHooks], Any]
+
+
+def sequence_batch_factory(loaded: LoadedModel, batch: BatchSettings, hooks: BatchHooks) -> SequenceBatch:
+    return SequenceBatch(loaded.model, batch.prefill_step_size, batch.max_batch_size, hooks.room,
+                         hooks.checkpointed, backend=hooks.backend)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        hot: HotCache,
+        agents: AgentTable,
+        tiers: TierManager,
+        events: EventLog,
+        batch: BatchSettings,
+        turns: TurnSettings,
+        generator_factory: GeneratorFactory = sequence_batch_factory,
+        prefix_sharing: bool = True,
+        backend: MlxBackend | None = None,
+    ) -> None:
+        self.loaded = loaded
+        self.hot = hot
+        self.agents = agents
+        self.tiers = tiers
+        self.batch_settings = batch
+        self.queues = TurnQueues()
+        self.stats = SchedulerStats()
+        self.delivery = Delivery()
+        self._factory = generator_factory
+        self._hooks = BatchHooks(self._room, self._checkpointed, backend if backend is not None else MlxBackend())
+        self._generator = generator_factory(loaded, batch, self._hooks)
+        self.completion = Completion(self.queues, self.stats, self.delivery, hot, agents, tiers, events,
+                                     loaded.identity.key, lambda uid: self._generator.remove(uid))
+        caches = TurnCaches(loaded, hot, agents, tiers, events, prefix_sharing)
+        self.admission = Admission(self.queues, self.stats, self.delivery, self.completion, caches, hot, agents,
+                                   tiers, events, loaded.tokenizer, frozenset(loaded.eos_token_ids), batch, turns,
+                                   prefix_sharing, lambda sequence: self._generator.insert(sequence))
+        self.stepping = Stepping(self.queues, self.stats, self.delivery, self.completion, hot, events, turns)
+
+    # -- observers -----------------------------------------------------------------
+    def watch(self, agent_id: str, sink: EventSink) -> None:
+        """Also send every event of ``agent_id``'s turns to ``sink`` (the workbench's live view)."""
+        self.delivery.watch(agent_id, sink)
+
+    def unwatch(self, agent_id: str, sink: EventSink) -> None:
+        self.delivery.unwatch(agent_id, sink)
+
+    # -- queries -------------------------------------------------------------------
+    @property
+    def waiting(self) -> Any:
+        return self.queues.waiting
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.queues.waiting or self.queues.by_uid)
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.queues.by_uid)
+
+    @property
+    def completed(self) -> int:
+        return self.stats.completed
+
+    # -- submission and cancellation ---------------------------------------------------
+    def submit(self, turn: Turn) -> None:
+        self.queues.waiting.append(turn)
+        self.queues.by_request[turn.request_id] = turn
+        agent = self.agents.for_request(turn.request)
+        if not agent.is_busy:
+            agent.state = AgentState.QUEUED
+        self.tiers.prefetch(agent)
+        self.delivery.emit(turn, QueuedEvent(turn.request_id, len(self.queues.waiting)))
+
+    def cancel(self, request_id: str, reason: FinishReason = FinishReason.CANCELLED) -> bool:
+        turn = self.queues.by_request.get(request_id)
+        if turn is None:
+            return False
+        if turn.phase is TurnPhase.WAITING:
+            self.queues.waiting.remove(turn)
+            self.completion.complete(turn, reason)
+        else:
+            turn.cancel_reason = reason
+        return True
+
+    # -- the engine loop's steps ---------------------------------------------------------
+    def admit(self) -> None:
+        self.admission.admit()
+
+    def step(self) -> None:
+        """One batch step: prefill chunks and/or one decoded token per sequence."""
+        self._remove_cancelled()
+        if self.queues.by_uid:
+            self.stepping.apply(self._generator.step())
+
+    def _remove_cancelled(self) -> None:
+        for turn in [t for t in self.queues.by_uid.values() if t.cancel_reason is not None]:
+            self.completion.complete(turn, turn.cancel_reason)  # type: ignore[arg-type]
+
+    # -- room while running ------------------------------------------------------------------
+    def _room(self, sequence: Sequence, n_tokens: int) -> bool:
+        """The batch needs ``n_tokens`` positions in a sequence's cache: reserve blocks, evicting if need be."""
+        turn = self.queues.running(sequence.uid)
+        if turn is None or turn.holder is None:
+            return False
+        if self.hot.ensure(turn.holder, n_tokens):
+            return True
+        missing = self.hot.missing_blocks(turn.holder, n_tokens)
+        self.tiers.make_room(missing, self.queues.running_agents(), auxiliary_only=turn.request.auxiliary)
+        return self.hot.ensure(turn.holder, n_tokens)
+
+    def _checkpointed(self, sequence: Sequence) -> None:
+        """The batch took a checkpoint of a sequence's window layers: pay for it, or drop it."""
+        turn = self.queues.running(sequence.uid)
+        if turn is not None and turn.holder is not None:
+            self.hot.settle(turn.holder)
+            self.hot.keep_checkpoint(turn.holder)
+
+    # -- failure and shutdown ------------------------------------------------------------------
+    def fail_all(self, error: BaseException) -> None:
+        """The batch raised: finish every running turn with an error and start a fresh batch."""
+        message = f"{type(error).__name__}: {error}"
+        for turn in list(self.queues.by_uid.values()):
+            self.completion.complete(turn, FinishReason.ERROR, error=message, error_type="api_error")
+        self._generator = self._factory(self.loaded, self.batch_settings, self._hooks)
+
+    def cancel_all(self, reason: FinishReason = FinishReason.CANCELLED) -> None:
+        for turn in list(self.queues.waiting):
+            self.cancel(turn.request_id, reason)
+        for turn in list(self.queues.by_uid.values()):
+            turn.cancel_reason = reason
+        self._remove_cancelled()
+
+    def close(self) -> None:
+        """Release the batch on the engine thread (its arrays belong to this thread's stream)."""
+        self._generator = None

@@ -1,0 +1,129 @@
+"""What one step of the batch means for its turns: prefill progress, tokens turned into text, and the ends
+that the model does not choose (a stop string, a runaway loop, the output time budget).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from engine.domain.event_log import EventKind, EventLog
+from engine.domain.requests import FinishReason, PrefillEvent, TokenEvent
+from engine.runtime import clock
+from engine.runtime.runner.batch import PrefillProgress, StepOutput, TokenOut
+from engine.runtime.runner.text_stream import TextDelta
+from engine.runtime.scheduler.completion import Completion
+from engine.runtime.scheduler.delivery import Delivery
+from engine.runtime.scheduler.queues import SchedulerStats, TurnQueues
+from engine.runtime.scheduler.turn import Turn, TurnPhase
+from engine.runtime.tiers.agents import AgentState
+from engine.runtime.tiers.hot import HotCache
+from engine.settings import TurnSettings
+
+
+class Stepping:
+    def __init__(self, queues: TurnQueues, stats: SchedulerStats, delivery: Delivery, completion: Completion,
+                 hot: HotCache, events: EventLog, turns: TurnSettings) -> None:
+        self.queues = queues
+        self.stats = stats
+        self.delivery = delivery
+        self.completion = completion
+        self.hot = hot
+        self.events = events
+        self.turns = turns
+
+    def apply(self, out: StepOutput) -> None:
+        """A step's outputs, in the order the batch made them."""
+        for progress in out.prefill:
+            self._on_prefill(progress)
+        for uid in out.out_of_room:
+            turn = self.queues.running(uid)
+            if turn is not None:
+                self.completion.complete(turn, FinishReason.CAPACITY)
+        for token in out.tokens:
+            self._on_token(token)
+
+    # -- prefill ---------------------------------------------------------------------------
+    def _on_prefill(self, progress: PrefillProgress) -> None:
+        turn = self.queues.running(progress.uid)
+        if turn is None:
+            return
+        self.stats.prefill.add(progress.done - turn.prefill_done)
+        turn.prefill_done = progress.done
+        if turn.agent is not None:
+            turn.agent.prefill_done = progress.done
+        if turn.share_at and not turn.published and turn.reused + progress.done >= turn.share_at:
+            self._publish_early(turn)
+        self.delivery.emit(turn, PrefillEvent(turn.request_id, progress.done, progress.total + 1, turn.reused))
+
+    def _publish_early(self, turn: Turn) -> None:
+        """The prefill passed ``share_at``: offer the cache so far to waiting turns with the same prefix."""
+        turn.published = True
+        agent = turn.agent
+        assert agent is not None and agent.kv is not None
+        agent.tokens = list(turn.request.prompt_tokens[:agent.kv.offset])
+        agent.model_id = self.completion.model_key
+        self.hot.publish(agent)
+        self.events.emit(EventKind.ADMIT, f"{agent.agent_id}: first {agent.kv.offset} prompt tokens shareable "
+                         "before the turn ends", agent.agent_id)
+
+    # -- tokens ----------------------------------------------------------------------------
+    def _on_token(self, out: TokenOut) -> None:
+        turn = self.queues.running(out.uid)
+        if turn is None:
+            return
+        self._mark_first_token(turn)
+        turn.generated += 1
+        self.stats.decode.add(1)
+        delta = self._decode(turn, out)
+        if out.finish is not FinishReason.STOP or delta.text:
+            self.delivery.emit(turn, TokenEvent(turn.request_id, out.token, delta.text))
+        loop = turn.guard.push(out.token) if out.finish is None else None
+        complete = self.completion.complete
+        if delta.stop_sequence is not None:
+            complete(turn, FinishReason.STOP_SEQUENCE, stop_sequence=delta.stop_sequence)
+        elif delta.ends_turn:
+            complete(turn, FinishReason.STOP)
+        elif out.finish is not None:
+            complete(turn, out.finish)
+        elif turn.cancel_reason is not None:
+            complete(turn, turn.cancel_reason)
+        elif loop is not None:
+            self._end_early(turn, FinishReason.REPETITION, f"ended by the repetition guard: {loop.describe()}")
+        elif self._out_of_time(turn):
+            # Generating past max_output_seconds: end as max_tokens would, before the client's own timeout does.
+            self._end_early(turn, FinishReason.LENGTH,
+                            f"ended after {self.turns.max_output_seconds:g} s of generating (max_output_seconds)")
+
+    def _end_early(self, turn: Turn, reason: FinishReason, note: str) -> None:
+        """The server, not the model or the request, ends the turn: keep what it said, log and report why."""
+        self.events.emit(EventKind.FINISH, f"{turn.request.agent_id}: {note}", turn.request.agent_id, logging.WARNING)
+        self.completion.complete(turn, reason, note=note)
+
+    def _out_of_time(self, turn: Turn) -> bool:
+        limit, started = self.turns.max_output_seconds, turn.first_token_tick
+        return limit > 0 and started is not None and clock.now() - started >= limit
+
+    def _mark_first_token(self, turn: Turn) -> None:
+        if turn.first_token_at is not None:
+            return
+        turn.first_token_at = time.monotonic()
+        turn.first_token_tick = clock.now()
+        turn.phase = TurnPhase.DECODING
+        self.stats.prefill.add(turn.to_prefill - turn.prefill_done)
+        turn.prefill_done = turn.to_prefill
+        self.stats.ttft.add(turn.first_token_at - turn.submitted_at)
+        if turn.agent is not None:
+            turn.agent.state = AgentState.DECODING
+            turn.agent.prefill_done = turn.to_prefill
+
+    def _decode(self, turn: Turn, out: TokenOut) -> TextDelta:
+        """The token as text (stop strings held back until they can be told apart)."""
+        assert turn.text is not None
+        if out.finish is FinishReason.STOP:
+            return turn.text.finish()  # the end-of-sequence token itself is not text
+        delta = turn.text.push(out.token)
+        if out.finish is not None and delta.stop_sequence is None and not delta.ends_turn:
+            tail = turn.text.finish()
+            return TextDelta(delta.text + tail.text, tail.stop_sequence, tail.ends_turn)
+        return delta

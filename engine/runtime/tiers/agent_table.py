@@ -1,0 +1,68 @@
+"""All agents the engine knows, with an LRU order for eviction."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Iterator
+
+from engine.runtime import clock
+from engine.runtime.tiers.agents import AgentRecord, Tier
+from engine.domain.requests import GenerationRequest
+
+
+class AgentTable:
+    def __init__(self) -> None:
+        self._agents: dict[str, AgentRecord] = {}
+        self._tick = itertools.count(1)
+
+    def __contains__(self, agent_id: str) -> bool:
+        return agent_id in self._agents
+
+    def __iter__(self) -> Iterator[AgentRecord]:
+        return iter(list(self._agents.values()))
+
+    def __len__(self) -> int:
+        return len(self._agents)
+
+    def get(self, agent_id: str) -> AgentRecord | None:
+        return self._agents.get(agent_id)
+
+    def add(self, record: AgentRecord) -> AgentRecord:
+        self._agents[record.agent_id] = record
+        return record
+
+    def for_request(self, request: GenerationRequest) -> AgentRecord:
+        record = self._agents.get(request.agent_id)
+        if record is None:
+            record = self.add(AgentRecord(request.agent_id, request.source, request.display_name))
+        elif request.display_name and not record.display_name:
+            record.display_name = request.display_name
+        return record
+
+    def remove(self, agent_id: str) -> AgentRecord | None:
+        return self._agents.pop(agent_id, None)
+
+    def touch(self, record: AgentRecord) -> None:
+        record.touch(next(self._tick))
+
+    def cool_order(self, protect: set[str], auxiliary_only: bool = False) -> list[AgentRecord]:
+        """Cool, idle, unpinned agents in the order :meth:`eviction_order` gives hot ones."""
+        return self._idle_in(Tier.COOL, protect, auxiliary_only)
+
+    def eviction_order(self, protect: set[str], auxiliary_only: bool = False) -> list[AgentRecord]:
+        """Hot, idle, unpinned agents, least recently used first: auxiliary agents, then agents
+        without a live cache_control retention, then retained ones (a last resort, not a pin)."""
+        return self._idle_in(Tier.HOT, protect, auxiliary_only)
+
+    def _idle_in(self, tier: Tier, protect: set[str], auxiliary_only: bool) -> list[AgentRecord]:
+        candidates = [
+            a
+            for a in self._agents.values()
+            if a.tier is tier
+            and not a.is_busy
+            and not a.pinned
+            and a.agent_id not in protect
+            and (a.auxiliary or not auxiliary_only)
+        ]
+        now = clock.now()
+        return sorted(candidates, key=lambda a: (not a.auxiliary, a.retained_until > now, a.lru_tick))

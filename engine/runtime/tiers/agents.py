@@ -1,0 +1,115 @@
+"""Agent records: what the engine knows about each agent, hot or not."""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from engine.domain.forensics import HISTORY_KEPT, TurnForensics
+from engine.domain.requests import AgentSource
+
+if TYPE_CHECKING:
+    from engine.store.kv_at_rest import CacheAtRest
+    from engine.runtime.runner.kv.sequence_kv import SequenceKV
+
+
+class AgentState(str, enum.Enum):
+    IDLE = "idle"
+    QUEUED = "queued"
+    PREFILLING = "prefilling"
+    DECODING = "decoding"
+
+
+class Tier(str, enum.Enum):
+    HOT = "hot"  # blocks in the pool
+    COOL = "cool"  # quantized in memory, paid for in pool blocks (tiers/cool.py)
+    WARM = "warm"  # on disk
+    COLD = "cold"  # dropped; metadata only
+    EMPTY = "empty"  # nothing cached yet
+
+
+@dataclass(slots=True)
+class AgentRecord:
+    agent_id: str
+    source: AgentSource = AgentSource.API
+    display_name: str | None = None
+    model_id: str | None = None
+    # The tokens whose K/V the resident cache holds, position for position.
+    tokens: list[int] = field(default_factory=list)
+    kv: "SequenceKV | None" = None
+    # Pool blocks paying for ``kv`` per layer group (a cool agent's: for ``cool``, under group 0).
+    blocks: dict[int, list[int]] = field(default_factory=dict)
+    # The quantized cache of a cool agent (tier COOL); None otherwise.
+    cool: "CacheAtRest | None" = None
+    tier: Tier = Tier.EMPTY
+    state: AgentState = AgentState.IDLE
+    pinned: bool = False
+    # Agents created by short side requests (titles, probes): evicted first,
+    # and never allowed to evict a main conversation.
+    auxiliary: bool = False
+    created_at: float = field(default_factory=time.time)
+    last_used: float = field(default_factory=time.time)
+    # Monotonic LRU clock: wall time can jump, this cannot.
+    lru_tick: int = 0
+    active_requests: int = 0
+    turns: int = 0
+    prompt_tokens_total: int = 0
+    reused_tokens_total: int = 0
+    prefill_done: int = 0
+    prefill_total: int = 0
+    last_ttft_s: float | None = None
+    last_decode_tok_s: float | None = None
+    # How the last turn ended (FinishReason value) and, when the engine ended it, why.
+    last_finish: str | None = None
+    last_finish_note: str | None = None
+    generated_tokens_total: int = 0
+    # Cached token count while warm/cold (the hot count is len(tokens)).
+    stored_tokens: int = 0
+    stored_bytes: int = 0
+    # Until when (time.monotonic) a client's cache_control breakpoint asks to keep this cache;
+    # eviction passes over the agent while any unmarked agent can go instead.
+    retained_until: float = 0.0
+    # Cached tokens at the end of each turn run since the agent was last loaded: where a fork or a
+    # rewind "at turn N" cuts (runtime/tiers/branching.py).
+    turn_ends: list[int] = field(default_factory=list)
+    # How the last turns met the cache (domain/forensics.py), oldest first.
+    history: "deque[TurnForensics]" = field(default_factory=lambda: deque(maxlen=HISTORY_KEPT))
+
+    @property
+    def is_busy(self) -> bool:
+        return self.active_requests > 0
+
+    def retained_for(self, now: float) -> float:
+        """Seconds of client-asked retention left (0: none)."""
+        return max(0.0, self.retained_until - now)
+
+    def retain(self, seconds: float, now: float) -> None:
+        if seconds > 0:
+            self.retained_until = max(self.retained_until, now + seconds)
+
+    @property
+    def cached_tokens(self) -> int:
+        return len(self.tokens) if self.tier is Tier.HOT else self.stored_tokens
+
+    @property
+    def reuse_ratio(self) -> float:
+        if self.prompt_tokens_total == 0:
+            return 0.0
+        return self.reused_tokens_total / self.prompt_tokens_total
+
+    @property
+    def owner(self) -> str:
+        return self.agent_id
+
+    def hot_block_ids(self) -> list[int]:
+        """Every pool block the agent holds: its own, and its holds on shared segments."""
+        own = [b for group in sorted(self.blocks) for b in self.blocks[group]]
+        shared = [b for seg in self.kv.segments for b in seg.block_ids] if self.kv is not None else []
+        return own + shared
+
+    def touch(self, tick: int) -> None:
+        self.last_used = time.time()
+        self.lru_tick = tick

@@ -1,0 +1,136 @@
+"""The import graph points one way: domain <- models <- store <- runtime <- api <- workbench <- CLI.
+
+Every import of every module counts, at the top of a file, inside a function
+or under ``TYPE_CHECKING``: a lower layer that names a higher one, even
+lazily, has learnt about it. Inside the runtime the same holds by role: the
+model runner <- the cache tiers <- the scheduler <- the engine thread.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("engine", "semantic_tui", "semantic_cli")
+
+# Lowest first; a module may import its own layer and the ones before it.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("engine.errors", "engine.settings", "engine.domain"),
+    ("engine.distributed",),
+    ("engine.platform",),
+    ("engine.models",),
+    ("engine.store",),
+    ("engine.runtime.clock", "engine.runtime.meters"),
+    ("engine.runtime.runner",),
+    ("engine.runtime.tiers",),
+    ("engine.runtime.scheduler",),
+    ("engine.runtime.engine_thread",),
+    ("engine.logging_setup", "engine.bootstrap", "engine.follower", "engine.swap"),
+    ("engine.api",),
+    ("semantic_tui",),
+    ("semantic_cli",),
+)
+
+
+# Package roots that hold nothing but their docstring.
+ROOTS = {"engine": 0, "engine.runtime": 5}
+
+
+def layer_of(module: str) -> int:
+    if module in ROOTS:
+        return ROOTS[module]
+    best, level = -1, None
+    for index, prefixes in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best:
+                best, level = len(prefix), index
+    if level is None:
+        raise AssertionError(f"{module} is in no layer: add it to LAYERS")
+    return level
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def project_modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            found[module_name(path)] = path
+    return found
+
+
+def imports_of(path: Path, module: str) -> set[str]:
+    """Every project module ``module`` names in an import statement, wherever the statement stands."""
+    tree = ast.parse(path.read_text())
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    named: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            named |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+            named.add(base)
+            named |= {f"{base}.{alias.name}" for alias in node.names}
+    return {name for name in named if name.split(".")[0] in PACKAGES}
+
+
+def upward_imports() -> list[str]:
+    modules = project_modules()
+    found = []
+    for module, path in sorted(modules.items()):
+        mine = layer_of(module)
+        for target in sorted(imports_of(path, module)):
+            if target not in modules and target.rsplit(".", 1)[0] in modules:
+                continue  # a name imported from a module (its module is checked on its own)
+            if target in modules and layer_of(target) > mine:
+                found.append(f"{module} -> {target}")
+    return found
+
+
+def test_no_module_imports_a_higher_layer() -> None:
+    assert upward_imports() == []
+
+
+def test_the_walk_would_see_an_upward_import(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check itself: a store module that imports the runtime lazily, inside a function, is caught."""
+    bad = ROOT / "engine" / "store" / "_upward_probe.py"
+    bad.write_text("def f():\n    from engine.runtime.tiers.hot import HotCache\n    return HotCache\n")
+    try:
+        assert "engine.store._upward_probe -> engine.runtime.tiers.hot" in upward_imports()
+    finally:
+        bad.unlink()
+
+
+def test_the_domain_is_pure_python() -> None:
+    """No MLX, numpy or other third-party package below the models: the domain's tests need none."""
+    allowed = set(sys.stdlib_module_names) | {"engine"}
+    for module, path in project_modules().items():
+        if layer_of(module) != 0 or module.startswith("engine.settings"):
+            continue  # (settings is pydantic's, by design)
+        tree = ast.parse(path.read_text())
+        roots = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                 for alias in node.names}
+        roots |= {node.module.split(".")[0] for node in ast.walk(tree)
+                  if isinstance(node, ast.ImportFrom) and node.module and not node.level}
+        assert roots <= allowed, f"{module} imports {sorted(roots - allowed)}"
+
+
+def test_importing_the_lower_layers_loads_nothing_of_the_runtime_or_the_api() -> None:
+    code = ("import sys, engine.domain, engine.models.loader, engine.store.warm_store, engine.store.agent_export; "
+            "print(sorted(m for m in sys.modules if m.startswith(('engine.runtime', 'engine.api'))))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
