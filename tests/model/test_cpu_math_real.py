@@ -55,26 +55,26 @@ def test_long_prompts_batched_through_the_fast_paths_equal_mlx_lm(request, model
     activations = {name: getattr(cpu_math, name) for name in ("swiglu", "gelu_approx")}
 
     def counting(name: str):
-        def counted(*args):
+        def counted(*args, **kwargs):
             calls[name] += 1
-            return activations[name](*args)
+            return activations[name](*args, **kwargs)
         return counted
 
-    def counting_blocked(*args):
+    def counting_blocked(*args, **kwargs):
         calls["blocked"] += 1
-        return blocked(*args)
+        return blocked(*args, **kwargs)
 
-    def counting_kernel(*args):
+    def counting_kernel(*args, **kwargs):
         calls["kernel"] += 1
-        return kernel(*args)
+        return kernel(*args, **kwargs)
 
-    def counting_host(*args):
+    def counting_host(*args, **kwargs):
         calls["host_decode"] += 1
-        return host(*args)
+        return host(*args, **kwargs)
 
-    def counting_forward(*args):
+    def counting_forward(*args, **kwargs):
         calls["host_forward"] += 1
-        return forward(*args)
+        return forward(*args, **kwargs)
 
     monkeypatch.setattr(host_decode, "attend_host", counting_host)
     monkeypatch.setattr(host_forward, "decode", counting_forward)
