@@ -98,7 +98,7 @@ def batched_forward(model, n_layers: int, batch: int, context: int) -> Callable[
 
 def filled_rows(loaded, batch: int, context: int, kinds) -> list[list[FullKV]]:
     """``batch`` rows of a backend's per-layer caches (``kinds``), each prefilled with ``context`` tokens."""
-    shape = kv_shape(loaded.spec)
+    shape = kv_shape(loaded.spec.geometry)
     rows = []
     for _ in range(batch):
         layers = [kinds.full(shape, loaded.spec.block_tokens) for _ in range(len(loaded.model.layers))]
@@ -170,9 +170,8 @@ def ablated_backends() -> dict[str, Any]:
     class Gathered(HostRaggedLayerCache):
         def attend(self, queries, scale, mask, sinks=None):
             self.write_claimed_through_mlx()
-            held, self._held = self._held, []
-            keys = mx.concatenate([row.keys[..., :n, :] for row, n in zip(self.rows, held)], axis=0)
-            values = mx.concatenate([row.values[..., :n, :] for row, n in zip(self.rows, held)], axis=0)
+            keys = mx.concatenate([row.keys[..., :n, :] for row, n in zip(self.rows, self._held)], axis=0)
+            values = mx.concatenate([row.values[..., :n, :] for row, n in zip(self.rows, self._held)], axis=0)
             return cpu_math.attention(queries, keys, values, scale, None)
 
     class MlxAttend(HostRaggedLayerCache):
@@ -185,7 +184,6 @@ def ablated_backends() -> dict[str, Any]:
 
         def attend(self, queries, scale, mask, sinks=None):
             self.write_claimed_through_mlx()
-            self._held = []
             return queries
 
     class WritesThroughMlx(HostRaggedLayerCache):

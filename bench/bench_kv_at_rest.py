@@ -101,7 +101,7 @@ def code_prompts(loaded, n: int, context: int) -> list[tuple[int, ...]]:
 # -- one setting ---------------------------------------------------------------------------------
 def quantization(loaded, bits: int | None, group_size: int | None) -> KVQuantization | None:
     """What --kv-bits-at-rest picks for this model, or the group size asked for."""
-    chosen = quantization_for(bits, loaded.spec.head_dim, loaded.spec.value_head_dim)
+    chosen = quantization_for(bits, *loaded.spec.head_dims)
     return KVQuantization(bits, group_size) if chosen is not None and group_size else chosen
 
 

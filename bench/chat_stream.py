@@ -80,6 +80,12 @@ class ChatClient:
     async def __aexit__(self, *exc: object) -> None:
         await self._http.aclose()
 
+    async def get_json(self, path: str) -> dict[str, Any]:
+        """A GET the server answers with JSON (semantic's ``/v1/stats``)."""
+        response = await self._http.get(path)
+        response.raise_for_status()
+        return response.json()
+
     async def turn(self, agent: str, index: int, messages: list[dict[str, str]], max_tokens: int) -> Turn:
         body: dict[str, Any] = {
             "messages": messages, "max_tokens": max_tokens, "temperature": 0,

@@ -21,6 +21,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -56,18 +57,29 @@ def tokenizer_folder(ref: str, cache_dir: Path) -> Path:
 
 
 def write_random_model(shape: str, out: Path, tokenizer_dir: Path, dtype: str, seed: int) -> Path:
-    import mlx.core as mx
-    from mlx.utils import tree_flatten
-    from mlx_lm.models import llama
-
     vocab = json.loads((tokenizer_dir / "tokenizer.json").read_text())["model"]["vocab"]
     config = {
         "model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": len(vocab),
         "rms_norm_eps": 1e-5, "max_position_embeddings": 131072, "torch_dtype": dtype,
         "semantic_random_weights": f"shape of {shape}, seed {seed}", **SHAPES[shape],
     }
+    return write_model_folder(config, out, tokenizer_dir, dtype, seed)
+
+
+def write_model_folder(config: dict, out: Path, tokenizer_dir: Path, dtype: str, seed: int,
+                       transform: Callable[[Any], None] | None = None) -> Path:
+    """A folder of mlx-lm's model class for ``config`` (any family), random weights (``transform`` may change
+    them), and ``tokenizer_dir``'s tokenizer files."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.utils import _get_classes
+
+    config = {**config, "torch_dtype": dtype}
+    model_class, args_class = _get_classes(config)
     mx.random.seed(seed)
-    model = llama.Model(llama.ModelArgs.from_dict(config))
+    model = model_class(args_class.from_dict(config))
+    if transform is not None:
+        transform(model)
     model.set_dtype(getattr(mx, dtype))
     mx.eval(model.parameters())
     partial = out.with_name(out.name + ".partial")
@@ -82,6 +94,26 @@ def write_random_model(shape: str, out: Path, tokenizer_dir: Path, dtype: str, s
     shutil.rmtree(out, ignore_errors=True)
     partial.rename(out)  # a folder that exists is a complete one
     return out
+
+
+def vary(model, seed: int = 0, weight_scale: float = 2.0, vector_sd: float = 1.0) -> None:
+    """Weights that make a random model's greedy tokens vary: at mlx-lm's initialization its outputs are
+    one token repeated (the norms are ones, the logits nearly flat), which no cache bug could change and
+    which ends replies at once when that token is a stop token. Matrices are scaled up and every vector
+    (norm weights, biases) gets normal noise."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten, tree_unflatten
+
+    keys = mx.random.split(mx.random.key(seed), len(tree_flatten(model.parameters())))
+    changed = []
+    for key, (name, value) in zip(keys, tree_flatten(model.parameters())):
+        if value.ndim == 1:
+            value = value + vector_sd * mx.random.normal(value.shape, key=key).astype(value.dtype)
+        elif value.ndim >= 2:
+            value = value * weight_scale
+        changed.append((name, value))
+    model.update(tree_unflatten(changed))
+    mx.eval(model.parameters())
 
 
 def main() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 import json
 import sys
 from dataclasses import asdict
@@ -29,11 +30,22 @@ def list_models(settings: Settings) -> int:
         marker = " (default)" if model.alias == settings.model else ""
         table.add_row(model.alias + marker, model.display_name, model.license, model.install_command)
     console.print(table)
-    imported = sorted(p.name for p in settings.models_dir.glob("*") if (p / "config.json").is_file())
+    imported = sorted(p for p in settings.models_dir.glob("*") if (p / "config.json").is_file())
     console.print(f"Imported MLX folders in {settings.models_dir}:" if imported else f"Nothing imported yet in {settings.models_dir}.")
-    for name in imported:
-        console.print(f"  {name}")
+    for folder in imported:
+        console.print(f"  {folder.name}\n    {layer_groups(folder, settings.block_tokens)}", highlight=False)
     return 0
+
+
+def layer_groups(folder: Path, block_tokens: int) -> str:
+    """What the folder's model caches per layer group, or why the engine refuses it."""
+    from engine.errors import UnsupportedModelError
+    from engine.models.layout_preview import preview_cache_spec
+
+    try:
+        return "layer groups: " + preview_cache_spec(folder, block_tokens).layer_summary()
+    except UnsupportedModelError as exc:
+        return f"not servable: {exc}"
 
 
 def import_model(settings: Settings, target: str | None) -> int:

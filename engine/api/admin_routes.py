@@ -7,6 +7,7 @@ dashboard polling them cannot slow generation down.
 from __future__ import annotations
 
 import functools
+from collections import Counter
 from typing import Literal
 
 from fastapi import APIRouter, Body, Query, Request
@@ -48,6 +49,20 @@ class BlockMap(BaseModel):
     groups: list[int | None]
 
 
+class GroupStats(BaseModel):
+    """One layer group of the pool: what its blocks hold and what it uses now."""
+
+    index: int
+    kind: str = Field(description="global, sliding-W (a window of W tokens) or chunked-C (chunks of C tokens)")
+    layers: list[int]
+    geometry: dict[str, object] = Field(description="K/V heads, widths and dtype of its layers")
+    block_bytes: int = Field(description="Bytes of one of its blocks (block_tokens tokens of every layer in it)")
+    pool_blocks_per_block: int = Field(description="Pool blocks one of its blocks takes (the pool counts in the "
+                                       "greatest common divisor of the groups' block sizes)")
+    used_blocks: int = Field(description="Pool blocks it holds now (shared prefix blocks once)")
+    used_bytes: int
+
+
 class PoolStats(BaseModel):
     total_blocks: int
     used_blocks: int
@@ -60,6 +75,8 @@ class PoolStats(BaseModel):
     free_bytes: int
     pressure: float = Field(description="used_blocks / total_blocks")
     owner_blocks: dict[str, int] = Field(description="Blocks held per agent")
+    groups: list[GroupStats] = Field(default_factory=list, description="Per layer group; a cool agent's quantized "
+                                     "blocks are counted under cool_bytes in tiers, not here")
     block_map: BlockMap | None = Field(None, description="Only with ?blocks=true")
 
 
@@ -105,14 +122,31 @@ def _model_stats(view: ModelView) -> ModelStats:
                       sampling_defaults=view.sampling_defaults)
 
 
-def _pool_stats(pool: PoolSnapshot, with_blocks: bool) -> PoolStats:
+def _pool_stats(pool: PoolSnapshot, with_blocks: bool, spec: dict | None = None, cool_bytes: int = 0) -> PoolStats:
     block_map = BlockMap(owners=list(pool.block_owner), groups=list(pool.block_group)) if with_blocks else None
     return PoolStats(
         total_blocks=pool.total_blocks, used_blocks=pool.used_blocks, free_blocks=pool.free_blocks,
         shared_blocks=pool.shared_blocks, block_bytes=pool.block_bytes, n_groups=pool.n_groups,
         total_bytes=pool.total_bytes, used_bytes=pool.used_bytes, free_bytes=pool.free_bytes,
-        pressure=pool.pressure, owner_blocks=dict(pool.owner_blocks), block_map=block_map,
+        pressure=pool.pressure, owner_blocks=dict(pool.owner_blocks),
+        groups=group_stats(pool, spec, cool_bytes) if spec else [], block_map=block_map,
     )
+
+
+def group_stats(pool: PoolSnapshot, spec: dict, cool_bytes: int) -> list[GroupStats]:
+    """Each group's blocks in use, from the pool's per-block groups (cool agents pay under group 0)."""
+    held = Counter(g for g in pool.block_group if g is not None)
+    held[0] -= cool_bytes // pool.block_bytes
+    own = {k: spec[k] for k in ("n_kv_heads", "head_dim", "v_head_dim", "dtype")}
+    out = []
+    for group in spec["groups"]:
+        geometry = group.get("geometry") or own
+        block_bytes = group.get("block_bytes", pool.block_bytes)
+        out.append(GroupStats(
+            index=group["index"], kind=group["kind"], layers=list(group["layers"]), geometry=dict(geometry),
+            block_bytes=block_bytes, pool_blocks_per_block=block_bytes // pool.block_bytes,
+            used_blocks=held[group["index"]], used_bytes=held[group["index"]] * pool.block_bytes))
+    return out
 
 
 def build_stats(service: EngineService, with_blocks: bool = False) -> Stats:
@@ -122,7 +156,8 @@ def build_stats(service: EngineService, with_blocks: bool = False) -> Stats:
         detail=snapshot.detail or service.status_detail,
         at=snapshot.at,
         model=_model_stats(snapshot.model) if snapshot.model else None,
-        pool=_pool_stats(snapshot.pool, with_blocks) if snapshot.pool else None,
+        pool=_pool_stats(snapshot.pool, with_blocks, snapshot.model.spec if snapshot.model else None,
+                         snapshot.tiers.cool_bytes) if snapshot.pool else None,
         tiers=snapshot.tiers,
         throughput=snapshot.throughput,
         agents=list(snapshot.agents),

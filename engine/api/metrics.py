@@ -17,6 +17,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from engine.domain.requests import FinishEvent
 
+from .admin_routes import group_stats
 from .service import EngineService
 
 router = APIRouter(tags=["observability"])
@@ -78,6 +79,12 @@ class SnapshotCollector:
         yield _labelled_gauge("semantic_pool_blocks", "KV pool blocks", "state",
                               {"used": pool.used_blocks, "free": pool.free_blocks, "shared": pool.shared_blocks})
         yield GaugeMetricFamily("semantic_pool_bytes", "Bytes held by used KV blocks", value=pool.used_bytes)
+        if snapshot.model is not None:
+            groups = GaugeMetricFamily("semantic_pool_group_bytes", "Bytes of KV blocks held per layer group "
+                                       "(cool agents' quantized blocks not included)", labels=["group", "kind"])
+            for group in group_stats(pool, snapshot.model.spec, tiers.cool_bytes):
+                groups.add_metric([str(group.index), group.kind], group.used_bytes)
+            yield groups
         yield _labelled_gauge("semantic_agents", "Agents by cache tier", "tier",
                               {"hot": tiers.hot_agents, "warm": tiers.warm_agents, "cold": tiers.cold_agents})
         yield GaugeMetricFamily("semantic_agents_active", "Agents with a request queued or running",

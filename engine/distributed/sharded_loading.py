@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from engine.domain.cache_spec import ModelCacheSpec
 from engine.errors import ModelLoadError
 
 from engine.distributed.world import World
@@ -32,6 +33,14 @@ def check_divisible(config: dict[str, Any], world: World) -> None:
                 f"world size {world.size} does not divide the model's {count} {name}: tensor parallelism gives "
                 f"every rank an equal share of them; run on a number of ranks that divides {count}"
             )
+
+
+def check_shardable(spec: ModelCacheSpec, model_id: str) -> None:
+    """Tensor parallelism splits every layer's KV heads; a layout with nothing to split is refused, saying why."""
+    if spec.latent:
+        raise ModelLoadError(
+            f"{model_id} uses latent attention: each layer caches one latent head per token (K: the latent, V: the "
+            "rotary key), which cannot be split across ranks by heads; run it in one process")
 
 
 def load_shard(folder: Path, world: World, mode: str, trust_remote_code: bool) -> tuple[Any, Any, dict[str, Any]]:

@@ -1,8 +1,8 @@
 """The block pool: KV-cache memory accounted in fixed-size blocks.
 
-Every block has the same byte size (see ``cache_spec``: layers are split into
-equal-sized layer groups) and, while in use, serves exactly one layer group.
-Blocks are the ints ``0 .. total_blocks - 1``.
+Every block has the same byte size, the cache spec's unit (``cache_spec``: a
+layer group's block is a whole number of them) and, while in use, serves
+exactly one layer group. Blocks are the ints ``0 .. total_blocks - 1``.
 
 Free-queue order (the eviction policy, as in vLLM v1): allocation takes blocks
 from the head of the free queue; a released block is appended to the tail. A
@@ -337,11 +337,12 @@ def _blocks_in_budget(spec: ModelCacheSpec, budget_bytes: int) -> int:
     _check_count(budget_bytes, "budget_bytes")
     total = budget_bytes // spec.block_bytes
     n_groups = len(spec.groups)
-    if total < n_groups:
+    needed = sum(spec.group_units(g) for g in spec.groups)  # one block of every group
+    if total < needed:
         raise ValueError(
             f"KV budget of {budget_bytes:,} bytes holds {total} blocks of "
             f"{spec.block_bytes:,} bytes, but the model's {n_groups} layer groups need at "
-            f"least {n_groups} blocks ({n_groups * spec.block_bytes:,} bytes)"
+            f"least {needed} blocks ({needed * spec.block_bytes:,} bytes)"
         )
     return total
 

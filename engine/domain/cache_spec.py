@@ -1,17 +1,30 @@
 """The KV-cache layout of a model, independent of MLX.
 
-Layers are partitioned into *layer groups* of equal size so every block of the
-pool has the same byte size (the vLLM v1 hybrid-allocator idea): a uniform
-model is one group of all its layers; a hybrid sliding-window model such as
-Gemma 3 (3 global + 15 sliding layers) becomes 1 global group and 5 sliding
-groups of 3 layers each. One block = ``block_tokens`` tokens of K and V for
-every layer of one group.
+Layers are partitioned into *layer groups*: layers of one kind (full
+attention, a sliding window of W tokens, a chunked window of C tokens) and of
+one geometry (K/V heads, widths, dtype) make one or more groups of equal size
+(the vLLM v1 hybrid-allocator idea). A uniform model is one group of all its
+layers; Gemma 3 (3 global + 15 sliding layers) becomes 1 global group and 5
+sliding groups of 3. A *block* of a group holds ``block_tokens`` tokens of K
+and V for every layer of that group.
+
+Groups of different geometry (Gemma 4's global layers are twice as wide as
+its sliding ones) have blocks of different byte sizes. The pool counts them
+in one unit, ``block_bytes``: the greatest common divisor of the groups'
+block sizes, so a group's block is a whole number of pool blocks
+(``group_units``) and the pool's bytes are exactly what the arrays hold. A
+uniform model's unit is its one block size, as it always was.
+
+A latent-attention model (DeepSeek V3, GLM-4.7-Flash, Kimi K2.5) caches one
+latent vector and one rotary key per token under a single "head": its
+geometry is one head of ``kv_lora_rank`` (K) and ``qk_rope_head_dim`` (V).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import reduce
 
 DTYPE_BYTES = {
     "float32": 4,
@@ -23,25 +36,74 @@ DTYPE_BYTES = {
 
 
 @dataclass(frozen=True, slots=True)
+class KVGeometry:
+    """What one token of one layer stores: K and V of ``n_kv_heads`` heads, ``head_dim`` and ``v_head_dim``
+    wide, in ``dtype``."""
+
+    n_kv_heads: int
+    head_dim: int
+    v_head_dim: int
+    dtype: str
+
+    def __post_init__(self) -> None:
+        if min(self.n_kv_heads, self.head_dim, self.v_head_dim) <= 0:
+            raise ValueError(f"invalid K/V geometry: {self}")
+        if self.dtype not in DTYPE_BYTES:
+            raise ValueError(f"unsupported KV dtype {self.dtype!r}")
+
+    @property
+    def token_bytes(self) -> int:
+        return self.n_kv_heads * (self.head_dim + self.v_head_dim) * DTYPE_BYTES[self.dtype]
+
+    def describe(self) -> dict[str, object]:
+        return {"n_kv_heads": self.n_kv_heads, "head_dim": self.head_dim, "v_head_dim": self.v_head_dim,
+                "dtype": self.dtype}
+
+
+@dataclass(frozen=True, slots=True)
 class LayerGroup:
-    """Layers that share one block table. ``window`` is None for full attention."""
+    """Layers that share one block table. ``window``: a sliding window (None: full attention, or chunked);
+    ``chunk``: a chunked window (the layer attends to its chunk of ``chunk`` tokens); ``geometry``: None for
+    the spec's own."""
 
     index: int
     layers: tuple[int, ...]
     window: int | None = None
+    geometry: KVGeometry | None = None
+    chunk: int | None = None
 
     @property
     def is_sliding(self) -> bool:
         return self.window is not None
 
     @property
+    def is_chunked(self) -> bool:
+        return self.chunk is not None
+
+    @property
+    def holds_every_position(self) -> bool:
+        """Full attention: a cut-back cache keeps all it had (windows forget what fell out)."""
+        return self.window is None and self.chunk is None
+
+    @property
     def kind(self) -> str:
+        if self.chunk is not None:
+            return f"chunked-{self.chunk}"
         return f"sliding-{self.window}" if self.window else "global"
 
 
 @dataclass(frozen=True, slots=True)
 class ModelCacheSpec:
-    """Per-model KV layout: what one block holds and how many bytes it costs."""
+    """Per-model KV layout: what each layer group's block holds and what the pool counts it as.
+
+    ``n_kv_heads``/``head_dim``/``v_head_dim``/``dtype`` are the model's
+    geometry, that of every group without one of its own. ``shared_layers``:
+    for each model layer past ``n_layers`` (which keep no cache: Gemma 4's
+    KV-shared layers), the cache layer whose K/V it attends to.
+    ``batchable``: whether rows of one forward pass may each attend to their
+    own cache through the attention hook (not where the model reads the
+    fetched K/V itself, as latent attention and chunked windows do).
+    """
 
     n_layers: int
     n_kv_heads: int
@@ -54,6 +116,10 @@ class ModelCacheSpec:
     # (rank, world size) when the model is sharded across processes: this rank's blocks hold its
     # shard of the heads (or layers), and its cache files are only ever read back by the same rank.
     shard: tuple[int, int] | None = None
+    layer_chunks: tuple[int | None, ...] = field(default=())
+    shared_layers: tuple[int, ...] = field(default=())
+    batchable: bool = True
+    latent: bool = False
 
     def __post_init__(self) -> None:
         if self.n_layers <= 0 or self.n_kv_heads <= 0 or self.head_dim <= 0:
@@ -65,65 +131,136 @@ class ModelCacheSpec:
         covered = sorted(layer for g in self.groups for layer in g.layers)
         if covered != list(range(self.n_layers)):
             raise ValueError("layer groups must cover every layer exactly once")
-        sizes = {len(g.layers) for g in self.groups}
-        if len(sizes) != 1:
-            raise ValueError(f"layer groups must have equal sizes, got {sorted(sizes)}")
+        if any(not 0 <= source < self.n_layers for source in self.shared_layers):
+            raise ValueError(f"shared layers must read a cache layer, got {self.shared_layers}")
+        kinds: dict[tuple[object, ...], set[int]] = {}
+        for g in self.groups:
+            kinds.setdefault((g.window, g.chunk, self.geometry_of(g)), set()).add(len(g.layers))
+        if any(len(sizes) != 1 for sizes in kinds.values()):
+            raise ValueError("layer groups of one kind and geometry must have equal sizes")
+        if len({g.dtype for g in self.geometries}) != 1:
+            raise ValueError("every layer group must store K/V in one dtype")
 
-    # -- sizes ------------------------------------------------------------------
-    @property
-    def layers_per_group(self) -> int:
-        return len(self.groups[0].layers)
-
+    # -- geometry ---------------------------------------------------------------
     @property
     def value_head_dim(self) -> int:
         return self.v_head_dim if self.v_head_dim is not None else self.head_dim
 
     @property
+    def geometry(self) -> KVGeometry:
+        """The model's own geometry (every group's without one of its own)."""
+        return KVGeometry(self.n_kv_heads, self.head_dim, self.value_head_dim, self.dtype)
+
+    def geometry_of(self, group: LayerGroup) -> KVGeometry:
+        return group.geometry or self.geometry
+
+    def layer_geometry(self, layer: int) -> KVGeometry:
+        return self.geometry_of(self.group_of(layer))
+
+    def group_of(self, layer: int) -> LayerGroup:
+        return next(g for g in self.groups if layer in g.layers)
+
+    @property
+    def geometries(self) -> tuple[KVGeometry, ...]:
+        """Every distinct geometry, the model's own first."""
+        found = [self.geometry] + [g.geometry for g in self.groups if g.geometry is not None]
+        return tuple(dict.fromkeys(found))
+
+    @property
+    def head_dims(self) -> tuple[int, ...]:
+        """Every K and V width a layer of the model stores."""
+        return tuple(sorted({d for g in self.geometries for d in (g.head_dim, g.v_head_dim)}))
+
+    @property
+    def is_uniform(self) -> bool:
+        return len(self.geometries) == 1
+
+    # -- sizes ------------------------------------------------------------------
+    @property
     def bytes_per_token_per_layer(self) -> int:
-        return self.n_kv_heads * (self.head_dim + self.value_head_dim) * DTYPE_BYTES[self.dtype]
+        """One token of one layer of the model's own geometry."""
+        return self.geometry.token_bytes
+
+    def group_block_bytes(self, group: LayerGroup) -> int:
+        """Bytes of one of ``group``'s blocks: K and V of ``block_tokens`` tokens for its layers."""
+        return self.geometry_of(group).token_bytes * len(group.layers) * self.block_tokens
 
     @property
     def block_bytes(self) -> int:
-        """Bytes of one block: K and V of ``block_tokens`` tokens for one group's layers."""
-        return self.bytes_per_token_per_layer * self.layers_per_group * self.block_tokens
+        """The pool's unit: every group's block is a whole number of them (the gcd of the block sizes)."""
+        return reduce(math.gcd, (self.group_block_bytes(g) for g in self.groups))
+
+    def group_units(self, group: LayerGroup) -> int:
+        """Pool blocks one of ``group``'s blocks takes."""
+        return self.group_block_bytes(group) // self.block_bytes
 
     @property
     def global_groups(self) -> tuple[LayerGroup, ...]:
-        return tuple(g for g in self.groups if not g.is_sliding)
+        return tuple(g for g in self.groups if g.holds_every_position)
 
     @property
     def sliding_groups(self) -> tuple[LayerGroup, ...]:
-        return tuple(g for g in self.groups if g.is_sliding)
+        """Groups whose cache forgets (a sliding or a chunked window): checkpoints let them go back."""
+        return tuple(g for g in self.groups if not g.holds_every_position)
 
     @property
     def is_hybrid(self) -> bool:
         return bool(self.sliding_groups) and bool(self.global_groups)
 
     def blocks_for_tokens(self, group: LayerGroup, n_tokens: int) -> int:
-        """Blocks ``group`` needs to hold a sequence of ``n_tokens`` tokens.
+        """``group``'s blocks to hold a sequence of ``n_tokens`` tokens.
 
         A sliding-window group keeps at most its window plus the partial block
-        at each end, so it never needs more than ``ceil(window / B) + 1`` blocks.
+        at each end, so it never needs more than ``ceil(window / B) + 1``
+        blocks. A chunked group is reserved whole, as full attention is, while a
+        prompt is prefilled (it gives back what its chunk no longer needs after).
         """
         if n_tokens <= 0:
             return 0
+        whole = math.ceil(n_tokens / self.block_tokens)
         if group.window is None:
-            return math.ceil(n_tokens / self.block_tokens)
-        held = min(n_tokens, group.window)
-        return min(math.ceil(n_tokens / self.block_tokens), math.ceil(held / self.block_tokens) + 1)
+            return whole
+        return min(whole, math.ceil(min(n_tokens, group.window) / self.block_tokens) + 1)
 
     def blocks_per_group_for_tokens(self, n_tokens: int) -> dict[int, int]:
-        return {g.index: self.blocks_for_tokens(g, n_tokens) for g in self.groups}
+        """Pool blocks per group to hold a sequence of ``n_tokens`` tokens."""
+        return {g.index: self.blocks_for_tokens(g, n_tokens) * self.group_units(g) for g in self.groups}
 
     def total_blocks_for_tokens(self, n_tokens: int) -> int:
+        """Pool blocks to hold a sequence of ``n_tokens`` tokens."""
         return sum(self.blocks_per_group_for_tokens(n_tokens).values())
 
     def bytes_for_tokens(self, n_tokens: int) -> int:
         return self.total_blocks_for_tokens(n_tokens) * self.block_bytes
 
+    def layer_summary(self) -> str:
+        """The layer groups in a line, for logs and ``semantic models``: each kind's layers, their geometry
+        (K/V heads x widths) and bytes per token, e.g. ``global: 3 layers of 1x256/256 bfloat16 (1 KiB a token);
+        sliding-512: 15 layers in 5 groups of 1x256/256 bfloat16 (1 KiB a token)``."""
+        kinds: dict[tuple[str, KVGeometry], list[LayerGroup]] = {}
+        for g in self.groups:
+            kinds.setdefault((g.kind, self.geometry_of(g)), []).append(g)
+        parts = []
+        for (kind, geometry), groups in kinds.items():
+            layers = sum(len(g.layers) for g in groups)
+            grouped = f" in {len(groups)} groups" if len(groups) > 1 else ""
+            shape = f"{geometry.n_kv_heads}x{geometry.head_dim}/{geometry.v_head_dim} {geometry.dtype}"
+            parts.append(f"{kind}: {layers} layer{'s' if layers != 1 else ''}{grouped} of {shape} "
+                         f"({_size(geometry.token_bytes * layers)} a token)")
+        extras = [f"{len(self.shared_layers)} more layers read earlier layers' K/V"] if self.shared_layers else []
+        extras += ["latent attention (one latent head per layer)"] if self.latent else []
+        return "; ".join(parts + extras)
+
     def describe(self) -> dict[str, object]:
-        """JSON-friendly summary for stats and the model registry."""
-        return {
+        """JSON-friendly summary for stats, the model registry and cache files (whose fingerprint it is: a
+        uniform model's is what it has always been)."""
+        groups: list[dict[str, object]] = []
+        for g in self.groups:
+            entry: dict[str, object] = {"index": g.index, "kind": g.kind, "layers": list(g.layers)}
+            if not self.is_uniform:
+                entry |= {"geometry": self.geometry_of(g).describe(), "block_bytes": self.group_block_bytes(g)}
+            groups.append(entry)
+        out: dict[str, object] = {
             "n_layers": self.n_layers,
             "n_kv_heads": self.n_kv_heads,
             "head_dim": self.head_dim,
@@ -131,30 +268,58 @@ class ModelCacheSpec:
             "dtype": self.dtype,
             "block_tokens": self.block_tokens,
             "block_bytes": self.block_bytes,
-            "groups": [
-                {"index": g.index, "kind": g.kind, "layers": list(g.layers)} for g in self.groups
-            ],
-        } | ({} if self.shard is None else {"shard": {"rank": self.shard[0], "world_size": self.shard[1]}})
+            "groups": groups,
+        }
+        if self.shared_layers:
+            out["shared_layers"] = list(self.shared_layers)
+        if self.latent:
+            out["latent"] = True
+        if self.shard is not None:
+            out["shard"] = {"rank": self.shard[0], "world_size": self.shard[1]}
+        return out
 
 
-def group_layers(layer_windows: list[int | None]) -> tuple[LayerGroup, ...]:
-    """Partition layers into equal-sized groups of one attention kind each.
+def _size(n_bytes: int) -> str:
+    for unit, size in (("MiB", 2**20), ("KiB", 2**10)):
+        if n_bytes >= size:
+            return f"{n_bytes / size:.3g} {unit}"
+    return f"{n_bytes} B"
 
-    The group size is the gcd of the per-kind layer counts, so a 3-global /
-    15-sliding model gets groups of 3 and a uniform model one group.
+
+@dataclass(frozen=True, slots=True)
+class LayerKind:
+    """What one cache layer is, for grouping: full attention, a sliding window, or a chunked window, of a
+    geometry (None: the model's own)."""
+
+    window: int | None = None
+    chunk: int | None = None
+    geometry: KVGeometry | None = None
+
+
+def group_layers(layer_windows: list[int | None] | list[LayerKind]) -> tuple[LayerGroup, ...]:
+    """Partition layers into groups of one kind and geometry each, of equal size within a kind.
+
+    The size within a kind is the gcd of the per-kind layer counts of the kinds
+    of one geometry, so a 3-global / 15-sliding model gets groups of 3 and a
+    uniform model one group; a kind of another geometry is split by its own count's
+    gcd with its geometry's kinds. Full-attention groups come first, so group 0
+    is the full-attention one when there is one.
     """
     if not layer_windows:
         raise ValueError("a model needs at least one layer")
-    by_kind: dict[int | None, list[int]] = {}
-    for layer, window in enumerate(layer_windows):
-        by_kind.setdefault(window, []).append(layer)
-    size = 0
-    for layers in by_kind.values():
-        size = math.gcd(size, len(layers))
+    kinds = [k if isinstance(k, LayerKind) else LayerKind(window=k) for k in layer_windows]
+    by_kind: dict[LayerKind, list[int]] = {}
+    for layer, kind in enumerate(kinds):
+        by_kind.setdefault(kind, []).append(layer)
+    sizes: dict[KVGeometry | None, int] = {}
+    for kind, layers in by_kind.items():
+        sizes[kind.geometry] = math.gcd(sizes.get(kind.geometry, 0), len(layers))
     groups: list[LayerGroup] = []
-    # Global groups first so group 0 is the full-attention one when present.
-    for window in sorted(by_kind, key=lambda w: (w is not None, w or 0)):
-        layers = by_kind[window]
+    order = sorted(by_kind, key=lambda k: (k.window is not None or k.chunk is not None, k.chunk or 0, k.window or 0,
+                                           k.geometry is not None))
+    for kind in order:
+        layers, size = by_kind[kind], sizes[kind.geometry]
         for start in range(0, len(layers), size):
-            groups.append(LayerGroup(len(groups), tuple(layers[start : start + size]), window))
+            groups.append(LayerGroup(len(groups), tuple(layers[start:start + size]), kind.window, kind.geometry,
+                                     kind.chunk))
     return tuple(groups)

@@ -8,24 +8,30 @@ Two questions, answered from two sources:
   the layer pattern from config fields, which every family spells differently.
 * *How big is one token of K and V?* The attention modules: the KV head count
   they reshape to and the widths of ``k_proj``/``v_proj`` (the tensors the
-  cache actually stores), falling back to ``model.args``.
+  cache actually stores), falling back to ``model.args``. Layers may differ
+  (Gemma 4's global layers are twice as wide): each kind of layer becomes
+  groups of its own geometry. Latent attention (``kv_lora_rank``: DeepSeek V3,
+  GLM-4.7-Flash, Kimi K2.5) caches one latent vector (K) and one rotary key (V)
+  per token under a single head.
 
-Anything the block pool cannot hold (state-space/linear-attention
-``ArraysCache``, ``CacheList``, ``ChunkedKVCache``, MLA latent caches, layers of
-different geometry) raises :class:`UnsupportedModelError` here, at load time,
-rather than corrupting blocks later.
+Layers past ``make_cache()``'s caches that read another layer's K/V (Gemma
+4's ``previous_kvs``) are recorded as shared. Anything the block pool cannot
+hold (state-space/linear-attention ``ArraysCache``, ``CacheList``) raises
+:class:`UnsupportedModelError` here, at load time, rather than corrupting
+blocks later.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import replace
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import KVCache, RotatingKVCache
+from mlx_lm.models.cache import ChunkedKVCache, KVCache, RotatingKVCache
 
-from engine.domain.cache_spec import ModelCacheSpec, group_layers
+from engine.domain.cache_spec import KVGeometry, LayerKind, ModelCacheSpec, group_layers
 from engine.errors import UnsupportedModelError
 
 # Names mlx-lm families give a decoder block's attention module.
@@ -42,16 +48,6 @@ _MX_DTYPE_NAMES: dict[mx.Dtype, str] = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class KVGeometry:
-    """What one token of one layer stores: K and V widths per head, and their dtype."""
-
-    n_kv_heads: int
-    head_dim: int
-    v_head_dim: int
-    dtype: str
-
-
 def derive_cache_spec(
     model: nn.Module, block_tokens: int, kv_dtype: str | None = None
 ) -> ModelCacheSpec:
@@ -62,18 +58,30 @@ def derive_cache_spec(
     quantization scales' dtype for quantized layers).
     """
     model_type = model_type_of(model)
-    layer_windows = cache_windows(model, model_type)
-    geometry = kv_geometry(model, model_type)
-    dtype = geometry.dtype if kv_dtype is None else _checked_override(kv_dtype)
+    spans = cache_spans(model, model_type)
+    geometries = layer_geometries(model, model_type, len(spans))
+    if kv_dtype is not None:
+        dtype = _checked_override(kv_dtype)
+        geometries = [replace(g, dtype=dtype) for g in geometries]
+    own = Counter(geometries).most_common(1)[0][0]
+    kinds = [LayerKind(window, chunk, None if g == own else g) for (window, chunk), g in zip(spans, geometries)]
+    latent = any(getattr(_attention_of(layer), "kv_lora_rank", None) is not None for layer in _layers(model))
+    chunked = any(chunk is not None for _, chunk in spans)
     return ModelCacheSpec(
-        n_layers=len(layer_windows),
-        n_kv_heads=geometry.n_kv_heads,
-        head_dim=geometry.head_dim,
-        v_head_dim=geometry.v_head_dim if geometry.v_head_dim != geometry.head_dim else None,
-        dtype=dtype,
+        n_layers=len(spans),
+        n_kv_heads=own.n_kv_heads,
+        head_dim=own.head_dim,
+        v_head_dim=own.v_head_dim if own.v_head_dim != own.head_dim else None,
+        dtype=own.dtype,
         block_tokens=block_tokens,
-        groups=group_layers(layer_windows),
-        layer_windows=tuple(layer_windows),
+        groups=group_layers(kinds),
+        layer_windows=tuple(window for window, _ in spans),
+        layer_chunks=tuple(chunk for _, chunk in spans) if chunked else (),
+        shared_layers=shared_layers(model, model_type, len(spans)),
+        # The model reads the fetched K/V itself (latent scores, a chunk mask from the first cache): each row
+        # of a batch must run its own forward pass on its own caches.
+        batchable=not (latent or chunked),
+        latent=latent,
     )
 
 
@@ -91,12 +99,17 @@ def model_args(model: nn.Module) -> Any:
 # -- cache kinds ------------------------------------------------------------------
 
 
-def cache_windows(model: nn.Module, model_type: str) -> list[int | None]:
-    """Per cache-holding layer: None for full attention, else the sliding window."""
+def cache_spans(model: nn.Module, model_type: str) -> list[tuple[int | None, int | None]]:
+    """Per cache-holding layer: (sliding window, chunk), both None for full attention."""
     caches = _fresh_caches(model)
     if not caches:
         raise UnsupportedModelError(f"model type {model_type!r} keeps no KV cache")
-    return [_window_of(cache, layer, model_type) for layer, cache in enumerate(caches)]
+    return [_span_of(cache, layer, model_type) for layer, cache in enumerate(caches)]
+
+
+def cache_windows(model: nn.Module, model_type: str) -> list[int | None]:
+    """Per cache-holding layer: None for full attention (or a chunked window), else the sliding window."""
+    return [window for window, _ in cache_spans(model, model_type)]
 
 
 def _fresh_caches(model: nn.Module) -> list[Any]:
@@ -107,17 +120,54 @@ def _fresh_caches(model: nn.Module) -> list[Any]:
     return [KVCache() for _ in model.layers]
 
 
-def _window_of(cache: Any, layer: int, model_type: str) -> int | None:
+def _span_of(cache: Any, layer: int, model_type: str) -> tuple[int | None, int | None]:
     # Exact type checks: a subclass may store its arrays differently, and the
-    # pool copies K/V blocks assuming exactly these two layouts.
+    # pool copies K/V blocks assuming exactly these layouts.
     if type(cache) is KVCache:
-        return None
+        return None, None
     if type(cache) is RotatingKVCache:
-        return _sliding_window(cache, layer, model_type)
+        return _sliding_window(cache, layer, model_type), None
+    if type(cache) is ChunkedKVCache:
+        if not isinstance(cache.chunk_size, int) or cache.chunk_size <= 0:
+            raise UnsupportedModelError(f"model type {model_type!r}: layer {layer} has an invalid chunk size "
+                                        f"{cache.chunk_size!r}")
+        return None, cache.chunk_size
     raise UnsupportedModelError(
-        f"model type {model_type!r}: layer {layer} uses {type(cache).__name__}; "
-        "the KV block pool only holds KVCache and RotatingKVCache layers"
+        f"model type {model_type!r}: layer {layer} uses {type(cache).__name__} (recurrent or other state, not "
+        "a K/V per token); the KV block pool holds KVCache, RotatingKVCache and ChunkedKVCache layers"
     )
+
+
+def shared_layers(model: nn.Module, model_type: str, n_caches: int) -> tuple[int, ...]:
+    """For each model layer past the ``n_caches`` cache layers, the cache layer whose K/V it attends to."""
+    layers = _layers(model)
+    if len(layers) <= n_caches:
+        return ()
+    body = _body(model)
+    sources = getattr(body, "previous_kvs", None)
+    if not isinstance(sources, (list, tuple)) or len(sources) != len(layers):
+        raise UnsupportedModelError(
+            f"model type {model_type!r}: {len(layers)} layers but {n_caches} caches, and no map of which "
+            "cache the others read (previous_kvs)")
+    shared = tuple(int(s) for s in sources[n_caches:])
+    if any(not 0 <= s < n_caches for s in shared):
+        raise UnsupportedModelError(f"model type {model_type!r}: a KV-shared layer reads a layer without a cache")
+    return shared
+
+
+def _layers(model: nn.Module) -> list[nn.Module]:
+    return list(getattr(model, "layers", None) or [])
+
+
+def _body(model: nn.Module) -> Any:
+    """The module holding the decoder layers (``model.model``, or a language model's)."""
+    for path in ("model", "language_model.model"):
+        node: Any = model
+        for name in path.split("."):
+            node = getattr(node, name, None)
+        if node is not None and hasattr(node, "layers"):
+            return node
+    return model
 
 
 def _sliding_window(cache: RotatingKVCache, layer: int, model_type: str) -> int:
@@ -139,21 +189,41 @@ def _sliding_window(cache: RotatingKVCache, layer: int, model_type: str) -> int:
 # -- K/V geometry -----------------------------------------------------------------
 
 
-def kv_geometry(model: nn.Module, model_type: str) -> KVGeometry:
-    """The one K/V geometry shared by every attention layer of ``model``."""
+def layer_geometries(model: nn.Module, model_type: str, n_caches: int) -> list[KVGeometry]:
+    """The K/V geometry of each of the first ``n_caches`` layers (the ones holding a cache)."""
     args = model_args(model)
-    attentions = [attn for layer in model.layers if (attn := _attention_of(layer)) is not None]
-    for attn in attentions:
-        _reject_latent_attention(attn, model_type)
-    geometries = {_attention_geometry(attn, args, model_type) for attn in attentions}
-    if not geometries:
-        return _args_geometry(args, model, model_type)
-    if len(geometries) > 1:
-        raise UnsupportedModelError(
-            f"model type {model_type!r}: attention layers differ in K/V shape or dtype "
-            f"({sorted(geometries, key=repr)}); one block size must fit every layer"
-        )
-    return geometries.pop()
+    layers = _layers(model)[:n_caches]
+    attentions = [_attention_of(layer) for layer in layers]
+    if not attentions or any(a is None for a in attentions):
+        return [_args_geometry(args, model, model_type)] * n_caches
+    return [_geometry(attn, args, model_type) for attn in attentions]  # type: ignore[arg-type]
+
+
+def kv_geometry(model: nn.Module, model_type: str) -> KVGeometry:
+    """The geometry of the model's most common cache layer."""
+    geometries = layer_geometries(model, model_type, len(_fresh_caches(model)))
+    return Counter(geometries).most_common(1)[0][0]
+
+
+def _geometry(attn: nn.Module, args: Any, model_type: str) -> KVGeometry:
+    latent = getattr(attn, "kv_lora_rank", None)
+    if latent is not None:
+        return _latent_geometry(attn, model_type)
+    return _attention_geometry(attn, args, model_type)
+
+
+def _latent_geometry(attn: nn.Module, model_type: str) -> KVGeometry:
+    """Latent attention caches ``kv_latent`` (one head of ``kv_lora_rank``) as K and the rotary ``k_pe`` (one
+    head of ``qk_rope_head_dim``) as V (mlx-lm's deepseek_v3 ``update_and_fetch(kv_latent, k_pe)``)."""
+    rank, rope = getattr(attn, "kv_lora_rank", None), getattr(attn, "qk_rope_head_dim", None)
+    if not (_positive(rank) and _positive(rope)):
+        raise UnsupportedModelError(f"model type {model_type!r}: latent attention without kv_lora_rank and "
+                                    "qk_rope_head_dim")
+    return KVGeometry(1, rank, rope, _module_kv_dtype(attn, model_type))
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 def _attention_of(layer: nn.Module) -> nn.Module | None:
@@ -162,18 +232,6 @@ def _attention_of(layer: nn.Module) -> nn.Module | None:
         if isinstance(attn, nn.Module):
             return attn
     return None
-
-
-def _reject_latent_attention(attn: nn.Module, model_type: str) -> None:
-    # Multi-head latent attention (DeepSeek V2/V3, Kimi...) caches a compressed
-    # latent or per-family K/V shapes inside a plain KVCache: the class check
-    # cannot see it, the kv_lora_rank attribute can.
-    if getattr(attn, "kv_lora_rank", None) is not None:
-        raise UnsupportedModelError(
-            f"model type {model_type!r}: multi-head latent attention ({type(attn).__name__}, "
-            f"kv_lora_rank={attn.kv_lora_rank}) caches compressed KVCache entries, "
-            "which the KV block pool does not support"
-        )
 
 
 def _attention_geometry(attn: nn.Module, args: Any, model_type: str) -> KVGeometry:

@@ -86,6 +86,9 @@ def load_model(
         model, tokenizer, config = load_shard(folder, world, shard_mode, trust_remote_code)
     spec = derive_cache_spec(model, block_tokens)
     if world is not None:
+        from engine.distributed.sharded_loading import check_shardable
+
+        check_shardable(spec, resolved.model_id)
         spec = replace(spec, shard=(world.rank, world.size))
     if progress:
         progress(ImportProgress("loading", 1, 1))

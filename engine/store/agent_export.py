@@ -57,7 +57,7 @@ from engine.store.agents_on_disk import (
 )
 from engine.store.cache_format import CacheHeader, CacheRecord, cache_file_path
 from engine.store.cache_reader import read_cache_file, read_header
-from engine.store.cache_validation import _geometry
+from engine.store.cache_validation import full_attention_groups
 from engine.store.cache_writer import write_cache_file, write_cache_file_to
 from engine.store.cold_index import ColdIndex
 
@@ -152,7 +152,7 @@ def _self_contained(warm: WarmFile) -> tuple[CacheRecord, int]:
         raise CacheCorruptionError(f"shared prefix {path.name} does not hold agent "
                                    f"{warm.header.agent_id!r}'s first {shared} tokens")
     # Only full-attention groups' own blocks: the agent's file holds its sliding windows itself.
-    globals_ = {i for i, (_, window) in _geometry(record.header.spec).groups.items() if window is None}
+    globals_ = full_attention_groups(record.header.spec)
     inlined = tuple(b for b in prefix.blocks if b.group in globals_ and b.checkpoint is None)
     return CacheRecord(record.header, inlined + record.blocks), shared
 

@@ -99,14 +99,31 @@ def _check_checksum(head: bytes, checksum_at: int, expected: str, data: np.ndarr
 
 # -- tensors against the spec ------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
-class _Geometry:
-    n_layers: int
+class _Group:
+    """A layer group as the spec describes it: its layers, its window or chunk, its K/V shape."""
+
+    layers: int
+    window: int | None
+    chunk: int | None
     kv_heads: int
     head_dim: int
     v_head_dim: int
+
+    @property
+    def forgets(self) -> bool:
+        return self.window is not None or self.chunk is not None
+
+
+@dataclass(frozen=True, slots=True)
+class _Geometry:
+    n_layers: int
     dtype: _Dtype
     block_tokens: int
-    groups: dict[int, tuple[int, int | None]]  # group index -> (layers in it, sliding window)
+    groups: dict[int, _Group]
+
+    @property
+    def head_dims(self) -> set[int]:
+        return {d for g in self.groups.values() for d in (g.head_dim, g.v_head_dim)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,19 +144,29 @@ class _BlockEntries:
 _Runs = dict[int | None, dict[int, list[_BlockEntries]]]
 
 
+def full_attention_groups(spec: dict[str, Any]) -> set[int]:
+    """The groups of a file's cache layout that hold every position (no window, no chunk)."""
+    return {index for index, group in _geometry(spec).groups.items() if not group.forgets}
+
+
 def _geometry(spec: dict[str, Any]) -> _Geometry:
-    """The shape facts of a ``ModelCacheSpec.describe()`` dict."""
+    """The shape facts of a ``ModelCacheSpec.describe()`` dict (a group's own geometry, where it has one)."""
     try:
-        groups = {g["index"]: (len(g["layers"]), _window(g["kind"])) for g in spec["groups"]}
-        return _Geometry(spec["n_layers"], spec["n_kv_heads"], spec["head_dim"], spec["v_head_dim"],
-                         _KV_DTYPES[spec["dtype"]], spec["block_tokens"], groups)
+        groups = {g["index"]: _group(g, g.get("geometry") or spec) for g in spec["groups"]}
+        return _Geometry(spec["n_layers"], _KV_DTYPES[spec["dtype"]], spec["block_tokens"], groups)
     except (KeyError, TypeError, ValueError) as err:
         raise CacheCorruptionError(
             f"spec is malformed or unsupported ({_short(repr(err))})") from None
 
 
-def _window(kind: str) -> int | None:
-    return None if kind == "global" else int(kind.removeprefix("sliding-"))
+def _group(group: dict[str, Any], geometry: dict[str, Any]) -> _Group:
+    kind = group["kind"]
+    window = int(kind.removeprefix("sliding-")) if kind.startswith("sliding-") else None
+    chunk = int(kind.removeprefix("chunked-")) if kind.startswith("chunked-") else None
+    if kind != "global" and window is None and chunk is None:
+        raise ValueError(f"unknown group kind {kind!r}")
+    return _Group(len(group["layers"]), window, chunk, geometry["n_kv_heads"], geometry["head_dim"],
+                  geometry["v_head_dim"])
 
 
 def _check_blocks(geometry: _Geometry, entries: dict[str, _Entry], header: CacheHeader) -> _Runs:
@@ -161,8 +188,8 @@ def _check_blocks(geometry: _Geometry, entries: dict[str, _Entry], header: Cache
                                    f"does not list (it lists {len(header.checkpoints)})")
     main = runs.get(None, {})
     shared = header.prefix["n_tokens"] if header.prefix else 0
-    for index, (_, window) in geometry.groups.items():
-        _check_run(index, main.get(index, []), header.n_tokens, window, shared)
+    for index, group in geometry.groups.items():
+        _check_run(index, main.get(index, []), header.n_tokens, group, shared)
     for i, checkpoint in enumerate(header.checkpoints):
         _check_checkpoint(geometry, i, checkpoint["offset"], runs.get(i, {}))
     kv_bytes = sum(e.end - e.begin for name, e in entries.items() if name != TOKENS)
@@ -174,7 +201,7 @@ def _check_blocks(geometry: _Geometry, entries: dict[str, _Entry], header: Cache
 
 def _check_quantization(geometry: _Geometry, quantization: KVQuantization) -> None:
     """The head dims split into whole groups, and a group into whole packed words."""
-    for dim in {geometry.head_dim, geometry.v_head_dim}:
+    for dim in geometry.head_dims:
         if dim % quantization.group_size or dim * quantization.bits % 32:
             raise CacheCorruptionError(
                 f"kv_quantization {quantization.bits} bits in groups of {quantization.group_size} "
@@ -213,7 +240,8 @@ def _block(
     if group not in geometry.groups:
         raise CacheCorruptionError(
             f"tensor group {group} is not in the spec (groups {sorted(geometry.groups)})")
-    width = geometry.groups[group][0]
+    facts = geometry.groups[group]
+    width = facts.layers
     parts = _PARTS if quantization is not None else (None,)
     if set(tensors) != {(slot, kind, part) for slot in range(width) for kind in "kv" for part in parts}:
         what = "k or v (packed, scales and biases)" if quantization is not None else "k or v"
@@ -222,13 +250,13 @@ def _block(
     if quantization is None:
         keys: tuple[Any, ...] = tuple(tensors[(slot, "k", None)] for slot in range(width))
         values: tuple[Any, ...] = tuple(tensors[(slot, "v", None)] for slot in range(width))
-        lengths = {_tensor_length(geometry, e, geometry.head_dim) for e in keys}
-        lengths |= {_tensor_length(geometry, e, geometry.v_head_dim) for e in values}
+        lengths = {_tensor_length(geometry, facts, e, facts.head_dim) for e in keys}
+        lengths |= {_tensor_length(geometry, facts, e, facts.v_head_dim) for e in values}
     else:
         keys = tuple(QuantizedArray(*(tensors[(slot, "k", p)] for p in _PARTS)) for slot in range(width))
         values = tuple(QuantizedArray(*(tensors[(slot, "v", p)] for p in _PARTS)) for slot in range(width))
-        lengths = {_quantized_length(geometry, q, geometry.head_dim, quantization) for q in keys}
-        lengths |= {_quantized_length(geometry, q, geometry.v_head_dim, quantization) for q in values}
+        lengths = {_quantized_length(geometry, facts, q, facts.head_dim, quantization) for q in keys}
+        lengths |= {_quantized_length(geometry, facts, q, facts.v_head_dim, quantization) for q in values}
     length = min(lengths)
     room = geometry.block_tokens - start % geometry.block_tokens  # blocks sit on boundaries
     if len(lengths) != 1 or not 1 <= length <= room:
@@ -237,26 +265,27 @@ def _block(
     return _BlockEntries(group, start, length, keys, values, checkpoint)
 
 
-def _tensor_length(geometry: _Geometry, entry: _Entry, head_dim: int, dtype: _Dtype | None = None) -> int:
+def _tensor_length(geometry: _Geometry, group: _Group, entry: _Entry, head_dim: int,
+                   dtype: _Dtype | None = None) -> int:
     stored_as = "the spec stores" if dtype is None else "quantized K/V are"
     dtype = dtype or geometry.dtype
     if entry.dtype != dtype.code:
         raise CacheCorruptionError(f"tensor {entry.name} has unexpected dtype {entry.dtype}, "
                                    f"{stored_as} {dtype.name}")
     shape = entry.shape
-    if len(shape) != 4 or shape[0] != 1 or shape[1] != geometry.kv_heads or shape[3] != head_dim:
+    if len(shape) != 4 or shape[0] != 1 or shape[1] != group.kv_heads or shape[3] != head_dim:
         raise CacheCorruptionError(f"tensor {entry.name} has shape {list(shape)}, "
-                                   f"the spec needs [1, {geometry.kv_heads}, n, {head_dim}]")
+                                   f"the spec needs [1, {group.kv_heads}, n, {head_dim}]")
     return shape[2]
 
 
 def _quantized_length(
-    geometry: _Geometry, array: QuantizedArray, head_dim: int, quantization: KVQuantization,
+    geometry: _Geometry, group: _Group, array: QuantizedArray, head_dim: int, quantization: KVQuantization,
 ) -> int:
     """Packed words [1, H, n, head_dim * bits / 32], scales and biases [1, H, n, head_dim / group]."""
-    lengths = {_tensor_length(geometry, array.packed, head_dim * quantization.bits // 32, _PACKED_DTYPE)}
+    lengths = {_tensor_length(geometry, group, array.packed, head_dim * quantization.bits // 32, _PACKED_DTYPE)}
     for part in (array.scales, array.biases):
-        lengths.add(_tensor_length(geometry, part, head_dim // quantization.group_size))
+        lengths.add(_tensor_length(geometry, group, part, head_dim // quantization.group_size))
     if len(lengths) != 1:
         raise CacheCorruptionError(f"tensor {array.packed.name}: its packed words, scales and biases "
                                    f"hold {sorted(lengths)} tokens")
@@ -264,7 +293,7 @@ def _quantized_length(
 
 
 def _check_run(
-    index: int, run: list[_BlockEntries], n_tokens: int, window: int | None, shared: int
+    index: int, run: list[_BlockEntries], n_tokens: int, group: _Group, shared: int
 ) -> None:
     """A group's blocks are contiguous, end at the last token, and start where they must.
 
@@ -272,14 +301,28 @@ def _check_run(
     prefix file holds a full-attention group's tokens before it.
     """
     _check_contiguous(f"group {index}", run)
-    end = run[-1].end if run else (shared if window is None else 0)
+    if not run and _at_chunk_boundary(n_tokens, group):
+        return
+    end = run[-1].end if run else (0 if group.forgets else shared)
     if end != n_tokens:
         raise CacheCorruptionError(
             f"group {index} covers tokens up to {end}, the cache holds {n_tokens}")
-    if window is None:
+    if not group.forgets:
         _check_global_start(index, run, shared)
     else:
-        _check_window_start(index, run, n_tokens, window)
+        _check_window_start(index, run, _first_needed(n_tokens, group))
+
+
+def _at_chunk_boundary(n_tokens: int, group: _Group) -> bool:
+    """A chunked group at a chunk boundary holds nothing: the next token starts a new chunk."""
+    return group.chunk is not None and n_tokens % group.chunk == 0
+
+
+def _first_needed(n_tokens: int, group: _Group) -> int:
+    """The first position a window group must hold to go on at ``n_tokens``: its window's, or its chunk's."""
+    if group.chunk is not None:
+        return n_tokens // group.chunk * group.chunk
+    return first_needed_position(n_tokens, group.window)
 
 
 def _check_global_start(index: int, run: list[_BlockEntries], shared: int) -> None:
@@ -290,9 +333,8 @@ def _check_global_start(index: int, run: list[_BlockEntries], shared: int) -> No
                                    f"but with {held} it must start at token {shared}")
 
 
-def _check_window_start(index: int, run: list[_BlockEntries], n_tokens: int, window: int) -> None:
-    """A sliding-window group may drop blocks before its window, never one inside it."""
-    needed = first_needed_position(n_tokens, window)
+def _check_window_start(index: int, run: list[_BlockEntries], needed: int) -> None:
+    """A window group may drop blocks before its window (or chunk), never one inside it."""
     if run and run[0].start > needed:
         raise CacheCorruptionError(
             f"group {index} starts at token {run[0].start}, but must hold token {needed} on")
@@ -313,38 +355,46 @@ def _check_checkpoint(
     Full-attention groups never shrink, so the cache's own blocks already hold
     their state at any earlier offset: a checkpoint of one would be a copy.
     """
-    for index, (_, window) in geometry.groups.items():
+    for index, group in geometry.groups.items():
         run = runs.get(index, [])
-        if window is None:
+        if not group.forgets:
             if run:
                 raise CacheCorruptionError(f"checkpoint {i} has blocks of global group {index}; "
                                            "checkpoints hold only sliding-window groups")
             continue
         if not run:
+            if _at_chunk_boundary(offset, group):
+                continue
             raise CacheCorruptionError(
                 f"checkpoint {i} has no blocks of sliding-window group {index}")
         what = f"checkpoint {i} group {index}"
         _check_contiguous(what, run)
-        _check_checkpoint_span(what, run[0].start, run[-1].end, offset,
-                               window, geometry.block_tokens)
+        _check_checkpoint_span(what, run[0].start, run[-1].end, offset, group, geometry.block_tokens)
 
 
 def _check_checkpoint_span(
-    what: str, start: int, end: int, offset: int, window: int, block_tokens: int
+    what: str, start: int, end: int, offset: int, group: _Group, block_tokens: int
 ) -> None:
-    """Ends at ``offset`` and holds the ``window - 1`` tokens the next one attends to.
+    """Ends at ``offset`` and holds the ``window - 1`` tokens the next one attends to (a chunked group: its
+    chunk so far).
 
     It may hold more, whole blocks cut from the cache, but never more than a
-    window rounded up to blocks: a checkpoint cannot quietly carry a history.
+    window rounded up to blocks (a chunk and a block more): a checkpoint cannot
+    quietly carry a history.
     """
     if end != offset:
         raise CacheCorruptionError(f"{what} covers tokens up to {end}, its offset is {offset}")
-    latest = max(0, offset - (window - 1))
+    if group.chunk is not None:
+        latest = offset // group.chunk * group.chunk
+        span = (math.ceil(group.chunk / block_tokens) + 1) * block_tokens
+    else:
+        assert group.window is not None
+        latest = max(0, offset - (group.window - 1))
+        span = math.ceil(group.window / block_tokens) * block_tokens
     if start > latest:
         raise CacheCorruptionError(
             f"{what} starts at token {start}, but must hold token {latest} on")
-    window_in_blocks = math.ceil(window / block_tokens) * block_tokens
-    earliest = max(0, offset - window_in_blocks)
+    earliest = max(0, offset - span)
     if start < earliest:
         raise CacheCorruptionError(f"{what} starts at token {start}, before token {earliest}: "
                                    "more than its window's blocks before its offset")

@@ -30,18 +30,19 @@ log = logging.getLogger("semantic.store")
 PREFERRED_GROUP_SIZE = 64
 
 
-def quantization_for(bits: int | None, head_dim: int, v_head_dim: int) -> KVQuantization | None:
-    """The quantization for ``bits`` on these head dims; None for full precision, or when no group
-    size ``mx.quantize`` offers divides both head dims (then the files stay full precision, logged)."""
+def quantization_for(bits: int | None, *head_dims: int) -> KVQuantization | None:
+    """The quantization for ``bits`` on these head dims (every K and V width of the model); None for full
+    precision, or when no group size ``mx.quantize`` offers divides them all (then the files stay full
+    precision, logged)."""
     if bits is None:
         return None
     sizes = [PREFERRED_GROUP_SIZE, *sorted((g for g in QUANTIZATION_GROUP_SIZES if g != PREFERRED_GROUP_SIZE),
                                            reverse=True)]
     for group_size in sizes:
-        if all(dim % group_size == 0 and dim * bits % 32 == 0 for dim in (head_dim, v_head_dim)):
+        if all(dim % group_size == 0 and dim * bits % 32 == 0 for dim in head_dims):
             return KVQuantization(bits, group_size)
-    log.warning("kv_bits_at_rest %d: head dims %d/%d split into no group size of %s; "
-                "caches are stored at full precision", bits, head_dim, v_head_dim, QUANTIZATION_GROUP_SIZES)
+    log.warning("kv_bits_at_rest %d: head dims %s split into no group size of %s; "
+                "caches are stored at full precision", bits, "/".join(map(str, head_dims)), QUANTIZATION_GROUP_SIZES)
     return None
 
 

@@ -150,7 +150,7 @@ class WarmStore:
         self.loaded = loaded
         self.disk_budget_bytes = disk_budget_bytes
         # K/V written quantized (kv_at_rest.py); files of either kind load whatever the setting.
-        self.quantization = quantization_for(kv_bits_at_rest, loaded.spec.head_dim, loaded.spec.value_head_dim)
+        self.quantization = quantization_for(kv_bits_at_rest, *loaded.spec.head_dims)
         self.events = events
         self.fingerprint = spec_fingerprint(loaded.spec)
         self.entries: dict[str, WarmEntry] = {}

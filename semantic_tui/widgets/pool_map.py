@@ -40,6 +40,8 @@ class PoolView:
     cool: frozenset[str] = frozenset()
     # A sharded model's ranks: (rank, MLX bytes in use there). Each holds its shard of every block.
     ranks: tuple[tuple[int, int], ...] = ()
+    # Layer groups of different geometry (Gemma 4): each kind's block size in pool blocks and its K/V shape.
+    groups: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,9 +70,29 @@ def sliding_groups_of(snapshot: EngineSnapshot) -> frozenset[int]:
     spec = snapshot.model.spec if snapshot.model is not None else {}
     groups = spec.get("groups") if isinstance(spec, dict) else None
     if isinstance(groups, list) and groups:
-        return frozenset(g["index"] for g in groups if str(g.get("kind", "")).startswith("sliding"))
+        return frozenset(g["index"] for g in groups if str(g.get("kind", "")).startswith(("sliding", "chunked")))
     n_groups = snapshot.pool.n_groups if snapshot.pool is not None else 1
     return frozenset(range(1, n_groups))
+
+
+def group_shapes_of(snapshot: EngineSnapshot) -> tuple[str, ...]:
+    """For a model whose layer groups differ in geometry: per kind, ``kind k×K/V = n blocks`` (a block of that
+    group takes n pool blocks); empty for a uniform model, whose every block is one pool block."""
+    spec = snapshot.model.spec if snapshot.model is not None else {}
+    groups = spec.get("groups") if isinstance(spec, dict) else None
+    if not isinstance(groups, list) or not any("geometry" in g for g in groups):
+        return ()
+    unit = spec.get("block_bytes") or 1
+    shapes: dict[str, None] = {}
+    for g in groups:
+        geometry = g.get("geometry", {})
+        shape = f"{geometry.get('n_kv_heads')}x{geometry.get('head_dim')}/{geometry.get('v_head_dim')}"
+        shapes[f"{g['kind']} {shape} = {g.get('block_bytes', unit) // unit} blk"] = None
+    return tuple(shapes)
+
+
+def groups_line(groups: tuple[str, ...], width: int) -> Text:
+    return Text(_first_fit([" · ".join(groups), f"{len(groups)} kinds of layer group"], width), style="dim")
 
 
 def plan_grid(total_blocks: int, width: int, rows: int) -> GridLayout:
@@ -243,6 +265,7 @@ def render_pool(view: PoolView, width: int, height: int) -> Text:
     pool = view.pool
     # Short widgets drop the counts line first, then the legend: the grid always keeps a row.
     header = [ranks_line(view.ranks, width)] if view.ranks and height >= 6 else []
+    header += [groups_line(view.groups, width)] if view.groups and height >= 6 else []
     header += [counts_line(pool, width)] if height >= 4 else []
     header += [pressure_line(pool, width)] if height >= 2 else []
     legend_rows = 1 if height >= 3 else 0
@@ -283,7 +306,8 @@ class PoolMap(Widget):
             kept = frozenset(a.agent_id for a in snapshot.agents if a.retained_s > 0 and a.agent_id in owners)
             cool = frozenset(a.agent_id for a in snapshot.agents if a.tier == "cool" and a.agent_id in owners)
             ranks = tuple((r.rank, r.active_bytes) for r in snapshot.ranks)
-            view = PoolView(snapshot.pool, sliding_groups_of(snapshot), labels, kept, cool, ranks)
+            view = PoolView(snapshot.pool, sliding_groups_of(snapshot), labels, kept, cool, ranks,
+                            group_shapes_of(snapshot))
         if view == self._view and snapshot.status == self._status:
             return
         self._view, self._status = view, snapshot.status

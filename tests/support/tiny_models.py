@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import mlx.core as mx
@@ -11,6 +12,12 @@ from engine.models.cache_spec import derive_cache_spec
 from engine.models.loaded import LoadedModel, ModelIdentity
 
 from .byte_tokenizer import VOCAB_SIZE, ByteTokenizer
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+if str(BENCH) not in sys.path:  # bench/ holds scripts, not a package; last, so it shadows nothing
+    sys.path.append(str(BENCH))
+
+from random_model import vary  # noqa: E402  (re-exported: the tests vary tiny models as the bench does)
 
 
 def tiny_llama(seed: int = 0, layers: int = 2, head_dim: int | None = None):
@@ -54,10 +61,66 @@ def tiny_gemma3(seed: int = 0, window: int = 24):
     return model
 
 
+# Families whose caches are not one plain K/V per layer of one width: latent attention (one latent head;
+# GLM's latent and rotary widths split into mx.quantize's groups of 32, DeepSeek's rotary 16 does not),
+# Gemma 4 (global layers twice as wide as sliding ones, and layers that read another layer's K/V), Llama 4
+# (chunked windows). Configs after mlx-lm's tests/test_models.py, at a vocabulary of the byte tokenizer.
+FAMILY_CONFIGS: dict[str, dict] = {
+    "deepseek_v3": dict(model_type="deepseek_v3", hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+                        num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4,
+                        n_group=2, topk_group=1, num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1,
+                        kv_lora_rank=32, q_lora_rank=16, qk_rope_head_dim=16, v_head_dim=16, qk_nope_head_dim=16,
+                        max_position_embeddings=4096, rope_scaling=None),
+    "glm4_moe_lite": dict(model_type="glm4_moe_lite", hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+                          num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1,
+                          n_routed_experts=4, routed_scaling_factor=1.0, kv_lora_rank=64, q_lora_rank=16,
+                          qk_rope_head_dim=32, qk_nope_head_dim=16, v_head_dim=16, topk_method="noaux_tc",
+                          scoring_func="sigmoid", norm_topk_prob=True, n_group=1, topk_group=1, num_experts_per_tok=2,
+                          moe_layer_freq=1, first_k_dense_replace=1, max_position_embeddings=4096, rms_norm_eps=1e-5,
+                          rope_theta=1000, rope_scaling=None),
+    "gemma4_text": dict(model_type="gemma4_text", hidden_size=64, num_hidden_layers=10, intermediate_size=128,
+                        num_attention_heads=4, head_dim=32, global_head_dim=64, rms_norm_eps=1e-6,
+                        vocab_size_per_layer_input=VOCAB_SIZE, num_key_value_heads=1, num_kv_shared_layers=4,
+                        hidden_size_per_layer_input=16, sliding_window=24, sliding_window_pattern=5,
+                        final_logit_softcapping=30.0,
+                        layer_types=(["sliding_attention"] * 4 + ["full_attention"]) * 2,
+                        rope_parameters={"full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1000000.0},
+                                         "sliding_attention": {"rope_theta": 10000.0}}),
+    "llama4": dict(model_type="llama4", text_config=dict(
+        model_type="llama4", attention_bias=False, attention_chunk_size=24, head_dim=16, hidden_size=64,
+        interleave_moe_layer_step=2, intermediate_size=128, intermediate_size_mlp=128, max_position_embeddings=4096,
+        num_attention_heads=4, num_experts_per_tok=1, num_hidden_layers=4, num_key_value_heads=2, num_local_experts=2,
+        rms_norm_eps=1e-4, rope_scaling=None, rope_theta=1000, use_qk_norm=True, vocab_size=VOCAB_SIZE)),
+}
+# Kimi K2.5: DeepSeek V3's text model under a vision-language wrapper.
+FAMILY_CONFIGS["kimi_k25"] = dict(model_type="kimi_k25", text_config=dict(FAMILY_CONFIGS["deepseek_v3"]))
+
+
+def tiny_family(kind: str, seed: int = 0, vocab_size: int = VOCAB_SIZE):
+    """A tiny random-weight model of one of ``FAMILY_CONFIGS``' families (mlx-lm's own classes)."""
+    from mlx_lm.utils import _get_classes
+
+    config = family_config(kind, vocab_size)
+    model_class, args_class = _get_classes(config)
+    mx.random.seed(seed)
+    model = model_class(args_class.from_dict(config))
+    vary(model, seed)
+    return model
+
+
+def family_config(kind: str, vocab_size: int = VOCAB_SIZE) -> dict:
+    """``kind``'s config (a ``config.json``) at ``vocab_size`` tokens."""
+    config = dict(FAMILY_CONFIGS[kind], vocab_size=vocab_size)
+    if "text_config" in config:
+        config["text_config"] = dict(config["text_config"], vocab_size=vocab_size)
+    return config
+
+
 def loaded_tiny(kind: str = "llama", block_tokens: int = 16, context: int = 2048, seed: int = 0) -> LoadedModel:
     # "llama-hd64": the tiny llama with 64-dim heads, for K/V quantized at rest (groups of 32 or more).
-    model = {"llama": lambda: tiny_llama(seed), "llama-hd64": lambda: tiny_llama(seed, head_dim=64),
-             "gemma": lambda: tiny_gemma3(seed)}[kind]()
+    builders = {"llama": lambda: tiny_llama(seed), "llama-hd64": lambda: tiny_llama(seed, head_dim=64),
+                "gemma": lambda: tiny_gemma3(seed)}
+    model = builders[kind]() if kind in builders else tiny_family(kind, seed)
     spec = derive_cache_spec(model, block_tokens)
     return LoadedModel(
         model_id=f"tiny-{kind}",

@@ -24,7 +24,7 @@ from mlx_lm.models.cache import (
 )
 from mlx_lm.utils import _get_classes
 
-from engine.domain.cache_spec import LayerGroup, ModelCacheSpec
+from engine.domain.cache_spec import KVGeometry, LayerGroup, ModelCacheSpec
 from engine.errors import UnsupportedModelError
 from engine.models.cache_spec import derive_cache_spec
 
@@ -364,10 +364,33 @@ def test_value_head_dim_differs_from_key_head_dim() -> None:
     assert_cache_matches_spec(model, spec)
 
 
-def test_layers_of_different_geometry_are_unsupported() -> None:
-    model = SplitWidthModel([{"n_kv_heads": 2}, {"n_kv_heads": 4}])
-    with pytest.raises(UnsupportedModelError, match="split_width.*differ"):
-        derive_cache_spec(model, BLOCK)
+def test_layers_of_different_geometry_make_groups_of_their_own_with_exact_block_bytes() -> None:
+    model = SplitWidthModel([{"n_kv_heads": 2}, {"n_kv_heads": 4}, {"n_kv_heads": 2}])
+    spec = derive_cache_spec(model, BLOCK)
+    wide = KVGeometry(4, 16, 8, "float32")
+    # The most common geometry is the model's own (2 heads); the 4-head layer is a group of its own.
+    assert (spec.n_kv_heads, spec.head_dim, spec.v_head_dim) == (2, 16, 8)
+    assert spec.groups == (LayerGroup(0, (0, 2), None), LayerGroup(1, (1,), None, wide))
+    assert spec.group_block_bytes(spec.groups[0]) == 2 * 2 * (16 + 8) * 4 * BLOCK  # 6144
+    assert spec.group_block_bytes(spec.groups[1]) == 4 * (16 + 8) * 4 * BLOCK  # 6144 too
+    assert spec.block_bytes == 6144 and [spec.group_units(g) for g in spec.groups] == [1, 1]
+    assert spec.layer_geometry(1) == wide and spec.layer_geometry(2) == spec.geometry
+    cache = make_prompt_cache(model)
+    model(mx.array([list(range(1, N_TOKENS + 1))]), cache=cache)
+    for layer, layer_cache in enumerate(cache):
+        geometry = spec.layer_geometry(layer)
+        keys = layer_cache.keys[..., :N_TOKENS, :]
+        assert keys.shape == (1, geometry.n_kv_heads, N_TOKENS, geometry.head_dim)
+
+
+def test_groups_whose_blocks_differ_in_size_count_in_the_gcd_of_them() -> None:
+    model = SplitWidthModel([{"n_kv_heads": 2}, {"n_kv_heads": 2}, {"n_kv_heads": 3}])
+    spec = derive_cache_spec(model, BLOCK)
+    sizes = [spec.group_block_bytes(g) for g in spec.groups]
+    assert sizes == [2 * 2 * 24 * 4 * BLOCK, 3 * 24 * 4 * BLOCK]  # 6144 and 4608
+    assert spec.block_bytes == 1536 and [spec.group_units(g) for g in spec.groups] == [4, 3]
+    assert spec.blocks_per_group_for_tokens(BLOCK + 1) == {0: 8, 1: 6}  # two blocks of each, in pool units
+    assert spec.bytes_for_tokens(BLOCK + 1) == 2 * (6144 + 4608)
 
 
 # -- caches the block pool cannot hold ---------------------------------------------------
@@ -395,7 +418,6 @@ class FakeCacheModel(nn.Module):
     [
         (ArraysCache(2), "ArraysCache"),
         (CacheList(KVCache(), KVCache()), "CacheList"),
-        (ChunkedKVCache(chunk_size=64), "ChunkedKVCache"),
         (QuantizedKVCache(), "QuantizedKVCache"),
     ],
 )
@@ -428,7 +450,14 @@ def test_mamba_state_space_cache_is_unsupported() -> None:
         derive_cache_spec(model, BLOCK)
 
 
-def test_deepseek_v3_latent_attention_is_unsupported() -> None:
+def test_a_chunked_layer_is_a_chunked_group() -> None:
+    spec = derive_cache_spec(FakeCacheModel(ChunkedKVCache(chunk_size=64)), BLOCK)
+    assert [g.kind for g in spec.groups] == ["global", "chunked-64"]
+    assert spec.layer_chunks == (None, 64) and not spec.batchable
+    assert spec.sliding_groups == (spec.groups[1],)
+
+
+def test_deepseek_v3_latent_attention_is_one_head_of_the_latent_and_the_rotary_key() -> None:
     model = deepseek_v3.Model(
         deepseek_v3.ModelArgs(
             vocab_size=VOCAB,
@@ -448,5 +477,8 @@ def test_deepseek_v3_latent_attention_is_unsupported() -> None:
     # Its make_prompt_cache is a plain KVCache per layer holding the latent:
     # only the attention module gives the compression away.
     assert all(type(c) is KVCache for c in make_prompt_cache(model))
-    with pytest.raises(UnsupportedModelError, match="'deepseek_v3': multi-head latent attention"):
-        derive_cache_spec(model, BLOCK)
+    spec = derive_cache_spec(model, BLOCK)
+    assert (spec.n_kv_heads, spec.head_dim, spec.v_head_dim) == (1, 32, 8)  # kv_lora_rank, qk_rope_head_dim
+    assert spec.latent and not spec.batchable and spec.describe()["latent"] is True
+    assert spec.bytes_per_token_per_layer == (32 + 8) * 4
+    assert_cache_matches_spec(model, spec)

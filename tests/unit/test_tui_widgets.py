@@ -319,3 +319,19 @@ async def test_tiers_panel_shows_the_cool_tier_only_where_agents_are_cooled():
         agents = text_of(panel.query_one("#tiers-agents", Static))
     assert agents.splitlines()[1] == "cool 2 agents    3.0 MiB, 8-bit"
     assert len(agents.splitlines()) == 4
+
+
+async def test_pool_map_names_each_layer_group_of_a_model_whose_groups_differ():
+    """Gemma 4: a global block of 64-wide heads is 2 pool blocks, a block of the five 32-wide sliding layers
+    5; Llama 4's chunked layers draw as windows."""
+    from semantic_tui.widgets.pool_map import sliding_groups_of
+    from tests.support.tiny_models import loaded_tiny
+
+    spec = loaded_tiny("gemma4_text").spec.describe()
+    owners = ["alice"] * 7 + [None] * 9
+    pool = pool_snapshot(owners, [0, 0, 1, 1, 1, 1, 1] + [None] * 9, n_groups=2)
+    pool_map = PoolMap()
+    async with mounted(pool_map, dashboard_snapshot(pool, spec=spec), (80, 12)):
+        lines = lines_of(pool_map)
+    assert lines[0] == "global 1x64/64 = 2 blk · sliding-24 1x32/32 = 5 blk"
+    assert sliding_groups_of(dashboard_snapshot(pool, spec=loaded_tiny("llama4").spec.describe())) == {1, 2, 3}

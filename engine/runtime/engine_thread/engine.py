@@ -115,9 +115,9 @@ class Engine:
         self.sampling_defaults = model_sampling_defaults(loaded.model_id, loaded.path).with_overrides(
             sampling.default_temperature, sampling.default_top_p, sampling.default_top_k)
         # Prefixes are shared by reference where the model's attention can be hooked (kv/ragged.py).
-        hooked = self.backend.attach(loaded.model)
+        hooked = self.backend.attach(loaded.model, batchable=loaded.spec.batchable)
         self.hot = HotCache(loaded.spec, self._pool, share_by_reference=hooked, kinds=self.backend.kinds)
-        cool = quantization_for(settings.cache.kv_bits_at_rest, loaded.spec.head_dim, loaded.spec.value_head_dim)
+        cool = quantization_for(settings.cache.kv_bits_at_rest, *loaded.spec.head_dims)
         self.tiers = TierManager(self.hot, self.agents, self.events, store, cool=cool)
         self.branching = Branching(self.hot, self.agents, self.tiers, self.events)
         self.scheduler: Scheduler | None = None
@@ -397,6 +397,7 @@ class Engine:
             self._ready.set()
             return
         self._status = "ready"
+        self.events.emit(EventKind.LOAD, f"{self.loaded.model_id}: layer groups {self.loaded.spec.layer_summary()}")
         self.events.emit(EventKind.LOAD, f"engine ready: {self.loaded.model_id}, {self._pool.total_blocks} blocks; "
                          f"requests without a temperature sample with {self.sampling_defaults.describe()}")
         self._publish(force=True)

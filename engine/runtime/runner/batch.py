@@ -209,9 +209,7 @@ class SequenceBatch:
         else:
             # Filler repeats a row's last token: any id works, the row's real positions never attend to it.
             inputs = mx.array([chunk + [chunk[-1]] * (n - len(chunk)) for chunk in chunks])
-            n_layers = len(group[0][0].kv.layers)
-            caches = [self.backend.ragged([s.kv.layers[i] for s, _ in group]) for i in range(n_layers)]
-            self._run_model(inputs, cache=caches)
+            self._run_model(inputs, cache=self.backend.layer_views([s.kv for s, _ in group]))
             for sequence, m in group:
                 if m < n:
                     for layer in sequence.kv.layers:

@@ -168,8 +168,8 @@ class HotCache:
 
     def _hand_over(self, donor: AgentRecord, segment: Segment) -> None:
         """The donor's own blocks for the segment's span now pay for the segment (the donor still holds them)."""
-        n = segment.length // self.spec.block_tokens
         for group in self.spec.global_groups:
+            n = segment.length // self.spec.block_tokens * self.spec.group_units(group)
             ids = donor.blocks.get(group.index, [])
             segment.blocks[group.index], donor.blocks[group.index] = ids[:n], ids[n:]
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import enum
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Iterable
 
 from engine.runtime.tiers.agent_table import AgentTable
 from engine.runtime.tiers.agents import AgentRecord, Tier
@@ -162,7 +162,7 @@ class TierManager:
         so the room to make is what it needs beyond them; without it the agent stays cool."""
         cool = agent.cool
         assert cool is not None
-        need = self._blocks_for(len(cool.tokens)) + sum(1 for b in cool.blocks if b.checkpoint is not None)
+        need = self._blocks_for(len(cool.tokens)) + self._checkpoint_blocks(cool.blocks)
         held = sum(len(ids) for ids in agent.blocks.values())
         if not self.make_room(need - held, protect):
             return HotState.NO_ROOM
@@ -189,7 +189,7 @@ class TierManager:
             self._to_cold(agent, f"warm -> cold: its {len(loaded.tokens)} tokens need {own} blocks, the pool "
                                  f"has {self.hot.pool.total_blocks}")
             return HotState.READY
-        need = own + sum(1 for s in loaded.slices if s.checkpoint is not None)  # a slice per checkpoint block
+        need = own + self._checkpoint_blocks(loaded.slices)
         if not self.make_room(need, protect):
             return HotState.NO_ROOM
         if not self.hot.install(agent, loaded.tokens, loaded.slices, loaded.checkpoints):
@@ -203,6 +203,11 @@ class TierManager:
             EventKind.RESTORE, f"{agent.agent_id}: warm -> hot from {source}, {len(agent.tokens)} tokens", agent.agent_id
         )
         return HotState.READY
+
+    def _checkpoint_blocks(self, runs: "Iterable[Any]") -> int:
+        """Pool blocks the checkpoints among ``runs`` (slices or blocks at rest, one per block) take."""
+        groups = self.hot.spec.groups
+        return sum(self.hot.spec.group_units(groups[r.group]) for r in runs if r.checkpoint is not None)
 
     def _blocks_for(self, n_tokens: int) -> int:
         """Pool blocks a restored cache of ``n_tokens`` takes (a checkpoint block takes one more each)."""

@@ -34,12 +34,13 @@ class MlxBackend:
         self._batched: dict[int, bool] = {}
 
     # -- the model -----------------------------------------------------------------------
-    def attach(self, model: Any) -> bool:
+    def attach(self, model: Any, batchable: bool = True) -> bool:
         """Prepare ``model`` for this backend (once; again is a no-op). Returns whether its sequences can
-        share a forward pass, each attending to its own cache (the ragged hook took its attention)."""
+        share a forward pass, each attending to its own cache: the ragged hook took its attention, and the
+        model does not read the fetched K/V itself (``batchable``: the cache spec's word on that)."""
         key = id(model)
         if key not in self._batched:
-            self._batched[key] = ragged.install(model)
+            self._batched[key] = ragged.install(model) and batchable
         return self._batched[key]
 
     def detach(self, model: Any) -> None:
@@ -63,13 +64,18 @@ class MlxBackend:
         """One layer of a batch: row ``b`` attends to ``layers[b]``."""
         return ragged.RaggedLayerCache(layers)
 
+    def layer_views(self, rows: Sequence[SequenceKV]) -> list[Any]:
+        """The caches a batch's forward pass takes: per layer, a view of every row's cache of that layer (and
+        for a KV-shared layer, a view of the layer it reads)."""
+        views: list[Any] = [self.ragged([kv.layers[i] for kv in rows]) for i in range(len(rows[0].layers))]
+        return views + [views[source].shared() for source in rows[0].spec.shared_layers]
+
     def decode(self, model: Any, inputs: mx.array, rows: Sequence[SequenceKV]) -> mx.array:
         """The logits (batch, vocabulary) of one decode step: row ``b`` feeds ``inputs[b]`` to ``rows[b]``."""
         if len(rows) == 1:
             return self.forward(model, inputs[:, None], rows[0].caches())[:, -1, :]
         if self.batched_attention(model):
-            caches = [self.ragged([kv.layers[i] for kv in rows]) for i in range(len(rows[0].layers))]
-            return self.forward(model, inputs[:, None], caches)[:, -1, :]
+            return self.forward(model, inputs[:, None], self.layer_views(rows))[:, -1, :]
         # No hook for this model's attention: one forward pass per sequence.
         return mx.concatenate(
             [self.forward(model, inputs[b:b + 1, None], kv.caches())[:, -1, :] for b, kv in enumerate(rows)]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.runtime.runner.kv.chunked_kv import ChunkedKV
 from engine.runtime.runner.kv.full_kv import FullKV
 from engine.runtime.runner.kv.window_kv import WindowKV
 
@@ -18,6 +19,7 @@ from engine.runtime.runner.kv.window_kv import WindowKV
 class LayerKinds:
     full: type[FullKV] = FullKV
     window: type[WindowKV] = WindowKV
+    chunked: type[ChunkedKV] = ChunkedKV
 
 
 MLX_KINDS = LayerKinds()

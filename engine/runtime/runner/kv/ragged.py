@@ -38,8 +38,10 @@ from typing import Any, Sequence
 
 import mlx.core as mx
 
+from engine.runtime.runner.kv.chunked_kv import ChunkedKV
 from engine.runtime.runner.kv.full_kv import FullKV
 from engine.runtime.runner.kv.segment import segmented_attention
+from engine.runtime.runner.kv.shared_kv import SharedKV
 from engine.runtime.runner.kv.window_kv import WindowKV
 
 SDPA_NAME = "scaled_dot_product_attention"
@@ -58,14 +60,18 @@ class RaggedLayerCache:
     def __init__(self, rows: Sequence[Any]) -> None:
         self.rows = rows
         self.offset = mx.array([row.offset for row in rows])
+        # This pass's K/V per row: a prefill chunk's fetched views, or for a decode step how many leading
+        # positions of each row's arrays attention reads. Kept for the pass (a layer sharing this one's K/V
+        # attends after it: ``shared``); the views go with this object when the pass ends.
         self._fetched: list[tuple[mx.array, mx.array]] = []
-        self._held: list[int] = []  # a decode step: how many leading positions of each row's arrays it reads
+        self._held: list[int] = []
 
     def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None) -> RowMasks:
         # n > 1: prompt chunks of one length, each row at its own offset (batched prefill).
         return RowMasks(tuple(row.make_mask(n, return_array=return_array, window_size=window_size) for row in self.rows))
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        self._fetched, self._held = [], []
         if keys.shape[2] == 1:
             self._decode_positions(keys, values)
         else:
@@ -79,23 +85,42 @@ class RaggedLayerCache:
         self._held = [row.append_one(keys[b:b + 1], values[b:b + 1]) for b, row in enumerate(self.rows)]
 
     def attend(self, queries: mx.array, scale: float, mask: Any, sinks: Any = None) -> mx.array:
-        held, self._held = self._held, []
-        return self._attend_rows(queries, scale, _row_masks(mask, len(self.rows)), sinks, held)
+        return self._attend_rows(queries, scale, _row_masks(mask, len(self.rows)), sinks)
 
-    def _attend_rows(self, queries: mx.array, scale: float, masks: Sequence[Any], sinks: Any,
-                     held: Sequence[int]) -> mx.array:
+    def _attend_rows(self, queries: mx.array, scale: float, masks: Sequence[Any], sinks: Any) -> mx.array:
         """Each row's attention by its own cache's arithmetic, one call a row."""
-        fetched = self._fetched or [(row.keys[..., :n, :], row.values[..., :n, :]) for row, n in zip(self.rows, held)]
+        fetched = self._fetched or [(row.keys[..., :n, :], row.values[..., :n, :])
+                                    for row, n in zip(self.rows, self._held)]
         outputs = [
             attention(queries[b:b + 1], k, v, row, scale, m, sinks)
             for b, ((k, v), m, row) in enumerate(zip(fetched, masks, self.rows))
         ]
-        self._fetched = []  # the views pin the rows' arrays; a write in place needs them gone
-        del fetched
         return mx.concatenate(outputs, axis=0)
+
+    def shared(self) -> "SharedRows":
+        """The view a layer that attends to this layer's K/V (Gemma 4's KV sharing) is given."""
+        return SharedRows(self)
+
+
+class SharedRows:
+    """A KV-shared layer's view of a batch's layer: it writes nothing and attends as that layer does."""
+
+    def __init__(self, source: RaggedLayerCache) -> None:
+        self.source = source
+        self.offset = source.offset
+
+    def make_mask(self, *args: Any, **kwargs: Any) -> Any:
+        return self.source.make_mask(*args, **kwargs)
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        return keys, values
+
+    def attend(self, queries: mx.array, scale: float, mask: Any, sinks: Any = None) -> mx.array:
+        return self.source.attend(queries, scale, mask, sinks)  # (attention may run again over a pass's K/V)
 
 
 def _row_masks(mask: Any, rows: int) -> Sequence[Any]:
+    """Per-row masks of a batch (None each where the model passed none)."""
     return mask.masks if isinstance(mask, RowMasks) else (None,) * rows
 
 
@@ -104,7 +129,7 @@ def attention(queries: mx.array, keys: mx.array, values: mx.array, cache: Any, s
     """One sequence's attention by its cache's arithmetic: over shared segments and its own keys when it has
     segments."""
     kernels = cache.attention
-    prefix = cache.prefix if isinstance(cache, FullKV) else None
+    prefix = cache.prefix if isinstance(cache, (FullKV, SharedKV)) else None
     if not prefix:
         return kernels.sdpa(queries, keys, values, scale, mask, sinks)
     if sinks is not None:
@@ -153,9 +178,9 @@ class _RaggedHook:
         self.users = 1
 
     def __call__(self, queries, keys, values, cache, scale, mask, sinks=None):
-        if isinstance(cache, RaggedLayerCache):
+        if isinstance(cache, (RaggedLayerCache, SharedRows)):
             return cache.attend(queries, scale, mask, sinks)
-        if isinstance(cache, (FullKV, WindowKV)):
+        if isinstance(cache, (FullKV, WindowKV, ChunkedKV, SharedKV)):
             return attention(queries, keys, values, cache, scale, mask, sinks)
         if sinks is None:
             return self.__wrapped__(queries, keys, values, cache=cache, scale=scale, mask=mask)

@@ -9,19 +9,23 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 import mlx.core as mx
 
-from engine.domain.cache_spec import LayerGroup, ModelCacheSpec
+from engine.domain.cache_spec import KVGeometry, LayerGroup, ModelCacheSpec
 from engine.store.layer_slice import LayerSlice
 
+from engine.runtime.runner.kv.chunked_kv import ChunkedKV, ChunkState
 from engine.runtime.runner.kv.full_kv import FullKV, KVShape
 from engine.runtime.runner.kv.kinds import MLX_KINDS, LayerKinds
 from engine.runtime.runner.kv.segment import Segment
+from engine.runtime.runner.kv.shared_kv import SharedKV
 from engine.runtime.runner.kv.window_kv import WindowKV, WindowState
 
-LayerKV = FullKV | WindowKV
+# A layer that forgets (a sliding or a chunked window): it goes back only as far as it holds, or to a checkpoint.
+WindowLike = WindowKV | ChunkedKV
+LayerKV = FullKV | WindowKV | ChunkedKV
 
 
 class CheckpointKind(enum.Enum):
@@ -31,10 +35,10 @@ class CheckpointKind(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Checkpoint:
-    """The window layers at ``offset`` tokens (one state per window layer, in layer order)."""
+    """The window layers at ``offset`` tokens (one state per sliding or chunked layer, in layer order)."""
 
     offset: int
-    states: tuple[WindowState, ...]
+    states: tuple[WindowState | ChunkState, ...]
     kind: CheckpointKind = CheckpointKind.TURN
 
 
@@ -50,12 +54,17 @@ class SequenceKV:
 
     @classmethod
     def empty(cls, spec: ModelCacheSpec, kinds: LayerKinds = MLX_KINDS) -> "SequenceKV":
-        """A cache of no positions, its layers of the compute backend's ``kinds``."""
-        shape = kv_shape(spec)
-        layers: list[LayerKV] = [
-            kinds.full(shape, spec.block_tokens) if window is None else kinds.window(shape, spec.block_tokens, window)
-            for window in _windows(spec)
-        ]
+        """A cache of no positions, its layers of the compute backend's ``kinds``, each of its group's geometry."""
+        layers: list[LayerKV] = []
+        for layer in range(spec.n_layers):
+            group = spec.group_of(layer)
+            shape = kv_shape(spec.geometry_of(group))
+            if group.window is not None:
+                layers.append(kinds.window(shape, spec.block_tokens, group.window))
+            elif group.chunk is not None:
+                layers.append(kinds.chunked(shape, spec.block_tokens, group.chunk))
+            else:
+                layers.append(kinds.full(shape, spec.block_tokens))
         return cls(spec, layers)
 
     # -- sizes -------------------------------------------------------------------------
@@ -65,7 +74,8 @@ class SequenceKV:
 
     @property
     def has_windows(self) -> bool:
-        return any(isinstance(layer, WindowKV) for layer in self.layers)
+        """Whether some layers forget (sliding or chunked windows)."""
+        return any(isinstance(layer, (WindowKV, ChunkedKV)) for layer in self.layers)
 
     @property
     def base(self) -> int:
@@ -75,7 +85,8 @@ class SequenceKV:
     def capacity_blocks(self) -> dict[int, int]:
         """Pool blocks this sequence's own arrays occupy per layer group (checkpoints included, shared
         segments not: every agent that refers to a segment holds its blocks)."""
-        blocks = {g.index: _own_capacity(self._lead(g)) // self.spec.block_tokens for g in self.spec.groups}
+        spec = self.spec
+        blocks = {g.index: _own_capacity(self._lead(g)) // spec.block_tokens * spec.group_units(g) for g in spec.groups}
         for checkpoint in self.checkpoints:
             for group, n in self._checkpoint_blocks(checkpoint).items():
                 blocks[group] += n
@@ -86,7 +97,8 @@ class SequenceKV:
         blocks = self.capacity_blocks()
         for g in self.spec.groups:
             lead = self._lead(g)
-            blocks[g.index] += (lead.capacity_for(n_tokens) - lead.capacity) // self.spec.block_tokens
+            grown = (lead.capacity_for(n_tokens) - lead.capacity) // self.spec.block_tokens
+            blocks[g.index] += grown * self.spec.group_units(g)
         return blocks
 
     def reserve(self, n_tokens: int) -> int:
@@ -96,8 +108,9 @@ class SequenceKV:
         return copied
 
     def shrink(self) -> int:
-        """Give back own capacity far beyond the positions held (after a cut); returns bytes copied."""
-        copied = sum(layer.shrink() for layer in self._full())
+        """Give back own capacity far beyond the positions held (after a cut; a chunked layer's columns its
+        chunk no longer needs); returns bytes copied."""
+        copied = sum(layer.shrink() for layer in self.layers)
         self.copied += copied
         return copied
 
@@ -112,9 +125,10 @@ class SequenceKV:
         arrays += [a for c in self.checkpoints for state in c.states for a in (state.keys, state.values)]
         return sum(a.nbytes for a in arrays if a is not None)
 
-    def caches(self) -> list[LayerKV]:
-        """The per-layer caches, in the order the model takes them."""
-        return self.layers
+    def caches(self) -> list[Any]:
+        """The per-layer caches, in the order the model takes them; a KV-shared layer (Gemma 4) gets a view of
+        the cache it reads."""
+        return [*self.layers, *(SharedKV(self.layers[source]) for source in self.spec.shared_layers)]
 
     # -- continuing from an earlier position ---------------------------------------------
     def resumable_at(self, n_tokens: int) -> int:
@@ -140,7 +154,7 @@ class SequenceKV:
                 layer.restore(state)
             if checkpoint is None:
                 for layer in windows:
-                    layer.restore(WindowState(0, 0, layer.keys, layer.values))
+                    layer.reset()
         if n_tokens < self.base:
             self._rebase([s for s in self.segments if s.end <= n_tokens], n_tokens)
         for layer in self.layers:
@@ -215,8 +229,8 @@ class SequenceKV:
     def _checkpoint_blocks(self, checkpoint: Checkpoint) -> dict[int, int]:
         by_layer = dict(zip(self._window_layer_ids(), checkpoint.states))
         return {
-            g.index: by_layer[g.layers[0]].capacity // self.spec.block_tokens
-            for g in self.spec.groups if g.window is not None
+            g.index: by_layer[g.layers[0]].capacity // self.spec.block_tokens * self.spec.group_units(g)
+            for g in self.spec.sliding_groups
         }
 
     # -- copies in and out -----------------------------------------------------------------
@@ -253,7 +267,7 @@ class SequenceKV:
         for group in self.spec.groups:
             layers = [self.layers[i] for i in group.layers]
             start = n_tokens - min(n_tokens, _needed(layers[0], n_tokens))
-            if group.window is None:
+            if group.holds_every_position:
                 start = max(start, full_from)
             out += _cut(group.index, layers, start, n_tokens, self.spec.block_tokens)
         mx.eval([a for s in out for a in (*s.keys, *s.values)])
@@ -265,22 +279,22 @@ class SequenceKV:
         Window layers need their state at ``n_tokens``: the cache's own when it
         ends there, else a checkpoint taken there; None when there is neither.
         """
-        states: dict[int, WindowState] = {}
+        states: dict[int, WindowState | ChunkState] = {}
         if self.has_windows:
             checkpoint = next((c for c in self.checkpoints if c.offset == n_tokens), None)
             if checkpoint is not None:
                 states = dict(zip(self._window_layer_ids(), checkpoint.states))
             elif self.offset == n_tokens:
-                states = {i: layer.state_now() for i, layer in enumerate(self.layers) if isinstance(layer, WindowKV)}
+                states = {i: self.layers[i].state_now() for i in self._window_layer_ids()}  # type: ignore[union-attr]
             else:
                 return None
         out: list[LayerSlice] = []
         for group in self.spec.groups:
-            if group.window is None:
+            if group.holds_every_position:
                 out += _cut(group.index, [self.layers[i] for i in group.layers], 0, n_tokens, self.spec.block_tokens)
                 continue
             rings = [_ring(self.layers[i], states[i]) for i in group.layers]
-            start = n_tokens - min(rings[0].held, n_tokens)
+            start = n_tokens - min(rings[0].needed, n_tokens)
             out += _cut(group.index, rings, start, n_tokens, self.spec.block_tokens)
         mx.eval([a for s in out for a in (*s.keys, *s.values)])
         return out
@@ -295,7 +309,7 @@ class SequenceKV:
             states = dict(zip(self._window_layer_ids(), checkpoint.states))
             for group in self.spec.sliding_groups:
                 rings = [_ring(self.layers[i], states[i]) for i in group.layers]
-                start = checkpoint.offset - min(rings[0].held, checkpoint.offset)
+                start = checkpoint.offset - min(rings[0].needed, checkpoint.offset)
                 cut = _cut(group.index, rings, start, checkpoint.offset, self.spec.block_tokens)
                 out += [LayerSlice(s.group, s.start, s.length, s.keys, s.values, index) for s in cut]
         mx.eval([a for s in out for a in (*s.keys, *s.values)])
@@ -318,16 +332,18 @@ class SequenceKV:
         states = []
         for index in self._window_layer_ids():
             layer = self.layers[index]
-            assert isinstance(layer, WindowKV)
-            group = next(g for g in self.spec.groups if index in g.layers)
+            assert isinstance(layer, (WindowKV, ChunkedKV))
+            group = self.spec.group_of(index)
             slot = group.layers.index(index)
             mine = sorted((p for p in parts if p.group == group.index), key=lambda p: p.start)
-            ring = WindowKV(layer.shape, layer.block_tokens, layer.window)
+            ring = layer.blank()
             ring.reserve(offset)
-            ring.offset = ring.oldest = mine[0].start if mine else offset
             if mine:
-                ring._write(mx.concatenate([p.keys[slot] for p in mine], axis=2),
-                            mx.concatenate([p.values[slot] for p in mine], axis=2))
+                ring.load_from(mine[0].start, mx.concatenate([p.keys[slot] for p in mine], axis=2),
+                               mx.concatenate([p.values[slot] for p in mine], axis=2))
+            else:
+                ring.load_from(offset, None, None)
+            ring.shrink()
             states.append(ring.state_now())
         return Checkpoint(offset, tuple(states), kind)
 
@@ -337,18 +353,19 @@ class SequenceKV:
             by_group.setdefault(s.group, []).append(s)
         for group in self.spec.groups:
             parts = sorted(by_group.get(group.index, []), key=lambda s: s.start)
-            start = parts[0].start if parts else n_tokens
+            if not parts:
+                if not group.holds_every_position:  # a chunked window at its boundary: nothing to hold yet
+                    for index in group.layers:
+                        self.layers[index].load_from(n_tokens, None, None)  # type: ignore[union-attr]
+                continue
             for slot, index in enumerate(group.layers):
                 layer = self.layers[index]
-                if not parts:
-                    continue
                 keys = mx.concatenate([p.keys[slot] for p in parts], axis=2)
                 values = mx.concatenate([p.values[slot] for p in parts], axis=2)
                 if isinstance(layer, FullKV):
                     layer.load(keys, values)
                 else:
-                    layer.offset = layer.oldest = start
-                    layer._write(keys, values)
+                    layer.load_from(parts[0].start, keys, values)
         mx.eval([a for layer in self.layers for a in (layer.keys, layer.values) if a is not None])
 
     # -- helpers -----------------------------------------------------------------------
@@ -358,25 +375,16 @@ class SequenceKV:
     def _full(self) -> list[FullKV]:
         return [layer for layer in self.layers if isinstance(layer, FullKV)]
 
-    def _windows(self) -> list[WindowKV]:
-        return [layer for layer in self.layers if isinstance(layer, WindowKV)]
+    def _windows(self) -> list[WindowLike]:
+        return [layer for layer in self.layers if isinstance(layer, (WindowKV, ChunkedKV))]
 
     def _window_layer_ids(self) -> list[int]:
-        return [i for i, layer in enumerate(self.layers) if isinstance(layer, WindowKV)]
+        return [i for i, layer in enumerate(self.layers) if isinstance(layer, (WindowKV, ChunkedKV))]
 
 
-def kv_shape(spec: ModelCacheSpec) -> KVShape:
-    return KVShape(spec.n_kv_heads, spec.head_dim, spec.value_head_dim, getattr(mx, spec.dtype))
-
-
-def _windows(spec: ModelCacheSpec) -> list[int | None]:
-    if spec.layer_windows:
-        return list(spec.layer_windows)
-    windows: list[int | None] = [None] * spec.n_layers
-    for group in spec.groups:
-        for layer in group.layers:
-            windows[layer] = group.window
-    return windows
+def kv_shape(geometry: KVGeometry) -> KVShape:
+    """The MLX shape of one layer's cache of ``geometry``."""
+    return KVShape(geometry.n_kv_heads, geometry.head_dim, geometry.v_head_dim, getattr(mx, geometry.dtype))
 
 
 def _own_capacity(layer: LayerKV) -> int:
@@ -391,24 +399,20 @@ def _needed(layer: LayerKV, n_tokens: int) -> int:
     """How many of the latest positions a layer must keep to continue at ``n_tokens``."""
     if isinstance(layer, FullKV):
         return n_tokens
-    return min(layer.held, n_tokens)
+    return min(layer.needed, n_tokens)
 
 
 def _positions(layer: LayerKV, start: int, end: int) -> tuple[mx.array, mx.array]:
-    if isinstance(layer, FullKV):
-        keys, values = layer.positions(start, end)
-        return mx.contiguous(keys), mx.contiguous(values)
-    column = start % layer.capacity
-    # Block boundaries are multiples of the block size and the ring's capacity is one too,
-    # so a slice cut on them never wraps.
-    return (mx.contiguous(layer.keys[..., column:column + end - start, :]),
-            mx.contiguous(layer.values[..., column:column + end - start, :]))
+    """Copies of positions ``[start, end)``."""
+    keys, values = layer.positions(start, end) if isinstance(layer, FullKV) else layer.columns(start, end)
+    return mx.contiguous(keys), mx.contiguous(values)
 
 
-def _ring(layer: LayerKV, state: WindowState) -> WindowKV:
-    assert isinstance(layer, WindowKV)
-    ring = WindowKV(layer.shape, layer.block_tokens, layer.window)
-    ring.restore(state)
+def _ring(layer: LayerKV, state: WindowState | ChunkState) -> WindowLike:
+    """A window layer of ``layer``'s kind, as it was in ``state``."""
+    assert isinstance(layer, (WindowKV, ChunkedKV))
+    ring = layer.blank()
+    ring.restore(state)  # type: ignore[arg-type]
     return ring
 
 
@@ -424,16 +428,12 @@ def _cut(group: int, layers: Sequence[LayerKV], start: int, end: int, block: int
     return out
 
 
-def _copy_window(mine: WindowKV, state: WindowState, n_tokens: int) -> int:
-    """Load positions up to ``n_tokens`` of a window state into an empty window layer."""
-    source = WindowKV(mine.shape, mine.block_tokens, mine.window)
-    source.restore(state)
+def _copy_window(mine: WindowLike, state: WindowState | ChunkState, n_tokens: int) -> int:
+    """Load positions up to ``n_tokens`` of a window state into an empty window layer (room reserved)."""
+    source = mine.blank()
+    source.restore(state)  # type: ignore[arg-type]
     source.trim_to(n_tokens)
-    keep = min(source.held, n_tokens)
+    keep = min(source.needed, n_tokens)
     keys, values = source.recent(keep)
-    mine.offset = mine.oldest = n_tokens - keep
-    if keep:
-        mine._write(keys, values)
-    else:
-        mine.offset = mine.oldest = n_tokens
+    mine.load_from(n_tokens - keep, keys, values)
     return keep * mine.shape.token_bytes()

@@ -86,6 +86,11 @@ class WindowKV(_BaseCache):
         return self.offset - self.oldest
 
     @property
+    def needed(self) -> int:
+        """How many of the latest positions going on from ``offset`` needs (what is saved): all it holds."""
+        return self.held
+
+    @property
     def nbytes(self) -> int:
         return self.capacity * self.shape.token_bytes()
 
@@ -153,6 +158,30 @@ class WindowKV(_BaseCache):
             self.values[..., : keep - head, :] = values[..., head:, :]
         self.offset += n
         self.oldest = max(self.oldest, self.offset - self.capacity)
+
+    def columns(self, start: int, end: int) -> tuple[mx.array, mx.array]:
+        """Views of positions ``[start, end)`` (held ones, not across the ring's end: the disk tier cuts on
+        block boundaries, and the ring's capacity is a whole number of blocks)."""
+        column = start % self.capacity
+        return self.keys[..., column:column + end - start, :], self.values[..., column:column + end - start, :]
+
+    def load_from(self, start: int, keys: mx.array | None, values: mx.array | None) -> None:
+        """An empty ring becomes positions ``[start, start + n)`` (room reserved by the caller)."""
+        self.offset = self.oldest = start
+        if keys is not None:
+            self._write(keys, values)
+
+    def shrink(self) -> int:
+        """(A ring never holds more than its window: nothing to give back.)"""
+        return 0
+
+    def blank(self) -> "WindowKV":
+        """An empty ring of the same kind."""
+        return type(self)(self.shape, self.block_tokens, self.window)
+
+    def reset(self) -> None:
+        """Back to position 0, keeping the arrays (the next writes overwrite them)."""
+        self.restore(WindowState(0, 0, self.keys, self.values))
 
     # -- checkpoints -------------------------------------------------------------------
     def state_now(self) -> WindowState:

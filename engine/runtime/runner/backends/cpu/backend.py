@@ -78,11 +78,11 @@ class CpuBackend(MlxBackend):
         self._workers = ThreadPoolExecutor(workers, thread_name_prefix="semantic-attention") if workers else None
 
     # -- the model -----------------------------------------------------------------------
-    def attach(self, model: Any) -> bool:
+    def attach(self, model: Any, batchable: bool = True) -> bool:
         key = id(model)
         if key in self._host_step:
             return super().attach(model)
-        batched = super().attach(model)
+        batched = super().attach(model, batchable)
         if self.options.activations:
             hooks = self._hooks[key] = ActivationHooks(self.inside_forward)
             hooks.install(model)

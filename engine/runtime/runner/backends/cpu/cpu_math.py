@@ -157,6 +157,11 @@ def gelu_approx(x: mx.array) -> mx.array:
     return out if x.dtype == mx.float32 else out.astype(x.dtype)
 
 
+def geglu(gate: mx.array, x: mx.array) -> mx.array:
+    """``gelu_approx(gate) * x`` (Gemma 4's ``geglu``)."""
+    return gelu_approx(gate) * x
+
+
 def attention(queries: mx.array, keys: mx.array, values: mx.array, scale: float, mask: Any = None) -> mx.array:
     """Scaled dot-product attention as MLX's unfused CPU path computes it, with :func:`softmax`.
 

@@ -22,6 +22,10 @@ import mlx.nn as nn
 from engine.runtime.runner.backends.cpu import cpu_math
 
 SWIGLU = "swiglu"
+# Gemma 4's MLP calls its own ``geglu``, compiled shapeless around ``nn.gelu_approx``: a compiled function
+# traces what it calls, and the fast GELU's bit cast (``view``) cannot be traced shapeless. Its module's
+# name is wrapped instead, so the backend's forward never enters the compiled one.
+GEGLU = "geglu"
 
 
 class _Wrapper:
@@ -61,6 +65,8 @@ class ActivationHooks:
             if module is not None and callable(getattr(module, SWIGLU, None)):
                 # mlx-lm's name; the fast one is looked up per call, so tests can count calls.
                 self._wrap(module, SWIGLU, lambda gate, x: cpu_math.swiglu(gate, x))
+            if module is not None and callable(getattr(module, GEGLU, None)):
+                self._wrap(module, GEGLU, lambda gate, x: cpu_math.geglu(gate, x))
         self._wrap(nn, "gelu_approx", lambda x: cpu_math.gelu_approx(x))
 
     def uninstall(self) -> None:

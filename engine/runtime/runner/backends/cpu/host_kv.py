@@ -20,6 +20,7 @@ import mlx.core as mx
 from engine.runtime.runner.backends.cpu import host_decode
 from engine.runtime.runner.backends.cpu.cpu_math import HOST_ATTENTION
 from engine.runtime.runner.kv.attention import Attention
+from engine.runtime.runner.kv.chunked_kv import ChunkedKV
 from engine.runtime.runner.kv.full_kv import FullKV
 from engine.runtime.runner.kv.kinds import LayerKinds
 from engine.runtime.runner.kv.ragged import RaggedLayerCache, _row_masks
@@ -82,7 +83,13 @@ class HostWindowKV(WindowKV):
     attention: Attention = HOST_ATTENTION
 
 
-HOST_KINDS = LayerKinds(full=HostFullKV, window=HostWindowKV)
+class HostChunkedKV(ChunkedKV):
+    """``ChunkedKV`` attending with this package's arithmetic."""
+
+    attention: Attention = HOST_ATTENTION
+
+
+HOST_KINDS = LayerKinds(full=HostFullKV, window=HostWindowKV, chunked=HostChunkedKV)
 
 
 class HostRaggedLayerCache(RaggedLayerCache):
@@ -115,17 +122,17 @@ class HostRaggedLayerCache(RaggedLayerCache):
         self._new, self._claimed = ((keys, values), claimed) if any(a is not None for a in claimed) else (None, [])
 
     def attend(self, queries: mx.array, scale: float, mask: Any, sinks: Any = None) -> mx.array:
+        """The rows' attention; the step's claimed positions are written by the first call (a layer sharing this
+        one's K/V attends again after it, over what was written)."""
         masks = _row_masks(mask, len(self.rows))
         if self._held and self._loops():
             parts = [host_decode.host_parts(row, n) for row, n in zip(self.rows, self._held)]
             if host_decode.applies(queries, parts, masks, sinks):
-                new, claimed = self._new, self._claimed
-                self._held, self._new, self._claimed = [], None, []
+                new, claimed, self._new, self._claimed = self._new, self._claimed, None, []
                 return host_decode.attend(queries, parts, scale, masks, (*new, claimed) if new else None,
                                           self._workers)
         self.write_claimed_through_mlx()  # claimed, but attention runs in MLX after all
-        held, self._held = self._held, []
-        return self._attend_rows(queries, scale, masks, sinks, held)
+        return self._attend_rows(queries, scale, masks, sinks)
 
     def write_claimed_through_mlx(self) -> None:
         """Write the step's claimed positions through MLX (attention does not run in the loops)."""

@@ -1,0 +1,229 @@
+"""Families with latent attention, layer groups of different geometry and chunked windows: semantic vs mlx_lm.server.
+
+For each family a model folder of mlx-lm's own class with random weights
+(``random_model.vary``: greedy replies that are not one repeated token) is
+written at a small real shape: every layer keeps the per-token cache geometry
+of the released model (latent width and rotary width for DeepSeek V3, Kimi
+K2.5 and GLM-4.7-Flash; Gemma 4's 256-dim sliding and 512-dim global heads,
+its window of 512 and its KV-shared layers; Llama 4's 8 KV heads of 128), with
+fewer layers, fewer experts and a narrower residual stream so that a 2-core CPU
+prefills a few thousand tokens in seconds. Llama 4's chunk is 1,024 tokens
+instead of 8,192, so that the conversation crosses chunk boundaries.
+
+One agent per family: a ~1,500-token system prompt and a question, then
+``--turns`` warm turns adding a ~64-token tool result each, replies up to 32
+tokens, greedy. Both servers load the same folder, one at a time, alternating
+which goes first per repeat.
+
+Reported per family: the warm-turn TTFT (median per run, paired by repeat),
+the share of prompt tokens each server read from its cache, and the KV bytes a
+token costs in each layer group: in semantic's pool (blocks held over tokens
+held, from ``/v1/stats``) against mlx-lm's own cache for the model
+(``make_prompt_cache`` filled with the same number of tokens, ``nbytes``).
+
+Run: ``LD_PRELOAD=... python bench/bench_model_families.py [--families gemma4_text,llama4] [--quick] [--json PATH]``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer
+
+from chat_stream import ChatClient, Turn
+from common import base_parser, print_table
+from comparison import cached_percent, paired, print_comparisons
+from peer_runs import Conversation, on_both, served_once
+from random_model import tokenizer_folder, vary, write_model_folder
+from results import BenchResult
+from served import Batching, peer_launch, semantic_launch
+from workload_text import shared_system_prompt, tool_result
+
+REPLY_TOKENS = 32
+SYSTEM_TOKENS = 1500
+TURN_TOKENS = 64
+# Mixture-of-experts blocks keep their routing (shared expert, top-k) with 8 experts of 256.
+_MLA_MOE = dict(hidden_size=512, intermediate_size=1024, moe_intermediate_size=256, num_hidden_layers=4,
+                num_attention_heads=8, num_key_value_heads=8, n_routed_experts=8, num_experts_per_tok=2,
+                n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1, q_lora_rank=384,
+                max_position_embeddings=16384, rope_scaling=None)
+SHAPES: dict[str, dict[str, Any]] = {
+    # DeepSeek V3 / R1: a 512-wide latent and 64 rotary dims per token and layer.
+    "deepseek_v3": dict(model_type="deepseek_v3", kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128,
+                        v_head_dim=128, **_MLA_MOE),
+    # GLM-4.7-Flash: the same latent, wider no-rope and value heads.
+    "glm4_moe_lite": dict(model_type="glm4_moe_lite", kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=192,
+                          v_head_dim=256, topk_method="noaux_tc", scoring_func="sigmoid", norm_topk_prob=True,
+                          routed_scaling_factor=1.8, moe_layer_freq=1, rms_norm_eps=1e-5, rope_theta=1e6, **_MLA_MOE),
+    # Gemma 4: sliding layers of 256-dim heads, global layers of 512, one KV head, the last layers reading
+    # earlier layers' K/V.
+    "gemma4_text": dict(model_type="gemma4_text", hidden_size=512, num_hidden_layers=10, intermediate_size=1024,
+                        num_attention_heads=4, head_dim=256, global_head_dim=512, num_key_value_heads=1,
+                        num_kv_shared_layers=4, hidden_size_per_layer_input=64, sliding_window=512,
+                        sliding_window_pattern=5, max_position_embeddings=16384),
+    # Llama 4 Scout: 8 KV heads of 128, three chunked layers to a global one.
+    "llama4": dict(model_type="llama4", text_config=dict(
+        model_type="llama4", attention_bias=False, attention_chunk_size=1024, head_dim=128, hidden_size=512,
+        interleave_moe_layer_step=2, intermediate_size=1024, intermediate_size_mlp=1024,
+        max_position_embeddings=16384, num_attention_heads=8, num_experts_per_tok=1, num_hidden_layers=4,
+        num_key_value_heads=8, num_local_experts=4, rms_norm_eps=1e-5, rope_scaling=None, rope_theta=500000.0,
+        use_qk_norm=True)),
+}
+# Kimi K2.5: DeepSeek V3's text model under a vision-language wrapper.
+SHAPES["kimi_k25"] = dict(model_type="kimi_k25", text_config=dict(SHAPES["deepseek_v3"]))
+FAMILIES = ("deepseek_v3", "glm4_moe_lite", "kimi_k25", "gemma4_text", "llama4")
+
+
+@dataclass(slots=True)
+class Run:
+    turns: list[Turn] = field(default_factory=list)
+    # semantic only: /v1/stats's pool groups after the last turn, and the tokens the agent's cache then held.
+    groups: list[dict[str, Any]] = field(default_factory=list)
+    held_tokens: int = 0
+
+    @property
+    def warm(self) -> list[Turn]:
+        return self.turns[1:]
+
+
+def config_for(kind: str, vocab: int) -> dict[str, Any]:
+    config = dict(SHAPES[kind], vocab_size=vocab, semantic_random_weights=f"small real shape of {kind}")
+    if "text_config" in config:
+        config["text_config"] = dict(config["text_config"], vocab_size=vocab)
+    if kind == "gemma4_text":
+        config["vocab_size_per_layer_input"] = vocab
+    return config
+
+
+def write_folder(kind: str, out: Path, tokenizer_dir: Path, dtype: str) -> Path:
+    import json
+
+    vocab = len(json.loads((tokenizer_dir / "tokenizer.json").read_text())["model"]["vocab"])
+    return write_model_folder(config_for(kind, vocab), out, tokenizer_dir, dtype, seed=0, transform=vary)
+
+
+async def converse(client: ChatClient, tokenizer: Tokenizer, turns: int, stats: bool) -> Run:
+    conversation = Conversation("family", [{"role": "system",
+                                            "content": shared_system_prompt(tokenizer, SYSTEM_TOKENS)}])
+    run = Run()
+    for index in range(turns + 1):
+        turn = await conversation.take_turn(client, index, tool_result(tokenizer, 0, index, TURN_TOKENS),
+                                            REPLY_TOKENS)
+        run.turns.append(turn)
+        print(f"#   turn {index} ctx {turn.prompt_tokens:5d}  TTFT {turn.ttft_s:6.3f} s  cached {turn.cached_tokens}",
+              flush=True)
+    if stats:
+        run.groups = (await client.get_json("/v1/stats"))["pool"]["groups"]
+        last = run.turns[-1]
+        run.held_tokens = last.prompt_tokens + last.completion_tokens
+    return run
+
+
+def mlx_lm_bytes_per_token(folder: Path, tokens: int, groups: list[dict[str, Any]]) -> dict[int, float]:
+    """Per group of semantic's layers: the bytes mlx-lm's own cache for the model holds per token once
+    ``tokens`` tokens went through it (prefilled in chunks of 512, as its server does)."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+    from mlx_lm.utils import load
+
+    model, _ = load(str(folder))
+    cache = make_prompt_cache(model)
+    ids = mx.random.randint(0, 1000, (1, tokens))
+    for start in range(0, tokens, 512):
+        model(ids[:, start:start + 512], cache=cache)
+        mx.eval([c.state for c in cache])
+    per_layer = {i: c.nbytes for i, c in enumerate(cache)}
+    return {g["index"]: sum(per_layer.get(layer, 0) for layer in g["layers"]) / tokens for g in groups}
+
+
+def family_rows(result: BenchResult, kind: str, folder: Path, ours: list[Run], theirs: list[Run]) -> list[list[object]]:
+    paired(result, kind, "warm-turn TTFT, median", "s", lambda r: statistics.median(t.ttft_s for t in r.warm),
+           ours, theirs)
+    for name, runs in (("semantic", ours), ("mlx_lm.server", theirs)):
+        share = statistics.median(cached_percent(r.warm) for r in runs)
+        result.metric(kind, f"{name}: prompt tokens read from cache on warm turns", share, "%")
+    run = ours[0]
+    theirs_bytes = mlx_lm_bytes_per_token(folder, run.held_tokens, run.groups)
+    rows = []
+    for group in run.groups:
+        ours_per_token = group["used_bytes"] / run.held_tokens
+        peer_per_token = theirs_bytes[group["index"]]
+        result.metric(kind, f"{group['kind']} group: semantic pool bytes per token", ours_per_token, "B",
+                      better="lower")
+        result.metric(kind, f"{group['kind']} group: mlx-lm cache bytes per token", peer_per_token, "B",
+                      better="lower")
+        geometry = group["geometry"]
+        rows.append([kind, group["kind"], len(group["layers"]),
+                     f"{geometry['n_kv_heads']}x{geometry['head_dim']}/{geometry['v_head_dim']}",
+                     f"{ours_per_token:,.0f}", f"{peer_per_token:,.0f}"])
+    return rows
+
+
+def check_same_prompts(kind: str, ours: list[Run], theirs: list[Run]) -> str:
+    a = [t.prompt_tokens for t in ours[0].turns]
+    b = [t.prompt_tokens for t in theirs[0].turns]
+    if a[0] != b[0]:
+        raise SystemExit(f"{kind}: the servers rendered different prompts: {a[0]} vs {b[0]} tokens")
+    return f"{kind}: prompt token counts equal on both servers for {sum(x == y for x, y in zip(a, b))}/{len(a)} turns"
+
+
+def main() -> None:
+    parser = base_parser(__doc__.splitlines()[0])
+    parser.add_argument("--families", default=",".join(FAMILIES),
+                        help=f"comma-separated, any of {', '.join(FAMILIES)} (default: all)")
+    parser.add_argument("--repeats", type=int, default=2, help="runs per server and family (default 2; 1 with --quick)")
+    parser.add_argument("--turns", type=int, help="warm turns per run (default 4; 2 with --quick)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
+                        help="weight dtype (default: bfloat16 on a GPU, float32 on the CPU)")
+    args = parser.parse_args()
+    families = [f.strip() for f in args.families.split(",") if f.strip()]
+    if unknown := [f for f in families if f not in SHAPES]:
+        parser.error(f"unknown family {', '.join(unknown)}; choose from {', '.join(FAMILIES)}")
+    import mlx.core as mx
+
+    dtype = args.dtype or ("bfloat16" if mx.default_device().type == mx.DeviceType.gpu else "float32")
+    repeats = 1 if args.quick and args.repeats == 2 else args.repeats
+    turns = args.turns or (2 if args.quick else 4)
+    tokenizer_dir = tokenizer_folder(args.model, args.cache_dir)
+    tokenizer = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
+    result = BenchResult("bench_model_families", "Latent, multi-geometry and chunked families (vs mlx_lm.server)",
+                         args={"families": families, "quick": args.quick, "repeats": repeats, "turns": turns,
+                               "dtype": dtype, "system_tokens": SYSTEM_TOKENS, "turn_tokens": TURN_TOKENS,
+                               "reply_tokens": REPLY_TOKENS, "shapes": {f: SHAPES[f] for f in families}})
+    started = time.perf_counter()
+    rows: list[list[object]] = []
+    with tempfile.TemporaryDirectory(prefix="bench-families-") as work:
+        for kind in families:
+            t0 = time.perf_counter()
+            folder = write_folder(kind, Path(work) / kind, tokenizer_dir, dtype)
+            print(f"# {kind}: wrote {folder} ({dtype}) in {time.perf_counter() - t0:.1f} s", flush=True)
+            batching = Batching()
+            launches = (semantic_launch(folder, Path(work) / f"{kind}-state", args.pool_mb, batching),
+                        peer_launch(folder, batching, cache_entries=10))
+
+            def run(launch, kind=kind) -> Run:
+                async def work_fn(client: ChatClient) -> Run:
+                    return await converse(client, tokenizer, turns, stats=launch.sends_session_id)
+                return served_once(launch, Path(work), work_fn)
+
+            ours, theirs = on_both(launches, repeats, run)
+            note = check_same_prompts(kind, ours, theirs)
+            print(f"# {note}")
+            result.notes.append(note)
+            rows += family_rows(result, kind, folder, ours, theirs)
+    print_comparisons(result.comparisons)
+    print_table(["family", "group", "layers", "heads x K/V dims", "semantic B/token", "mlx-lm B/token"], rows)
+    for m in result.metrics:
+        if m.unit == "%":
+            print(f"{m.group}: {m.name} = {m.value:.1f} %")
+    result.duration_s = time.perf_counter() - started
+    result.write(args.json)
+
+
+if __name__ == "__main__":
+    main()

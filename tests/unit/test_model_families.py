@@ -1,0 +1,272 @@
+"""Families whose caches are not one plain K/V per layer of one width, through the engine, against plain mlx-lm.
+
+DeepSeek V3, GLM-4.7-Flash and Kimi K2.5 (latent attention: one latent head per token),
+Gemma 4 (global layers twice as wide as sliding ones, and layers reading an
+earlier layer's K/V), Llama 4 (chunked windows): tiny random-weight instances
+of mlx-lm's own classes (``tests/support/tiny_models.py``). Every turn is
+token-identical to ``generate_step`` on the same prompt; later turns prefill
+only what is new; the pool's bytes are what the arrays hold.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from engine.domain.event_log import EventLog
+from engine.domain.requests import GenerationRequest
+from engine.runtime.engine_thread.engine import Engine
+from engine.runtime.engine_thread.engine_ops import engine_op
+from engine.runtime.engine_thread.sync_client import TurnResult, run_turn, run_turns
+from engine.runtime.tiers.accounting import held_bytes
+from engine.runtime.tiers.agents import Tier
+from engine.store.cache_format import SUFFIX
+from engine.store.warm_store import WarmStore
+from tests.support.byte_tokenizer import BOS, EOS
+from tests.support.engine_settings import engine_settings
+from tests.support.reference import reference_greedy
+from tests.support.tiny_models import loaded_tiny
+
+pytestmark = pytest.mark.unit
+
+FAMILIES = ["deepseek_v3", "glm4_moe_lite", "kimi_k25", "gemma4_text", "llama4"]
+TOKENS = 12
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def loaded(request):
+    return loaded_tiny(request.param)
+
+
+def start(loaded, store: WarmStore | None = None, blocks: int | None = None, **settings) -> Engine:
+    budget = blocks * loaded.spec.block_bytes if blocks else 64 << 20
+    engine = Engine(loaded, engine_settings(budget, 8, 32, **settings), store=store)
+    engine.start()
+    return engine
+
+
+def expected(loaded, prompt: tuple[int, ...], n: int = TOKENS) -> list[int]:
+    tokens = reference_greedy(loaded.model, list(prompt), n, {EOS})
+    return tokens[:-1] if tokens and tokens[-1] == EOS else tokens
+
+
+def check(loaded, result: TurnResult) -> None:
+    assert result.finish.error is None, result.finish.error
+    assert result.tokens == expected(loaded, result.request.prompt_tokens, result.request.max_tokens)
+
+
+def accounts_agree(engine: Engine) -> None:
+    held, counted = engine.call(lambda e: (held_bytes(e.agents), e.pool.used_bytes)).result(30)
+    assert held == counted
+
+
+def opening(i: int = 1) -> tuple[int, ...]:
+    return (BOS, *(f"agent {i} opens a conversation about caches. " * 2).encode())
+
+
+def test_four_turns_are_token_identical_and_later_turns_prefill_only_what_is_new(loaded) -> None:
+    engine = start(loaded)
+    try:
+        prompt = opening()
+        cached = 0
+        for turn in range(4):
+            result = run_turn(engine, GenerationRequest("chat", prompt, TOKENS))
+            check(loaded, result)
+            usage = result.finish.usage
+            if turn:
+                # The cache holds the last prompt and the reply (an end-of-sequence token it fed is not text).
+                assert usage.reused_tokens >= cached - 1, (turn, usage)
+                assert usage.prefilled_tokens <= len(prompt) - cached + 1
+            accounts_agree(engine)
+            cached = len(prompt) + len(result.tokens)
+            prompt = prompt + tuple(result.tokens) + tuple(f" then turn {turn} says more.".encode())
+    finally:
+        engine.stop()
+
+
+def test_agents_batched_together_equal_single_stream(loaded) -> None:
+    engine = start(loaded)
+    try:
+        requests = [GenerationRequest(f"b{i}", (BOS, *(f"agent {i} writes. " * (2 + i)).encode()), TOKENS)
+                    for i in range(3)]
+        for result in run_turns(engine, requests):
+            check(loaded, result)
+        accounts_agree(engine)
+    finally:
+        engine.stop()
+
+
+def test_a_cache_evicted_to_disk_comes_back_after_a_restart(loaded, tmp_path: Path) -> None:
+    store = WarmStore(tmp_path, loaded, 1 << 30, EventLog())
+    engine = start(loaded, store)
+    prompt = opening(2)
+    try:
+        first = run_turn(engine, GenerationRequest("disk", prompt, TOKENS))
+        check(loaded, first)
+        engine.call(engine_op("evict_agent", "disk", Tier.WARM)).result(30)
+    finally:
+        engine.stop()
+    engine = start(loaded, WarmStore(tmp_path, loaded, 1 << 30, EventLog()))
+    try:
+        follow = prompt + tuple(first.tokens) + tuple(b" and after the restart?")
+        result = run_turn(engine, GenerationRequest("disk", follow, TOKENS))
+        check(loaded, result)
+        assert result.finish.usage.reused_tokens >= len(prompt) + len(first.tokens) - 1
+        accounts_agree(engine)
+    finally:
+        engine.stop()
+
+
+def test_a_second_agent_starts_from_the_first_ones_prefix(loaded) -> None:
+    engine = start(loaded)
+    try:
+        head = (BOS, *(b"a shared system prompt for every agent of the fleet. " * 3))
+        first = run_turn(engine, GenerationRequest("one", head + tuple(b"agent one asks."), TOKENS))
+        check(loaded, first)
+        second = run_turn(engine, GenerationRequest("two", head + tuple(b"agent two asks."), TOKENS))
+        check(loaded, second)
+        usage = second.finish.usage
+        assert usage.reuse_source.startswith("shared:") and usage.reused_tokens >= loaded.spec.block_tokens
+        accounts_agree(engine)
+    finally:
+        engine.stop()
+
+
+def test_fork_and_rewind_continue_as_a_fresh_prefill_would(loaded) -> None:
+    engine = start(loaded)
+    try:
+        prompt = opening(3)
+        turns = []
+        for turn in range(2):
+            result = run_turn(engine, GenerationRequest("root", prompt, TOKENS))
+            check(loaded, result)
+            turns.append(prompt + tuple(result.tokens))
+            prompt = turns[-1] + tuple(f" next {turn}.".encode())
+        # A window layer (sliding, chunked) goes back only as far as a checkpoint: the cut may land before
+        # the turn's end, and the next turn computes the difference.
+        windowed = any(not g.holds_every_position for g in loaded.spec.groups)
+        fork = engine.call(engine_op("fork_agent", "root", "fork", 1)).result(30)
+        rewind = engine.call(engine_op("rewind_agent", "root", 1)).result(30)
+        for branch in (fork, rewind):
+            assert 0 < branch.tokens <= branch.asked_tokens and (windowed or branch.tokens >= branch.asked_tokens - 1)
+        forked = run_turn(engine, GenerationRequest("fork", turns[0] + tuple(b" a fork goes its way."), TOKENS))
+        check(loaded, forked)
+        assert forked.finish.usage.reused_tokens >= fork.tokens - 1
+        rewound = run_turn(engine, GenerationRequest("root", turns[0] + tuple(b" back to turn one."), TOKENS))
+        check(loaded, rewound)
+        assert rewound.finish.usage.reused_tokens >= rewind.tokens - 1
+        accounts_agree(engine)
+    finally:
+        engine.stop()
+
+
+def test_a_full_pool_spills_agents_and_brings_them_back_identical(loaded, tmp_path: Path) -> None:
+    """A pool that holds about two agents: a third spills the least recently used to disk, whose next turn
+    comes back from there."""
+    per_agent = loaded.spec.total_blocks_for_tokens(len(opening()) + 2 * TOKENS + 40)
+    engine = start(loaded, WarmStore(tmp_path, loaded, 1 << 30, EventLog()), blocks=int(2.5 * per_agent))
+    try:
+        firsts = {}
+        for i in range(3):
+            firsts[i] = run_turn(engine, GenerationRequest(f"p{i}", opening(10 + i), TOKENS))
+            check(loaded, firsts[i])
+        follow = opening(10) + tuple(firsts[0].tokens) + tuple(b" again.")
+        again = run_turn(engine, GenerationRequest("p0", follow, TOKENS))
+        check(loaded, again)
+        assert again.finish.usage.reused_tokens >= len(opening(10)) + len(firsts[0].tokens) - 1
+        accounts_agree(engine)
+    finally:
+        engine.stop()
+
+
+def test_latent_attention_cannot_be_sharded_by_heads_and_says_so() -> None:
+    from engine.distributed.sharded_loading import check_shardable
+    from engine.errors import ModelLoadError
+
+    with pytest.raises(ModelLoadError, match="latent attention.*cannot be split across ranks by heads"):
+        check_shardable(loaded_tiny("deepseek_v3").spec, "tiny-deepseek")
+    check_shardable(loaded_tiny("gemma4_text").spec, "tiny-gemma4")  # heads of K/V: split as usual
+
+
+def test_the_layer_groups_say_what_each_kind_of_layer_stores() -> None:
+    summary = loaded_tiny("gemma4_text").spec.layer_summary()
+    assert summary == ("global: 1 layer of 1x64/64 float32 (512 B a token); sliding-24: 5 layers of 1x32/32 "
+                       "float32 (1.25 KiB a token); 4 more layers read earlier layers' K/V")
+    assert "latent attention" in loaded_tiny("glm4_moe_lite").spec.layer_summary()
+    assert "chunked-24: 3 layers in 3 groups" in loaded_tiny("llama4").spec.layer_summary()
+
+
+def test_a_chunked_cache_ending_on_a_chunk_boundary_goes_to_disk_and_back(tmp_path: Path) -> None:
+    """At a chunk boundary a chunked layer needs nothing of the chunk so far: the file holds no blocks of
+    it (nor does the turn-end checkpoint there), and the cache comes back whole."""
+    loaded = loaded_tiny("llama4")
+    chunk = next(g.chunk for g in loaded.spec.groups if g.chunk)
+    prompt = (BOS, *(b"x" * (2 * chunk - 2)))  # and one token of reply, which the cache holds too: 2 chunks
+    engine = start(loaded, WarmStore(tmp_path, loaded, 1 << 30, EventLog()))
+    try:
+        first = run_turn(engine, GenerationRequest("edge", prompt, 1))
+        check(loaded, first)
+        assert engine.call(lambda e: len(e.agents.get("edge").tokens)).result(30) == 2 * chunk
+        engine.call(engine_op("evict_agent", "edge", Tier.WARM)).result(30)
+    finally:
+        engine.stop()
+    engine = start(loaded, WarmStore(tmp_path, loaded, 1 << 30, EventLog()))
+    try:
+        follow = prompt + tuple(first.tokens) + tuple(b" and on into the next chunk.")
+        result = run_turn(engine, GenerationRequest("edge", follow, TOKENS))
+        check(loaded, result)
+        assert result.finish.usage.reused_tokens == 2 * chunk
+        accounts_agree(engine)
+    finally:
+        engine.stop()
+
+
+def test_an_exported_agent_continues_from_its_cache_on_another_machine(loaded, tmp_path: Path) -> None:
+    from engine.store.agent_export import export_agent, import_agent
+
+    here, there = tmp_path / "here", tmp_path / "there"
+    engine = start(loaded, WarmStore(here / "agents", loaded, 1 << 30, EventLog()))
+    prompt = opening(4)
+    try:
+        first = run_turn(engine, GenerationRequest("out", prompt, TOKENS))
+        engine.call(engine_op("evict_agent", "out", Tier.WARM)).result(30)
+    finally:
+        engine.stop()
+    export_agent(here, "out", tmp_path / "out.agent")
+    import_agent(there, tmp_path / "out.agent", new_id="in")
+    engine = start(loaded, WarmStore(there / "agents", loaded, 1 << 30, EventLog()))
+    try:
+        follow = prompt + tuple(first.tokens) + tuple(b" and somewhere else?")
+        result = run_turn(engine, GenerationRequest("in", follow, TOKENS))
+        check(loaded, result)
+        assert result.finish.usage.reused_tokens >= len(prompt) + len(first.tokens) - 1
+    finally:
+        engine.stop()
+
+
+@pytest.mark.parametrize("kind", ["glm4_moe_lite", "gemma4_text"])
+def test_eight_bits_at_rest_store_latent_and_mixed_width_caches_smaller_and_resume_them(
+        kind: str, tmp_path: Path) -> None:
+    """The files shrink as the widths allow (GLM: a 64-wide latent and 32 rotary dims; Gemma 4: heads of 32
+    and 64), the cache resumes from them. How closely 8-bit caches agree is measured in
+    bench/bench_kv_at_rest.py, not here: a tiny random model's near-tied logits say nothing of it."""
+    loaded = loaded_tiny(kind)
+    prompt = opening(5)
+    sizes = {}
+    for bits in (None, 8):
+        root = tmp_path / f"bits-{bits}"
+        engine = start(loaded, WarmStore(root, loaded, 1 << 30, EventLog(), kv_bits_at_rest=bits))
+        try:
+            first = run_turn(engine, GenerationRequest("q", prompt, TOKENS))
+            check(loaded, first)
+            engine.call(engine_op("evict_agent", "q", Tier.WARM)).result(30)
+            engine.call(lambda e: e._store.flush()).result(30)
+            sizes[bits] = sum(f.stat().st_size for f in root.rglob(f"*{SUFFIX}"))
+            follow = prompt + tuple(first.tokens) + tuple(b" more.")
+            again = run_turn(engine, GenerationRequest("q", follow, TOKENS))
+            assert again.finish.error is None and again.finish.usage.reused_tokens >= len(prompt)
+            accounts_agree(engine)
+        finally:
+            engine.stop()
+    assert sizes[8] < 0.6 * sizes[None], sizes
