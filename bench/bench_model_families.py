@@ -51,15 +51,19 @@ TURN_TOKENS = 64
 _MLA_MOE = dict(hidden_size=512, intermediate_size=1024, moe_intermediate_size=256, num_hidden_layers=4,
                 num_attention_heads=8, num_key_value_heads=8, n_routed_experts=8, num_experts_per_tok=2,
                 n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1, q_lora_rank=384,
-                max_position_embeddings=16384, rope_scaling=None)
+                max_position_embeddings=16384)
+# DeepSeek V3's and Kimi K2.5's released rotary scaling.
+_YARN = dict(type="yarn", factor=40, beta_fast=32, beta_slow=1, mscale=1.0, mscale_all_dim=1.0,
+             original_max_position_embeddings=4096)
 SHAPES: dict[str, dict[str, Any]] = {
     # DeepSeek V3 / R1: a 512-wide latent and 64 rotary dims per token and layer.
     "deepseek_v3": dict(model_type="deepseek_v3", kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128,
-                        v_head_dim=128, **_MLA_MOE),
+                        v_head_dim=128, rope_scaling=_YARN, **_MLA_MOE),
     # GLM-4.7-Flash: the same latent, wider no-rope and value heads.
     "glm4_moe_lite": dict(model_type="glm4_moe_lite", kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=192,
                           v_head_dim=256, topk_method="noaux_tc", scoring_func="sigmoid", norm_topk_prob=True,
-                          routed_scaling_factor=1.8, moe_layer_freq=1, rms_norm_eps=1e-5, rope_theta=1e6, **_MLA_MOE),
+                          routed_scaling_factor=1.8, moe_layer_freq=1, rms_norm_eps=1e-5, rope_theta=1e6,
+                          rope_scaling=None, **_MLA_MOE),
     # Gemma 4: sliding layers of 256-dim heads, global layers of 512, one KV head, the last layers reading
     # earlier layers' K/V.
     "gemma4_text": dict(model_type="gemma4_text", hidden_size=512, num_hidden_layers=10, intermediate_size=1024,

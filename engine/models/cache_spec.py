@@ -65,7 +65,7 @@ def derive_cache_spec(
         geometries = [replace(g, dtype=dtype) for g in geometries]
     own = Counter(geometries).most_common(1)[0][0]
     kinds = [LayerKind(window, chunk, None if g == own else g) for (window, chunk), g in zip(spans, geometries)]
-    latent = any(getattr(_attention_of(layer), "kv_lora_rank", None) is not None for layer in _layers(model))
+    latent = any(caches_latents(_attention_of(layer)) for layer in _layers(model))
     chunked = any(chunk is not None for _, chunk in spans)
     return ModelCacheSpec(
         n_layers=len(spans),
@@ -192,7 +192,12 @@ def _sliding_window(cache: RotatingKVCache, layer: int, model_type: str) -> int:
 def layer_geometries(model: nn.Module, model_type: str, n_caches: int) -> list[KVGeometry]:
     """The K/V geometry of each of the first ``n_caches`` layers (the ones holding a cache)."""
     args = model_args(model)
-    layers = _layers(model)[:n_caches]
+    layers = _layers(model)
+    if layers and n_caches > len(layers):
+        raise UnsupportedModelError(
+            f"model type {model_type!r}: {n_caches} caches for {len(layers)} layers (its layers run more than "
+            "once per token, each pass with caches of its own); the engine keeps one cache per attention layer")
+    layers = layers[:n_caches]
     attentions = [_attention_of(layer) for layer in layers]
     if not attentions or any(a is None for a in attentions):
         return [_args_geometry(args, model, model_type)] * n_caches
@@ -206,10 +211,29 @@ def kv_geometry(model: nn.Module, model_type: str) -> KVGeometry:
 
 
 def _geometry(attn: nn.Module, args: Any, model_type: str) -> KVGeometry:
-    latent = getattr(attn, "kv_lora_rank", None)
-    if latent is not None:
-        return _latent_geometry(attn, model_type)
+    if getattr(attn, "kv_lora_rank", None) is not None:
+        if caches_latents(attn):
+            return _latent_geometry(attn, model_type)
+        return _decompressed_geometry(attn, model_type)
     return _attention_geometry(attn, args, model_type)
+
+
+def caches_latents(attn: nn.Module | None) -> bool:
+    """Latent attention in mlx-lm's absorbed form (DeepSeek V3, GLM-4.7-Flash, Mistral 4: the query is
+    projected into the latent space by ``embed_q``) caches the latents; the older form (DeepSeek V2,
+    MiniCPM3, Youtu) decompresses them and caches per-head K and V like any attention."""
+    return attn is not None and getattr(attn, "kv_lora_rank", None) is not None and hasattr(attn, "embed_q")
+
+
+def _decompressed_geometry(attn: nn.Module, model_type: str) -> KVGeometry:
+    """Per head: K is the no-rope part and the rotary part side by side, V ``v_head_dim`` wide."""
+    heads = getattr(attn, "num_heads", None)
+    nope, rope = getattr(attn, "qk_nope_head_dim", None), getattr(attn, "qk_rope_head_dim", None)
+    value = getattr(attn, "v_head_dim", None)
+    if not all(_positive(x) for x in (heads, nope, rope, value)):
+        raise UnsupportedModelError(f"model type {model_type!r}: latent attention that caches per-head K/V "
+                                    "without num_heads, qk_nope_head_dim, qk_rope_head_dim and v_head_dim")
+    return KVGeometry(heads, nope + rope, value, _module_kv_dtype(attn, model_type))
 
 
 def _latent_geometry(attn: nn.Module, model_type: str) -> KVGeometry:

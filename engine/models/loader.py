@@ -20,6 +20,7 @@ from engine.errors import ModelLoadError, SemanticError
 from engine.models.cache_spec import derive_cache_spec, model_type_of
 from engine.models.gguf_import import ImportProgress, import_gguf, read_import_marker
 from engine.models.loaded import LoadedModel, ModelIdentity
+from engine.models.materialize import evaluate_all_arrays
 from engine.models.packaged import ensure_packaged_model, find_packaged_model
 
 if TYPE_CHECKING:
@@ -84,6 +85,7 @@ def load_model(
         from engine.distributed.sharded_loading import load_shard
 
         model, tokenizer, config = load_shard(folder, world, shard_mode, trust_remote_code)
+    evaluate_all_arrays(model)
     spec = derive_cache_spec(model, block_tokens)
     if world is not None:
         from engine.distributed.sharded_loading import check_shardable

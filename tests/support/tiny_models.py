@@ -9,6 +9,7 @@ import mlx.core as mx
 from mlx_lm.models import gemma3_text, llama
 
 from engine.models.cache_spec import derive_cache_spec
+from engine.models.materialize import evaluate_all_arrays
 from engine.models.loaded import LoadedModel, ModelIdentity
 
 from .byte_tokenizer import VOCAB_SIZE, ByteTokenizer
@@ -92,6 +93,15 @@ FAMILY_CONFIGS: dict[str, dict] = {
         num_attention_heads=4, num_experts_per_tok=1, num_hidden_layers=4, num_key_value_heads=2, num_local_experts=2,
         rms_norm_eps=1e-4, rope_scaling=None, rope_theta=1000, use_qk_norm=True, vocab_size=VOCAB_SIZE)),
 }
+# DeepSeek V2's latent attention decompresses the latents and caches per-head K (no-rope + rotary) and V.
+FAMILY_CONFIGS["deepseek_v2"] = dict(model_type="deepseek_v2", hidden_size=64, intermediate_size=128,
+                                     moe_intermediate_size=32, num_hidden_layers=3, num_attention_heads=4,
+                                     num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=16,
+                                     v_head_dim=16, qk_nope_head_dim=16, n_routed_experts=4, num_experts_per_tok=2,
+                                     n_shared_experts=1, first_k_dense_replace=1,
+                                     rope_scaling={"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0,
+                                                   "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096,
+                                                   "type": "yarn"})
 # Kimi K2.5: DeepSeek V3's text model under a vision-language wrapper.
 FAMILY_CONFIGS["kimi_k25"] = dict(model_type="kimi_k25", text_config=dict(FAMILY_CONFIGS["deepseek_v3"]))
 
@@ -105,6 +115,7 @@ def tiny_family(kind: str, seed: int = 0, vocab_size: int = VOCAB_SIZE):
     mx.random.seed(seed)
     model = model_class(args_class.from_dict(config))
     vary(model, seed)
+    evaluate_all_arrays(model)  # as the loader does: the engine runs the model on its own thread
     return model
 
 

@@ -1,6 +1,7 @@
 """Families whose caches are not one plain K/V per layer of one width, through the engine, against plain mlx-lm.
 
-DeepSeek V3, GLM-4.7-Flash and Kimi K2.5 (latent attention: one latent head per token),
+DeepSeek V3, GLM-4.7-Flash and Kimi K2.5 (latent attention: one latent head per token), DeepSeek V2 (latent
+attention that caches decompressed per-head K/V),
 Gemma 4 (global layers twice as wide as sliding ones, and layers reading an
 earlier layer's K/V), Llama 4 (chunked windows): tiny random-weight instances
 of mlx-lm's own classes (``tests/support/tiny_models.py``). Every turn is
@@ -30,7 +31,7 @@ from tests.support.tiny_models import loaded_tiny
 
 pytestmark = pytest.mark.unit
 
-FAMILIES = ["deepseek_v3", "glm4_moe_lite", "kimi_k25", "gemma4_text", "llama4"]
+FAMILIES = ["deepseek_v3", "glm4_moe_lite", "kimi_k25", "deepseek_v2", "gemma4_text", "llama4"]
 TOKENS = 12
 
 
@@ -194,6 +195,10 @@ def test_the_layer_groups_say_what_each_kind_of_layer_stores() -> None:
     assert summary == ("global: 1 layer of 1x64/64 float32 (512 B a token); sliding-24: 5 layers of 1x32/32 "
                        "float32 (1.25 KiB a token); 4 more layers read earlier layers' K/V")
     assert "latent attention" in loaded_tiny("glm4_moe_lite").spec.layer_summary()
+    # DeepSeek V2 decompresses its latents: 4 heads of 16 + 16 K dims and 16 V dims, batched as usual.
+    v2 = loaded_tiny("deepseek_v2").spec
+    assert v2.layer_summary() == "global: 3 layers of 4x32/16 float32 (2.25 KiB a token)"
+    assert v2.batchable and not v2.latent
     assert "chunked-24: 3 layers in 3 groups" in loaded_tiny("llama4").spec.layer_summary()
 
 
@@ -270,3 +275,19 @@ def test_eight_bits_at_rest_store_latent_and_mixed_width_caches_smaller_and_resu
         finally:
             engine.stop()
     assert sizes[8] < 0.6 * sizes[None], sizes
+
+
+def test_a_model_whose_layers_run_twice_is_refused_saying_why() -> None:
+    """IQuest Loop Coder runs its layers twice per token, each pass with caches of its own: refused at load
+    with the reason, not a failed invariant."""
+    from mlx_lm.utils import _get_classes
+
+    from engine.errors import UnsupportedModelError
+    from engine.models.cache_spec import derive_cache_spec
+
+    config = dict(model_type="iquestloopcoder", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+                  num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, head_dim=16, vocab_size=300,
+                  rope_theta=500000.0, tie_word_embeddings=False, loop_num=2, loop_window_size=32)
+    model_class, args_class = _get_classes(config)
+    with pytest.raises(UnsupportedModelError, match="4 caches for 2 layers"):
+        derive_cache_spec(model_class(args_class.from_dict(config)), 16)

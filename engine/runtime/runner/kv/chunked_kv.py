@@ -15,6 +15,12 @@ before the block holding the next fetch's start are dropped (the rest is
 copied down: about C positions every block of tokens). What a chunked layer
 forgets cannot be recomputed without a prefill, so, as for sliding windows,
 the engine keeps checkpoints of it (:class:`ChunkState`).
+
+A checkpoint costs nothing while the run still holds its chunk: the columns
+before ``offset`` never change (writes go at ``offset`` on; a cut back drops
+the checkpoints past it), so it shares the run's arrays. Only before a
+relayout drops columns does it get a copy of its own chunk so far
+(:meth:`ChunkedKV.compact`, called by the sequence that holds both).
 """
 
 from __future__ import annotations
@@ -82,6 +88,10 @@ class ChunkedKV(_BaseCache):
     def capacity(self) -> int:
         return 0 if self.keys is None else self.keys.shape[2]
 
+    def will_relay(self, n_tokens: int) -> bool:
+        """Whether :meth:`reserve` of ``n_tokens`` lays the run out anew (dropping columns)."""
+        return n_tokens > self.base + self.capacity
+
     def capacity_for(self, n_tokens: int) -> int:
         """Columns after a :meth:`reserve` of ``n_tokens``: as now when they fit, else the run from the next
         fetch's block to ``n_tokens`` and one spare block (so the copy down happens once a block of tokens).
@@ -102,8 +112,14 @@ class ChunkedKV(_BaseCache):
 
     def shrink(self) -> int:
         """Keep only the run the next fetch needs, and a spare block; returns bytes copied."""
-        target = _round_up(self.offset - self._next_base(), self.block_tokens) + self.block_tokens
-        return self._relaid(target) if target < self.capacity else 0
+        return self._relaid(self.shrunk_columns()) if self.would_shrink() else 0
+
+    def would_shrink(self) -> bool:
+        return self.shrunk_columns() < self.capacity
+
+    def shrunk_columns(self) -> int:
+        """The run's columns after :meth:`shrink`."""
+        return _round_up(self.offset - self._next_base(), self.block_tokens) + self.block_tokens
 
     def _relaid(self, target: int) -> int:
         """New columns of ``target`` positions from the next fetch's block on, holding what was there."""
@@ -120,8 +136,9 @@ class ChunkedKV(_BaseCache):
         return max(0, held) * self.shape.token_bytes()
 
     def _next_base(self) -> int:
+        # A block boundary, unless the run starts later (a checkpoint's copy starts at its chunk boundary).
         reach = max(self.oldest, self.offset - self.chunk)
-        return reach // self.block_tokens * self.block_tokens
+        return max(reach // self.block_tokens * self.block_tokens, self.base)
 
     @property
     def held(self) -> int:
@@ -178,15 +195,36 @@ class ChunkedKV(_BaseCache):
 
     # -- checkpoints -------------------------------------------------------------------
     def state_now(self) -> ChunkState:
-        # (``a[...] = v`` rebinds the array object: ``[:]`` gives the checkpoint objects of its own over the
-        # same data, copied only when the cache writes again.)
-        return ChunkState(self.offset, self.oldest, self.base, _own(self.keys), _own(self.values))
+        """A checkpoint sharing the run's arrays (see the module's docstring)."""
+        return ChunkState(self.offset, self.oldest, self.base, self.keys, self.values)
+
+    def shares(self, state: ChunkState) -> bool:
+        """Whether ``state`` lies in this run's arrays (costs nothing of its own)."""
+        return state.keys is not None and state.keys is self.keys
+
+    def compact_columns(self, state: ChunkState) -> int:
+        """Columns :meth:`compact` gives ``state``: its chunk so far, in whole blocks."""
+        return _round_up(state.offset - _chunk_start(state, self.chunk), self.block_tokens)
+
+    def compact(self, state: ChunkState) -> ChunkState:
+        """``state`` with arrays of its own holding only its chunk so far (nothing at a chunk boundary)."""
+        start = _chunk_start(state, self.chunk)
+        columns = self.compact_columns(state)
+        if columns == 0:
+            return ChunkState(state.offset, start, start, None, None)
+        keys = mx.zeros((1, self.shape.heads, columns, self.shape.k_dim), dtype=self.shape.dtype)
+        values = mx.zeros((1, self.shape.heads, columns, self.shape.v_dim), dtype=self.shape.dtype)
+        first, n = start - state.base, state.offset - start
+        keys[..., :n, :] = state.keys[..., first:first + n, :]
+        values[..., :n, :] = state.values[..., first:first + n, :]
+        mx.eval(keys, values)
+        return ChunkState(state.offset, start, start, keys, values)
 
     def restore(self, state: ChunkState) -> None:
-        """Continue from a checkpoint; the checkpoint stays valid."""
+        """Continue from a checkpoint (which then shares the run's arrays, and stays valid)."""
         self.offset, self.oldest, self.base = state.offset, state.oldest, state.base
         self.start = max(self.oldest, self.offset - self.chunk)
-        self.keys, self.values = _own(state.keys), _own(state.values)
+        self.keys, self.values = state.keys, state.values
 
     def can_continue_from(self, n_tokens: int) -> bool:
         """Whether the run as it is can serve a sequence cut back to ``n_tokens``: it holds ``n_tokens``'
@@ -213,5 +251,6 @@ class ChunkedKV(_BaseCache):
         return self.keys, self.values, self.offset
 
 
-def _own(array: mx.array | None) -> mx.array | None:
-    return None if array is None else array[:]
+def _chunk_start(state: ChunkState, chunk: int) -> int:
+    """The first position ``state``'s next token attends to: its chunk's boundary (or what it still holds)."""
+    return max(state.oldest, state.offset // chunk * chunk)

@@ -8,8 +8,8 @@ has granted the blocks (``blocks_for`` says how many).
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
-from typing import Any, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Sequence
 
 import mlx.core as mx
 
@@ -93,26 +93,64 @@ class SequenceKV:
         return blocks
 
     def blocks_for(self, n_tokens: int) -> dict[int, int]:
-        """Pool blocks per group after ``reserve(n_tokens)`` (checkpoints included)."""
+        """Pool blocks per group after ``reserve(n_tokens)`` (checkpoints included: a chunked layer's relayout
+        gives the checkpoints sharing its run copies of their own)."""
         blocks = self.capacity_blocks()
         for g in self.spec.groups:
             lead = self._lead(g)
             grown = (lead.capacity_for(n_tokens) - lead.capacity) // self.spec.block_tokens
+            if isinstance(lead, ChunkedKV) and lead.will_relay(n_tokens):
+                grown += sum(lead.compact_columns(state) for state in self._states_of(g.layers[0])
+                             if lead.shares(state)) // self.spec.block_tokens
             blocks[g.index] += grown * self.spec.group_units(g)
         return blocks
 
     def reserve(self, n_tokens: int) -> int:
         """Grow every layer to hold ``n_tokens`` positions; returns bytes copied."""
+        self._unshare_checkpoints(lambda layer: layer.will_relay(n_tokens))
         copied = sum(layer.reserve(n_tokens) for layer in self.layers)
         self.copied += copied
         return copied
 
     def shrink(self) -> int:
-        """Give back own capacity far beyond the positions held (after a cut; a chunked layer's columns its
-        chunk no longer needs); returns bytes copied."""
-        copied = sum(layer.shrink() for layer in self.layers)
+        """Give back own capacity far beyond the positions held (after a turn or a cut: a chunked layer's
+        columns its chunk no longer needs); returns bytes copied.
+
+        A chunked layer whose checkpoints share its run shrinks only where the run and their copies together
+        come out smaller, so the pool's count never grows here."""
+        copied = 0
+        for i, layer in enumerate(self.layers):
+            if isinstance(layer, ChunkedKV) and layer.would_shrink():
+                shared = [state for state in self._states_of(i) if layer.shares(state)]  # type: ignore[arg-type]
+                if shared:
+                    after = layer.shrunk_columns() + sum(layer.compact_columns(s) for s in shared)  # type: ignore[arg-type]
+                    if after >= layer.capacity:
+                        continue
+                    self._unshare_checkpoints(lambda other, layer=layer: other is layer)
+            copied += layer.shrink()
         self.copied += copied
         return copied
+
+    def _states_of(self, layer_index: int) -> list[WindowState | ChunkState]:
+        """Every checkpoint's state of one window layer."""
+        slot = self._window_layer_ids().index(layer_index)
+        return [c.states[slot] for c in self.checkpoints]
+
+    def _unshare_checkpoints(self, relays: Callable[[ChunkedKV], bool]) -> None:
+        """Before chunked layers lay their runs out anew, the checkpoints sharing them get copies of their
+        chunks (the pool paid for them in :meth:`blocks_for`)."""
+        ids = self._window_layer_ids()
+        moving = {slot for slot, i in enumerate(ids)
+                  if isinstance(self.layers[i], ChunkedKV) and relays(self.layers[i])}  # type: ignore[arg-type]
+        if not moving or not self.checkpoints:
+            return
+        for n, checkpoint in enumerate(self.checkpoints):
+            states = list(checkpoint.states)
+            for slot in moving:
+                layer = self.layers[ids[slot]]
+                if layer.shares(states[slot]):  # type: ignore[union-attr, arg-type]
+                    states[slot] = layer.compact(states[slot])  # type: ignore[union-attr, arg-type]
+            self.checkpoints[n] = replace(checkpoint, states=tuple(states))
 
     @property
     def nbytes(self) -> int:
@@ -120,10 +158,11 @@ class SequenceKV:
         return sum(self.capacity_blocks().values()) * self.spec.block_bytes
 
     def array_bytes(self) -> int:
-        """Bytes of the arrays themselves (own layers and checkpoints; shared segments not included)."""
+        """Bytes of the arrays themselves (own layers and checkpoints, each array once: a chunked layer's
+        checkpoints may share its run; shared segments not included)."""
         arrays = [a for layer in self.layers for a in (layer.keys, layer.values)]
         arrays += [a for c in self.checkpoints for state in c.states for a in (state.keys, state.values)]
-        return sum(a.nbytes for a in arrays if a is not None)
+        return sum(a.nbytes for a in {id(a): a for a in arrays if a is not None}.values())
 
     def caches(self) -> list[Any]:
         """The per-layer caches, in the order the model takes them; a KV-shared layer (Gemma 4) gets a view of
@@ -229,7 +268,8 @@ class SequenceKV:
     def _checkpoint_blocks(self, checkpoint: Checkpoint) -> dict[int, int]:
         by_layer = dict(zip(self._window_layer_ids(), checkpoint.states))
         return {
-            g.index: by_layer[g.layers[0]].capacity // self.spec.block_tokens * self.spec.group_units(g)
+            g.index: _own_columns(self._lead(g), by_layer[g.layers[0]]) // self.spec.block_tokens
+            * self.spec.group_units(g)
             for g in self.spec.sliding_groups
         }
 
@@ -344,7 +384,8 @@ class SequenceKV:
             else:
                 ring.load_from(offset, None, None)
             ring.shrink()
-            states.append(ring.state_now())
+            # (A chunked checkpoint keeps only its chunk so far: what it would own after a relayout.)
+            states.append(ring.compact(ring.state_now()) if isinstance(ring, ChunkedKV) else ring.state_now())
         return Checkpoint(offset, tuple(states), kind)
 
     def _load_own(self, n_tokens: int, slices: Sequence[LayerSlice]) -> None:
@@ -385,6 +426,13 @@ class SequenceKV:
 def kv_shape(geometry: KVGeometry) -> KVShape:
     """The MLX shape of one layer's cache of ``geometry``."""
     return KVShape(geometry.n_kv_heads, geometry.head_dim, geometry.v_head_dim, getattr(mx, geometry.dtype))
+
+
+def _own_columns(layer: LayerKV, state: WindowState | ChunkState) -> int:
+    """Columns a checkpoint's state holds of its own (none where it shares a chunked layer's run)."""
+    if isinstance(layer, ChunkedKV) and layer.shares(state):  # type: ignore[arg-type]
+        return 0
+    return state.capacity
 
 
 def _own_capacity(layer: LayerKV) -> int:
