@@ -34,8 +34,8 @@ from mlx_lm.models.cache import ChunkedKVCache, KVCache, RotatingKVCache
 from engine.domain.cache_spec import KVGeometry, LayerKind, ModelCacheSpec, group_layers
 from engine.errors import UnsupportedModelError
 
-# Names mlx-lm families give a decoder block's attention module.
-_ATTENTION_ATTRS = ("self_attn", "attention", "attn", "mixer")
+# Where mlx-lm families keep a decoder block's attention module (DBRX: inside its norm-attention-norm block).
+_ATTENTION_ATTRS = ("self_attn", "attention", "attn", "mixer", "norm_attn_norm.attn")
 # Names they give the number of KV heads the keys are reshaped to.
 _KV_HEADS_ATTRS = ("n_kv_heads", "num_key_value_heads", "num_kv_heads", "k_num_heads")
 # Names they give the number of query heads (multi-head families: also the KV heads).
@@ -251,8 +251,10 @@ def _positive(value: Any) -> bool:
 
 
 def _attention_of(layer: nn.Module) -> nn.Module | None:
-    for name in _ATTENTION_ATTRS:
-        attn = getattr(layer, name, None)
+    for path in _ATTENTION_ATTRS:
+        attn: Any = layer
+        for name in path.split("."):
+            attn = getattr(attn, name, None)
         if isinstance(attn, nn.Module):
             return attn
     return None
