@@ -18,14 +18,18 @@ which goes first per repeat.
 Reported per family: the warm-turn TTFT (median per run, paired by repeat),
 the share of prompt tokens each server read from its cache, and the KV bytes a
 token costs in each layer group: in semantic's pool (blocks held over tokens
-held, from ``/v1/stats``) against mlx-lm's own cache for the model
-(``make_prompt_cache`` filled with the same number of tokens, ``nbytes``).
+held, from ``/v1/stats``; for window groups also the part its checkpoints
+hold, the positions a later turn, fork or rewind resumes from) against
+mlx-lm's own cache for the model (``make_prompt_cache`` filled with the same
+number of tokens, ``nbytes``; mlx_lm.server's prompt cache keeps copies of
+such caches too, not counted here).
 
 Run: ``LD_PRELOAD=... python bench/bench_model_families.py [--families gemma4_text,llama4] [--quick] [--json PATH]``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import statistics
 import tempfile
 import time
@@ -89,6 +93,7 @@ class Run:
     # semantic only: /v1/stats's pool groups after the last turn, and the tokens the agent's cache then held.
     groups: list[dict[str, Any]] = field(default_factory=list)
     held_tokens: int = 0
+    checkpoint_bytes: int = 0  # of the agent's bytes, its window layers' checkpoints
 
     @property
     def warm(self) -> list[Turn]:
@@ -122,7 +127,20 @@ async def converse(client: ChatClient, tokenizer: Tokenizer, turns: int, stats: 
         print(f"#   turn {index} ctx {turn.prompt_tokens:5d}  TTFT {turn.ttft_s:6.3f} s  cached {turn.cached_tokens}",
               flush=True)
     if stats:
-        run.groups = (await client.get_json("/v1/stats"))["pool"]["groups"]
+        # Only this conversation's cache: the launcher's warm-up request left an agent of its own.
+        ours = f"oa-{conversation.agent}"
+        for agent in (await client.get_json("/v1/stats"))["agents"]:
+            if agent["agent_id"] != ours:
+                await client.delete(f"/v1/agents/{agent['agent_id']}")
+        for _ in range(50):  # the engine republishes its snapshot a few times a second
+            snapshot = await client.get_json("/v1/stats")
+            if [a["agent_id"] for a in snapshot["agents"]] == [ours]:
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise RuntimeError(f"other agents still in the pool: {[a['agent_id'] for a in snapshot['agents']]}")
+        run.groups = snapshot["pool"]["groups"]
+        run.checkpoint_bytes = sum(a["checkpoint_bytes"] for a in snapshot["agents"])
         last = run.turns[-1]
         run.held_tokens = last.prompt_tokens + last.completion_tokens
     return run
@@ -153,18 +171,25 @@ def family_rows(result: BenchResult, kind: str, folder: Path, ours: list[Run], t
         result.metric(kind, f"{name}: prompt tokens read from cache on warm turns", share, "%")
     run = ours[0]
     theirs_bytes = mlx_lm_bytes_per_token(folder, run.held_tokens, run.groups)
+    # Checkpoints are taken of every window layer at the same positions, so the window groups (here all of
+    # one window and width per family) hold them in proportion to their block sizes.
+    windows = [g for g in run.groups if g["kind"] != "global"]
+    window_units = sum(g["block_bytes"] for g in windows) or 1
     rows = []
     for group in run.groups:
         ours_per_token = group["used_bytes"] / run.held_tokens
+        checkpoints = run.checkpoint_bytes * group["block_bytes"] / window_units if group in windows else 0.0
         peer_per_token = theirs_bytes[group["index"]]
         result.metric(kind, f"{group['kind']} group: semantic pool bytes per token", ours_per_token, "B",
+                      better="lower")
+        result.metric(kind, f"{group['kind']} group: of which checkpoints", checkpoints / run.held_tokens, "B",
                       better="lower")
         result.metric(kind, f"{group['kind']} group: mlx-lm cache bytes per token", peer_per_token, "B",
                       better="lower")
         geometry = group["geometry"]
         rows.append([kind, group["kind"], len(group["layers"]),
                      f"{geometry['n_kv_heads']}x{geometry['head_dim']}/{geometry['v_head_dim']}",
-                     f"{ours_per_token:,.0f}", f"{peer_per_token:,.0f}"])
+                     f"{ours_per_token:,.0f}", f"{checkpoints / run.held_tokens:,.0f}", f"{peer_per_token:,.0f}"])
     return rows
 
 
@@ -221,7 +246,8 @@ def main() -> None:
             result.notes.append(note)
             rows += family_rows(result, kind, folder, ours, theirs)
     print_comparisons(result.comparisons)
-    print_table(["family", "group", "layers", "heads x K/V dims", "semantic B/token", "mlx-lm B/token"], rows)
+    print_table(["family", "group", "layers", "heads x K/V dims", "semantic B/token", "of which checkpoints",
+                 "mlx-lm B/token"], rows)
     for m in result.metrics:
         if m.unit == "%":
             print(f"{m.group}: {m.name} = {m.value:.1f} %")

@@ -86,6 +86,11 @@ class ChatClient:
         response.raise_for_status()
         return response.json()
 
+    async def delete(self, path: str) -> None:
+        """A DELETE (semantic's ``/v1/agents/{id}``)."""
+        response = await self._http.delete(path)
+        response.raise_for_status()
+
     async def turn(self, agent: str, index: int, messages: list[dict[str, str]], max_tokens: int) -> Turn:
         body: dict[str, Any] = {
             "messages": messages, "max_tokens": max_tokens, "temperature": 0,

@@ -21,7 +21,7 @@ from engine.settings import Settings
 from semantic_cli.progress import model_progress
 
 
-def list_models(settings: Settings) -> int:
+def list_models(settings: Settings, folders: list[Path] = ()) -> int:
     console = Console()
     table = Table(title="Models", title_justify="left")
     for column in ("alias", "name", "license", "install"):
@@ -34,6 +34,11 @@ def list_models(settings: Settings) -> int:
     console.print(f"Imported MLX folders in {settings.models_dir}:" if imported else f"Nothing imported yet in {settings.models_dir}.")
     for folder in imported:
         console.print(f"  {folder.name}\n    {layer_groups(folder, settings.block_tokens)}", highlight=False)
+    for folder in folders:
+        if not (folder / "config.json").is_file():
+            console.print(f"[red]{folder}: not an MLX model folder (no config.json)[/]")
+            return 2
+        console.print(f"{folder}\n    {layer_groups(folder, settings.block_tokens)}", highlight=False)
     return 0
 
 

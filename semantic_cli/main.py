@@ -2,7 +2,7 @@
 
     semantic                      the workbench (TUI) with the HTTP API inside
     semantic --serve              the same engine and API, headless
-    semantic models               packaged and imported models
+    semantic models [FOLDER...]   packaged and imported models, and how their layers are cached
     semantic import MODEL         import a packaged model or .gguf file now
     semantic generate PROMPT      one turn through the engine, streamed to stdout
     semantic agents list          agents on disk; `agents export` / `agents import` move one as a file
@@ -14,6 +14,7 @@ import argparse
 import logging
 import os
 import sys
+from pathlib import Path
 
 from pydantic import ValidationError
 
@@ -39,7 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--serve", action="store_true", help="run headless: engine and HTTP API, structured logs")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    commands.add_parser("models", parents=[shared], help="list packaged and imported models")
+    models = commands.add_parser("models", parents=[shared], help="list packaged and imported models, with how "
+                                 "each one's layers are cached (or why one cannot be served)")
+    models.add_argument("folders", nargs="*", type=Path, metavar="FOLDER",
+                        help="also show these MLX model folders' layer groups (no weights are loaded)")
     imp = commands.add_parser("import", parents=[shared], help="import a packaged model or a .gguf file now")
     imp.add_argument("target", nargs="?", help="alias or .gguf path (default: the configured model)")
     gen = commands.add_parser("generate", parents=[shared], help="run one turn through the engine")
@@ -101,7 +105,7 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
     from semantic_cli import commands
 
     if args.command == "models":
-        return commands.list_models(settings)
+        return commands.list_models(settings, args.folders)
     if args.command == "import":
         return commands.import_model(settings, args.target)
     if args.command == "generate":

@@ -78,6 +78,8 @@ class AgentOut(BaseModel):
     last_finish_note: str | None = Field(None, description="Why, when the server ended it (a loop, the output cap)")
     retained_s: float = Field(0.0, description="Seconds left of a client's cache_control retention (Anthropic "
                               "breakpoints): the cache is evicted only after every unmarked agent's")
+    checkpoint_bytes: int = Field(0, description="Of bytes, what checkpoints of the model's sliding or chunked "
+                                  "layers hold (where a later turn, fork or rewind can resume them)")
     messages: int = Field(description="Messages in the stored conversation (0 for agents of other APIs).")
     has_conversation: bool
 

@@ -44,6 +44,8 @@ class AgentView:
     retained_s: float = 0.0
     # Cached tokens at the end of each turn run since the agent was loaded: what a rewind offers.
     turn_ends: tuple[int, ...] = ()
+    # Of ``bytes``, what the checkpoints of its window layers hold (sliding or chunked; hot agents only).
+    checkpoint_bytes: int = 0
 
     @property
     def label(self) -> str:

@@ -91,6 +91,7 @@ def _agent_view(agent: AgentRecord, sources: SnapshotSources) -> AgentView:
         history=tuple(agent.history),
         turn_ends=tuple(end for end in agent.turn_ends if end <= agent.cached_tokens),
         retained_s=agent.retained_for(time.monotonic()),
+        checkpoint_bytes=agent.kv.checkpoint_bytes() if agent.tier is Tier.HOT and agent.kv is not None else 0,
     )
 
 

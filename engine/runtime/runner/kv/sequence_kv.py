@@ -157,6 +157,11 @@ class SequenceKV:
         """What the pool counts for this sequence's own arrays and checkpoints."""
         return sum(self.capacity_blocks().values()) * self.spec.block_bytes
 
+    def checkpoint_bytes(self) -> int:
+        """What the pool counts for the checkpoints (part of :attr:`nbytes`)."""
+        units = sum(n for c in self.checkpoints for n in self._checkpoint_blocks(c).values())
+        return units * self.spec.block_bytes
+
     def array_bytes(self) -> int:
         """Bytes of the arrays themselves (own layers and checkpoints, each array once: a chunked layer's
         checkpoints may share its run; shared segments not included)."""
