@@ -120,10 +120,18 @@ def tiny_family(kind: str, seed: int = 0, vocab_size: int = VOCAB_SIZE):
 
 
 def family_config(kind: str, vocab_size: int = VOCAB_SIZE) -> dict:
-    """``kind``'s config (a ``config.json``) at ``vocab_size`` tokens."""
-    config = dict(FAMILY_CONFIGS[kind], vocab_size=vocab_size)
+    """``kind``'s config (a ``config.json``) at ``vocab_size`` tokens.
+
+    Every vocabulary size moves: Gemma 4's per-layer input embedding has its
+    own (``vocab_size_per_layer_input``), and a token id past it reads outside
+    the table (garbage that changes from run to run, NaN at times)."""
+    def at_vocab(config: dict) -> dict:
+        per_layer = {"vocab_size_per_layer_input": vocab_size} if "vocab_size_per_layer_input" in config else {}
+        return dict(config, vocab_size=vocab_size, **per_layer)
+
+    config = at_vocab(FAMILY_CONFIGS[kind])
     if "text_config" in config:
-        config["text_config"] = dict(config["text_config"], vocab_size=vocab_size)
+        config["text_config"] = at_vocab(config["text_config"])
     return config
 
 
