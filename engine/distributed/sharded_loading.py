@@ -41,6 +41,10 @@ def check_shardable(spec: ModelCacheSpec, model_id: str) -> None:
         raise ModelLoadError(
             f"{model_id} uses latent attention: each layer caches one latent head per token (K: the latent, V: the "
             "rotary key), which cannot be split across ranks by heads; run it in one process")
+    if spec.recurrent_groups:
+        raise ModelLoadError(
+            f"{model_id} has recurrent layers (linear attention, Mamba or RWKV): the ranks would each hold a share "
+            "of every sequence's state, which this engine does not split or snapshot per rank; run it in one process")
 
 
 def load_shard(folder: Path, world: World, mode: str, trust_remote_code: bool) -> tuple[Any, Any, dict[str, Any]]:

@@ -18,6 +18,12 @@ uniform model's unit is its one block size, as it always was.
 A latent-attention model (DeepSeek V3, GLM-4.7-Flash, Kimi K2.5) caches one
 latent vector and one rotary key per token under a single "head": its
 geometry is one head of ``kv_lora_rank`` (K) and ``qk_rope_head_dim`` (V).
+
+A *recurrent* layer (linear attention, Mamba, RWKV: mlx-lm's ``ArraysCache``)
+keeps a fixed-size state per sequence instead of K/V per token: the same
+bytes at 10 tokens or 100K. Its group's "block" is the state of its layers,
+one per sequence holding any token (and one per snapshot of it: a state
+cannot be cut back, so a sequence resumes only where a snapshot was kept).
 """
 
 from __future__ import annotations
@@ -61,16 +67,42 @@ class KVGeometry:
 
 
 @dataclass(frozen=True, slots=True)
+class StateGeometry:
+    """What one recurrent layer keeps per sequence: arrays of these shapes (without the batch axis) and
+    dtypes (a convolution window, a recurrent matrix...), in mlx-lm's ``ArraysCache`` order."""
+
+    arrays: tuple[tuple[tuple[int, ...], str], ...]
+
+    def __post_init__(self) -> None:
+        if not self.arrays:
+            raise ValueError("a recurrent state needs at least one array")
+        for shape, dtype in self.arrays:
+            if not shape or min(shape) <= 0 or dtype not in DTYPE_BYTES:
+                raise ValueError(f"invalid recurrent state array {shape} {dtype}")
+
+    @property
+    def bytes(self) -> int:
+        return sum(math.prod(shape) * DTYPE_BYTES[dtype] for shape, dtype in self.arrays)
+
+    def describe(self) -> dict[str, object]:
+        return {"arrays": [[list(shape), dtype] for shape, dtype in self.arrays]}
+
+    def summary(self) -> str:
+        return " + ".join("x".join(map(str, shape)) + f" {dtype}" for shape, dtype in self.arrays)
+
+
+@dataclass(frozen=True, slots=True)
 class LayerGroup:
     """Layers that share one block table. ``window``: a sliding window (None: full attention, or chunked);
     ``chunk``: a chunked window (the layer attends to its chunk of ``chunk`` tokens); ``geometry``: None for
-    the spec's own."""
+    the spec's own; ``state``: a recurrent group's per-layer state (its block: the states of its layers)."""
 
     index: int
     layers: tuple[int, ...]
     window: int | None = None
     geometry: KVGeometry | None = None
     chunk: int | None = None
+    state: StateGeometry | None = None
 
     @property
     def is_sliding(self) -> bool:
@@ -81,12 +113,19 @@ class LayerGroup:
         return self.chunk is not None
 
     @property
+    def is_recurrent(self) -> bool:
+        return self.state is not None
+
+    @property
     def holds_every_position(self) -> bool:
-        """Full attention: a cut-back cache keeps all it had (windows forget what fell out)."""
-        return self.window is None and self.chunk is None
+        """Full attention: a cut-back cache keeps all it had (windows forget what fell out; a recurrent
+        state holds no position at all)."""
+        return self.window is None and self.chunk is None and self.state is None
 
     @property
     def kind(self) -> str:
+        if self.state is not None:
+            return "recurrent"
         if self.chunk is not None:
             return f"chunked-{self.chunk}"
         return f"sliding-{self.window}" if self.window else "global"
@@ -103,6 +142,8 @@ class ModelCacheSpec:
     ``batchable``: whether rows of one forward pass may each attend to their
     own cache through the attention hook (not where the model reads the
     fetched K/V itself, as latent attention and chunked windows do).
+    A model of recurrent layers only (Mamba, RWKV) has no K/V: its own
+    geometry is a nominal one head of width 1 that no group uses.
     """
 
     n_layers: int
@@ -135,10 +176,10 @@ class ModelCacheSpec:
             raise ValueError(f"shared layers must read a cache layer, got {self.shared_layers}")
         kinds: dict[tuple[object, ...], set[int]] = {}
         for g in self.groups:
-            kinds.setdefault((g.window, g.chunk, self.geometry_of(g)), set()).add(len(g.layers))
+            kinds.setdefault((g.window, g.chunk, g.state or self.geometry_of(g)), set()).add(len(g.layers))
         if any(len(sizes) != 1 for sizes in kinds.values()):
             raise ValueError("layer groups of one kind and geometry must have equal sizes")
-        if len({g.dtype for g in self.geometries}) != 1:
+        if len({g.dtype for g in self.geometries}) > 1:
             raise ValueError("every layer group must store K/V in one dtype")
 
     # -- geometry ---------------------------------------------------------------
@@ -162,9 +203,10 @@ class ModelCacheSpec:
 
     @property
     def geometries(self) -> tuple[KVGeometry, ...]:
-        """Every distinct geometry, the model's own first."""
-        found = [self.geometry] + [g.geometry for g in self.groups if g.geometry is not None]
-        return tuple(dict.fromkeys(found))
+        """Every distinct K/V geometry a group stores, the model's own first."""
+        found = [self.geometry_of(g) for g in self.groups if not g.is_recurrent]
+        own = [self.geometry] if self.geometry in found else []
+        return tuple(dict.fromkeys(own + found))
 
     @property
     def head_dims(self) -> tuple[int, ...]:
@@ -173,7 +215,17 @@ class ModelCacheSpec:
 
     @property
     def is_uniform(self) -> bool:
-        return len(self.geometries) == 1
+        """One K/V geometry, no recurrent layers: every block is one pool block."""
+        return len(self.geometries) == 1 and not self.recurrent_groups
+
+    @property
+    def recurrent_groups(self) -> tuple[LayerGroup, ...]:
+        return tuple(g for g in self.groups if g.is_recurrent)
+
+    @property
+    def state_bytes(self) -> int:
+        """Bytes of one sequence's recurrent state (all recurrent layers; 0 without any)."""
+        return sum(self.group_block_bytes(g) for g in self.recurrent_groups)
 
     # -- sizes ------------------------------------------------------------------
     @property
@@ -182,7 +234,10 @@ class ModelCacheSpec:
         return self.geometry.token_bytes
 
     def group_block_bytes(self, group: LayerGroup) -> int:
-        """Bytes of one of ``group``'s blocks: K and V of ``block_tokens`` tokens for its layers."""
+        """Bytes of one of ``group``'s blocks: K and V of ``block_tokens`` tokens for its layers (a recurrent
+        group: its layers' states)."""
+        if group.state is not None:
+            return group.state.bytes * len(group.layers)
         return self.geometry_of(group).token_bytes * len(group.layers) * self.block_tokens
 
     @property
@@ -217,6 +272,8 @@ class ModelCacheSpec:
         """
         if n_tokens <= 0:
             return 0
+        if group.is_recurrent:
+            return 1
         whole = math.ceil(n_tokens / self.block_tokens)
         if group.window is None:
             return whole
@@ -237,15 +294,20 @@ class ModelCacheSpec:
         """The layer groups in a line, for logs and ``semantic models``: each kind's layers, their geometry
         (K/V heads x widths) and bytes per token, e.g. ``global: 3 layers of 1x256/256 bfloat16 (1 KiB a token);
         sliding-512: 15 layers in 5 groups of 1x256/256 bfloat16 (1 KiB a token)``."""
-        kinds: dict[tuple[str, KVGeometry], list[LayerGroup]] = {}
+        kinds: dict[tuple[str, object], list[LayerGroup]] = {}
         for g in self.groups:
-            kinds.setdefault((g.kind, self.geometry_of(g)), []).append(g)
+            kinds.setdefault((g.kind, g.state or self.geometry_of(g)), []).append(g)
         parts = []
         for (kind, geometry), groups in kinds.items():
             layers = sum(len(g.layers) for g in groups)
             grouped = f" in {len(groups)} groups" if len(groups) > 1 else ""
+            plural = "s" if layers != 1 else ""
+            if isinstance(geometry, StateGeometry):
+                parts.append(f"{kind}: {layers} layer{plural}{grouped} of {geometry.summary()} "
+                             f"({_size(geometry.bytes * layers)} a sequence)")
+                continue
             shape = f"{geometry.n_kv_heads}x{geometry.head_dim}/{geometry.v_head_dim} {geometry.dtype}"
-            parts.append(f"{kind}: {layers} layer{'s' if layers != 1 else ''}{grouped} of {shape} "
+            parts.append(f"{kind}: {layers} layer{plural}{grouped} of {shape} "
                          f"({_size(geometry.token_bytes * layers)} a token)")
         extras = [f"{len(self.shared_layers)} more layers read earlier layers' K/V"] if self.shared_layers else []
         extras += ["latent attention (one latent head per layer)"] if self.latent else []
@@ -257,7 +319,9 @@ class ModelCacheSpec:
         groups: list[dict[str, object]] = []
         for g in self.groups:
             entry: dict[str, object] = {"index": g.index, "kind": g.kind, "layers": list(g.layers)}
-            if not self.is_uniform:
+            if g.state is not None:
+                entry |= {"state": g.state.describe(), "block_bytes": self.group_block_bytes(g)}
+            elif not self.is_uniform:
                 entry |= {"geometry": self.geometry_of(g).describe(), "block_bytes": self.group_block_bytes(g)}
             groups.append(entry)
         out: dict[str, object] = {
@@ -289,11 +353,12 @@ def _size(n_bytes: int) -> str:
 @dataclass(frozen=True, slots=True)
 class LayerKind:
     """What one cache layer is, for grouping: full attention, a sliding window, or a chunked window, of a
-    geometry (None: the model's own)."""
+    geometry (None: the model's own), or a recurrent layer's state."""
 
     window: int | None = None
     chunk: int | None = None
     geometry: KVGeometry | None = None
+    state: StateGeometry | None = None
 
 
 def group_layers(layer_windows: list[int | None] | list[LayerKind]) -> tuple[LayerGroup, ...]:
@@ -311,15 +376,17 @@ def group_layers(layer_windows: list[int | None] | list[LayerKind]) -> tuple[Lay
     by_kind: dict[LayerKind, list[int]] = {}
     for layer, kind in enumerate(kinds):
         by_kind.setdefault(kind, []).append(layer)
-    sizes: dict[KVGeometry | None, int] = {}
+    sizes: dict[object, int] = {}
     for kind, layers in by_kind.items():
-        sizes[kind.geometry] = math.gcd(sizes.get(kind.geometry, 0), len(layers))
+        key = kind.state or kind.geometry
+        sizes[key] = math.gcd(sizes.get(key, 0), len(layers))
     groups: list[LayerGroup] = []
-    order = sorted(by_kind, key=lambda k: (k.window is not None or k.chunk is not None, k.chunk or 0, k.window or 0,
-                                           k.geometry is not None))
+    order = sorted(by_kind, key=lambda k: (k.state is not None, k.window is not None or k.chunk is not None,
+                                           k.chunk or 0, k.window or 0, k.geometry is not None,
+                                           k.state.bytes if k.state else 0))
     for kind in order:
-        layers, size = by_kind[kind], sizes[kind.geometry]
+        layers, size = by_kind[kind], sizes[kind.state or kind.geometry]
         for start in range(0, len(layers), size):
             groups.append(LayerGroup(len(groups), tuple(layers[start:start + size]), kind.window, kind.geometry,
-                                     kind.chunk))
+                                     kind.chunk, kind.state))
     return tuple(groups)

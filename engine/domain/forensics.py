@@ -39,6 +39,7 @@ class CacheOutcome(str, enum.Enum):
     SHARED = "shared"  # a new or emptied agent started from another agent's prefix (hot or on disk)
     DIVERGED = "diverged"  # the prompt differs from the cached tokens before their end
     WINDOW = "window"  # sliding-window layers could only resume from an earlier checkpoint
+    SNAPSHOT = "snapshot"  # recurrent state could only resume from an earlier snapshot (the note names where)
     RESTORED = "restored"  # the cache came back from the warm tier (disk) for this turn
     DROPPED = "dropped"  # the cache had gone cold (dropped) before this turn
     MODEL_CHANGED = "model_changed"  # the agent's cache was made by another model
@@ -131,6 +132,8 @@ def _outcome(prompt: Sequence[int], cached: Sequence[int], tier_before: str, mod
     if reused < usable:
         if note and "no pool room" in note:
             return CacheOutcome.NO_ROOM
+        if note and "snapshot at token" in note:
+            return CacheOutcome.SNAPSHOT
         return CacheOutcome.WINDOW if note and "window" in note else CacheOutcome.DIVERGED
     if len(cached) - usable > TAIL_TOLERANCE and usable < len(prompt) - 1:
         return CacheOutcome.DIVERGED

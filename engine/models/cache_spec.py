@@ -15,10 +15,16 @@ Two questions, answered from two sources:
   per token under a single head.
 
 Layers past ``make_cache()``'s caches that read another layer's K/V (Gemma
-4's ``previous_kvs``) are recorded as shared. Anything the block pool cannot
-hold (state-space/linear-attention ``ArraysCache``, ``CacheList``) raises
-:class:`UnsupportedModelError` here, at load time, rather than corrupting
-blocks later.
+4's ``previous_kvs``) are recorded as shared.
+
+Recurrent layers (linear attention, Mamba, RWKV: ``ArraysCache``) keep arrays
+whose shapes only the model's code knows. For a model with any, one token is
+run through fresh caches *lazily* (MLX builds the graph, infers every shape,
+and computes nothing): the caches then say what each layer stores, K/V and
+state alike, whichever layer of the model wrote them (Nemotron-H has layers
+without any cache). Anything else the pool cannot hold (``CacheList``,
+quantized caches) raises :class:`UnsupportedModelError` here, at load time,
+rather than corrupting blocks later.
 """
 
 from __future__ import annotations
@@ -29,9 +35,9 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import ChunkedKVCache, KVCache, RotatingKVCache
+from mlx_lm.models.cache import ArraysCache, ChunkedKVCache, KVCache, RotatingKVCache
 
-from engine.domain.cache_spec import KVGeometry, LayerKind, ModelCacheSpec, group_layers
+from engine.domain.cache_spec import KVGeometry, LayerKind, ModelCacheSpec, StateGeometry, group_layers
 from engine.errors import UnsupportedModelError
 
 # Where mlx-lm families keep a decoder block's attention module (DBRX: inside its norm-attention-norm block).
@@ -59,14 +65,23 @@ def derive_cache_spec(
     """
     model_type = model_type_of(model)
     spans = cache_spans(model, model_type)
-    geometries = layer_geometries(model, model_type, len(spans))
+    recurrent = [i for i, span in enumerate(spans) if span == RECURRENT]
+    if recurrent:
+        geometries, states = probed_geometries(model, model_type)
+        shared: tuple[int, ...] = ()
+    else:
+        geometries, states = layer_geometries(model, model_type, len(spans)), {}
+        shared = shared_layers(model, model_type, len(spans))
     if kv_dtype is not None:
         dtype = _checked_override(kv_dtype)
-        geometries = [replace(g, dtype=dtype) for g in geometries]
-    own = Counter(geometries).most_common(1)[0][0]
-    kinds = [LayerKind(window, chunk, None if g == own else g) for (window, chunk), g in zip(spans, geometries)]
+        geometries = {i: replace(g, dtype=dtype) for i, g in geometries.items()}
+        states = {i: _state_in(state, dtype, _probed_dtype(geometries)) for i, state in states.items()}
+    own = Counter(geometries.values()).most_common(1)[0][0] if geometries else _nominal(states)
+    kinds = [LayerKind(state=states[i]) if i in states else
+             LayerKind(window, chunk, None if geometries[i] == own else geometries[i])
+             for i, (window, chunk) in enumerate(spans)]
     latent = any(caches_latents(_attention_of(layer)) for layer in _layers(model))
-    chunked = any(chunk is not None for _, chunk in spans)
+    chunked = any(span != RECURRENT and span[1] is not None for span in spans)
     return ModelCacheSpec(
         n_layers=len(spans),
         n_kv_heads=own.n_kv_heads,
@@ -75,9 +90,9 @@ def derive_cache_spec(
         dtype=own.dtype,
         block_tokens=block_tokens,
         groups=group_layers(kinds),
-        layer_windows=tuple(window for window, _ in spans),
-        layer_chunks=tuple(chunk for _, chunk in spans) if chunked else (),
-        shared_layers=shared_layers(model, model_type, len(spans)),
+        layer_windows=tuple(None if span == RECURRENT else span[0] for span in spans),
+        layer_chunks=tuple(None if span == RECURRENT else span[1] for span in spans) if chunked else (),
+        shared_layers=shared,
         # The model reads the fetched K/V itself (latent scores, a chunk mask from the first cache): each row
         # of a batch must run its own forward pass on its own caches.
         batchable=not (latent or chunked),
@@ -99,17 +114,17 @@ def model_args(model: nn.Module) -> Any:
 # -- cache kinds ------------------------------------------------------------------
 
 
+# A recurrent layer's span: it keeps no position at all.
+RECURRENT = (-1, -1)
+
+
 def cache_spans(model: nn.Module, model_type: str) -> list[tuple[int | None, int | None]]:
-    """Per cache-holding layer: (sliding window, chunk), both None for full attention."""
+    """Per cache-holding layer: (sliding window, chunk), both None for full attention; ``RECURRENT`` for a
+    recurrent layer."""
     caches = _fresh_caches(model)
     if not caches:
         raise UnsupportedModelError(f"model type {model_type!r} keeps no KV cache")
     return [_span_of(cache, layer, model_type) for layer, cache in enumerate(caches)]
-
-
-def cache_windows(model: nn.Module, model_type: str) -> list[int | None]:
-    """Per cache-holding layer: None for full attention (or a chunked window), else the sliding window."""
-    return [window for window, _ in cache_spans(model, model_type)]
 
 
 def _fresh_caches(model: nn.Module) -> list[Any]:
@@ -132,10 +147,70 @@ def _span_of(cache: Any, layer: int, model_type: str) -> tuple[int | None, int |
             raise UnsupportedModelError(f"model type {model_type!r}: layer {layer} has an invalid chunk size "
                                         f"{cache.chunk_size!r}")
         return None, cache.chunk_size
+    if type(cache) is ArraysCache:
+        return RECURRENT
     raise UnsupportedModelError(
-        f"model type {model_type!r}: layer {layer} uses {type(cache).__name__} (recurrent or other state, not "
-        "a K/V per token); the KV block pool holds KVCache, RotatingKVCache and ChunkedKVCache layers"
+        f"model type {model_type!r}: layer {layer} uses {type(cache).__name__}; the pool holds KVCache, "
+        "RotatingKVCache, ChunkedKVCache and ArraysCache (recurrent state) layers"
     )
+
+
+# -- what one token leaves in fresh caches ---------------------------------------------
+
+
+def probed_geometries(model: nn.Module, model_type: str) -> tuple[dict[int, KVGeometry], dict[int, StateGeometry]]:
+    """Per cache: the K/V geometry or recurrent state one lazily computed token leaves in it."""
+    caches = _fresh_caches(model)
+    try:
+        model(mx.array([[0]]), cache=caches)  # a graph only: nothing here is evaluated
+    except Exception as exc:  # noqa: BLE001 (a model that cannot take one token cannot be served)
+        raise UnsupportedModelError(f"model type {model_type!r}: one token through fresh caches failed "
+                                    f"({type(exc).__name__}: {exc})") from exc
+    geometries: dict[int, KVGeometry] = {}
+    states: dict[int, StateGeometry] = {}
+    for i, cache in enumerate(caches):
+        if type(cache) is ArraysCache:
+            states[i] = _state_of(cache, i, model_type)
+        elif cache.keys is None:
+            raise UnsupportedModelError(f"model type {model_type!r}: layer {i}'s cache was not written by a "
+                                        "forward pass")
+        else:
+            keys, values = cache.keys, cache.values
+            geometries[i] = KVGeometry(keys.shape[1], keys.shape[3], values.shape[3], _dtype_name(keys.dtype, model_type))
+    return geometries, states
+
+
+def _state_of(cache: ArraysCache, layer: int, model_type: str) -> StateGeometry:
+    arrays = []
+    for slot, array in enumerate(cache.cache):
+        if array is None:
+            raise UnsupportedModelError(f"model type {model_type!r}: layer {layer}'s recurrent state slot {slot} "
+                                        "stays empty after a token")
+        arrays.append((tuple(array.shape[1:]), _dtype_name(array.dtype, model_type)))
+    return StateGeometry(tuple(arrays))
+
+
+def _dtype_name(dtype: mx.Dtype, model_type: str) -> str:
+    if dtype not in _MX_DTYPE_NAMES:
+        raise UnsupportedModelError(f"model type {model_type!r}: a cache holds {dtype}, not a float dtype")
+    return _MX_DTYPE_NAMES[dtype]
+
+
+def _probed_dtype(geometries: dict[int, KVGeometry]) -> str | None:
+    return next(iter(geometries.values())).dtype if geometries else None
+
+
+def _state_in(state: StateGeometry, dtype: str, activations: str | None) -> StateGeometry:
+    """``state`` under a dtype override: the arrays the activations' dtype made (a convolution window) take
+    it; the others (a float32 recurrent matrix) keep theirs."""
+    source = activations or state.arrays[0][1]
+    return StateGeometry(tuple((shape, dtype if own == source else own) for shape, own in state.arrays))
+
+
+def _nominal(states: dict[int, StateGeometry]) -> KVGeometry:
+    """A model of recurrent layers only stores no K/V: a nominal geometry no group uses."""
+    return KVGeometry(1, 1, 1, next(iter(states.values())).arrays[0][1])
+
 
 
 def shared_layers(model: nn.Module, model_type: str, n_caches: int) -> tuple[int, ...]:
@@ -189,7 +264,7 @@ def _sliding_window(cache: RotatingKVCache, layer: int, model_type: str) -> int:
 # -- K/V geometry -----------------------------------------------------------------
 
 
-def layer_geometries(model: nn.Module, model_type: str, n_caches: int) -> list[KVGeometry]:
+def layer_geometries(model: nn.Module, model_type: str, n_caches: int) -> dict[int, KVGeometry]:
     """The K/V geometry of each of the first ``n_caches`` layers (the ones holding a cache)."""
     args = model_args(model)
     layers = _layers(model)
@@ -200,14 +275,8 @@ def layer_geometries(model: nn.Module, model_type: str, n_caches: int) -> list[K
     layers = layers[:n_caches]
     attentions = [_attention_of(layer) for layer in layers]
     if not attentions or any(a is None for a in attentions):
-        return [_args_geometry(args, model, model_type)] * n_caches
-    return [_geometry(attn, args, model_type) for attn in attentions]  # type: ignore[arg-type]
-
-
-def kv_geometry(model: nn.Module, model_type: str) -> KVGeometry:
-    """The geometry of the model's most common cache layer."""
-    geometries = layer_geometries(model, model_type, len(_fresh_caches(model)))
-    return Counter(geometries).most_common(1)[0][0]
+        return dict.fromkeys(range(n_caches), _args_geometry(args, model, model_type))
+    return {i: _geometry(attn, args, model_type) for i, attn in enumerate(attentions)}  # type: ignore[arg-type]
 
 
 def _geometry(attn: nn.Module, args: Any, model_type: str) -> KVGeometry:

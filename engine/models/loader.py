@@ -85,8 +85,10 @@ def load_model(
         from engine.distributed.sharded_loading import load_shard
 
         model, tokenizer, config = load_shard(folder, world, shard_mode, trust_remote_code)
-    evaluate_all_arrays(model)
     spec = derive_cache_spec(model, block_tokens)
+    # After deriving: a hybrid model's probe (a graph of one token, never evaluated) may leave arrays that
+    # modules build on first use; everything is evaluated here, on this thread, before the engine's runs it.
+    evaluate_all_arrays(model)
     if world is not None:
         from engine.distributed.sharded_loading import check_shardable
 

@@ -30,6 +30,7 @@ OUTCOME_WORDS = {
     "shared": "started from another agent's prefix",
     "diverged": "the prompt left the cached tokens before their end",
     "window": "sliding-window layers resumed from an earlier checkpoint",
+    "snapshot": "recurrent state resumed from an earlier snapshot",
     "restored": "restored from disk (warm tier) and reused",
     "dropped": "the cache had been dropped (cold): full prefill",
     "model_changed": "the cache was made by another model",

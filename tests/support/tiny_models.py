@@ -106,17 +106,47 @@ FAMILY_CONFIGS["deepseek_v2"] = dict(model_type="deepseek_v2", hidden_size=64, i
 FAMILY_CONFIGS["kimi_k25"] = dict(model_type="kimi_k25", text_config=dict(FAMILY_CONFIGS["deepseek_v3"]))
 
 
+# Families with recurrent layers (linear attention, Mamba, RWKV), from mlx-lm's own test configs as
+# bench/family_survey.py builds them (bench/family_configs.json; slow or big ones shrunk, same layer kinds).
+RECURRENT_FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_next", "nemotron_h", "granitemoehybrid", "lfm2",
+                      "mamba2", "kimi_linear", "rwkv7", "jamba", "mamba")
+
+
 def tiny_family(kind: str, seed: int = 0, vocab_size: int = VOCAB_SIZE):
-    """A tiny random-weight model of one of ``FAMILY_CONFIGS``' families (mlx-lm's own classes)."""
+    """A tiny random-weight model of one of ``FAMILY_CONFIGS``' families, or of ``RECURRENT_FAMILIES``
+    (mlx-lm's own classes)."""
     from mlx_lm.utils import _get_classes
 
-    config = family_config(kind, vocab_size)
-    model_class, args_class = _get_classes(config)
-    mx.random.seed(seed)
-    model = model_class(args_class.from_dict(config))
+    if kind in RECURRENT_FAMILIES:
+        import family_survey
+
+        assert vocab_size == family_survey.VOCAB
+        model, _ = family_survey.build(family_survey.entry(kind))
+    else:
+        config = family_config(kind, vocab_size)
+        model_class, args_class = _get_classes(config)
+        mx.random.seed(seed)
+        model = model_class(args_class.from_dict(config))
     vary(model, seed)
     evaluate_all_arrays(model)  # as the loader does: the engine runs the model on its own thread
     return model
+
+
+def recurrent_family_config(kind: str, vocab_size: int) -> dict:
+    """A ``RECURRENT_FAMILIES`` member's config (a ``config.json``) at ``vocab_size`` tokens: mlx-lm's test
+    config as bench/family_survey.py builds it (not one it shrinks for size)."""
+    import family_survey
+
+    entry = family_survey.entry(kind)
+    config = dict(entry["config"], model_type=entry["model_type"], **family_survey.SLOW.get(kind, {}))
+    assert kind not in family_survey.SHRINK, kind
+    per_layer = {"vocab_size_per_layer_input": vocab_size} if "vocab_size_per_layer_input" in config else {}
+    # Loading the folder's tokenizer builds transformers' config class, which checks what mlx-lm does not read.
+    if "time_step_limit" in config:  # floats
+        config["time_step_limit"] = [float(x) for x in config["time_step_limit"]]
+    if kind == "mamba2":  # hidden_size * expand == num_heads * head_dim (mlx-lm takes the heads' width)
+        config["expand"] = config["num_heads"] * config["head_dim"] // config["hidden_size"]
+    return dict(config, vocab_size=vocab_size, **per_layer)
 
 
 def family_config(kind: str, vocab_size: int = VOCAB_SIZE) -> dict:

@@ -14,7 +14,6 @@ import mlx.nn as nn
 import pytest
 from mlx_lm.models import deepseek_v3, gemma3_text, llama, mamba, mixtral, qwen2, qwen3, qwen3_moe
 from mlx_lm.models.cache import (
-    ArraysCache,
     CacheList,
     ChunkedKVCache,
     KVCache,
@@ -416,7 +415,6 @@ class FakeCacheModel(nn.Module):
 @pytest.mark.parametrize(
     ("odd_cache", "class_name"),
     [
-        (ArraysCache(2), "ArraysCache"),
         (CacheList(KVCache(), KVCache()), "CacheList"),
         (QuantizedKVCache(), "QuantizedKVCache"),
     ],
@@ -431,7 +429,7 @@ def test_rotating_cache_with_attention_sinks_is_unsupported() -> None:
         derive_cache_spec(FakeCacheModel(RotatingKVCache(max_size=32, keep=4)), BLOCK)
 
 
-def test_mamba_state_space_cache_is_unsupported() -> None:
+def test_mamba_keeps_a_recurrent_state_of_the_shapes_its_layers_write() -> None:
     model = mamba.Model(
         mamba.ModelArgs(
             model_type="mamba",
@@ -446,8 +444,13 @@ def test_mamba_state_space_cache_is_unsupported() -> None:
             time_step_rank=8,
         )
     )
-    with pytest.raises(UnsupportedModelError, match="'mamba': layer 0 uses ArraysCache"):
-        derive_cache_spec(model, BLOCK)
+    spec = derive_cache_spec(model, BLOCK)
+    (group,) = spec.groups
+    assert group.is_recurrent and group.layers == (0, 1) and not group.holds_every_position
+    # A convolution window of kernel - 1 rows of the inner width, and the selective scan's state.
+    assert group.state.arrays == (((3, 128), "float32"), ((128, 16), "float32"))
+    assert spec.state_bytes == 2 * (3 * 128 + 128 * 16) * 4
+    assert spec.total_blocks_for_tokens(1) == spec.total_blocks_for_tokens(10_000)  # no block grows
 
 
 def test_a_chunked_layer_is_a_chunked_group() -> None:

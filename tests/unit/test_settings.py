@@ -112,24 +112,30 @@ def test_cli_lists_models(capsys: pytest.CaptureFixture[str], tmp_path: Path) ->
 def test_cli_models_says_how_a_folders_layers_are_cached_or_why_it_cannot_be_served(
         capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     """From config.json alone (no weights): Gemma 4's groups of two widths and its KV-shared layers; a
-    recurrent family's refusal; a folder without a config."""
+    recurrent model's state; a family of two caches per layer refused; a folder without a config."""
     import json
 
     from semantic_cli.main import main
     from tests.support.tiny_models import family_config
 
-    gemma4, mamba = tmp_path / "gemma4", tmp_path / "mamba"
+    gemma4, mamba, falcon = tmp_path / "gemma4", tmp_path / "mamba", tmp_path / "falcon"
     for folder, config in ((gemma4, dict(family_config("gemma4_text"), torch_dtype="bfloat16")),
                            (mamba, dict(model_type="mamba2", num_heads=8, head_dim=16, vocab_size=300,
                                         hidden_size=128, intermediate_size=128, state_size=32, num_hidden_layers=4,
                                         layer_norm_epsilon=1e-4, conv_kernel=3, n_groups=4, use_bias=False,
                                         use_conv_bias=False, tie_word_embeddings=True, time_step_limit=[0.01, 10],
-                                        time_step_rank="auto"))):
+                                        time_step_rank="auto")),
+                           (falcon, dict(model_type="falcon_h1", num_hidden_layers=2, vocab_size=300, hidden_size=256,
+                                         intermediate_size=512, num_attention_heads=8, num_key_value_heads=2,
+                                         head_dim=32, mamba_d_ssm=256, mamba_n_heads=8, mamba_d_head=32,
+                                         mamba_d_state=32))):
         folder.mkdir()
         (folder / "config.json").write_text(json.dumps(config))
-    assert main(["--cache-dir", str(tmp_path / "cache"), "models", str(gemma4), str(mamba)]) == 0
+    assert main(["--cache-dir", str(tmp_path / "cache"), "models", str(gemma4), str(mamba), str(falcon)]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert ("layer groups: global: 1 layer of 1x64/64 bfloat16 (256 B a token); sliding-24: 5 layers of 1x32/32 "
             "bfloat16 (640 B a token); 4 more layers read earlier layers' K/V") in out
-    assert "not servable: model type 'mamba2': layer 0 uses ArraysCache" in out
+    # Mamba2: a convolution window (kernel - 1 rows of heads x head_dim + 2 x groups x state) and a state matrix.
+    assert "layer groups: recurrent: 4 layers of 2x384 float32 + 8x16x32 float32 (76 KiB a sequence)" in out
+    assert "not servable: model type 'falcon_h1': layer 0 uses CacheList" in out
     assert main(["--cache-dir", str(tmp_path / "cache"), "models", str(tmp_path)]) == 2

@@ -197,12 +197,13 @@ class SequenceBatch:
         """
         if all(m == width for _, m in rows):
             return True
-        if not self.pad_prefill or any(s.kv.has_windows for s, _ in rows):
+        if not self.pad_prefill or any(s.kv.forgets for s, _ in rows):
             return False
         return all(0 < m and width - m <= max(width // 4, PAD_SLACK) for _, m in rows)
 
     def _prefill_group(self, group: list[tuple[Sequence, int]], n: int, out: StepOutput) -> None:
         """One pass over ``group``'s chunks (each row's ``m`` tokens, padded to ``n``)."""
+        self._snapshot_turn_starts(group)
         chunks = [s.prompt[s.prompt_fed:s.prompt_fed + m] for s, m in group]
         if len(group) == 1:
             self._run_model(mx.array(chunks), cache=group[0][0].kv.caches())
@@ -214,8 +215,10 @@ class SequenceBatch:
                 if m < n:
                     for layer in sequence.kv.layers:
                         layer.trim_to(layer.offset - (n - m))
+        for sequence, m in group:
+            sequence.kv.advanced(m)  # (recurrent rows are never padded: m == n for them)
         # Only the caches are evaluated: the logits of a prefill chunk are never computed.
-        mx.eval([a for s, _ in group for layer in s.kv.layers for a in (layer.keys, layer.values)])
+        mx.eval([a for s, _ in group for a in s.kv.arrays()])
         for (sequence, m), chunk in zip(group, chunks):
             sequence.prompt_fed += m
             sequence.fed.extend(chunk)
@@ -227,6 +230,20 @@ class SequenceBatch:
                                                at_checkpoint))
             if sequence.prefill_left == 0:
                 self._to_decode(sequence)
+
+    def _snapshot_turn_starts(self, group: list[tuple[Sequence, int]]) -> None:
+        """A turn about to go on from a recurrent state (the end of its agent's last turn): snapshot it there.
+
+        The state stands one token short of the last turn's end, the furthest
+        a later prompt that edits this turn's new messages can resume from; once
+        this turn's tokens go through, the state is past it for good. Free to
+        take (the arrays are referenced, and the pass replaces them).
+        """
+        for sequence, _ in group:
+            kv = sequence.kv
+            if sequence.prompt_fed == 0 and sequence.checkpoint_prompt_end and kv.offset > 0 and kv.spec.recurrent_groups:
+                kv.take_checkpoint(CheckpointKind.TURN, self.keep_turn_checkpoints)
+                self.checkpointed(sequence)
 
     def _to_decode(self, sequence: Sequence) -> None:
         sequence.phase = Phase.DECODE
@@ -247,6 +264,8 @@ class SequenceBatch:
                 s.fed.append(s.next_input)
                 s.next_input = None
         logits = self._forward(rows, inputs)
+        for s in rows:
+            s.kv.advanced(1)
         sampled = _sample(logits, rows, self.backend)
         mx.async_eval(sampled)
         return _Launched(rows, sampled)
@@ -293,7 +312,7 @@ class SequenceBatch:
         for s in rows:
             if s.at_prompt_end:
                 s.at_prompt_end = False
-                if s.checkpoint_prompt_end and s.kv.has_windows:
+                if s.checkpoint_prompt_end and s.kv.forgets:
                     s.kv.take_checkpoint(CheckpointKind.TURN, self.keep_turn_checkpoints)
                     self.checkpointed(s)
 

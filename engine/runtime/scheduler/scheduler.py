@@ -48,7 +48,17 @@ GeneratorFactory = Callable[[LoadedModel, BatchSettings, BatchHooks], Any]
 
 def sequence_batch_factory(loaded: LoadedModel, batch: BatchSettings, hooks: BatchHooks) -> SequenceBatch:
     return SequenceBatch(loaded.model, batch.prefill_step_size, batch.max_batch_size, hooks.room,
-                         hooks.checkpointed, backend=hooks.backend)
+                         hooks.checkpointed, keep_turn_checkpoints=turn_checkpoints(loaded, batch),
+                         backend=hooks.backend)
+
+
+def turn_checkpoints(loaded: LoadedModel, batch: BatchSettings) -> int:
+    """How many turn checkpoints an agent keeps: one (a window's ring copy is large and a ring goes back on its
+    own); for recurrent state, which goes back only to a snapshot, as many as ``snapshot_budget_mb`` holds."""
+    spec = loaded.spec
+    if not spec.recurrent_groups:
+        return 1
+    return max(1, int(batch.snapshot_budget_mb * 2**20) // spec.state_bytes)
 
 
 class Scheduler:

@@ -97,9 +97,16 @@ class HotCache:
         if k <= 0:
             return ReusePlan(0, "none", note="cache diverges at the first token")
         resumable = agent.kv.resumable_at(k)
+        recurrent = bool(self.spec.recurrent_groups)
         if resumable == 0:
-            return ReusePlan(0, "none", note=f"sliding-window cache cannot go back to token {k} (no checkpoint); full prefill")
-        note = None if resumable == k else f"sliding-window layers resumed from the checkpoint at token {resumable} (prompt diverged at {k})"
+            what = "recurrent state has no snapshot at or before" if recurrent else "sliding-window cache cannot go back to"
+            return ReusePlan(0, "none", note=f"{what} token {k}; full prefill")
+        if resumable == k:
+            return ReusePlan(resumable, "self")
+        if recurrent:
+            note = f"recurrent state resumed from the snapshot at token {resumable} (prompt diverged at {k})"
+        else:
+            note = f"sliding-window layers resumed from the checkpoint at token {resumable} (prompt diverged at {k})"
         return ReusePlan(resumable, "self", note=note)
 
     def _shared_plan(

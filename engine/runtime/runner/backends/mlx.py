@@ -20,6 +20,8 @@ from typing import Any, Sequence
 import mlx.core as mx
 
 from engine.runtime.runner.kv import ragged
+from engine.runtime.runner.kv.recurrent_state import RecurrentState
+from engine.runtime.runner.kv.stacked_state import StackedStates
 from engine.runtime.runner.kv.kinds import MLX_KINDS, LayerKinds
 from engine.runtime.runner.kv.sequence_kv import SequenceKV
 from engine.runtime.runner.sampling import mlx_top_k
@@ -67,7 +69,10 @@ class MlxBackend:
     def layer_views(self, rows: Sequence[SequenceKV]) -> list[Any]:
         """The caches a batch's forward pass takes: per layer, a view of every row's cache of that layer (and
         for a KV-shared layer, a view of the layer it reads)."""
-        views: list[Any] = [self.ragged([kv.layers[i] for kv in rows]) for i in range(len(rows[0].layers))]
+        views: list[Any] = []
+        for i, first in enumerate(rows[0].layers):
+            layers = [kv.layers[i] for kv in rows]
+            views.append(StackedStates(layers) if isinstance(first, RecurrentState) else self.ragged(layers))
         return views + [views[source].shared() for source in rows[0].spec.shared_layers]
 
     def decode(self, model: Any, inputs: mx.array, rows: Sequence[SequenceKV]) -> mx.array:

@@ -19,13 +19,17 @@ from engine.store.layer_slice import LayerSlice
 from engine.runtime.runner.kv.chunked_kv import ChunkedKV, ChunkState
 from engine.runtime.runner.kv.full_kv import FullKV, KVShape
 from engine.runtime.runner.kv.kinds import MLX_KINDS, LayerKinds
+from engine.runtime.runner.kv.recurrent_state import RecurrentState, StateSnapshot
 from engine.runtime.runner.kv.segment import Segment
 from engine.runtime.runner.kv.shared_kv import SharedKV
 from engine.runtime.runner.kv.window_kv import WindowKV, WindowState
 
 # A layer that forgets (a sliding or a chunked window): it goes back only as far as it holds, or to a checkpoint.
 WindowLike = WindowKV | ChunkedKV
-LayerKV = FullKV | WindowKV | ChunkedKV
+# Layers that forget: a later position can go back only to a checkpoint (a snapshot, for a recurrent state).
+Forgetting = WindowKV | ChunkedKV | RecurrentState
+LayerKV = FullKV | WindowKV | ChunkedKV | RecurrentState
+_FORGETTING = (WindowKV, ChunkedKV, RecurrentState)
 
 
 class CheckpointKind(enum.Enum):
@@ -35,10 +39,11 @@ class CheckpointKind(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Checkpoint:
-    """The window layers at ``offset`` tokens (one state per sliding or chunked layer, in layer order)."""
+    """The layers that forget, at ``offset`` tokens (one state per sliding, chunked or recurrent layer, in
+    layer order): for a recurrent model, a snapshot of its state."""
 
     offset: int
-    states: tuple[WindowState | ChunkState, ...]
+    states: tuple[WindowState | ChunkState | StateSnapshot, ...]
     kind: CheckpointKind = CheckpointKind.TURN
 
 
@@ -58,6 +63,9 @@ class SequenceKV:
         layers: list[LayerKV] = []
         for layer in range(spec.n_layers):
             group = spec.group_of(layer)
+            if group.state is not None:
+                layers.append(RecurrentState(group.state))
+                continue
             shape = kv_shape(spec.geometry_of(group))
             if group.window is not None:
                 layers.append(kinds.window(shape, spec.block_tokens, group.window))
@@ -73,9 +81,17 @@ class SequenceKV:
         return self.layers[0].offset
 
     @property
-    def has_windows(self) -> bool:
-        """Whether some layers forget (sliding or chunked windows)."""
-        return any(isinstance(layer, (WindowKV, ChunkedKV)) for layer in self.layers)
+    def forgets(self) -> bool:
+        """Whether some layers forget (sliding or chunked windows, recurrent states): a later position can go
+        back only to a checkpoint, and a prefill pass may not carry filler."""
+        return any(isinstance(layer, _FORGETTING) for layer in self.layers)
+
+    def advanced(self, n: int) -> None:
+        """``n`` tokens went through the model: recurrent states stand ``n`` further (K/V layers count their
+        own writes)."""
+        for layer in self.layers:
+            if isinstance(layer, RecurrentState):
+                layer.advanced(n)
 
     @property
     def base(self) -> int:
@@ -86,7 +102,7 @@ class SequenceKV:
         """Pool blocks this sequence's own arrays occupy per layer group (checkpoints included, shared
         segments not: every agent that refers to a segment holds its blocks)."""
         spec = self.spec
-        blocks = {g.index: _own_capacity(self._lead(g)) // spec.block_tokens * spec.group_units(g) for g in spec.groups}
+        blocks = {g.index: _own_blocks(self._lead(g), spec.block_tokens) * spec.group_units(g) for g in spec.groups}
         for checkpoint in self.checkpoints:
             for group, n in self._checkpoint_blocks(checkpoint).items():
                 blocks[group] += n
@@ -98,6 +114,9 @@ class SequenceKV:
         blocks = self.capacity_blocks()
         for g in self.spec.groups:
             lead = self._lead(g)
+            if isinstance(lead, RecurrentState):
+                blocks[g.index] += (lead.capacity_for(n_tokens) - lead.capacity) * self.spec.group_units(g)
+                continue
             grown = (lead.capacity_for(n_tokens) - lead.capacity) // self.spec.block_tokens
             if isinstance(lead, ChunkedKV) and lead.will_relay(n_tokens):
                 grown += sum(lead.compact_columns(state) for state in self._states_of(g.layers[0])
@@ -157,6 +176,10 @@ class SequenceKV:
         """What the pool counts for this sequence's own arrays and checkpoints."""
         return sum(self.capacity_blocks().values()) * self.spec.block_bytes
 
+    def arrays(self) -> list[mx.array]:
+        """Every array of the own layers (K/V and recurrent states), to evaluate after a pass."""
+        return [a for layer in self.layers for a in _arrays_of(layer)]
+
     def checkpoint_bytes(self) -> int:
         """What the pool counts for the checkpoints (part of :attr:`nbytes`)."""
         units = sum(n for c in self.checkpoints for n in self._checkpoint_blocks(c).values())
@@ -165,9 +188,12 @@ class SequenceKV:
     def array_bytes(self) -> int:
         """Bytes of the arrays themselves (own layers and checkpoints, each array once: a chunked layer's
         checkpoints may share its run; shared segments not included)."""
-        arrays = [a for layer in self.layers for a in (layer.keys, layer.values)]
-        arrays += [a for c in self.checkpoints for state in c.states for a in (state.keys, state.values)]
-        return sum(a.nbytes for a in {id(a): a for a in arrays if a is not None}.values())
+        arrays = [a for layer in self.layers for a in _arrays_of(layer)]
+        # (A chunked checkpoint sharing its layer's run adds no array: counted once, as the pool does.)
+        own = [state for c in self.checkpoints for state, layer in zip(c.states, self._windows())
+               if not (isinstance(layer, ChunkedKV) and layer.shares(state))]  # type: ignore[arg-type]
+        arrays += [a for state in own for a in _arrays_of(state)]
+        return sum(a.nbytes for a in arrays if a is not None)
 
     def caches(self) -> list[Any]:
         """The per-layer caches, in the order the model takes them; a KV-shared layer (Gemma 4) gets a view of
@@ -273,7 +299,7 @@ class SequenceKV:
     def _checkpoint_blocks(self, checkpoint: Checkpoint) -> dict[int, int]:
         by_layer = dict(zip(self._window_layer_ids(), checkpoint.states))
         return {
-            g.index: _own_columns(self._lead(g), by_layer[g.layers[0]]) // self.spec.block_tokens
+            g.index: _state_blocks(self._lead(g), by_layer[g.layers[0]], self.spec.block_tokens)
             * self.spec.group_units(g)
             for g in self.spec.sliding_groups
         }
@@ -324,8 +350,10 @@ class SequenceKV:
         Window layers need their state at ``n_tokens``: the cache's own when it
         ends there, else a checkpoint taken there; None when there is neither.
         """
+        if self.spec.recurrent_groups:
+            return None  # (a recurrent state has no file form yet: kept in memory only)
         states: dict[int, WindowState | ChunkState] = {}
-        if self.has_windows:
+        if self.forgets:
             checkpoint = next((c for c in self.checkpoints if c.offset == n_tokens), None)
             if checkpoint is not None:
                 states = dict(zip(self._window_layer_ids(), checkpoint.states))
@@ -421,11 +449,12 @@ class SequenceKV:
     def _full(self) -> list[FullKV]:
         return [layer for layer in self.layers if isinstance(layer, FullKV)]
 
-    def _windows(self) -> list[WindowLike]:
-        return [layer for layer in self.layers if isinstance(layer, (WindowKV, ChunkedKV))]
+    def _windows(self) -> list[Forgetting]:
+        """The layers that forget (windows and recurrent states), in layer order: a checkpoint's states."""
+        return [layer for layer in self.layers if isinstance(layer, _FORGETTING)]
 
     def _window_layer_ids(self) -> list[int]:
-        return [i for i, layer in enumerate(self.layers) if isinstance(layer, (WindowKV, ChunkedKV))]
+        return [i for i, layer in enumerate(self.layers) if isinstance(layer, _FORGETTING)]
 
 
 def kv_shape(geometry: KVGeometry) -> KVShape:
@@ -433,15 +462,30 @@ def kv_shape(geometry: KVGeometry) -> KVShape:
     return KVShape(geometry.n_kv_heads, geometry.head_dim, geometry.v_head_dim, getattr(mx, geometry.dtype))
 
 
-def _own_columns(layer: LayerKV, state: WindowState | ChunkState) -> int:
-    """Columns a checkpoint's state holds of its own (none where it shares a chunked layer's run)."""
+def _state_blocks(layer: LayerKV, state: WindowState | ChunkState | StateSnapshot, block_tokens: int) -> int:
+    """Blocks of its group a checkpoint's state holds of its own: a recurrent snapshot one, a window's ring
+    its columns' (none where it shares a chunked layer's run)."""
+    if isinstance(state, StateSnapshot):
+        return 1 if state.arrays is not None else 0
     if isinstance(layer, ChunkedKV) and layer.shares(state):  # type: ignore[arg-type]
         return 0
-    return state.capacity
+    return state.capacity // block_tokens
 
 
-def _own_capacity(layer: LayerKV) -> int:
-    return layer.own_capacity if isinstance(layer, FullKV) else layer.capacity
+def _own_blocks(layer: LayerKV, block_tokens: int) -> int:
+    """Blocks of its group a layer's own arrays take (a recurrent state: one, once it holds a token)."""
+    if isinstance(layer, RecurrentState):
+        return layer.capacity
+    return (layer.own_capacity if isinstance(layer, FullKV) else layer.capacity) // block_tokens
+
+
+def _arrays_of(holder: Any) -> list[mx.array]:
+    """The arrays a layer or a checkpoint's state holds."""
+    if isinstance(holder, RecurrentState):
+        return holder.arrays
+    if isinstance(holder, StateSnapshot):
+        return list(holder.arrays or ())
+    return [a for a in (holder.keys, holder.values) if a is not None]
 
 
 def _round_up(n: int, step: int) -> int:
@@ -481,8 +525,17 @@ def _cut(group: int, layers: Sequence[LayerKV], start: int, end: int, block: int
     return out
 
 
-def _copy_window(mine: WindowLike, state: WindowState | ChunkState, n_tokens: int) -> int:
-    """Load positions up to ``n_tokens`` of a window state into an empty window layer (room reserved)."""
+def _copy_window(mine: Forgetting, state: WindowState | ChunkState | StateSnapshot, n_tokens: int) -> int:
+    """Load positions up to ``n_tokens`` of a window state into an empty window layer (room reserved); a
+    recurrent layer takes the snapshot's arrays (MLX arrays are values: the next pass replaces them rather
+    than write into them, so holding the same arrays is a copy that costs nothing yet)."""
+    if isinstance(mine, RecurrentState):
+        assert isinstance(state, StateSnapshot) and state.offset == n_tokens, (state.offset, n_tokens)
+        if state.arrays is None:
+            mine.reset()
+            return 0
+        mine.load(n_tokens, state.arrays)
+        return state.nbytes
     source = mine.blank()
     source.restore(state)  # type: ignore[arg-type]
     source.trim_to(n_tokens)

@@ -1,0 +1,119 @@
+"""Models with recurrent layers, served over HTTP from model folders, as ``semantic --model FOLDER`` serves them.
+
+A hybrid (Qwen3.5: gated delta net layers and attention layers) and a pure
+recurrent model (Mamba2): tiny random-weight instances of mlx-lm's own
+classes from its test configs, saved as model folders with SmolLM2's
+tokenizer and chat template and loaded from the files. Every reply is the
+text plain mlx-lm's greedy decoding gives for the same rendered prompt; later
+turns read the conversation from the cache; a client that edits its last
+message resumes from a snapshot (the usage says so); a second session
+starts from the first one's system prompt; a full pool drops an agent cold
+(recurrent state stays in memory) and its next turn is still right; the
+pool counts exactly the bytes the caches hold.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import pytest
+
+from engine.domain.block_layout import common_prefix_length
+from engine.api.rendering import PromptRenderer
+from tests.model.engine_fixtures import load_folder
+from tests.model.real_api import RealApi, running_api
+from tests.model.test_model_families_real import (SYSTEM, cached, chat, expected_text,
+                                                  pool_holds_what_it_counts, rendered)
+from tests.support.tiny_models import recurrent_family_config, vary
+
+from random_model import write_model_folder  # noqa: E402  (bench/ is on the path: tests.support.tiny_models)
+
+pytestmark = pytest.mark.model
+
+FAMILIES = ["qwen3_5", "mamba2"]
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family(request, smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory):
+    kind = request.param
+    vocab = len(PromptRenderer(load_folder(smollm2_path, tmp_path_factory.mktemp("tok")).tokenizer).tokenizer.vocab)
+    folder = write_model_folder(recurrent_family_config(kind, vocab), tmp_path_factory.mktemp(kind) / kind,
+                                smollm2_path, "float32", seed=0, transform=vary)
+    return kind, folder, load_folder(folder, tmp_path_factory.mktemp(f"{kind}-load"))
+
+
+@pytest.fixture
+def api(family, tmp_path: Path) -> Iterator[RealApi]:
+    _, folder, loaded = family
+    with running_api(loaded, tmp_path / "cache", folder, pool_budget_mb=64) as running:
+        yield running
+
+
+def test_four_turns_then_an_edit_equal_mlx_lm_and_resume_from_the_cache(family, api: RealApi) -> None:
+    _, _, loaded = family
+    assert loaded.spec.recurrent_groups
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Name a sorting algorithm."}]
+    previous = 0
+    for turn in range(4):
+        reply = chat(api, "four-turns", messages)
+        text, prompt_len = expected_text(loaded, messages)
+        assert reply.choices[0].message.content == text
+        assert reply.usage.prompt_tokens == prompt_len
+        if turn:
+            # At least the previous prompt comes from the cache: the state itself when the re-rendered reply
+            # reads as the tokens generated, else the snapshot one token short of the previous prompt's end
+            # (random weights write text that re-tokenizes differently; a state cannot go back in between).
+            assert cached(reply) >= previous - 1, (turn, reply.usage)
+        previous = prompt_len
+        pool_holds_what_it_counts(api)
+        messages += [{"role": "assistant", "content": text}, {"role": "user", "content": f"And turn {turn + 2}?"}]
+    # The client rewrites its last question: the state stands past it, so the turn resumes from the snapshot
+    # taken when that turn began, and computes the rest.
+    messages[-1] = {"role": "user", "content": "A different last question."}
+    reply = chat(api, "four-turns", messages)
+    text, prompt_len = expected_text(loaded, messages)
+    assert reply.choices[0].message.content == text
+    semantic = reply.usage.model_extra["semantic"]
+    assert semantic["cache_outcome"] == "snapshot", semantic
+    assert 0 < cached(reply) <= semantic["diverged_at"] < prompt_len
+    pool_holds_what_it_counts(api)
+    stats = api.stats()
+    assert any(g["kind"] == "recurrent" and g["used_bytes"] > 0 for g in stats["pool"]["groups"]), stats["pool"]
+    agent = next(a for a in stats["agents"] if a["agent_id"].endswith("four-turns"))
+    assert agent["checkpoint_bytes"] >= loaded.spec.state_bytes  # its snapshots
+
+
+def test_a_second_session_starts_from_the_first_ones_system_prompt(family, api: RealApi) -> None:
+    _, _, loaded = family
+    one = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "First session asks."}]
+    two = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Second session asks other things."}]
+    chat(api, "one", one)
+    reply = chat(api, "two", two)
+    text, _ = expected_text(loaded, two)
+    assert reply.choices[0].message.content == text
+    # The state can only be taken where a snapshot was kept: at the shared prefix's last whole block.
+    shared = common_prefix_length(rendered(loaded, one), rendered(loaded, two))
+    assert shared - loaded.spec.block_tokens < cached(reply) <= shared, (shared, reply.usage)
+    pool_holds_what_it_counts(api)
+
+
+def test_an_evicted_agent_goes_cold_saying_why_and_its_next_turn_is_right(family, api: RealApi) -> None:
+    _, _, loaded = family
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Say something short."}]
+    first = chat(api, "evicted", messages)
+    agent = next(a["agent_id"] for a in api.stats()["agents"] if a["agent_id"].endswith("evicted"))
+    response = httpx.post(f"{api.url}/v1/agents/{agent}/evict", json={"tier": "warm"}, timeout=30)
+    assert response.status_code == 200, response.text
+    view = next(a for a in api.stats()["agents"] if a["agent_id"] == agent)
+    assert view["tier"] == "cold", view
+    assert any("kept in memory only" in line for line in api.event_lines()), api.event_lines()[-5:]
+    exported = httpx.get(f"{api.url}/v1/agents/{agent}/export", timeout=30)
+    assert exported.status_code == 400 and "recurrent" in exported.text, exported.text
+    messages += [{"role": "assistant", "content": first.choices[0].message.content},
+                 {"role": "user", "content": "And again?"}]
+    again = chat(api, "evicted", messages)
+    text, _ = expected_text(loaded, messages)
+    assert again.choices[0].message.content == text
+    pool_holds_what_it_counts(api)
