@@ -84,7 +84,18 @@ SHAPES: dict[str, dict[str, Any]] = {
 }
 # Kimi K2.5: DeepSeek V3's text model under a vision-language wrapper.
 SHAPES["kimi_k25"] = dict(model_type="kimi_k25", text_config=dict(SHAPES["deepseek_v3"]))
+# Qwen3.5-0.8B's layers (gated delta net layers of 16 value and 16 key heads of 128, a 4-wide convolution;
+# every fourth layer attention with 2 KV heads of 256), at 8 of its 24 layers and a narrower residual stream:
+# the same recurrent state per layer (1.04 MiB, float32 matrix) and the same K/V per token per layer.
+SHAPES["qwen3_5"] = dict(model_type="qwen3_5", hidden_size=512, num_hidden_layers=8, intermediate_size=1024,
+                         num_attention_heads=8, num_key_value_heads=2, head_dim=256, linear_num_value_heads=16,
+                         linear_num_key_heads=16, linear_key_head_dim=128, linear_value_head_dim=128,
+                         linear_conv_kernel_dim=4, full_attention_interval=4, partial_rotary_factor=0.25,
+                         rope_theta=10_000_000.0, rms_norm_eps=1e-6, max_position_embeddings=16384,
+                         tie_word_embeddings=True)
 FAMILIES = ("deepseek_v3", "glm4_moe_lite", "kimi_k25", "gemma4_text", "llama4")
+# Families with recurrent layers: on request (--families qwen3_5), not in the default set.
+RECURRENT = ("qwen3_5",)
 
 
 @dataclass(slots=True)
@@ -177,6 +188,9 @@ def family_rows(result: BenchResult, kind: str, folder: Path, ours: list[Run], t
     window_units = sum(g["block_bytes"] for g in windows) or 1
     rows = []
     for group in run.groups:
+        if group["kind"] == "recurrent":
+            rows.append(recurrent_row(result, kind, group, run, theirs_bytes[group["index"]] * run.held_tokens))
+            continue
         ours_per_token = group["used_bytes"] / run.held_tokens
         checkpoints = run.checkpoint_bytes * group["block_bytes"] / window_units if group in windows else 0.0
         peer_per_token = theirs_bytes[group["index"]]
@@ -193,6 +207,17 @@ def family_rows(result: BenchResult, kind: str, folder: Path, ours: list[Run], t
     return rows
 
 
+def recurrent_row(result: BenchResult, kind: str, group: dict[str, Any], run: Run, peer_bytes: float) -> list[object]:
+    """A recurrent group holds a state per sequence, not bytes per token: the agent's bytes (its state and the
+    snapshots a later turn can resume from) against mlx-lm's one state."""
+    held = group["used_bytes"]
+    result.metric(kind, "recurrent group: semantic pool bytes (state and snapshots)", held, "B", better="lower")
+    result.metric(kind, "recurrent group: of which snapshots", run.checkpoint_bytes, "B", better="lower")
+    result.metric(kind, "recurrent group: mlx-lm cache bytes (one state)", peer_bytes, "B", better="lower")
+    return [kind, "recurrent", len(group["layers"]), "state per sequence", f"{held:,.0f} (total)",
+            f"{run.checkpoint_bytes:,.0f} (total)", f"{peer_bytes:,.0f} (total)"]
+
+
 def check_same_prompts(kind: str, ours: list[Run], theirs: list[Run]) -> str:
     a = [t.prompt_tokens for t in ours[0].turns]
     b = [t.prompt_tokens for t in theirs[0].turns]
@@ -204,7 +229,8 @@ def check_same_prompts(kind: str, ours: list[Run], theirs: list[Run]) -> str:
 def main() -> None:
     parser = base_parser(__doc__.splitlines()[0])
     parser.add_argument("--families", default=",".join(FAMILIES),
-                        help=f"comma-separated, any of {', '.join(FAMILIES)} (default: all)")
+                        help=f"comma-separated, any of {', '.join(FAMILIES + RECURRENT)} (default: "
+                             f"{', '.join(FAMILIES)})")
     parser.add_argument("--repeats", type=int, default=2, help="runs per server and family (default 2; 1 with --quick)")
     parser.add_argument("--turns", type=int, help="warm turns per run (default 4; 2 with --quick)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
@@ -212,7 +238,7 @@ def main() -> None:
     args = parser.parse_args()
     families = [f.strip() for f in args.families.split(",") if f.strip()]
     if unknown := [f for f in families if f not in SHAPES]:
-        parser.error(f"unknown family {', '.join(unknown)}; choose from {', '.join(FAMILIES)}")
+        parser.error(f"unknown family {', '.join(unknown)}; choose from {', '.join(FAMILIES + RECURRENT)}")
     import mlx.core as mx
 
     dtype = args.dtype or ("bfloat16" if mx.default_device().type == mx.DeviceType.gpu else "float32")
