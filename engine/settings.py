@@ -67,12 +67,13 @@ class Settings(BaseSettings):
     block_tokens: int = Field(256, ge=16, le=4096, description="Tokens per KV block.")
     pool_budget_mb: float = Field(1024.0, gt=0, description="Memory budget of the KV block pool in MiB.")
     snapshot_budget_mb: float = Field(
-        128.0, ge=0,
+        64.0, ge=0,
         description="Models with recurrent layers (Qwen3.5, Qwen3-Next, Nemotron-H, Mamba, RWKV...): MiB per agent "
                     "for snapshots of its recurrent state, kept where a later turn can resume (the start and the "
                     "prompt end of its recent turns; a state cannot be cut back). The oldest go first; at least "
-                    "one is always kept; a pool that needs room drops them before evicting agents. 128 MiB keeps "
-                    "about 6 of Qwen3.5-0.8B's float32 state.")
+                    "one is always kept; a pool that needs room drops them before evicting agents. 64 MiB keeps 3 of "
+                    "Qwen3.5-0.8B's (18.6 MiB each), 1 of Qwen3-Next's (73.7 MiB); up to two more sit at "
+                    "shared-prefix points.")
 
     # -- batching ---------------------------------------------------------------
     max_batch_size: int = Field(16, ge=1, le=512, description="Most sequences decoded together.")
