@@ -140,13 +140,12 @@ def recurrent_family_config(kind: str, vocab_size: int) -> dict:
     entry = family_survey.entry(kind)
     config = dict(entry["config"], model_type=entry["model_type"], **family_survey.SLOW.get(kind, {}))
     assert kind not in family_survey.SHRINK, kind
-    per_layer = {"vocab_size_per_layer_input": vocab_size} if "vocab_size_per_layer_input" in config else {}
     # Loading the folder's tokenizer builds transformers' config class, which checks what mlx-lm does not read.
     if "time_step_limit" in config:  # floats
         config["time_step_limit"] = [float(x) for x in config["time_step_limit"]]
     if kind == "mamba2":  # hidden_size * expand == num_heads * head_dim (mlx-lm takes the heads' width)
         config["expand"] = config["num_heads"] * config["head_dim"] // config["hidden_size"]
-    return dict(config, vocab_size=vocab_size, **per_layer)
+    return at_vocab(config, vocab_size)
 
 
 def family_config(kind: str, vocab_size: int = VOCAB_SIZE) -> dict:
@@ -155,14 +154,16 @@ def family_config(kind: str, vocab_size: int = VOCAB_SIZE) -> dict:
     Every vocabulary size moves: Gemma 4's per-layer input embedding has its
     own (``vocab_size_per_layer_input``), and a token id past it reads outside
     the table (garbage that changes from run to run, NaN at times)."""
-    def at_vocab(config: dict) -> dict:
-        per_layer = {"vocab_size_per_layer_input": vocab_size} if "vocab_size_per_layer_input" in config else {}
-        return dict(config, vocab_size=vocab_size, **per_layer)
-
-    config = at_vocab(FAMILY_CONFIGS[kind])
+    config = at_vocab(FAMILY_CONFIGS[kind], vocab_size)
     if "text_config" in config:
-        config["text_config"] = at_vocab(config["text_config"])
+        config["text_config"] = at_vocab(config["text_config"], vocab_size)
     return config
+
+
+def at_vocab(config: dict, vocab_size: int) -> dict:
+    """``config`` with every vocabulary size it has at ``vocab_size`` (Gemma 4's per-layer one too)."""
+    per_layer = {"vocab_size_per_layer_input": vocab_size} if "vocab_size_per_layer_input" in config else {}
+    return dict(config, vocab_size=vocab_size, **per_layer)
 
 
 def loaded_tiny(kind: str = "llama", block_tokens: int = 16, context: int = 2048, seed: int = 0) -> LoadedModel:

@@ -21,15 +21,12 @@ import pytest
 from engine.domain.event_log import EventLog
 from engine.domain.requests import GenerationRequest
 from engine.errors import InvalidRequestError
-from engine.runtime.engine_thread.engine import Engine
 from engine.runtime.engine_thread.engine_ops import engine_op
-from engine.runtime.engine_thread.sync_client import TurnResult, run_turn, run_turns
-from engine.runtime.tiers.accounting import held_bytes
+from engine.runtime.engine_thread.sync_client import run_turn, run_turns
 from engine.runtime.tiers.agents import Tier
 from engine.store.warm_store import WarmStore
-from tests.support.byte_tokenizer import BOS, EOS
-from tests.support.engine_settings import engine_settings
-from tests.support.reference import reference_greedy
+from tests.support.byte_tokenizer import BOS
+from tests.support.family_engine import accounts_agree, check, opening, start
 from tests.support.tiny_models import RECURRENT_FAMILIES, loaded_tiny
 
 pytestmark = pytest.mark.unit
@@ -56,32 +53,6 @@ def any_family(request):
 @pytest.fixture(params=FEATURE_FAMILIES)
 def loaded(request):
     return _loaded(request.param)
-
-
-def start(loaded, store: WarmStore | None = None, blocks: int | None = None, **settings) -> Engine:
-    budget = blocks * loaded.spec.block_bytes if blocks else 64 << 20
-    engine = Engine(loaded, engine_settings(budget, 8, 32, **settings), store=store)
-    engine.start()
-    return engine
-
-
-def expected(loaded, prompt: tuple[int, ...], n: int = TOKENS) -> list[int]:
-    tokens = reference_greedy(loaded.model, list(prompt), n, {EOS})
-    return tokens[:-1] if tokens and tokens[-1] == EOS else tokens
-
-
-def check(loaded, result: TurnResult) -> None:
-    assert result.finish.error is None, result.finish.error
-    assert result.tokens == expected(loaded, result.request.prompt_tokens, result.request.max_tokens)
-
-
-def accounts_agree(engine: Engine) -> None:
-    held, counted = engine.call(lambda e: (held_bytes(e.agents), e.pool.used_bytes)).result(30)
-    assert held == counted
-
-
-def opening(i: int = 1) -> tuple[int, ...]:
-    return (BOS, *(f"agent {i} opens a conversation about caches. " * 2).encode())
 
 
 def test_the_spec_says_which_layers_keep_state(any_family) -> None:
