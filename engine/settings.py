@@ -81,6 +81,11 @@ class Settings(BaseSettings):
     prefill_step_size: int = Field(512, ge=16, description="Prompt tokens processed per prefill chunk (bounds memory; progress is reported per chunk).")
     fast_cpu_math: bool = Field(True, description="On the CPU, compute attention's softmax, SiLU and GELU (Gemma) with an exp built from MLX's fast arithmetic (within 2 ulp of mx.exp, about 5x faster per element; GELU about 10x), a long prefill chunk's attention in cache-sized blocks, a decode batch's attention in compiled loops over each agent's cache that also write the step's keys and values in place (numba), decode's linear layers at up to 8 agents in one compiled pass over the weights, a Llama-family model's whole decode step on the host (numpy and those loops, no MLX evaluation inside the model), and sampling's top-k pass over the vocabulary in numpy. Off: MLX's own kernels, as mlx_lm runs them.")
     default_max_tokens: int = Field(1024, ge=1, description="Tokens generated when a request names no limit.")
+    stored_responses_kept: int = Field(
+        1000, ge=1,
+        description="Responses API: most stored responses (store: true) kept on disk for previous_response_id and "
+                    "GET /v1/responses/{id}; the oldest are deleted past it.",
+    )
     max_output_tokens: int = Field(
         4096, ge=1,
         description="Most tokens one response may generate; a request asking for more is clamped, and the clamp "

@@ -52,6 +52,7 @@ STATE_STYLES = {
 SOURCE_NAMES = {
     "tui": "workbench",
     "claude-code": "Claude Code",
+    "codex": "Codex CLI",
     "anthropic": "an Anthropic client",
     "openai": "an OpenAI client",
     "api": "the HTTP API",

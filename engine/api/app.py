@@ -54,13 +54,14 @@ def _include_routers(app: FastAPI, service: EngineService) -> None:
         metrics,
         models_routes,
         openai_routes,
+        responses_routes,
         swap_routes,
         transfer_routes,
     )
 
     recorder = metrics.MetricsRecorder(service)
     app.state.metrics = recorder
-    for module in (anthropic_routes, openai_routes, models_routes, transfer_routes, agents_routes, branch_routes,
+    for module in (anthropic_routes, openai_routes, responses_routes, models_routes, transfer_routes, agents_routes, branch_routes,
                    admin_routes, swap_routes, health_routes):
         app.include_router(module.router)
     app.include_router(metrics.router)

@@ -17,6 +17,7 @@ from engine.errors import (
     EngineUnavailableError,
     InvalidRequestError,
     ModelLoadError,
+    PromptTooLongError,
     ModelSwapError,
     PoolExhaustedError,
     QueueFullError,
@@ -48,6 +49,8 @@ class ApiError(Exception):
     retry_after_s: int | None = None
     param: str | None = None
     request_id: str | None = None
+    # OpenAI's machine-readable ``code`` (``context_length_exceeded``: clients shorten their history on it).
+    code: str | None = None
 
 
 def internal_error(exc: BaseException, where: str) -> ApiError:
@@ -63,6 +66,8 @@ def internal_error(exc: BaseException, where: str) -> ApiError:
 
 def from_domain(exc: SemanticError) -> ApiError:
     """The HTTP status and message for a domain error."""
+    if isinstance(exc, PromptTooLongError):
+        return ApiError(400, str(exc), param=exc.field, code="context_length_exceeded")
     if isinstance(exc, InvalidRequestError):
         return ApiError(400, str(exc), param=exc.field)
     if isinstance(exc, AgentNotFoundError):
@@ -82,7 +87,7 @@ def from_domain(exc: SemanticError) -> ApiError:
 
 def protocol_of(request: Request) -> str:
     path = request.url.path
-    if path.startswith("/v1/chat/completions") or path.startswith("/v1/completions"):
+    if path.startswith(("/v1/chat/completions", "/v1/completions", "/v1/responses")):
         return "openai"
     if path.startswith("/v1/messages"):
         return "anthropic"
@@ -98,7 +103,7 @@ def error_body(protocol: str, error: ApiError) -> dict:
             kind = "authentication_error"
         elif error.status == 429:
             kind = "rate_limit_error"
-        return {"error": {"message": error.message, "type": kind, "param": error.param, "code": None}}
+        return {"error": {"message": error.message, "type": kind, "param": error.param, "code": error.code}}
     return {"type": "error", "error": {"type": ANTHROPIC_TYPES.get(error.status, "api_error"), "message": error.message}}
 
 

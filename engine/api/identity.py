@@ -106,5 +106,35 @@ def openai_identity(headers: Mapping[str, str], body_session: str | None, conver
     return AgentIdentity(f"openai-{prefix}", AgentSource.OPENAI, f"OpenAI client {prefix[:8]}")
 
 
+def responses_identity(
+    headers: Mapping[str, str], prompt_cache_key: str | None, conversation: Conversation,
+) -> AgentIdentity:
+    """The agent of a Responses API turn that continues no stored response.
+
+    Codex CLI sends ``store: false`` and its whole history every turn, with its
+    thread id as ``prompt_cache_key``: that id is the agent, so each turn finds
+    the cache of the one before. Other clients' keys name their agent the
+    same way (a key that is not a plain id is hashed); without a key, the
+    canonical prefix does, as for chat completions.
+    """
+    codex = is_codex(headers)
+    source = AgentSource.CODEX if codex else AgentSource.OPENAI
+    if prompt_cache_key:
+        key = _clean(prompt_cache_key) or hashlib.sha256(prompt_cache_key.encode()).hexdigest()[:16]
+        if codex:
+            return AgentIdentity(f"codex-{key}", source, f"Codex {key[:8]}")
+        return AgentIdentity(f"rs-{key}", source, f"Responses client {key[:24]}")
+    prefix = prefix_hash(conversation)
+    if codex:
+        return AgentIdentity(f"codex-{prefix}", source, f"Codex {prefix[:8]}")
+    return AgentIdentity(f"responses-{prefix}", source, f"Responses client {prefix[:8]}")
+
+
+def is_codex(headers: Mapping[str, str]) -> bool:
+    """Codex CLI names itself in ``originator`` (codex_exec, codex_cli_rs) and its user agent."""
+    return (headers.get("originator", "").startswith("codex")
+            or headers.get("user-agent", "").lower().startswith("codex"))
+
+
 def _labelled(label: str, auxiliary: bool) -> str:
     return f"{label} (side request)" if auxiliary else label

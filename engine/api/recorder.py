@@ -1,6 +1,6 @@
 """Recording what clients send (``--record-requests PATH``), for ``bench/replay.py``.
 
-Every POST to a chat endpoint (Anthropic Messages, OpenAI chat completions) is appended to a JSONL file as one line:
+Every POST to a chat endpoint (Anthropic Messages, OpenAI chat completions, the Responses API) is appended to a JSONL file as one line:
 ``t`` (seconds since the recorder started), ``duration_s`` (until the
 response's last byte), ``status``, ``method``, ``path``, ``headers`` (secrets
 removed) and ``body`` (the JSON as sent). Replaying keeps each session's
@@ -28,14 +28,15 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-# The two chat protocols: what a client of another server would send too, so a trace replays anywhere.
-RECORDED_PATHS = ("/v1/messages", "/v1/chat/completions")
+# The chat protocols: what a client of another server would send too, so a trace replays anywhere
+# (Responses API turns replay on a chat-completions-only server through bench/trace_format.py).
+RECORDED_PATHS = ("/v1/messages", "/v1/chat/completions", "/v1/responses")
 SECRET_HEADERS = frozenset({"x-api-key", "authorization", "cookie", "proxy-authorization"})
 _STOP = object()
 
 
 def recorded(path: str) -> bool:
-    return path.startswith(RECORDED_PATHS) and not path.endswith("/count_tokens")
+    return path.rstrip("/") in RECORDED_PATHS
 
 
 class TraceWriter:

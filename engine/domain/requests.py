@@ -19,6 +19,7 @@ class AgentSource(str, enum.Enum):
 
     TUI = "tui"
     CLAUDE_CODE = "claude-code"
+    CODEX = "codex"
     ANTHROPIC = "anthropic"
     OPENAI = "openai"
     API = "api"

@@ -37,7 +37,7 @@ COMPACT_COLUMNS = ("agent", "state", "tier", "tokens", "reuse")
 CELL_PADDING = 2  # DataTable pads every cell by one column on each side
 # The table redraws every visible cell when any cell changes; once a second is enough.
 MIN_REFRESH_S = 1.0
-SOURCE_LABELS = {"claude-code": "Claude Code", "tui": "workbench", "openai": "OpenAI", "anthropic": "Anthropic", "api": "API", "bench": "bench"}
+SOURCE_LABELS = {"claude-code": "Claude Code", "codex": "Codex CLI", "tui": "workbench", "openai": "OpenAI", "anthropic": "Anthropic", "api": "API", "bench": "bench"}
 
 
 class AgentsTable(DataTable):

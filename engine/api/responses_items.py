@@ -1,0 +1,253 @@
+"""Responses API items: read from a request, kept in the store, turned into a conversation.
+
+An input item is checked and normalized once, into the shape the API itself
+returns (``GET /v1/responses/{id}/input_items``), with an id when it came
+without one. The normalized items are what a stored response keeps, so a
+continuation (``previous_response_id``) renders exactly what the first turn
+rendered and the agent's cache matches to the last token.
+
+Decisions worth knowing:
+
+* ``developer`` and ``system`` messages are system messages; ``instructions``
+  is one more, placed first (chat templates know only ``system``).
+* ``reasoning`` items are dropped: the models here emit none, and the
+  encrypted content Codex asks for cannot mean anything to them.
+* A ``message`` from the assistant and the ``function_call`` items after it
+  are one assistant turn with tool calls, as chat templates render them.
+* Tools other than ``function`` (hosted ``web_search``, ``file_search``,
+  ``custom``, ...) are skipped: a local model cannot run them, and Codex
+  always sends ``web_search`` beside its function tools.
+* Image, audio and file parts become short placeholders, as in chat completions.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from typing import Any, Iterable, Iterator
+
+from engine.domain.chat import ChatMessage, Conversation, ToolCall, ToolSpec
+from engine.errors import InvalidRequestError
+
+Item = dict[str, Any]
+
+_MESSAGE_ROLES = ("user", "assistant", "system", "developer")
+_TEXT_PARTS = ("input_text", "output_text", "text", "summary_text")
+_PLACEHOLDERS = {"input_image": "[image]", "input_file": "[file]", "input_audio": "[audio]"}
+# Item types that carry no conversation a local model can use; accepted and dropped.
+_DROPPED = ("reasoning", "web_search_call", "file_search_call", "image_generation_call", "compaction")
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_hex(16)}"
+
+
+# -- reading a request ------------------------------------------------------------------------
+def input_items(value: str | list[dict[str, Any]]) -> list[Item]:
+    """The request's ``input``, checked and normalized; raises InvalidRequestError naming ``input[i]``."""
+    if isinstance(value, str):
+        return [_message_item({"role": "user", "content": value}, "input")]
+    items: list[Item] = []
+    for index, raw in enumerate(value):
+        field = f"input[{index}]"
+        kind = raw.get("type", "message")
+        if kind == "message":
+            items.append(_message_item(raw, field))
+        elif kind == "function_call":
+            items.append(_function_call_item(raw, field))
+        elif kind == "function_call_output":
+            items.append(_function_output_item(raw, field))
+        elif kind in _DROPPED:
+            continue
+        elif kind == "item_reference":
+            raise InvalidRequestError(f"{field}: item_reference is not supported; send the item itself, "
+                                      "or continue with previous_response_id", field=f"{field}.type")
+        else:
+            raise InvalidRequestError(f"{field}.type {kind!r} is not an input item this server reads "
+                                      "(message, function_call, function_call_output, reasoning)", field=f"{field}.type")
+    return items
+
+
+def _message_item(raw: dict[str, Any], field: str) -> Item:
+    role = raw.get("role")
+    if role not in _MESSAGE_ROLES:
+        raise InvalidRequestError(f"{field}.role must be one of {', '.join(_MESSAGE_ROLES)}", field=f"{field}.role")
+    content = raw.get("content")
+    part_type = "output_text" if role == "assistant" else "input_text"
+    if isinstance(content, str):
+        parts = [{"type": part_type, "text": content}]
+    elif isinstance(content, list):
+        parts = [_part(part, f"{field}.content[{j}]") for j, part in enumerate(content)]
+    else:
+        raise InvalidRequestError(f"{field}.content must be a string or a list of content parts",
+                                  field=f"{field}.content")
+    return {"type": "message", "id": _id(raw, "msg", field), "role": role, "content": parts, "status": "completed"}
+
+
+def _part(part: Any, field: str) -> dict[str, Any]:
+    if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+        raise InvalidRequestError(f"{field} must be an object with a type", field=field)
+    kind = part["type"]
+    if kind in _TEXT_PARTS:
+        return {"type": kind, "text": _string(part.get("text"), f"{field}.text")}
+    if kind == "refusal":
+        return {"type": "refusal", "refusal": _string(part.get("refusal"), f"{field}.refusal")}
+    return {"type": kind}  # images, files, audio: a placeholder in the prompt, no payload kept
+
+
+def _function_call_item(raw: dict[str, Any], field: str) -> Item:
+    arguments = _string(raw.get("arguments"), f"{field}.arguments")
+    parse_arguments(arguments, f"{field}.arguments")
+    return {"type": "function_call", "id": _id(raw, "fc", field), "call_id": _string(raw.get("call_id"), f"{field}.call_id"),
+            "name": _string(raw.get("name"), f"{field}.name"), "arguments": arguments, "status": "completed"}
+
+
+def _function_output_item(raw: dict[str, Any], field: str) -> Item:
+    output = raw.get("output")
+    if isinstance(output, list):
+        output = "\n".join(_part_text(_part(part, f"{field}.output[{j}]")) for j, part in enumerate(output))
+    return {"type": "function_call_output", "id": _id(raw, "fco", field),
+            "call_id": _string(raw.get("call_id"), f"{field}.call_id"), "output": _string(output, f"{field}.output"),
+            "status": "completed"}
+
+
+def _id(raw: dict[str, Any], prefix: str, field: str) -> str:
+    value = raw.get("id")
+    if value is None:
+        return new_id(prefix)
+    return _string(value, f"{field}.id")
+
+
+def _string(value: Any, field: str) -> str:
+    if not isinstance(value, str):
+        raise InvalidRequestError(f"{field} must be a string", field=field)
+    return value
+
+
+def parse_arguments(arguments: str, field: str) -> dict[str, Any]:
+    try:
+        parsed = json.loads(arguments) if arguments.strip() else {}
+    except ValueError as exc:
+        raise InvalidRequestError(f"{field} is not valid JSON: {exc}", field=field) from exc
+    if not isinstance(parsed, dict):
+        raise InvalidRequestError(f"{field} must encode a JSON object", field=field)
+    return parsed
+
+
+# -- tools --------------------------------------------------------------------------------------
+def function_tools(tools: list[dict[str, Any]] | None) -> tuple[ToolSpec, ...]:
+    """The request's function tools (hosted tools skipped); a malformed one is a 400 naming it."""
+    specs: list[ToolSpec] = []
+    for index, tool in enumerate(tools or ()):
+        field = f"tools[{index}]"
+        if tool.get("type") != "function":
+            continue
+        name = tool.get("name")
+        if not isinstance(name, str) or not name:
+            raise InvalidRequestError(f"{field}.name must be a non-empty string", field=f"{field}.name")
+        description = tool.get("description") or ""
+        if not isinstance(description, str):
+            raise InvalidRequestError(f"{field}.description must be a string", field=f"{field}.description")
+        parameters = tool.get("parameters") or {}
+        _check_schema(parameters, f"{field}.parameters")
+        specs.append(ToolSpec(name, description, parameters))
+    return tuple(specs)
+
+
+def _check_schema(schema: Any, field: str) -> None:
+    """What a function's parameters must be: a JSON Schema object describing an object."""
+    if not isinstance(schema, dict):
+        raise InvalidRequestError(f"{field} must be a JSON Schema object", field=field)
+    if schema.get("type", "object") != "object":
+        raise InvalidRequestError(f"{field}.type must be \"object\" (a function takes named arguments)",
+                                  field=f"{field}.type")
+    properties = schema.get("properties", {})
+    if not isinstance(properties, dict) or not all(isinstance(p, dict) for p in properties.values()):
+        raise InvalidRequestError(f"{field}.properties must map names to schemas", field=f"{field}.properties")
+    required = schema.get("required", [])
+    if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
+        raise InvalidRequestError(f"{field}.required must be a list of property names", field=f"{field}.required")
+
+
+def tool_choice(choice: str | dict[str, Any] | None, tools: tuple[ToolSpec, ...]) -> str:
+    """The neutral choice: auto, none, any (``required``) or a tool's name."""
+    if choice is None or choice == "auto":
+        return "auto"
+    if choice == "none":
+        return "none"
+    if not tools:
+        raise InvalidRequestError("tool_choice requires function tools", field="tool_choice")
+    if choice == "required":
+        return "any"
+    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
+        if choice["name"] not in {t.name for t in tools}:
+            raise InvalidRequestError(f"tool_choice names {choice['name']!r}, which is not among the tools",
+                                      field="tool_choice")
+        return choice["name"]
+    if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
+        return "any" if choice.get("mode") == "required" else "auto"
+    if isinstance(choice, dict):
+        return "auto"  # a hosted tool's choice (web_search, ...): nothing here can run it
+    raise InvalidRequestError("tool_choice must be auto, none, required or a function", field="tool_choice")
+
+
+# -- items to a conversation --------------------------------------------------------------------
+def to_conversation(instructions: str | None, items: Iterable[Item], tools: tuple[ToolSpec, ...],
+                    choice: str) -> Conversation:
+    head = (ChatMessage("system", instructions),) if instructions else ()
+    return Conversation((*head, *_messages(items)), tools, choice)
+
+
+def _messages(items: Iterable[Item]) -> Iterator[ChatMessage]:
+    names: dict[str, str] = {}
+    text: str | None = None  # an assistant turn being gathered
+    calls: list[ToolCall] = []
+
+    def flush() -> Iterator[ChatMessage]:
+        nonlocal text, calls
+        if text is not None or calls:
+            yield ChatMessage("assistant", text or "", tool_calls=tuple(calls))
+        text, calls = None, []
+
+    for item in items:
+        kind = item["type"]
+        if kind == "function_call":
+            names[item["call_id"]] = item["name"]
+            calls.append(ToolCall(item["call_id"], item["name"], parse_arguments(item["arguments"], "arguments")))
+            continue
+        if kind == "message" and item["role"] == "assistant" and not calls:
+            text = (text + "\n" if text else "") + content_text(item["content"])
+            continue
+        yield from flush()
+        if kind == "message" and item["role"] == "assistant":
+            text = content_text(item["content"])
+        elif kind == "message":
+            role = "user" if item["role"] == "user" else "system"
+            yield ChatMessage(role, content_text(item["content"]))
+        elif kind == "function_call_output":
+            yield ChatMessage("tool", item["output"], tool_call_id=item["call_id"], name=names.get(item["call_id"]))
+    yield from flush()
+
+
+def content_text(parts: list[dict[str, Any]]) -> str:
+    return "\n".join(_part_text(part) for part in parts)
+
+
+def _part_text(part: dict[str, Any]) -> str:
+    if "text" in part:
+        return part["text"]
+    if part["type"] == "refusal":
+        return part["refusal"]
+    return _PLACEHOLDERS.get(part["type"], f"[{part['type']}]")
+
+
+# -- output items -------------------------------------------------------------------------------
+def message_item(item_id: str, text: str, status: str = "completed") -> Item:
+    return {"id": item_id, "type": "message", "status": status, "role": "assistant",
+            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if text or
+            status == "completed" else []}
+
+
+def function_call_item(item_id: str, call: ToolCall, status: str = "completed") -> Item:
+    return {"id": item_id, "type": "function_call", "status": status, "call_id": call.id, "name": call.name,
+            "arguments": json.dumps(call.arguments, ensure_ascii=False)}
