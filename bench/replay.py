@@ -79,7 +79,12 @@ class ReplayTurn:
 
 def outgoing(request: Recorded, protocol: str, max_tokens: int, api_key: str) -> tuple[str, dict[str, str], dict]:
     """Path, headers and body to send for ``request`` to a server that speaks ``protocol``."""
-    body = to_openai(request.body) if protocol == "openai" and request.protocol == "anthropic" else dict(request.body)
+    translate = protocol == "openai" and request.protocol != "openai"
+    body = to_openai(request.body, request.protocol) if translate else dict(request.body)
+    if protocol == "responses":
+        body["max_output_tokens"] = min(int(body.get("max_output_tokens") or max_tokens), max_tokens)
+        headers = {**request.headers, "authorization": f"Bearer {api_key}"}
+        return request.path, headers, body
     body["max_tokens"] = min(int(body.get("max_tokens") or max_tokens), max_tokens)
     if protocol == "openai":
         body.pop("max_completion_tokens", None)
@@ -133,6 +138,15 @@ class _Reading:
             elif kind == "error":
                 self.error = f"stream error: {event.get('error')}"
             return
+        if protocol == "responses":
+            kind = event.get("type", "")
+            if kind in ("response.output_text.delta", "response.function_call_arguments.delta"):
+                self.first_at = self.first_at or time.perf_counter()
+            elif kind in ("response.completed", "response.incomplete"):
+                self.usage = event["response"].get("usage")
+            elif kind in ("response.failed", "error"):
+                self.error = f"stream error: {event.get('response', {}).get('error') or event.get('message')}"
+            return
         if event.get("usage"):
             self.usage = event["usage"]
         for choice in event.get("choices") or ():
@@ -151,6 +165,10 @@ class _Reading:
             reused = int(usage.get("cache_read_input_tokens") or 0)
             prompt = int(usage.get("input_tokens") or 0) + reused + int(usage.get("cache_creation_input_tokens") or 0)
             return prompt, reused, int(usage.get("output_tokens") or 0)
+        if protocol == "responses":
+            details = usage.get("input_tokens_details") or {}
+            return (int(usage.get("input_tokens") or 0), int(details.get("cached_tokens") or 0),
+                    int(usage.get("output_tokens") or 0))
         details = usage.get("prompt_tokens_details") or {}
         return (int(usage.get("prompt_tokens") or 0), int(details.get("cached_tokens") or 0),
                 int(usage.get("completion_tokens") or 0))
@@ -208,7 +226,11 @@ def describe(turn: ReplayTurn) -> str:
 
 
 def detect_protocol(requests: list[Recorded]) -> str:
-    return "anthropic" if any(r.protocol == "anthropic" for r in requests) else "openai"
+    """The trace's own protocol (a trace holds one client's traffic)."""
+    for protocol in ("anthropic", "responses"):
+        if any(r.protocol == protocol for r in requests):
+            return protocol
+    return "openai"
 
 
 # -- semantic vs mlx_lm.server ------------------------------------------------------------------------
@@ -282,7 +304,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     target.add_argument("--url", help="replay against this running server")
     target.add_argument("--compare", action="store_true",
                         help="start semantic and mlx_lm.server on --model and replay on both, alternating")
-    parser.add_argument("--protocol", choices=("auto", "anthropic", "openai"), default="auto",
+    parser.add_argument("--protocol", choices=("auto", "anthropic", "responses", "openai"), default="auto",
                         help="what the --url server speaks (auto: the trace's own protocol)")
     parser.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
                         help=f"cap on every request's max_tokens (default {DEFAULT_MAX_TOKENS})")

@@ -1,5 +1,5 @@
 """Recorded client traffic: reading a trace, grouping it into sessions, and
-translating Anthropic Messages bodies for servers that speak only OpenAI chat.
+translating Anthropic Messages and OpenAI Responses bodies for servers that speak only OpenAI chat.
 
 A trace is JSONL, one request per line, as ``semantic --record-requests PATH``
 writes it (``t``, ``duration_s``, ``status``, ``method``, ``path``,
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-GENERATION_PATHS = ("/v1/messages", "/v1/chat/completions")
+GENERATION_PATHS = ("/v1/messages", "/v1/chat/completions", "/v1/responses")
 # Headers a replay must not resend: they describe the recorded connection, not the request.
 CONNECTION_HEADERS = frozenset({"host", "content-length", "accept-encoding", "connection", "transfer-encoding"})
 SESSION_HEADERS = ("x-claude-code-session-id", "x-semantic-agent-id")
@@ -34,7 +34,10 @@ class Recorded:
 
     @property
     def protocol(self) -> str:
-        return "anthropic" if self.path.startswith("/v1/messages") else "openai"
+        """anthropic, responses (the OpenAI Responses API: Codex CLI) or openai (chat completions)."""
+        if self.path.startswith("/v1/messages"):
+            return "anthropic"
+        return "responses" if self.path.startswith("/v1/responses") else "openai"
 
     @property
     def streamed(self) -> bool:
@@ -88,8 +91,9 @@ def session_of(headers: dict[str, str], body: dict[str, Any]) -> str:
     for name in SESSION_HEADERS:
         if headers.get(name):
             return headers[name]
-    if isinstance(body.get("session_id"), str):
-        return body["session_id"]
+    for key in ("session_id", "prompt_cache_key"):  # chat completions; the Responses API (Codex's thread id)
+        if isinstance(body.get(key), str):
+            return body[key]
     metadata = body.get("metadata")
     if isinstance(metadata, dict) and isinstance(metadata.get("user_id"), str):
         return metadata["user_id"]
@@ -106,8 +110,10 @@ def sessions(requests: list[Recorded]) -> dict[str, list[Recorded]]:
 # -- Anthropic Messages -> OpenAI chat completions ------------------------------------------------
 
 
-def to_openai(body: dict[str, Any]) -> dict[str, Any]:
+def to_openai(body: dict[str, Any], protocol: str = "anthropic") -> dict[str, Any]:
     """The same conversation as an OpenAI chat body: system first, tool calls and results as OpenAI shapes."""
+    if protocol == "responses":
+        return responses_to_openai(body)
     messages: list[dict[str, Any]] = []
     system = _text_of(body.get("system"))
     if system:
@@ -154,3 +160,45 @@ def _text_of(content: Any) -> str:
     if isinstance(content, str):
         return content
     return "\n".join(b.get("text", "") for b in content if isinstance(b, dict) and b.get("type") == "text")
+
+
+# -- OpenAI Responses -> OpenAI chat completions ----------------------------------------------------
+
+
+def responses_to_openai(body: dict[str, Any]) -> dict[str, Any]:
+    """A Responses API body (Codex's) as a chat body: instructions and developer messages as system
+    messages, function_call items as an assistant's tool calls, their outputs as tool messages; reasoning
+    items and hosted tools (web_search) left out, as semantic leaves them out of the prompt."""
+    messages: list[dict[str, Any]] = []
+    if body.get("instructions"):
+        messages.append({"role": "system", "content": body["instructions"]})
+    items = body.get("input")
+    for item in [{"role": "user", "content": items}] if isinstance(items, str) else items or ():
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = {"developer": "system"}.get(item.get("role", "user"), item.get("role", "user"))
+            content = item.get("content")
+            text = content if isinstance(content, str) else "\n".join(
+                p.get("text", "") for p in content or () if isinstance(p, dict))
+            messages.append({"role": role, "content": text})
+        elif kind == "function_call":
+            call = {"id": item.get("call_id", ""), "type": "function",
+                    "function": {"name": item.get("name", ""), "arguments": item.get("arguments", "")}}
+            if messages and messages[-1]["role"] == "assistant":
+                messages[-1].setdefault("tool_calls", []).append(call)
+            else:
+                messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        elif kind == "function_call_output":
+            output = item.get("output")
+            messages.append({"role": "tool", "tool_call_id": item.get("call_id", ""),
+                             "content": output if isinstance(output, str) else json.dumps(output)})
+    out: dict[str, Any] = {"messages": messages, "max_tokens": body.get("max_output_tokens") or 256,
+                           "stream": bool(body.get("stream"))}
+    for key in ("temperature", "top_p"):
+        if key in body:
+            out[key] = body[key]
+    tools = [t for t in body.get("tools") or () if t.get("type") == "function"]
+    if tools:
+        out["tools"] = [{"type": "function", "function": {"name": t["name"], "description": t.get("description", ""),
+                                                          "parameters": t.get("parameters") or {}}} for t in tools]
+    return out

@@ -1,4 +1,4 @@
-"""The real Claude Code CLI from npm, installed once outside the repository.
+"""The real Claude Code CLI from npm, installed once outside the repository (codex_cli.py: Codex's).
 
 The install lives in ``$SEMANTIC_TEST_NPM_PREFIX`` or
 ``~/.cache/semantic-test/npm`` and is reused while its binary runs. No node,
@@ -30,28 +30,28 @@ def npm_prefix() -> Path:
     return Path(configured).expanduser() if configured else Path.home() / ".cache" / "semantic-test" / "npm"
 
 
-def version_of(binary: Path) -> str | None:
-    """``claude --version`` output, or None when the binary is missing or does not run."""
+def version_of(binary: Path, marker: str = "Claude Code") -> str | None:
+    """``BINARY --version`` output when it names ``marker``; None when the binary is missing or does not run."""
     if not binary.exists():
         return None
     try:
         done = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return done.stdout.strip() if done.returncode == 0 and "Claude Code" in done.stdout else None
+    return done.stdout.strip() if done.returncode == 0 and marker in done.stdout else None
 
 
-def install_claude_code(prefix: Path) -> Path:
-    """The ``claude`` binary under ``prefix``, installing it with npm when it is not there yet."""
-    binary = prefix / "node_modules" / ".bin" / "claude"
-    if version_of(binary):
+def install_npm_cli(prefix: Path, package: str, name: str, marker: str) -> Path:
+    """The ``name`` binary of ``package`` under ``prefix``, installing it with npm when it is not there yet."""
+    binary = prefix / "node_modules" / ".bin" / name
+    if version_of(binary, marker):
         return binary
     missing = [tool for tool in ("node", "npm") if shutil.which(tool) is None]
     if missing:
-        pytest.fail(f"the Claude Code end-to-end test needs {' and '.join(missing)} "
+        pytest.fail(f"the {marker} end-to-end test needs {' and '.join(missing)} "
                     "(apt-get install nodejs npm); it cannot run without them", pytrace=False)
     prefix.mkdir(parents=True, exist_ok=True)
-    argv = ["npm", "install", "--prefix", str(prefix), "--no-audit", "--no-fund", PACKAGE]
+    argv = ["npm", "install", "--prefix", str(prefix), "--no-audit", "--no-fund", package]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -60,10 +60,15 @@ def install_claude_code(prefix: Path) -> Path:
     if done.returncode != 0:
         pytest.fail(f"`{' '.join(argv)}` failed (status {done.returncode}); is the npm registry reachable?\n"
                     f"{done.stderr[-3000:]}", pytrace=False)
-    if not version_of(binary):
-        pytest.fail(f"npm installed {PACKAGE} into {prefix} but {binary} --version does not run "
+    if not version_of(binary, marker):
+        pytest.fail(f"npm installed {package} into {prefix} but {binary} --version does not run "
                     f"(was its postinstall script blocked?)\n{done.stderr[-3000:]}", pytrace=False)
     return binary
+
+
+def install_claude_code(prefix: Path) -> Path:
+    """The ``claude`` binary under ``prefix``, installing it with npm when it is not there yet."""
+    return install_npm_cli(prefix, PACKAGE, "claude", "Claude Code")
 
 
 @dataclass(frozen=True, slots=True)

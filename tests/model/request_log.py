@@ -21,7 +21,7 @@ ASGIApp = Callable[[dict[str, Any], Callable[[], Awaitable[Message]], Callable[[
 
 # The headers worth showing in a report; credentials are shown only as present.
 SHOWN_HEADERS = ("user-agent", "anthropic-version", "anthropic-beta", "x-claude-code-session-id",
-                 "x-claude-code-agent-id", "x-app", "content-type")
+                 "x-claude-code-agent-id", "x-app", "content-type", "originator")
 
 
 @dataclass
@@ -46,7 +46,10 @@ class Exchange:
         return self.headers.get("x-claude-code-session-id")
 
     def usage(self) -> dict[str, Any] | None:
-        """The Messages usage the client was told: the final one of a stream, or the JSON body's."""
+        """The Messages usage the client was told: the final one of a stream, or the JSON body's
+        (for the Responses API, the usage of its closing response.completed/incomplete event)."""
+        if self.status == 200 and self.path == "/v1/responses":
+            return (self.final_response() or {}).get("usage")
         if self.status != 200 or not self.path.startswith("/v1/messages") or self.path.endswith("count_tokens"):
             return None
         text = self.response.decode()
@@ -54,6 +57,18 @@ class Exchange:
             return json.loads(text)["usage"]
         stream = check_anthropic_stream(text)
         return {**stream.start_usage, **stream.final_usage}
+
+    def final_response(self) -> dict[str, Any] | None:
+        """A Responses API turn's response object as it ended (completed, incomplete or failed)."""
+        text = self.response.decode(errors="replace")
+        if text.startswith("{"):
+            return json.loads(text)
+        for line in reversed(text.splitlines()):
+            if line.startswith("data: {"):
+                event = json.loads(line[6:])
+                if event.get("type") in ("response.completed", "response.incomplete", "response.failed"):
+                    return event["response"]
+        return None
 
     def summary(self) -> str:
         body = self.json() if self.body.startswith(b"{") else {}
@@ -82,6 +97,9 @@ class Exchange:
             try:
                 event = json.loads(line[6:])
             except ValueError:
+                continue
+            if event.get("type") == "response.output_text.delta":  # the Responses API
+                text.append(event["delta"])
                 continue
             delta = event.get("delta", {}) if event.get("type") == "content_block_delta" else {}
             text.append(delta.get("text", ""))

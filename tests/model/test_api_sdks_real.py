@@ -8,6 +8,7 @@ the engine really did.
 
 from __future__ import annotations
 
+import json
 import re
 import uuid
 from pathlib import Path
@@ -166,3 +167,73 @@ def test_openai_invalid_field_is_a_bad_request(gpt: openai.OpenAI) -> None:
     assert error.status_code == 400
     assert "temperature" in error.message
     assert isinstance(error.body, dict) and error.body.get("type") == "invalid_request_error"
+
+
+# -- OpenAI Responses API ----------------------------------------------------------------------------
+WEATHER_TOOL = {"type": "function", "name": "get_weather", "description": "Get the current weather in a city.",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+
+
+def test_responses_create_and_stream(gpt: openai.OpenAI) -> None:
+    created = gpt.responses.create(model="gpt-5", input=QUESTION, max_output_tokens=MAX_TOKENS, temperature=0)
+    assert created.status in ("completed", "incomplete") and "Paris" in created.output_text
+    assert created.usage is not None and created.usage.output_tokens > 0
+    # Greedy and room to finish: the SDK's get_final_response() wants response.completed, and a reply cut
+    # at max_output_tokens ends with response.incomplete instead (as OpenAI's own server does).
+    with gpt.responses.stream(model="gpt-5", input="Name three colours.", max_output_tokens=200,
+                              temperature=0) as stream:
+        deltas = [event.delta for event in stream if event.type == "response.output_text.delta"]
+        final = stream.get_final_response()
+    assert "".join(deltas) == final.output_text and final.output_text.strip()
+    assert final.usage is not None and final.usage.output_tokens > 0
+    assert gpt.responses.retrieve(final.id).output_text == final.output_text
+
+
+def test_responses_previous_response_id_reads_the_chain_from_cache(gpt: openai.OpenAI) -> None:
+    turn = gpt.responses.create(model="gpt-5", input="Name a planet.", max_output_tokens=MAX_TOKENS)
+    for question in ("And another one?", "Which of them is bigger?"):
+        turn = gpt.responses.create(model="gpt-5", input=question, previous_response_id=turn.id,
+                                    max_output_tokens=MAX_TOKENS)
+    usage = turn.usage
+    assert usage is not None and usage.input_tokens_details is not None
+    print(f"\nturn 3 usage {usage}")
+    assert usage.input_tokens_details.cached_tokens > 0.8 * usage.input_tokens
+    assert [i.content[0].text for i in gpt.responses.input_items.list(turn.id).data] == ["Which of them is bigger?"]
+
+
+def test_responses_function_tool_round_trip(gpt: openai.OpenAI) -> None:
+    """function_call -> function_call_output -> answer, on the real model and its cache.
+
+    SmolLM2-135M does not call tools on its own (greedy, ten phrasings tried: it writes Python that
+    defines get_weather), so the call is the client's history, as an agent resends it; the
+    model-made call parsed into a function_call item is tested with a scripted model and the SDK
+    (tests/unit/test_api_responses.py).
+    """
+    asked = gpt.responses.create(model="gpt-5", tools=[WEATHER_TOOL], temperature=0, max_output_tokens=MAX_TOKENS,
+                                 input="What is the weather in Paris?")
+    call = {"type": "function_call", "call_id": "call_paris", "name": "get_weather", "arguments": '{"city": "Paris"}'}
+    answered = gpt.responses.create(
+        model="gpt-5", tools=[WEATHER_TOOL], previous_response_id=asked.id, temperature=0, max_output_tokens=MAX_TOKENS,
+        input=[call, {"type": "function_call_output", "call_id": "call_paris", "output": "Sunny, 31 degrees Celsius."}])
+    print(f"\nanswered: {answered.output_text!r} usage {answered.usage}")
+    # What a 135M model makes of the result varies (it may ignore it); that it was rendered into the prompt
+    # is the unit test's to check. Here: an answer, and the turn continued the first one's cache.
+    assert answered.output_text.strip() and answered.status in ("completed", "incomplete")
+    assert answered.usage is not None and asked.usage is not None
+    assert answered.usage.input_tokens_details.cached_tokens >= asked.usage.input_tokens
+    follow = gpt.responses.create(model="gpt-5", tools=[WEATHER_TOOL], previous_response_id=answered.id,
+                                  temperature=0, max_output_tokens=MAX_TOKENS, input="Should I take an umbrella?")
+    assert follow.usage is not None and follow.usage.input_tokens_details.cached_tokens > 0.8 * follow.usage.input_tokens
+    kinds = [i.type for i in gpt.responses.input_items.list(answered.id, order="asc").data]
+    assert kinds == ["function_call", "function_call_output"]
+
+
+def test_responses_bad_input_is_a_bad_request_and_stores_nothing(gpt: openai.OpenAI, api: RealApi) -> None:
+    stored = api.settings.cache_dir / "responses"
+    before = sorted(stored.glob("*.json"))
+    with pytest.raises(openai.NotFoundError):
+        gpt.responses.create(model="gpt-5", input="Hi", previous_response_id="resp_" + "0" * 32)
+    with pytest.raises(openai.BadRequestError) as caught:
+        gpt.responses.create(model="gpt-5", input=[{"type": "function_call", "name": "f", "arguments": "{}"}])
+    assert caught.value.body["param"] == "input[0].call_id"
+    assert sorted(stored.glob("*.json")) == before

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from engine.models.sampling_defaults import FALLBACK, packaged_card_defaults, read_sampling_defaults
-from engine.runtime.scheduler.repetition import RepetitionGuard
+from engine.runtime.scheduler.repetition import MAX_PERIOD, RepetitionGuard
 from engine.domain.requests import FinishReason, GenerationRequest
 from engine.runtime.engine_thread.sync_client import run_turn
 from tests.unit.test_engine_batching import make_engine, prompt_for
@@ -119,9 +119,17 @@ def test_ordinary_text_and_a_disabled_guard_never_fire() -> None:
     varied = [(i * 7919) % 1000 for i in range(2000)]
     assert feed(RepetitionGuard(128), varied) is None
     assert feed(RepetitionGuard(0), [5] * 1000) is None
-    # A cycle longer than the guard looks at (64) is not taken for a loop.
-    long_cycle = list(range(200, 280)) * 20
+    # A cycle longer than the guard looks at (MAX_PERIOD) is not taken for a loop.
+    long_cycle = list(range(200, 200 + MAX_PERIOD + 16)) * 20
     assert feed(RepetitionGuard(256), long_cycle) is None
+
+
+def test_a_65_token_cycle_ends_as_an_exact_loop() -> None:
+    """Gemma 3 270M's loop on Codex CLI's prompt: five XML-like lines, 65 tokens, repeated to the cap."""
+    cycle = list(range(300, 365))
+    guard = RepetitionGuard(512)
+    found = next(loop for loop in (guard.push(t) for t in [7, 8, 9] + cycle * 10) if loop is not None)
+    assert found.exact and found.period == 65 and found.span == 256  # half the window: the exact rule
 
 
 @given(st.lists(st.integers(0, 40), min_size=0, max_size=900), st.integers(16, 300))

@@ -27,6 +27,11 @@ window, than the runaway lists, 0.57-0.78) and matching a token a cycle or a
 cycle plus one back (it ends runaways sooner but scores three legitimate
 tables above 0.9).
 
+Cycles up to 128 tokens, not 64 as first measured: Gemma 3 270M answering Codex CLI's ~6K-token
+prompt looped over five XML-like lines of 65 tokens until the output cap (178 s on the 2-core CPU,
+and Codex reports a reply cut at the cap as a failed turn). At 128 the guard still ends none of
+the corpus's files (847 read, bench/reports/2026-11-29-cpu-2core-s15/runaway_false_positives.log).
+
 Per token the guard updates, for every period p, the run of exact matches and
 the count of matches in the window: O(MAX_PERIOD) integer work, nothing
 rescanned.
@@ -36,7 +41,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-MAX_PERIOD = 64
+MAX_PERIOD = 128
 SIMILARITY = 0.9  # share of a window's tokens equal to the token a cycle back that makes a near loop
 
 
