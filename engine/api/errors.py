@@ -85,9 +85,13 @@ def from_domain(exc: SemanticError) -> ApiError:
     return ApiError(500, str(exc))
 
 
+# Paths whose errors take OpenAI's shape (the middleware's early refusals use it too).
+OPENAI_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
+
+
 def protocol_of(request: Request) -> str:
     path = request.url.path
-    if path.startswith(("/v1/chat/completions", "/v1/completions", "/v1/responses")):
+    if path.startswith(OPENAI_PATHS):
         return "openai"
     if path.startswith("/v1/messages"):
         return "anthropic"

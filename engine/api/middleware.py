@@ -8,7 +8,7 @@ from typing import Any, Awaitable, Callable
 
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .errors import ANTHROPIC_TYPES
+from .errors import ANTHROPIC_TYPES, OPENAI_PATHS
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -28,7 +28,7 @@ class _BodyTooLarge(StarletteHTTPException):
 
 
 def _openai_path(path: str) -> bool:
-    return path.startswith("/v1/chat/") or path.startswith("/v1/completions")
+    return path.startswith(OPENAI_PATHS)
 
 
 async def send_error(scope: Scope, send: Send, status: int, message: str, param: str | None = None) -> None:

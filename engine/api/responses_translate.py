@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from engine.domain.chat import ToolCall
-from engine.domain.requests import FinishEvent, Usage
+from engine.domain.requests import AgentSource, FinishEvent, Usage
 from engine.errors import InvalidRequestError
 from engine.settings import Settings
 from engine.store.stored_responses import StoredResponse
@@ -24,7 +24,6 @@ from .openai_translate import cache_usage
 from .responses_items import Item, function_call_item, function_tools, message_item, new_id, to_conversation, tool_choice
 from .responses_schemas import ResponsesRequest
 from .turns import SamplingAsked, TurnSpec, ended_by
-from engine.domain.requests import AgentSource
 
 
 def to_turn_spec(body: ResponsesRequest, items: list[Item], previous: StoredResponse | None,

@@ -8,7 +8,6 @@ the engine really did.
 
 from __future__ import annotations
 
-import json
 import re
 import uuid
 from pathlib import Path

@@ -48,6 +48,8 @@ def test_no_operation_fails_or_breaks_its_documented_schema(case: schemathesis.C
 
 FUZZED = {
     ("POST", "/v1/messages"), ("POST", "/v1/messages/count_tokens"), ("POST", "/v1/chat/completions"),
+    ("POST", "/v1/responses"), ("GET", "/v1/responses/{response_id}"), ("DELETE", "/v1/responses/{response_id}"),
+    ("GET", "/v1/responses/{response_id}/input_items"),
     ("GET", "/v1/agents"), ("POST", "/v1/agents"), ("GET", "/v1/agents/{agent_id}"), ("DELETE", "/v1/agents/{agent_id}"),
     ("POST", "/v1/agents/{agent_id}/messages"), ("POST", "/v1/agents/{agent_id}/evict"),
     ("POST", "/v1/agents/{agent_id}/pin"), ("POST", "/v1/admin/evict-idle"), ("POST", "/v1/admin/swap"),

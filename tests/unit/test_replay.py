@@ -15,14 +15,14 @@ import pytest
 
 from engine.api.app import create_app
 from tests.support.router_app import LiveServer, make_service
-from tests.support.scripted_engine import ScriptedEngine
+from tests.support.scripted_engine import ScriptedEngine, scripted_loaded
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 if str(BENCH) not in sys.path:  # bench/ holds scripts, not a package
     sys.path.insert(0, str(BENCH))
 
 from replay import main as replay_main  # noqa: E402
-from replay import outgoing, replay, schedule  # noqa: E402
+from replay import detect_protocol, outgoing, replay, schedule  # noqa: E402
 from trace_format import TraceError, load_trace, to_openai  # noqa: E402
 
 pytestmark = pytest.mark.unit
@@ -167,3 +167,53 @@ def test_a_recorded_trace_replays_against_a_live_server(tmp_path: Path, protocol
         # Claude Code's session header names the agent: A's second turn reuses A's first.
         second = next(t for t in turns if (t.session, t.turn) == ("s1", 1))
         assert second.reused_tokens > 0
+
+
+# -- Responses API traces (Codex CLI) ------------------------------------------------------------------
+CODEX_TRACE = Path(__file__).parents[2] / "bench" / "traces" / "codex_exec.jsonl"
+
+
+def test_the_committed_codex_trace_is_one_session_of_responses_turns() -> None:
+    requests = load_trace(CODEX_TRACE)
+    assert [r.protocol for r in requests] == ["responses"] * 2
+    assert len({r.session for r in requests}) == 1 and requests[0].session == requests[0].body["prompt_cache_key"]
+    assert detect_protocol(requests) == "responses"
+
+
+def test_codex_bodies_translate_to_openai_chat() -> None:
+    """What mlx_lm.server gets for a Codex turn: developer messages as system, calls as an assistant's
+    tool calls, hosted tools and reasoning items left out, the output cap as max_tokens."""
+    body = {"model": "m", "stream": True, "store": False, "instructions": "Be Codex.", "max_output_tokens": 99,
+            "tools": [{"type": "function", "name": "exec_command", "parameters": {"type": "object"}},
+                      {"type": "web_search"}],
+            "input": [{"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "Rules."}]},
+                      {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "List files."}]},
+                      {"type": "reasoning", "summary": []},
+                      {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Sure."}]},
+                      {"type": "function_call", "call_id": "c1", "name": "exec_command", "arguments": '{"cmd":"ls"}'},
+                      {"type": "function_call_output", "call_id": "c1", "output": "a.txt"}]}
+    chat = to_openai(body, "responses")
+    assert chat["messages"] == [
+        {"role": "system", "content": "Be Codex."}, {"role": "system", "content": "Rules."},
+        {"role": "user", "content": "List files."},
+        {"role": "assistant", "content": "Sure.", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "exec_command", "arguments": '{"cmd":"ls"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "a.txt"}]
+    assert [t["function"]["name"] for t in chat["tools"]] == ["exec_command"]
+    assert chat["max_tokens"] == 99 and chat["stream"] is True
+
+
+def test_responses_turns_replay_against_a_live_server(tmp_path: Path) -> None:
+    """The Codex trace against semantic (its own protocol, capped output) and as chat completions."""
+    requests = load_trace(CODEX_TRACE)
+    path, headers, body = outgoing(requests[0], "responses", 8, "k")
+    assert path == "/v1/responses" and body["max_output_tokens"] == 8 and headers["authorization"] == "Bearer k"
+    assert outgoing(requests[0], "openai", 8, "k")[0] == "/v1/chat/completions"
+    # Codex's prompt is ~40K bytes: one token a byte for the scripted model.
+    engine = ScriptedEngine(lambda r: "4", loaded=scripted_loaded(context=65536, block_tokens=256))
+    with LiveServer(create_app(make_service(tmp_path / "cache", engine))) as server:
+        turns = asyncio.run(replay(server.url, requests, "responses", max_tokens=8, verbose=False, pause_scale=0.0))
+    assert [t.ok for t in turns] == [True, True], [t.error for t in turns]
+    assert all(t.prompt_tokens > 0 and t.output_tokens == 1 for t in turns)
+    # Codex's thread id names the agent: the resumed turn reads the first from its cache.
+    assert turns[1].reused_tokens > 0.5 * turns[1].prompt_tokens

@@ -335,3 +335,13 @@ async def test_pool_map_names_each_layer_group_of_a_model_whose_groups_differ():
         lines = lines_of(pool_map)
     assert lines[0] == "global 1x64/64 = 2 blk · sliding-24 1x32/32 = 5 blk"
     assert sliding_groups_of(dashboard_snapshot(pool, spec=loaded_tiny("llama4").spec.describe())) == {1, 2, 3}
+
+
+def test_every_agent_source_has_a_name_in_the_workbench() -> None:
+    """A client the server learns to tell apart (Codex CLI, ...) shows under its own name, not its enum value."""
+    from engine.domain.requests import AgentSource
+    from semantic_tui.chat_events import SOURCE_NAMES
+    from semantic_tui.widgets.agents_table import SOURCE_LABELS
+
+    assert {s.value for s in AgentSource} == set(SOURCE_LABELS) == set(SOURCE_NAMES)
+    assert SOURCE_LABELS["codex"] == "Codex CLI"
