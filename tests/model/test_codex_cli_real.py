@@ -126,3 +126,17 @@ def test_codex_exec_then_resume_reuses_the_cache(codex: Codex, api: RealApi, exc
 def _trace_lines(path: Path, count: int) -> list[dict] | None:
     lines = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
     return sorted(lines, key=lambda line: line["t"]) if len(lines) >= count else None
+
+
+def test_a_prompt_past_the_context_is_the_error_codex_reports(codex: Codex, api: RealApi,
+                                                              exchanges: list[Exchange]) -> None:
+    """Codex's prompt plus a ~36K-token task overflows Gemma's 32K context: the streamed turn fails with
+    ``context_length_exceeded``, which Codex names as a full context window (not a retry, not a crash)."""
+    task = "Summarise this list: " + " ".join(f"item{i}" for i in range(12_000))  # under Linux's 128 KiB per argument
+    seen = len(exchanges)
+    run = codex.exec(task, timeout_s=120)
+    (turn,) = turns(exchanges[seen:])
+    final = turn.final_response()
+    print(f"\n{run.describe()[-600:]}\nfinal response: {final}")
+    assert final is not None and final["status"] == "failed" and final["error"]["code"] == "context_length_exceeded"
+    assert run.returncode == 1 and "ran out of room in the model's context window" in run.stderr
