@@ -30,10 +30,14 @@ from typing import Iterator
 import pytest
 from fastapi import FastAPI
 
+from engine.api.app import create_app
+from engine.domain.requests import GenerationRequest
 from tests.model.claude_code_cli import npm_prefix
 from tests.model.codex_cli import Codex, install_codex
 from tests.model.real_api import RealApi, running_api, wait_for
 from tests.model.request_log import Exchange, RequestLog
+from tests.support.router_app import LiveServer, make_service
+from tests.support.scripted_engine import ScriptedEngine, scripted_loaded
 
 TASK = "What is 2+2? Answer with the number only."
 FOLLOW_UP = "And 3+3?"
@@ -140,3 +144,42 @@ def test_a_prompt_past_the_context_is_the_error_codex_reports(codex: Codex, api:
     print(f"\n{run.describe()[-600:]}\nfinal response: {final}")
     assert final is not None and final["status"] == "failed" and final["error"]["code"] == "context_length_exceeded"
     assert run.returncode == 1 and "ran out of room in the model's context window" in run.stderr
+
+
+# -- Codex's own tools, with a scripted model that calls one -------------------------------------------
+LS_CALL = '<tool_call>\n{"name": "exec_command", "arguments": {"cmd": "ls"}}\n</tool_call>'
+ANSWER = "The folder holds one file."
+
+
+def test_codex_runs_a_tool_call_and_sends_its_output_back(tmp_path: Path) -> None:
+    """Gemma 3 270M never calls a tool, so a scripted model does, in the Hermes format the server parses:
+    the real Codex must take the ``function_call`` item, run ``exec_command``, and send a
+    ``function_call_output`` for the same call id, which reaches the prompt; then it prints the answer."""
+    engine = ScriptedEngine(loaded=scripted_loaded(context=65536, block_tokens=256))
+    decode = engine.loaded.tokenizer.decode
+
+    def script(request: GenerationRequest) -> str:
+        return ANSWER if "<tool_response>" in decode(list(request.prompt_tokens)) else LS_CALL
+
+    engine.script = script
+    exchanges: list[Exchange] = []
+    app = create_app(make_service(tmp_path / "cache", engine))
+    app.add_middleware(RequestLog, exchanges=exchanges)
+    with LiveServer(app) as server:
+        codex = Codex(install_codex(npm_prefix()), server.url, tmp_path / ".codex", tmp_path / "project", "scripted")
+        codex.write_config()
+        (codex.project / "notes.txt").write_text("hello\n")
+        run = codex.exec("List the files here.", timeout_s=180)
+    sent = turns(exchanges)
+    print("\n" + "\n".join(e.summary() for e in sent) + "\n" + run.describe()[-1500:])
+    assert len(sent) == 2, run.describe()
+    (call,) = [i for i in sent[0].final_response()["output"] if i["type"] == "function_call"]
+    assert call["name"] == "exec_command" and json.loads(call["arguments"]) == {"cmd": "ls"}
+    history = sent[1].json()["input"]
+    echoed = [i for i in history if i.get("type") == "function_call"]
+    outputs = [i for i in history if i.get("type") == "function_call_output"]
+    assert [i["call_id"] for i in echoed] == [i["call_id"] for i in outputs] == [call["call_id"]]
+    print(f"tool output Codex sent back: {outputs[0]['output']!r}")
+    assert sent[1].json()["prompt_cache_key"] == sent[0].json()["prompt_cache_key"]
+    assert sent[1].usage()["input_tokens_details"]["cached_tokens"] > 0.9 * sent[1].usage()["input_tokens"]
+    assert run.returncode == 0 and ANSWER in run.stdout
