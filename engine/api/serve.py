@@ -22,6 +22,7 @@ import uvicorn
 from engine.errors import SemanticError
 from engine.models.gguf_import import ImportProgress
 from engine.bootstrap import engine_builder, release_mlx
+from engine.distributed.launcher_watch import STOP_SIGNALS, launcher_pid, watch_launcher
 from engine.settings import Settings
 
 from .service import EngineService
@@ -168,7 +169,7 @@ def start_configured_engine(settings: Settings, progress: Callable[[ImportProgre
 
 
 def serve_headless(settings: Settings, engine_factory: EngineFactory = start_configured_engine) -> int:
-    """``semantic --serve``: the API answers (not ready) while the model loads; SIGINT/SIGTERM exit 0."""
+    """``semantic --serve``: the API answers (not ready) while the model loads; SIGINT/SIGTERM/SIGHUP exit 0."""
     run = HeadlessRun(settings, engine_factory)
     status = asyncio.run(run.run())
     del run
@@ -197,7 +198,7 @@ class HeadlessRun:
             log.error("cannot listen on %s:%s: %s", self.settings.host, self.settings.port, exc)
             return 1
         log.info("listening on %s", self.server.url, extra={"url": self.server.url, "port": self.server.port})
-        with self._signals():
+        with self._signals(), self._launcher_watched():
             engine = await self._load()
             if engine is not None and not self.exit_requested.is_set():
                 self._announce(engine)
@@ -263,13 +264,34 @@ class HeadlessRun:
     @contextlib.contextmanager
     def _signals(self) -> Iterator[None]:
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in STOP_SIGNALS:
             loop.add_signal_handler(sig, self._on_signal, sig)
         try:
             yield
         finally:
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            for sig in STOP_SIGNALS:
                 loop.remove_signal_handler(sig)
+
+    @contextlib.contextmanager
+    def _launcher_watched(self) -> Iterator[None]:
+        """Under ``mlx.launch``: a launcher that ends (SIGTERM, SIGKILL) stops this rank as SIGTERM would,
+        and rank 0's end of the run stops the others (engine/distributed/launcher_watch.py)."""
+        launcher = launcher_pid()
+        if launcher is None:
+            yield
+            return
+        loop = asyncio.get_running_loop()
+        stop = watch_launcher(launcher, lambda: loop.call_soon_threadsafe(self._launcher_gone))
+        try:
+            yield
+        finally:
+            stop.set()
+
+    def _launcher_gone(self) -> None:
+        if not self.exit_requested.is_set():
+            log.info("shutting down: the launcher is gone (in-flight requests get %.1f s)",
+                     self.settings.shutdown_grace_s)
+            self.exit_requested.set()
 
     def _on_signal(self, sig: int) -> None:
         name = signal.Signals(sig).name

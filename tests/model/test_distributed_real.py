@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -18,6 +19,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from tests.support.distributed_run import (
@@ -229,3 +231,64 @@ def test_the_workbench_runs_on_rank_0_in_a_terminal_and_shows_each_rank(tiny_lla
     assert "rank 1 of 2: rank 0 ended the run" in log, log[-3000:]
     for rank in (0, 1):
         assert list(cache_dir.glob(f"agents/*/rank{rank}-of-2/{AGENTS[0]}-*.safetensors")), (rank, log[-3000:])
+
+
+# -- no rank outlives its launcher ------------------------------------------------------------------
+RANK_EXIT_S = 10.0
+
+
+def _ranks_of(launcher: subprocess.Popen) -> list[psutil.Process]:
+    """The `semantic --serve` processes under the launcher (each local rank is its bash's exec)."""
+    def is_rank(p: psutil.Process) -> bool:
+        try:
+            return "--serve" in p.cmdline()
+        except psutil.Error:
+            return False
+
+    return [p for p in psutil.Process(launcher.pid).children(recursive=True) if is_rank(p)]
+
+
+def _wait_gone(processes: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
+    """Those still running after ``timeout_s`` (a zombie has exited: nobody may be reaping re-parented ranks)."""
+    def running(p: psutil.Process) -> bool:
+        try:
+            return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    deadline = time.monotonic() + timeout_s
+    while (alive := [p for p in processes if running(p)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return alive
+
+
+@pytest.mark.parametrize("how", ["SIGTERM to the launcher", "SIGKILL to the launcher", "SIGHUP to rank 0"])
+def test_no_rank_outlives_its_launcher(tiny_llama: Path, tmp_path: Path, how: str) -> None:
+    """mlx.launch forwards no SIGTERM: its ranks once kept running re-parented to init (rank 0 serving HTTP,
+    the follower spinning in the ring). Now every rank stops within 10 s, rank 0 ending the run so both
+    write their shard of the hot agent, and no file is left torn."""
+    run = launch(tiny_llama, tmp_path, 2)
+    try:
+        run.wait_ready()
+        create_agents(run.url, AGENTS[:1])
+        say(run.url, AGENTS[0], "Tell me about number 7")
+        ranks = _ranks_of(run.process)
+        assert len(ranks) == 2, [p.cmdline() for p in ranks]
+        started = time.monotonic()
+        if how == "SIGHUP to rank 0":
+            rank0 = next(p for p in ranks if "MLX_RANK" in p.environ() and p.environ()["MLX_RANK"] == "0")
+            rank0.send_signal(signal.SIGHUP)
+        else:
+            run.process.send_signal(signal.SIGTERM if how.startswith("SIGTERM") else signal.SIGKILL)
+        alive = _wait_gone(ranks, RANK_EXIT_S + 20)
+        elapsed = time.monotonic() - started
+    finally:
+        for p in _ranks_of(run.process) if run.process.poll() is None else []:
+            p.kill()
+        run.kill()
+    print(f"\n{how}: every rank gone after {elapsed:.1f} s")
+    assert not alive and elapsed < RANK_EXIT_S, (elapsed, run.text()[-4000:])
+    (model_dir,) = (tmp_path / "agents").iterdir()
+    for rank in (0, 1):
+        assert list((model_dir / f"rank{rank}-of-2").glob(f"{AGENTS[0]}-*.safetensors")), (rank, run.text()[-4000:])
+    assert [p for p in tmp_path.rglob("*") if p.name.endswith(".tmp")] == []
