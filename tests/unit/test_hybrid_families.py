@@ -222,3 +222,27 @@ def test_a_model_with_recurrent_layers_cannot_be_sharded_and_says_so() -> None:
 
     with pytest.raises(ModelLoadError, match="recurrent layers .* run it in one process"):
         check_shardable(_loaded("nemotron_h").spec, "tiny-nemotron_h")
+
+
+def test_a_turn_that_needed_a_dropped_snapshot_says_which_and_why(loaded) -> None:
+    """Under a snapshot budget that keeps one turn snapshot, the third turn edits the second's question:
+    the snapshot it needed (the first turn's end) was dropped for a later one, and the note says so."""
+    engine = start(loaded, snapshot_budget_mb=1e-6)  # room for one: only the latest is kept
+    try:
+        first_prompt = opening(4)
+        first = run_turn(engine, GenerationRequest("budget", first_prompt, TOKENS))
+        second_prompt = first_prompt + tuple(first.tokens) + tuple(b" and the second question.")
+        second = run_turn(engine, GenerationRequest("budget", second_prompt, TOKENS))
+        check(loaded, second)
+        edited = first_prompt + tuple(first.tokens) + tuple(b" and a different question.")
+        again = run_turn(engine, GenerationRequest("budget", edited, TOKENS))
+        check(loaded, again)  # still token-identical: computed from further back
+        usage = again.finish.usage
+        first_end = len(first_prompt) + len(first.tokens)
+        assert usage.reused_tokens < first_end - 1, usage
+        assert "was dropped: only the latest 1 turn snapshot is kept" in (usage.reuse_note or ""), usage
+        history = engine.fresh_snapshot().agent("budget").history
+        assert "was dropped" in (history[-1].note or "")
+        accounts_agree(engine)
+    finally:
+        engine.stop()

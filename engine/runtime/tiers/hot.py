@@ -98,15 +98,20 @@ class HotCache:
             return ReusePlan(0, "none", note="cache diverges at the first token")
         resumable = agent.kv.resumable_at(k)
         recurrent = bool(self.spec.recurrent_groups)
+        missed = agent.kv.dropped_between(resumable, k) if resumable < k else None
+        # (Worded "of token", not "at token": forensics reads "snapshot at token" as a resume from a snapshot.)
+        dropped = f"; the {'snapshot' if recurrent else 'checkpoint'} of token {missed[0]} was dropped: {missed[1]}" \
+            if missed else ""
         if resumable == 0:
             what = "recurrent state has no snapshot at or before" if recurrent else "sliding-window cache cannot go back to"
-            return ReusePlan(0, "none", note=f"{what} token {k}; full prefill")
+            return ReusePlan(0, "none", note=f"{what} token {k}; full prefill{dropped}")
         if resumable == k:
             return ReusePlan(resumable, "self")
         if recurrent:
-            note = f"recurrent state resumed from the snapshot at token {resumable} (prompt diverged at {k})"
+            note = f"recurrent state resumed from the snapshot at token {resumable} (prompt diverged at {k}){dropped}"
         else:
-            note = f"sliding-window layers resumed from the checkpoint at token {resumable} (prompt diverged at {k})"
+            note = (f"sliding-window layers resumed from the checkpoint at token {resumable} "
+                    f"(prompt diverged at {k}){dropped}")
         return ReusePlan(resumable, "self", note=note)
 
     def _shared_plan(

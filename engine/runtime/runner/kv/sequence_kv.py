@@ -8,6 +8,7 @@ has granted the blocks (``blocks_for`` says how many).
 from __future__ import annotations
 
 import enum
+from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
@@ -47,6 +48,15 @@ class Checkpoint:
     kind: CheckpointKind = CheckpointKind.TURN
 
 
+DROPS_REMEMBERED = 8
+
+
+def _word(kv: "SequenceKV", n: int) -> str:
+    """What a checkpoint is called for this model: a snapshot of recurrent state, else a checkpoint."""
+    noun = "snapshot" if kv.spec.recurrent_groups else "checkpoint"
+    return f"{noun}{'s are' if n != 1 else ' is'}"
+
+
 @dataclass(slots=True)
 class SequenceKV:
     spec: ModelCacheSpec
@@ -56,6 +66,9 @@ class SequenceKV:
     segments: list[Segment] = field(default_factory=list)
     # Bytes of K/V this cache has copied so far (growth, re-basing, copies in): the hand-off's cost.
     copied: int = 0
+    # Checkpoints dropped lately, (offset, why), newest last: a turn that could only resume from an
+    # earlier one is told which later one it missed and why (the agent's cache history).
+    dropped: deque[tuple[int, str]] = field(default_factory=lambda: deque(maxlen=DROPS_REMEMBERED))
 
     @classmethod
     def empty(cls, spec: ModelCacheSpec, kinds: LayerKinds = MLX_KINDS) -> "SequenceKV":
@@ -279,6 +292,7 @@ class SequenceKV:
         same = [c for c in self.checkpoints if c.kind is kind]
         for old in same[:-keep]:
             self.checkpoints.remove(old)
+            self.dropped.append((old.offset, f"only the latest {keep} {kind.value} {_word(self, keep)} kept"))
 
     def drop_oldest_checkpoint(self) -> bool:
         """Free the least useful checkpoint (turn ends before shared prefixes, oldest first)."""
@@ -286,11 +300,19 @@ class SequenceKV:
             return False
         victim = min(self.checkpoints, key=lambda c: (c.kind is CheckpointKind.PREFIX, c.offset))
         self.checkpoints.remove(victim)
+        self.dropped.append((victim.offset, "the pool needed room"))
         return True
 
     def drop_newest_checkpoint(self) -> None:
         if self.checkpoints:
-            self.checkpoints.remove(max(self.checkpoints, key=lambda c: c.offset))
+            newest = max(self.checkpoints, key=lambda c: c.offset)
+            self.checkpoints.remove(newest)
+            self.dropped.append((newest.offset, "no room in the pool to keep it"))
+
+    def dropped_between(self, start: int, end: int) -> tuple[int, str] | None:
+        """The latest dropped checkpoint in ``(start, end]``: the one a resume from ``start`` missed."""
+        missed = [(offset, why) for offset, why in self.dropped if start < offset <= end]
+        return max(missed) if missed else None
 
     def _checkpoint_at_or_before(self, n_tokens: int) -> Checkpoint | None:
         candidates = [c for c in self.checkpoints if c.offset <= n_tokens]
