@@ -79,7 +79,10 @@ class AgentOut(BaseModel):
     retained_s: float = Field(0.0, description="Seconds left of a client's cache_control retention (Anthropic "
                               "breakpoints): the cache is evicted only after every unmarked agent's")
     checkpoint_bytes: int = Field(0, description="Of bytes, what checkpoints of the model's sliding or chunked "
-                                  "layers hold (where a later turn, fork or rewind can resume them)")
+                                  "layers, and snapshots of its recurrent layers' state, hold (where a later turn, "
+                                  "fork or rewind can resume them)")
+    state_bytes: int = Field(0, description="Of bytes, the current state of the model's recurrent layers (Qwen3.5, "
+                             "Mamba, RWKV: the same size at any length; 0 for attention-only models)")
     messages: int = Field(description="Messages in the stored conversation (0 for agents of other APIs).")
     has_conversation: bool
 

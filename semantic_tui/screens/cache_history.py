@@ -22,7 +22,7 @@ from textual.widgets import DataTable, Label, Static
 from engine.domain.forensics import Divergence, TurnForensics
 from engine.runtime.engine_thread.snapshot import AgentView, EngineSnapshot
 
-from ..formatting import relative_time
+from ..formatting import human_bytes, relative_time
 
 OUTCOME_WORDS = {
     "full": "everything cached was reused",
@@ -38,6 +38,16 @@ OUTCOME_WORDS = {
     "no_room": "the pool had no room to keep all of it",
 }
 COLUMNS = ("when", "outcome", "prompt", "cached", "reused", "prefilled", "from")
+
+
+def _memory(view: AgentView) -> str:
+    """What a hot agent of a hybrid or sliding-window model holds beside its K/V: state, snapshots, checkpoints."""
+    parts = []
+    if view.state_bytes:
+        parts.append(f"state {human_bytes(view.state_bytes)}")
+    if view.checkpoint_bytes:
+        parts.append(f"{'snapshots' if view.state_bytes else 'checkpoints'} {human_bytes(view.checkpoint_bytes)}")
+    return f"\n{human_bytes(view.bytes)} in the pool, of it " + ", ".join(parts) if parts else ""
 
 
 def explain(turn: TurnForensics) -> Text:
@@ -124,7 +134,7 @@ class CacheHistoryScreen(ModalScreen[None]):
             title.update(f"[b]{self.agent_id}[/b]: no longer known to the engine")
             return
         title.update(f"[b]Cache history · {view.label}[/b] · {view.tier} · {view.cached_tokens:,} tokens cached · "
-                     f"{view.turns} turns (last {len(view.history)} shown, newest last)")
+                     f"{view.turns} turns (last {len(view.history)} shown, newest last){_memory(view)}")
         if view.history == self._shown:
             return
         self._shown = view.history

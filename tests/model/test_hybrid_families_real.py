@@ -83,6 +83,7 @@ def test_four_turns_then_an_edit_equal_mlx_lm_and_resume_from_the_cache(family, 
     assert any(g["kind"] == "recurrent" and g["used_bytes"] > 0 for g in stats["pool"]["groups"]), stats["pool"]
     agent = next(a for a in stats["agents"] if a["agent_id"].endswith("four-turns"))
     assert agent["checkpoint_bytes"] >= loaded.spec.state_bytes  # its snapshots
+    assert agent["state_bytes"] == loaded.spec.state_bytes  # its current state, the same at any length
 
 
 def test_a_second_session_starts_from_the_first_ones_system_prompt(family, api: RealApi) -> None:

@@ -345,3 +345,20 @@ def test_every_agent_source_has_a_name_in_the_workbench() -> None:
 
     assert {s.value for s in AgentSource} == set(SOURCE_LABELS) == set(SOURCE_NAMES)
     assert SOURCE_LABELS["codex"] == "Codex CLI"
+
+
+def test_the_cache_history_title_names_state_snapshots_and_checkpoints() -> None:
+    from dataclasses import replace
+
+    from semantic_tui.screens.cache_history import _memory
+
+    from engine.runtime.engine_thread.snapshot import AgentView
+
+    view = AgentView(agent_id="hybrid", display_name=None, source="api", state="idle", tier="hot", pinned=False,
+                     model_id="m", cached_tokens=900, blocks=10, bytes=60 << 20, turns=3, reuse_ratio=0.9,
+                     last_ttft_s=None, decode_tok_s=None, prefill_done=0, prefill_total=0, last_used=0.0,
+                     created_at=0.0)
+    assert _memory(view) == ""  # attention only: nothing beside K/V
+    hybrid = _memory(replace(view, state_bytes=7 << 20, checkpoint_bytes=47 << 20))
+    assert "60.0 MiB in the pool" in hybrid and "state 7.0 MiB" in hybrid and "snapshots 47.0 MiB" in hybrid
+    assert "checkpoints 3.0 MiB" in _memory(replace(view, checkpoint_bytes=3 << 20))  # sliding windows (Gemma 3)

@@ -44,8 +44,11 @@ class AgentView:
     retained_s: float = 0.0
     # Cached tokens at the end of each turn run since the agent was loaded: what a rewind offers.
     turn_ends: tuple[int, ...] = ()
-    # Of ``bytes``, what the checkpoints of its window layers hold (sliding or chunked; hot agents only).
+    # Of ``bytes``, what the checkpoints of its window layers hold (sliding or chunked; hot agents only),
+    # and for recurrent layers (Qwen3.5, Mamba...) the snapshots of their state.
     checkpoint_bytes: int = 0
+    # Of ``bytes``, its recurrent layers' current state (the same at any length; hot agents only).
+    state_bytes: int = 0
 
     @property
     def label(self) -> str:

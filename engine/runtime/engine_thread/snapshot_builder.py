@@ -67,6 +67,7 @@ def _agent_view(agent: AgentRecord, sources: SnapshotSources) -> AgentView:
     in_pool = agent.tier in (Tier.HOT, Tier.COOL)
     blocks = sources.pool.owned_blocks(agent.agent_id) if in_pool else 0
     nbytes = blocks * sources.pool.block_bytes if in_pool else agent.stored_bytes
+    hot = agent.tier is Tier.HOT and agent.kv is not None
     return AgentView(
         agent_id=agent.agent_id,
         display_name=agent.display_name,
@@ -91,7 +92,8 @@ def _agent_view(agent: AgentRecord, sources: SnapshotSources) -> AgentView:
         history=tuple(agent.history),
         turn_ends=tuple(end for end in agent.turn_ends if end <= agent.cached_tokens),
         retained_s=agent.retained_for(time.monotonic()),
-        checkpoint_bytes=agent.kv.checkpoint_bytes() if agent.tier is Tier.HOT and agent.kv is not None else 0,
+        checkpoint_bytes=agent.kv.checkpoint_bytes() if hot else 0,
+        state_bytes=sources.loaded.spec.state_bytes if hot else 0,
     )
 
 
