@@ -236,3 +236,23 @@ def test_responses_bad_input_is_a_bad_request_and_stores_nothing(gpt: openai.Ope
         gpt.responses.create(model="gpt-5", input=[{"type": "function_call", "name": "f", "arguments": "{}"}])
     assert caught.value.body["param"] == "input[0].call_id"
     assert sorted(stored.glob("*.json")) == before
+
+
+def test_a_stored_response_continues_after_a_restart_from_its_agents_cache(
+        smollm2, smollm2_path: Path, tmp_path: Path) -> None:
+    """The stored response (a file) and its agent's cache (the warm tier, written at shutdown) both survive:
+    the continuation after the restart is the same agent and reads the first turn from disk."""
+    with running_api(smollm2, tmp_path / "cache", smollm2_path) as first_run:
+        client = openai.OpenAI(api_key="any", base_url=f"{first_run.url}/v1", max_retries=0, timeout=120)
+        first = client.responses.create(model="gpt-5", input="Name a planet.", max_output_tokens=MAX_TOKENS)
+    with running_api(smollm2, tmp_path / "cache", smollm2_path) as second_run:
+        client = openai.OpenAI(api_key="any", base_url=f"{second_run.url}/v1", max_retries=0, timeout=120)
+        assert client.responses.retrieve(first.id).output_text == first.output_text
+        again = client.responses.create(model="gpt-5", input="And another one?", previous_response_id=first.id,
+                                        max_output_tokens=MAX_TOKENS)
+        agents = {a["agent_id"]: a for a in second_run.stats()["agents"]}
+    assert again.model_extra["agent_id"] == first.model_extra["agent_id"] and again.model_extra["agent_id"] in agents
+    assert first.usage is not None and again.usage is not None
+    print(f"\nafter the restart: {again.usage}")
+    assert again.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens
+    assert again.usage.model_extra["semantic"]["cache_outcome"] == "restored"
