@@ -10,6 +10,7 @@ room at admission) is still answered with a plain HTTP error (429 with
 from __future__ import annotations
 
 import secrets
+from dataclasses import replace
 from typing import Any, cast
 
 from fastapi import APIRouter, Request
@@ -38,6 +39,7 @@ from .anthropic_stream import (
 )
 from .anthropic_translate import conversation_of, turn_spec
 from .async_turn import AsyncTurn
+from .cache_diagnostics import Fingerprint, FingerprintStore, diagnose, wants_diagnostics
 from .reply_model import reply_model
 from .errors import ApiError
 from .service import EngineService
@@ -86,9 +88,26 @@ async def create_message(body: MessagesRequest, request: Request) -> Response:
         raise
     model = reply_model(body.model, request.headers)
     head = MessageHead(f"msg_{secrets.token_hex(12)}", model, len(prepared.prompt_tokens), prepared.retain_tokens)
+    if wants_diagnostics(request.headers, body.diagnostics):
+        head = _diagnosed(request, body, head, spec.identity.agent_id, prepared.prompt_tokens)
     if body.stream:
         return await _streamed(service, turn, assembler, head, record)
     return await _complete(request, turn, assembler, head, record)
+
+
+def _diagnosed(request: Request, body: MessagesRequest, head: MessageHead, agent_id: str,
+               prompt_tokens: tuple[int, ...]) -> MessageHead:
+    """Compare with the request ``diagnostics.previous_message_id`` names; keep this one's fingerprint."""
+    store = getattr(request.app.state, "fingerprints", None)
+    if store is None:
+        store = request.app.state.fingerprints = FingerprintStore()
+    fields = body.model_dump(exclude_none=True, include={"model", "system", "tools", "messages", "tool_choice",
+                                                         "thinking"})
+    now = Fingerprint.of(agent_id, fields, prompt_tokens)
+    previous_id = body.diagnostics.previous_message_id if body.diagnostics else None
+    diagnostics = diagnose(store.get(previous_id), now) if previous_id else None
+    store.put(head.id, now)
+    return replace(head, diagnosed=True, diagnostics=diagnostics)
 
 
 async def _streamed(service: EngineService, turn: AsyncTurn, assembler: OutputAssembler,

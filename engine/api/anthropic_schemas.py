@@ -166,8 +166,17 @@ class CountTokensRequest(_Request):
         None, description="Automatic caching: a breakpoint at the last cacheable block")
 
 
+class DiagnosticsIn(_Request):
+    """Cache diagnostics (beta ``cache-diagnosis-2026-04-07``): null on the first turn to opt in."""
+
+    previous_message_id: str | None = None
+
+
 class MessagesRequest(CountTokensRequest):
     max_tokens: int = Field(ge=1, description="Clamped to what the context leaves")
+    diagnostics: DiagnosticsIn | None = Field(
+        None, description="With the beta header cache-diagnosis-2026-04-07: why this request missed the cache of "
+                          "the one named by previous_message_id (engine/api/cache_diagnostics.py)")
     stream: bool = False
     stop_sequences: list[str] | None = None
     temperature: float | None = Field(None, ge=0, le=1, description="Absent: the model's own default (generation_config.json)")
@@ -205,6 +214,9 @@ class MessageResponse(BaseModel):
     stop_reason: Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"]
     stop_sequence: str | None
     usage: UsageOut
+    diagnostics: dict[str, Any] | None = Field(
+        None, description="Only with the cache diagnostics beta: {cache_miss_reason: {type, cache_missed_input_tokens}}, "
+                          "or null when nothing diverged")
 
 
 STREAM_EVENTS = ("message_start", "content_block_start", "content_block_delta", "content_block_stop",

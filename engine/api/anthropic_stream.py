@@ -125,6 +125,12 @@ class MessageHead:
     prompt_tokens: int
     # Prompt tokens before the request's last cache_control breakpoint (retention.py); 0: none.
     retain_tokens: int = 0
+    # Cache diagnostics (cache_diagnostics.py): sent only when the request asked, null when nothing diverged.
+    diagnosed: bool = False
+    diagnostics: Payload | None = None
+
+    def extra(self) -> Payload:
+        return {"diagnostics": self.diagnostics} if self.diagnosed else {}
 
 
 def usage_body(prompt_tokens: int, reused: int, generated: int, retain_tokens: int = 0) -> Payload:
@@ -153,12 +159,14 @@ def error_if_failed(finish: FinishEvent) -> ApiError | None:
 def message_body(head: MessageHead, content: list[Payload], finish: FinishEvent, made_tool_calls: bool) -> Payload:
     stop_reason, stop_sequence = stop_of(finish, made_tool_calls)
     return {"id": head.id, "type": "message", "role": "assistant", "model": head.model, "content": content,
-            "stop_reason": stop_reason, "stop_sequence": stop_sequence, "usage": final_usage(finish, head)}
+            "stop_reason": stop_reason, "stop_sequence": stop_sequence, "usage": final_usage(finish, head),
+            **head.extra()}
 
 
 def message_start(head: MessageHead, reused: int) -> Payload:
     message = {"id": head.id, "type": "message", "role": "assistant", "model": head.model, "content": [],
-               "stop_reason": None, "stop_sequence": None, "usage": usage_body(head.prompt_tokens, reused, 0, head.retain_tokens)}
+               "stop_reason": None, "stop_sequence": None,
+               "usage": usage_body(head.prompt_tokens, reused, 0, head.retain_tokens), **head.extra()}
     return {"type": "message_start", "message": message}
 
 

@@ -256,3 +256,29 @@ def test_a_stored_response_continues_after_a_restart_from_its_agents_cache(
     print(f"\nafter the restart: {again.usage}")
     assert again.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens
     assert again.usage.model_extra["semantic"]["cache_outcome"] == "restored"
+
+
+# -- Anthropic cache diagnostics (beta) --------------------------------------------------------------
+DIAGNOSIS_BETA = "cache-diagnosis-2026-04-07"
+
+
+def test_anthropic_cache_diagnostics_name_a_changed_date_line(claude: anthropic.Anthropic) -> None:
+    """The missed tokens are the real model's: the first prompt's tokens after the changed date."""
+    history = [{"role": "user", "content": "Name one colour."}]
+    system = "You are terse. Today's date is 2026-11-28. Answer in one word."
+    first = claude.beta.messages.create(model=MODEL, max_tokens=MAX_TOKENS, system=system, messages=history,
+                                        diagnostics={"previous_message_id": None}, betas=[DIAGNOSIS_BETA])
+    history += [{"role": "assistant", "content": text_of(first) or "Blue."}, {"role": "user", "content": "Another?"}]
+    same = claude.beta.messages.create(model=MODEL, max_tokens=MAX_TOKENS, system=system, messages=history,
+                                       diagnostics={"previous_message_id": first.id}, betas=[DIAGNOSIS_BETA])
+    assert same.diagnostics is None and same.usage.cache_read_input_tokens > 0
+    moved = system.replace("2026-11-28", "2026-11-29")
+    with claude.beta.messages.stream(model=MODEL, max_tokens=MAX_TOKENS, system=moved, messages=history,
+                                     diagnostics={"previous_message_id": same.id}, betas=[DIAGNOSIS_BETA]) as stream:
+        changed = stream.get_final_message()
+    print(f"\ndiagnostics {changed.diagnostics}, usage {changed.usage}")
+    reason = changed.diagnostics.cache_miss_reason
+    assert reason.type == "system_changed"
+    prompt = prompt_total(same.usage)
+    assert 0 < reason.cache_missed_input_tokens < prompt  # the date sits a few tokens into the system prompt
+    assert changed.usage.cache_read_input_tokens == prompt - reason.cache_missed_input_tokens
