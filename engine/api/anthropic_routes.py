@@ -101,8 +101,8 @@ def _diagnosed(request: Request, body: MessagesRequest, head: MessageHead, agent
     store = getattr(request.app.state, "fingerprints", None)
     if store is None:
         store = request.app.state.fingerprints = FingerprintStore()
-    fields = body.model_dump(exclude_none=True, include={"model", "system", "tools", "messages", "tool_choice",
-                                                         "thinking"})
+    fields = body.model_dump(exclude_none=True, include={"model", "speed", "system", "tools", "messages",
+                                                         "tool_choice", "thinking"})
     now = Fingerprint.of(agent_id, fields, prompt_tokens)
     previous_id = body.diagnostics.previous_message_id if body.diagnostics else None
     diagnostics = diagnose(store.get(previous_id), now) if previous_id else None

@@ -174,6 +174,8 @@ class DiagnosticsIn(_Request):
 
 class MessagesRequest(CountTokensRequest):
     max_tokens: int = Field(ge=1, description="Clamped to what the context leaves")
+    speed: str | None = Field(None, description="Accepted and ignored (one model speed here); cache "
+                                                "diagnostics count a change as model_changed, as the API does")
     diagnostics: DiagnosticsIn | None = Field(
         None, description="With the beta header cache-diagnosis-2026-04-07: why this request missed the cache of "
                           "the one named by previous_message_id (engine/api/cache_diagnostics.py)")

@@ -75,7 +75,8 @@ class Fingerprint:
     def of(cls, agent_id: str, body: Mapping[str, Any], prompt_tokens: tuple[int, ...]) -> "Fingerprint":
         """``body``: the request as JSON (``model_dump(exclude_none=True)`` of the parsed request)."""
         clean = _without_cache_control(dict(body))
-        return cls(agent_id, str(clean.get("model")), _hash(clean.get("system")), _hash(clean.get("tools")),
+        model = f"{clean.get('model')} {clean.get('speed') or ''}"  # the API counts a speed change as the model's
+        return cls(agent_id, model, _hash(clean.get("system")), _hash(clean.get("tools")),
                    tuple(_hash(m) for m in clean.get("messages") or ()),
                    _hash([clean.get("tool_choice"), clean.get("thinking")]), array("I", prompt_tokens))
 

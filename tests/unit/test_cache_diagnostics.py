@@ -63,6 +63,7 @@ async def test_nothing_changed_is_a_null_diagnosis(client: httpx.AsyncClient, st
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("change, reason", [
     ({"model": "claude-sonnet-5"}, "model_changed"),
+    ({"speed": "fast"}, "model_changed"),
     ({"system": [{"type": "text", "text": "You are terse. Today's date is 2026-11-29."}]}, "system_changed"),
     ({"tools": [TOOLS[0], {**TOOLS[1], "description": "Local time in a city"}]}, "tools_changed"),
     ({"tools": TOOLS[::-1]}, "tools_changed"),
