@@ -6,11 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.models.sampling_defaults import FALLBACK, packaged_card_defaults, read_sampling_defaults
-from engine.runtime.scheduler.repetition import MAX_PERIOD, RepetitionGuard
+from engine.runtime.scheduler.repetition import MAX_PERIOD, SIMILARITY, Loop, RepetitionGuard
 from engine.domain.requests import FinishReason, GenerationRequest
 from engine.runtime.engine_thread.sync_client import run_turn
 from tests.unit.test_engine_batching import make_engine, prompt_for
@@ -143,6 +143,34 @@ def test_the_window_counts_equal_a_recount_from_scratch(tokens: list[int], windo
                 first = max(n - window, period)
                 expected = sum(tokens[i] == tokens[i - period] for i in range(first, n))
                 assert guard._matches[period] == expected
+
+
+def _reference_loop(tokens: list[int], window: int) -> tuple[int, Loop] | None:
+    """The rules as first written: every period checked at every token, runs and counts recounted."""
+    exact_window = max(window // 2, 2)
+    for n in range(2, len(tokens) + 1):
+        for period in range(1, min(MAX_PERIOD, n - 1) + 1):
+            run = 0
+            while run < n - period and tokens[n - 1 - run] == tokens[n - 1 - run - period]:
+                run += 1
+            if run >= max(exact_window - period, 2 * period):
+                return n - 1, Loop(period, run + period)
+            first = max(n - window, period)
+            if n >= window + period and sum(tokens[i] == tokens[i - period] for i in range(first, n)) >= SIMILARITY * window:
+                return n - 1, Loop(period, window, exact=False)
+    return None
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 6), min_size=0, max_size=400), st.integers(8, 120), st.integers(0, 5))
+def test_the_guard_finds_what_checking_every_period_finds(noise: list[int], window: int, seed: int) -> None:
+    """The guard skips the periods a token cannot change; it must end a response exactly where, and as,
+    checking every period at every token would (loops of a few periods, with noise between them)."""
+    cycle = [100 + (seed * 7 + k) % 13 for k in range(seed + 2)]
+    tokens = noise[: len(noise) // 2] + cycle * (3 + seed) + noise[len(noise) // 2:]
+    guard = RepetitionGuard(window)
+    found = next(((at, loop) for at, loop in enumerate(guard.push(t) for t in tokens) if loop is not None), None)
+    assert found == _reference_loop(tokens, window)
 
 
 def test_the_engine_ends_a_looping_generation_and_says_why() -> None:
