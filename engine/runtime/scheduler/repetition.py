@@ -64,8 +64,10 @@ class RepetitionGuard:
     many of the window's tokens are, and checks both rules. Only the periods at which the new token
     equals an earlier one (its occurrences among the last MAX_PERIOD tokens: few, in text that is not
     looping) change; every other run is broken, kept lazily as a stale run. So a token costs a few
-    operations per earlier occurrence, not one per period: ~4 us against ~45 us for a loop over 64
-    periods (~85 over 128), on every sequence's every token. A period can newly meet a rule only where
+    operations per earlier occurrence, not one per period: 3.5 us a token of code against 12 us for a
+    loop over 64 periods and 25 us over 128 (bench/reports/2026-11-29-cpu-2core-s15/guard_cost.log), on
+    every sequence's every token; one token repeated costs ~30 us, and is ended within half a window.
+    A period can newly meet a rule only where
     its run or count grew, or when the window first reaches it (``n == window + p``): those are checked.
     """
 
