@@ -159,7 +159,7 @@ class ResponseStream:
             return []
         part = message["content"][0]
         message["status"] = status
-        index = self.output.index(message)
+        index = next(i for i, item in enumerate(self.output) if item is message)  # by identity, not by value
         where = {"item_id": message["id"], "output_index": index, "content_index": 0}
         return [self.writer.event("response.output_text.done", **where, text=part["text"], logprobs=[]),
                 self.writer.event("response.content_part.done", **where,

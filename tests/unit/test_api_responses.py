@@ -362,3 +362,13 @@ def test_sdk_create_stream_and_tool_round_trip(sdk: openai.OpenAI, live: tuple[L
     with pytest.raises(openai.NotFoundError):
         sdk.responses.retrieve(answered.id)
 
+
+
+async def test_text_after_a_tool_call_is_its_own_item_even_when_it_repeats(client: httpx.AsyncClient,
+                                                                         engine: ScriptedEngine) -> None:
+    engine.script = lambda request: "Checking. " + WEATHER_CALL + "Checking. "
+    data = events((await client.post(URL, json={"input": "Weather?", "tools": [WEATHER_TOOL], "stream": True})).text)
+    done = [e for e in data if e["type"] == "response.output_item.done"]
+    assert [(e["output_index"], e["item"]["type"]) for e in done] == [(0, "message"), (1, "function_call"),
+                                                                       (2, "message")]
+    assert [i["type"] for i in data[-1]["response"]["output"]] == ["message", "function_call", "message"]
