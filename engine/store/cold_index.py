@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import tempfile
 import threading
-from contextlib import suppress
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from engine.store.private_dirs import make_private_dir
+from engine.store.atomic_text import write_text_atomically
 
 log = logging.getLogger("semantic.store")
 
@@ -66,17 +63,7 @@ class ColdIndex:
     def save(self) -> None:
         """Atomic write: temp file in the same directory, fsync, rename."""
         payload = json.dumps({"agents": [asdict(e) for e in self.entries()]}, indent=1)
-        temp: str | None = None
         try:
-            make_private_dir(self.path.parent)
-            fd, temp = tempfile.mkstemp(prefix=".cold-", suffix=".tmp", dir=self.path.parent)
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                handle.write(payload)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(temp, self.path)
+            write_text_atomically(self.path, payload, ".cold-")
         except OSError as exc:
             log.warning("could not save cold index %s: %s", self.path, exc)
-            if temp is not None:
-                with suppress(OSError):
-                    os.unlink(temp)  # a full disk must not also collect half-written temp files

@@ -21,8 +21,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
-import tempfile
 import threading
 import time
 from contextlib import suppress
@@ -32,7 +30,7 @@ from typing import Any
 
 from engine.errors import AgentExistsError, CachePersistenceError
 from engine.store.file_names import agent_file_stem
-from engine.store.private_dirs import make_private_dir
+from engine.store.atomic_text import write_text_atomically
 
 from engine.domain.chat import ChatMessage, Conversation
 
@@ -257,17 +255,7 @@ class ConversationStore:
         final = self._path(conversation.agent_id)
         # ASCII escapes keep lone surrogates (valid in JSON input) readable back as UTF-8.
         payload = json.dumps(conversation.to_json(), ensure_ascii=True, indent=1)
-        temp: str | None = None
         try:
-            make_private_dir(self.directory)
-            fd, temp = tempfile.mkstemp(prefix=f".{final.stem}.", suffix=".tmp", dir=self.directory)
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                handle.write(payload)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(temp, final)
+            write_text_atomically(final, payload, f".{final.stem}.")
         except OSError as exc:
-            if temp is not None:
-                with suppress(OSError):
-                    os.unlink(temp)
             raise CachePersistenceError(f"cannot write conversation {final}: {exc}") from exc

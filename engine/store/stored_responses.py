@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
-import tempfile
 import threading
 from contextlib import suppress
 from dataclasses import dataclass
@@ -31,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import CachePersistenceError
-from engine.store.private_dirs import make_private_dir
+from engine.store.atomic_text import write_text_atomically
 
 log = logging.getLogger("semantic.api")
 
@@ -100,19 +98,9 @@ class ResponseStore:
         payload = json.dumps(record.to_json(), ensure_ascii=True, separators=(",", ":"))
         final = self._path(record.id)
         with self._lock:
-            temp: str | None = None
             try:
-                make_private_dir(self.directory)
-                fd, temp = tempfile.mkstemp(prefix=f".{record.id}.", suffix=".tmp", dir=self.directory)
-                with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                    handle.write(payload)
-                    handle.flush()
-                    os.fsync(handle.fileno())
-                os.replace(temp, final)
+                write_text_atomically(final, payload, f".{record.id}.")
             except OSError as exc:
-                if temp is not None:
-                    with suppress(OSError):
-                        os.unlink(temp)
                 raise CachePersistenceError(f"cannot store response {record.id}: {exc}") from exc
             self._prune()
 

@@ -115,14 +115,19 @@ class ClaudeCode:
         A run still going at ``timeout_s`` is killed and returned (``timed_out``), so the
         caller's assertion can show what the server saw and generated meanwhile.
         """
-        argv = [str(self.binary), *(["--bare"] if bare else []), "-p", *args]
-        started = time.monotonic()
-        try:
-            done = subprocess.run(argv, cwd=self.project, env=self.env(), capture_output=True, text=True,
-                                  timeout=timeout_s, stdin=subprocess.DEVNULL)
-        except subprocess.TimeoutExpired as exc:
-            return ClaudeRun(argv, KILLED, _text(exc.stdout), _text(exc.stderr), time.monotonic() - started)
-        return ClaudeRun(argv, done.returncode, done.stdout, done.stderr, time.monotonic() - started)
+        return run_cli([str(self.binary), *(["--bare"] if bare else []), "-p", *args], self.project, self.env(),
+                       timeout_s)
+
+
+def run_cli(argv: list[str], cwd: Path, env: dict[str, str], timeout_s: float) -> ClaudeRun:
+    """Run a CLI to its end with no stdin, as a user's one-shot command; killed (``timed_out``) at ``timeout_s``."""
+    started = time.monotonic()
+    try:
+        done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout_s,
+                              stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as exc:
+        return ClaudeRun(argv, KILLED, _text(exc.stdout), _text(exc.stderr), time.monotonic() - started)
+    return ClaudeRun(argv, done.returncode, done.stdout, done.stderr, time.monotonic() - started)
 
 
 def _text(output: str | bytes | None) -> str:

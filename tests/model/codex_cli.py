@@ -10,12 +10,10 @@ nothing else: no client option a user would not set.
 from __future__ import annotations
 
 import os
-import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.model.claude_code_cli import KILLED, ClaudeRun, _text, install_npm_cli
+from tests.model.claude_code_cli import ClaudeRun, install_npm_cli, run_cli
 
 # The version whose requests platform.md records; its config keys are what the README documents.
 PACKAGE = "@openai/codex@0.171"
@@ -55,11 +53,4 @@ class Codex:
 
     def exec(self, *args: str, timeout_s: float = RUN_TIMEOUT_S) -> ClaudeRun:
         """``codex exec --skip-git-repo-check ARGS`` (the project is no git repository)."""
-        argv = [str(self.binary), "exec", "--skip-git-repo-check", *args]
-        started = time.monotonic()
-        try:
-            done = subprocess.run(argv, cwd=self.project, env=self.env(), capture_output=True, text=True,
-                                  timeout=timeout_s, stdin=subprocess.DEVNULL)
-        except subprocess.TimeoutExpired as exc:
-            return ClaudeRun(argv, KILLED, _text(exc.stdout), _text(exc.stderr), time.monotonic() - started)
-        return ClaudeRun(argv, done.returncode, done.stdout, done.stderr, time.monotonic() - started)
+        return run_cli([str(self.binary), "exec", "--skip-git-repo-check", *args], self.project, self.env(), timeout_s)

@@ -27,7 +27,7 @@ from engine.runtime.engine_thread.engine import Engine
 from engine.domain.event_log import EventKind
 from engine.domain.requests import GenerationRequest
 from engine.runtime.engine_thread.sync_client import run_turn
-from engine.store import cache_writer, cold_index, warm_store
+from engine.store import atomic_text, cache_writer, warm_store
 from engine.store.cache_file import cache_file_path, quarantine
 from engine.store.cold_index import ColdEntry, ColdIndex
 from engine.store.private_dirs import make_private_dir, prepare_cache_root
@@ -258,7 +258,7 @@ def test_a_cold_index_that_cannot_be_saved_leaves_no_temp_file(
     def full(fd: int) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(cold_index.os, "fsync", full)
+    monkeypatch.setattr(atomic_text.os, "fsync", full)
     index.add(ColdEntry("b", 20, 2.0))
     index.save()
     assert sorted(p.name for p in index.path.parent.iterdir()) == ["cold.json"]

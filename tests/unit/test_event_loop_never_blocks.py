@@ -42,7 +42,7 @@ def slow_disk(monkeypatch: pytest.MonkeyPatch) -> None:
         time.sleep(SLOW_S)
         return real_describe(ref)
 
-    monkeypatch.setattr("engine.store.conversations.os.fsync", fsync)
+    monkeypatch.setattr("engine.store.atomic_text.os.fsync", fsync)
     monkeypatch.setattr(registry, "_describe_ref", describe)
 
 
