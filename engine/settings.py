@@ -79,6 +79,17 @@ class Settings(BaseSettings):
     max_batch_size: int = Field(16, ge=1, le=512, description="Most sequences decoded together.")
     batch_window_ms: float = Field(10.0, ge=0, le=1000, description="An idle engine waits this long for more requests to prefill together.")
     prefill_step_size: int = Field(512, ge=16, description="Prompt tokens processed per prefill chunk (bounds memory; progress is reported per chunk).")
+    speculate: Literal["off", "lookup"] = Field(
+        "lookup",
+        description="Speculative decoding inside the batch. lookup: each agent drafts its next tokens by finding "
+                    "its latest tokens earlier in its own history (prompt lookup: a file copied with an edit, a "
+                    "tool call quoting what it read) and the model verifies every agent's drafts in one pass; "
+                    "outputs are unchanged (greedy: token for token; sampled: the same distribution). off: one "
+                    "token per agent per step.")
+    speculate_max_draft: int = Field(
+        8, ge=1, le=64,
+        description="The most tokens an agent drafts in one step (each agent's own length follows what its drafts "
+                    "got accepted).")
     fast_cpu_math: bool = Field(True, description="On the CPU, compute attention's softmax, SiLU and GELU (Gemma) with an exp built from MLX's fast arithmetic (within 2 ulp of mx.exp, about 5x faster per element; GELU about 10x), a long prefill chunk's attention in cache-sized blocks, a decode batch's attention in compiled loops over each agent's cache that also write the step's keys and values in place (numba), decode's linear layers at up to 8 agents in one compiled pass over the weights, a Llama-family model's whole decode step on the host (numpy and those loops, no MLX evaluation inside the model), and sampling's top-k pass over the vocabulary in numpy. Off: MLX's own kernels, as mlx_lm runs them.")
     default_max_tokens: int = Field(1024, ge=1, description="Tokens generated when a request names no limit.")
     stored_responses_kept: int = Field(
@@ -269,6 +280,13 @@ class BatchSettings:
     prefill_step_size: int = _default("prefill_step_size")
     batch_window_ms: float = _default("batch_window_ms")
     snapshot_budget_mb: float = _default("snapshot_budget_mb")
+    speculate: str = _default("speculate")
+    speculate_max_draft: int = _default("speculate_max_draft")
+
+    @property
+    def max_draft(self) -> int:
+        """The most tokens a sequence drafts a step (0: no speculation)."""
+        return self.speculate_max_draft if self.speculate == "lookup" else 0
 
 
 @dataclass(frozen=True, slots=True)

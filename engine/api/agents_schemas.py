@@ -6,6 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from engine.domain.speculation_tally import SpeculationTally
+
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore")
@@ -83,6 +85,10 @@ class AgentOut(BaseModel):
                                   "fork or rewind can resume them)")
     state_bytes: int = Field(0, description="Of bytes, the current state of the model's recurrent layers (Qwen3.5, "
                              "Mamba, RWKV: the same size at any length; 0 for attention-only models)")
+    speculation: SpeculationTally = Field(
+        default_factory=SpeculationTally,
+        description="Speculative decoding over the agent's turns here: drafts verified and kept, acceptance, tokens "
+                    "per speculative step")
     messages: int = Field(description="Messages in the stored conversation (0 for agents of other APIs).")
     has_conversation: bool
 

@@ -94,6 +94,15 @@ class SnapshotCollector:
         yield GaugeMetricFamily("semantic_decode_tokens_per_second", "Aggregate decode rate", value=throughput.decode_tok_s)
         yield GaugeMetricFamily("semantic_prefill_tokens_per_second", "Aggregate prefill rate", value=throughput.prefill_tok_s)
         yield GaugeMetricFamily("semantic_warm_bytes", "Bytes of agent caches on disk", value=tiers.warm_bytes)
+        speculation = throughput.speculation
+        yield CounterMetricFamily("semantic_speculative_drafted_tokens", "Drafted tokens the model verified "
+                                  "(speculative decoding, finished turns)", value=speculation.drafted)
+        yield CounterMetricFamily("semantic_speculative_accepted_tokens", "Drafted tokens kept: the ones the model "
+                                  "would have produced itself", value=speculation.accepted)
+        yield CounterMetricFamily("semantic_speculative_steps", "Speculative steps that verified drafts",
+                                  value=speculation.steps)
+        yield CounterMetricFamily("semantic_speculative_emitted_tokens", "Tokens those steps emitted (kept drafts "
+                                  "and the model's own token after them)", value=speculation.emitted)
         evictions = CounterMetricFamily("semantic_evictions", "Agent evictions by target tier", labels=["tier"])
         for tier, count in sorted(tiers.evictions_total.items()):
             evictions.add_metric([tier], count)

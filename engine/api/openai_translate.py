@@ -159,6 +159,7 @@ def cache_usage(usage: Usage) -> dict[str, Any]:
         "copied_bytes": usage.copied_bytes,
         "cache_outcome": usage.cache_outcome,
         "diverged_at": usage.diverged_at,
+        "speculation": usage.speculation.summary() if usage.speculation is not None else None,
     }
 
 

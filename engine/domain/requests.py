@@ -7,6 +7,8 @@ import itertools
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
+from engine.domain.speculation_tally import SpeculationTally
+
 _request_ids = itertools.count(1)
 
 
@@ -135,6 +137,8 @@ class Usage:
     # left the cached tokens before their end, the index of the first differing token.
     cache_outcome: str = "new_agent"
     diverged_at: int | None = None
+    # What speculative decoding did in this turn (None: the turn did not speculate).
+    speculation: SpeculationTally | None = None
 
 
 @dataclass(frozen=True, slots=True)

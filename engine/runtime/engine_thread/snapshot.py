@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from engine.domain.block_pool import PoolSnapshot
 
 from engine.domain.forensics import TurnForensics
+from engine.domain.speculation_tally import SpeculationTally
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +50,8 @@ class AgentView:
     checkpoint_bytes: int = 0
     # Of ``bytes``, its recurrent layers' current state (the same at any length; hot agents only).
     state_bytes: int = 0
+    # Speculative decoding over its turns here (drafts verified and kept, tokens per speculative step).
+    speculation: SpeculationTally = SpeculationTally()
 
     @property
     def label(self) -> str:
@@ -67,6 +70,7 @@ class ThroughputView:
     prefilled_total: int = 0
     reused_total: int = 0
     requests_total: int = 0
+    speculation: SpeculationTally = SpeculationTally()  # over every finished turn
 
 
 @dataclass(frozen=True, slots=True)

@@ -94,6 +94,7 @@ def _agent_view(agent: AgentRecord, sources: SnapshotSources) -> AgentView:
         retained_s=agent.retained_for(time.monotonic()),
         checkpoint_bytes=agent.kv.checkpoint_bytes() if hot else 0,
         state_bytes=sources.loaded.spec.state_bytes if hot else 0,
+        speculation=agent.speculation,
     )
 
 
@@ -126,6 +127,7 @@ def _throughput(sources: SnapshotSources) -> ThroughputView:
         prefilled_total=stats.prefill.total,
         reused_total=stats.reused_total,
         requests_total=stats.requests_total,
+        speculation=stats.speculation,
     )
 
 

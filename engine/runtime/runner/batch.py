@@ -28,6 +28,7 @@ from engine.runtime.runner.kv.sequence_kv import CheckpointKind
 from engine.runtime.runner.sampling import sample
 
 from engine.runtime.runner.sequence import Phase, Sequence
+from engine.runtime.runner.speculative_step import SpeculativeSteps
 
 # Called before a sequence's cache grows to hold ``n_tokens`` positions: the
 # engine reserves pool blocks and grows the arrays, or answers False.
@@ -73,7 +74,7 @@ class SequenceBatch:
         self, model: Any, prefill_step_size: int, max_batch_size: int, room: RoomFn,
         checkpointed: CheckpointFn = lambda sequence: None,
         keep_turn_checkpoints: int = 1, keep_prefix_checkpoints: int = 2, pad_prefill: bool = True,
-        backend: MlxBackend | None = None,
+        backend: MlxBackend | None = None, max_draft: int = 0,
     ) -> None:
         self.model = model
         # How the model is computed (runner/backends/): chosen once per engine; MLX's kernels by default.
@@ -88,6 +89,8 @@ class SequenceBatch:
         self.ragged = self.backend.attach(model)
         self.sequences: dict[int, Sequence] = {}
         self._launched: _Launched | None = None
+        # Speculative decoding (drafts looked up in each sequence's history), where ``max_draft`` > 0.
+        self.speculative = SpeculativeSteps(self, max_draft) if max_draft > 0 else None
 
     # -- membership ---------------------------------------------------------------------
     def insert(self, sequence: Sequence) -> None:
@@ -115,6 +118,13 @@ class SequenceBatch:
     def step(self) -> StepOutput:
         out = StepOutput()
         self._prefill(out)
+        if self.speculative is not None and self.speculative.active:
+            # Speculative: read the step in flight (drafts need every latest token), then verify drafts.
+            previous, self._launched = self._launched, None
+            if previous is not None:
+                self._collect(previous, out)
+            if self.speculative.step(out):
+                return out
         previous = self._launched
         self._launched = self._launch(out)
         if previous is not None:
@@ -249,6 +259,9 @@ class SequenceBatch:
         sequence.phase = Phase.DECODE
         sequence.next_input = sequence.prompt[-1]
         sequence.at_prompt_end = True
+        if self.speculative is not None:
+            self.speculative.start(sequence)
+            self.speculative.active = True  # (its first step looks for drafts: a prompt may end mid-copy)
 
     def _launch(self, out: StepOutput) -> _Launched | None:
         previous = self._launched
@@ -335,6 +348,8 @@ class SequenceBatch:
             out.tokens.append(TokenOut(sequence.uid, token, finish))
             if finish is not None:
                 self.remove(sequence.uid)
+            elif self.speculative is not None:
+                self.speculative.observe(sequence, token)
 
 
 def _sample(logits: mx.array, rows: list[Sequence], backend: MlxBackend) -> mx.array:

@@ -55,6 +55,11 @@ class RowSampler:
         p = self.params
         return (p.temperature, p.top_p, p.top_k)
 
+    def uniforms(self, n: int) -> list[float]:
+        """``n`` uniform draws in [0, 1) from this request's next key (a speculative step's acceptance tests)."""
+        self._key, sub = mx.random.split(self._key)
+        return mx.random.uniform(shape=(n,), key=sub).tolist()
+
     def noise(self, n: int) -> mx.array:
         """Gumbel noise for ``n`` candidates, from this request's next key."""
         self._key, sub = mx.random.split(self._key)

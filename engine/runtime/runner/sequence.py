@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Sequence as Tokens
 
+from engine.domain.requests import FinishReason
 from engine.runtime.runner.kv.sequence_kv import SequenceKV
 from engine.runtime.runner.sampling import RowSampler
+from engine.runtime.runner.speculation import Speculation
 
 
 class Phase(enum.Enum):
@@ -38,6 +41,13 @@ class Sequence:
     next_input: int | None = None
     # Set while the next decode input is the prompt's last token: that step completes the prompt.
     at_prompt_end: bool = False
+    # The tokens the cache held before this turn's prompt (the agent's history: what drafts are looked up in).
+    context: Tokens[int] = ()
+    # Drafting and its tally, while the batch speculates (None: it does not, or not for this sequence).
+    speculation: Speculation | None = None
+    # A speculative step ended the sequence on a token not yet in its cache: the next step feeds it (``next_input``)
+    # and only then reports it, with this reason, so a finished cache holds every generated token.
+    pending_finish: FinishReason | None = None
 
     @property
     def prefill_total(self) -> int:

@@ -139,6 +139,7 @@ class Admission:
             stop_tokens=self.eos,
             checkpoint_at=tuple(sorted({turn.share_at, self._prefix_point(turn)} - {0})),
             checkpoint_prompt_end=turn.on_own_cache,
+            context=request.prompt_tokens[:k],
         )
         self.enter_batch(turn.sequence)
         turn.uid, turn.phase, turn.admitted_at = uid, TurnPhase.PREFILLING, time.monotonic()

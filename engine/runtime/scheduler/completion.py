@@ -51,6 +51,8 @@ class Completion:
             turn.copied_bytes += kv.copied - turn.copied_mark  # growth while running, and the tidy after
         turn.handoff_out_s = time.monotonic() - started
         event = turn.finish_event(reason, **extra)
+        if event.usage.speculation is not None:
+            self.stats.speculation = self.stats.speculation + event.usage.speculation
         if agent is not None and turn.uid is not None:
             _record_turn(agent, event)
             asked = turn.request.asked_max_tokens
@@ -110,4 +112,6 @@ def _record_turn(agent: AgentRecord, event: FinishEvent) -> None:
     agent.generated_tokens_total += usage.generated_tokens
     agent.last_ttft_s = usage.ttft_s
     agent.last_decode_tok_s = usage.decode_tok_s
+    if usage.speculation is not None:
+        agent.speculation = agent.speculation + usage.speculation
     agent.prefill_done = agent.prefill_total = 0

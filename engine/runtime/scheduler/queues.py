@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
+from engine.domain.speculation_tally import SpeculationTally
 from engine.runtime.meters import RateMeter, RecentValues
 from engine.runtime.scheduler.turn import Turn
 
@@ -47,6 +48,7 @@ class SchedulerStats:
     # Turns by how they met their agent's cache (forensics.CacheOutcome values).
     outcomes: Counter[str] = field(default_factory=Counter)
     completed: int = 0  # turns finished so far, so the engine can publish right after one ends
+    speculation: SpeculationTally = SpeculationTally()  # over every finished turn that speculated
 
     def count_reuse(self, turn: Turn) -> None:
         """An admitted turn: how much of its prompt it reused, and from where."""

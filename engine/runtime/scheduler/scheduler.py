@@ -49,7 +49,7 @@ GeneratorFactory = Callable[[LoadedModel, BatchSettings, BatchHooks], Any]
 def sequence_batch_factory(loaded: LoadedModel, batch: BatchSettings, hooks: BatchHooks) -> SequenceBatch:
     return SequenceBatch(loaded.model, batch.prefill_step_size, batch.max_batch_size, hooks.room,
                          hooks.checkpointed, keep_turn_checkpoints=turn_checkpoints(loaded, batch),
-                         backend=hooks.backend)
+                         backend=hooks.backend, max_draft=batch.max_draft)
 
 
 def turn_checkpoints(loaded: LoadedModel, batch: BatchSettings) -> int:

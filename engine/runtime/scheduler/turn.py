@@ -105,6 +105,7 @@ class Turn:
             copied_bytes=self.copied_bytes,
             cache_outcome=self.forensics.outcome.value if self.forensics else "new_agent",
             diverged_at=self.forensics.divergence.token if self.forensics and self.forensics.divergence else None,
+            speculation=self.sequence.speculation.tally if self.sequence and self.sequence.speculation else None,
         )
 
     def finish_event(self, reason: FinishReason, **extra: object) -> FinishEvent:

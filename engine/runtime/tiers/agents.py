@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from engine.domain.forensics import HISTORY_KEPT, TurnForensics
 from engine.domain.requests import AgentSource
+from engine.domain.speculation_tally import SpeculationTally
 
 if TYPE_CHECKING:
     from engine.store.kv_at_rest import CacheAtRest
@@ -62,6 +63,8 @@ class AgentRecord:
     prefill_total: int = 0
     last_ttft_s: float | None = None
     last_decode_tok_s: float | None = None
+    # Speculative decoding over every turn of this agent since it was created here.
+    speculation: SpeculationTally = SpeculationTally()
     # How the last turn ended (FinishReason value) and, when the engine ended it, why.
     last_finish: str | None = None
     last_finish_note: str | None = None

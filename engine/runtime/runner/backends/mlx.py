@@ -20,6 +20,7 @@ from typing import Any, Sequence
 import mlx.core as mx
 
 from engine.runtime.runner.kv import ragged
+from engine.runtime.runner.kv.full_kv import FullKV
 from engine.runtime.runner.kv.recurrent_state import RecurrentState
 from engine.runtime.runner.kv.stacked_state import StackedStates
 from engine.runtime.runner.kv.kinds import MLX_KINDS, LayerKinds
@@ -86,6 +87,40 @@ class MlxBackend:
             [self.forward(model, inputs[b:b + 1, None], kv.caches())[:, -1, :] for b, kv in enumerate(rows)]
         )
 
+    def verify(self, model: Any, inputs: Sequence[Sequence[int]], rows: Sequence[SequenceKV]) -> tuple[mx.array, bool]:
+        """A speculative step: row ``b`` feeds ``inputs[b]`` (its last token, then its drafts) to ``rows[b]``.
+
+        Returns the logits of every fed token, rows after one another (sum of the widths, vocabulary), and
+        whether the positions were written in place (never here: through MLX). Rows of one width share a
+        pass; rows of several widths are padded to the widest (filler the causal mask hides, dropped after)
+        where no row's cache forgets and every row's arrays have room for the filler, else each width takes its
+        own pass.
+        """
+        widths = [len(tokens) for tokens in inputs]
+        if all(w == 1 for w in widths):
+            return self.decode(model, mx.array([tokens[0] for tokens in inputs], dtype=mx.uint32), rows), False
+        if len(rows) == 1:
+            return self.forward(model, mx.array([list(inputs[0])], dtype=mx.uint32), rows[0].caches())[0], False
+        if not self.batched_attention(model):
+            return mx.concatenate([self.forward(model, mx.array([list(t)], dtype=mx.uint32), kv.caches())[0]
+                                   for t, kv in zip(inputs, rows)]), False
+        if len(set(widths)) > 1 and not all(_holds(kv, max(widths)) for kv in rows):
+            logits: list[mx.array | None] = [None] * len(rows)
+            for width in sorted(set(widths)):
+                members = [b for b, w in enumerate(widths) if w == width]
+                part, _ = self.verify(model, [inputs[b] for b in members], [rows[b] for b in members])
+                for n, b in enumerate(members):
+                    logits[b] = part[n * width:(n + 1) * width]
+            return mx.concatenate(logits), False  # type: ignore[arg-type]
+        width = max(widths)
+        padded = mx.array([list(t) + [t[-1]] * (width - len(t)) for t in inputs], dtype=mx.uint32)
+        out = self.forward(model, padded, self.layer_views(rows))
+        for kv, w in zip(rows, widths):
+            if w < width:
+                for layer in kv.layers:
+                    layer.trim_to(layer.offset - (width - w))
+        return mx.concatenate([out[b, :w] for b, w in enumerate(widths)]), False
+
     # -- sampling ------------------------------------------------------------------------
     def top_k_of_logits(self, logits: mx.array, k: int) -> tuple[mx.array, mx.array]:
         """Each row's ``k`` largest log-probabilities (normalized over the vocabulary) and their ids."""
@@ -95,3 +130,10 @@ class MlxBackend:
     def describe(self) -> dict[str, object]:
         """For the stats: which backend runs, on which device."""
         return {"compute": self.name, "device": str(mx.default_device())}
+
+
+def _holds(kv: SequenceKV, n_tokens: int) -> bool:
+    """Whether a row may carry filler up to ``n_tokens`` positions: it forgets nothing (filler written into a
+    window would overwrite what it still needs) and its arrays have room for them."""
+    return not kv.forgets and all(not isinstance(layer, FullKV) or layer.offset - layer.base + n_tokens <= layer.own_capacity
+                                  for layer in kv.layers)

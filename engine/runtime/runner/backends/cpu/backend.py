@@ -147,6 +147,15 @@ class CpuBackend(MlxBackend):
             return host_forward.decode(model, inputs, rows, self._tables, self._workers, self._linear_ok)
         return super().decode(model, inputs, rows)
 
+    def verify(self, model: Any, inputs: Sequence[Sequence[int]], rows: Sequence[SequenceKV]) -> tuple[mx.array, bool]:
+        """A speculative step whole on the host where a decode step would run there and every row may claim all
+        of its positions (each token a row of its own: ``host_forward.decode``'s widths); else through MLX."""
+        widths = [len(tokens) for tokens in inputs]
+        if self.steps_on_host(model, rows) and _claimable(rows, widths):
+            flat = mx.array([t for tokens in inputs for t in tokens], dtype=mx.uint32)
+            return host_forward.decode(model, flat, rows, self._tables, self._workers, self._linear_ok, widths), True
+        return super().verify(model, inputs, rows)
+
     def steps_on_host(self, model: Any, rows: Sequence[Any]) -> bool:
         """Whether a decode step of ``rows`` runs whole on the host (``host_forward.py``): a model whose every
         part it knows, the compiled loops loaded, every row's next position writable in place."""
@@ -171,6 +180,8 @@ class CpuBackend(MlxBackend):
         }
 
 
-def _claimable(rows: Sequence[Any]) -> bool:
-    """Every row's next position may be written in place (not after a rewind; full attention only)."""
-    return all(isinstance(layer, HostFullKV) and layer.can_claim() for kv in rows for layer in kv.layers)
+def _claimable(rows: Sequence[Any], widths: Sequence[int] | None = None) -> bool:
+    """Every row's next position (``widths[b]`` of them) may be written in place (not after a rewind; full
+    attention only)."""
+    widths = widths or [1] * len(rows)
+    return all(isinstance(layer, HostFullKV) and layer.can_claim(w) for kv, w in zip(rows, widths) for layer in kv.layers)

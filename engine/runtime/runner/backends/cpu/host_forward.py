@@ -109,14 +109,21 @@ def _plain(module: Any, mlx_class: type, host_class: type) -> bool:
 
 
 def decode(model: Any, inputs: mx.array, rows: Sequence[Any], tables: RopeTables, workers: Executor | None = None,
-           linear_pass: bool = True) -> mx.array:
+           linear_pass: bool = True, widths: Sequence[int] | None = None) -> mx.array:
     """The logits (batch, vocabulary) of one decode step: row ``b`` feeds ``inputs[b]`` to cache ``rows[b]``.
 
     Each layer's cache takes the step's position as ``model(inputs[:, None], cache)`` would (its offset
     moves by one); :func:`supports` must hold for ``model`` and every row's layers must be claimable.
     ``tables``: the rotations (kept by the caller across steps); ``workers``: threads for the attention
     loops; ``linear_pass``: products of few rows through ``linear_kernel`` (else BLAS).
+
+    ``widths`` (a speculative step's verification): row ``b`` feeds ``widths[b]`` consecutive tokens of the
+    flat ``inputs`` (its last token and its drafts) and gets a logits row for each, as a causal forward
+    over them would: each token is a row of its own here, at its own position, attending to the row's cache
+    up to and including itself (the loops write a row's tokens in order before each attends, all in one
+    thread), so the pass reads the weights once for every token of the step.
     """
+    widths = [1] * len(rows) if widths is None else list(widths)
     mx.eval(inputs, [(p[0], p[1]) for kv in rows for layer in kv.layers for p in host_parts(layer, 0)])
     tokens = np.asarray(inputs).reshape(-1).astype(np.int64)
     body = model.model
@@ -124,9 +131,10 @@ def decode(model: Any, inputs: mx.array, rows: Sequence[Any], tables: RopeTables
     first = body.layers[0].self_attn
     heads, kv_heads = first.n_heads, first.n_kv_heads
     rope = first.rope
+    positions = [kv.layers[0].offset + j for kv, w in zip(rows, widths) for j in range(w)]
     cos, sin = tables.at(_Rope(rope.dims, rope.traditional, rope.base, rope.scale),
-                          np.array([kv.layers[0].offset for kv in rows], dtype=np.int64))
-    batch = len(rows)
+                          np.array(positions, dtype=np.int64))
+    batch = len(positions)
     for i, layer in enumerate(body.layers):
         attn = layer.self_attn
         x = _rms_norm(h, layer.input_layernorm)
@@ -135,9 +143,11 @@ def decode(model: Any, inputs: mx.array, rows: Sequence[Any], tables: RopeTables
         v = _linear(x, attn.v_proj, linear_pass).reshape(batch, kv_heads, -1)
         q = _rotate(q, cos, sin, rope)
         k = _rotate(k, cos, sin, rope)
-        claimed = [kv.layers[i].claim_one() for kv in rows]
-        parts = [host_parts(kv.layers[i], at + 1) for kv, at in zip(rows, claimed)]
-        out = host_decode.attend_host(q * np.float32(attn.scale), parts, k, v, claimed, workers=workers)
+        claimed = [kv.layers[i].claim_one() for kv, w in zip(rows, widths) for _ in range(w)]
+        layers = [kv.layers[i] for kv, w in zip(rows, widths) for _ in range(w)]
+        parts = [host_parts(layer, at + 1) for layer, at in zip(layers, claimed)]
+        out = host_decode.attend_host(q * np.float32(attn.scale), parts, k, v, claimed, workers=workers,
+                                      groups=widths)
         h = h + _linear(out.reshape(batch, -1), attn.o_proj, linear_pass)
         mlp = layer.mlp
         x = _rms_norm(h, layer.post_attention_layernorm)

@@ -67,10 +67,17 @@ class HostFullKV(FullKV):
         self._untouched_from = at + 1
         return at
 
-    def can_claim(self) -> bool:
-        """Whether :meth:`claim_one` would take the next position (and not return None)."""
+    def can_claim(self, n_tokens: int = 1) -> bool:
+        """Whether :meth:`claim_one` would take the next ``n_tokens`` positions (and not return None)."""
         at = self.offset - self.base
-        return self._untouched_from is not None and self._untouched_from <= at < self.own_capacity
+        return self._untouched_from is not None and self._untouched_from <= at and at + n_tokens <= self.own_capacity
+
+    def give_back_claimed(self, n_tokens: int) -> None:
+        """Cut back to ``n_tokens`` positions, all past it claimed and written in place by the host loops in the
+        step just run (a verification's rejected drafts): no view shows them, so they may be claimed again."""
+        self.trim_to(n_tokens)
+        if self._untouched_from is not None:
+            self._untouched_from = min(self._untouched_from, self.offset - self.base)
 
     def write_claimed(self, at: int, keys: mx.array, values: mx.array) -> None:
         """Write a claimed position through MLX after all (the batch's attention did not run in host_decode)."""

@@ -1,0 +1,169 @@
+"""Speculative decoding inside the continuous batch: drafts from each sequence's own history, verified together.
+
+While no sequence has a draft, the batch decodes as always: pipelined, one
+token a sequence a step, each step launched before the previous one's tokens
+are read. A draft needs the sequence's latest token as a number, so when a
+collected token shows that some sequence's history continues something it
+has seen before (``drafting.LookupDrafter``), the batch switches to
+speculative steps: it reads the step in flight, looks up every decoding
+sequence's drafts, and runs one pass in which each sequence feeds its last
+token and its drafts (one token for a sequence without any): the backend's
+``verify``. Each sequence keeps the drafts the model would have produced plus
+one token of its own (``speculation.accepted_tokens``), and its cache is cut
+back past the rejected positions (``SequenceKV.take_back``). When a step
+finds no draft anywhere, the batch goes back to pipelined steps.
+
+A sequence speculates only where its cache can be cut back
+(``SequenceKV.can_take_back``: full attention always, a sliding window while
+the step's positions overwrite nothing still needed, chunked windows and
+recurrent states never); it then rides in the speculative steps with one
+token. How many tokens a sequence drafts follows its recent acceptance
+(``drafting.DraftLength``).
+
+Tokens come out as they would from plain decoding: several a step for a
+sequence whose drafts were kept, cut at the first end-of-sequence token or
+``max_tokens``. The cache then holds the last token fed and the kept drafts,
+``sequence.fed`` says which, and the sequence's next input is the token the
+model chose itself.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import mlx.core as mx
+
+from engine.domain.requests import FinishReason
+from engine.runtime.runner.drafting import DraftLength, LookupDrafter
+from engine.runtime.runner.sampling import sample
+from engine.runtime.runner.sequence import Phase, Sequence
+from engine.runtime.runner.speculation import Speculation, accepted_tokens, greedy_tokens
+
+if TYPE_CHECKING:
+    from engine.runtime.runner.batch import SequenceBatch, StepOutput
+
+
+class SpeculativeSteps:
+    """The batch's speculative steps; ``max_draft``: the most tokens a sequence drafts in one step."""
+
+    def __init__(self, batch: "SequenceBatch", max_draft: int) -> None:
+        self.batch = batch
+        self.max_draft = max_draft
+        self.active = False  # the next step is speculative (else pipelined)
+
+    def start(self, sequence: Sequence) -> None:
+        """A sequence begins decoding: index its history (the cached context and the whole prompt). A seeded
+        sampled request does not draft: its tokens would then depend on when the batch speculates (on the
+        other sequences), and a seed promises the same tokens whatever shares the batch."""
+        if sequence.sampler is not None and sequence.sampler.params.seed is not None:
+            return
+        sequence.speculation = Speculation(LookupDrafter([*sequence.context, *sequence.prompt]),
+                                           DraftLength(self.max_draft))
+
+    def observe(self, sequence: Sequence, token: int) -> None:
+        """A pipelined step's token, read: keep the history whole, and speculate from the next step on when
+        it shows a draft."""
+        speculation = sequence.speculation
+        if speculation is None:
+            return
+        speculation.drafter.extend([token])
+        if not self.active and speculation.length.next() > 0 and speculation.drafter.propose(1):
+            self.active = True
+
+    def step(self, out: "StepOutput") -> bool:
+        """One speculative step over every decoding sequence; False (nothing run) when none has a draft."""
+        batch = self.batch
+        rows = [s for s in batch.sequences.values()
+                if s.phase is Phase.DECODE and s.next_input is not None][: batch.max_batch_size]
+        drafts = {id(s): self._drafts(s) for s in rows}
+        if not any(drafts.values()) and not any(s.pending_finish for s in rows):
+            self.active = False
+            return False
+        kept_rows = []
+        for s in rows:
+            d = drafts[id(s)]
+            if d and not batch.room(s, s.kv.offset + 1 + len(d)):
+                drafts[id(s)] = d = []
+            if d or batch._has_room(s, out):
+                kept_rows.append(s)
+        rows = kept_rows
+        if not rows:
+            return True
+        batch._checkpoint_prompt_ends(rows)
+        inputs = [[s.next_input, *drafts[id(s)]] for s in rows]
+        for s in rows:
+            s.next_input = None
+        logits, in_place = batch.backend.verify(batch.model, inputs, [s.kv for s in rows])
+        mx.eval(logits, [a for s in rows for a in s.kv.arrays()])
+        greedy = mx.argmax(logits, axis=-1).tolist() if any(s.sampler is None for s in rows) else []
+        start = 0
+        for s, fed in zip(rows, inputs):
+            width = len(fed)
+            if s.pending_finish is not None:
+                start += width
+                self._finish_fed(s, fed[0], out)
+                continue
+            if s.sampler is None:
+                emitted = greedy_tokens(greedy[start:start + width], fed[1:])
+            elif width == 1:  # no drafts: sampled as a pipelined step samples it (the same draws from its key)
+                emitted = sample(logits[start:start + 1], [s.sampler], batch.backend.top_k_of_logits).tolist()
+            else:
+                emitted = accepted_tokens(logits[start:start + width], fed[1:], s.sampler,
+                                          batch.backend.top_k_of_logits)
+            start += width
+            self._settle(s, fed, emitted, in_place, out)
+        return True
+
+    def _drafts(self, sequence: Sequence) -> list[int]:
+        speculation = sequence.speculation
+        if speculation is None or sequence.pending_finish is not None:
+            return []
+        k = min(speculation.length.next(), sequence.max_tokens - sequence.generated - 1)
+        drafts = speculation.drafter.propose(k) if k > 0 else []
+        while drafts and not sequence.kv.can_take_back(1 + len(drafts)):
+            drafts.pop()
+        return drafts
+
+    def _settle(self, s: Sequence, fed: list[int], emitted: list[int], in_place: bool, out: "StepOutput") -> None:
+        """Keep what the model would have produced: emit it (up to a finish), cut the cache back to the fed
+        tokens kept, and carry the model's own token as the next input."""
+        from engine.runtime.runner.batch import TokenOut
+
+        accepted = len(emitted) - 1
+        finish = None
+        shown = 0
+        for token in emitted:
+            s.generated += 1
+            shown += 1
+            if token in s.stop_tokens:
+                finish = FinishReason.STOP
+            elif s.generated >= s.max_tokens:
+                finish = FinishReason.LENGTH
+            if finish is not None and shown > accepted:
+                # The model's own token ends it, and no pass has fed it yet: the next step does, then reports it.
+                s.pending_finish = finish
+                break
+            out.tokens.append(TokenOut(s.uid, token, finish))
+            if finish is not None:
+                break
+        keep = 1 + min(shown, accepted)  # the last token fed, and the drafts kept up to the finish
+        s.kv.take_back(len(fed) - keep, in_place)
+        s.kv.advanced(keep)
+        s.fed.extend(fed[:keep])
+        if s.speculation is not None:
+            s.speculation.verified(len(fed) - 1, accepted, len(emitted))
+            s.speculation.drafter.extend(emitted[:shown])
+        if finish is not None and s.pending_finish is None:
+            self.batch.remove(s.uid)
+        else:
+            s.next_input = emitted[shown - 1]
+
+    def _finish_fed(self, s: Sequence, token: int, out: "StepOutput") -> None:
+        """The step fed a finishing token (``pending_finish``): report it now, as a pipelined step would."""
+        from engine.runtime.runner.batch import TokenOut
+
+        s.kv.advanced(1)
+        s.fed.append(token)
+        out.tokens.append(TokenOut(s.uid, token, s.pending_finish))
+        self.batch.remove(s.uid)
+
