@@ -86,6 +86,7 @@ def agent_body(view: AgentView | None, conversation: AgentConversation | None) -
     else:
         assert conversation is not None
         body = _never_ran(conversation)
+    body["speculation"] = asdict(body["speculation"])
     if conversation is not None and conversation.display_name:
         body["display_name"] = conversation.display_name
     body["messages"] = len(conversation.messages) if conversation else 0

@@ -25,6 +25,7 @@ COLUMNS = (
     ("reuse", "Reuse", 5),
     ("ttft", "TTFT", 6),
     ("rate", "tok/s", 6),
+    ("spec", "Drafts", 9),  # speculative decoding: drafts kept, and tokens per speculative step
     ("used", "Last used", 9),
 )
 COMPACT_AGENT_WIDTH = 18
@@ -131,6 +132,7 @@ class AgentsTable(DataTable):
             f"{a.reuse_ratio:.0%}" if a.turns else "-",
             f"{a.last_ttft_s:.2f}s" if a.last_ttft_s is not None else "-",
             f"{a.decode_tok_s:.1f}" if a.decode_tok_s else "-",
+            _drafts(a),
             relative_time(a.last_used, self.now()),
         )
 
@@ -142,6 +144,12 @@ class AgentsTable(DataTable):
 
 # An idle agent whose last turn the server ended says so, until its next turn.
 ENDED_BY_SERVER = {"repetition": "loop cut", "capacity": "pool full", "error": "failed"}
+
+
+def _drafts(a: AgentView) -> str:
+    """Kept drafts and tokens per speculative step ("83% x3.1"), or "-" before any draft was verified."""
+    tally = a.speculation
+    return f"{tally.acceptance:.0%} x{tally.tokens_per_step:.1f}" if tally.drafted else "-"
 
 
 def _state(a: AgentView) -> Text:

@@ -16,8 +16,10 @@ def load_folder(folder: Path, cache_dir: Path) -> LoadedModel:
     return load_model(str(folder), cache_dir, BLOCK_TOKENS)
 
 
-def start_engine(loaded: LoadedModel, budget_mb: float = 1024, batch: int = 16, prefill_step: int = 512, store=None) -> Engine:
-    config = engine_settings(int(budget_mb * 2 ** 20), batch, prefill_step)
+def start_engine(loaded: LoadedModel, budget_mb: float = 1024, batch: int = 16, prefill_step: int = 512, store=None,
+                 **settings: object) -> Engine:
+    """``settings``: more of ``engine_settings`` (speculate="off", ...)."""
+    config = engine_settings(int(budget_mb * 2 ** 20), batch, prefill_step, **settings)  # type: ignore[arg-type]
     engine = Engine(loaded, config, store=store)
     engine.start()
     return engine

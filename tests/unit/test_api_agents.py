@@ -94,7 +94,7 @@ async def test_list_merges_engine_and_store(client: httpx.AsyncClient) -> None:
     assert (agents["oa-s"]["source"], agents["oa-s"]["has_conversation"]) == ("openai", False)
     expected = {"agent_id", "display_name", "source", "state", "tier", "pinned", "cached_tokens", "blocks", "bytes",
                 "turns", "reuse_ratio", "last_ttft_s", "decode_tok_s", "last_used", "last_finish", "last_finish_note",
-                "retained_s", "messages", "has_conversation", "checkpoint_bytes", "state_bytes"}
+                "retained_s", "messages", "has_conversation", "checkpoint_bytes", "state_bytes", "speculation"}
     assert all(set(a) == expected for a in agents.values())
 
 

@@ -17,6 +17,7 @@ a finished sequence's cache holds its prompt and every generated token.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -116,19 +117,28 @@ class SequenceBatch:
 
     # -- the step -----------------------------------------------------------------------
     def step(self) -> StepOutput:
+        started = time.perf_counter()
         out = StepOutput()
         self._prefill(out)
-        if self.speculative is not None and self.speculative.active:
+        speculative = self.speculative
+        if speculative is not None and speculative.active:
             # Speculative: read the step in flight (drafts need every latest token), then verify drafts.
             previous, self._launched = self._launched, None
             if previous is not None:
                 self._collect(previous, out)
-            if self.speculative.step(out):
+            if speculative.step(out):
+                if previous is None and not out.prefill:  # steady: nothing else in the step's time
+                    speculative.timed_step(out, time.perf_counter() - started)
                 return out
         previous = self._launched
         self._launched = self._launch(out)
+        if speculative is not None and self._launched is not None:
+            for row in self._launched.rows:  # tokens a speculative step chose, fed by this launch
+                speculative.report_held(row, out)
         if previous is not None:
             self._collect(previous, out)
+            if speculative is not None and not out.prefill and self._launched is not None:
+                speculative.rates.plain_step(len(previous.rows), time.perf_counter() - started)
         return out
 
     def _prefill(self, out: StepOutput) -> None:

@@ -45,9 +45,11 @@ class Sequence:
     context: Tokens[int] = ()
     # Drafting and its tally, while the batch speculates (None: it does not, or not for this sequence).
     speculation: Speculation | None = None
-    # A speculative step ended the sequence on a token not yet in its cache: the next step feeds it (``next_input``)
-    # and only then reports it, with this reason, so a finished cache holds every generated token.
-    pending_finish: FinishReason | None = None
+    # The token a speculative step chose after the drafts it kept: not in the cache yet. It is the next input, and
+    # is reported once a pass has fed it (with ``held_finish`` when it ends the sequence), so every token reported
+    # is in the cache, as with pipelined steps.
+    held_token: int | None = None
+    held_finish: FinishReason | None = None
 
     @property
     def prefill_total(self) -> int:

@@ -37,6 +37,7 @@ from engine.domain.requests import FinishReason
 from engine.runtime.runner.drafting import DraftLength, LookupDrafter
 from engine.runtime.runner.sampling import sample
 from engine.runtime.runner.sequence import Phase, Sequence
+from engine.runtime.runner.step_rates import StepRates
 from engine.runtime.runner.speculation import Speculation, accepted_tokens, greedy_tokens
 
 if TYPE_CHECKING:
@@ -50,6 +51,8 @@ class SpeculativeSteps:
         self.batch = batch
         self.max_draft = max_draft
         self.active = False  # the next step is speculative (else pipelined)
+        self.rates = StepRates()  # whether speculative steps pay for the batch as it runs now
+        self._rows = 0  # rows of the last speculative step
 
     def start(self, sequence: Sequence) -> None:
         """A sequence begins decoding: index its history (the cached context and the whole prompt). A seeded
@@ -67,8 +70,15 @@ class SpeculativeSteps:
         if speculation is None:
             return
         speculation.drafter.extend([token])
-        if not self.active and speculation.length.next() > 0 and speculation.drafter.propose(1):
+        if (not self.active and self.rates.allowed() and speculation.length.next() > 0
+                and speculation.drafter.propose(1)):
             self.active = True
+
+    def timed_step(self, out: "StepOutput", seconds: float) -> None:
+        """A steady speculative step took ``seconds``."""
+        self.rates.speculative_step(self._rows, len(out.tokens), seconds)
+        if not self.rates.allowed():
+            self.active = False  # the batch's speculative steps fell behind plain ones: pipelined for a while
 
     def step(self, out: "StepOutput") -> bool:
         """One speculative step over every decoding sequence; False (nothing run) when none has a draft."""
@@ -76,7 +86,7 @@ class SpeculativeSteps:
         rows = [s for s in batch.sequences.values()
                 if s.phase is Phase.DECODE and s.next_input is not None][: batch.max_batch_size]
         drafts = {id(s): self._drafts(s) for s in rows}
-        if not any(drafts.values()) and not any(s.pending_finish for s in rows):
+        if not any(drafts.values()):
             self.active = False
             return False
         kept_rows = []
@@ -87,6 +97,7 @@ class SpeculativeSteps:
             if d or batch._has_room(s, out):
                 kept_rows.append(s)
         rows = kept_rows
+        self._rows = len(rows)
         if not rows:
             return True
         batch._checkpoint_prompt_ends(rows)
@@ -99,10 +110,13 @@ class SpeculativeSteps:
         start = 0
         for s, fed in zip(rows, inputs):
             width = len(fed)
-            if s.pending_finish is not None:
+            if s.held_finish is not None:  # it drafted nothing: the held token that ends it is all it fed
                 start += width
-                self._finish_fed(s, fed[0], out)
+                s.kv.advanced(1)
+                s.fed.append(fed[0])
+                self.report_held(s, out)
                 continue
+            self.report_held(s, out)
             if s.sampler is None:
                 emitted = greedy_tokens(greedy[start:start + width], fed[1:])
             elif width == 1:  # no drafts: sampled as a pipelined step samples it (the same draws from its key)
@@ -116,7 +130,7 @@ class SpeculativeSteps:
 
     def _drafts(self, sequence: Sequence) -> list[int]:
         speculation = sequence.speculation
-        if speculation is None or sequence.pending_finish is not None:
+        if speculation is None or sequence.held_finish is not None or not self.rates.allowed():
             return []
         k = min(speculation.length.next(), sequence.max_tokens - sequence.generated - 1)
         drafts = speculation.drafter.propose(k) if k > 0 else []
@@ -124,46 +138,48 @@ class SpeculativeSteps:
             drafts.pop()
         return drafts
 
+    def report_held(self, s: Sequence, out: "StepOutput") -> bool:
+        """A pass just fed ``s``'s held token: report it. True when that ended the sequence (it is removed)."""
+        from engine.runtime.runner.batch import TokenOut
+
+        if s.held_token is None:
+            return False
+        token, finish, s.held_token, s.held_finish = s.held_token, s.held_finish, None, None
+        out.tokens.append(TokenOut(s.uid, token, finish))
+        if finish is None:
+            return False
+        self.batch.remove(s.uid)
+        return True
+
     def _settle(self, s: Sequence, fed: list[int], emitted: list[int], in_place: bool, out: "StepOutput") -> None:
-        """Keep what the model would have produced: emit it (up to a finish), cut the cache back to the fed
-        tokens kept, and carry the model's own token as the next input."""
+        """Keep what the model would have produced: report the kept drafts (in the cache) up to a finish, cut the
+        cache back to the fed tokens kept, and hold the model's own token as the next input."""
         from engine.runtime.runner.batch import TokenOut
 
         accepted = len(emitted) - 1
         finish = None
-        shown = 0
+        decided = 0
         for token in emitted:
             s.generated += 1
-            shown += 1
+            decided += 1
             if token in s.stop_tokens:
                 finish = FinishReason.STOP
             elif s.generated >= s.max_tokens:
                 finish = FinishReason.LENGTH
-            if finish is not None and shown > accepted:
-                # The model's own token ends it, and no pass has fed it yet: the next step does, then reports it.
-                s.pending_finish = finish
+            if decided > accepted:  # the model's own token: reported once the next pass feeds it
+                s.held_token, s.held_finish = token, finish
                 break
             out.tokens.append(TokenOut(s.uid, token, finish))
             if finish is not None:
                 break
-        keep = 1 + min(shown, accepted)  # the last token fed, and the drafts kept up to the finish
+        keep = 1 + min(decided, accepted)  # the last token fed, and the drafts kept up to a finish
         s.kv.take_back(len(fed) - keep, in_place)
         s.kv.advanced(keep)
         s.fed.extend(fed[:keep])
         if s.speculation is not None:
             s.speculation.verified(len(fed) - 1, accepted, len(emitted))
-            s.speculation.drafter.extend(emitted[:shown])
-        if finish is not None and s.pending_finish is None:
-            self.batch.remove(s.uid)
+            s.speculation.drafter.extend(emitted[:decided])
+        if s.held_token is not None:
+            s.next_input = s.held_token
         else:
-            s.next_input = emitted[shown - 1]
-
-    def _finish_fed(self, s: Sequence, token: int, out: "StepOutput") -> None:
-        """The step fed a finishing token (``pending_finish``): report it now, as a pipelined step would."""
-        from engine.runtime.runner.batch import TokenOut
-
-        s.kv.advanced(1)
-        s.fed.append(token)
-        out.tokens.append(TokenOut(s.uid, token, s.pending_finish))
-        self.batch.remove(s.uid)
-
+            self.batch.remove(s.uid)  # a kept draft ended it

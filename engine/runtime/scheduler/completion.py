@@ -79,6 +79,11 @@ class Completion:
                 agent.tier = Tier.COLD
             elif turn.on_own_cache and turn.sequence is not None:
                 agent.tokens = list(turn.request.prompt_tokens[:turn.reused]) + turn.sequence.fed
+                reported = turn.prompt_len + turn.generated
+                if len(agent.tokens) > reported:
+                    # A speculative step fed drafts past the token the turn ended at (a stop string, the
+                    # repetition guard, a cancel): the cache keeps what the client was sent.
+                    agent.tokens = agent.tokens[:turn.sequence.kv.continue_from(reported)]
                 agent.turn_ends = [end for end in agent.turn_ends if end <= turn.reused] + [len(agent.tokens)]
                 self.hot.tidy(agent)
                 self.hot.publish(agent)

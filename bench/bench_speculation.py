@@ -1,0 +1,204 @@
+"""Speculative decoding (prompt lookup inside the batch): semantic with it, without it, and mlx_lm.server.
+
+Three servers on the same model folder, one at a time, in alternating order
+each repeat, over two workloads:
+
+- copy: each agent gets a ~1K-token source file of this repository and is
+  asked to return it whole with one rename (what an agent's ``Write`` of an
+  edited file is: its output copies its context);
+- free: each agent writes a story (nothing to copy).
+
+Each at 1 agent and at ``--agents`` agents at once, greedy, streamed through
+the OpenAI chat API. The measure is decode throughput: completion tokens over
+the time from the first token to the last answer (prefill left out: the same
+prompt on both semantic runs, and this is not a prefill benchmark). semantic's
+usage extension gives each turn's drafts, acceptance and tokens per
+speculative step; greedy outputs with and without speculation are compared
+text for text (they must be identical).
+
+The peer runs at its defaults, as a user runs it (``mlx_lm.server --model
+FOLDER``): it has no prompt lookup, and with a draft model it serves one
+request at a time.
+
+Run: ``LD_PRELOAD=... python bench/bench_speculation.py [--model M] [--agents 8] [--repeats 2] [--json PATH]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+from chat_stream import ChatClient, Turn
+from common import base_parser, print_table
+from peer_runs import load_average
+from results import BenchResult, compare
+from served import Batching, Launch, semantic_launch, serving
+from workload_text import story_request
+
+from bench_vs_mlx_lm_server import model_folder
+
+ROOT = Path(__file__).resolve().parents[1]
+# Source files the copy workload hands out, one per agent (cut to FILE_TOKENS tokens at a line end).
+SOURCES = [
+    "engine/runtime/runner/drafting.py", "engine/runtime/runner/sampling.py", "engine/domain/block_pool.py",
+    "engine/runtime/runner/kv/window_kv.py", "engine/store/atomic_text.py", "engine/api/metrics.py",
+    "engine/runtime/runner/kv/full_kv.py", "engine/domain/forensics.py",
+]
+FILE_TOKENS = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Sizes:
+    copy_tokens: int = 640  # a ~1K-token file's rewrite is longer; the cap keeps a run short on a CPU
+    free_tokens: int = 256
+    repeats: int = 2
+
+
+QUICK = Sizes(copy_tokens=160, free_tokens=96, repeats=1)
+
+
+def copy_request(tokenizer: Tokenizer, path: str) -> list[dict[str, str]]:
+    """A file cut to about FILE_TOKENS tokens, and the request to return it with one rename."""
+    text = (ROOT / path).read_text()
+    lines, kept = text.splitlines(keepends=True), []
+    for line in lines:
+        if len(tokenizer.encode("".join(kept) + line).ids) > FILE_TOKENS:
+            break
+        kept.append(line)
+    source = "".join(kept)
+    names = re.findall(r"^(?:def|class) (\w+)", source, flags=re.M) or ["main"]
+    old = names[0]
+    return [{"role": "user", "content": (
+        f"Here is the file {path}:\n\n```python\n{source}```\n\n"
+        f"Rewrite the whole file with one change: rename `{old}` to `{old}_renamed` everywhere. "
+        "Reply with the complete file in one code block and nothing else.")}]
+
+
+def decode_tok_s(turns: list[Turn]) -> float:
+    """Completion tokens over the time from the burst's first token to its last answer."""
+    span = max(t.done_at for t in turns) - min(t.first_token_at for t in turns)
+    return sum(t.completion_tokens for t in turns) / max(span, 1e-9)
+
+
+def tally(turns: list[Turn]) -> dict[str, float]:
+    """semantic's speculation figures over a burst (drafts kept over drafts, tokens per speculative step)."""
+    parts = [t.cache.get("speculation") or {} for t in turns]
+    drafted, accepted = sum(p.get("drafted", 0) for p in parts), sum(p.get("accepted", 0) for p in parts)
+    steps, emitted = sum(p.get("steps", 0) for p in parts), sum(p.get("emitted", 0) for p in parts)
+    return {"acceptance": accepted / drafted if drafted else 0.0, "tokens_per_step": emitted / steps if steps else 0.0,
+            "drafted": drafted}
+
+
+async def burst(client: ChatClient, label: str, requests: list[list[dict[str, str]]], max_tokens: int) -> list[Turn]:
+    return list(await asyncio.gather(*(client.turn(f"{label}-{i}", 0, messages, max_tokens)
+                                       for i, messages in enumerate(requests))))
+
+
+def peer_defaults(folder: Path) -> Launch:
+    """mlx_lm.server as a user starts it: the model and nothing else (its own batching and cache defaults)."""
+    argv = (sys.executable, "-m", "mlx_lm.server", "--model", str(folder), "--log-level", "WARNING")
+    return Launch("mlx_lm.server", argv, None, sends_session_id=False)
+
+
+def main() -> None:
+    parser = base_parser(__doc__.splitlines()[0])
+    parser.add_argument("--agents", type=int, default=8, help="agents at once in the batched runs (default 8)")
+    parser.add_argument("--repeats", type=int, help="runs per server (default: 1 quick, 2 full)")
+    args = parser.parse_args()
+    sizes = QUICK if args.quick else Sizes()
+    if args.repeats:
+        sizes = replace(sizes, repeats=args.repeats)
+    folder = model_folder(args.model, args.cache_dir)
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    workloads = {
+        "copy": ([copy_request(tokenizer, p) for p in SOURCES], sizes.copy_tokens),
+        "free": ([story_request(len(SOURCES), i) for i in range(len(SOURCES))], sizes.free_tokens),
+    }
+    levels = sorted({1, args.agents})
+    print(f"# model folder {folder}\n# {'quick' if args.quick else 'full'} sizes: {sizes}; agents {levels}")
+    result = BenchResult("bench_speculation", "speculative decoding: semantic with and without it, and mlx_lm.server",
+                         args={"model": args.model, "quick": args.quick, "agents": levels, "sizes": str(sizes)})
+    started = time.perf_counter()
+    # runs[server][workload][agents] -> one list of turns per repeat
+    runs: dict[str, dict[str, dict[int, list[list[Turn]]]]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-speculation-") as work:
+        work_dir = Path(work)
+        on = semantic_launch(folder, work_dir / "state-on", args.pool_mb, Batching())
+        off = replace(semantic_launch(folder, work_dir / "state-off", args.pool_mb, Batching()),
+                      name="semantic (speculation off)")
+        off = replace(off, argv=(*off.argv, "--speculate", "off"))
+        launches = [on, off, peer_defaults(folder)]
+        for repeat in range(sizes.repeats):
+            order = launches if repeat % 2 == 0 else launches[::-1]
+            for launch in order:
+                print(f"# run {repeat + 1}/{sizes.repeats}, {launch.name} ({load_average()})", flush=True)
+                t0 = time.perf_counter()
+                with serving(launch, work_dir) as url:
+                    mine = asyncio.run(_all(url, launch, workloads, levels, repeat))
+                for workload, by_level in mine.items():
+                    for n, turns in by_level.items():
+                        runs.setdefault(launch.name, {}).setdefault(workload, {}).setdefault(n, []).append(turns)
+                print(f"#   done in {time.perf_counter() - t0:.0f} s", flush=True)
+    _record(result, runs, on.name, off.name, launches[2].name, levels, workloads)
+    result.duration_s = time.perf_counter() - started
+    result.write(args.json)
+    print(f"# finished in {result.duration_s:.0f} s")
+
+
+async def _all(url: str, launch: Launch, workloads, levels: list[int], repeat: int) -> dict[str, dict[int, list[Turn]]]:
+    out: dict[str, dict[int, list[Turn]]] = {}
+    async with ChatClient(url, launch.sends_session_id) as client:
+        for workload, (requests, max_tokens) in workloads.items():
+            for n in levels:
+                # A fresh agent name per repeat and level: no run reuses another's cache.
+                out.setdefault(workload, {})[n] = await burst(client, f"{workload}-{n}-r{repeat}", requests[:n], max_tokens)
+    return out
+
+
+def _record(result: BenchResult, runs, on: str, off: str, peer: str, levels: list[int], workloads) -> None:
+    rows = []
+    targets = {("copy", 1): 2.0, ("copy", max(levels)): 1.4, ("free", 1): 0.95, ("free", max(levels)): 0.95}
+    for workload in workloads:
+        for n in levels:
+            with_it = [decode_tok_s(turns) for turns in runs[on][workload][n]]
+            without = [decode_tok_s(turns) for turns in runs[off][workload][n]]
+            peer_runs = [decode_tok_s(turns) for turns in runs[peer][workload][n]]
+            name = f"{workload}, {n} agent{'s' if n > 1 else ''}: decode tok/s"
+            result.comparisons.append(compare(f"{workload} vs speculation off", name, "tok/s", with_it, without,
+                                              better="higher", target=targets.get((workload, n))))
+            result.comparisons.append(compare(f"{workload} vs mlx_lm.server", name, "tok/s", with_it, peer_runs,
+                                              better="higher", target=targets.get((workload, n))))
+            figures = [tally(turns) for turns in runs[on][workload][n]]
+            acceptance = statistics.median(f["acceptance"] for f in figures)
+            per_step = statistics.median(f["tokens_per_step"] for f in figures)
+            result.metric(f"{workload}, {n} agents", "draft acceptance", acceptance, "ratio", better="neither")
+            result.metric(f"{workload}, {n} agents", "tokens per speculative step", per_step, "tokens", better="neither")
+            same = sum(a.text == b.text for a, b in zip(runs[on][workload][n][0], runs[off][workload][n][0]))
+            result.notes.append(f"{workload}, {n} agents: greedy text identical with and without speculation for "
+                                f"{same}/{n} turns (first repeat)")
+            rows.append([workload, n, _spread(with_it), _spread(without), _spread(peer_runs),
+                         f"{statistics.median(a / b for a, b in zip(with_it, without)):.2f}x",
+                         f"{statistics.median(a / b for a, b in zip(with_it, peer_runs)):.2f}x",
+                         f"{acceptance:.2f}", f"{per_step:.2f}", f"{same}/{n}"])
+    print_table(["workload", "agents", "speculation tok/s", "off tok/s", "mlx_lm.server tok/s", "vs off", "vs peer",
+                 "acceptance", "tokens/step", "identical"], rows)
+    for note in result.notes:
+        print(f"# {note}")
+
+
+def _spread(values: list[float]) -> str:
+    if len(values) == 1:
+        return f"{values[0]:.1f}"
+    return f"{statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f})"
+
+
+if __name__ == "__main__":
+    main()

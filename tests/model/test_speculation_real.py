@@ -1,0 +1,63 @@
+"""Speculative decoding on the real packaged models: greedy tokens equal plain decoding's, alone and batched."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.domain.requests import GenerationRequest, SamplingParams
+from engine.runtime.engine_thread.sync_client import run_turn, run_turns
+from tests.model.engine_fixtures import start_engine
+from tests.support.reference import reference_greedy
+
+MAX_TOKENS = 64
+# Text a model asked to repeat copies: its drafts come from the prompt.
+VERSE = ("def area(width, height):\n    return width * height\n\n"
+         "def perimeter(width, height):\n    return 2 * (width + height)\n\n"
+         "def describe(width, height):\n    return f'{width} by {height}: area {area(width, height)}'\n")
+
+
+def prompts(loaded) -> list[tuple[int, ...]]:
+    """A copy request, and prompts with nothing to copy."""
+    if loaded.architecture == "llama":
+        texts = [f"Repeat this code exactly:\n\n{VERSE}", "What is the capital of France?",
+                 "Name three primary colours.", f"Rename area to surface in this code:\n\n{VERSE}"]
+        return [tuple(loaded.tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True))
+                for t in texts]
+    texts = [f"{VERSE}\n# The same code again:\n", "The capital of France is", "Once upon a time,",
+             f"{VERSE}\n# Again, with area renamed to surface:\n"]
+    return [tuple(loaded.tokenizer.encode(t)) for t in texts]
+
+
+def without_eos(loaded, tokens: list[int]) -> list[int]:
+    return tokens[:-1] if tokens and tokens[-1] in set(loaded.eos_token_ids) else tokens
+
+
+@pytest.fixture(params=["smollm2", "gemma3"], scope="module")
+def loaded(request):
+    return request.getfixturevalue(request.param)
+
+
+def test_speculation_keeps_greedy_tokens_alone_and_in_a_mixed_batch(loaded) -> None:
+    on, off = start_engine(loaded, budget_mb=256), start_engine(loaded, budget_mb=256, speculate="off")
+    try:
+        chosen = prompts(loaded)
+        batched = run_turns(on, [GenerationRequest(f"mixed-{i}", p, MAX_TOKENS) for i, p in enumerate(chosen)]
+                            + [GenerationRequest("sampled", chosen[1], MAX_TOKENS, SamplingParams(temperature=0.7))])
+        alone = run_turn(on, GenerationRequest("alone", chosen[0], MAX_TOKENS))
+        plain = run_turns(off, [GenerationRequest(f"plain-{i}", p, MAX_TOKENS) for i, p in enumerate(chosen)])
+        expected = without_eos(loaded, reference_greedy(loaded.model, list(chosen[0]), MAX_TOKENS,
+                                                        set(loaded.eos_token_ids)))
+        assert alone.tokens == batched[0].tokens == plain[0].tokens == expected, loaded.tokenizer.decode(alone.tokens)
+        for i in range(1, len(chosen)):
+            assert batched[i].tokens == plain[i].tokens, (i, loaded.tokenizer.decode(batched[i].tokens))
+        copy = alone.finish.usage.speculation
+        assert copy is not None and copy.accepted > 0 and copy.tokens_per_step > 1, copy
+        assert batched[-1].finish.usage.speculation is not None  # the sampled row could speculate too
+        # The cache holds exactly the prompt and every token of the answer.
+        held = on.call(lambda e: (len(e.agents.get("alone").tokens), e.agents.get("alone").kv.offset)).result()
+        assert held == (len(chosen[0]) + alone.finish.usage.generated_tokens,) * 2
+        view = on.fresh_snapshot()
+        assert view.throughput.speculation.drafted >= copy.drafted
+    finally:
+        on.stop()
+        off.stop()

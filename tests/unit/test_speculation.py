@@ -1,0 +1,212 @@
+"""Speculative decoding: drafting from a sequence's history, the acceptance rules, and the batch on tiny models."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from engine.domain.requests import GenerationRequest, SamplingParams
+from engine.domain.speculation_tally import SpeculationTally
+from engine.runtime.engine_thread.engine import Engine
+from engine.runtime.engine_thread.sync_client import run_turn, run_turns
+from engine.runtime.runner.drafting import DraftLength, LookupDrafter
+from engine.runtime.runner.sampling import RowSampler
+from engine.runtime.runner.speculation import accepted_tokens, greedy_tokens
+from tests.support.byte_tokenizer import BOS, EOS
+from tests.support.engine_settings import engine_settings
+from tests.support.reference import reference_greedy
+from tests.support.tiny_models import loaded_tiny
+
+
+# -- drafting ---------------------------------------------------------------------------------
+def test_drafter_proposes_what_followed_the_latest_tokens_before() -> None:
+    drafter = LookupDrafter([1, 2, 3, 4, 5, 6, 9, 1, 2, 3])
+    assert drafter.propose(3) == [4, 5, 6]
+    assert drafter.propose(10) == [4, 5, 6, 9, 1, 2, 3]  # up to the history's end
+    assert LookupDrafter([1, 2, 3, 4, 5]).propose(4) == []  # nothing repeats
+    assert drafter.propose(0) == []
+
+
+def test_drafter_prefers_the_longest_match_then_the_latest() -> None:
+    # [7, 1, 2, 3] occurs once with 8 after it; [1, 2, 3] later with 9 after it: the longer context wins.
+    drafter = LookupDrafter([7, 1, 2, 3, 8, 5, 1, 2, 3, 9, 6, 7, 1, 2, 3])
+    assert drafter.propose(1) == [8]
+    tie = LookupDrafter([1, 2, 3, 8, 1, 2, 3, 9, 1, 2, 3])
+    assert tie.propose(1) == [9]
+
+
+def test_drafter_built_at_once_equals_drafter_extended_token_by_token() -> None:
+    rng = np.random.default_rng(0)
+    history = rng.integers(0, 6, 400).tolist()
+    whole = LookupDrafter(history)
+    grown = LookupDrafter(history[:10])
+    for token in history[10:]:
+        grown.extend([token])
+    assert whole.propose(8) == grown.propose(8)
+
+
+def test_draft_length_follows_acceptance_and_pauses_after_misses() -> None:
+    length = DraftLength(most=8, start=4)
+    assert length.next() == 4
+    length.taken(4, 4)
+    assert length.next() == 8
+    length.taken(8, 8)
+    assert length.next() == 8  # capped
+    length.taken(8, 2)
+    assert length.next() == 3  # what was taken, plus one
+    for _ in range(3):
+        length.taken(3, 0)
+    assert [length.next() for _ in range(8)] == [0] * 8  # paused
+    assert length.next() == 1
+
+
+# -- acceptance ---------------------------------------------------------------------------------
+def test_greedy_tokens_keep_drafts_while_they_equal_the_argmax() -> None:
+    assert greedy_tokens([5, 6, 7], [5, 6]) == [5, 6, 7]
+    assert greedy_tokens([5, 2, 7], [5, 6]) == [5, 2]
+    assert greedy_tokens([4, 6, 7], [5, 6]) == [4]
+    assert greedy_tokens([4], []) == [4]
+
+
+def _distribution(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
+    z = np.exp((logits - logits.max()) / temperature)
+    return z / z.sum()
+
+
+@pytest.mark.parametrize("top_k", [0, 3])
+def test_speculative_sampling_keeps_the_models_distribution(top_k: int) -> None:
+    """Many draws of a two-token draft: the first emitted token follows p0 (the row's filtered distribution
+    at its last token), the second, after the first draft was kept, follows p1; drafts outside top-k are
+    never kept."""
+    logits = np.array([[2.0, 1.0, 0.5, 0.0, -1.0, 1.5],
+                       [0.0, 1.0, 2.0, 0.5, -0.5, 1.0],
+                       [1.0, 1.0, 1.0, 1.0, 1.0, 1.0]], dtype=np.float32)
+    drafts = [5, 2]
+    p0, p1 = _distribution(logits[0]), _distribution(logits[1])
+    if top_k:
+        for p in (p0, p1):
+            p[np.argsort(-p)[top_k:]] = 0
+            p /= p.sum()
+    draws = 6000
+    sampler = RowSampler(SamplingParams(temperature=1.0, top_p=1.0, top_k=top_k, seed=7))
+    firsts: Counter[int] = Counter()
+    seconds: Counter[int] = Counter()
+    for _ in range(draws):
+        out = accepted_tokens(mx.array(logits), drafts, sampler)
+        assert 1 <= len(out) <= 3
+        firsts[out[0]] += 1
+        if out[0] == drafts[0]:
+            seconds[out[1]] += 1
+    for token in range(6):
+        assert abs(firsts[token] / draws - p0[token]) < 0.025, (token, firsts, p0)
+    kept = sum(seconds.values())
+    assert abs(kept / draws - p0[drafts[0]]) < 0.025
+    for token in range(6):
+        assert abs(seconds[token] / kept - p1[token]) < 0.04, (token, seconds, p1)
+
+
+def test_tally_adds_and_derives() -> None:
+    total = SpeculationTally(8, 6, 2, 8) + SpeculationTally(4, 0, 1, 1)
+    assert (total.drafted, total.accepted, total.steps, total.emitted) == (12, 6, 3, 9)
+    assert total.acceptance == 0.5 and total.tokens_per_step == 3.0
+
+
+# -- the batch on tiny models ---------------------------------------------------------------------
+def make_engine(kind: str, speculate: str, batch: int = 8, max_draft: int = 8) -> Engine:
+    loaded = loaded_tiny(kind)
+    engine = Engine(loaded, engine_settings(64 * 2**20, batch, 32, speculate=speculate, speculate_max_draft=max_draft))
+    engine.start()
+    return engine
+
+
+def looping_prompt(i: int) -> tuple[int, ...]:
+    """A prompt whose continuation a random tiny model soon repeats (so drafts get taken)."""
+    return (BOS, *(f"{i} abc abc abc abc abc abc ".encode()))
+
+
+def without_eos(tokens: list[int]) -> list[int]:
+    return tokens[:-1] if tokens and tokens[-1] == EOS else tokens
+
+
+@pytest.fixture(params=["llama", "gemma"])
+def kind(request) -> str:
+    return request.param
+
+
+def test_greedy_outputs_equal_plain_decoding_alone_and_batched(kind: str) -> None:
+    on, off = make_engine(kind, "lookup"), make_engine(kind, "off")
+    try:
+        requests = [GenerationRequest(f"a{i}", looping_prompt(i), 48) for i in range(4)]
+        mixed = run_turns(on, requests)
+        alone = [run_turn(on, GenerationRequest(f"b{i}", r.prompt_tokens, 48)) for i, r in enumerate(requests)]
+        plain = run_turns(off, [GenerationRequest(f"c{i}", r.prompt_tokens, 48) for i, r in enumerate(requests)])
+        for m, a, p, r in zip(mixed, alone, plain, requests):
+            expected = without_eos(reference_greedy(on.loaded.model, list(r.prompt_tokens), 48, {EOS}))
+            assert m.tokens == a.tokens == p.tokens == expected
+            assert m.finish.usage.generated_tokens == p.finish.usage.generated_tokens
+            assert p.finish.usage.speculation is None
+        tallies = [m.finish.usage.speculation for m in mixed + alone]
+        assert all(t is not None for t in tallies)
+        assert sum(t.accepted for t in tallies) > 0, "the looping prompts should have had drafts kept"
+        assert sum(t.emitted for t in tallies) > sum(t.steps for t in tallies)
+    finally:
+        on.stop()
+        off.stop()
+
+
+def test_next_turn_reuses_every_token_of_a_speculative_turn(kind: str) -> None:
+    engine = make_engine(kind, "lookup")
+    try:
+        first = run_turn(engine, GenerationRequest("a", looping_prompt(1), 40))
+        assert first.finish.usage.speculation.accepted > 0
+        follow = first.request.prompt_tokens + tuple(first.tokens) + tuple(b" more")
+        second = run_turn(engine, GenerationRequest("a", follow, 16))
+        cached = len(first.request.prompt_tokens) + first.finish.usage.generated_tokens
+        assert second.finish.usage.reused_tokens == min(cached, len(follow) - 1)
+        expected = without_eos(reference_greedy(engine.loaded.model, list(follow), 16, {EOS}))
+        assert second.tokens == expected
+        view = engine.fresh_snapshot().agent("a")
+        assert view.speculation.drafted >= first.finish.usage.speculation.drafted
+    finally:
+        engine.stop()
+
+
+def test_sampled_rows_speculate_unless_seeded() -> None:
+    engine = make_engine("llama", "lookup")
+    try:
+        unseeded = GenerationRequest("u", looping_prompt(2), 40, SamplingParams(temperature=0.3))
+        seeded = GenerationRequest("s", looping_prompt(3), 40, SamplingParams(temperature=0.3, seed=11))
+        greedy = GenerationRequest("g", looping_prompt(4), 40)
+        u, s, g = run_turns(engine, [unseeded, seeded, greedy])
+        assert u.finish.usage.speculation is not None
+        assert s.finish.usage.speculation is None
+        alone = run_turn(engine, GenerationRequest("s2", seeded.prompt_tokens, 40, seeded.sampling))
+        assert s.tokens == alone.tokens  # a seed's tokens do not depend on the batch's speculation
+        assert g.tokens == without_eos(reference_greedy(engine.loaded.model, list(greedy.prompt_tokens), 40, {EOS}))
+    finally:
+        engine.stop()
+
+
+def test_batch_stops_speculating_for_a_while_when_its_steps_fall_behind_plain_ones() -> None:
+    from engine.runtime.runner.step_rates import FIRST_PAUSE, StepRates
+
+    rates = StepRates()
+    for _ in range(6):
+        rates.plain_step(rows=4, seconds=0.05)  # 20 tokens a second a row
+    for _ in range(6):
+        rates.speculative_step(rows=4, tokens=8, seconds=0.05)  # 40: it pays
+    assert rates.allowed() and rates.pauses == 0
+    for _ in range(12):
+        rates.speculative_step(rows=4, tokens=4, seconds=0.08)  # 12.5: it does not
+        if not rates.allowed():
+            break
+    assert not rates.allowed() and rates.pauses == 1
+    for _ in range(FIRST_PAUSE):
+        rates.plain_step(rows=4, seconds=0.05)
+    assert rates.allowed()  # tried again after the pause
+    while rates.allowed():
+        rates.speculative_step(rows=4, tokens=4, seconds=0.08)
+    assert rates.pauses == 2 and rates.paused_for == 2 * FIRST_PAUSE  # longer each time
