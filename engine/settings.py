@@ -87,9 +87,12 @@ class Settings(BaseSettings):
                     "outputs are unchanged (greedy: token for token; sampled: the same distribution). off: one "
                     "token per agent per step.")
     speculate_max_draft: int = Field(
-        8, ge=1, le=64,
-        description="The most tokens an agent drafts in one step (each agent's own length follows what its drafts "
-                    "got accepted).")
+        7, ge=1, le=64,
+        description="The most tokens an agent drafts in one step. Each step verifies the drafts most likely to be "
+                    "kept while they raise tokens per second (what a token more in a pass costs on this device, "
+                    "each agent's recent acceptance), so an agent copying a file drafts long and eight agents "
+                    "writing prose draft little. 7: a pass of 8 tokens is the most the CPU's few-row kernel "
+                    "takes in one read of the weights.")
     fast_cpu_math: bool = Field(True, description="On the CPU, compute attention's softmax, SiLU and GELU (Gemma) with an exp built from MLX's fast arithmetic (within 2 ulp of mx.exp, about 5x faster per element; GELU about 10x), a long prefill chunk's attention in cache-sized blocks, a decode batch's attention in compiled loops over each agent's cache that also write the step's keys and values in place (numba), decode's linear layers at up to 8 agents in one compiled pass over the weights, a Llama-family model's whole decode step on the host (numpy and those loops, no MLX evaluation inside the model), and sampling's top-k pass over the vocabulary in numpy. Off: MLX's own kernels, as mlx_lm runs them.")
     default_max_tokens: int = Field(1024, ge=1, description="Tokens generated when a request names no limit.")
     stored_responses_kept: int = Field(

@@ -210,3 +210,16 @@ def test_batch_stops_speculating_for_a_while_when_its_steps_fall_behind_plain_on
     while rates.allowed():
         rates.speculative_step(rows=4, tokens=4, seconds=0.08)
     assert rates.pauses == 2 and rates.paused_for == 2 * FIRST_PAUSE  # longer each time
+
+
+def test_drafts_are_allocated_where_they_raise_tokens_per_second() -> None:
+    from engine.runtime.runner.drafting import allocate_drafts
+
+    assert allocate_drafts([(7, 0.9), (3, 0.1)], row_cost=0.0, rows=2) == [7, 3]  # free: verify everything
+    copying = allocate_drafts([(7, 0.95)], row_cost=0.25, rows=1)[0]
+    assert copying >= 5  # one agent copying a file: a long draft pays even on the CPU
+    assert allocate_drafts([(7, 0.1)], row_cost=0.25, rows=1) == [0]  # prose: none
+    crowded = allocate_drafts([(7, 0.6)] * 8, row_cost=0.25, rows=8)
+    assert crowded == [0] * 8  # eight agents already fill the pass: a 60% draft costs more than it brings
+    mixed = allocate_drafts([(7, 0.95), (7, 0.3)], row_cost=0.25, rows=4)
+    assert mixed[0] > 0 and mixed[1] == 0  # the likely drafts go first

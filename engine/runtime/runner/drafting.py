@@ -34,6 +34,9 @@ NGRAM = 3
 # Latest places kept per n-gram, and how far back a candidate's match is compared.
 PLACES_KEPT = 4
 MATCH_LOOK_BACK = 32
+# A sequence's expected share of kept drafts before it has any, and the weight of each verification after.
+ACCEPTANCE_PRIOR = 0.6
+ACCEPTANCE_SMOOTHING = 0.3
 
 
 class LookupDrafter:
@@ -88,6 +91,8 @@ class DraftLength:
     def __init__(self, most: int, start: int = 4) -> None:
         self.most = most
         self.k = min(start, most)
+        # Moving average of the share of drafted tokens kept: the chance the next draft is kept (allocate_drafts).
+        self.acceptance = ACCEPTANCE_PRIOR
         self._misses = 0  # verifications in a row that took no draft
         self._pause = 0  # steps left without drafting
         self._backoff = 8
@@ -103,6 +108,7 @@ class DraftLength:
         """A verification of ``drafted`` tokens kept ``accepted`` of them."""
         if drafted <= 0:
             return
+        self.acceptance += ACCEPTANCE_SMOOTHING * (accepted / drafted - self.acceptance)
         if accepted == drafted:
             self.k = min(self.most, self.k * 2)
         else:
@@ -115,3 +121,36 @@ class DraftLength:
         else:
             self._misses = 0
             self._backoff = 8
+
+
+def allocate_drafts(offers: list[tuple[int, float]], row_cost: float, rows: int) -> list[int]:
+    """How many of its offered drafts each sequence verifies this step, for the most tokens per second.
+
+    ``offers``: per drafting sequence, the drafts it has and the chance each is kept (its recent acceptance;
+    the j-th draft is kept with about that chance to the j-th power: only if every draft before it was);
+    ``rows``: the step's sequences (each computes one token anyway); ``row_cost``: what one more token in the
+    pass costs, as a share of a pass of one token (the backend's ``draft_row_cost``: about nothing where a
+    pass reads weights it has arithmetic to spare for, a quarter on this project's 2-core CPU).
+
+    A pass of R tokens takes about ``1 + row_cost * R`` and the step emits the expected tokens E; one more
+    draft adds ``p`` expected tokens (its chance of being kept) and ``row_cost`` time, which raises E / time
+    only while ``p / row_cost > E / time``. Chances fall with each further draft of a sequence, so taking
+    the likeliest remaining draft while that holds finds the best allocation: many drafts for one agent
+    copying a file, few each when eight share the pass, none for prose.
+    """
+    taken = [0] * len(offers)
+    if row_cost <= 0:
+        return [n for n, _ in offers]
+    expected, time = float(rows), 1.0 + row_cost * rows
+    while True:
+        best, chance = -1, 0.0
+        for i, (n, acceptance) in enumerate(offers):
+            if taken[i] < n:
+                p = acceptance ** (taken[i] + 1)
+                if p > chance:
+                    best, chance = i, p
+        if best < 0 or chance * time <= row_cost * expected:
+            return taken
+        taken[best] += 1
+        expected += chance
+        time += row_cost

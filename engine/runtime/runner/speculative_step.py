@@ -34,11 +34,14 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 
 from engine.domain.requests import FinishReason
-from engine.runtime.runner.drafting import DraftLength, LookupDrafter
+from engine.runtime.runner.drafting import DraftLength, LookupDrafter, allocate_drafts
 from engine.runtime.runner.sampling import sample
 from engine.runtime.runner.sequence import Phase, Sequence
 from engine.runtime.runner.step_rates import StepRates
 from engine.runtime.runner.speculation import Speculation, accepted_tokens, greedy_tokens
+
+# Tokens per sequence the batch stays pipelined after a step found drafts that would not pay.
+QUIET_TOKENS = 8
 
 if TYPE_CHECKING:
     from engine.runtime.runner.batch import SequenceBatch, StepOutput
@@ -53,6 +56,8 @@ class SpeculativeSteps:
         self.active = False  # the next step is speculative (else pipelined)
         self.rates = StepRates()  # whether speculative steps pay for the batch as it runs now
         self._rows = 0  # rows of the last speculative step
+        self._cost: float | None = None  # the backend's cost of one more token in a pass (draft_row_cost)
+        self._quiet = 0  # tokens to read before a draft may switch the batch to speculative steps again
 
     def start(self, sequence: Sequence) -> None:
         """A sequence begins decoding: index its history (the cached context and the whole prompt). A seeded
@@ -70,9 +75,17 @@ class SpeculativeSteps:
         if speculation is None:
             return
         speculation.drafter.extend([token])
+        if self._quiet > 0:
+            self._quiet -= 1
+            return
         if (not self.active and self.rates.allowed() and speculation.length.next() > 0
                 and speculation.drafter.propose(1)):
             self.active = True
+
+    def _row_cost(self) -> float:
+        if self._cost is None:
+            self._cost = self.batch.backend.draft_row_cost(self.batch.model)
+        return self._cost
 
     def timed_step(self, out: "StepOutput", seconds: float) -> None:
         """A steady speculative step took ``seconds``."""
@@ -86,8 +99,15 @@ class SpeculativeSteps:
         rows = [s for s in batch.sequences.values()
                 if s.phase is Phase.DECODE and s.next_input is not None][: batch.max_batch_size]
         drafts = {id(s): self._drafts(s) for s in rows}
+        offered = [s for s in rows if drafts[id(s)]]
+        counts = allocate_drafts([(len(drafts[id(s)]), s.speculation.length.acceptance) for s in offered],
+                                 self._row_cost(), len(rows))
+        for s, n in zip(offered, counts):
+            drafts[id(s)] = drafts[id(s)][:n]
         if not any(drafts.values()):
             self.active = False
+            if offered:  # drafts that would not pay with this batch: pipelined steps for a while
+                self._quiet = QUIET_TOKENS * len(rows)
             return False
         kept_rows = []
         for s in rows:

@@ -121,6 +121,16 @@ class MlxBackend:
                     layer.trim_to(layer.offset - (width - w))
         return mx.concatenate([out[b, :w] for b, w in enumerate(widths)]), False
 
+    def draft_row_cost(self, model: Any) -> float:
+        """One more token in a pass, as a share of a one-token pass (``drafting.allocate_drafts``).
+
+        On MLX's CPU device, measured (SmolLM2, 1,000 tokens of context, 2 cores: a pass of 1 token 97 ms, of
+        8 tokens 196 ms; bench/reports/2026-11-29-cpu-2core-s16/verify_cost.log): about 0.16. On a GPU a
+        decode pass is bound by reading the weights, and a few more tokens cost little; 0.05 there is a
+        guess that was not measured (no GPU here): the batch's own timing (``step_rates.py``) stops
+        speculative steps that fall behind plain ones either way."""
+        return 0.16 if mx.default_device().type == mx.DeviceType.cpu else 0.05
+
     # -- sampling ------------------------------------------------------------------------
     def top_k_of_logits(self, logits: mx.array, k: int) -> tuple[mx.array, mx.array]:
         """Each row's ``k`` largest log-probabilities (normalized over the vocabulary) and their ids."""

@@ -156,6 +156,14 @@ class CpuBackend(MlxBackend):
             return host_forward.decode(model, flat, rows, self._tables, self._workers, self._linear_ok, widths), True
         return super().verify(model, inputs, rows)
 
+    def draft_row_cost(self, model: Any) -> float:
+        """On the host path each token is a row of the linear layers' products, and 2 cores are busy with
+        them: SmolLM2 at 1,000 tokens of context, one agent, 55 ms a pass of 1 token, 128 ms of 8 (~11 ms a
+        token over a ~45 ms read of the weights; bench/reports/2026-11-29-cpu-2core-s16/verify_cost.log)."""
+        if self._host_step.get(id(model)) and self._loops_ok:
+            return 0.25
+        return super().draft_row_cost(model)
+
     def steps_on_host(self, model: Any, rows: Sequence[Any]) -> bool:
         """Whether a decode step of ``rows`` runs whole on the host (``host_forward.py``): a model whose every
         part it knows, the compiled loops loaded, every row's next position writable in place."""
