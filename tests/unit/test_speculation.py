@@ -115,8 +115,8 @@ def test_tally_adds_and_derives() -> None:
 
 
 # -- the batch on tiny models ---------------------------------------------------------------------
-def make_engine(kind: str, speculate: str, batch: int = 8, max_draft: int = 8) -> Engine:
-    loaded = loaded_tiny(kind)
+def make_engine(kind: str, speculate: str, batch: int = 8, max_draft: int = 8, block_tokens: int = 16) -> Engine:
+    loaded = loaded_tiny(kind, block_tokens=block_tokens)
     engine = Engine(loaded, engine_settings(64 * 2**20, batch, 32, speculate=speculate, speculate_max_draft=max_draft))
     engine.start()
     return engine
@@ -223,3 +223,30 @@ def test_drafts_are_allocated_where_they_raise_tokens_per_second() -> None:
     assert crowded == [0] * 8  # eight agents already fill the pass: a 60% draft costs more than it brings
     mixed = allocate_drafts([(7, 0.95), (7, 0.3)], row_cost=0.25, rows=4)
     assert mixed[0] > 0 and mixed[1] == 0  # the likely drafts go first
+
+
+def test_sliding_window_rings_get_back_what_rejected_drafts_overwrote(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A window of 24 tokens in a ring of 24 (blocks of 8: no slack), prompts and answers past it: rejected
+    drafts overwrite ring columns the next step still needs, and the step puts them back; greedy tokens stay
+    plain decoding's."""
+    from engine.runtime.runner.kv.window_kv import WindowKV
+
+    restored = []
+    original = WindowKV.undo
+
+    def counting(self, saved, n_tokens):
+        if saved.keys is not None and n_tokens < self.offset:
+            restored.append(self.offset - n_tokens)
+        return original(self, saved, n_tokens)
+
+    monkeypatch.setattr(WindowKV, "undo", counting)
+    engine = make_engine("gemma", "lookup", block_tokens=8)
+    try:
+        requests = [GenerationRequest(f"w{i}", looping_prompt(i), 64) for i in range(3)]
+        results = run_turns(engine, requests)
+        for result, request in zip(results, requests):
+            expected = without_eos(reference_greedy(engine.loaded.model, list(request.prompt_tokens), 64, {EOS}))
+            assert result.tokens == expected
+        assert restored, "no rejected draft overwrote a full ring: the test proves nothing"
+    finally:
+        engine.stop()

@@ -29,7 +29,7 @@ model chose itself.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 
@@ -124,6 +124,7 @@ class SpeculativeSteps:
         inputs = [[s.next_input, *drafts[id(s)]] for s in rows]
         for s in rows:
             s.next_input = None
+        undo = {id(s): s.kv.undo_for(len(fed)) for s, fed in zip(rows, inputs) if len(fed) > 1}
         logits, in_place = batch.backend.verify(batch.model, inputs, [s.kv for s in rows])
         mx.eval(logits, [a for s in rows for a in s.kv.arrays()])
         greedy = mx.argmax(logits, axis=-1).tolist() if any(s.sampler is None for s in rows) else []
@@ -145,7 +146,7 @@ class SpeculativeSteps:
                 emitted = accepted_tokens(logits[start:start + width], fed[1:], s.sampler,
                                           batch.backend.top_k_of_logits)
             start += width
-            self._settle(s, fed, emitted, in_place, out)
+            self._settle(s, fed, emitted, in_place, undo.get(id(s), ()), out)
         return True
 
     def _drafts(self, sequence: Sequence) -> list[int]:
@@ -171,7 +172,8 @@ class SpeculativeSteps:
         self.batch.remove(s.uid)
         return True
 
-    def _settle(self, s: Sequence, fed: list[int], emitted: list[int], in_place: bool, out: "StepOutput") -> None:
+    def _settle(self, s: Sequence, fed: list[int], emitted: list[int], in_place: bool, undo: Any,
+                out: "StepOutput") -> None:
         """Keep what the model would have produced: report the kept drafts (in the cache) up to a finish, cut the
         cache back to the fed tokens kept, and hold the model's own token as the next input."""
         from engine.runtime.runner.batch import TokenOut
@@ -193,7 +195,7 @@ class SpeculativeSteps:
             if finish is not None:
                 break
         keep = 1 + min(decided, accepted)  # the last token fed, and the drafts kept up to a finish
-        s.kv.take_back(len(fed) - keep, in_place)
+        s.kv.take_back(len(fed) - keep, in_place, undo)
         s.kv.advanced(keep)
         s.fed.extend(fed[:keep])
         if s.speculation is not None:

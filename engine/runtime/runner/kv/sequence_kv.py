@@ -108,32 +108,27 @@ class SequenceKV:
 
     # -- speculative positions -------------------------------------------------------------
     def can_take_back(self, n_tokens: int) -> bool:
-        """Whether ``n_tokens`` positions written now (a step's last token and its drafts) can be cut back to the
-        first of them afterwards: every full-attention layer can; a sliding window only while the write
-        overwrites no position the first one's step still needs (before its ring wraps, or within the slack of
-        a ring longer than its window); chunked windows and recurrent states never (a state cannot go back)."""
-        if n_tokens <= 1:
-            return True
-        for layer in self.layers:
-            if isinstance(layer, (ChunkedKV, RecurrentState)):
-                return False
-            if isinstance(layer, WindowKV):
-                offset = layer.offset
-                capacity = layer.capacity_for(offset + n_tokens)
-                oldest_after = max(layer.oldest, offset + n_tokens - capacity)
-                if max(0, offset + 1 - layer.window + 1) < oldest_after:
-                    return False
-        return True
+        """Whether ``n_tokens`` positions written next (a step's last token and its drafts) can be cut back to
+        the first of them afterwards: full attention always; sliding windows with what the step overwrites kept
+        aside (``undo_for``); chunked windows and recurrent states never (a state cannot go back)."""
+        return n_tokens <= 1 or not any(isinstance(layer, (ChunkedKV, RecurrentState)) for layer in self.layers)
 
-    def take_back(self, n_tokens: int, written_in_place: bool = False) -> None:
+    def undo_for(self, n_tokens: int) -> list[Any]:
+        """Before a speculative step writes ``n_tokens`` positions: each sliding window's columns it overwrites."""
+        return [layer.undo_for(n_tokens) for layer in self.layers if isinstance(layer, WindowKV)]
+
+    def take_back(self, n_tokens: int, written_in_place: bool = False, undo: Sequence[Any] = ()) -> None:
         """Forget the last ``n_tokens`` positions (rejected drafts; ``can_take_back`` held before they were
-        written). ``written_in_place``: the host loops wrote them where no view can show them, so they may
-        be claimed again (``HostFullKV.give_back_claimed``)."""
+        written, and ``undo`` is what ``undo_for`` kept then). ``written_in_place``: the host loops wrote them
+        where no view can show them, so they may be claimed again (``HostFullKV.give_back_claimed``)."""
         if n_tokens <= 0:
             return
         keep = self.offset - n_tokens
+        rings = iter(undo)
         for layer in self.layers:
-            if written_in_place and hasattr(layer, "give_back_claimed"):
+            if isinstance(layer, WindowKV):
+                layer.undo(next(rings), keep)
+            elif written_in_place and hasattr(layer, "give_back_claimed"):
                 layer.give_back_claimed(keep)
             else:
                 layer.trim_to(keep)

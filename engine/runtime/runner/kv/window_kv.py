@@ -42,6 +42,17 @@ class WindowState:
         return 0 if self.keys is None else self.keys.shape[2]
 
 
+@dataclass(frozen=True, slots=True)
+class RingUndo:
+    """A ring's columns a speculative step is about to overwrite, as they were (None: nothing to keep)."""
+
+    offset: int
+    oldest: int
+    columns: list[int]
+    keys: mx.array | None
+    values: mx.array | None
+
+
 class WindowKV(_BaseCache):
     # How a sequence on this cache attends (a backend's cache kinds may bring their own: kinds.py).
     attention: Attention = MLX_ATTENTION
@@ -206,6 +217,29 @@ class WindowKV(_BaseCache):
     def trim_to(self, n_tokens: int) -> None:
         """Forget positions from ``n_tokens`` on (``can_continue_from`` must hold)."""
         self.offset = n_tokens
+
+    # -- speculative positions -------------------------------------------------------------
+    def undo_for(self, n_tokens: int) -> "RingUndo":
+        """What the next ``n_tokens`` writes will overwrite (the ring's oldest positions, once it is full), copied
+        now: a speculative step that keeps fewer of them puts those columns back (:meth:`undo`)."""
+        capacity = self.capacity_for(self.offset + n_tokens)
+        columns = [(self.offset + j) % capacity for j in range(n_tokens)]
+        if self.keys is None or capacity > self.capacity:
+            return RingUndo(self.offset, self.oldest, columns, None, None)
+        index = mx.array(columns)
+        keys, values = mx.take(self.keys, index, axis=2), mx.take(self.values, index, axis=2)
+        mx.eval(keys, values)  # (copies of their own before the ring's arrays are written)
+        return RingUndo(self.offset, self.oldest, columns, keys, values)
+
+    def undo(self, saved: "RingUndo", n_tokens: int) -> None:
+        """Back to ``n_tokens`` positions after a speculative step's writes: the columns past them hold again
+        what they held before the step."""
+        if saved.keys is not None and saved.values is not None:
+            for j in range(n_tokens - saved.offset, len(saved.columns)):
+                column = saved.columns[j]
+                self.keys[..., column:column + 1, :] = saved.keys[..., j:j + 1, :]
+                self.values[..., column:column + 1, :] = saved.values[..., j:j + 1, :]
+        self.offset, self.oldest = n_tokens, saved.oldest
 
     def is_trimmable(self) -> bool:
         return False

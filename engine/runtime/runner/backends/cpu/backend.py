@@ -158,10 +158,10 @@ class CpuBackend(MlxBackend):
 
     def draft_row_cost(self, model: Any) -> float:
         """On the host path each token is a row of the linear layers' products, and 2 cores are busy with
-        them: SmolLM2 at 1,000 tokens of context, one agent, 55 ms a pass of 1 token, 128 ms of 8 (~11 ms a
-        token over a ~45 ms read of the weights; bench/reports/2026-11-29-cpu-2core-s16/verify_cost.log)."""
+        them: SmolLM2 at 1,000 tokens of context, one agent, 41-55 ms a pass of 1 token, 125-128 ms of 8 (10-12 ms
+        a token over a 29-45 ms read of the weights; bench/reports/2026-11-29-cpu-2core-s16/verify_cost.log)."""
         if self._host_step.get(id(model)) and self._loops_ok:
-            return 0.25
+            return 0.3
         return super().draft_row_cost(model)
 
     def steps_on_host(self, model: Any, rows: Sequence[Any]) -> bool:
@@ -173,6 +173,11 @@ class CpuBackend(MlxBackend):
         """A host layer's product through the compiled pass (``host_linear.py``), inside this backend's forward
         passes; None: MLX's matmul."""
         if not (self._linear_ok and self.inside_forward()):
+            return None
+        if x.ndim == 3 and x.shape[1] > 1:
+            # Several tokens a row (a short prompt chunk, a speculative step's drafts): the pass's evaluation
+            # before each product costs more than it saves there (SmolLM2, one agent, 2 to 8 tokens: 180-440 ms
+            # a pass with it, 105-170 without; bench/reports/2026-11-29-cpu-2core-s16/verify_cost.log).
             return None
         return host_linear.product(x, weights)
 
