@@ -250,3 +250,67 @@ def test_sliding_window_rings_get_back_what_rejected_drafts_overwrote(monkeypatc
         assert restored, "no rejected draft overwrote a full ring: the test proves nothing"
     finally:
         engine.stop()
+
+
+def test_sampled_turns_keep_the_models_distribution_with_speculation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Many unseeded sampled turns of a tiny model on a prompt it continues by repeating itself: the tokens
+    at each position follow the same distribution with speculation as without (a two-sample chi-square test
+    per position at 0.1%; the requests' keys come from a fixed generator, so the test is repeatable)."""
+    import random
+
+    rng = random.Random(1234)
+    monkeypatch.setattr("engine.runtime.runner.sampling.os.urandom", lambda n: rng.randbytes(n))
+    prompt = looping_prompt(5)
+    length, draws, together = 8, 320, 2  # (two at a time: a crowded CPU pass would verify no drafts at all)
+    tokens: dict[str, list[list[int]]] = {}
+    kept = 0
+    for mode in ("lookup", "off"):
+        engine = make_engine("llama", mode)
+        try:
+            tokens[mode] = []
+            for start in range(0, draws, together):
+                batch = [GenerationRequest(f"{mode}-{start + i}", prompt, length, SamplingParams(temperature=0.3))
+                         for i in range(together)]
+                results = run_turns(engine, batch)
+                tokens[mode] += [r.tokens for r in results]
+                kept += sum(r.finish.usage.speculation.accepted for r in results if r.finish.usage.speculation)
+        finally:
+            engine.stop()
+    assert kept > draws // 4, "too few drafts were kept for the test to say anything"
+    varied = 0
+    for position in range(1, length):
+        on = Counter(t[position] for t in tokens["lookup"] if len(t) > position)
+        off = Counter(t[position] for t in tokens["off"] if len(t) > position)
+        statistic, freedom = _chi_square(on, off)
+        assert freedom == 0 or statistic < _chi_square_critical(freedom), (position, on, off)
+        varied += freedom >= 2
+    assert varied >= 3, "the positions' tokens barely vary: the test would pass whatever the sampling did"
+
+
+def _chi_square(a: Counter[int], b: Counter[int]) -> tuple[float, int]:
+    """The two-sample chi-square statistic and its degrees of freedom, categories expected fewer than 5 times
+    pooled into one."""
+    na, nb = sum(a.values()), sum(b.values())
+    total = na + nb
+    cells, rare = [], [0, 0]
+    for token in set(a) | set(b):
+        if (a[token] + b[token]) * min(na, nb) / total < 5:
+            rare[0] += a[token]
+            rare[1] += b[token]
+        else:
+            cells.append((a[token], b[token]))
+    if sum(rare):
+        cells.append((rare[0], rare[1]))
+    statistic = 0.0
+    for x, y in cells:
+        row = x + y
+        for observed, n in ((x, na), (y, nb)):
+            expected = row * n / total
+            statistic += (observed - expected) ** 2 / expected
+    return statistic, len(cells) - 1
+
+
+def _chi_square_critical(freedom: int, z: float = 3.09) -> float:
+    """The 0.1% critical value (Wilson-Hilferty: the cube root of chi-square over its freedom is close to normal)."""
+    k = float(freedom)
+    return k * (1 - 2 / (9 * k) + z * (2 / (9 * k)) ** 0.5) ** 3
