@@ -314,3 +314,33 @@ def _chi_square_critical(freedom: int, z: float = 3.09) -> float:
     """The 0.1% critical value (Wilson-Hilferty: the cube root of chi-square over its freedom is close to normal)."""
     k = float(freedom)
     return k * (1 - 2 / (9 * k) + z * (2 / (9 * k)) ** 0.5) ** 3
+
+
+async def test_the_api_reports_speculation_per_turn_per_agent_and_in_metrics(tmp_path) -> None:
+    """A client of the OpenAI API sees the turn's drafts in ``usage.semantic.speculation``; the agent, the stats
+    and the Prometheus counters add them up."""
+    import httpx
+
+    from engine.api.app import create_app
+    from tests.support.router_app import LiveServer, make_service
+
+    engine = make_engine("llama", "lookup")
+    try:
+        with LiveServer(create_app(make_service(tmp_path, engine))) as server:  # type: ignore[arg-type]
+            async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+                body = {"model": "m", "session_id": "copier", "max_tokens": 40, "temperature": 0,
+                        "messages": [{"role": "user", "content": "abc abc abc abc abc abc abc abc"}]}
+                response = await client.post("/v1/chat/completions", json=body)
+                assert response.status_code == 200, response.text
+                turn = response.json()["usage"]["semantic"]["speculation"]
+                assert set(turn) == {"drafted", "accepted", "acceptance", "steps", "emitted", "tokens_per_step"}
+                assert turn["drafted"] > 0 and 0 <= turn["accepted"] <= turn["drafted"]
+                agent = (await client.get("/v1/agents/oa-copier")).json()["speculation"]
+                assert (agent["drafted"], agent["accepted"]) == (turn["drafted"], turn["accepted"])
+                stats = (await client.get("/v1/stats")).json()
+                assert stats["throughput"]["speculation"]["drafted"] == turn["drafted"]
+                metrics = (await client.get("/metrics")).text
+                assert f"semantic_speculative_drafted_tokens_total {float(turn['drafted'])}" in metrics
+                assert f"semantic_speculative_accepted_tokens_total {float(turn['accepted'])}" in metrics
+    finally:
+        engine.stop(0.0)

@@ -362,3 +362,18 @@ def test_the_cache_history_title_names_state_snapshots_and_checkpoints() -> None
     hybrid = _memory(replace(view, state_bytes=7 << 20, checkpoint_bytes=47 << 20))
     assert "60.0 MiB in the pool" in hybrid and "state 7.0 MiB" in hybrid and "snapshots 47.0 MiB" in hybrid
     assert "checkpoints 3.0 MiB" in _memory(replace(view, checkpoint_bytes=3 << 20))  # sliding windows (Gemma 3)
+
+
+def test_the_agents_table_shows_kept_drafts_and_tokens_per_speculative_step() -> None:
+    from semantic_tui.widgets.agents_table import _drafts
+
+    from engine.domain.speculation_tally import SpeculationTally
+    from engine.runtime.engine_thread.snapshot import AgentView
+
+    view = AgentView(agent_id="copier", display_name=None, source="api", state="idle", tier="hot", pinned=False,
+                     model_id="m", cached_tokens=900, blocks=10, bytes=60 << 20, turns=3, reuse_ratio=0.9,
+                     last_ttft_s=None, decode_tok_s=None, prefill_done=0, prefill_total=0, last_used=0.0,
+                     created_at=0.0)
+    assert _drafts(view) == "-"  # nothing verified yet
+    assert _drafts(replace(view, speculation=SpeculationTally(drafted=100, accepted=92, steps=20, emitted=102))) \
+        == "92% x5.1"
