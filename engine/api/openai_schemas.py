@@ -121,6 +121,17 @@ class PromptTokensDetails(BaseModel):
     cached_tokens: int = Field(description="Prompt tokens served from the agent's KV cache instead of prefilled.")
 
 
+class SpeculationUsage(BaseModel):
+    """Extension: what speculative decoding did for one turn."""
+
+    drafted: int = Field(description="Tokens drafted from the agent's own history and verified by the model")
+    accepted: int = Field(description="Of those, the ones the model would have produced itself (kept)")
+    acceptance: float = Field(description="accepted / drafted")
+    steps: int = Field(description="Speculative steps that verified drafts")
+    emitted: int = Field(description="Tokens those steps emitted")
+    tokens_per_step: float = Field(description="emitted / steps (plain decoding: 1)")
+
+
 class CacheUsage(BaseModel):
     """Extension: how the turn met the agent's cache."""
 
@@ -132,19 +143,8 @@ class CacheUsage(BaseModel):
     cache_outcome: str = Field(description="full, new_agent, shared, diverged, window, restored, dropped, "
                                            "model_changed, side_request, no_room (details: GET /v1/agents/{id})")
     diverged_at: int | None = Field(description="First prompt token that differs from the cached tokens, if any")
-    speculation: "SpeculationUsage | None" = Field(
+    speculation: SpeculationUsage | None = Field(
         None, description="Speculative decoding in this turn (null when the engine does not speculate)")
-
-
-class SpeculationUsage(BaseModel):
-    """Extension: what speculative decoding did for one turn."""
-
-    drafted: int = Field(description="Tokens drafted from the agent's own history and verified by the model")
-    accepted: int = Field(description="Of those, the ones the model would have produced itself (kept)")
-    acceptance: float = Field(description="accepted / drafted")
-    steps: int = Field(description="Speculative steps that verified drafts")
-    emitted: int = Field(description="Tokens those steps emitted")
-    tokens_per_step: float = Field(description="emitted / steps (plain decoding: 1)")
 
 
 class UsageOut(BaseModel):
