@@ -144,7 +144,7 @@ class CacheUsage(BaseModel):
                                            "model_changed, side_request, no_room (details: GET /v1/agents/{id})")
     diverged_at: int | None = Field(description="First prompt token that differs from the cached tokens, if any")
     speculation: SpeculationUsage | None = Field(
-        None, description="Speculative decoding in this turn (null when the engine does not speculate)")
+        None, description="Speculative decoding in this turn (null when the engine does not speculate, or the request had a seed)")
 
 
 class UsageOut(BaseModel):
