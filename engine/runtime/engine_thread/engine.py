@@ -400,6 +400,7 @@ class Engine:
             self.scheduler = Scheduler(
                 self.loaded, self.hot, self.agents, self.tiers, self.events, self.settings.batch, self.settings.turns,
                 self._factory, prefix_sharing=self.settings.cache.prefix_sharing, backend=self.backend,
+                lockstep=self._replica is not None,
             )
         except BaseException as exc:
             self._startup_error = exc

@@ -75,7 +75,7 @@ class SequenceBatch:
         self, model: Any, prefill_step_size: int, max_batch_size: int, room: RoomFn,
         checkpointed: CheckpointFn = lambda sequence: None,
         keep_turn_checkpoints: int = 1, keep_prefix_checkpoints: int = 2, pad_prefill: bool = True,
-        backend: MlxBackend | None = None, max_draft: int = 0,
+        backend: MlxBackend | None = None, max_draft: int = 0, timed: bool = True,
     ) -> None:
         self.model = model
         # How the model is computed (runner/backends/): chosen once per engine; MLX's kernels by default.
@@ -91,7 +91,8 @@ class SequenceBatch:
         self.sequences: dict[int, Sequence] = {}
         self._launched: _Launched | None = None
         # Speculative decoding (drafts looked up in each sequence's history), where ``max_draft`` > 0.
-        self.speculative = SpeculativeSteps(self, max_draft) if max_draft > 0 else None
+        # ``timed``: whether the batch may stop speculating by its own clock (not under lockstep: ranks decide alike).
+        self.speculative = SpeculativeSteps(self, max_draft, timed) if max_draft > 0 else None
 
     # -- membership ---------------------------------------------------------------------
     def insert(self, sequence: Sequence) -> None:
@@ -127,7 +128,7 @@ class SequenceBatch:
             if previous is not None:
                 self._collect(previous, out)
             if speculative.step(out):
-                if previous is None and not out.prefill:  # steady: nothing else in the step's time
+                if previous is None and not out.prefill and speculative.timed:  # steady: nothing else in its time
                     speculative.timed_step(out, time.perf_counter() - started)
                 return out
         previous = self._launched
@@ -137,7 +138,7 @@ class SequenceBatch:
                 speculative.report_held(row, out)
         if previous is not None:
             self._collect(previous, out)
-            if speculative is not None and not out.prefill and self._launched is not None:
+            if speculative is not None and speculative.timed and not out.prefill and self._launched is not None:
                 speculative.rates.plain_step(len(previous.rows), time.perf_counter() - started)
         return out
 

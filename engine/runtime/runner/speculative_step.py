@@ -50,9 +50,10 @@ if TYPE_CHECKING:
 class SpeculativeSteps:
     """The batch's speculative steps; ``max_draft``: the most tokens a sequence drafts in one step."""
 
-    def __init__(self, batch: "SequenceBatch", max_draft: int) -> None:
+    def __init__(self, batch: "SequenceBatch", max_draft: int, timed: bool = True) -> None:
         self.batch = batch
         self.max_draft = max_draft
+        self.timed = timed  # whether step_rates may stop speculation by this process's clock
         self.active = False  # the next step is speculative (else pipelined)
         self.rates = StepRates()  # whether speculative steps pay for the batch as it runs now
         self._rows = 0  # rows of the last speculative step

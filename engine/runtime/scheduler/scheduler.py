@@ -41,6 +41,9 @@ class BatchHooks:
     room: RoomFn
     checkpointed: CheckpointFn
     backend: MlxBackend
+    # Whether the batch may decide by its own clock (how fast its steps run). Under lockstep every rank must
+    # decide alike from the same inputs, so it may not.
+    timed: bool = True
 
 
 GeneratorFactory = Callable[[LoadedModel, BatchSettings, BatchHooks], Any]
@@ -49,7 +52,7 @@ GeneratorFactory = Callable[[LoadedModel, BatchSettings, BatchHooks], Any]
 def sequence_batch_factory(loaded: LoadedModel, batch: BatchSettings, hooks: BatchHooks) -> SequenceBatch:
     return SequenceBatch(loaded.model, batch.prefill_step_size, batch.max_batch_size, hooks.room,
                          hooks.checkpointed, keep_turn_checkpoints=turn_checkpoints(loaded, batch),
-                         backend=hooks.backend, max_draft=batch.max_draft)
+                         backend=hooks.backend, max_draft=batch.max_draft, timed=hooks.timed)
 
 
 def turn_checkpoints(loaded: LoadedModel, batch: BatchSettings) -> int:
@@ -74,6 +77,7 @@ class Scheduler:
         generator_factory: GeneratorFactory = sequence_batch_factory,
         prefix_sharing: bool = True,
         backend: MlxBackend | None = None,
+        lockstep: bool = False,
     ) -> None:
         self.loaded = loaded
         self.hot = hot
@@ -84,7 +88,8 @@ class Scheduler:
         self.stats = SchedulerStats()
         self.delivery = Delivery()
         self._factory = generator_factory
-        self._hooks = BatchHooks(self._room, self._checkpointed, backend if backend is not None else MlxBackend())
+        self._hooks = BatchHooks(self._room, self._checkpointed, backend if backend is not None else MlxBackend(),
+                                 timed=not lockstep)
         self._generator = generator_factory(loaded, batch, self._hooks)
         self.completion = Completion(self.queues, self.stats, self.delivery, hot, agents, tiers, events,
                                      loaded.identity.key, lambda uid: self._generator.remove(uid))
