@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Iterator, Mapping
 
 from engine.errors import InvalidRequestError
@@ -159,7 +159,7 @@ def cache_usage(usage: Usage) -> dict[str, Any]:
         "copied_bytes": usage.copied_bytes,
         "cache_outcome": usage.cache_outcome,
         "diverged_at": usage.diverged_at,
-        "speculation": usage.speculation.summary() if usage.speculation is not None else None,
+        "speculation": asdict(usage.speculation) if usage.speculation is not None else None,
     }
 
 

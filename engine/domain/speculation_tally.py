@@ -22,8 +22,3 @@ class SpeculationTally:
     def __add__(self, other: "SpeculationTally") -> "SpeculationTally":
         return SpeculationTally(self.drafted + other.drafted, self.accepted + other.accepted,
                                 self.steps + other.steps, self.emitted + other.emitted)
-
-    def summary(self) -> dict[str, float | int]:
-        """The JSON the API shows."""
-        return {"drafted": self.drafted, "accepted": self.accepted, "acceptance": self.acceptance,
-                "steps": self.steps, "emitted": self.emitted, "tokens_per_step": self.tokens_per_step}
