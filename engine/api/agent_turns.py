@@ -24,6 +24,7 @@ from engine.store.conversations import AgentConversation, ConversationStore
 from .errors import ApiError, from_domain, stream_error_payload
 from .identity import AgentIdentity
 from .openai_translate import stops_of
+from .output_formats import openai_response_format
 from .service import EngineService
 from engine.domain.chat import ChatMessage
 from .turns import SamplingAsked, TurnSpec, ended_by, prepare, renderer_for, text_of
@@ -39,6 +40,7 @@ async def start_turn(service: EngineService, conversation: AgentConversation, bo
         SamplingAsked(temperature=body.temperature),
         stops_of(body.stop),
         prompt_tokens=await context_prompt(service, conversation, body.content),
+        output_format=openai_response_format(body.response_format),
     )
     return service.start_turn(await prepare(service, spec))
 

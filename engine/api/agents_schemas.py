@@ -33,6 +33,9 @@ class MessageBody(_Body):
     temperature: float | None = Field(None, ge=0, le=2, description="Absent: the model's default (see /v1/stats)")
     stop: str | list[str] | None = None
     stream: bool = False
+    response_format: dict[str, Any] | None = Field(
+        None, description="Structured outputs, as in chat completions: {type: json_schema, json_schema: {name, schema}} "
+                          "or {type: json_object}; the reply is JSON that validates against the schema")
 
 
 class CacheDivergenceOut(BaseModel):

@@ -185,6 +185,11 @@ class MessagesRequest(CountTokensRequest):
     top_p: float | None = Field(None, ge=0, le=1)
     top_k: int | None = Field(None, ge=0)
     metadata: Metadata | None = None
+    output_config: dict[str, Any] | None = Field(
+        None, description="format: {type: json_schema, schema}: the reply is JSON that validates against the schema "
+                          "(structured outputs); effort is accepted and ignored")
+    output_format: dict[str, Any] | None = Field(None, description="The structured-outputs beta's name for "
+                                                                  "output_config.format")
 
 
 # -- responses (documentation of what the routes return) -------------------------------------

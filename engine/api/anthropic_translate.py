@@ -42,6 +42,7 @@ from .anthropic_schemas import (
 from engine.domain.chat import ChatMessage, Conversation, ToolCall, ToolSpec
 from .identity import anthropic_identity
 from .retention import retention_of
+from .output_formats import anthropic_output_format
 from .turns import GREEDY, SamplingAsked, TurnSpec
 
 log = logging.getLogger("semantic.api.anthropic")
@@ -174,4 +175,6 @@ def turn_spec(body: MessagesRequest, headers: Mapping[str, str]) -> TurnSpec:
         stop=tuple(s for s in body.stop_sequences or [] if s),
         model=body.model,
         retention=retention_of(body),
+        output_format=anthropic_output_format(body.output_config, body.output_format),
+        output_field="output_config.format",
     )

@@ -1,7 +1,7 @@
 """Request bodies of the OpenAI chat completions endpoint.
 
 Only what the server acts on is declared; every other field (``user``,
-``logprobs``, ``response_format``, ...) is accepted and ignored, because
+``logprobs``, ...) is accepted and ignored, because
 OpenAI clients send whatever their version knows about and a strict schema
 would break them. Responses are built as plain dicts in ``openai_translate``
 so their shape is exactly the wire shape.
@@ -84,6 +84,8 @@ class ChatCompletionRequest(_Lenient):
     tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
+    # Structured outputs: json_schema or json_object (output_formats.py reads it).
+    response_format: dict[str, Any] | None = None
     # Extension of this server: names the agent whose KV cache the request reuses.
     session_id: str | None = None
 

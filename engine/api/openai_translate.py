@@ -32,6 +32,7 @@ from engine.settings import Settings
 from engine.domain.chat import ChatMessage, Conversation, ToolCall, ToolSpec
 from .identity import openai_identity
 from .openai_schemas import ChatCompletionRequest, ContentPart, MessageIn, NamedToolChoice, ToolCallIn
+from .output_formats import openai_response_format
 from .turns import SamplingAsked, TurnSpec, ended_by
 
 FINISH_REASONS = {"stop": "stop", "stop_sequence": "stop", "length": "length", "tool_use": "tool_calls"}
@@ -56,7 +57,8 @@ def to_turn_spec(body: ChatCompletionRequest, headers: Mapping[str, str], settin
     conversation = to_conversation(body)
     identity = openai_identity(headers, body.session_id, conversation)
     max_tokens = body.max_completion_tokens or body.max_tokens or settings.default_max_tokens
-    return TurnSpec(conversation, identity, max_tokens, sampling_of(body), stops_of(body.stop), model=body.model)
+    return TurnSpec(conversation, identity, max_tokens, sampling_of(body), stops_of(body.stop), model=body.model,
+                    output_format=openai_response_format(body.response_format))
 
 
 def to_conversation(body: ChatCompletionRequest) -> Conversation:

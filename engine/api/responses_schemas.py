@@ -47,6 +47,8 @@ class ResponsesRequest(_Lenient):
     truncation: Literal["auto", "disabled"] | None = None
     background: bool | None = None
     user: str | None = None
+    # ``text.format``: structured outputs (json_schema or json_object; output_formats.py reads it).
+    text: dict[str, Any] | None = None
 
 
 # -- responses: documentation for /docs and schema checks; handlers build the dicts ----------

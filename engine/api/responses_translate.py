@@ -23,6 +23,7 @@ from .identity import AgentIdentity, is_codex, responses_identity
 from .openai_translate import cache_usage
 from .responses_items import Item, function_call_item, function_tools, message_item, new_id, to_conversation, tool_choice
 from .responses_schemas import ResponsesRequest
+from .output_formats import responses_text_format
 from .turns import SamplingAsked, TurnSpec, ended_by
 
 
@@ -41,7 +42,7 @@ def to_turn_spec(body: ResponsesRequest, items: list[Item], previous: StoredResp
                                                                                   conversation)
     max_tokens = body.max_output_tokens or settings.default_max_tokens
     return TurnSpec(conversation, identity, max_tokens, SamplingAsked(temperature=body.temperature, top_p=body.top_p),
-                    model=body.model)
+                    model=body.model, output_format=responses_text_format(body.text), output_field="text.format")
 
 
 def _continuing(previous: StoredResponse, headers: Mapping[str, str]) -> AgentIdentity:

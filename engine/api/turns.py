@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.domain.block_layout import common_prefix_length
+from engine.domain.output_format import OutputFormat
 from engine.models.sampling_defaults import SamplingDefaults
 from engine.domain.requests import FinishEvent, FinishReason, GenerationRequest, SamplingParams, TokenEvent
 
@@ -57,6 +58,9 @@ class TurnSpec:
     retention: Retention | None = None
     # Already rendered (a direct agent forked from another client's context): used as it is.
     prompt_tokens: tuple[int, ...] | None = None
+    # Structured outputs (output_formats.py), and the request field that named it (for errors).
+    output_format: OutputFormat | None = None
+    output_field: str = "response_format"
 
 
 def renderer_for(service: EngineService) -> PromptRenderer:
@@ -101,6 +105,8 @@ async def prepare(service: EngineService, spec: TurnSpec) -> GenerationRequest:
     else:
         tokens = await render_tokens(service, spec.conversation)
         head = await head_length(service, spec.conversation, tokens)
+    if spec.output_format is not None:  # compiled here, in a worker thread: a bad schema is a 400 before any 200
+        await service.in_thread(service.engine.grammars.prepare, spec.output_format, spec.output_field)
     # Short prompts are not worth a stored prefix of their own.
     hint = head if len(tokens) >= 2 * service.settings.block_tokens else 0
     request = GenerationRequest(
@@ -118,6 +124,7 @@ async def prepare(service: EngineService, spec: TurnSpec) -> GenerationRequest:
         display_name=spec.identity.display_name,
         auxiliary=spec.identity.auxiliary,
         model_id=service.loaded.identity.key,
+        output_format=spec.output_format,
     )
     request = service.engine.validate(request)
     if request.asked_max_tokens is not None:

@@ -7,6 +7,7 @@ import itertools
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
+from engine.domain.output_format import OutputFormat
 from engine.domain.speculation_tally import SpeculationTally
 
 _request_ids = itertools.count(1)
@@ -83,6 +84,8 @@ class GenerationRequest:
     # leading prompt tokens lie before the last breakpoint (the usage's cache-creation split).
     retain_s: float = 0.0
     retain_tokens: int = 0
+    # Structured outputs: the reply is constrained to JSON that validates against this schema (None: free text).
+    output_format: OutputFormat | None = None
     request_id: str = field(default_factory=next_request_id)
 
     def __post_init__(self) -> None:

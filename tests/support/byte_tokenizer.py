@@ -43,6 +43,13 @@ class ByteTokenizer:
     def __init__(self) -> None:
         self.eos_token_ids = {EOS}
 
+    # What llguidance's TokenizerWrapper reads (structured outputs): every token's bytes, and encoding bytes.
+    tokens = [bytes([i]) for i in range(256)] + [b"<s>", b"</s>"]
+    special_token_ids = [BOS, EOS]
+
+    def __call__(self, data: bytes) -> list[int]:
+        return list(data)
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         ids = list(text.encode("utf-8"))
         return [BOS, *ids] if add_special_tokens else ids

@@ -26,6 +26,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("engine.distributed",),
     ("engine.platform",),
     ("engine.models",),
+    ("engine.grammar",),
     ("engine.store",),
     ("engine.runtime.clock", "engine.runtime.meters"),
     ("engine.runtime.runner",),

@@ -33,6 +33,7 @@ from engine.models.sampling_defaults import model_sampling_defaults
 from engine.settings import EngineSettings
 from engine.store.kv_at_rest import quantization_for
 
+from engine.grammar.output_grammars import OutputGrammars
 from engine.runtime.tiers.agent_table import AgentTable
 from engine.runtime.tiers.agents import AgentRecord, Tier
 from engine.runtime.runner.backends import MlxBackend, choose_backend
@@ -121,6 +122,8 @@ class Engine:
         self.tiers = TierManager(self.hot, self.agents, self.events, store, cool=cool)
         self.branching = Branching(self.hot, self.agents, self.tiers, self.events)
         self.scheduler: Scheduler | None = None
+        # Structured outputs: the model's tokenizer table and compiled schemas (the API compiles, turns copy).
+        self.grammars = OutputGrammars(loaded.tokenizer, loaded.eos_token_ids)
 
     # -- lifecycle ---------------------------------------------------------------------
     def start(self, timeout_s: float | None = 120.0) -> None:
@@ -400,7 +403,7 @@ class Engine:
             self.scheduler = Scheduler(
                 self.loaded, self.hot, self.agents, self.tiers, self.events, self.settings.batch, self.settings.turns,
                 self._factory, prefix_sharing=self.settings.cache.prefix_sharing, backend=self.backend,
-                lockstep=self._replica is not None,
+                lockstep=self._replica is not None, grammars=self.grammars,
             )
         except BaseException as exc:
             self._startup_error = exc

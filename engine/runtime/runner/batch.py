@@ -13,6 +13,14 @@ Decoding is pipelined as in mlx-lm: step t+1 is launched with step t's
 tokens before they are read, so a sequence that ends at step t has already
 fed its last token to its cache. That is the invariant the engine relies on:
 a finished sequence's cache holds its prompt and every generated token.
+
+A constrained sequence (structured outputs) samples from the tokens its
+output format allows after the token it chose last, which is read only in
+step 3. So a step with constrained rows launches the forward pass (2) without
+sampling, reads the previous tokens (3) and feeds them to the constraints
+while the pass computes, then masks those rows' logits and samples the whole
+step (4). The pipeline stays whole: the next step still launches from tokens
+not yet read.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from engine.domain.requests import FinishReason
 from engine.runtime.runner.backends.mlx import MlxBackend
 from engine.runtime.runner.kv.sequence_kv import CheckpointKind
 from engine.runtime.runner.sampling import sample
+from engine.runtime.runner.token_masks import masked
 
 from engine.runtime.runner.sequence import Phase, Sequence
 from engine.runtime.runner.speculative_step import SpeculativeSteps
@@ -67,7 +76,9 @@ class StepOutput:
 @dataclass(slots=True)
 class _Launched:
     rows: list[Sequence]
-    sampled: mx.array
+    # The step's tokens, still on the device; None until a step with constrained rows has their masks.
+    sampled: mx.array | None
+    logits: mx.array | None = None  # kept while ``sampled`` waits for masks
 
 
 class SequenceBatch:
@@ -138,8 +149,11 @@ class SequenceBatch:
                 speculative.report_held(row, out)
         if previous is not None:
             self._collect(previous, out)
-            if speculative is not None and speculative.timed and not out.prefill and self._launched is not None:
-                speculative.rates.plain_step(len(previous.rows), time.perf_counter() - started)
+        if self._launched is not None and self._launched.sampled is None:
+            self._sample_constrained(self._launched)
+        if (previous is not None and speculative is not None and speculative.timed and not out.prefill
+                and self._launched is not None):
+            speculative.rates.plain_step(len(previous.rows), time.perf_counter() - started)
         return out
 
     def _prefill(self, out: StepOutput) -> None:
@@ -290,9 +304,22 @@ class SequenceBatch:
         logits = self._forward(rows, inputs)
         for s in rows:
             s.kv.advanced(1)
+        if any(s.constraint is not None for s in rows):
+            mx.async_eval(logits)  # sampled once the constraints have this step's inputs (_sample_constrained)
+            return _Launched(rows, None, logits)
         sampled = _sample(logits, rows, self.backend)
         mx.async_eval(sampled)
         return _Launched(rows, sampled)
+
+    def _sample_constrained(self, launched: _Launched) -> None:
+        """Sample a launched step whose constrained rows needed the tokens just read: each row's mask is what
+        its format allows after every token it has chosen (all fed to its constraint by now)."""
+        assert launched.logits is not None
+        masks = [(i, s.constraint.allowed()) for i, s in enumerate(launched.rows)
+                 if s.constraint is not None and not s.done]
+        launched.sampled = _sample(masked(launched.logits, masks), launched.rows, self.backend)
+        launched.logits = None
+        mx.async_eval(launched.sampled)
 
     def _has_room(self, sequence: Sequence, out: StepOutput) -> bool:
         if sequence.done:
@@ -315,6 +342,7 @@ class SequenceBatch:
                 parts.append(mx.array([s.next_input], dtype=mx.uint32))
             else:
                 i = index[id(s)]
+                assert previous is not None and previous.sampled is not None
                 parts.append(previous.sampled[i:i + 1].astype(mx.uint32))
         return mx.concatenate(parts) if len(parts) > 1 else parts[0]
 
@@ -341,17 +369,13 @@ class SequenceBatch:
                     self.checkpointed(s)
 
     def _collect(self, launched: _Launched, out: StepOutput) -> None:
+        assert launched.sampled is not None
         tokens = launched.sampled.tolist()
         current = {id(s) for s in self._launched.rows} if self._launched is not None else set()
         for sequence, token in zip(launched.rows, tokens):
             if sequence.done:
                 continue
-            sequence.generated += 1
-            finish = None
-            if token in sequence.stop_tokens:
-                finish = FinishReason.STOP  # an end-of-sequence token
-            elif sequence.generated >= sequence.max_tokens:
-                finish = FinishReason.LENGTH  # max_tokens
+            finish = sequence.decide(token)
             if id(sequence) in current:
                 sequence.fed.append(token)  # the launch just made fed it to the cache
             else:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Sequence as Tokens
 
 from engine.domain.requests import FinishReason
+from engine.grammar.token_constraint import TokenConstraint
 from engine.runtime.runner.kv.sequence_kv import SequenceKV
 from engine.runtime.runner.sampling import RowSampler
 from engine.runtime.runner.speculation import Speculation
@@ -50,6 +51,8 @@ class Sequence:
     # is in the cache, as with pipelined steps.
     held_token: int | None = None
     held_finish: FinishReason | None = None
+    # The output format the reply must follow (structured outputs): which tokens may come next. None: any.
+    constraint: TokenConstraint | None = None
 
     @property
     def prefill_total(self) -> int:
@@ -62,3 +65,17 @@ class Sequence:
     @property
     def done(self) -> bool:
         return self.phase is Phase.DONE
+
+    def decide(self, token: int) -> FinishReason | None:
+        """Count ``token``, chosen as this sequence's next one, and say why the sequence ends with it, if it does:
+        an end-of-sequence token, a reply its output format says is complete, or ``max_tokens``."""
+        self.generated += 1
+        if token in self.stop_tokens:
+            return FinishReason.STOP
+        if self.constraint is not None:
+            self.constraint.consume(token)
+            if self.constraint.complete:
+                return FinishReason.STOP
+        if self.generated >= self.max_tokens:
+            return FinishReason.LENGTH  # max_tokens
+        return None

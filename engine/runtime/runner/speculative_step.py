@@ -33,12 +33,12 @@ from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 
-from engine.domain.requests import FinishReason
 from engine.runtime.runner.drafting import DraftLength, LookupDrafter, allocate_drafts
 from engine.runtime.runner.sampling import sample
 from engine.runtime.runner.sequence import Phase, Sequence
 from engine.runtime.runner.step_rates import StepRates
 from engine.runtime.runner.speculation import Speculation, accepted_tokens, greedy_tokens
+from engine.runtime.runner.token_masks import masked
 
 # Tokens per sequence the batch stays pipelined after a step found drafts that would not pay.
 QUIET_TOKENS = 8
@@ -63,8 +63,11 @@ class SpeculativeSteps:
     def start(self, sequence: Sequence) -> None:
         """A sequence begins decoding: index its history (the cached context and the whole prompt). A seeded
         sampled request does not draft: its tokens would then depend on when the batch speculates (on the
-        other sequences), and a seed promises the same tokens whatever shares the batch."""
+        other sequences), and a seed promises the same tokens whatever shares the batch. Nor does a constrained
+        one: its drafts would need its format's mask after each of them."""
         if sequence.sampler is not None and sequence.sampler.params.seed is not None:
+            return
+        if sequence.constraint is not None:  # a constrained reply rides with one token a step (masked, see step)
             return
         sequence.speculation = Speculation(LookupDrafter([*sequence.context, *sequence.prompt]),
                                            DraftLength(self.max_draft))
@@ -127,6 +130,7 @@ class SpeculativeSteps:
             s.next_input = None
         undo = {id(s): s.kv.undo_for(len(fed)) for s, fed in zip(rows, inputs) if len(fed) > 1}
         logits, in_place = batch.backend.verify(batch.model, inputs, [s.kv for s in rows])
+        logits = masked(logits, self._masks(rows, inputs))
         mx.eval(logits, [a for s in rows for a in s.kv.arrays()])
         greedy = mx.argmax(logits, axis=-1).tolist() if any(s.sampler is None for s in rows) else []
         start = 0
@@ -149,6 +153,16 @@ class SpeculativeSteps:
             start += width
             self._settle(s, fed, emitted, in_place, undo.get(id(s), ()), out)
         return True
+
+    @staticmethod
+    def _masks(rows: list[Sequence], inputs: list[list[int]]) -> list[tuple[int, Any]]:
+        """The constrained rows' masks, at their logits' rows (one each: they feed one token, no drafts)."""
+        masks, start = [], 0
+        for s, fed in zip(rows, inputs):
+            if s.constraint is not None and s.held_finish is None:
+                masks.append((start, s.constraint.allowed()))
+            start += len(fed)
+        return masks
 
     def _drafts(self, sequence: Sequence) -> list[int]:
         speculation = sequence.speculation
@@ -183,12 +197,8 @@ class SpeculativeSteps:
         finish = None
         decided = 0
         for token in emitted:
-            s.generated += 1
             decided += 1
-            if token in s.stop_tokens:
-                finish = FinishReason.STOP
-            elif s.generated >= s.max_tokens:
-                finish = FinishReason.LENGTH
+            finish = s.decide(token)
             if decided > accepted:  # the model's own token: reported once the next pass feeds it
                 s.held_token, s.held_finish = token, finish
                 break

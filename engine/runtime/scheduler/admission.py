@@ -17,6 +17,7 @@ from typing import Any, Callable
 from engine.domain.event_log import EventKind, EventLog
 from engine.domain.requests import FinishReason, PrefillEvent
 from engine.errors import PoolExhaustedError
+from engine.grammar.output_grammars import OutputGrammars
 from engine.runtime import clock
 from engine.runtime.runner.sampling import build_sampler
 from engine.runtime.runner.sequence import Sequence
@@ -41,7 +42,8 @@ class Admission:
     def __init__(self, queues: TurnQueues, stats: SchedulerStats, delivery: Delivery, completion: Completion,
                  caches: TurnCaches, hot: HotCache, agents: AgentTable, tiers: TierManager, events: EventLog,
                  tokenizer: Any, eos: frozenset[int], batch: BatchSettings, turns: TurnSettings,
-                 prefix_sharing: bool, enter_batch: Callable[[Sequence], None]) -> None:
+                 prefix_sharing: bool, enter_batch: Callable[[Sequence], None],
+                 grammars: OutputGrammars | None = None) -> None:
         self.queues = queues
         self.stats = stats
         self.delivery = delivery
@@ -57,6 +59,7 @@ class Admission:
         self.turns = turns
         self.prefix_sharing = prefix_sharing
         self.enter_batch = enter_batch  # puts a sequence into the current batch
+        self.grammars = grammars if grammars is not None else OutputGrammars(tokenizer, eos)  # structured outputs
         self._uids = itertools.count()
 
     def admit(self) -> None:
@@ -137,6 +140,7 @@ class Admission:
             uid, turn.holder.kv, list(request.prompt_tokens[k:]), request.max_tokens,
             sampler=build_sampler(request.sampling),
             stop_tokens=self.eos,
+            constraint=self.grammars.start(request.output_format) if request.output_format is not None else None,
             checkpoint_at=tuple(sorted({turn.share_at, self._prefix_point(turn)} - {0})),
             checkpoint_prompt_end=turn.on_own_cache,
             context=request.prompt_tokens[:k],

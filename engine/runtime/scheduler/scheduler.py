@@ -16,6 +16,7 @@ from typing import Any, Callable
 from engine.domain.event_log import EventLog
 from engine.domain.requests import EventSink, FinishReason, QueuedEvent
 from engine.models.loaded import LoadedModel
+from engine.grammar.output_grammars import OutputGrammars
 from engine.runtime.runner.backends.mlx import MlxBackend
 from engine.runtime.runner.batch import CheckpointFn, RoomFn, SequenceBatch
 from engine.runtime.runner.sequence import Sequence
@@ -78,6 +79,7 @@ class Scheduler:
         prefix_sharing: bool = True,
         backend: MlxBackend | None = None,
         lockstep: bool = False,
+        grammars: OutputGrammars | None = None,
     ) -> None:
         self.loaded = loaded
         self.hot = hot
@@ -96,7 +98,7 @@ class Scheduler:
         caches = TurnCaches(loaded, hot, agents, tiers, events, prefix_sharing)
         self.admission = Admission(self.queues, self.stats, self.delivery, self.completion, caches, hot, agents,
                                    tiers, events, loaded.tokenizer, frozenset(loaded.eos_token_ids), batch, turns,
-                                   prefix_sharing, lambda sequence: self._generator.insert(sequence))
+                                   prefix_sharing, lambda sequence: self._generator.insert(sequence), grammars)
         self.stepping = Stepping(self.queues, self.stats, self.delivery, self.completion, hot, events, turns)
 
     # -- observers -----------------------------------------------------------------

@@ -76,11 +76,16 @@ class Stepping:
         turn.generated += 1
         self.stats.decode.add(1)
         delta = self._decode(turn, out)
-        if out.finish is not FinishReason.STOP or delta.text:
+        if not _ends_with_stop_token(turn, out) or delta.text:
             self.delivery.emit(turn, TokenEvent(turn.request_id, out.token, delta.text))
         loop = turn.guard.push(out.token) if out.finish is None else None
         complete = self.completion.complete
-        if delta.stop_sequence is not None:
+        if _json_cut_short(turn, out, delta.stop_sequence is not None or delta.ends_turn or loop is not None):
+            # A constrained reply (structured outputs) ended before its JSON was whole: say so as truncation,
+            # never as a finished reply that does not parse.
+            why = f"repetition guard: {loop.describe()}" if loop is not None else "a stop sequence or end of turn"
+            self._end_early(turn, FinishReason.LENGTH, f"the reply's JSON was cut short ({why})")
+        elif delta.stop_sequence is not None:
             complete(turn, FinishReason.STOP_SEQUENCE, stop_sequence=delta.stop_sequence)
         elif delta.ends_turn:
             complete(turn, FinishReason.STOP)
@@ -120,10 +125,23 @@ class Stepping:
     def _decode(self, turn: Turn, out: TokenOut) -> TextDelta:
         """The token as text (stop strings held back until they can be told apart)."""
         assert turn.text is not None
-        if out.finish is FinishReason.STOP:
+        if _ends_with_stop_token(turn, out):
             return turn.text.finish()  # the end-of-sequence token itself is not text
         delta = turn.text.push(out.token)
         if out.finish is not None and delta.stop_sequence is None and not delta.ends_turn:
             tail = turn.text.finish()
             return TextDelta(delta.text + tail.text, tail.stop_sequence, tail.ends_turn)
         return delta
+
+
+def _ends_with_stop_token(turn: Turn, out: TokenOut) -> bool:
+    """The token is an end-of-sequence token (not text). A constrained turn also stops on the token that
+    completes its JSON, which is text."""
+    return out.finish is FinishReason.STOP and (turn.sequence is None or out.token in turn.sequence.stop_tokens)
+
+
+def _json_cut_short(turn: Turn, out: TokenOut, ending: bool) -> bool:
+    """A constrained turn is about to end (``ending``: by a stop string, an end-of-turn marker or the repetition
+    guard) before its output format is a whole value."""
+    constraint = turn.sequence.constraint if turn.sequence is not None else None
+    return ending and out.finish is None and constraint is not None and not constraint.accepting
