@@ -86,7 +86,7 @@ class ResponseMeta:
             "reasoning": {"effort": None, "summary": None},
             "store": request.store,
             "temperature": request.temperature,
-            "text": {"format": {"type": "text"}},
+            "text": _echoed_text(request.text),
             "tool_choice": request.tool_choice or "auto",
             "tools": request.tools or [],
             "top_p": request.top_p,
@@ -120,3 +120,10 @@ def output_items(text: str, calls: list[ToolCall], status: str = "completed") ->
     """A whole turn's output: its text as one message, then one function_call item per call."""
     items: list[Item] = [message_item(new_id("msg"), text, status)] if text or not calls else []
     return items + [function_call_item(new_id("fc"), call) for call in calls]
+
+
+def _echoed_text(text: dict[str, Any] | None) -> dict[str, Any]:
+    """The request's ``text`` settings as the response echoes them (``format`` defaults to plain text)."""
+    echoed = dict(text or {})
+    echoed.setdefault("format", {"type": "text"})
+    return echoed

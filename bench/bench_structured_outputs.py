@@ -1,0 +1,185 @@
+"""Structured outputs (JSON schema constrained decoding) on a served model: validity and cost in the batch.
+
+Two measurements against ``semantic --serve`` on one model folder, through the OpenAI chat API with the
+official SDK, as a client sends ``response_format``:
+
+- validity: ``--requests`` requests (default 50) over the ten schemas of ``tests/support/json_schemas.py``,
+  eight at a time, at the model's own sampling defaults (no temperature sent): how many finished, and whether
+  every finished reply parses and validates with ``jsonschema`` (the target: all of them). The same requests
+  go to ``mlx_lm.server`` at its defaults (``--peer``), which has no constrained decoding: how many of its
+  replies happen to validate.
+- cost in the batch: eight agents at once, each asked for a long story (``workload_text.story_request``,
+  a reply that runs to ``max_tokens``), greedy: all eight free, then four of them constrained to a JSON
+  array of integers that cannot close before ``max_tokens`` (the other four free, the same prompts). The measure is decode throughput: completion
+  tokens over the time from the first token to the last (prefill left out: the same prompts both ways).
+  Each request names its agent (``session_id``): without it, requests that share their first message's
+  head are one agent's turns, served one after another.
+  The target: the mixed batch at least 0.8x the free one. The two configurations alternate, ``--repeats``
+  times each.
+
+Run: ``LD_PRELOAD=... python bench/bench_structured_outputs.py [--model M] [--requests 50] [--repeats 3]
+[--peer] [--json PATH]``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import openai
+
+from common import base_parser, print_table
+from results import BenchResult, compare, recorded
+from served import Batching, peer_launch, semantic_launch, serving
+from workload_text import story_request
+
+from bench_vs_mlx_lm_server import model_folder
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+from tests.support.json_schemas import SCHEMAS  # noqa: E402
+
+AGENTS = 8
+CONSTRAINED = 4
+# A list of numbers that cannot close before max_tokens (what keeps every constrained row decoding).
+COUNTING_SCHEMA = {"type": "object", "properties": {"numbers": {
+    "type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 100000}, "minItems": 1000}},
+    "required": ["numbers"], "additionalProperties": False}
+
+
+_runs = itertools.count()
+
+
+def client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(api_key="any", base_url=f"{url}/v1", max_retries=0, timeout=900)
+
+
+def validity(url: str, requests: int, max_tokens: int) -> dict[str, Any]:
+    """``requests`` schema-constrained requests, eight at a time: finished, valid, truncated, invalid."""
+    gpt = client(url)
+
+    def one(i: int) -> tuple[str, str, bool]:
+        key, prompt, schema = SCHEMAS[i % len(SCHEMAS)]
+        choice = gpt.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens,
+            extra_body={"session_id": f"schema-{i}"},  # one agent each (semantic's extension; the peer ignores it)
+            response_format={"type": "json_schema", "json_schema": {"name": key, "schema": schema, "strict": True}},
+        ).choices[0]
+        try:
+            jsonschema.validate(json.loads(choice.message.content or ""), schema)
+            valid = True
+        except (ValueError, jsonschema.ValidationError):
+            valid = False
+        return key, choice.finish_reason, valid
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(AGENTS) as pool:
+        rows = list(pool.map(one, range(requests)))
+    finished = [r for r in rows if r[1] == "stop"]
+    return {"requests": requests, "finished": len(finished), "finished_valid": sum(r[2] for r in finished),
+            "truncated": sum(r[1] == "length" for r in rows), "valid_any": sum(r[2] for r in rows),
+            "seconds": round(time.perf_counter() - started, 1),
+            "invalid_finished": [r[0] for r in finished if not r[2]]}
+
+
+def batch_rate(url: str, constrained: int, max_tokens: int) -> tuple[float, list[int]]:
+    """Eight story agents at once, ``constrained`` of them held to COUNTING_SCHEMA: decode tokens/second. New
+    agents each run (every run starts from the same state: the prompt's first turn)."""
+    gpt = client(url)
+    tag = next(_runs)
+
+    def one(i: int) -> tuple[float, float, int]:
+        extra: dict[str, Any] = {}
+        if i < constrained:
+            extra["response_format"] = {"type": "json_schema",
+                                        "json_schema": {"name": "numbers", "schema": COUNTING_SCHEMA}}
+        stream = gpt.chat.completions.create(
+            model="m", max_tokens=max_tokens, temperature=0, stream=True, stream_options={"include_usage": True},
+            messages=story_request(AGENTS, i), extra_body={"session_id": f"story-{tag}-{i}"}, **extra)
+        first = None
+        tokens = 0
+        for chunk in stream:
+            if first is None and chunk.choices and chunk.choices[0].delta.content:
+                first = time.perf_counter()
+            if chunk.usage is not None:
+                tokens = chunk.usage.completion_tokens
+        return first or time.perf_counter(), time.perf_counter(), tokens
+
+    with ThreadPoolExecutor(AGENTS) as pool:
+        rows = list(pool.map(one, range(AGENTS)))
+    window = max(r[1] for r in rows) - min(r[0] for r in rows)
+    counts = [r[2] for r in rows]
+    return sum(counts) / window, counts
+
+
+def main() -> None:
+    parser = base_parser(__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, help="schema requests for validity (default 50; quick 10)")
+    parser.add_argument("--repeats", type=int, help="runs of each batch configuration (default 3; quick 1)")
+    parser.add_argument("--batch-tokens", type=int, default=128, help="tokens each agent generates in the batch "
+                                                                      "runs (default 128)")
+    parser.add_argument("--max-tokens", type=int, default=200, help="max_tokens of the validity requests")
+    parser.add_argument("--peer", action="store_true", help="also send the validity requests to mlx_lm.server")
+    args = parser.parse_args()
+    requests = args.requests or (10 if args.quick else 50)
+    repeats = args.repeats or (1 if args.quick else 3)
+    folder = model_folder(args.model, args.cache_dir)
+    result = BenchResult("bench_structured_outputs", "Structured outputs: validity and cost in the batch",
+                         args={"model": args.model, "requests": requests, "repeats": repeats,
+                               "batch_tokens": args.batch_tokens, "max_tokens": args.max_tokens,
+                               "agents": AGENTS, "constrained": CONSTRAINED, "quick": args.quick})
+    with recorded(result, args.json), tempfile.TemporaryDirectory() as scratch:
+        logs = Path(scratch)
+        batching = Batching(decode=16)
+        with serving(semantic_launch(folder, logs / "state", args.pool_mb, batching), logs) as url:
+            ours = validity(url, requests, args.max_tokens)
+            print(f"# semantic validity: {ours}")
+            free_rates: list[float] = []
+            mixed_rates: list[float] = []
+            for repeat in range(repeats):
+                order = [0, CONSTRAINED] if repeat % 2 == 0 else [CONSTRAINED, 0]
+                for constrained in order:
+                    rate, counts = batch_rate(url, constrained, args.batch_tokens)
+                    (mixed_rates if constrained else free_rates).append(rate)
+                    print(f"# batch of {AGENTS}, {constrained} constrained: {rate:.1f} tok/s, tokens {counts}")
+                    if min(counts) < args.batch_tokens:
+                        result.notes.append(f"repeat {repeat}, {constrained} constrained: an agent ended early "
+                                            f"({counts}); the rate counts the tokens it made")
+        peer = None
+        if args.peer:
+            with serving(peer_launch(folder, batching, cache_entries=10), logs) as url:
+                peer = validity(url, requests, args.max_tokens)
+                print(f"# mlx_lm.server validity: {peer}")
+        result.metric("validity", "semantic finished replies that validate", ours["finished_valid"], "replies")
+        result.metric("validity", "semantic finished replies", ours["finished"], "replies")
+        result.metric("validity", "semantic truncated at max_tokens", ours["truncated"], "replies", better="lower")
+        result.notes.append(f"semantic validity: {json.dumps(ours)}")
+        if peer is not None:
+            result.metric("validity", "mlx_lm.server replies that validate", peer["valid_any"], "replies")
+            result.notes.append(f"mlx_lm.server validity: {json.dumps(peer)}")
+        result.comparisons.append(compare("batch of 8, 4 constrained", "decode throughput vs all free", "tok/s",
+                                          mixed_rates, free_rates, better="higher", target=0.8))
+    ratios = [m / f for m, f in zip(mixed_rates, free_rates)]
+    print_table(["measure", "value"], [
+        ["requests", requests],
+        ["finished (stop)", ours["finished"]],
+        ["finished and valid", ours["finished_valid"]],
+        ["truncated (length)", ours["truncated"]],
+        *([["mlx_lm.server: valid", f"{peer['valid_any']} of {requests}"]] if peer else []),
+        ["free batch tok/s (median)", f"{statistics.median(free_rates):.1f}"],
+        ["4 constrained tok/s (median)", f"{statistics.median(mixed_rates):.1f}"],
+        ["ratio per repeat", ", ".join(f"{r:.2f}" for r in ratios)],
+    ])
+
+
+if __name__ == "__main__":
+    main()

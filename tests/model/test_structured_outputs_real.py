@@ -1,0 +1,95 @@
+"""Structured outputs on the real models: SmolLM2 (chat template) and Gemma 3 (base, plain format).
+
+Ten schemas at once (nested objects, enums, arrays, bounded numbers, required fields) beside free-text
+requests in the same batch: every reply that finished validates against its schema with ``jsonschema``.
+The SDKs' own helpers work unmodified. The 50-request runs and the throughput ratio are in
+``bench/bench_structured_outputs.py`` (kept reports under bench/reports/).
+"""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Iterator
+
+import anthropic
+import jsonschema
+import openai
+import pytest
+from pydantic import BaseModel, Field
+
+from tests.model.real_api import RealApi, running_api
+from tests.support.json_schemas import SCHEMAS
+
+pytestmark = pytest.mark.model
+
+
+class Person(BaseModel):
+    name: str = Field(max_length=24)
+    age: int = Field(ge=0, le=120)
+
+
+@pytest.fixture(scope="module")
+def smollm2_api(smollm2, smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealApi]:
+    with running_api(smollm2, tmp_path_factory.mktemp("so-smol"), smollm2_path) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def gemma3_api(gemma3, gemma3_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealApi]:
+    with running_api(gemma3, tmp_path_factory.mktemp("so-gemma"), gemma3_path) as running:
+        yield running
+
+
+def client(api: RealApi) -> openai.OpenAI:
+    return openai.OpenAI(api_key="any", base_url=f"{api.url}/v1", max_retries=0, timeout=300)
+
+
+def ask_all(api: RealApi, schemas: list[tuple[str, str, dict]], free: int) -> list[tuple[dict | None, object]]:
+    """Every schema's request and ``free`` unconstrained ones, all at once (they share the batch)."""
+    gpt = client(api)
+
+    def one(job: tuple[str, str, dict | None]):
+        key, prompt, schema = job
+        response_format = ({"type": "json_schema", "json_schema": {"name": key, "schema": schema, "strict": True}}
+                           if schema is not None else None)
+        extra = {"response_format": response_format} if response_format else {}
+        return schema, gpt.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": prompt}], max_tokens=120, **extra).choices[0]
+
+    jobs = [*schemas, *[("free", "Tell me a short story.", None)] * free]
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        return list(pool.map(one, jobs))
+
+
+def check_replies(replies: list[tuple[dict | None, object]], least_finished: int) -> None:
+    finished = 0
+    for schema, choice in replies:
+        if schema is None:
+            assert choice.message.content  # free text beside the constrained rows
+            continue
+        if choice.finish_reason == "stop":
+            jsonschema.validate(json.loads(choice.message.content), schema)
+            finished += 1
+        else:
+            assert choice.finish_reason == "length"  # never a "stop" that does not parse
+    assert finished >= least_finished
+
+
+def test_smollm2_ten_schemas_beside_free_text_all_validate(smollm2_api: RealApi) -> None:
+    check_replies(ask_all(smollm2_api, SCHEMAS, free=2), least_finished=8)
+
+
+def test_gemma3_schemas_beside_free_text_all_validate(gemma3_api: RealApi) -> None:
+    check_replies(ask_all(gemma3_api, SCHEMAS[:5], free=1), least_finished=4)
+
+
+def test_smollm2_sdk_helpers_parse_unmodified(smollm2_api: RealApi) -> None:
+    parsed = client(smollm2_api).chat.completions.parse(
+        model="m", messages=[{"role": "user", "content": "Describe a person."}], response_format=Person, max_tokens=80)
+    assert isinstance(parsed.choices[0].message.parsed, Person)
+    claude = anthropic.Anthropic(api_key="any", base_url=smollm2_api.url, max_retries=0, timeout=300)
+    message = claude.messages.parse(model="claude-x", max_tokens=80, output_format=Person,
+                                    messages=[{"role": "user", "content": "Describe a person."}])
+    assert message.stop_reason == "end_turn" and isinstance(message.parsed_output, Person)
