@@ -49,6 +49,8 @@ if str(ROOT) not in sys.path:
 from tests.support.json_schemas import SCHEMAS  # noqa: E402
 
 AGENTS = 8
+# The name both servers answer with the model they were started on (mlx_lm.server loads any other name).
+MODEL = "default_model"
 CONSTRAINED = 4
 # A list of numbers that cannot close before max_tokens (what keeps every constrained row decoding).
 COUNTING_SCHEMA = {"type": "object", "properties": {"numbers": {
@@ -70,7 +72,7 @@ def validity(url: str, requests: int, max_tokens: int) -> dict[str, Any]:
     def one(i: int) -> tuple[str, str, bool]:
         key, prompt, schema = SCHEMAS[i % len(SCHEMAS)]
         choice = gpt.chat.completions.create(
-            model="m", messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens,
+            model=MODEL, messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens,
             extra_body={"session_id": f"schema-{i}"},  # one agent each (semantic's extension; the peer ignores it)
             response_format={"type": "json_schema", "json_schema": {"name": key, "schema": schema, "strict": True}},
         ).choices[0]
@@ -103,7 +105,7 @@ def batch_rate(url: str, constrained: int, max_tokens: int) -> tuple[float, list
             extra["response_format"] = {"type": "json_schema",
                                         "json_schema": {"name": "numbers", "schema": COUNTING_SCHEMA}}
         stream = gpt.chat.completions.create(
-            model="m", max_tokens=max_tokens, temperature=0, stream=True, stream_options={"include_usage": True},
+            model=MODEL, max_tokens=max_tokens, temperature=0, stream=True, stream_options={"include_usage": True},
             messages=story_request(AGENTS, i), extra_body={"session_id": f"story-{tag}-{i}"}, **extra)
         first = None
         tokens = 0
