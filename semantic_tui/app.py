@@ -20,6 +20,7 @@ from textual.widgets import ContentSwitcher, Footer
 from textual.worker import Worker, WorkerState
 
 from engine.errors import SemanticError
+from engine.platform import slow_blas
 from engine.runtime.tiers.agents import Tier
 from engine.settings import Settings
 from engine.swap import release_thread_streams
@@ -33,6 +34,7 @@ from .screens.dialogs import ErrorDialog
 from .branch_flow import BranchFlow
 from .swap_flow import ModelSwapFlow
 from .screens.loading import LoadingScreen
+from .widgets.agents_hint import AgentsHint
 from .widgets.agents_table import AgentsTable
 from .widgets.chat_area import ChatArea
 from .widgets.chat_pane import ChatPane
@@ -43,6 +45,8 @@ from .widgets.throughput_panel import ThroughputPanel
 from .widgets.tiers_panel import TiersPanel
 
 log = logging.getLogger("semantic.tui")
+# The top line's warning while MLX runs on its bundled reference BLAS (`semantic doctor` prints the fix).
+SLOW_BLAS_WARNING = "SLOW BLAS (~30x): run `semantic doctor`"
 BOTTOM_SIZES = (25, 40, 55, 70)  # percent of the screen for chats/log
 # Below this many rows the side column shows one panel at a time (cycle with v)
 # and open chats get more of the screen.
@@ -55,7 +59,10 @@ class SemanticApp(App[None]):
     TITLE = "semantic"
     COMMANDS = App.COMMANDS | {WorkbenchCommands}
     BINDINGS = [
-        Binding("q", "quit", "Quit", id="app.quit", tooltip="Persist agent caches and quit"),
+        Binding("q", "quit", "Quit", show=False, id="app.quit", tooltip="Persist agent caches and quit"),
+        # Shown in the footer and heard everywhere, a chat's input too (where q is a letter to type).
+        Binding("ctrl+q", "quit", "Quit", priority=True, id="app.quit_anywhere",
+                tooltip="Persist agent caches and quit (also from a chat's input)"),
         Binding("c", "open_chat", "Chat", id="agent.open_chat", tooltip="Open a chat on the selected agent"),
         Binding("n", "new_chat", "New", id="chat.new", tooltip="Open a chat on a new agent"),
         Binding("e", "evict_warm", "Evict", id="agent.evict", tooltip="Evict the selected agent's cache to disk"),
@@ -93,10 +100,11 @@ class SemanticApp(App[None]):
 
     # -- layout -----------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
-        yield StatusBar(id="status")
+        yield StatusBar(id="status", blas_warning=SLOW_BLAS_WARNING if slow_blas() else None)
         with Horizontal(id="top"):
             with Vertical(id="agents-panel", classes="panel"):
                 yield AgentsTable(id="agents")
+                yield AgentsHint(id="agents-hint")
             with Vertical(id="side"):
                 yield PoolMap(id="pool", classes="panel")
                 yield TiersPanel(id="tiers", classes="panel")
@@ -162,6 +170,7 @@ class SemanticApp(App[None]):
             self.notify(f"HTTP API not started: {exc}", severity="error", timeout=10)
             return
         self.main.query_one(StatusBar).url = listener.url
+        self.main.query_one(AgentsHint).url = listener.url
         self.notify(f"Point Claude Code at it: ANTHROPIC_BASE_URL={listener.url}", timeout=8)
 
     @on(Worker.StateChanged)
@@ -200,6 +209,7 @@ class SemanticApp(App[None]):
             return
         self.main.query_one(StatusBar).update_snapshot(snapshot)
         self.main.query_one(AgentsTable).update_snapshot(snapshot, force=force)
+        self.main.query_one(AgentsHint).display = not snapshot.agents
         self.main.query_one(PoolMap).update_snapshot(snapshot)
         self.main.query_one(TiersPanel).update_snapshot(snapshot)
         self.main.query_one(ThroughputPanel).update_snapshot(snapshot)

@@ -6,11 +6,13 @@ from engine.platform.openblas import (
     blas_report,
     detect_backend,
     find_openblas,
+    install_command,
     maybe_reexec_with_openblas,
     openblas_preloaded,
     reexec_decision,
     reexec_notice,
     should_reexec,
+    slow_blas,
 )
 
 __all__ = [
@@ -19,9 +21,11 @@ __all__ = [
     "blas_report",
     "detect_backend",
     "find_openblas",
+    "install_command",
     "maybe_reexec_with_openblas",
     "openblas_preloaded",
     "reexec_decision",
     "reexec_notice",
     "should_reexec",
+    "slow_blas",
 ]

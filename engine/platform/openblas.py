@@ -128,14 +128,16 @@ def active_openblas() -> Path | None:
 
     Where ``/proc/self/maps`` cannot be read, LD_PRELOAD is taken at its word.
     """
+    preloaded = preloaded_openblas()
+    if preloaded is None:
+        # An OpenBLAS mapped without the preload (numpy's bundled libscipy_openblas) serves numpy, not MLX.
+        return None
     mapped = _mapped_files()
     if mapped is None:
-        return preloaded_openblas()
-    loaded = [Path(f) for f in mapped if "openblas" in f.lower()]
-    if not loaded:
-        return None
+        return preloaded
+    resolved = os.path.realpath(preloaded)
     # Name the library the way it was asked for; the maps hold resolved paths.
-    return preloaded_openblas() or loaded[0]
+    return preloaded if any(f == resolved or _same_file(f, preloaded) for f in mapped) else None
 
 
 def _mapped_files() -> list[str] | None:
@@ -181,16 +183,30 @@ def _missing_library_reason() -> str:
     if explicit:
         return f"{PATH_ENV}={explicit} is not a file; MLX keeps its bundled reference BLAS"
     return (
-        "OpenBLAS not found; MLX keeps its bundled reference BLAS "
-        f"(about 30x slower matmul): {INSTALL_HINT}"
+        "slow BLAS: OpenBLAS not found; MLX keeps its bundled reference BLAS "
+        f"(about 30x slower matmul). Install it: {install_command()}"
     )
+
+
+def install_command() -> str:
+    """The exact command that installs the OpenBLAS ``find_openblas`` looks for, on this machine."""
+    sudo = "" if hasattr(os, "geteuid") and os.geteuid() == 0 else "sudo "
+    for manager in ("/usr/bin/apt-get", "/bin/apt-get"):
+        if os.path.exists(manager):
+            return f"{sudo}apt-get install -y libopenblas0-pthread"
+    return f"install OpenBLAS and set {PATH_ENV} to its libblas.so.3 (or libopenblas.so)"
+
+
+def slow_blas() -> bool:
+    """MLX's matmul runs on the bundled reference BLAS: Linux, CPU backend, OpenBLAS not loaded."""
+    return sys.platform == "linux" and detect_backend() is Backend.CPU and active_openblas() is None
 
 
 # -- the re-exec -------------------------------------------------------------------------
 
 
 def maybe_reexec_with_openblas(
-    argv: list[str], enabled: bool, log: Callable[[str], None]
+    argv: list[str], enabled: bool, log: Callable[[str], None], warn: Callable[[str], None] | None = None
 ) -> None:
     """Replace this process with itself plus OpenBLAS preloaded, when worth it.
 
@@ -198,7 +214,8 @@ def maybe_reexec_with_openblas(
     passed on). In the re-executed process it logs the notice and returns; it
     also logs when Linux CPU users run without OpenBLAS. Otherwise it returns
     silently, or never returns because the process was replaced. An invalid
-    ``SEMANTIC_BACKEND`` raises ValueError.
+    ``SEMANTIC_BACKEND`` raises ValueError. ``warn`` (default ``log``) hears
+    what the user must act on: a slow BLAS, with the command that fixes it.
     """
     notice = reexec_notice()
     if notice is not None:
@@ -206,7 +223,7 @@ def maybe_reexec_with_openblas(
         return
     decision = reexec_decision(enabled)
     if decision.warn:
-        log(decision.reason)
+        (warn or log)(decision.reason)
     if not decision.reexec or decision.library is None:
         return
     # exec discards Python's unflushed buffers: anything printed so far would vanish.

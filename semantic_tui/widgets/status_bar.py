@@ -1,4 +1,4 @@
-"""The top line: model, HTTP address (for ANTHROPIC_BASE_URL), engine status."""
+"""The top line: model, HTTP address (for ANTHROPIC_BASE_URL), engine status, and a slow BLAS while it lasts."""
 
 from __future__ import annotations
 
@@ -17,9 +17,11 @@ class StatusBar(Static):
     phase: reactive[str] = reactive("loading model")
     stalled_s: reactive[float | None] = reactive(None)
 
-    def __init__(self, *, id: str | None = None) -> None:
+    def __init__(self, *, id: str | None = None, blas_warning: str | None = None) -> None:
         super().__init__(id=id)
         self._snapshot: EngineSnapshot | None = None
+        # Shown until fixed: MLX's CPU matmul on its bundled reference BLAS makes everything ~30x slower.
+        self.blas_warning = blas_warning
 
     def update_snapshot(self, snapshot: EngineSnapshot) -> None:
         self._snapshot = snapshot
@@ -36,6 +38,8 @@ class StatusBar(Static):
             parts.append((f"ENGINE STALLED {self.stalled_s:.0f} s", "bold reverse red"))
         else:
             parts.append((self.phase, "green" if self.phase == "ready" else "yellow"))
+        if self.blas_warning:
+            parts.append((self.blas_warning, "bold reverse red"))
         if snap is not None:
             busy = sum(a.state != "idle" for a in snap.agents)
             parts.append((f"{len(snap.agents)} agents · {busy} busy · batch {snap.throughput.batch_size}", "dim"))

@@ -1,4 +1,4 @@
-"""The import graph points one way: domain <- models <- store <- runtime <- api <- workbench <- CLI.
+"""The import graph points one way: domain <- models <- grammar <- store <- runtime <- api <- workbench <- CLI.
 
 Every import of every module counts, at the top of a file, inside a function
 or under ``TYPE_CHECKING``: a lower layer that names a higher one, even

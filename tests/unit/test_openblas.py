@@ -193,7 +193,9 @@ def test_notice_only_in_the_reexecuted_process(
 
 
 def test_blas_report_without_preload(fake_linux_cpu: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(openblas, "_mapped_files", lambda: ["/usr/lib/libc.so.6"])
+    # numpy's own OpenBLAS is mapped in every process that imports numpy; MLX's matmul does not use it.
+    numpy_blas = "/venv/lib/python3.11/site-packages/numpy.libs/libscipy_openblas64_-32a4b2a6.so"
+    monkeypatch.setattr(openblas, "_mapped_files", lambda: ["/usr/lib/libc.so.6", numpy_blas])
     assert blas_report() == {
         "backend": "cpu",
         "blas": "bundled reference BLAS",
@@ -262,3 +264,61 @@ def _system_openblas() -> Path | None:
         return None
     candidate = Path("/usr/lib") / machine_dir / "openblas-pthread" / "libblas.so.3"
     return candidate if candidate.is_file() else None
+
+
+# -- slow BLAS: the check, the fix, `semantic doctor` ---------------------------------------------
+def test_active_openblas_is_the_preloaded_library_and_only_once_it_is_mapped(
+        fake_linux_cpu: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LD_PRELOAD", str(fake_linux_cpu))
+    monkeypatch.setattr(openblas, "_mapped_files", lambda: ["/usr/lib/libc.so.6", os.path.realpath(fake_linux_cpu)])
+    assert openblas.active_openblas() == fake_linux_cpu and not openblas.slow_blas()
+    monkeypatch.setattr(openblas, "_mapped_files", lambda: ["/usr/lib/libc.so.6"])  # the preload failed
+    assert openblas.active_openblas() is None and openblas.slow_blas()
+
+
+def test_the_install_command_is_exact_where_apt_get_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(openblas.os.path, "exists", lambda path: path == "/usr/bin/apt-get")
+    monkeypatch.setattr(openblas.os, "geteuid", lambda: 1000)
+    assert openblas.install_command() == "sudo apt-get install -y libopenblas0-pthread"
+    monkeypatch.setattr(openblas.os, "geteuid", lambda: 0)
+    assert openblas.install_command() == "apt-get install -y libopenblas0-pthread"
+    monkeypatch.setattr(openblas.os.path, "exists", lambda path: False)
+    assert openblas.PATH_ENV in openblas.install_command()
+
+
+@pytest.mark.parametrize("slow, rate, code", [(True, 2.0, 1), (False, 3.0, 1), (False, 80.0, 0)])
+def test_doctor_names_a_slow_blas_and_its_fix(slow: bool, rate: float, code: int, tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    from engine.settings import Settings
+    from semantic_cli import doctor
+
+    monkeypatch.setattr(doctor, "slow_blas", lambda: slow)
+    monkeypatch.setattr(doctor, "matmul_gflops", lambda: rate)
+    monkeypatch.setattr(doctor, "blas_report", lambda: {"backend": "cpu", "blas": "bundled reference BLAS",
+                                                        "library": None, "source": "mlx-cpu wheel"})
+    monkeypatch.setattr(doctor, "install_command", lambda: "apt-get install -y libopenblas0-pthread")
+    assert doctor.doctor(Settings(cache_dir=tmp_path)) == code
+    out = capsys.readouterr().out
+    assert f"{rate:.1f} GFLOP/s" in out
+    assert ("slow BLAS" in out and "apt-get install -y libopenblas0-pthread" in out) == (code == 1)
+
+
+@pytest.mark.parametrize("warned_by_reexec", [True, False])
+def test_start_up_warns_once_about_a_slow_blas_with_the_fix(warned_by_reexec: bool, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch, caplog) -> None:
+    import engine.platform as platform_module
+    from engine.settings import Settings
+    from semantic_cli import main as cli
+
+    def reexec(argv, enabled, log, warn=None) -> None:
+        if warned_by_reexec:  # OpenBLAS not installed: the re-exec decision says so itself
+            (warn or log)("slow BLAS: OpenBLAS not found; ... Install it: apt-get install -y libopenblas0-pthread")
+
+    monkeypatch.setattr(platform_module, "maybe_reexec_with_openblas", reexec)
+    monkeypatch.setattr(platform_module, "slow_blas", lambda: True)  # (the preload is off, or did not load)
+    monkeypatch.setattr(platform_module, "install_command", lambda: "apt-get install -y libopenblas0-pthread")
+    with caplog.at_level("WARNING", logger="semantic.cli"):
+        cli._maybe_reexec(Settings(cache_dir=tmp_path))
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and warnings[0].startswith("slow BLAS")
+    assert "apt-get install -y libopenblas0-pthread" in warnings[0]

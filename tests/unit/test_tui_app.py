@@ -207,3 +207,51 @@ async def test_model_swap_from_the_picker_rebuilds_the_panes(tmp_path: Path) -> 
         await wait_for(pilot, lambda: "keeper" in table_ids(app))  # identity kept across the swap
         status = str(app.query_one("#status").render())
         assert picker.entries[target].model_id in status
+
+
+async def test_the_empty_agents_pane_says_how_to_start_until_the_first_agent(tmp_path: Path) -> None:
+    from semantic_tui.widgets.agents_hint import AgentsHint
+
+    app = workbench(tmp_path)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await wait_for(pilot, lambda: ready(app) and app.query_one(AgentsHint).url is not None)
+        hint = app.query_one(AgentsHint)
+        text = str(hint.render())
+        url = hint.url
+        assert hint.display and "Press n for a chat" in text
+        assert f"ANTHROPIC_BASE_URL={url} ANTHROPIC_API_KEY=local claude" in text
+        assert f'base_url = "{url}/v1"' in text and 'wire_api = "responses"' in text
+        await pilot.press("n")
+        await pilot.press(*"hello", "enter")
+        await wait_for(pilot, lambda: "chat-1" in table_ids(app))
+        await wait_for(pilot, lambda: not hint.display)
+
+
+async def test_quit_is_shown_and_heard_while_a_chat_input_has_focus(tmp_path: Path) -> None:
+    from textual.widgets import Input, TextArea
+
+    app = workbench(tmp_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: ready(app))
+        await pilot.press("n")
+        await pilot.pause(0.2)
+        assert isinstance(app.focused, (Input, TextArea))
+        shown = {binding.key for _, binding, enabled, _ in app.screen.active_bindings.values() if binding.show}
+        assert "ctrl+q" in shown
+        await pilot.press("q")  # a letter typed into the chat, not a quit
+        assert app.is_running
+        await pilot.press("ctrl+q")
+        await wait_for(pilot, lambda: not app.is_running, timeout_s=10)
+
+
+async def test_the_top_line_says_slow_blas_while_mlx_runs_on_its_bundled_blas(tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    import semantic_tui.app as app_module
+
+    for slow in (True, False):
+        monkeypatch.setattr(app_module, "slow_blas", lambda: slow)
+        app = workbench(tmp_path / str(slow))
+        async with app.run_test(size=(160, 48)) as pilot:
+            await wait_for(pilot, lambda: ready(app))
+            status = str(app.query_one("#status").render())
+            assert ("SLOW BLAS" in status and "semantic doctor" in status) == slow
