@@ -52,6 +52,8 @@ from engine.runtime.engine_thread.snapshot import (
     TierView,
 )
 
+from engine.grammar.output_grammars import OutputGrammars
+
 from .byte_tokenizer import ByteTokenizer
 
 Script = Callable[[GenerationRequest], str]
@@ -113,6 +115,8 @@ class ScriptedEngine:
         self.loaded = loaded or scripted_loaded()
         self.max_output_tokens = max_output_tokens
         self.sampling_defaults = FALLBACK  # a scripted model has no generation_config.json
+        # Structured outputs are compiled as the real engine compiles them (the script ignores the format).
+        self.grammars = OutputGrammars(self.loaded.tokenizer, self.loaded.eos_token_ids)
         self.heartbeat = 0.0
         self.stall: float | None = None  # what the watchdog reports; tests set it
         self.script = script

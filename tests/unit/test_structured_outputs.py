@@ -14,6 +14,8 @@ import jsonschema
 import mlx.core as mx
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from mlx_lm.generate import generate_step, generation_stream
 
 from engine.api.output_formats import anthropic_output_format, openai_response_format, responses_text_format
@@ -231,5 +233,77 @@ def test_a_reply_cut_before_its_json_closes_reports_truncation_never_stop() -> N
         cut = run_turn(engine, GenerationRequest("t2", prompt(1), 60, output_format=fmt, stop_strings=('"age',)))
         assert cut.finish.reason is FinishReason.LENGTH
         assert "JSON was cut short" in (cut.finish.note or "")
+    finally:
+        engine.stop(0.0)
+
+
+# -- bad input never becomes a 500 -------------------------------------------------------------------
+_json = st.recursive(st.none() | st.booleans() | st.integers(-5, 5) | st.floats(allow_nan=False, width=16)
+                     | st.sampled_from(["object", "string", "integer", "array", "number", "x", ""]),
+                     lambda inner: st.lists(inner, max_size=3)
+                     | st.dictionaries(st.sampled_from(["type", "properties", "items", "enum", "required",
+                                                         "minimum", "maxLength", "anyOf", "$ref", "a"]),
+                                       inner, max_size=4), max_leaves=12)
+
+
+@settings(max_examples=150, deadline=None)
+@given(schema=st.dictionaries(st.sampled_from(["type", "properties", "items", "enum", "required", "anyOf",
+                                               "additionalProperties", "$defs", "$ref"]), _json, max_size=4))
+def test_any_schema_compiles_or_is_a_400_never_another_error(schema: dict) -> None:
+    grammars = _FUZZ_GRAMMARS
+    fmt = openai_response_format({"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+    try:
+        grammars.prepare(fmt)
+    except InvalidRequestError as error:
+        assert error.field == "response_format"
+        return
+    constraint = grammars.start(fmt)
+    assert constraint.allowed().any()  # a compiled schema allows some first token (or the end)
+
+
+@settings(max_examples=150, deadline=None)
+@given(value=_json)
+def test_any_response_format_value_reads_or_is_a_400(value) -> None:
+    for read in (openai_response_format, lambda v: responses_text_format({"format": v}),
+                 lambda v: anthropic_output_format({"format": v}, None)):
+        try:
+            read(value)
+        except InvalidRequestError as error:
+            assert error.field
+
+
+_FUZZ_GRAMMARS = OutputGrammars(ByteTokenizer(), [EOS])
+
+
+def test_an_end_forced_at_a_dead_end_is_reported_as_truncation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Should a matcher ever allow nothing (it fails over to the end-of-sequence token), the unfinished JSON is
+    reported as truncation, with a note, not as a finished reply."""
+    from engine.grammar.token_constraint import TokenConstraint
+
+    real = TokenConstraint.allowed
+    consumed: dict[int, int] = {}
+    real_consume = TokenConstraint.consume
+
+    def consume(self, token: int) -> None:
+        consumed[id(self)] = consumed.get(id(self), 0) + 1
+        real_consume(self, token)
+
+    def allowed(self):
+        words = real(self)
+        if consumed.get(id(self), 0) >= 3:  # a dead end after three tokens: only the end remains
+            words[:] = 0
+            words[EOS // 32] |= np.uint32(1 << (EOS % 32))
+        return words
+
+    monkeypatch.setattr(TokenConstraint, "consume", consume)
+    monkeypatch.setattr(TokenConstraint, "allowed", allowed)
+    engine = make_engine("llama", "off")
+    try:
+        fmt = OutputFormat.from_schema(PERSON)
+        engine.grammars.prepare(fmt)
+        result = run_turn(engine, GenerationRequest("dead", prompt(1), 60, output_format=fmt))
+        assert bytes(t for t in result.tokens if t < 256) == b'{"n'
+        assert result.finish.reason is FinishReason.LENGTH
+        assert "allowed no further token" in (result.finish.note or "")
     finally:
         engine.stop(0.0)

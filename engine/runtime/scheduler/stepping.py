@@ -80,10 +80,12 @@ class Stepping:
             self.delivery.emit(turn, TokenEvent(turn.request_id, out.token, delta.text))
         loop = turn.guard.push(out.token) if out.finish is None else None
         complete = self.completion.complete
-        if _json_cut_short(turn, out, delta.stop_sequence is not None or delta.ends_turn or loop is not None):
+        cut = delta.stop_sequence is not None or delta.ends_turn or loop is not None
+        if _json_cut_short(turn, out, cut or _ends_with_stop_token(turn, out)):
             # A constrained reply (structured outputs) ended before its JSON was whole: say so as truncation,
             # never as a finished reply that does not parse.
-            why = f"repetition guard: {loop.describe()}" if loop is not None else "a stop sequence or end of turn"
+            why = (f"repetition guard: {loop.describe()}" if loop is not None else
+                   "a stop sequence or end of turn" if cut else "the schema allowed no further token")
             self._end_early(turn, FinishReason.LENGTH, f"the reply's JSON was cut short ({why})")
         elif delta.stop_sequence is not None:
             complete(turn, FinishReason.STOP_SEQUENCE, stop_sequence=delta.stop_sequence)
@@ -141,7 +143,9 @@ def _ends_with_stop_token(turn: Turn, out: TokenOut) -> bool:
 
 
 def _json_cut_short(turn: Turn, out: TokenOut, ending: bool) -> bool:
-    """A constrained turn is about to end (``ending``: by a stop string, an end-of-turn marker or the repetition
-    guard) before its output format is a whole value."""
+    """A constrained turn is about to end (``ending``: by a stop string, an end-of-turn marker, the repetition
+    guard, or an end-of-sequence token its grammar forced at a dead end) before its output format is a whole
+    value. (``max_tokens`` is already reported as truncation.)"""
     constraint = turn.sequence.constraint if turn.sequence is not None else None
-    return ending and out.finish is None and constraint is not None and not constraint.accepting
+    return (ending and out.finish is not FinishReason.LENGTH and constraint is not None
+            and not constraint.accepting)
