@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Literal
 
 import anthropic
 import jsonschema
@@ -28,6 +28,14 @@ pytestmark = pytest.mark.model
 class Person(BaseModel):
     name: str = Field(max_length=24)
     age: int = Field(ge=0, le=120)
+
+
+class Verdict(BaseModel):
+    """Bounded after the Anthropic SDK's schema transform (which moves max_length and ge/le into descriptions):
+    an enum and a boolean, so a sampled reply cannot ramble past max_tokens."""
+
+    mood: Literal["happy", "sad", "calm"]
+    sure: bool
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +63,10 @@ def ask_all(api: RealApi, schemas: list[tuple[str, str, dict]], free: int) -> li
         response_format = ({"type": "json_schema", "json_schema": {"name": key, "schema": schema, "strict": True}}
                            if schema is not None else None)
         extra = {"response_format": response_format} if response_format else {}
+        # Greedy, so the test is the same every run (the bench samples at the models' defaults, 50 requests).
         return schema, gpt.chat.completions.create(
-            model="m", messages=[{"role": "user", "content": prompt}], max_tokens=120, **extra).choices[0]
+            model="m", messages=[{"role": "user", "content": prompt}], max_tokens=120, temperature=0,
+            **extra).choices[0]
 
     jobs = [*schemas, *[("free", "Tell me a short story.", None)] * free]
     with ThreadPoolExecutor(len(jobs)) as pool:
@@ -78,18 +88,19 @@ def check_replies(replies: list[tuple[dict | None, object]], least_finished: int
 
 
 def test_smollm2_ten_schemas_beside_free_text_all_validate(smollm2_api: RealApi) -> None:
-    check_replies(ask_all(smollm2_api, SCHEMAS, free=2), least_finished=8)
+    check_replies(ask_all(smollm2_api, SCHEMAS, free=2), least_finished=len(SCHEMAS))
 
 
 def test_gemma3_schemas_beside_free_text_all_validate(gemma3_api: RealApi) -> None:
-    check_replies(ask_all(gemma3_api, SCHEMAS[:5], free=1), least_finished=4)
+    check_replies(ask_all(gemma3_api, SCHEMAS[:5], free=1), least_finished=5)
 
 
 def test_smollm2_sdk_helpers_parse_unmodified(smollm2_api: RealApi) -> None:
     parsed = client(smollm2_api).chat.completions.parse(
-        model="m", messages=[{"role": "user", "content": "Describe a person."}], response_format=Person, max_tokens=80)
+        model="m", messages=[{"role": "user", "content": "Describe a person."}], response_format=Person, max_tokens=80,
+        temperature=0)
     assert isinstance(parsed.choices[0].message.parsed, Person)
     claude = anthropic.Anthropic(api_key="any", base_url=smollm2_api.url, max_retries=0, timeout=300)
-    message = claude.messages.parse(model="claude-x", max_tokens=80, output_format=Person,
-                                    messages=[{"role": "user", "content": "Describe a person."}])
-    assert message.stop_reason == "end_turn" and isinstance(message.parsed_output, Person)
+    message = claude.messages.parse(model="claude-x", max_tokens=80, output_format=Verdict,
+                                    messages=[{"role": "user", "content": "How do you feel today?"}])
+    assert message.stop_reason == "end_turn" and isinstance(message.parsed_output, Verdict)

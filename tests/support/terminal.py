@@ -27,8 +27,9 @@ ROOT = Path(__file__).resolve().parents[2]
 POLL_S = 0.2
 # The status bar reads "... · http://127.0.0.1:PORT · ready · ..." once the model is loaded and HTTP listens.
 READY = re.compile(r"(http://127\.0\.0\.1:\d+) · ready\b")
-# In the footer (the last line) only while no text input has the focus: an Input swallows printable keys.
-APP_KEYS_FOOTER = re.compile(r"\bq Quit\b[^\n]*\n?\Z")
+# The footer (the last line) while the app's own keys reach it: it lists "n New" (a chat's input has the focus otherwise; the
+# footer's "^q Quit" shows either way, so it cannot tell).
+APP_KEYS_FOOTER = re.compile(r"(?<!\^)\bn New\b[^\n]*\n?\Z")
 # Lines above the screen that a failure dump includes: a traceback printed after the app left its screen.
 DUMP_HISTORY = 30
 
