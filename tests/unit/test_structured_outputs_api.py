@@ -39,6 +39,9 @@ class Choice(BaseModel):
     friendly: bool
 
 
+# Closed (no other properties), so a sampled reply of the random model is bounded: a name of at most 8 characters
+# (32 bytes) and a one-digit number fit in 80 byte tokens whatever it samples.
+PET_SCHEMA = {**Pet.model_json_schema(), "additionalProperties": False}
 BROKEN = {"type": "object", "properties": {"a": {"type": "strin"}}}
 
 
@@ -75,7 +78,7 @@ def test_openai_parse_helper_gets_a_validated_object(gpt: openai.OpenAI) -> None
 
 
 def test_openai_json_object_mode_and_streaming(gpt: openai.OpenAI) -> None:
-    schema = Pet.model_json_schema()
+    schema = PET_SCHEMA
     chunks = list(gpt.chat.completions.create(
         model="m", messages=ASK, max_tokens=80, temperature=0, stream=True,
         response_format={"type": "json_schema", "json_schema": {"name": "pet", "schema": schema, "strict": True}}))
@@ -107,7 +110,7 @@ def test_anthropic_parse_helper_and_streaming(claude: anthropic.Anthropic) -> No
     message = claude.messages.parse(model="claude-x", max_tokens=80, messages=ASK, output_format=Choice)
     assert message.stop_reason == "end_turn"
     assert isinstance(message.parsed_output, Choice)
-    schema = Pet.model_json_schema()
+    schema = PET_SCHEMA
     with claude.messages.stream(model="claude-x", max_tokens=80, messages=ASK,
                                 output_config={"format": {"type": "json_schema", "schema": schema}}) as stream:
         final = stream.get_final_message()
@@ -139,7 +142,7 @@ def test_a_schema_that_cannot_compile_is_a_400_in_each_protocols_shape(gpt: open
 
 
 def test_the_agents_api_takes_a_response_format(url: str) -> None:
-    schema = Pet.model_json_schema()
+    schema = PET_SCHEMA
     with httpx.Client(base_url=url, timeout=60) as client:
         assert client.post("/v1/agents", json={"agent_id": "shaper"}).status_code in (200, 201)
         reply = client.post("/v1/agents/shaper/messages", json={
