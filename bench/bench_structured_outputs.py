@@ -6,7 +6,8 @@ official SDK, as a client sends ``response_format``:
 - validity: ``--requests`` requests (default 50) over the ten schemas of ``tests/support/json_schemas.py``,
   eight at a time, at the model's own sampling defaults (no temperature sent): how many finished, and whether
   every finished reply parses and validates with ``jsonschema`` (the target: all of them). The same requests
-  go to ``mlx_lm.server`` at its defaults (``--peer``), which has no constrained decoding: how many of its
+  go to ``mlx_lm.server`` (``--peer``; its batching set equal to semantic's, as in the throughput
+  comparison: a tuned peer, not its defaults), which has no constrained decoding: how many of its
   replies happen to validate.
 - cost in the batch: eight agents at once, each asked for a long story (``workload_text.story_request``,
   a reply that runs to ``max_tokens``), greedy: all eight free, then four of them constrained to a JSON
