@@ -135,6 +135,7 @@ class Tool(_Cacheable):
     description: str | None = None
     # Server tools (web search and friends) come without a schema.
     input_schema: dict[str, Any] = Field(default_factory=dict)
+    strict: bool | None = Field(None, description="Calls follow input_schema exactly (constrained decoding)")
 
 
 class ToolChoice(_Request):

@@ -140,7 +140,7 @@ def tool_choice_of(choice: ToolChoice | None) -> str:
 
 
 def tool_specs(body: CountTokensRequest) -> tuple[ToolSpec, ...]:
-    return tuple(ToolSpec(t.name, t.description or "", t.input_schema) for t in body.tools or [])
+    return tuple(ToolSpec(t.name, t.description or "", t.input_schema, bool(t.strict)) for t in body.tools or [])
 
 
 def conversation_of(body: CountTokensRequest) -> Conversation:
@@ -149,7 +149,8 @@ def conversation_of(body: CountTokensRequest) -> Conversation:
     tool_names: dict[str, str] = {}
     for index, message in enumerate(body.messages):
         messages.extend(chat_messages(message, index, tool_names))
-    return Conversation(tuple(messages), tool_specs(body), tool_choice_of(body.tool_choice))
+    single = bool(body.tool_choice and body.tool_choice.disable_parallel_tool_use)
+    return Conversation(tuple(messages), tool_specs(body), tool_choice_of(body.tool_choice), not single)
 
 
 def prefix_of(body: CountTokensRequest) -> Conversation:

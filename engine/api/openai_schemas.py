@@ -49,6 +49,7 @@ class FunctionDef(_Lenient):
     name: str = Field(min_length=1)
     description: str = ""
     parameters: dict[str, Any] = Field(default_factory=dict)
+    strict: bool | None = None  # calls follow parameters exactly (constrained decoding); off unless true
 
 
 class ToolIn(_Lenient):
@@ -82,6 +83,7 @@ class ChatCompletionRequest(_Lenient):
     n: int | None = Field(None, ge=1, le=1, description="Only one choice is generated per request.")
     tools: list[ToolIn] | None = None
     tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     # Structured outputs: json_schema or json_object (output_formats.py reads it).

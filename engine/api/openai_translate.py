@@ -62,8 +62,10 @@ def to_turn_spec(body: ChatCompletionRequest, headers: Mapping[str, str], settin
 
 
 def to_conversation(body: ChatCompletionRequest) -> Conversation:
-    tools = tuple(ToolSpec(t.function.name, t.function.description, t.function.parameters) for t in body.tools or ())
-    return Conversation(tuple(_messages(body.messages)), tools, _tool_choice(body.tool_choice, tools))
+    tools = tuple(ToolSpec(t.function.name, t.function.description, t.function.parameters, bool(t.function.strict))
+                  for t in body.tools or ())
+    return Conversation(tuple(_messages(body.messages)), tools, _tool_choice(body.tool_choice, tools),
+                        body.parallel_tool_calls is not False)
 
 
 def sampling_of(body: ChatCompletionRequest) -> SamplingAsked:

@@ -150,7 +150,11 @@ def function_tools(tools: list[dict[str, Any]] | None) -> tuple[ToolSpec, ...]:
             raise InvalidRequestError(f"{field}.description must be a string", field=f"{field}.description")
         parameters = tool.get("parameters") or {}
         _check_schema(parameters, f"{field}.parameters")
-        specs.append(ToolSpec(name, description, parameters))
+        strict = tool.get("strict")
+        if strict is not None and not isinstance(strict, bool):
+            raise InvalidRequestError(f"{field}.strict must be true or false", field=f"{field}.strict")
+        # The Responses API's function tools are strict unless they say otherwise (Codex says false).
+        specs.append(ToolSpec(name, description, parameters, strict is not False))
     return tuple(specs)
 
 
@@ -193,9 +197,9 @@ def tool_choice(choice: str | dict[str, Any] | None, tools: tuple[ToolSpec, ...]
 
 # -- items to a conversation --------------------------------------------------------------------
 def to_conversation(instructions: str | None, items: Iterable[Item], tools: tuple[ToolSpec, ...],
-                    choice: str) -> Conversation:
+                    choice: str, parallel_tool_calls: bool = True) -> Conversation:
     head = (ChatMessage("system", instructions),) if instructions else ()
-    return Conversation((*head, *_messages(items)), tools, choice)
+    return Conversation((*head, *_messages(items)), tools, choice, parallel_tool_calls)
 
 
 def _messages(items: Iterable[Item]) -> Iterator[ChatMessage]:

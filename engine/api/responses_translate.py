@@ -34,7 +34,7 @@ def to_turn_spec(body: ResponsesRequest, items: list[Item], previous: StoredResp
     tools = function_tools(body.tools)
     choice = tool_choice(body.tool_choice, tools)
     history = [*(previous.history if previous else ()), *items]
-    conversation = to_conversation(body.instructions, history, tools, choice)
+    conversation = to_conversation(body.instructions, history, tools, choice, body.parallel_tool_calls is not False)
     if not any(m.role != "system" for m in conversation.messages):
         raise InvalidRequestError("input has no message to answer: send a user message or a function_call_output",
                                   field="input")

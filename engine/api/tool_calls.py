@@ -25,18 +25,26 @@ class ToolFormat:
     start: str
     end: str
     parse: ParseFn
+    # The call between the markers is ``{"name": ..., "arguments": ...}`` JSON: strict tools can be
+    # constrained to it (tool_constraints.py); other formats (pythonic, XML-ish) cannot, yet.
+    json_body: bool = False
 
 
 def _parse_json_call(text: str, tools: Any = None) -> dict[str, Any]:
     return json.loads(text.strip())
 
 
-FALLBACK = ToolFormat("<tool_call>", "</tool_call>", _parse_json_call)
+FALLBACK = ToolFormat("<tool_call>", "</tool_call>", _parse_json_call, json_body=True)
+# mlx-lm's parser of JSON calls between <tool_call> markers (Qwen's and Hermes' templates).
+JSON_TOOLS_PARSER = "mlx_lm.tool_parsers.json_tools"
 
 
 def tool_format_for(tokenizer: Any) -> ToolFormat:
     if getattr(tokenizer, "has_tool_calling", False) and tokenizer.tool_parser is not None:
-        return ToolFormat(tokenizer.tool_call_start, tokenizer.tool_call_end or "", tokenizer.tool_parser)
+        parse = tokenizer.tool_parser
+        end = tokenizer.tool_call_end or ""
+        json_body = getattr(parse, "__module__", None) == JSON_TOOLS_PARSER and bool(end)
+        return ToolFormat(tokenizer.tool_call_start, end, parse, json_body)
     return FALLBACK
 
 

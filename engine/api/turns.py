@@ -19,6 +19,7 @@ from .rendering import PromptRenderer
 from .retention import Retention, retained_tokens
 from .service import EngineService
 from .tool_calls import BadToolPiece, Piece, TextPiece, ToolCallStream, ToolPiece, tool_format_for
+from .tool_constraints import compile_reply_format, reply_format
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,8 +106,12 @@ async def prepare(service: EngineService, spec: TurnSpec) -> GenerationRequest:
     else:
         tokens = await render_tokens(service, spec.conversation)
         head = await head_length(service, spec.conversation, tokens)
-    if spec.output_format is not None:  # compiled here, in a worker thread: a bad schema is a 400 before any 200
-        await service.in_thread(service.engine.grammars.prepare, spec.output_format, spec.output_field)
+    renderer = renderer_for(service)
+    output_format = reply_format(spec.conversation, spec.output_format, tool_format_for(service.loaded.tokenizer),
+                                 renderer.turn_end_strings + spec.stop)
+    if output_format is not None:  # compiled here, in a worker thread: a bad schema is a 400 before any 200
+        await service.in_thread(compile_reply_format, service.engine.grammars, output_format, spec.conversation,
+                                spec.output_field)
     # Short prompts are not worth a stored prefix of their own.
     hint = head if len(tokens) >= 2 * service.settings.block_tokens else 0
     request = GenerationRequest(
@@ -119,12 +124,12 @@ async def prepare(service: EngineService, spec: TurnSpec) -> GenerationRequest:
         retain_s=spec.retention.ttl_s if spec.retention else 0.0,
         retain_tokens=retained_tokens(spec.retention, len(tokens), head),
         stop_strings=spec.stop,
-        turn_end_strings=renderer_for(service).turn_end_strings,
+        turn_end_strings=renderer.turn_end_strings,
         source=spec.identity.source,
         display_name=spec.identity.display_name,
         auxiliary=spec.identity.auxiliary,
         model_id=service.loaded.identity.key,
-        output_format=spec.output_format,
+        output_format=output_format,
     )
     request = service.engine.validate(request)
     if request.asked_max_tokens is not None:

@@ -29,6 +29,8 @@ class ToolSpec:
     name: str
     description: str = ""
     parameters: dict[str, Any] = field(default_factory=dict)
+    # Calls must follow ``parameters`` exactly (Anthropic's and OpenAI's ``strict``): decoding is constrained to it.
+    strict: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +39,9 @@ class Conversation:
     tools: tuple[ToolSpec, ...] = ()
     # "auto", "any" (must call some tool), "none", or a tool name.
     tool_choice: str = "auto"
+    # False: at most one call a reply (Anthropic's disable_parallel_tool_use, OpenAI's parallel_tool_calls);
+    # enforced when the reply is constrained (strict tools, a forced choice: api/tool_constraints.py).
+    parallel_tool_calls: bool = True
 
     def system_text(self) -> str:
         return "\n\n".join(m.content for m in self.messages if m.role == "system")

@@ -30,11 +30,13 @@ CACHE_SIZE = 64
 def grammar_of(fmt: OutputFormat) -> str:
     import llguidance
 
+    if fmt.lark:
+        return llguidance.LLMatcher.grammar_from_lark(fmt.lark)
     return llguidance.LLMatcher.grammar_from_json_schema(fmt.schema_json, overrides=JSON_STYLE)  # type: ignore[arg-type]
 
 
 def check_format(fmt: OutputFormat, field: str) -> None:
-    """Raise a 400 naming ``field`` when llguidance cannot compile ``fmt``'s schema (no tokenizer needed)."""
+    """Raise a 400 naming ``field`` when llguidance cannot compile ``fmt``'s schema or grammar (no tokenizer needed)."""
     import llguidance
 
     try:
@@ -42,8 +44,12 @@ def check_format(fmt: OutputFormat, field: str) -> None:
     except ValueError as error:
         problem = str(error)
     if problem:
-        raise InvalidRequestError(f"{field}: the JSON schema cannot be used for constrained decoding: {problem}",
+        raise InvalidRequestError(f"{field}: {_what(fmt)} cannot be used for constrained decoding: {problem}",
                                   field=field)
+
+
+def _what(fmt: OutputFormat) -> str:
+    return "the tool schemas" if fmt.lark else "the JSON schema"
 
 
 class OutputGrammars:
@@ -79,9 +85,10 @@ class OutputGrammars:
                 return compiled
             table = self._table_locked()
         check_format(fmt, field)
-        matcher = llguidance.LLMatcher(table, grammar_of(fmt))  # (drops the GIL while it compiles)
+        # (drops the GIL while it compiles; silent: a refused token is logged by TokenConstraint, once)
+        matcher = llguidance.LLMatcher(table, grammar_of(fmt), log_level=0)
         if matcher.is_error():
-            raise InvalidRequestError(f"{field}: the JSON schema cannot be used for constrained decoding: "
+            raise InvalidRequestError(f"{field}: {_what(fmt)} cannot be used for constrained decoding: "
                                       f"{matcher.get_error()}", field=field)
         with self._lock:
             self.compiles += 1

@@ -104,3 +104,30 @@ def test_smollm2_sdk_helpers_parse_unmodified(smollm2_api: RealApi) -> None:
     message = claude.messages.parse(model="claude-x", max_tokens=80, output_format=Verdict,
                                     messages=[{"role": "user", "content": "How do you feel today?"}])
     assert message.stop_reason == "end_turn" and isinstance(message.parsed_output, Verdict)
+
+
+WEATHER_TOOL = {
+    "name": "get_weather", "description": "Get the current weather in a city.", "strict": True,
+    "input_schema": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40},
+                                                      "unit": {"enum": ["celsius", "fahrenheit"]}},
+                     "required": ["city", "unit"], "additionalProperties": False}}
+
+
+@pytest.mark.parametrize("which", ["smollm2", "gemma3"])
+def test_strict_tool_calls_validate_on_the_real_models(which: str, request: pytest.FixtureRequest) -> None:
+    """SmolLM2 (ChatML, the Hermes fallback's tool prompt) and Gemma 3 (base, plain format) called through the
+    Anthropic SDK as Claude Code's kind of client sends a strict tool: forced, the call validates; offered, the
+    reply is text or a call that validates."""
+    api: RealApi = request.getfixturevalue(f"{which}_api")
+    claude = anthropic.Anthropic(api_key="any", base_url=api.url, max_retries=0, timeout=300)
+    ask = [{"role": "user", "content": "What is the weather like in Lisbon right now?"}]
+    forced = claude.messages.create(model="claude-x", max_tokens=120, messages=ask, tools=[WEATHER_TOOL],
+                                    tool_choice={"type": "any", "disable_parallel_tool_use": True})
+    assert forced.stop_reason == "tool_use", forced.content
+    (call,) = [block for block in forced.content if block.type == "tool_use"]
+    jsonschema.validate(call.input, WEATHER_TOOL["input_schema"])
+    offered = claude.messages.create(model="claude-x", max_tokens=120, messages=ask, tools=[WEATHER_TOOL])
+    for block in offered.content:
+        if block.type == "tool_use":
+            jsonschema.validate(block.input, WEATHER_TOOL["input_schema"])
+    assert offered.stop_reason in ("tool_use", "end_turn", "max_tokens")
