@@ -16,10 +16,14 @@ official SDK, as a client sends ``response_format``:
   Each request names its agent (``session_id``): without it, requests that share their first message's
   head are one agent's turns, served one after another.
   The target: the mixed batch at least 0.8x the free one. The two configurations alternate, ``--repeats``
-  times each.
+  times each (0: skip).
+- strict tool calls (``--tool-calls N``): N requests, each offering one strict tool whose parameters are one
+  of the ten schemas, with ``tool_choice: "required"`` and ``parallel_tool_calls: false``: how many end with a
+  tool call whose arguments validate (the target: all). The peer's row (``--peer``) is the same requests to
+  ``mlx_lm.server``.
 
 Run: ``LD_PRELOAD=... python bench/bench_structured_outputs.py [--model M] [--requests 50] [--repeats 3]
-[--peer] [--json PATH]``.
+[--tool-calls 20] [--peer] [--json PATH]``.
 """
 
 from __future__ import annotations
@@ -101,6 +105,37 @@ def validity(url: str, requests: int, max_tokens: int) -> dict[str, Any]:
             "invalid_finished": [r[0] for r in finished if not r[2]]}
 
 
+def tool_calls(url: str, requests: int, max_tokens: int) -> dict[str, Any]:
+    """``requests`` forced calls of one strict tool each (parameters: the ten schemas in turn), eight at a time:
+    how many came back as one call whose arguments validate."""
+    gpt = client(url)
+
+    def one(i: int) -> tuple[str, str, bool]:
+        key, prompt, schema = SCHEMAS[i % len(SCHEMAS)]
+        tool = {"type": "function", "function": {"name": f"record_{key}", "description": f"Record a {key}.",
+                                                 "parameters": schema, "strict": True}}
+        choice = gpt.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": prompt.replace("as JSON", "with the tool")}],
+            max_tokens=max_tokens, tools=[tool], tool_choice="required", parallel_tool_calls=False,
+            extra_body={"session_id": f"tool-{i}"}).choices[0]
+        calls = choice.message.tool_calls or []
+        try:
+            valid = len(calls) == 1 and calls[0].function.name == f"record_{key}"
+            if valid:
+                jsonschema.validate(json.loads(calls[0].function.arguments), schema)
+        except (ValueError, jsonschema.ValidationError):
+            valid = False
+        return key, choice.finish_reason, valid
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(AGENTS) as pool:
+        rows = list(pool.map(one, range(requests)))
+    return {"requests": requests, "tool_calls": sum(r[1] == "tool_calls" for r in rows),
+            "valid_calls": sum(r[2] for r in rows), "truncated": sum(r[1] == "length" for r in rows),
+            "seconds": round(time.perf_counter() - started, 1),
+            "invalid": [r[0] for r in rows if not r[2]]}
+
+
 def batch_rate(url: str, constrained: int, max_tokens: int, prompt: str = "story") -> tuple[float, list[int]]:
     """Eight story agents at once, ``constrained`` of them held to COUNTING_SCHEMA: decode tokens/second. New
     agents each run (every run starts from the same state: the prompt's first turn)."""
@@ -134,7 +169,10 @@ def batch_rate(url: str, constrained: int, max_tokens: int, prompt: str = "story
 def main() -> None:
     parser = base_parser(__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, help="schema requests for validity (default 50; quick 10; 0: skip)")
-    parser.add_argument("--repeats", type=int, help="runs of each batch configuration (default 3; quick 1)")
+    parser.add_argument("--repeats", type=int, help="runs of each batch configuration (default 3; quick 1; "
+                                                    "0: skip the batch runs)")
+    parser.add_argument("--tool-calls", type=int, default=0, help="forced strict tool-call requests (default 0: "
+                                                                  "skip)")
     parser.add_argument("--batch-tokens", type=int, default=128, help="tokens each agent generates in the batch "
                                                                       "runs (default 128)")
     parser.add_argument("--max-tokens", type=int, default=200, help="max_tokens of the validity requests")
@@ -144,11 +182,12 @@ def main() -> None:
                              "(a base model, which ends a story in a line)")
     args = parser.parse_args()
     requests = args.requests if args.requests is not None else (10 if args.quick else 50)
-    repeats = args.repeats or (1 if args.quick else 3)
+    repeats = args.repeats if args.repeats is not None else (1 if args.quick else 3)
     folder = model_folder(args.model, args.cache_dir)
     result = BenchResult("bench_structured_outputs", "Structured outputs: validity and cost in the batch",
                          args={"model": args.model, "requests": requests, "repeats": repeats,
-                               "batch_tokens": args.batch_tokens, "batch_prompt": args.batch_prompt, "max_tokens": args.max_tokens,
+                               "batch_tokens": args.batch_tokens, "batch_prompt": args.batch_prompt,
+                               "max_tokens": args.max_tokens, "tool_calls": args.tool_calls,
                                "agents": AGENTS, "constrained": CONSTRAINED, "quick": args.quick})
     with recorded(result, args.json), tempfile.TemporaryDirectory() as scratch:
         logs = Path(scratch)
@@ -156,6 +195,8 @@ def main() -> None:
         with serving(semantic_launch(folder, logs / "state", args.pool_mb, batching), logs) as url:
             ours = validity(url, requests, args.max_tokens) if requests else None
             print(f"# semantic validity: {ours}")
+            our_tools = tool_calls(url, args.tool_calls, args.max_tokens) if args.tool_calls else None
+            print(f"# semantic strict tool calls: {our_tools}")
             free_rates: list[float] = []
             mixed_rates: list[float] = []
             for repeat in range(repeats):
@@ -167,11 +208,13 @@ def main() -> None:
                     if min(counts) < args.batch_tokens:
                         result.notes.append(f"repeat {repeat}, {constrained} constrained: an agent ended early "
                                             f"({counts}); the rate counts the tokens it made")
-        peer = None
-        if args.peer and requests:
+        peer = peer_tools = None
+        if args.peer and (requests or args.tool_calls):
             with serving(peer_launch(folder, batching, cache_entries=10), logs) as url:
-                peer = validity(url, requests, args.max_tokens)
+                peer = validity(url, requests, args.max_tokens) if requests else None
                 print(f"# mlx_lm.server validity: {peer}")
+                peer_tools = tool_calls(url, args.tool_calls, args.max_tokens) if args.tool_calls else None
+                print(f"# mlx_lm.server strict tool calls: {peer_tools}")
         if ours is not None:
             result.metric("validity", "semantic finished replies that validate", ours["finished_valid"], "replies")
             result.metric("validity", "semantic finished replies", ours["finished"], "replies")
@@ -181,18 +224,32 @@ def main() -> None:
         if peer is not None:
             result.metric("validity", "mlx_lm.server replies that validate", peer["valid_any"], "replies")
             result.notes.append(f"mlx_lm.server validity: {json.dumps(peer)}")
-        result.comparisons.append(compare("batch of 8, 4 constrained", "decode throughput vs all free", "tok/s",
-                                          mixed_rates, free_rates, better="higher", target=0.8))
+        if our_tools is not None:
+            result.metric("tool calls", "semantic forced strict calls that validate", our_tools["valid_calls"],
+                          "calls")
+            result.notes.append(f"semantic strict tool calls: {json.dumps(our_tools)}")
+        if peer_tools is not None:
+            result.metric("tool calls", "mlx_lm.server forced calls that validate", peer_tools["valid_calls"],
+                          "calls")
+            result.notes.append(f"mlx_lm.server strict tool calls: {json.dumps(peer_tools)}")
+        if mixed_rates:
+            result.comparisons.append(compare("batch of 8, 4 constrained", "decode throughput vs all free", "tok/s",
+                                              mixed_rates, free_rates, better="higher", target=0.8))
     ratios = [m / f for m, f in zip(mixed_rates, free_rates)]
     validity_rows = [["requests", requests], ["finished (stop)", ours["finished"]],
                      ["finished and valid", ours["finished_valid"]], ["truncated (length)", ours["truncated"]]
                      ] if ours is not None else []
+    tool_rows = [["strict tool calls valid", f"{our_tools['valid_calls']} of {args.tool_calls}"],
+                 *([["mlx_lm.server: calls valid", f"{peer_tools['valid_calls']} of {args.tool_calls}"]]
+                   if peer_tools else [])] if our_tools else []
+    batch_rows = [["free batch tok/s (median)", f"{statistics.median(free_rates):.1f}"],
+                  ["4 constrained tok/s (median)", f"{statistics.median(mixed_rates):.1f}"],
+                  ["ratio per repeat", ", ".join(f"{r:.2f}" for r in ratios)]] if mixed_rates else []
     print_table(["measure", "value"], [
         *validity_rows,
         *([["mlx_lm.server: valid", f"{peer['valid_any']} of {requests}"]] if peer else []),
-        ["free batch tok/s (median)", f"{statistics.median(free_rates):.1f}"],
-        ["4 constrained tok/s (median)", f"{statistics.median(mixed_rates):.1f}"],
-        ["ratio per repeat", ", ".join(f"{r:.2f}" for r in ratios)],
+        *tool_rows,
+        *batch_rows,
     ])
 
 

@@ -13,6 +13,13 @@ Each tick also gathers every rank's report: the state its last step left
 (blocks in use, sequences running, tokens made) and its memory. Every rank
 compares all the digests, so a rank that diverged stops every rank at the
 same tick, rather than generate from a cache that no longer matches its peers'.
+
+An idle server pauses between ticks. A rank waiting inside a collective
+spins (MLX's ring backend polls its sockets), so a follower that entered the
+next tick at once burned most of a core for nothing while rank 0 waited for
+commands. Each tick says how long rank 0 will wait before the next
+(``pause_s``, 0 while there is work): rank 0 waits that long for commands,
+and the others sleep it out before they enter the next tick.
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ class Tick:
     now: float  # rank 0's monotonic clock: every rank's decisions read it (runtime/clock.py)
     stop: bool
     digest: tuple[Any, ...]  # rank 0's state after its previous step
+    pause_s: float = 0.0  # how long every rank waits before the next tick (idle: see the module's docstring)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +87,7 @@ class Lockstep:
         if self.is_root:
             self._pending.append(ReplicatedOp(kind, args))
 
-    def exchange(self, now: float, stop: bool, digest: tuple[Any, ...]) -> Tick:
+    def exchange(self, now: float, stop: bool, digest: tuple[Any, ...], pause_s: float = 0.0) -> Tick:
         """One tick: rank 0's inputs to every rank, every rank's report to every rank.
 
         Every rank compares all digests, so a diverged rank stops the run on every rank at the same
@@ -91,7 +99,8 @@ class Lockstep:
         # forever instead of raising: let the step finish first (its host work already overlapped).
         mx.synchronize()
         report = RankReport(self.world.rank, digest, mx.get_active_memory(), mx.get_peak_memory())
-        mine: Any = (Tick(pending, now, stop, digest), report) if self.is_root else report
+        tick = Tick(pending, now, stop, digest, 0.0 if pending else pause_s)
+        mine: Any = (tick, report) if self.is_root else report
         everyone = self.world.gather(mine)
         tick, root_report = everyone[0]
         self.reports = (root_report, *everyone[1:])

@@ -494,13 +494,21 @@ class Engine:
             # Wait for commands only when nothing is decoding, and only briefly
             # when turns are queued behind a disk read.
             idle = not scheduler.queues.by_uid
-            self._run_commands(block=idle, timeout=self._idle_wait(scheduler))
+            wait = self._idle_wait(scheduler)
+            self._run_commands(block=idle, timeout=max(wait, replica.pause_s) if replica is not None else wait)
             if idle and scheduler.waiting:
                 self._gather_arrivals()
             stop = self._stop.is_set() and self._drained_or_late(scheduler)
         else:
-            self._run_commands(block=False, timeout=0)  # this rank's own reads (snapshots)
+            self._sleep_out(replica.pause_s)  # running this rank's own reads (snapshots) meanwhile
         return stop if replica is None else replica.tick(scheduler, stop)
+
+    def _sleep_out(self, pause_s: float) -> None:
+        """A follower waits out rank 0's announced pause here, not spinning inside the next tick's collective."""
+        deadline = time.monotonic() + pause_s
+        self._run_commands(block=False, timeout=0)
+        while (left := deadline - time.monotonic()) > 0:
+            self._run_commands(block=True, timeout=left)
 
     def _record(self, kind: str, *args: Any) -> None:
         """Rank 0: an input the other ranks replay at the same point (nothing without lockstep)."""

@@ -32,6 +32,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("semantic.engine")
 
+# An idle server's pause between ticks (lockstep.py): none for the first IDLE_AFTER_S without work (an agent's
+# next turn often comes at once), then a tenth of the time idle, up to MAX_PAUSE_S: what a first request after
+# a long idle waits at most for the other ranks to wake.
+IDLE_AFTER_S = 0.2
+MAX_PAUSE_S = 0.25
+
 
 class Replica:
     def __init__(self, lockstep: Lockstep, agents: AgentTable, events: EventLog,
@@ -41,6 +47,8 @@ class Replica:
         self.events = events
         self.apply = apply  # runs an EngineOp on this rank's engine (what rank 0 called on its own)
         self.digest: tuple[Any, ...] = ()  # this rank's state after its last step
+        self.pause_s = 0.0  # the last tick's pause: how long to wait before the next one
+        self._idle_since: float | None = None  # rank 0: since when nothing was queued or running
 
     @property
     def is_root(self) -> bool:
@@ -88,12 +96,24 @@ class Replica:
 
     def tick(self, scheduler: "Scheduler", stop: bool) -> bool:
         """Exchange this pass's tick; the other ranks apply rank 0's inputs. True: the run ends now."""
-        tick = self.lockstep.exchange(time.monotonic(), stop, self.digest)
+        now = time.monotonic()
+        tick = self.lockstep.exchange(now, stop, self.digest, self._pause(scheduler, now, stop))
+        self.pause_s = tick.pause_s
         clock.set_tick(tick.now)
         if not self.is_root:
             for op in tick.ops:
                 self._replay(op, scheduler)
         return tick.stop
+
+    def _pause(self, scheduler: "Scheduler", now: float, stop: bool) -> float:
+        """Rank 0: the pause to announce (the others ignore theirs); none while there is work or on the way out."""
+        if stop or scheduler.has_work:
+            self._idle_since = None
+            return 0.0
+        if self._idle_since is None:
+            self._idle_since = now
+        idle = now - self._idle_since
+        return 0.0 if idle < IDLE_AFTER_S else min(MAX_PAUSE_S, idle / 10)
 
     def after_step(self, scheduler: "Scheduler", used_blocks: int) -> None:
         """What every rank must agree on after each step (compared at the next tick)."""
