@@ -17,6 +17,7 @@ from engine.runtime.engine_thread.engine import Engine
 from engine.domain.event_log import EventKind, EventLog
 from engine.runtime.engine_thread.snapshot import AgentView
 from engine.settings import EngineSettings, Settings
+from engine.store.temp_files import sweep_dead_temps
 from engine.store.warm_store import WarmStore
 
 log = logging.getLogger("semantic")
@@ -58,7 +59,10 @@ def build_engine(
 
 def start_engine(settings: Settings, progress: Callable[[ImportProgress], None] | None = None,
                  world: "World | None" = None, events: EventLog | None = None) -> Engine:
-    """Load, build and start; with a ``world`` of several ranks, this rank's shard in lockstep with the others."""
+    """Load, build and start; with a ``world`` of several ranks, this rank's shard in lockstep with the others.
+
+    First the temporary files of writers that died (a crash, a kill) go: nothing needs cleaning by hand."""
+    sweep_dead_temps(settings.cache_dir)
     engine = build_engine(settings, load_configured_model(settings, progress, world=world), events, world=world)
     engine.start(timeout_s=None if world is not None else 120.0)
     if world is not None:

@@ -32,6 +32,7 @@ from engine.errors import CacheCorruptionError, InvalidAgentFileError
 from engine.store.agent_export import ExportSummary, export_agent, import_agent
 from engine.store.cache_file import read_header
 from engine.store.agents_on_disk import ModelKey
+from engine.store.temp_files import temp_prefix
 from engine.runtime.engine_thread.engine_ops import engine_op
 
 from .agents_routes import _current, conversations, path_agent_id
@@ -67,7 +68,7 @@ async def export(request: Request, agent_id: str = Depends(path_agent_id)) -> Fi
 
 def _export_to_temp(cache_dir: Path, agent_id: str, key: ModelKey) -> ExportSummary:
     """The export, written to a private temporary file beside the caches (worker thread)."""
-    fd, name = tempfile.mkstemp(prefix=".export-", suffix=SUFFIX, dir=cache_dir)
+    fd, name = tempfile.mkstemp(prefix=temp_prefix("export"), suffix=SUFFIX, dir=cache_dir)
     os.close(fd)
     out = Path(name)
     try:
@@ -114,7 +115,7 @@ def _agent_id_in(path: Path) -> str:
 
 async def _receive(request: Request, directory: Path) -> Path:
     """The request body, streamed to a private temporary file beside the caches."""
-    fd, name = await asyncio.to_thread(tempfile.mkstemp, prefix=".import-", suffix=SUFFIX, dir=directory)
+    fd, name = await asyncio.to_thread(tempfile.mkstemp, prefix=temp_prefix("import"), suffix=SUFFIX, dir=directory)
     path = Path(name)
     out = os.fdopen(fd, "wb")  # wraps the descriptor; no disk access
     try:

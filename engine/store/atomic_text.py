@@ -8,10 +8,12 @@ from contextlib import suppress
 from pathlib import Path
 
 from engine.store.private_dirs import make_private_dir
+from engine.store.temp_files import temp_prefix
 
 
-def write_text_atomically(final: Path, text: str, temp_prefix: str) -> None:
-    """A temp file beside ``final`` (private directory made if missing), fsync, ``os.replace``.
+def write_text_atomically(final: Path, text: str) -> None:
+    """A temp file beside ``final`` (private directory made if missing; named for the start-up sweep,
+    temp_files.py), fsync, ``os.replace``.
 
     Raises OSError; the temp file is removed first, so a full disk does not also collect half-written
     temp files. Callers turn the error into their own (a domain error, or a warning).
@@ -19,7 +21,7 @@ def write_text_atomically(final: Path, text: str, temp_prefix: str) -> None:
     temp: str | None = None
     try:
         make_private_dir(final.parent)
-        fd, temp = tempfile.mkstemp(prefix=temp_prefix, suffix=".tmp", dir=final.parent)
+        fd, temp = tempfile.mkstemp(prefix=temp_prefix(final.name), suffix=".tmp", dir=final.parent)
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()

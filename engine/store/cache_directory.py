@@ -19,6 +19,7 @@ from engine.store.cache_format import _TEMP_NAME, QUARANTINE_DIR, STALE_TEMP_SEC
 from engine.store.cache_reader import read_header
 from engine.store.cache_writer import _remove_quietly
 from engine.store.private_dirs import make_private_dir
+from engine.store.temp_files import pid_alive
 
 
 def scan_directory(directory: Path) -> ScanResult:
@@ -51,20 +52,8 @@ def _remove_stale_temps(directory: Path, names: list[str]) -> None:
         with suppress(OSError):
             # A live writer keeps touching its file; one idle for a minute is dead
             # even if its pid has since been reused.
-            if not _pid_alive(int(match[1])) or now - path.stat().st_mtime > STALE_TEMP_SECONDS:
+            if not pid_alive(int(match[1])) or now - path.stat().st_mtime > STALE_TEMP_SECONDS:
                 path.unlink()
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # alive, owned by another user
-    except (OSError, OverflowError):
-        return False
-    return True
 
 
 def quarantine(path: Path, reason: str) -> Path | None:

@@ -64,6 +64,6 @@ class ColdIndex:
         """Atomic write: temp file in the same directory, fsync, rename."""
         payload = json.dumps({"agents": [asdict(e) for e in self.entries()]}, indent=1)
         try:
-            write_text_atomically(self.path, payload, ".cold-")
+            write_text_atomically(self.path, payload)
         except OSError as exc:
             log.warning("could not save cold index %s: %s", self.path, exc)

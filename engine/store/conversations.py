@@ -256,6 +256,6 @@ class ConversationStore:
         # ASCII escapes keep lone surrogates (valid in JSON input) readable back as UTF-8.
         payload = json.dumps(conversation.to_json(), ensure_ascii=True, indent=1)
         try:
-            write_text_atomically(final, payload, f".{final.stem}.")
+            write_text_atomically(final, payload)
         except OSError as exc:
             raise CachePersistenceError(f"cannot write conversation {final}: {exc}") from exc

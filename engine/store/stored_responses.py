@@ -99,7 +99,7 @@ class ResponseStore:
         final = self._path(record.id)
         with self._lock:
             try:
-                write_text_atomically(final, payload, f".{record.id}.")
+                write_text_atomically(final, payload)
             except OSError as exc:
                 raise CachePersistenceError(f"cannot store response {record.id}: {exc}") from exc
             self._prune()

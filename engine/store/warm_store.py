@@ -25,7 +25,7 @@ from typing import Any
 
 
 from engine.domain.event_log import EventKind, EventLog
-from engine.errors import CacheCorruptionError
+from engine.errors import CacheCorruptionError, InvalidRequestError
 from engine.models.loaded import LoadedModel
 from engine.store.layer_slice import LayerSlice
 
@@ -252,13 +252,21 @@ class WarmStore:
         header = read_header(path)
         if header.model_digest != self.loaded.identity.digest or header.spec_fingerprint != self.fingerprint:
             raise CacheCorruptionError(f"{path.name} was made by another model or cache layout")
+        size = path.stat().st_size
+        if size > self.disk_budget_bytes:
+            self._io.submit(_unlink_quietly, path)
+            raise InvalidRequestError(
+                f"the agent file is {size / 2**20:.1f} MiB, more than the warm tier's whole disk budget "
+                f"({self.disk_budget_bytes / 2**20:.1f} MiB); raise --disk-budget-mb to import it", field="body")
         self._cancel_read(header.agent_id)
         self.forget_cold(header.agent_id)
+        # Imported just now: the most recently used file, whatever the header says it was last used (else the
+        # budget would drop the import at once, as the oldest file, found crash-testing).
         self.entries[header.agent_id] = WarmEntry(
-            header.agent_id, path, header.n_tokens, token_hash(header.token_ids), path.stat().st_size,
-            header.last_used, header.display_name, header.source, (header.prefix or {}).get("key"),
+            header.agent_id, path, header.n_tokens, token_hash(header.token_ids), size,
+            time.time(), header.display_name, header.source, (header.prefix or {}).get("key"),
         )
-        self._enforce_budget()
+        self._enforce_budget(keep=header.agent_id)
         return header
 
     def _record(self, agent: AgentFile, cache: CacheAtRest) -> CacheRecord:
@@ -407,9 +415,10 @@ class WarmStore:
         blocks = tuple(PersistedBlock(s.group, s.start, s.length, s.keys, s.values) for s in slices)
         self.prefixes.write(CacheRecord(header, self._at_rest(blocks)))
 
-    def _enforce_budget(self) -> None:
-        """Oldest files go until the warm tier fits its budget: agents become cold, prefixes are forgotten."""
-        files = [(e.last_used, e.agent_id) for e in self.entries.values()]
+    def _enforce_budget(self, keep: str | None = None) -> None:
+        """Oldest files go until the warm tier fits its budget: agents become cold, prefixes are forgotten.
+        ``keep``: an agent whose file stays whatever its age (one being imported)."""
+        files = [(e.last_used, e.agent_id) for e in self.entries.values() if e.agent_id != keep]
         files += [(e.last_used, AGENT_PREFIX + e.key) for e in self.prefixes.entries.values()]
         for _, name in sorted(files):
             if self.disk_bytes <= self.disk_budget_bytes:

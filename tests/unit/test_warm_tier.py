@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from engine.errors import InvalidRequestError
 from engine.runtime.tiers.agents import Tier
 from engine.runtime.engine_thread.engine import Engine
 from tests.support.engine_settings import engine_settings
@@ -156,6 +157,47 @@ def test_disk_budget_turns_the_oldest_warm_agents_cold(tmp_path: Path) -> None:
         tiers = {a.agent_id: a.tier for a in snap.agents}
         assert tiers["d0"] == "cold" and tiers["d3"] == "warm", tiers
         assert engine.call(lambda e: e._store.disk_bytes).result() <= 0.1 * 2**20
+    finally:
+        engine.stop()
+
+
+def test_an_import_into_a_full_disk_budget_stays_and_the_oldest_other_file_goes(tmp_path: Path) -> None:
+    """Found by the crash harness (bench/crash.py): an imported file keeps its exporter's last-used time, so the
+    budget dropped it at once as the oldest file, and the import answered 500 with the file gone."""
+    engine = engine_with_store(tmp_path)
+    try:
+        def warm(agent: str) -> Path:
+            engine.call(lambda e: e.evict_agent(agent, Tier.WARM)).result()
+            engine.call(lambda e: e._store.flush()).result()
+            return engine.call(lambda e: e._store.entries[agent].path).result()
+
+        run_turn(engine, GenerationRequest("old", prompt_for(0, 4), 4))
+        exported = tmp_path / "exported.bin"
+        path = warm("old")
+        shutil.copyfile(path, exported)
+        for agent in ("b", "c"):
+            run_turn(engine, GenerationRequest(agent, prompt_for(1, 4), 4))
+            warm(agent)
+        # "old" goes cold, its file with it; the budget holds the other two files and no more.
+        engine.call(lambda e: e.evict_agent("old", Tier.COLD)).result()
+        engine.call(lambda e: e.tiers.poll()).result()
+        engine.call(lambda e: e._store.flush()).result()  # (the file is unlinked on the store's I/O thread)
+        engine.call(lambda e: setattr(e._store, "disk_budget_bytes", e._store.disk_bytes)).result()
+        shutil.copyfile(exported, path)  # the import puts the file in place, then the engine adopts it
+        assert engine.call(lambda e: e.adopt_agent(path)).result() == "old"
+        engine.call(lambda e: e.tiers.poll()).result()
+        tiers = {a.agent_id: a.tier for a in engine.fresh_snapshot().agents}
+        assert tiers == {"old": "warm", "b": "cold", "c": "warm"}, tiers
+        # A file larger than the whole budget is refused, and not left behind.
+        engine.call(lambda e: setattr(e._store, "disk_budget_bytes", 10)).result()
+        engine.call(lambda e: e.evict_agent("old", Tier.COLD)).result()
+        engine.call(lambda e: e.tiers.poll()).result()
+        engine.call(lambda e: e._store.flush()).result()  # (the file is unlinked on the store's I/O thread)
+        shutil.copyfile(exported, path)
+        with pytest.raises(InvalidRequestError, match="disk budget"):
+            engine.call(lambda e: e.adopt_agent(path)).result()
+        engine.call(lambda e: e._store.flush()).result()
+        assert not path.exists()
     finally:
         engine.stop()
 
