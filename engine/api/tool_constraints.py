@@ -60,14 +60,17 @@ def reply_format(conversation: Conversation, output_format: OutputFormat | None,
 
 
 def compile_reply_format(grammars: OutputGrammars, fmt: OutputFormat, conversation: Conversation,
-                         field: str) -> None:
-    """Compile ``fmt`` (in an API worker thread); a 400 names the strict tool whose schema cannot be used."""
+                         asked: OutputFormat | None, field: str) -> None:
+    """Compile ``fmt`` (in an API worker thread). A 400 names what cannot be used: the response format the
+    client ``asked`` for (its ``field``), else the strict tool whose schema it is."""
     try:
         grammars.prepare(fmt, field if not fmt.lark else "tools")
     except InvalidRequestError:
         if not fmt.lark:
             raise
-        for index, tool in enumerate(conversation.tools):  # which tool? (checked only now: a few ms each)
+        if asked is not None:  # which part? (checked only now, a few ms each)
+            check_format(asked, field)
+        for index, tool in enumerate(conversation.tools):
             if tool.strict and tool.parameters:
                 check_format(OutputFormat.from_schema(tool.parameters, tool.name), f"tools[{index}]")
         raise

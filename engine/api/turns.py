@@ -111,7 +111,7 @@ async def prepare(service: EngineService, spec: TurnSpec) -> GenerationRequest:
                                  renderer.turn_end_strings + spec.stop)
     if output_format is not None:  # compiled here, in a worker thread: a bad schema is a 400 before any 200
         await service.in_thread(compile_reply_format, service.engine.grammars, output_format, spec.conversation,
-                                spec.output_field)
+                                spec.output_format, spec.output_field)
     # Short prompts are not worth a stored prefix of their own.
     hint = head if len(tokens) >= 2 * service.settings.block_tokens else 0
     request = GenerationRequest(

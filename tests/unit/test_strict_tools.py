@@ -221,6 +221,11 @@ def test_a_strict_tool_whose_schema_cannot_compile_is_a_400_naming_it(url: str) 
         gpt.chat.completions.create(model="m", messages=ASK, max_tokens=8, tools=[
             {"type": "function", "function": {"name": "bad", "parameters": broken, "strict": True}}])
     assert chat.value.body["param"] == "tools[0]" and "strin" in chat.value.body["message"]
+    # A bad response format beside good tools is named as the response format, not as the tools.
+    with pytest.raises(openai.BadRequestError) as beside:
+        gpt.chat.completions.create(model="m", messages=ASK, max_tokens=8, tools=OPENAI_TOOLS, response_format={
+            "type": "json_schema", "json_schema": {"name": "x", "schema": broken}})
+    assert beside.value.body["param"] == "response_format"
     # Not strict, not forced: the schema is only shown to the model, as before.
     ok = gpt.chat.completions.create(model="m", messages=ASK, max_tokens=8, tools=[
         {"type": "function", "function": {"name": "bad", "parameters": broken}}])
