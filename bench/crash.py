@@ -456,23 +456,34 @@ def main() -> None:
     parser.add_argument("--disk-mb", type=float, default=64, help="the warm tier's disk budget")
     parser.add_argument("--threads", type=int, default=3, help="client threads of the load")
     parser.add_argument("--json", type=Path, help="write the tally here")
+    parser.add_argument("--keep", type=Path, help="run in this folder and keep it (default: a temporary folder, "
+                                                  "kept only when a round fails)")
     args = parser.parse_args()
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
     folder = model_folder(args.model, args.cache_dir)
     print(f"# crash harness: model {folder}, {args.rounds} rounds, seed {seed}")
+    import shutil
     import tempfile
 
-    with tempfile.TemporaryDirectory(prefix="semantic-crash-") as scratch:
-        state, logs = Path(scratch) / "state", Path(scratch) / "logs"
-        logs.mkdir()
-        started = time.monotonic()
+    scratch = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="semantic-crash-"))
+    state, logs = scratch / "state", scratch / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    try:
         tally = run(str(folder), args.rounds, seed, state, logs, pool_mb=args.pool_mb, disk_mb=args.disk_mb,
                     threads=args.threads)
-        summary = {"model": args.model, "rounds": tally.rounds, "seed": seed, "actions": tally.actions,
-                   "checked_turns": tally.checked_turns, "reused_turns": tally.reused_turns,
-                   "outcomes": tally.outcomes, "violations": [v.__dict__ for v in tally.violations],
-                   "restart_s_median": sorted(tally.restart_s)[len(tally.restart_s) // 2] if tally.restart_s else None,
-                   "minutes": round((time.monotonic() - started) / 60, 1)}
+    except BaseException:
+        print(f"# stopped; the state directory and the server logs are kept in {scratch}")
+        raise
+    if tally.violations or args.keep:
+        print(f"# the state directory and the server logs are kept in {scratch}")
+    else:
+        shutil.rmtree(scratch, ignore_errors=True)
+    summary = {"model": args.model, "rounds": tally.rounds, "seed": seed, "actions": tally.actions,
+               "checked_turns": tally.checked_turns, "reused_turns": tally.reused_turns,
+               "outcomes": tally.outcomes, "violations": [v.__dict__ for v in tally.violations],
+               "restart_s_median": sorted(tally.restart_s)[len(tally.restart_s) // 2] if tally.restart_s else None,
+               "minutes": round((time.monotonic() - started) / 60, 1)}
     print(json.dumps(summary, indent=1))
     if args.json:
         args.json.write_text(json.dumps(summary, indent=1))

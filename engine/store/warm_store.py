@@ -201,7 +201,9 @@ class WarmStore:
             headers.append(header)
         self.cold.load()
         self.prefixes.scan()
-        self._enforce_budget()
+        # No budget pass here: the engine indexes every header returned as a warm agent first, and its first
+        # poll() then turns the oldest cold as needed (evicting here dropped files the engine was about to
+        # index, and the start failed: found crash-testing, after a kill between a write and the budget's pass).
         return headers
 
     # -- spill (hot -> warm) ------------------------------------------------------------------

@@ -202,6 +202,27 @@ def test_an_import_into_a_full_disk_budget_stays_and_the_oldest_other_file_goes(
         engine.stop()
 
 
+def test_a_restart_over_the_disk_budget_starts_and_turns_the_oldest_cold(tmp_path: Path) -> None:
+    """Found by the crash harness: a process killed after a write and before the budget's next pass leaves the
+    warm tier over budget; the next start evicted files while indexing them, and failed with a KeyError."""
+    engine = engine_with_store(tmp_path)
+    try:
+        for i, agent in enumerate(("a", "b", "c")):
+            run_turn(engine, GenerationRequest(agent, prompt_for(i, 4), 4))
+            engine.call(lambda e, agent=agent: e.evict_agent(agent, Tier.WARM)).result()
+            engine.call(lambda e: e._store.flush()).result()
+        two_files = engine.call(lambda e: e._store.disk_bytes - e._store.entries["a"].nbytes).result()
+    finally:
+        engine.stop()
+    again = engine_with_store(tmp_path, disk_mb=two_files / 2**20)
+    try:
+        again.call(lambda e: e.tiers.poll()).result()
+        tiers = {a.agent_id: a.tier for a in again.fresh_snapshot().agents}
+        assert tiers == {"a": "cold", "b": "warm", "c": "warm"}, tiers
+    finally:
+        again.stop()
+
+
 def test_write_failure_makes_the_agent_cold_and_the_engine_keeps_going(tmp_path: Path) -> None:
     engine = engine_with_store(tmp_path)
     try:
