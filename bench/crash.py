@@ -404,9 +404,12 @@ def _check_next_turn(client: httpx.Client, agent: Agent, rng: random.Random, tal
 # -- rounds ---------------------------------------------------------------------------------------------------
 def run(model: str, rounds: int, seed: int, state_dir: Path, log_dir: Path, *, pool_mb: float = 24,
         disk_mb: float = 64, threads: int = 3, kill_after: tuple[float, float] = (1.0, 8.0),
-        progress: Callable[[str], None] = print, after_kill: Callable[[int, Path], None] | None = None) -> Tally:
-    """``rounds`` kill-and-restart rounds; ``after_kill(round, state_dir)`` runs between a kill and the restart
-    (the suite plants a dead writer's temporary files there)."""
+        progress: Callable[[str], None] = print, after_kill: Callable[[int, Path], None] | None = None,
+        max_minutes: float | None = None) -> Tally:
+    """``rounds`` kill-and-restart rounds (fewer when ``max_minutes`` runs out first; ``tally.rounds`` says how
+    many ran); ``after_kill(round, state_dir)`` runs between a kill and the restart (the suite plants a dead
+    writer's temporary files there)."""
+    deadline = time.monotonic() + max_minutes * 60 if max_minutes else None
     rng = random.Random(seed)
     tally = Tally()
     agents: dict[str, Agent] = {}
@@ -415,6 +418,9 @@ def run(model: str, rounds: int, seed: int, state_dir: Path, log_dir: Path, *, p
     server.start()
     try:
         for round_no in range(1, rounds + 1):
+            if deadline is not None and time.monotonic() > deadline:
+                progress(f"stopping after {round_no - 1} rounds: --max-minutes {max_minutes:g} ran out")
+                break
             load = Load(server.url, agents, exports, rng, tally)
             workers = load.run(threads)
             time.sleep(rng.uniform(*kill_after))
@@ -455,6 +461,8 @@ def main() -> None:
     parser.add_argument("--pool-mb", type=float, default=24, help="the server's KV pool budget (small: evictions)")
     parser.add_argument("--disk-mb", type=float, default=64, help="the warm tier's disk budget")
     parser.add_argument("--threads", type=int, default=3, help="client threads of the load")
+    parser.add_argument("--max-minutes", type=float, help="start no round after this long (the tally says how "
+                                                          "many rounds ran)")
     parser.add_argument("--json", type=Path, help="write the tally here")
     parser.add_argument("--keep", type=Path, help="run in this folder and keep it (default: a temporary folder, "
                                                   "kept only when a round fails)")
@@ -471,7 +479,7 @@ def main() -> None:
     started = time.monotonic()
     try:
         tally = run(str(folder), args.rounds, seed, state, logs, pool_mb=args.pool_mb, disk_mb=args.disk_mb,
-                    threads=args.threads)
+                    threads=args.threads, max_minutes=args.max_minutes)
     except BaseException:
         print(f"# stopped; the state directory and the server logs are kept in {scratch}")
         raise
@@ -479,7 +487,8 @@ def main() -> None:
         print(f"# the state directory and the server logs are kept in {scratch}")
     else:
         shutil.rmtree(scratch, ignore_errors=True)
-    summary = {"model": args.model, "rounds": tally.rounds, "seed": seed, "actions": tally.actions,
+    summary = {"model": args.model, "rounds": tally.rounds, "rounds_asked": args.rounds, "seed": seed,
+               "actions": tally.actions,
                "checked_turns": tally.checked_turns, "reused_turns": tally.reused_turns,
                "outcomes": tally.outcomes, "violations": [v.__dict__ for v in tally.violations],
                "restart_s_median": sorted(tally.restart_s)[len(tally.restart_s) // 2] if tally.restart_s else None,
