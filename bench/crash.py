@@ -304,7 +304,10 @@ def _refused(reply: httpx.Response) -> None:
 def check_restart(server: Server, agents: dict[str, Agent], rng: random.Random, round_no: int,
                   tally: Tally) -> None:
     problems: list[tuple[str, str]] = []
-    temps = [p for p in server.state_dir.rglob("*") if p.is_file() and _is_temp(p.name)]
+    # A temp file of the restarted server itself is a write in progress (its first budget pass rewrites the
+    # cold index, say), not a leftover: only a dead writer's count.
+    live = server.process.pid if server.process is not None else None
+    temps = [p for p in server.state_dir.rglob("*") if p.is_file() and _is_temp(p.name, live)]
     if temps:
         problems.append(("temp files", ", ".join(str(p.relative_to(server.state_dir)) for p in temps[:8])))
     with httpx.Client(base_url=server.url, timeout=300) as client:
@@ -322,8 +325,13 @@ def check_restart(server: Server, agents: dict[str, Agent], rng: random.Random, 
         tally.violations.append(Violation(round_no, check, detail))
 
 
-def _is_temp(name: str) -> bool:
-    return name.endswith(".tmp") or name.startswith((".export-", ".import-"))
+def _is_temp(name: str, live_pid: int | None) -> bool:
+    from engine.store.temp_files import TEMP_NAME
+
+    match = TEMP_NAME.fullmatch(name)
+    if match is not None and live_pid is not None and int(match["pid"]) == live_pid:
+        return False
+    return name.endswith(".tmp") or match is not None
 
 
 def _check_warm_files(server: Server, listed: dict[str, dict[str, Any]]) -> list[tuple[str, str]]:
