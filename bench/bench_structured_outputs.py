@@ -95,13 +95,11 @@ def validity(url: str, requests: int, max_tokens: int) -> dict[str, Any]:
             valid = False
         return key, choice.finish_reason, valid
 
-    started = time.perf_counter()
-    with ThreadPoolExecutor(AGENTS) as pool:
-        rows = list(pool.map(one, range(requests)))
+    rows, seconds = _eight_at_a_time(one, requests)
     finished = [r for r in rows if r[1] == "stop"]
     return {"requests": requests, "finished": len(finished), "finished_valid": sum(r[2] for r in finished),
             "truncated": sum(r[1] == "length" for r in rows), "valid_any": sum(r[2] for r in rows),
-            "seconds": round(time.perf_counter() - started, 1),
+            "seconds": seconds,
             "invalid_finished": [r[0] for r in finished if not r[2]]}
 
 
@@ -127,13 +125,19 @@ def tool_calls(url: str, requests: int, max_tokens: int) -> dict[str, Any]:
             valid = False
         return key, choice.finish_reason, valid
 
+    rows, seconds = _eight_at_a_time(one, requests)
+    return {"requests": requests, "tool_calls": sum(r[1] == "tool_calls" for r in rows),
+            "valid_calls": sum(r[2] for r in rows), "truncated": sum(r[1] == "length" for r in rows),
+            "seconds": seconds,
+            "invalid": [r[0] for r in rows if not r[2]]}
+
+
+def _eight_at_a_time(one: Callable[[int], Any], requests: int) -> tuple[list[Any], float]:
+    """``one(i)`` for every request, AGENTS at a time: the rows in order, and the seconds it all took."""
     started = time.perf_counter()
     with ThreadPoolExecutor(AGENTS) as pool:
         rows = list(pool.map(one, range(requests)))
-    return {"requests": requests, "tool_calls": sum(r[1] == "tool_calls" for r in rows),
-            "valid_calls": sum(r[2] for r in rows), "truncated": sum(r[1] == "length" for r in rows),
-            "seconds": round(time.perf_counter() - started, 1),
-            "invalid": [r[0] for r in rows if not r[2]]}
+    return rows, round(time.perf_counter() - started, 1)
 
 
 def batch_rate(url: str, constrained: int, max_tokens: int, prompt: str = "story") -> tuple[float, list[int]]:

@@ -387,10 +387,10 @@ def _settle(client: httpx.Client, agent: Agent,
 
 def _check_next_turn(client: httpx.Client, agent: Agent, rng: random.Random, tally: Tally) -> list[tuple[str, str]]:
     user = f"And one more thing about {rng.choice(TOPICS)}?"
-    before = {**agent.__dict__}
+    history = list(agent.messages)  # the conversation before this turn: what the fresh prefill is given
     try:
         reply = send_turn(client, agent, user)
-        reference = send_turn(client, Agent(agent.name, agent.api, list(before["messages"])), user, fresh=True)
+        reference = send_turn(client, Agent(agent.name, agent.api, history), user, fresh=True)
     except RuntimeError as exc:
         return [("next turn", f"{agent.name}: {exc}")]
     if reply is None or reference is None:

@@ -90,3 +90,20 @@ class LiveServer:
 def live_server(app: FastAPI) -> Iterator[LiveServer]:
     with LiveServer(app) as server:
         yield server
+
+
+def tiny_llama_api(cache_dir: Path) -> Iterator[str]:
+    """The whole HTTP API over a real engine on a tiny random-weight llama (byte tokenizer): its base URL.
+    (For module fixtures: ``yield from tiny_llama_api(tmp_path_factory.mktemp(...))``.)"""
+    from engine.api.app import create_app
+    from engine.runtime.engine_thread.engine import Engine
+    from tests.support.engine_settings import engine_settings
+    from tests.support.tiny_models import loaded_tiny
+
+    engine = Engine(loaded_tiny("llama", block_tokens=16), engine_settings(64 * 2**20, 8, 32))
+    engine.start()
+    try:
+        with LiveServer(create_app(make_service(cache_dir, engine))) as server:  # type: ignore[arg-type]
+            yield server.url
+    finally:
+        engine.stop(0.0)

@@ -19,17 +19,13 @@ import numpy as np
 import openai
 import pytest
 
-from engine.api.app import create_app
 from engine.api.tool_calls import FALLBACK, ToolFormat, tool_format_for
 from engine.api.tool_constraints import reply_format
 from engine.domain.chat import ChatMessage, Conversation, ToolSpec
 from engine.domain.output_format import OutputFormat
 from engine.grammar.tool_grammar import tool_call_grammar
-from engine.runtime.engine_thread.engine import Engine
 from tests.support.byte_tokenizer import EOS, ByteTokenizer
-from tests.support.engine_settings import engine_settings
-from tests.support.router_app import LiveServer, make_service
-from tests.support.tiny_models import loaded_tiny
+from tests.support.router_app import tiny_llama_api
 
 pytestmark = pytest.mark.unit
 
@@ -138,14 +134,7 @@ def test_mlx_lm_json_tools_parser_is_a_json_format() -> None:
 # -- over HTTP, sampled by a random model ----------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    engine = Engine(loaded_tiny("llama", block_tokens=16), engine_settings(64 * 2**20, 8, 32))
-    engine.start()
-    try:
-        service = make_service(tmp_path_factory.mktemp("strict-tools"), engine)  # type: ignore[arg-type]
-        with LiveServer(create_app(service)) as server:
-            yield server.url
-    finally:
-        engine.stop(0.0)
+    yield from tiny_llama_api(tmp_path_factory.mktemp("strict-tools"))
 
 
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]

@@ -17,11 +17,7 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from engine.api.app import create_app
-from engine.runtime.engine_thread.engine import Engine
-from tests.support.engine_settings import engine_settings
-from tests.support.router_app import LiveServer, make_service
-from tests.support.tiny_models import loaded_tiny
+from tests.support.router_app import tiny_llama_api
 
 pytestmark = pytest.mark.unit
 
@@ -47,14 +43,7 @@ BROKEN = {"type": "object", "properties": {"a": {"type": "strin"}}}
 
 @pytest.fixture(scope="module")
 def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    engine = Engine(loaded_tiny("llama", block_tokens=16), engine_settings(64 * 2**20, 8, 32))
-    engine.start()
-    try:
-        service = make_service(tmp_path_factory.mktemp("so-api"), engine)  # type: ignore[arg-type]
-        with LiveServer(create_app(service)) as server:
-            yield server.url
-    finally:
-        engine.stop(0.0)
+    yield from tiny_llama_api(tmp_path_factory.mktemp("so-api"))
 
 
 @pytest.fixture(scope="module")
