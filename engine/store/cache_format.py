@@ -53,6 +53,8 @@ _INDEX = r"(0|[1-9][0-9]{0,17})"
 # A cache's own block "g{group}.b{start}.l{slot}.k", or a checkpoint's "c{i}.g...";
 # a quantized K or V adds ".scales" and ".biases" next to its packed words.
 _BLOCK_NAME = re.compile(rf"(?:c{_INDEX}\.)?g{_INDEX}\.b{_INDEX}\.l{_INDEX}\.([kv])(?:\.(scales|biases))?")
+# A recurrent group's state at a token position "g{group}.s{offset}.l{slot}.a{j}" (a snapshot's: "c{i}.g...").
+_STATE_NAME = re.compile(rf"(?:c{_INDEX}\.)?g{_INDEX}\.s{_INDEX}\.l{_INDEX}\.a{_INDEX}")
 # The writer's temp files: ".{stem}.{pid}.{random hex}.tmp".
 _TEMP_NAME = re.compile(r"\.[A-Za-z0-9_-]+\.([1-9][0-9]{0,9})\.[0-9a-f]+\.tmp")
 
@@ -106,7 +108,8 @@ class PersistedBlock:
     mx.arrays when writing; numpy views of the file's bytes after reading.
     In a quantized record (the header's ``kv_quantization``) each is a
     :class:`QuantizedArray`. ``checkpoint`` is None for the cache's own blocks, ``i`` for a block of
-    the header's ``checkpoints[i]``.
+    the header's ``checkpoints[i]``. A recurrent group's "block" is its state at token ``start``:
+    ``length`` 0, no K/V, per layer slot its arrays in ``states`` (never quantized).
     """
 
     group: int
@@ -115,6 +118,12 @@ class PersistedBlock:
     keys: tuple[Any, ...]
     values: tuple[Any, ...]
     checkpoint: int | None = None
+    states: tuple[tuple[Any, ...], ...] = ()
+
+    @property
+    def arrays(self) -> list[Any]:
+        """Every array of the block (K and V, or a state's)."""
+        return [*self.keys, *self.values, *(a for state in self.states for a in state)]
 
     @property
     def file_order(self) -> tuple[int, int, int]:

@@ -22,6 +22,7 @@ from engine.errors import CacheCorruptionError
 
 from engine.store.cache_format import (
     _LENGTH,
+    _BY_CODE,
     _PACKED_DTYPE,
     _TOKEN_DTYPE,
     MAX_HEADER_BYTES,
@@ -90,7 +91,8 @@ def read_cache_file(
 
     blocks = tuple(
         PersistedBlock(b.group, b.start, b.length, tuple(array(e) for e in b.keys),
-                       tuple(array(e) for e in b.values), b.checkpoint)
+                       tuple(array(e) for e in b.values), b.checkpoint,
+                       tuple(tuple(_view(data, e, _BY_CODE[e.dtype]) for e in state) for state in b.states))
         for b in _in_file_order(runs)
     )
     return CacheRecord(replace(header, token_ids=tokens.tolist()), blocks)

@@ -6,7 +6,9 @@ the same ones so it never writes a file the reader would reject. The checks:
 tensors tile the data section exactly, the geometry matches the model's spec,
 each group's blocks cover the cache contiguously (a full-attention group from
 where the prefix reference ends), each checkpoint's blocks cover every
-sliding-window group up to its offset, and the checksum holds.
+sliding-window group up to its offset, each recurrent group has exactly one
+state at the cache's end and one at each checkpoint's offset, of the spec's
+shapes and dtypes, and the checksum holds.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from engine.errors import CacheCorruptionError
 from engine.store.cache_format import (
     _BLOCK_NAME,
     _CRC_DIGITS,
+    _STATE_NAME,
     _KV_DTYPES,
     _PACKED_DTYPE,
     _TOKEN_DTYPE,
@@ -100,7 +103,8 @@ def _check_checksum(head: bytes, checksum_at: int, expected: str, data: np.ndarr
 # -- tensors against the spec ------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class _Group:
-    """A layer group as the spec describes it: its layers, its window or chunk, its K/V shape."""
+    """A layer group as the spec describes it: its layers, its window or chunk, its K/V shape; a recurrent
+    group: per layer its state arrays' shapes (without the batch axis) and dtypes."""
 
     layers: int
     window: int | None
@@ -108,10 +112,16 @@ class _Group:
     kv_heads: int
     head_dim: int
     v_head_dim: int
+    state: tuple[tuple[tuple[int, ...], str], ...] | None = None
+
+    @property
+    def recurrent(self) -> bool:
+        return self.state is not None
 
     @property
     def forgets(self) -> bool:
-        return self.window is not None or self.chunk is not None
+        """Whether the group cannot go back to any earlier position (a window, a chunk, a recurrent state)."""
+        return self.window is not None or self.chunk is not None or self.state is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +133,8 @@ class _Geometry:
 
     @property
     def head_dims(self) -> set[int]:
-        return {d for g in self.groups.values() for d in (g.head_dim, g.v_head_dim)}
+        """The K and V widths of the groups that hold K/V (what quantization must divide)."""
+        return {d for g in self.groups.values() if not g.recurrent for d in (g.head_dim, g.v_head_dim)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +145,7 @@ class _BlockEntries:
     keys: tuple[_Entry | QuantizedArray, ...]  # QuantizedArrays of entries in a quantized file
     values: tuple[_Entry | QuantizedArray, ...]
     checkpoint: int | None = None
+    states: tuple[tuple[_Entry, ...], ...] = ()  # a recurrent group's state: per layer slot its arrays
 
     @property
     def end(self) -> int:
@@ -161,6 +173,12 @@ def _geometry(spec: dict[str, Any]) -> _Geometry:
 
 def _group(group: dict[str, Any], geometry: dict[str, Any]) -> _Group:
     kind = group["kind"]
+    if kind == "recurrent":
+        arrays = tuple((tuple(int(n) for n in shape), str(dtype)) for shape, dtype in group["state"]["arrays"])
+        if not arrays or any(dtype not in _KV_DTYPES or not shape for shape, dtype in arrays):
+            raise ValueError(f"unsupported recurrent state {arrays!r}")
+        return _Group(len(group["layers"]), None, None, geometry["n_kv_heads"], geometry["head_dim"],
+                      geometry["v_head_dim"], arrays)
     window = int(kind.removeprefix("sliding-")) if kind.startswith("sliding-") else None
     chunk = int(kind.removeprefix("chunked-")) if kind.startswith("chunked-") else None
     if kind != "global" and window is None and chunk is None:
@@ -189,7 +207,10 @@ def _check_blocks(geometry: _Geometry, entries: dict[str, _Entry], header: Cache
     main = runs.get(None, {})
     shared = header.prefix["n_tokens"] if header.prefix else 0
     for index, group in geometry.groups.items():
-        _check_run(index, main.get(index, []), header.n_tokens, group, shared)
+        if group.recurrent:
+            _check_state(f"group {index}", main.get(index, []), header.n_tokens)
+        else:
+            _check_run(index, main.get(index, []), header.n_tokens, group, shared)
     for i, checkpoint in enumerate(header.checkpoints):
         _check_checkpoint(geometry, i, checkpoint["offset"], runs.get(i, {}))
     kv_bytes = sum(e.end - e.begin for name, e in entries.items() if name != TOKENS)
@@ -211,14 +232,21 @@ def _check_quantization(geometry: _Geometry, quantization: KVQuantization) -> No
 def _group_blocks(
     geometry: _Geometry, entries: dict[str, _Entry], quantization: KVQuantization | None = None,
 ) -> _Runs:
-    """The K/V tensors gathered into blocks by name, each group's blocks in token order."""
+    """The K/V tensors gathered into blocks by name, each group's blocks in token order (a recurrent
+    group's states, one per position, as blocks of no tokens)."""
     found: dict[tuple[int, int, int], dict[tuple[int, str, str | None], _Entry]] = {}
+    states: dict[tuple[int, int, int], dict[tuple[int, int], _Entry]] = {}
     for name, entry in entries.items():
         if name == TOKENS:
             continue
         match = _BLOCK_NAME.fullmatch(name)
         if match is None:
-            raise CacheCorruptionError(f"unexpected tensor {_short(repr(name))}")
+            state = _STATE_NAME.fullmatch(name)
+            if state is None:
+                raise CacheCorruptionError(f"unexpected tensor {_short(repr(name))}")
+            checkpoint = -1 if state[1] is None else int(state[1])
+            states.setdefault((checkpoint, int(state[2]), int(state[3])), {})[(int(state[4]), int(state[5]))] = entry
+            continue
         checkpoint = -1 if match[1] is None else int(match[1])  # -1 sorts the cache's own first
         group, start, slot = int(match[2]), int(match[3]), int(match[4])
         found.setdefault((checkpoint, group, start), {})[(slot, match[5], match[6])] = entry
@@ -226,7 +254,40 @@ def _group_blocks(
     for (checkpoint, group, start), tensors in sorted(found.items()):
         block = _block(geometry, None if checkpoint < 0 else checkpoint, group, start, tensors, quantization)
         runs.setdefault(block.checkpoint, {}).setdefault(group, []).append(block)
+    for (checkpoint, group, offset), arrays in sorted(states.items()):
+        block = _state(geometry, None if checkpoint < 0 else checkpoint, group, offset, arrays)
+        runs.setdefault(block.checkpoint, {}).setdefault(group, []).append(block)
     return runs
+
+
+def _state(geometry: _Geometry, checkpoint: int | None, group: int, offset: int,
+           arrays: dict[tuple[int, int], _Entry]) -> _BlockEntries:
+    """A recurrent group's state at ``offset``: every layer's arrays, of the spec's shapes and dtypes
+    (never quantized: a state is full precision at rest)."""
+    name = ("" if checkpoint is None else f"c{checkpoint}.") + f"g{group}.s{offset}"
+    facts = geometry.groups.get(group)
+    if facts is None or facts.state is None:
+        raise CacheCorruptionError(f"state {name}: group {group} is not a recurrent group of the spec")
+    expected = facts.state
+    if set(arrays) != {(slot, j) for slot in range(facts.layers) for j in range(len(expected))}:
+        raise CacheCorruptionError(f"state {name} lacks arrays of some of the group's {facts.layers} layers "
+                                   f"({len(expected)} each) or has arrays the spec does not have")
+    for (slot, j), entry in arrays.items():
+        shape, dtype = expected[j]
+        if entry.dtype != _KV_DTYPES[dtype].code or entry.shape != (1, *shape):
+            raise CacheCorruptionError(f"tensor {entry.name} is {entry.dtype} {list(entry.shape)}, "
+                                       f"the spec's state needs {_KV_DTYPES[dtype].code} {[1, *shape]}")
+    states = tuple(tuple(arrays[(slot, j)] for j in range(len(expected))) for slot in range(facts.layers))
+    return _BlockEntries(group, offset, 0, (), (), checkpoint, states)
+
+
+def _check_state(what: str, run: list[_BlockEntries], offset: int) -> None:
+    """A recurrent group holds exactly one state, at ``offset`` (none before any token)."""
+    if offset == 0 and not run:
+        return
+    if [b.start for b in run] != [offset]:
+        raise CacheCorruptionError(f"{what} holds recurrent states at tokens {[b.start for b in run]}, "
+                                   f"it needs exactly one, at token {offset}")
 
 
 _PARTS = (None, "scales", "biases")  # a quantized K or V: packed words, then its group parameters
@@ -241,6 +302,8 @@ def _block(
         raise CacheCorruptionError(
             f"tensor group {group} is not in the spec (groups {sorted(geometry.groups)})")
     facts = geometry.groups[group]
+    if facts.recurrent:
+        raise CacheCorruptionError(f"block {name} holds K/V of recurrent group {group}, which keeps a state")
     width = facts.layers
     parts = _PARTS if quantization is not None else (None,)
     if set(tensors) != {(slot, kind, part) for slot in range(width) for kind in "kv" for part in parts}:
@@ -357,6 +420,9 @@ def _check_checkpoint(
     """
     for index, group in geometry.groups.items():
         run = runs.get(index, [])
+        if group.recurrent:
+            _check_state(f"checkpoint {i} group {index}", run, offset)
+            continue
         if not group.forgets:
             if run:
                 raise CacheCorruptionError(f"checkpoint {i} has blocks of global group {index}; "

@@ -26,6 +26,7 @@ from engine.errors import CacheCorruptionError, CachePersistenceError
 
 from engine.store.cache_format import (
     _CHECKSUM_PLACEHOLDER,
+    _KV_DTYPES,
     _PACKED_DTYPE,
     _TOKEN_DTYPE,
     FORMAT_VERSION,
@@ -40,7 +41,7 @@ from engine.store.cache_format import (
     _Entry,
 )
 from engine.store.cache_header import _encode_head
-from engine.store.cache_validation import _check_blocks, _geometry, _token_entry
+from engine.store.cache_validation import _check_blocks, _geometry, _Geometry, _token_entry
 from engine.store.file_names import agent_file_stem
 from engine.store.private_dirs import make_private_dir
 
@@ -153,7 +154,7 @@ def _plan(record: CacheRecord) -> _Plan:
     header = record.header
     try:
         geometry = _geometry(header.spec)
-        sources = [_token_source(header.token_ids), *_block_sources(record.blocks, geometry.dtype)]
+        sources = [_token_source(header.token_ids), *_block_sources(record.blocks, geometry)]
         entries = _lay_out(sources)
         version = FORMAT_VERSION if header.kv_quantization is None else QUANTIZED_FORMAT_VERSION
         header = replace(header, format_version=version, checksum=_CHECKSUM_PLACEHOLDER,
@@ -173,10 +174,13 @@ def _token_source(token_ids: Sequence[int]) -> _Source:
     return _source(TOKENS, tokens.astype("<u4"), _TOKEN_DTYPE)
 
 
-def _block_sources(blocks: Sequence[PersistedBlock], dtype: _Dtype) -> list[_Source]:
-    sources = []
+def _block_sources(blocks: Sequence[PersistedBlock], geometry: _Geometry) -> list[_Source]:
+    sources, dtype = [], geometry.dtype
     for block in sorted(blocks, key=lambda b: b.file_order):
         checkpoint = "" if block.checkpoint is None else f"c{block.checkpoint}."
+        if block.states:
+            sources += _state_sources(f"{checkpoint}g{block.group}.s{block.start}", block.states, geometry, block.group)
+            continue
         for slot, (k, v) in enumerate(zip(block.keys, block.values)):
             prefix = f"{checkpoint}g{block.group}.b{block.start}.l{slot}"
             written = [*_kv_sources(f"{prefix}.k", k, dtype), *_kv_sources(f"{prefix}.v", v, dtype)]
@@ -184,6 +188,17 @@ def _block_sources(blocks: Sequence[PersistedBlock], dtype: _Dtype) -> list[_Sou
                 raise ValueError(f"{prefix}: arrays do not hold the block's {block.length} tokens")
             sources += written
     return sources
+
+
+def _state_sources(prefix: str, states: Sequence[Sequence[Any]], geometry: _Geometry, group: int) -> list[_Source]:
+    """A recurrent group's state: each layer slot's arrays, each in its own dtype (the spec's)."""
+    facts = geometry.groups.get(group)
+    if facts is None or facts.state is None:
+        raise ValueError(f"{prefix}: group {group} keeps no recurrent state")
+    if any(len(arrays) != len(facts.state) for arrays in states):
+        raise ValueError(f"{prefix}: a state of {len(facts.state)} arrays per layer expected")
+    return [_source(f"{prefix}.l{slot}.a{j}", array, _KV_DTYPES[facts.state[j][1]])
+            for slot, arrays in enumerate(states) for j, array in enumerate(arrays)]
 
 
 def _kv_sources(name: str, array: Any, dtype: _Dtype) -> list[_Source]:

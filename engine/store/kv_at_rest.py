@@ -75,13 +75,27 @@ class CacheAtRest:
     def slices(self) -> list[LayerSlice]:
         """Full precision, in the layout a restore installs."""
         if self.quantization is None:
-            return [LayerSlice(b.group, b.start, b.length, b.keys, b.values, b.checkpoint) for b in self.blocks]
+            return [as_slice(b) for b in self.blocks]
         return dequantized_slices(self.blocks, self.quantization)
 
 
+def as_slice(block: PersistedBlock) -> LayerSlice:
+    """A block of MLX arrays at full precision, as the slice a restore installs."""
+    return LayerSlice(block.group, block.start, block.length, block.keys, block.values, block.checkpoint, block.states)
+
+
+def as_block(piece: LayerSlice) -> PersistedBlock:
+    """A slice of a resident cache as the block the disk tier writes."""
+    return PersistedBlock(piece.group, piece.start, piece.length, piece.keys, piece.values, piece.checkpoint,
+                          piece.states)
+
+
 def quantize_blocks(blocks: tuple[PersistedBlock, ...], quantization: KVQuantization) -> tuple[PersistedBlock, ...]:
-    """Every K and V of ``blocks`` quantized, evaluated (the I/O thread reads their bytes as they are)."""
+    """Every K and V of ``blocks`` quantized, evaluated (the I/O thread reads their bytes as they are).
+    Recurrent states stay as they are: full precision at rest (a state carries a conversation's whole
+    history in one matrix, and no measurement says quantizing it is safe)."""
     out = tuple(
+        b if b.states else
         PersistedBlock(b.group, b.start, b.length, tuple(quantized(k, quantization) for k in b.keys),
                        tuple(quantized(v, quantization) for v in b.values), b.checkpoint)
         for b in blocks
@@ -98,7 +112,8 @@ def dequantized(array: QuantizedArray, quantization: KVQuantization) -> mx.array
 
 def dequantized_slices(blocks: tuple[PersistedBlock, ...], quantization: KVQuantization) -> list[LayerSlice]:
     """Quantized blocks (MLX arrays) as the full-precision slices a restore installs."""
-    return [LayerSlice(b.group, b.start, b.length, tuple(dequantized(k, quantization) for k in b.keys),
+    return [as_slice(b) if b.states else
+            LayerSlice(b.group, b.start, b.length, tuple(dequantized(k, quantization) for k in b.keys),
                        tuple(dequantized(v, quantization) for v in b.values), b.checkpoint)
             for b in blocks]
 
@@ -110,7 +125,7 @@ def round_trip(array: mx.array, quantization: KVQuantization) -> mx.array:
 
 def block_nbytes(block: PersistedBlock) -> int:
     """The bytes a block's arrays hold (a quantized K or V counts its packed words, scales and biases)."""
-    return sum(_nbytes(a) for a in (*block.keys, *block.values))
+    return sum(_nbytes(a) for a in block.arrays)
 
 
 def quantized(array: mx.array, quantization: KVQuantization) -> QuantizedArray:

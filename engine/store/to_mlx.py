@@ -15,7 +15,7 @@ import numpy as np
 from engine.store.layer_slice import LayerSlice
 
 from engine.store.cache_file import CacheRecord
-from engine.store.cache_format import QuantizedArray
+from engine.store.cache_format import PersistedBlock, QuantizedArray
 from engine.store.kv_at_rest import dequantized
 
 _AS_MLX: dict[str, Callable[[np.ndarray], mx.array]] = {
@@ -41,12 +41,24 @@ def to_mx_slices(record: CacheRecord) -> list[LayerSlice]:
                                quantization)
         return as_mlx(stored)
 
+    def states(block: PersistedBlock) -> tuple[tuple[mx.array, ...], ...]:
+        # Each state array in its own dtype, as the spec lists them (a recurrent matrix is often float32
+        # beside bfloat16 K/V).
+        dtypes = _state_dtypes(record, block.group) if block.states else []
+        return tuple(tuple(_AS_MLX[dtype](a) for a, dtype in zip(state, dtypes)) for state in block.states)
+
     slices = [
         LayerSlice(block.group, block.start, block.length,
                    tuple(array(k) for k in block.keys), tuple(array(v) for v in block.values),
-                   block.checkpoint)
+                   block.checkpoint, states(block))
         for block in sorted(record.blocks, key=lambda b: b.file_order)
     ]
-    mx.eval([a for s in slices for a in (*s.keys, *s.values)])
+    mx.eval([a for s in slices for a in s.arrays])
     return slices
+
+
+def _state_dtypes(record: CacheRecord, group: int) -> list[str]:
+    """The dtypes of a recurrent group's state arrays, as the header's spec lists them."""
+    entry = next(g for g in record.header.spec["groups"] if g["index"] == group)
+    return [dtype for _, dtype in entry["state"]["arrays"]]
 

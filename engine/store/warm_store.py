@@ -45,7 +45,8 @@ from engine.store.cache_file import (
 )
 from engine.store.cold_index import ColdIndex, ColdEntry
 from engine.store.file_names import model_dir_name
-from engine.store.kv_at_rest import CacheAtRest, block_nbytes, dequantized_slices, quantization_for, quantize_blocks
+from engine.store.kv_at_rest import (CacheAtRest, as_block, as_slice, block_nbytes, dequantized_slices,
+                                    quantization_for, quantize_blocks)
 from engine.store.prefix_store import AGENT_PREFIX, PrefixEntry, PrefixStore, prefix_key
 from engine.store.private_dirs import make_private_dir
 from engine.store.to_mlx import to_mx_slices
@@ -414,7 +415,7 @@ class WarmStore:
             AGENT_PREFIX + key, self.loaded.identity, self.loaded.spec, tokens, *_cache_classes(self.loaded),
             display_name=f"shared prefix of {len(tokens)} tokens", source="prefix", quantization=self.quantization,
         )
-        blocks = tuple(PersistedBlock(s.group, s.start, s.length, s.keys, s.values) for s in slices)
+        blocks = tuple(as_block(s) for s in slices)
         self.prefixes.write(CacheRecord(header, self._at_rest(blocks)))
 
     def _enforce_budget(self, keep: str | None = None) -> None:
@@ -499,7 +500,7 @@ def _from_record(record: CacheRecord, from_memory: bool) -> Loaded:
     if from_memory and quantization is not None:
         slices = dequantized_slices(record.blocks, quantization)
     elif from_memory:
-        slices = [LayerSlice(b.group, b.start, b.length, b.keys, b.values, b.checkpoint) for b in record.blocks]
+        slices = [as_slice(b) for b in record.blocks]
     else:
         slices = to_mx_slices(record)
     return Loaded(list(record.header.token_ids), slices, from_memory, list(record.header.checkpoints))

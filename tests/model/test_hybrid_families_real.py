@@ -7,9 +7,9 @@ tokenizer and chat template and loaded from the files. Every reply is the
 text plain mlx-lm's greedy decoding gives for the same rendered prompt; later
 turns read the conversation from the cache; a client that edits its last
 message resumes from a snapshot (the usage says so); a second session
-starts from the first one's system prompt; a full pool drops an agent cold
-(recurrent state stays in memory) and its next turn is still right; the
-pool counts exactly the bytes the caches hold.
+starts from the first one's system prompt; an agent evicted to disk (state,
+snapshots and attention blocks in one file) comes back after a restart and
+exports; the pool counts exactly the bytes the caches hold.
 """
 
 from __future__ import annotations
@@ -100,21 +100,28 @@ def test_a_second_session_starts_from_the_first_ones_system_prompt(family, api: 
     pool_holds_what_it_counts(api)
 
 
-def test_an_evicted_agent_goes_cold_saying_why_and_its_next_turn_is_right(family, api: RealApi) -> None:
-    _, _, loaded = family
+def test_an_agent_evicted_to_disk_comes_back_after_a_restart_and_exports(family, tmp_path: Path) -> None:
+    """The state and its snapshots go to the agent's file with its attention blocks; after a restart the next
+    turn reads them and computes only what is new; the agent exports as a file of its own."""
+    _, folder, loaded = family
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Say something short."}]
-    first = chat(api, "evicted", messages)
-    agent = next(a["agent_id"] for a in api.stats()["agents"] if a["agent_id"].endswith("evicted"))
-    response = httpx.post(f"{api.url}/v1/agents/{agent}/evict", json={"tier": "warm"}, timeout=30)
-    assert response.status_code == 200, response.text
-    view = next(a for a in api.stats()["agents"] if a["agent_id"] == agent)
-    assert view["tier"] == "cold", view
-    assert any("kept in memory only" in line for line in api.event_lines()), api.event_lines()[-5:]
-    exported = httpx.get(f"{api.url}/v1/agents/{agent}/export", timeout=30)
-    assert exported.status_code == 400 and "recurrent" in exported.text, exported.text
+    with running_api(loaded, tmp_path / "cache", folder, pool_budget_mb=64) as api:
+        first = chat(api, "restart", messages)
+        agent = next(a["agent_id"] for a in api.stats()["agents"] if a["agent_id"].endswith("restart"))
+        response = httpx.post(f"{api.url}/v1/agents/{agent}/evict", json={"tier": "warm"}, timeout=30)
+        assert response.status_code == 200, response.text
+        view = next(a for a in api.stats()["agents"] if a["agent_id"] == agent)
+        assert view["tier"] == "warm", view
+        pool_holds_what_it_counts(api)
     messages += [{"role": "assistant", "content": first.choices[0].message.content},
-                 {"role": "user", "content": "And again?"}]
-    again = chat(api, "evicted", messages)
-    text, _ = expected_text(loaded, messages)
-    assert again.choices[0].message.content == text
-    pool_holds_what_it_counts(api)
+                 {"role": "user", "content": "Now after a restart?"}]
+    with running_api(loaded, tmp_path / "cache", folder, pool_budget_mb=64) as api:
+        again = chat(api, "restart", messages)
+        text, _ = expected_text(loaded, messages)
+        assert again.choices[0].message.content == text
+        # The state stood one token short of the first prompt's end plus the reply (or at a snapshot there).
+        assert cached(again) >= first.usage.prompt_tokens - 1, again.usage
+        pool_holds_what_it_counts(api)
+        exported = httpx.get(f"{api.url}/v1/agents/{agent}/export", timeout=30)
+        assert exported.status_code == 200, exported.text
+        assert len(exported.content) > loaded.spec.state_bytes

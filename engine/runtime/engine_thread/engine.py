@@ -321,7 +321,6 @@ class Engine:
         None when the file is current already. The agent stays where it is."""
         agent = self._agent(agent_id)
         self._refuse_when_sharded("exporting an agent")
-        self._refuse_for_recurrent_state("exporting an agent")
         if self._store is None or not self._store.usable:
             raise EngineUnavailableError("this server has no cache directory to export from (--no-persist?)")
         if agent.is_busy:
@@ -335,7 +334,6 @@ class Engine:
     def check_import(self, agent_id: str, replace: bool) -> None:
         """Refuse an import over an agent this engine has, unless asked to replace an idle one."""
         self._refuse_when_sharded("importing an agent")
-        self._refuse_for_recurrent_state("importing an agent")
         if self._store is None or not self._store.usable:
             raise EngineUnavailableError("this server has no cache directory to import into")
         agent = self.agents.get(agent_id)
@@ -371,14 +369,6 @@ class Engine:
         if self.loaded.shard is not None:
             raise EngineUnavailableError(f"{what} is not available while the model is sharded across "
                                          f"{self.loaded.shard[1]} ranks (each rank holds a shard of its cache)")
-
-    def _refuse_for_recurrent_state(self, what: str) -> None:
-        # An agent file holds K/V blocks; a recurrent state (hybrid and Mamba-like models) has no file form yet.
-        if self.loaded.spec.recurrent_groups:
-            from engine.errors import InvalidRequestError
-
-            raise InvalidRequestError(f"{what} is not available for {self.loaded.model_id}: its recurrent layers' "
-                                      "state is kept in memory only (agent files hold attention K/V)")
 
     def _agent(self, agent_id: str) -> Any:
         from engine.errors import AgentNotFoundError

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from engine.runtime.runner.kv.sequence_kv import SequenceKV
 from engine.runtime.tiers.agents import AgentRecord
-from engine.store.cache_format import KVQuantization, PersistedBlock
-from engine.store.kv_at_rest import CacheAtRest, quantize_blocks
+from engine.store.cache_format import KVQuantization
+from engine.store.kv_at_rest import CacheAtRest, as_block, quantize_blocks
 
 
 def cool_copy(agent: AgentRecord, quantization: KVQuantization) -> CacheAtRest:
@@ -35,6 +35,5 @@ def at_rest(kv: SequenceKV, tokens: list[int], prefix: dict[str, int] | None = N
     are left to; its full-attention layers then start there."""
     full_from = prefix["n_tokens"] if prefix else 0
     checkpoints, checkpoint_slices = kv.checkpoint_slices()
-    blocks = tuple(PersistedBlock(s.group, s.start, s.length, s.keys, s.values, s.checkpoint)
-                   for s in kv.slices(len(tokens), full_from=full_from) + checkpoint_slices)
+    blocks = tuple(as_block(s) for s in kv.slices(len(tokens), full_from=full_from) + checkpoint_slices)
     return CacheAtRest(tokens, blocks, None, checkpoints, dict(prefix) if prefix else None)

@@ -291,7 +291,7 @@ class HotCache:
         """Fill ``holder``'s fresh cache (room reserved) with a shared prefix read from disk."""
         assert holder.kv is not None
         holder.kv.load_slices(n_tokens, slices)
-        holder.kv.copied += sum(a.nbytes for s in slices for a in (*s.keys, *s.values))
+        holder.kv.copied += sum(a.nbytes for s in slices for a in s.arrays)
 
     def install(self, agent: AgentRecord, tokens: list[int], slices: list[LayerSlice],
                 checkpoints: list[dict[str, object]] | tuple = ()) -> bool:

@@ -84,17 +84,9 @@ class TierManager:
 
     # -- cooling --------------------------------------------------------------------------
     def _worth_cooling(self, agent: AgentRecord) -> bool:
-        # Auxiliary agents (titles, probes) are not worth keeping: they go straight on. A recurrent state has
-        # no blocks at rest yet (see _holds_state).
-        return (self.cool is not None and not agent.auxiliary and agent.kv is not None and bool(agent.tokens)
-                and not self._holds_state)
-
-    @property
-    def _holds_state(self) -> bool:
-        """Whether the model keeps recurrent state (a hybrid or a pure recurrent model): its caches stay in
-        memory only (neither quantized at rest nor written to disk, which hold K/V blocks); leaving the
-        pool, they go cold and the next turn computes its prompt again."""
-        return bool(self.hot.spec.recurrent_groups)
+        # Auxiliary agents (titles, probes) are not worth keeping: they go straight on. (A recurrent state
+        # stays full precision when its agent cools; _cool refuses where that frees nothing.)
+        return self.cool is not None and not agent.auxiliary and agent.kv is not None and bool(agent.tokens)
 
     def _cool(self, agent: AgentRecord, reason: str) -> bool:
         """Quantize the agent's cache in memory; False (nothing changed) when that frees no block."""
@@ -119,9 +111,7 @@ class TierManager:
     def _evict_hot(self, agent: AgentRecord, tier: Tier, reason: str, source: str = "hot") -> None:
         """A hot or cool agent's cache leaves the pool: written to disk, or dropped."""
         agent.stored_tokens = len(agent.cool.tokens) if agent.cool is not None else len(agent.tokens)
-        if tier is Tier.WARM and self._holds_state:
-            reason += "; recurrent state is kept in memory only"
-        elif tier is Tier.WARM and self.store is not None and self.store.usable:
+        if tier is Tier.WARM and self.store is not None and self.store.usable:
             agent.stored_bytes = warm.spill(self.store, agent)
             agent.tier = Tier.WARM
             self.evictions["warm"] += 1

@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 import mlx.core as mx
 
 from engine.domain.cache_spec import KVGeometry, LayerGroup, ModelCacheSpec
-from engine.store.layer_slice import LayerSlice
+from engine.store.layer_slice import LayerSlice, state_slice
 
 from engine.runtime.runner.kv.chunked_kv import ChunkedKV, ChunkState
 from engine.runtime.runner.kv.full_kv import FullKV, KVShape
@@ -386,22 +386,24 @@ class SequenceKV:
         out: list[LayerSlice] = []
         for group in self.spec.groups:
             layers = [self.layers[i] for i in group.layers]
+            if group.is_recurrent:
+                out += _states_at(group.index, n_tokens, [layer.state_now() for layer in layers])  # type: ignore[union-attr]
+                continue
             start = n_tokens - min(n_tokens, _needed(layers[0], n_tokens))
             if group.holds_every_position:
                 start = max(start, full_from)
             out += _cut(group.index, layers, start, n_tokens, self.spec.block_tokens)
-        mx.eval([a for s in out for a in (*s.keys, *s.values)])
+        mx.eval([a for s in out for a in s.arrays])
         return out
 
     def prefix_slices(self, n_tokens: int) -> list[LayerSlice] | None:
         """Positions ``[0, n_tokens)`` as a cache of their own (a shared prefix for the disk tier), as copies.
 
-        Window layers need their state at ``n_tokens``: the cache's own when it
-        ends there, else a checkpoint taken there; None when there is neither.
+        Window layers and recurrent states need their state at ``n_tokens``: the
+        cache's own when it ends there, else a checkpoint taken there; None when
+        there is neither.
         """
-        if self.spec.recurrent_groups:
-            return None  # (a recurrent state has no file form yet: kept in memory only)
-        states: dict[int, WindowState | ChunkState] = {}
+        states: dict[int, WindowState | ChunkState | StateSnapshot] = {}
         if self.forgets:
             checkpoint = next((c for c in self.checkpoints if c.offset == n_tokens), None)
             if checkpoint is not None:
@@ -415,10 +417,13 @@ class SequenceKV:
             if group.holds_every_position:
                 out += _cut(group.index, [self.layers[i] for i in group.layers], 0, n_tokens, self.spec.block_tokens)
                 continue
-            rings = [_ring(self.layers[i], states[i]) for i in group.layers]
+            if group.is_recurrent:
+                out += _states_at(group.index, n_tokens, [states[i] for i in group.layers])  # type: ignore[misc]
+                continue
+            rings = [_ring(self.layers[i], states[i]) for i in group.layers]  # type: ignore[arg-type]
             start = n_tokens - min(rings[0].needed, n_tokens)
             out += _cut(group.index, rings, start, n_tokens, self.spec.block_tokens)
-        mx.eval([a for s in out for a in (*s.keys, *s.values)])
+        mx.eval([a for s in out for a in s.arrays])
         return out
 
     def checkpoint_slices(self) -> tuple[list[dict[str, object]], list[LayerSlice]]:
@@ -430,11 +435,15 @@ class SequenceKV:
             entries.append({"offset": checkpoint.offset, "kind": checkpoint.kind.value})
             states = dict(zip(self._window_layer_ids(), checkpoint.states))
             for group in self.spec.sliding_groups:
-                rings = [_ring(self.layers[i], states[i]) for i in group.layers]
+                if group.is_recurrent:
+                    snapshots = [states[i] for i in group.layers]
+                    out += _states_at(group.index, checkpoint.offset, snapshots, index)  # type: ignore[arg-type]
+                    continue
+                rings = [_ring(self.layers[i], states[i]) for i in group.layers]  # type: ignore[arg-type]
                 start = checkpoint.offset - min(rings[0].needed, checkpoint.offset)
                 cut = _cut(group.index, rings, start, checkpoint.offset, self.spec.block_tokens)
                 out += [LayerSlice(s.group, s.start, s.length, s.keys, s.values, index) for s in cut]
-        mx.eval([a for s in out for a in (*s.keys, *s.values)])
+        mx.eval([a for s in out for a in s.arrays])
         return entries, out
 
     def load_slices(self, n_tokens: int, slices: Sequence[LayerSlice],
@@ -448,16 +457,18 @@ class SequenceKV:
         for index, entry in enumerate(checkpoints):
             parts = [s for s in slices if s.checkpoint == index]
             self.checkpoints.append(self._checkpoint_from(int(entry["offset"]), CheckpointKind(entry["kind"]), parts))
-        mx.eval([a for c in self.checkpoints for state in c.states for a in (state.keys, state.values) if a is not None])
+        mx.eval([a for c in self.checkpoints for state in c.states for a in _arrays_of(state)])
 
     def _checkpoint_from(self, offset: int, kind: CheckpointKind, parts: list[LayerSlice]) -> Checkpoint:
-        states = []
+        states: list[WindowState | ChunkState | StateSnapshot] = []
         for index in self._window_layer_ids():
             layer = self.layers[index]
-            assert isinstance(layer, (WindowKV, ChunkedKV))
             group = self.spec.group_of(index)
             slot = group.layers.index(index)
             mine = sorted((p for p in parts if p.group == group.index), key=lambda p: p.start)
+            if isinstance(layer, RecurrentState):
+                states.append(StateSnapshot(offset, tuple(mine[0].states[slot]) if mine else None))
+                continue
             ring = layer.blank()
             ring.reserve(offset)
             if mine:
@@ -476,6 +487,12 @@ class SequenceKV:
             by_group.setdefault(s.group, []).append(s)
         for group in self.spec.groups:
             parts = sorted(by_group.get(group.index, []), key=lambda s: s.start)
+            if group.is_recurrent:
+                for slot, index in enumerate(group.layers):
+                    state = self.layers[index]
+                    assert isinstance(state, RecurrentState) and len(parts) == 1 and parts[0].start == n_tokens
+                    state.load(n_tokens, tuple(parts[0].states[slot]))
+                continue
             if not parts:
                 if not group.holds_every_position:  # a chunked window at its boundary: nothing to hold yet
                     for index in group.layers:
@@ -489,7 +506,7 @@ class SequenceKV:
                     layer.load(keys, values)
                 else:
                     layer.load_from(parts[0].start, keys, values)
-        mx.eval([a for layer in self.layers for a in (layer.keys, layer.values) if a is not None])
+        mx.eval([a for layer in self.layers for a in _arrays_of(layer)])
 
     # -- helpers -----------------------------------------------------------------------
     def _lead(self, group: LayerGroup) -> LayerKV:
@@ -560,6 +577,18 @@ def _ring(layer: LayerKV, state: WindowState | ChunkState) -> WindowLike:
     ring = layer.blank()
     ring.restore(state)  # type: ignore[arg-type]
     return ring
+
+
+def _states_at(group: int, offset: int, snapshots: Sequence[StateSnapshot],
+               checkpoint: int | None = None) -> list[LayerSlice]:
+    """A recurrent group's layers at ``offset`` tokens as one state slice (none before any token). The
+    arrays are the state's own (values: a later pass replaces them, never writes into them), made
+    contiguous for the writer."""
+    assert all(s.offset == offset for s in snapshots), ([s.offset for s in snapshots], offset)
+    if offset == 0 or snapshots[0].arrays is None:
+        return []
+    states = tuple(tuple(mx.contiguous(a) for a in s.arrays or ()) for s in snapshots)
+    return [state_slice(group, offset, states, checkpoint)]
 
 
 def _cut(group: int, layers: Sequence[LayerKV], start: int, end: int, block: int) -> list[LayerSlice]:
