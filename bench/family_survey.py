@@ -240,6 +240,7 @@ def survey_family(entry: dict, weight_scale: float, vector_sd: float) -> dict:
 
     from engine.errors import UnsupportedModelError
     from engine.models.cache_spec import derive_cache_spec
+    from engine.models.materialize import evaluate_all_arrays
     from random_model import vary
 
     res: dict = dict(key=entry["key"], model_type=entry["model_type"], test=entry["test"])
@@ -255,6 +256,9 @@ def survey_family(entry: dict, weight_scale: float, vector_sd: float) -> dict:
     if shrunk:
         res["shrunk"] = shrunk
     vary(model, 0, weight_scale=weight_scale, vector_sd=vector_sd)
+    # As the loader does: the engine runs the model on a thread of its own, where an array built lazily here
+    # (a scaled RoPE's private frequencies) could not be evaluated.
+    evaluate_all_arrays(model)
     if (weight_scale, vector_sd) != DEFAULT_VARY:
         res["vary"] = f"vary(weight_scale={weight_scale:g}, vector_sd={vector_sd:g})"
     res["params_M"] = round(sum(v.size for _, v in tree_flatten(model.parameters())) / 1e6, 2)

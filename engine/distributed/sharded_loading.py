@@ -37,6 +37,10 @@ def check_divisible(config: dict[str, Any], world: World) -> None:
 
 def check_shardable(spec: ModelCacheSpec, model_id: str) -> None:
     """Tensor parallelism splits every layer's KV heads; a layout with nothing to split is refused, saying why."""
+    if spec.cache_lists:
+        raise ModelLoadError(
+            f"{model_id} keeps two caches in some layers (mlx-lm's CacheList), which this engine does not split "
+            "across ranks; run it in one process")
     if spec.latent:
         raise ModelLoadError(
             f"{model_id} uses latent attention: each layer caches one latent head per token (K: the latent, V: the "

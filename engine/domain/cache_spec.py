@@ -161,6 +161,9 @@ class ModelCacheSpec:
     shared_layers: tuple[int, ...] = field(default=())
     batchable: bool = True
     latent: bool = False
+    # Where a model layer keeps two caches (mlx-lm's CacheList: a Mamba state beside K/V, two attention
+    # passes): per model layer, the cache layers it takes together, in order. Empty: one cache layer each.
+    cache_lists: tuple[tuple[int, ...], ...] = field(default=())
 
     def __post_init__(self) -> None:
         if self.n_layers <= 0 or self.n_kv_heads <= 0 or self.head_dim <= 0:
@@ -172,6 +175,8 @@ class ModelCacheSpec:
         covered = sorted(layer for g in self.groups for layer in g.layers)
         if covered != list(range(self.n_layers)):
             raise ValueError("layer groups must cover every layer exactly once")
+        if self.cache_lists and [i for entry in self.cache_lists for i in entry] != list(range(self.n_layers)):
+            raise ValueError(f"cache lists must take every cache layer once, in order, got {self.cache_lists}")
         if any(not 0 <= source < self.n_layers for source in self.shared_layers):
             raise ValueError(f"shared layers must read a cache layer, got {self.shared_layers}")
         kinds: dict[tuple[object, ...], set[int]] = {}
@@ -311,6 +316,7 @@ class ModelCacheSpec:
                          f"({_size(geometry.token_bytes * layers)} a token)")
         extras = [f"{len(self.shared_layers)} more layers read earlier layers' K/V"] if self.shared_layers else []
         extras += ["latent attention (one latent head per layer)"] if self.latent else []
+        extras += [f"{len(self.cache_lists)} model layers keep two caches each"] if self.cache_lists else []
         return "; ".join(parts + extras)
 
     def describe(self) -> dict[str, object]:
@@ -338,6 +344,8 @@ class ModelCacheSpec:
             out["shared_layers"] = list(self.shared_layers)
         if self.latent:
             out["latent"] = True
+        if self.cache_lists:
+            out["cache_lists"] = [list(entry) for entry in self.cache_lists]
         if self.shard is not None:
             out["shard"] = {"rank": self.shard[0], "world_size": self.shard[1]}
         return out

@@ -22,9 +22,17 @@ whose shapes only the model's code knows. For a model with any, one token is
 run through fresh caches *lazily* (MLX builds the graph, infers every shape,
 and computes nothing): the caches then say what each layer stores, K/V and
 state alike, whichever layer of the model wrote them (Nemotron-H has layers
-without any cache). Anything else the pool cannot hold (``CacheList``,
-quantized caches) raises :class:`UnsupportedModelError` here, at load time,
-rather than corrupting blocks later.
+without any cache). Anything else the pool cannot hold (quantized caches,
+subclasses) raises :class:`UnsupportedModelError` here, at load time, rather
+than corrupting blocks later.
+
+A layer that keeps two caches (mlx-lm's ``CacheList``: Falcon-H1's Mamba
+state beside its K/V, LongCat Flash's two attention passes, DeepSeek V3.2's
+indexer keys) becomes two cache layers of the spec, each of its own kind;
+``ModelCacheSpec.cache_lists`` says which cache layers each model layer takes
+together, and the engine hands the model a ``CacheList`` of them. Such a
+model is probed like a recurrent one (its attention modules do not say which
+member holds what).
 """
 
 from __future__ import annotations
@@ -35,7 +43,7 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import ArraysCache, ChunkedKVCache, KVCache, RotatingKVCache
+from mlx_lm.models.cache import ArraysCache, CacheList, ChunkedKVCache, KVCache, RotatingKVCache
 
 from engine.domain.cache_spec import KVGeometry, LayerKind, ModelCacheSpec, StateGeometry, group_layers
 from engine.errors import UnsupportedModelError
@@ -65,8 +73,9 @@ def derive_cache_spec(
     """
     model_type = model_type_of(model)
     spans = cache_spans(model, model_type)
+    _, cache_lists = flat_caches(_fresh_caches(model))
     recurrent = [i for i, span in enumerate(spans) if span == RECURRENT]
-    if recurrent:
+    if recurrent or cache_lists:
         geometries, states = probed_geometries(model, model_type)
         shared: tuple[int, ...] = ()
     else:
@@ -80,7 +89,7 @@ def derive_cache_spec(
     kinds = [LayerKind(state=states[i]) if i in states else
              LayerKind(window, chunk, None if geometries[i] == own else geometries[i])
              for i, (window, chunk) in enumerate(spans)]
-    latent = any(caches_latents(_attention_of(layer)) for layer in _layers(model))
+    latent = any(caches_latents(attn) for layer in _layers(model) for attn in _attention_modules(layer))
     chunked = any(span != RECURRENT and span[1] is not None for span in spans)
     return ModelCacheSpec(
         n_layers=len(spans),
@@ -97,6 +106,7 @@ def derive_cache_spec(
         # of a batch must run its own forward pass on its own caches.
         batchable=not (latent or chunked),
         latent=latent,
+        cache_lists=cache_lists,
     )
 
 
@@ -119,12 +129,26 @@ RECURRENT = (-1, -1)
 
 
 def cache_spans(model: nn.Module, model_type: str) -> list[tuple[int | None, int | None]]:
-    """Per cache-holding layer: (sliding window, chunk), both None for full attention; ``RECURRENT`` for a
-    recurrent layer."""
-    caches = _fresh_caches(model)
+    """Per cache layer (a ``CacheList``'s members each one): (sliding window, chunk), both None for full
+    attention; ``RECURRENT`` for a recurrent layer."""
+    caches, _ = flat_caches(_fresh_caches(model))
     if not caches:
         raise UnsupportedModelError(f"model type {model_type!r} keeps no KV cache")
     return [_span_of(cache, layer, model_type) for layer, cache in enumerate(caches)]
+
+
+def flat_caches(caches: list[Any]) -> tuple[list[Any], tuple[tuple[int, ...], ...]]:
+    """mlx-lm's per-layer caches with each ``CacheList``'s members in its place, and which of those each
+    model layer takes (``()`` when no layer keeps a ``CacheList``: one each, as they are)."""
+    if not any(type(cache) is CacheList for cache in caches):
+        return list(caches), ()
+    flat: list[Any] = []
+    lists: list[tuple[int, ...]] = []
+    for cache in caches:
+        members = list(cache.caches) if type(cache) is CacheList else [cache]
+        lists.append(tuple(range(len(flat), len(flat) + len(members))))
+        flat += members
+    return flat, tuple(lists)
 
 
 def _fresh_caches(model: nn.Module) -> list[Any]:
@@ -168,7 +192,7 @@ def probed_geometries(model: nn.Module, model_type: str) -> tuple[dict[int, KVGe
                                     f"({type(exc).__name__}: {exc})") from exc
     geometries: dict[int, KVGeometry] = {}
     states: dict[int, StateGeometry] = {}
-    for i, cache in enumerate(caches):
+    for i, cache in enumerate(flat_caches(caches)[0]):
         if type(cache) is ArraysCache:
             states[i] = _state_of(cache, i, model_type)
         elif cache.keys is None:
@@ -327,6 +351,20 @@ def _attention_of(layer: nn.Module) -> nn.Module | None:
         if isinstance(attn, nn.Module):
             return attn
     return None
+
+
+def _attention_modules(layer: nn.Module) -> list[nn.Module]:
+    """The layer's attention module, or each of its modules where it runs several passes (LongCat Flash keeps a
+    list of two under ``self_attn``)."""
+    for path in _ATTENTION_ATTRS:
+        attn: Any = layer
+        for name in path.split("."):
+            attn = getattr(attn, name, None)
+        if isinstance(attn, nn.Module):
+            return [attn]
+        if isinstance(attn, (list, tuple)) and attn and all(isinstance(a, nn.Module) for a in attn):
+            return list(attn)
+    return []
 
 
 def _attention_geometry(attn: nn.Module, args: Any, model_type: str) -> KVGeometry:

@@ -44,6 +44,14 @@ the prefix file, ``P`` at least 1, a multiple of the block size and at most
 are unaffected. ``token_ids`` still holds all ``n_tokens`` ids, the prefix's
 included, so a reader can check that the prefix file's tokens match.
 
+A recurrent layer group (linear attention, Mamba, RWKV: a model with
+``"kind": "recurrent"`` groups in its spec) holds no positions but one state
+per sequence: tensors ``g{group}.s{offset}.l{slot}.a{j}`` (shape ``(1, *shape)``
+and dtype of the spec's ``state.arrays[j]``, never quantized), exactly one set
+at ``n_tokens`` and, named ``c{i}.``, one at each checkpoint's offset (a
+snapshot: where a later turn can resume). They sort with the K/V blocks by
+checkpoint, group, then position.
+
 ``__metadata__`` holds ``format: semantic-agent-cache`` and ``semantic``: the
 :class:`CacheHeader` as one JSON string (safetensors metadata is str -> str),
 with the fields ``format_version``, ``agent_id``, ``model_name``,

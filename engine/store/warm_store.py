@@ -26,6 +26,7 @@ from typing import Any
 
 from engine.domain.event_log import EventKind, EventLog
 from engine.errors import CacheCorruptionError, InvalidRequestError
+from engine.models.cache_spec import flat_caches
 from engine.models.loaded import LoadedModel
 from engine.store.layer_slice import LayerSlice
 
@@ -507,7 +508,7 @@ def _from_record(record: CacheRecord, from_memory: bool) -> Loaded:
 
 
 def _cache_classes(loaded: LoadedModel) -> tuple[list[str], list[dict[str, Any]]]:
-    caches = loaded.model.make_cache() if hasattr(loaded.model, "make_cache") else [None] * loaded.spec.n_layers
+    caches = flat_caches(loaded.model.make_cache())[0] if hasattr(loaded.model, "make_cache") else [None] * loaded.spec.n_layers
     classes, meta = [], []
     for cache in caches:
         classes.append(type(cache).__name__ if cache is not None else "KVCache")

@@ -109,15 +109,19 @@ FAMILY_CONFIGS["kimi_k25"] = dict(model_type="kimi_k25", text_config=dict(FAMILY
 # Families with recurrent layers (linear attention, Mamba, RWKV), from mlx-lm's own test configs as
 # bench/family_survey.py builds them (bench/family_configs.json; slow or big ones shrunk, same layer kinds).
 RECURRENT_FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_next", "nemotron_h", "granitemoehybrid", "lfm2",
-                      "mamba2", "kimi_linear", "rwkv7", "jamba", "mamba")
+                      "mamba2", "kimi_linear", "rwkv7", "jamba", "mamba", "falcon_h1", "baichuan_m1")
+# Families whose layers keep two caches each (mlx-lm's CacheList): a Mamba state or a convolution window beside
+# the K/V (Falcon-H1, Baichuan M1), two attention passes (LongCat Flash), a sparse-attention indexer's keys beside
+# the latent K/V (DeepSeek V3.2). Built as bench/family_survey.py builds them.
+CACHE_LIST_FAMILIES = ("falcon_h1", "baichuan_m1", "longcat_flash", "deepseek_v32")
 
 
 def tiny_family(kind: str, seed: int = 0, vocab_size: int = VOCAB_SIZE):
-    """A tiny random-weight model of one of ``FAMILY_CONFIGS``' families, or of ``RECURRENT_FAMILIES``
-    (mlx-lm's own classes)."""
+    """A tiny random-weight model of one of ``FAMILY_CONFIGS``' families, or of ``RECURRENT_FAMILIES`` or
+    ``CACHE_LIST_FAMILIES`` (mlx-lm's own classes)."""
     from mlx_lm.utils import _get_classes
 
-    if kind in RECURRENT_FAMILIES:
+    if kind in RECURRENT_FAMILIES or kind in CACHE_LIST_FAMILIES:
         import family_survey
 
         assert vocab_size == family_survey.VOCAB

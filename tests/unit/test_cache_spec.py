@@ -415,13 +415,18 @@ class FakeCacheModel(nn.Module):
 @pytest.mark.parametrize(
     ("odd_cache", "class_name"),
     [
-        (CacheList(KVCache(), KVCache()), "CacheList"),
         (QuantizedKVCache(), "QuantizedKVCache"),
     ],
 )
 def test_unknown_cache_classes_are_unsupported(odd_cache: Any, class_name: str) -> None:
     with pytest.raises(UnsupportedModelError, match=f"'fake_hybrid': layer 1 uses {class_name}"):
         derive_cache_spec(FakeCacheModel(odd_cache), BLOCK)
+
+
+def test_a_cache_list_is_taken_apart_and_an_unsupported_member_named() -> None:
+    """A CacheList's members are cache layers of their own (counted after the layers before them)."""
+    with pytest.raises(UnsupportedModelError, match="'fake_hybrid': layer 2 uses QuantizedKVCache"):
+        derive_cache_spec(FakeCacheModel(CacheList(KVCache(), QuantizedKVCache())), BLOCK)
 
 
 def test_rotating_cache_with_attention_sinks_is_unsupported() -> None:

@@ -24,7 +24,7 @@ from engine.runtime.runner.kv.full_kv import FullKV
 from engine.runtime.runner.kv.recurrent_state import RecurrentState
 from engine.runtime.runner.kv.stacked_state import StackedStates
 from engine.runtime.runner.kv.kinds import MLX_KINDS, LayerKinds
-from engine.runtime.runner.kv.sequence_kv import SequenceKV
+from engine.runtime.runner.kv.sequence_kv import SequenceKV, model_caches
 from engine.runtime.runner.sampling import mlx_top_k
 
 
@@ -74,7 +74,7 @@ class MlxBackend:
         for i, first in enumerate(rows[0].layers):
             layers = [kv.layers[i] for kv in rows]
             views.append(StackedStates(layers) if isinstance(first, RecurrentState) else self.ragged(layers))
-        return views + [views[source].shared() for source in rows[0].spec.shared_layers]
+        return model_caches(rows[0].spec, views + [views[source].shared() for source in rows[0].spec.shared_layers])
 
     def decode(self, model: Any, inputs: mx.array, rows: Sequence[SequenceKV]) -> mx.array:
         """The logits (batch, vocabulary) of one decode step: row ``b`` feeds ``inputs[b]`` to ``rows[b]``."""

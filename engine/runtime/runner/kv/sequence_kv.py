@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 import mlx.core as mx
+from mlx_lm.models.cache import CacheList
 
 from engine.domain.cache_spec import KVGeometry, LayerGroup, ModelCacheSpec
 from engine.store.layer_slice import LayerSlice, state_slice
@@ -238,7 +239,7 @@ class SequenceKV:
     def caches(self) -> list[Any]:
         """The per-layer caches, in the order the model takes them; a KV-shared layer (Gemma 4) gets a view of
         the cache it reads."""
-        return [*self.layers, *(SharedKV(self.layers[source]) for source in self.spec.shared_layers)]
+        return model_caches(self.spec, [*self.layers, *(SharedKV(self.layers[source]) for source in self.spec.shared_layers)])
 
     # -- continuing from an earlier position ---------------------------------------------
     def resumable_at(self, n_tokens: int) -> int:
@@ -521,6 +522,14 @@ class SequenceKV:
 
     def _window_layer_ids(self) -> list[int]:
         return [i for i, layer in enumerate(self.layers) if isinstance(layer, _FORGETTING)]
+
+
+def model_caches(spec: ModelCacheSpec, layers: list[Any]) -> list[Any]:
+    """Per cache layer ``layers`` as the model takes them: where a model layer keeps two caches (mlx-lm's
+    ``CacheList``), one ``CacheList`` of its cache layers."""
+    if not spec.cache_lists:
+        return layers
+    return [CacheList(*(layers[i] for i in entry)) for entry in spec.cache_lists]
 
 
 def kv_shape(geometry: KVGeometry) -> KVShape:
