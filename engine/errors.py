@@ -90,6 +90,15 @@ class EngineUnavailableError(SemanticError):
         self.retry_after_s = retry_after_s
 
 
+class MemoryPressureError(SemanticError):
+    """The machine's memory is past the hard watermark: new requests are refused until it falls (Anthropic 529
+    overloaded_error, OpenAI 503, with retry-after)."""
+
+    def __init__(self, message: str, retry_after_s: int = 5) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class QueueFullError(SemanticError):
     """Too many turns already wait for the engine: come back later (429 with retry-after)."""
 

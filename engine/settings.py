@@ -116,7 +116,7 @@ class Settings(BaseSettings):
     repetition_window: int = Field(
         512, ge=0,
         description="End a runaway loop: a response whose last half-window of tokens repeats one cycle of up "
-                    "to 64 tokens exactly, or whose last window repeats one with small changes (nine in ten of its tokens "
+                    "to 128 tokens exactly, or whose last window repeats one with small changes (nine in ten of its tokens "
                     "equal to the token a cycle back, e.g. a numbered list of one sentence); 0 turns it off.",
     )
     default_temperature: float | None = Field(
@@ -145,6 +145,22 @@ class Settings(BaseSettings):
                     "written to disk that way (warm files and shared prefixes). Restored close to, not exactly "
                     "as, computed (bench/bench_kv_at_rest.py). none: exact, no cool tier. Files of either kind "
                     "load under any setting.",
+    )
+
+    # -- memory pressure ----------------------------------------------------------
+    memory_soft_limit_mb: float | None = Field(
+        None, gt=0,
+        description="Memory the whole machine may have in use (total minus available: this process, MLX and "
+                    "every other application) before the engine gives way: idle agents are cooled and spilled to "
+                    "disk, and new turns are admitted only as far as idle caches make room. Default: the "
+                    "machine's memory less 15% (at least 2 GiB).",
+    )
+    memory_hard_limit_mb: float | None = Field(
+        None, gt=0,
+        description="Memory the machine may have in use before new requests are refused with the overload "
+                    "error and retry-after (Anthropic 529 overloaded_error, OpenAI 503); running turns finish. "
+                    "Default: the machine's memory less 5% (at least 1 GiB). Both watermarks can be changed while "
+                    "the server runs (PUT /v1/admin/memory).",
     )
 
     # -- HTTP ------------------------------------------------------------------
@@ -198,6 +214,13 @@ class Settings(BaseSettings):
     @classmethod
     def _expand(cls, v: Path) -> Path:
         return v.expanduser()
+
+    @model_validator(mode="after")
+    def _soft_below_hard(self) -> "Settings":
+        soft, hard = self.memory_soft_limit_mb, self.memory_hard_limit_mb
+        if soft is not None and hard is not None and soft > hard:
+            raise ValueError(f"memory_soft_limit_mb ({soft:g}) must not exceed memory_hard_limit_mb ({hard:g})")
+        return self
 
     @model_validator(mode="after")
     def _remote_needs_opt_in(self) -> "Settings":
@@ -306,6 +329,14 @@ class TurnSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class MemorySettings:
+    """The memory watermarks in MiB (None: derived from the machine's memory, engine/platform/memory.py)."""
+
+    memory_soft_limit_mb: float | None = None
+    memory_hard_limit_mb: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class SamplingSettings:
     """Overrides of the model's sampling defaults for requests that name none (None: the model's)."""
 
@@ -322,6 +353,7 @@ class EngineSettings:
     batch: BatchSettings = field(default_factory=BatchSettings)
     turns: TurnSettings = field(default_factory=TurnSettings)
     sampling: SamplingSettings = field(default_factory=SamplingSettings)
+    memory: MemorySettings = field(default_factory=MemorySettings)
     fast_cpu_math: bool = _default("fast_cpu_math")
 
     @classmethod
@@ -333,6 +365,7 @@ class EngineSettings:
             batch=_section(BatchSettings, settings),
             turns=_section(TurnSettings, settings),
             sampling=_section(SamplingSettings, settings),
+            memory=_section(MemorySettings, settings),
             fast_cpu_math=settings.fast_cpu_math,
         )
 

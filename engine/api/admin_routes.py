@@ -6,6 +6,7 @@ dashboard polling them cannot slow generation down.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from collections import Counter
 from typing import Literal
@@ -25,6 +26,8 @@ from engine.runtime.engine_thread.snapshot import (
     TierView,
 )
 from engine.runtime.engine_thread.engine_ops import engine_op
+from engine.runtime.memory_pressure import SAMPLE_INTERVAL_S, Watermarks
+from engine.errors import EngineUnavailableError, InvalidRequestError
 
 from .service import EngineService
 
@@ -92,6 +95,32 @@ class Stats(BaseModel):
     backend: dict[str, object]
     ranks: list[RankView] = Field(default_factory=list, description="A sharded model's ranks (mlx.launch), rank 0 "
                                   "first, with each rank's MLX memory; empty when one process holds the model")
+    memory: MemoryStats | None = Field(None, description="Memory against the watermarks; null where they are off "
+                                       "(a rank of a sharded model)")
+
+
+class MemoryStats(BaseModel):
+    """The machine's memory against the engine's watermarks (bytes), and what this process and MLX hold."""
+
+    pressure: Literal["normal", "soft", "hard"] = Field(
+        description="normal; soft: idle agents are cooled and spilled and new turns admitted as memory allows; "
+                    "hard: new requests are refused (Anthropic 529, OpenAI 503) until memory falls")
+    system_total_bytes: int
+    system_used_bytes: int = Field(description="Memory the whole machine has in use (total minus available): "
+                                   "what the watermarks are compared with")
+    system_available_bytes: int
+    process_bytes: int = Field(description="This process: phys_footprint on macOS, resident set size elsewhere")
+    mlx_active_bytes: int = Field(description="MLX arrays alive now (weights, KV pool, activations)")
+    mlx_cache_bytes: int = Field(description="Freed buffers MLX keeps for reuse (given back under pressure)")
+    soft_watermark_bytes: int
+    hard_watermark_bytes: int
+
+
+class MemoryWatermarksRequest(BaseModel):
+    soft_limit_mb: float | None = Field(None, gt=0, description="New soft watermark in MiB (unchanged when "
+                                        "absent)")
+    hard_limit_mb: float | None = Field(None, gt=0, description="New hard watermark in MiB (unchanged when "
+                                        "absent)")
 
 
 class EvictIdleRequest(BaseModel):
@@ -163,12 +192,36 @@ def build_stats(service: EngineService, with_blocks: bool = False) -> Stats:
         agents=list(snapshot.agents),
         backend={**snapshot.backend, **_blas()},
         ranks=list(snapshot.ranks),
+        memory=MemoryStats(**snapshot.memory) if snapshot.memory else None,
     )
 
 
 @router.get("/v1/stats", response_model=Stats, summary="Engine snapshot: model, pool, tiers, throughput, agents")
 async def stats(request: Request, blocks: bool = Query(False, description="Include the per-block map")) -> Stats:
     return build_stats(request.app.state.service, blocks)
+
+
+@router.put("/v1/admin/memory", response_model=MemoryStats, summary="Change the memory watermarks while running",
+            responses={400: _error_doc("soft above hard"), 503: _error_doc("No engine running, or watermarks off")})
+async def set_memory_watermarks(request: Request, body: MemoryWatermarksRequest) -> MemoryStats:
+    """The watermarks apply from the engine's next sample (a tenth of a second); the answer is the memory as
+    then judged. Not kept across a restart or a model swap: the settings' memory_soft_limit_mb /
+    memory_hard_limit_mb are."""
+    service: EngineService = request.app.state.service
+    engine = service.engine
+    watch = engine.memory
+    if watch is None:
+        raise EngineUnavailableError("memory watermarks are off in this process (a rank of a sharded model)")
+    soft = int(body.soft_limit_mb * 2**20) if body.soft_limit_mb is not None else watch.watermarks.soft
+    hard = int(body.hard_limit_mb * 2**20) if body.hard_limit_mb is not None else watch.watermarks.hard
+    if soft > hard:
+        raise InvalidRequestError(f"the soft watermark ({soft / 2**20:.0f} MiB) would exceed the hard one "
+                                  f"({hard / 2**20:.0f} MiB)", field="soft_limit_mb")
+    engine.set_memory_watermarks(Watermarks(soft, hard))
+    await service.in_thread(engine.fresh_snapshot)
+    await asyncio.sleep(SAMPLE_INTERVAL_S * 2)  # the engine samples at most ten times a second
+    snapshot = await service.in_thread(engine.fresh_snapshot)
+    return MemoryStats(**snapshot.memory)
 
 
 @router.post("/v1/admin/evict-idle", response_model=EvictIdleResponse, summary="Evict every idle, unpinned hot agent",

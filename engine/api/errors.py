@@ -15,6 +15,7 @@ from engine.errors import (
     AgentNotFoundError,
     CachePersistenceError,
     EngineUnavailableError,
+    MemoryPressureError,
     InvalidRequestError,
     ModelLoadError,
     PromptTooLongError,
@@ -76,6 +77,8 @@ def from_domain(exc: SemanticError) -> ApiError:
         return ApiError(409, str(exc))
     if isinstance(exc, (PoolExhaustedError, QueueFullError)):
         return ApiError(429, str(exc), retry_after_s=exc.retry_after_s)
+    if isinstance(exc, MemoryPressureError):
+        return ApiError(529, str(exc), retry_after_s=exc.retry_after_s)
     if isinstance(exc, EngineUnavailableError):
         return ApiError(503, str(exc), retry_after_s=exc.retry_after_s)
     if isinstance(exc, (ModelLoadError, ModelSwapError)):

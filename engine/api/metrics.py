@@ -120,6 +120,18 @@ class SnapshotCollector:
         for outcome, count in tiers.cache_outcomes:
             outcomes.add_metric([outcome], count)
         yield outcomes
+        if snapshot.memory:  # the memory watermarks (runtime/memory_pressure.py)
+            memory = snapshot.memory
+            yield _labelled_gauge("semantic_memory_bytes", "Memory the watermarks watch: the machine's in use "
+                                  "(system_used) and total, this process's footprint, MLX arrays and MLX's buffer "
+                                  "cache, and the soft and hard watermarks", "kind",
+                                  {"system_used": memory["system_used_bytes"], "system_total": memory["system_total_bytes"],
+                                   "process": memory["process_bytes"], "mlx_active": memory["mlx_active_bytes"],
+                                   "mlx_cache": memory["mlx_cache_bytes"], "soft_watermark": memory["soft_watermark_bytes"],
+                                   "hard_watermark": memory["hard_watermark_bytes"]})
+            yield GaugeMetricFamily("semantic_memory_pressure", "0 normal, 1 past the soft watermark (idle agents "
+                                    "sent away), 2 past the hard one (new requests refused)",
+                                    value={"normal": 0, "soft": 1, "hard": 2}[str(memory["pressure"])])
         if snapshot.ranks:  # a sharded model (mlx.launch): each rank's MLX memory, as of the last tick
             yield _labelled_gauge("semantic_rank_memory_bytes", "MLX memory in use on each rank of a sharded model",
                                   "rank", {str(r.rank): r.active_bytes for r in snapshot.ranks})

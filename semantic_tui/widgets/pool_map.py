@@ -42,6 +42,9 @@ class PoolView:
     ranks: tuple[tuple[int, int], ...] = ()
     # Layer groups of different geometry (Gemma 4): each kind's block size in pool blocks and its K/V shape.
     groups: tuple[str, ...] = ()
+    # The machine's memory against the watermarks, in tenths of a GiB (so a redraw follows a visible change):
+    # (used, total, soft, hard, this process, pressure).
+    memory: tuple[int, int, int, int, int, str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,6 +201,37 @@ def ranks_line(ranks: tuple[tuple[int, int], ...], width: int) -> Text:
     ], width), style="dim")
 
 
+def memory_of(snapshot: EngineSnapshot) -> tuple[int, int, int, int, int, str] | None:
+    """The snapshot's memory reading as the pool map draws it (tenths of a GiB)."""
+    m = snapshot.memory
+    if not m:
+        return None
+    tenths = [round(int(m[k]) / 2**30 * 10) for k in ("system_used_bytes", "system_total_bytes",
+                                                        "soft_watermark_bytes", "hard_watermark_bytes", "process_bytes")]
+    return (*tenths, str(m["pressure"]))  # type: ignore[return-value]
+
+
+def memory_line(memory: tuple[int, int, int, int, int, str], width: int) -> Text:
+    """The machine's memory in use as a bar with the soft (|) and hard (‖) watermarks marked, in the
+    pressure's colour, and the numbers if they fit."""
+    used, total, soft, hard, process, pressure = memory
+    g = lambda tenths: f"{tenths / 10:.1f}"  # noqa: E731
+    tails = [f" {g(used)}/{g(total)} GiB · soft {g(soft)} · hard {g(hard)} · this {g(process)}",
+             f" {g(used)}/{g(total)} GiB", ""]
+    label = "memory "
+    tail = next((t for t in tails if width - len(label) - len(t) >= MIN_BAR), "")
+    bar_width = max(1, width - len(label) - len(tail))
+    style = {"normal": "green", "soft": "bold yellow", "hard": "bold red"}[pressure]
+    cells = [BAR_FILL if i < round(used / max(total, 1) * bar_width) else BAR_EMPTY for i in range(bar_width)]
+    for mark, glyph in ((soft, "|"), (hard, "‖")):
+        cells[min(bar_width - 1, round(mark / max(total, 1) * bar_width))] = glyph
+    line = Text(label)
+    for cell in cells:
+        line.append(cell, style=style if cell == BAR_FILL else ("bold" if cell in "|‖" else FREE_STYLE))
+    line.append(tail, style=style if pressure != "normal" else "")
+    return line
+
+
 def pressure_line(pool: PoolSnapshot, width: int) -> Text:
     """A bar in the pressure colour, the percentage, and used/total bytes if they fit."""
     percent = f" {pool.pressure:.0%}"
@@ -268,6 +302,7 @@ def render_pool(view: PoolView, width: int, height: int) -> Text:
     header += [groups_line(view.groups, width)] if view.groups and height >= 6 else []
     header += [counts_line(pool, width)] if height >= 4 else []
     header += [pressure_line(pool, width)] if height >= 2 else []
+    header += [memory_line(view.memory, width)] if view.memory is not None and height >= 7 else []
     legend_rows = 1 if height >= 3 else 0
     layout = plan_grid(pool.total_blocks, width, height - len(header) - legend_rows)
     lines = [*header, *grid_lines(aggregate_cells(view, layout.blocks_per_cell), layout)]
@@ -307,7 +342,7 @@ class PoolMap(Widget):
             cool = frozenset(a.agent_id for a in snapshot.agents if a.tier == "cool" and a.agent_id in owners)
             ranks = tuple((r.rank, r.active_bytes) for r in snapshot.ranks)
             view = PoolView(snapshot.pool, sliding_groups_of(snapshot), labels, kept, cool, ranks,
-                            group_shapes_of(snapshot))
+                            group_shapes_of(snapshot), memory_of(snapshot))
         if view == self._view and snapshot.status == self._status:
             return
         self._view, self._status = view, snapshot.status

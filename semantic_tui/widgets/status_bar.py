@@ -1,4 +1,5 @@
-"""The top line: model, HTTP address (for ANTHROPIC_BASE_URL), engine status, and a slow BLAS while it lasts."""
+"""The top line: model, HTTP address (for ANTHROPIC_BASE_URL), engine status, memory against its watermarks,
+and a slow BLAS while it lasts."""
 
 from __future__ import annotations
 
@@ -7,6 +8,18 @@ from textual.reactive import reactive
 from textual.widgets import Static
 
 from engine.runtime.engine_thread.snapshot import EngineSnapshot
+
+
+def memory_part(memory: dict) -> tuple[str, str]:
+    """The machine's memory in use against the soft watermark; under pressure, what the engine does about it."""
+    gib = 2**30
+    used, total = memory["system_used_bytes"] / gib, memory["system_total_bytes"] / gib
+    soft, hard = memory["soft_watermark_bytes"] / gib, memory["hard_watermark_bytes"] / gib
+    if memory["pressure"] == "hard":
+        return f"MEMORY {used:.1f}/{total:.1f} GiB > hard {hard:.1f}: refusing new requests", "bold reverse red"
+    if memory["pressure"] == "soft":
+        return f"MEMORY {used:.1f}/{total:.1f} GiB > soft {soft:.1f}: sending idle agents away", "bold reverse yellow"
+    return f"mem {used:.1f}/{total:.1f} GiB (soft {soft:.1f})", "dim"
 
 
 class StatusBar(Static):
@@ -40,6 +53,8 @@ class StatusBar(Static):
             parts.append((self.phase, "green" if self.phase == "ready" else "yellow"))
         if self.blas_warning:
             parts.append((self.blas_warning, "bold reverse red"))
+        if snap is not None and snap.memory:
+            parts.append(memory_part(snap.memory))
         if snap is not None:
             busy = sum(a.state != "idle" for a in snap.agents)
             parts.append((f"{len(snap.agents)} agents · {busy} busy · batch {snap.throughput.batch_size}", "dim"))

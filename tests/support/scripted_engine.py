@@ -119,6 +119,7 @@ class ScriptedEngine:
         self.grammars = OutputGrammars(self.loaded.tokenizer, self.loaded.eos_token_ids)
         self.heartbeat = 0.0
         self.stall: float | None = None  # what the watchdog reports; tests set it
+        self.memory = None  # no memory watermarks: a scripted engine holds no model
         self.script = script
         self.prefill_delay_s = prefill_delay_s
         self.token_delay_s = token_delay_s

@@ -28,7 +28,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("engine.models",),
     ("engine.grammar",),
     ("engine.store",),
-    ("engine.runtime.clock", "engine.runtime.meters"),
+    ("engine.runtime.clock", "engine.runtime.meters", "engine.runtime.memory_pressure"),
     ("engine.runtime.runner",),
     ("engine.runtime.tiers",),
     ("engine.runtime.scheduler",),

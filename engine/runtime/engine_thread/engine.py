@@ -24,6 +24,7 @@ from engine.errors import (
     AgentExistsError,
     AgentNotFoundError,
     EngineUnavailableError,
+    MemoryPressureError,
     PromptTooLongError,
     QueueFullError,
     RequestTooLargeForPoolError,
@@ -48,6 +49,7 @@ from engine.runtime.engine_thread.snapshot import AgentView, EngineSnapshot
 from engine.runtime.engine_thread.snapshot_builder import SnapshotSources, build_snapshot
 from engine.runtime.tiers import warm
 from engine.runtime.tiers.manager import TierManager
+from engine.runtime.memory_pressure import RELIEF_INTERVAL_S, MemoryWatch, Pressure, Watermarks
 from engine.runtime.scheduler.turn import Turn
 
 if TYPE_CHECKING:
@@ -75,6 +77,7 @@ class Engine:
         seed_agents: Iterable[AgentView] = (),
         lockstep: "Lockstep | None" = None,
         backend: MlxBackend | None = None,
+        memory: MemoryWatch | None = None,
     ) -> None:
         self.loaded = loaded
         # How the model is computed (runner/backends/): given, else chosen for this device and the settings.
@@ -124,6 +127,10 @@ class Engine:
         self.scheduler: Scheduler | None = None
         # Structured outputs: the model's tokenizer table and compiled schemas (the API compiles, turns copy).
         self.grammars = OutputGrammars(loaded.tokenizer, loaded.eos_token_ids)
+        # Memory watermarks (runtime/memory_pressure.py). Not under lockstep: every rank would have to give way
+        # at the same point of its loop, and each reads its own machine.
+        self.memory = memory if memory is not None or lockstep is not None else _memory_watch(settings)
+        self._relieved = 0.0
 
     # -- lifecycle ---------------------------------------------------------------------
     def start(self, timeout_s: float | None = 120.0) -> None:
@@ -160,6 +167,7 @@ class Engine:
         request = self.validate(request)
         request = self._replica.seeded(request) if self._replica is not None else request
         turn = Turn(request, sink)
+        self._refuse_under_hard_pressure()
         queued = len(self.scheduler.waiting) + self._commands.qsize() if self.scheduler is not None else 0
         limit = self.settings.turns.max_queued_requests
         if queued >= limit:
@@ -170,6 +178,20 @@ class Engine:
                 raise EngineUnavailableError("engine is not running", retry_after_s=5)
             self._commands.put(lambda: self._submit(turn))
         return request.request_id
+
+    def _refuse_under_hard_pressure(self) -> None:
+        watch = self.memory
+        if watch is not None and watch.pressure is Pressure.HARD:
+            used, hard = watch.reading.system_used, watch.watermarks.hard
+            raise MemoryPressureError(f"the machine is short of memory: {used / 2**30:.1f} GiB in use, past the "
+                                      f"hard watermark of {hard / 2**30:.1f} GiB (memory_hard_limit_mb); running "
+                                      "turns go on, new ones are refused until it falls; retry shortly")
+
+    def set_memory_watermarks(self, watermarks: Watermarks) -> None:
+        """New watermarks from now on (any thread); judged at the engine's next sample."""
+        if self.memory is None:
+            raise EngineUnavailableError("memory watermarks are off in this process (a rank of a sharded model)")
+        self.memory.set_watermarks(watermarks)
 
     def _submit(self, turn: Turn) -> None:
         self._record("submit", turn.request, turn.submitted_at)
@@ -467,6 +489,7 @@ class Engine:
             self.tiers.poll()
             if stop:
                 return
+            self._watch_memory(scheduler)
             self._busy = scheduler.has_work  # before the step: a step that hangs leaves it set
             self._step_once(scheduler)
             self._busy = scheduler.has_work
@@ -475,6 +498,42 @@ class Engine:
             if now - last >= SNAPSHOT_INTERVAL_S or scheduler.completed != completed:
                 self._publish()
                 last, completed = now, scheduler.completed
+
+    def _watch_memory(self, scheduler: Scheduler) -> None:
+        """Sample memory; under pressure, limit what new turns may add and send idle caches away."""
+        watch = self.memory
+        if watch is None:
+            return
+        now = time.monotonic()
+        changed = watch.sample(now)
+        admission = scheduler.admission
+        if changed is not None:
+            reading, marks = watch.reading, watch.watermarks
+            where = (f"{reading.system_used / 2**30:.1f} GiB in use of {reading.system_total / 2**30:.1f} "
+                     f"(soft {marks.soft / 2**30:.1f}, hard {marks.hard / 2**30:.1f}); this process "
+                     f"{reading.process / 2**30:.2f} GiB, MLX {reading.mlx_active / 2**30:.2f} GiB")
+            what = {Pressure.NORMAL: "memory back to normal: the pool may grow again",
+                    Pressure.SOFT: "memory past the soft watermark: cooling and spilling idle agents, admitting new "
+                                   "turns as memory allows",
+                    Pressure.HARD: "memory past the hard watermark: refusing new requests until it falls"}[changed]
+            level = logging.INFO if changed is Pressure.NORMAL else logging.WARNING
+            self.events.emit(EventKind.INFO, f"{what} ({where})", level=level)
+            if changed is Pressure.NORMAL:
+                admission.ceiling = None
+            elif admission.ceiling is None:
+                admission.ceiling = self._pool.used_blocks
+        if watch.pressure is not Pressure.NORMAL and now - self._relieved >= RELIEF_INTERVAL_S:
+            self._relieved = now
+            self._relieve(scheduler)
+
+    def _relieve(self, scheduler: Scheduler) -> None:
+        """Under pressure: give MLX's free buffers back, and send an eighth of the pool's idle caches away."""
+        mx.clear_cache()
+        pool = self._pool
+        self.tiers.make_room(pool.free_blocks + max(1, pool.used_blocks // 8), scheduler.queues.running_agents(),
+                             reason="memory pressure")
+        if scheduler.admission.ceiling is not None:
+            scheduler.admission.ceiling = min(scheduler.admission.ceiling, pool.used_blocks)
 
     def _take_inputs(self, scheduler: Scheduler) -> bool:
         """This pass's commands, and under lockstep the tick every rank applies. True: stop now."""
@@ -619,8 +678,16 @@ class Engine:
     def _publish(self, force: bool = False) -> None:
         sources = SnapshotSources(self.loaded, self._pool, self.agents, self.tiers, self.scheduler,
                                   self.backend.describe(), self.sampling_defaults.describe(), self.context_length,
-                                  self.rank_reports)
+                                  self.rank_reports, self.memory.describe() if self.memory is not None else None)
         self._snapshot = build_snapshot(sources, self._status)
+
+
+def _memory_watch(settings: EngineSettings) -> MemoryWatch:
+    from engine.platform.memory import read_memory
+
+    memory = settings.memory
+    total = read_memory().system_total
+    return MemoryWatch(Watermarks.for_machine(total, memory.memory_soft_limit_mb, memory.memory_hard_limit_mb))
 
 
 def _source(value: str | None) -> AgentSource:

@@ -145,6 +145,8 @@ class EngineSnapshot:
     detail: str | None = None
     # A sharded model's ranks (rank 0 first); empty when this process holds the whole model.
     ranks: tuple[RankView, ...] = ()
+    # The memory watermarks' latest reading (runtime/memory_pressure.py); None where they are off.
+    memory: dict[str, object] | None = None
 
     def agent(self, agent_id: str) -> AgentView | None:
         return next((a for a in self.agents if a.agent_id == agent_id), None)

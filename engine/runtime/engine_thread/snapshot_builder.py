@@ -38,6 +38,7 @@ class SnapshotSources:
     sampling_defaults: str
     context_length: int
     rank_reports: tuple[Any, ...]
+    memory: dict[str, object] | None = None
 
 
 def build_snapshot(sources: SnapshotSources, status: str) -> EngineSnapshot:
@@ -52,6 +53,7 @@ def build_snapshot(sources: SnapshotSources, status: str) -> EngineSnapshot:
         tiers=_tiers(sources, agents),
         backend=sources.backend,
         ranks=_ranks(sources),
+        memory=sources.memory,
     )
 
 

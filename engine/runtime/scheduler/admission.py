@@ -61,6 +61,9 @@ class Admission:
         self.enter_batch = enter_batch  # puts a sequence into the current batch
         self.grammars = grammars if grammars is not None else OutputGrammars(tokenizer, eos)  # structured outputs
         self._uids = itertools.count()
+        # Under memory pressure (runtime/memory_pressure.py): the most pool blocks new turns may bring the pool
+        # to, making room by sending idle caches away; None: no limit but the pool's own.
+        self.ceiling: int | None = None
 
     def admit(self) -> None:
         """Move waiting turns into the batch while it has room, oldest first."""
@@ -75,6 +78,8 @@ class Admission:
             if self.prefix_sharing and awaits_leader(turn, self.agents.get(turn.request.agent_id),
                                                      queues.by_uid.values(), self.hot.spec.block_tokens):
                 continue
+            if queues.by_uid and not self._under_ceiling(turn, running):
+                return  # memory is short: the running turns finish first
             try:
                 readiness = self.caches.prepare(turn, running)
             except Exception as exc:  # one turn that cannot be admitted must not stop the others
@@ -92,6 +97,21 @@ class Admission:
             queues.waiting.remove(turn)
             self._insert(turn)
             running.add(turn.request.agent_id)
+
+    def _under_ceiling(self, turn: Turn, running: set[str]) -> bool:
+        """Whether the turn fits under the memory ceiling, once idle caches have made room for it (the turn's
+        own cache counts as held already)."""
+        if self.ceiling is None:
+            return True
+        pool = self.hot.pool
+        agent = self.agents.get(turn.request.agent_id)
+        held = sum(len(ids) for ids in agent.blocks.values()) if agent is not None else 0
+        need = max(0, self.hot.spec.total_blocks_for_tokens(len(turn.request.prompt_tokens) + 1) - held)
+        if pool.used_blocks + need <= self.ceiling:
+            return True
+        protect = running | {turn.request.agent_id}
+        self.tiers.make_room(pool.total_blocks - self.ceiling + need, protect, reason="memory pressure")
+        return pool.used_blocks + need <= self.ceiling
 
     def _expire_waiting(self) -> None:
         """Turns that waited longer than ``request_timeout_s`` are refused (overloaded), not served late."""

@@ -50,7 +50,8 @@ class TierManager:
         self.restore_rate = RateMeter(window_s=60.0)
 
     # -- eviction ---------------------------------------------------------------------
-    def make_room(self, free_blocks: int, protect: set[str], auxiliary_only: bool = False) -> bool:
+    def make_room(self, free_blocks: int, protect: set[str], auxiliary_only: bool = False,
+                  reason: str = "pool needs room") -> bool:
         """Free pool blocks until ``free_blocks`` are free: idle agents' checkpoints first, then
         least-recently-used idle agents are cooled, then cool ones (else hot ones) go to disk."""
         victims = self.agents.eviction_order(protect, auxiliary_only)
@@ -62,13 +63,13 @@ class TierManager:
             victims = self.agents.eviction_order(protect, auxiliary_only)
             coolable = [a for a in victims if self._worth_cooling(a) and a.agent_id not in uncoolable]
             if coolable:
-                if not self._cool(coolable[0], reason="pool needs room"):
+                if not self._cool(coolable[0], reason=reason):
                     uncoolable.add(coolable[0].agent_id)
                 continue
             victims = self.agents.cool_order(protect, auxiliary_only) + victims
             if not victims:
                 return False
-            self.evict(victims[0], Tier.WARM, reason="pool needs room")
+            self.evict(victims[0], Tier.WARM, reason=reason)
         return True
 
     def evict(self, agent: AgentRecord, tier: Tier, reason: str) -> None:
