@@ -75,7 +75,7 @@ class MemoryWatch:
         self.reading: MemoryReading = read()
         self.pressure = Pressure.NORMAL
         self._sampled = float("-inf")
-        self.pressure = self._level(self.reading)
+        self.pressure = self._level(self.reading)  # judged from normal: a start past a watermark says so
 
     def set_watermarks(self, watermarks: Watermarks) -> None:
         with self._lock:
@@ -99,7 +99,7 @@ class MemoryWatch:
         with self._lock:
             marks = self.watermarks
         used, margin = reading.system_used, max(reading.system_total // 50, MIN_MARGIN)
-        current = getattr(self, "pressure", Pressure.NORMAL)
+        current = self.pressure
         if used >= marks.hard or (current is Pressure.HARD and used >= marks.hard - margin):
             return Pressure.HARD
         if used >= marks.soft or (current is not Pressure.NORMAL and used >= marks.soft - margin):

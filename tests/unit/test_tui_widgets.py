@@ -377,3 +377,31 @@ def test_the_agents_table_shows_kept_drafts_and_tokens_per_speculative_step() ->
     assert _drafts(view) == "-"  # nothing verified yet
     assert _drafts(replace(view, speculation=SpeculationTally(drafted=100, accepted=92, steps=20, emitted=102))) \
         == "92% x5.1"
+
+
+# -- memory against the watermarks ----------------------------------------------------------------
+_MEMORY = {"pressure": "normal", "system_total_bytes": 24 * 2**30, "system_used_bytes": 6 * 2**30,
+           "system_available_bytes": 18 * 2**30, "process_bytes": 2**30, "mlx_active_bytes": 2**29,
+           "mlx_cache_bytes": 0, "soft_watermark_bytes": 20 * 2**30, "hard_watermark_bytes": 22 * 2**30}
+
+
+def test_the_top_line_shows_memory_and_says_what_pressure_does() -> None:
+    from semantic_tui.widgets.status_bar import memory_part
+
+    assert memory_part(_MEMORY) == ("mem 6.0/24.0 GiB (soft 20.0)", "dim")
+    text, style = memory_part(dict(_MEMORY, pressure="soft", system_used_bytes=21 * 2**30))
+    assert "21.0/24.0 GiB > soft 20.0: sending idle agents away" in text and "yellow" in style
+    text, style = memory_part(dict(_MEMORY, pressure="hard", system_used_bytes=23 * 2**30))
+    assert "> hard 22.0: refusing new requests" in text and "red" in style
+
+
+def test_the_pool_map_draws_memory_with_both_watermarks_marked() -> None:
+    from semantic_tui.widgets.pool_map import memory_line, memory_of
+
+    memory = memory_of(replace(EngineSnapshot("ready", None, None), memory=_MEMORY))
+    assert memory == (60, 240, 200, 220, 10, "normal")
+    line = memory_line(memory, 80).plain
+    assert line.startswith("memory ") and "6.0/24.0 GiB · soft 20.0 · hard 22.0 · this 1.0" in line
+    bar = line.removeprefix("memory ").split(" ")[0]
+    assert bar.index("|") < bar.index("‖") and bar.count("█") == round(6 / 24 * len(bar))
+    assert memory_line(memory, 24).plain.count("|") == 1  # narrow: the bar alone, marks kept
