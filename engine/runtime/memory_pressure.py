@@ -73,9 +73,10 @@ class MemoryWatch:
         self._lock = threading.Lock()
         self.watermarks = watermarks
         self.reading: MemoryReading = read()
+        # Judged at the first sample (the engine's first loop pass), which then reports a start under pressure
+        # as a change, as any other.
         self.pressure = Pressure.NORMAL
         self._sampled = float("-inf")
-        self.pressure = self._level(self.reading)  # judged from normal: a start past a watermark says so
 
     def set_watermarks(self, watermarks: Watermarks) -> None:
         with self._lock:

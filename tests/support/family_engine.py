@@ -39,3 +39,54 @@ def accounts_agree(engine: Engine) -> None:
 
 def opening(i: int = 1) -> tuple[int, ...]:
     return (BOS, *(f"agent {i} opens a conversation about caches. " * 2).encode())
+
+
+def batched_then_second_turns(loaded, agents: int, tokens: int) -> None:
+    """``agents`` first turns in one batch, then their second turns in one batch: each token-identical to
+    plain mlx-lm, the second turns resuming their own caches side by side."""
+    from engine.domain.requests import GenerationRequest
+    from engine.runtime.engine_thread.sync_client import run_turns
+
+    engine = start(loaded)
+    try:
+        requests = [GenerationRequest(f"b{i}", (BOS, *(f"agent {i} writes. " * (2 + i)).encode()), tokens + 2 * i)
+                    for i in range(agents)]
+        for result in run_turns(engine, requests):
+            check(loaded, result)
+        follow = [GenerationRequest(r.request_id, r.prompt_tokens + tuple(b" and then?"), tokens) for r in requests]
+        for result in run_turns(engine, follow):
+            check(loaded, result)
+            assert result.finish.usage.reused_tokens > 0
+        accounts_agree(engine)
+    finally:
+        engine.stop()
+
+
+def export_then_continue_elsewhere(loaded, tmp_path, tokens: int) -> None:
+    """An agent evicted to disk, exported from one cache directory and imported into another under a new id:
+    the next turn there reads its cache (all but the last token) and says what plain mlx-lm says."""
+    from engine.domain.event_log import EventLog
+    from engine.domain.requests import GenerationRequest
+    from engine.runtime.engine_thread.engine_ops import engine_op
+    from engine.runtime.engine_thread.sync_client import run_turn
+    from engine.runtime.tiers.agents import Tier
+    from engine.store.agent_export import export_agent, import_agent
+
+    here, there = tmp_path / "here", tmp_path / "there"
+    engine = start(loaded, WarmStore(here / "agents", loaded, 1 << 30, EventLog()))
+    prompt = opening(4)
+    try:
+        first = run_turn(engine, GenerationRequest("out", prompt, tokens))
+        engine.call(engine_op("evict_agent", "out", Tier.WARM)).result(30)
+    finally:
+        engine.stop()
+    export_agent(here, "out", tmp_path / "out.agent")
+    import_agent(there, tmp_path / "out.agent", new_id="in")
+    engine = start(loaded, WarmStore(there / "agents", loaded, 1 << 30, EventLog()))
+    try:
+        follow = prompt + tuple(first.tokens) + tuple(b" and somewhere else?")
+        result = run_turn(engine, GenerationRequest("in", follow, tokens))
+        check(loaded, result)
+        assert result.finish.usage.reused_tokens >= len(prompt) + len(first.tokens) - 1
+    finally:
+        engine.stop()

@@ -19,11 +19,10 @@ import pytest
 from engine.domain.event_log import EventLog
 from engine.domain.requests import GenerationRequest
 from engine.runtime.engine_thread.engine_ops import engine_op
-from engine.runtime.engine_thread.sync_client import run_turn, run_turns
+from engine.runtime.engine_thread.sync_client import run_turn
 from engine.runtime.tiers.agents import Tier
 from engine.store.warm_store import WarmStore
-from tests.support.byte_tokenizer import BOS
-from tests.support.family_engine import accounts_agree, check, opening, start
+from tests.support.family_engine import accounts_agree, batched_then_second_turns, check, opening, start
 from tests.support.tiny_models import CACHE_LIST_FAMILIES, loaded_tiny
 
 pytestmark = pytest.mark.unit
@@ -71,19 +70,7 @@ def test_turns_are_token_identical_reuse_the_cache_and_come_back_from_disk(loade
 
 
 def test_agents_batched_together_equal_single_stream(loaded) -> None:
-    engine = start(loaded)
-    try:
-        requests = [GenerationRequest(f"b{i}", (BOS, *(f"agent {i} writes. " * (2 + i)).encode()), TOKENS + 2 * i)
-                    for i in range(3)]
-        for result in run_turns(engine, requests):
-            check(loaded, result)
-        follow = [GenerationRequest(r.request_id, r.prompt_tokens + tuple(b" and then?"), TOKENS) for r in requests]
-        for result in run_turns(engine, follow):
-            check(loaded, result)
-            assert result.finish.usage.reused_tokens > 0
-        accounts_agree(engine)
-    finally:
-        engine.stop()
+    batched_then_second_turns(loaded, 3, TOKENS)
 
 
 def test_a_model_whose_layers_keep_two_caches_cannot_be_sharded_and_says_so() -> None:

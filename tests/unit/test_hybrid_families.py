@@ -21,11 +21,11 @@ import pytest
 from engine.domain.event_log import EventLog
 from engine.domain.requests import GenerationRequest
 from engine.runtime.engine_thread.engine_ops import engine_op
-from engine.runtime.engine_thread.sync_client import run_turn, run_turns
+from engine.runtime.engine_thread.sync_client import run_turn
 from engine.runtime.tiers.agents import Tier
 from engine.store.warm_store import WarmStore
 from tests.support.byte_tokenizer import BOS
-from tests.support.family_engine import accounts_agree, check, opening, start
+from tests.support.family_engine import accounts_agree, batched_then_second_turns, check, export_then_continue_elsewhere, opening, start
 from tests.support.tiny_models import RECURRENT_FAMILIES, loaded_tiny
 
 pytestmark = pytest.mark.unit
@@ -113,20 +113,7 @@ def test_a_turn_that_edits_an_earlier_message_resumes_from_a_snapshot(loaded) ->
 
 
 def test_agents_batched_together_equal_single_stream(loaded) -> None:
-    engine = start(loaded)
-    try:
-        requests = [GenerationRequest(f"b{i}", (BOS, *(f"agent {i} writes. " * (2 + i)).encode()), TOKENS + 2 * i)
-                    for i in range(4)]
-        for result in run_turns(engine, requests):
-            check(loaded, result)
-        # Second turns of all four together: each resumes its own state in the same batch.
-        follow = [GenerationRequest(r.request_id, r.prompt_tokens + tuple(b" and then?"), TOKENS) for r in requests]
-        for result in run_turns(engine, follow):
-            check(loaded, result)
-            assert result.finish.usage.reused_tokens > 0
-        accounts_agree(engine)
-    finally:
-        engine.stop()
+    batched_then_second_turns(loaded, 4, TOKENS)  # second turns: each resumes its own state in the same batch
 
 
 def test_a_second_agent_starts_from_the_first_ones_prefix(loaded) -> None:
@@ -268,27 +255,7 @@ def test_a_shared_prefix_stored_on_disk_starts_another_agent_after_a_restart(loa
 
 
 def test_an_exported_agent_continues_from_its_state_on_another_machine(tmp_path: Path) -> None:
-    from engine.store.agent_export import export_agent, import_agent
-
-    loaded = _loaded("qwen3_next")
-    here, there = tmp_path / "here", tmp_path / "there"
-    engine = start(loaded, WarmStore(here / "agents", loaded, 1 << 30, EventLog()))
-    prompt = opening(4)
-    try:
-        first = run_turn(engine, GenerationRequest("out", prompt, TOKENS))
-        engine.call(engine_op("evict_agent", "out", Tier.WARM)).result(30)
-    finally:
-        engine.stop()
-    export_agent(here, "out", tmp_path / "out.agent")
-    import_agent(there, tmp_path / "out.agent", new_id="in")
-    engine = start(loaded, WarmStore(there / "agents", loaded, 1 << 30, EventLog()))
-    try:
-        follow = prompt + tuple(first.tokens) + tuple(b" and somewhere else?")
-        result = run_turn(engine, GenerationRequest("in", follow, TOKENS))
-        check(loaded, result)
-        assert result.finish.usage.reused_tokens >= len(prompt) + len(first.tokens) - 1
-    finally:
-        engine.stop()
+    export_then_continue_elsewhere(_loaded("qwen3_next"), tmp_path, TOKENS)
 
 
 @pytest.mark.parametrize("kind", ["qwen3_next", "mamba2"])

@@ -23,7 +23,7 @@ from engine.runtime.tiers.agents import Tier
 from engine.store.cache_format import SUFFIX
 from engine.store.warm_store import WarmStore
 from tests.support.byte_tokenizer import BOS
-from tests.support.family_engine import accounts_agree, check, opening, start
+from tests.support.family_engine import accounts_agree, check, export_then_continue_elsewhere, opening, start
 from tests.support.tiny_models import loaded_tiny
 
 pytestmark = pytest.mark.unit
@@ -199,26 +199,7 @@ def test_a_chunked_cache_ending_on_a_chunk_boundary_goes_to_disk_and_back(tmp_pa
 
 
 def test_an_exported_agent_continues_from_its_cache_on_another_machine(loaded, tmp_path: Path) -> None:
-    from engine.store.agent_export import export_agent, import_agent
-
-    here, there = tmp_path / "here", tmp_path / "there"
-    engine = start(loaded, WarmStore(here / "agents", loaded, 1 << 30, EventLog()))
-    prompt = opening(4)
-    try:
-        first = run_turn(engine, GenerationRequest("out", prompt, TOKENS))
-        engine.call(engine_op("evict_agent", "out", Tier.WARM)).result(30)
-    finally:
-        engine.stop()
-    export_agent(here, "out", tmp_path / "out.agent")
-    import_agent(there, tmp_path / "out.agent", new_id="in")
-    engine = start(loaded, WarmStore(there / "agents", loaded, 1 << 30, EventLog()))
-    try:
-        follow = prompt + tuple(first.tokens) + tuple(b" and somewhere else?")
-        result = run_turn(engine, GenerationRequest("in", follow, TOKENS))
-        check(loaded, result)
-        assert result.finish.usage.reused_tokens >= len(prompt) + len(first.tokens) - 1
-    finally:
-        engine.stop()
+    export_then_continue_elsewhere(loaded, tmp_path, TOKENS)
 
 
 @pytest.mark.parametrize("kind", ["glm4_moe_lite", "gemma4_text"])
