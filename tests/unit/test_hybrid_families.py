@@ -319,3 +319,33 @@ def test_a_turn_that_needed_a_dropped_snapshot_says_which_and_why(loaded) -> Non
         accounts_agree(engine)
     finally:
         engine.stop()
+
+
+def test_a_cooled_hybrid_agent_keeps_its_state_exact_and_resumes(tmp_path: Path) -> None:
+    """The cool tier (--kv-bits-at-rest 8) quantizes the attention layers' K/V in memory; the recurrent state
+    and its snapshots stay as they were, bit for bit, and the next turn resumes from them."""
+    import numpy as np
+
+    loaded = _loaded("qwen3_next")
+    engine = start(loaded, WarmStore(tmp_path, loaded, 1 << 30, EventLog()), kv_bits_at_rest=8)
+
+    def states(e) -> list:
+        kv = e.agents.get("c").kv
+        return [np.array(a) for layer in kv.layers if hasattr(layer, "geometry") for a in layer.arrays]
+
+    try:
+        first = run_turn(engine, GenerationRequest("c", opening(7), TOKENS))
+        check(loaded, first)
+        before = engine.call(states).result(30)
+        engine.call(engine_op("evict_agent", "c", Tier.COOL)).result(30)
+        assert engine.call(lambda e: e.agents.get("c").tier).result(30) is Tier.COOL
+        engine.call(lambda e: e.tiers.ensure_hot(e.agents.get("c"))).result(30)
+        after = engine.call(states).result(30)
+        assert len(before) == len(after) and all(np.array_equal(a, b) for a, b in zip(before, after))
+        follow = opening(7) + tuple(first.tokens) + tuple(b" cooled and back.")
+        again = run_turn(engine, GenerationRequest("c", follow, TOKENS))
+        assert again.finish.error is None
+        assert again.finish.usage.reused_tokens >= len(opening(7)) + len(first.tokens) - 1, again.finish.usage
+        accounts_agree(engine)
+    finally:
+        engine.stop()
