@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -125,12 +126,47 @@ def running(launch: Launch, log_dir: Path, keep_state: bool = False,
         process = subprocess.Popen([*launch.argv, "--port", str(port)], stdout=log, stderr=subprocess.STDOUT,
                                    env={**server_env(), **(env_overrides or {})},
                                    cwd=Path(__file__).resolve().parent.parent)
+        peak = PeakRss(process.pid)
         try:
             url = f"http://127.0.0.1:{port}"
             wait_ready(process, launch, url, log_path)
             yield Running(url, process, log_path)
         finally:
+            peak.close()
             stop(process)
+            print(f"#   {launch.name} peak RSS {peak.bytes / 2**20:.0f} MiB", flush=True)
+
+
+class PeakRss:
+    """The largest resident set a server process (and its children) reached, sampled four times a second:
+    the peak memory a benchmark reports beside its timings."""
+
+    def __init__(self, pid: int) -> None:
+        self.bytes = 0
+        self._pid = pid
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import psutil
+
+        def rss(process: psutil.Process) -> int:
+            try:
+                return process.memory_info().rss
+            except psutil.Error:
+                return 0  # gone between listing and reading
+
+        try:
+            process = psutil.Process(self._pid)
+            while not self._done.wait(0.25):
+                self.bytes = max(self.bytes, sum(rss(p) for p in [process, *process.children(recursive=True)]))
+        except psutil.Error:
+            return  # the server is gone: the peak so far stands
+
+    def close(self) -> None:
+        self._done.set()
+        self._thread.join(2)
 
 
 @contextmanager
