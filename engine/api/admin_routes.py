@@ -218,9 +218,10 @@ async def set_memory_watermarks(request: Request, body: MemoryWatermarksRequest)
         raise InvalidRequestError(f"the soft watermark ({soft / 2**20:.0f} MiB) would exceed the hard one "
                                   f"({hard / 2**20:.0f} MiB)", field="soft_limit_mb")
     engine.set_memory_watermarks(Watermarks(soft, hard))
-    await service.in_thread(engine.fresh_snapshot)
     await asyncio.sleep(SAMPLE_INTERVAL_S * 2)  # the engine samples at most ten times a second
     snapshot = await service.in_thread(engine.fresh_snapshot)
+    if not snapshot.memory:
+        raise EngineUnavailableError("the engine has not published a memory reading yet; retry shortly", retry_after_s=1)
     return MemoryStats(**snapshot.memory)
 
 

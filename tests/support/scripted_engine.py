@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from engine.platform.memory import MemoryReading
+from engine.runtime.memory_pressure import MemoryWatch, Watermarks
 from engine.domain.block_layout import common_prefix_length
 from engine.domain.forensics import TurnForensics, examine
 from engine.domain.block_pool import BlockPool
@@ -119,7 +121,11 @@ class ScriptedEngine:
         self.grammars = OutputGrammars(self.loaded.tokenizer, self.loaded.eos_token_ids)
         self.heartbeat = 0.0
         self.stall: float | None = None  # what the watchdog reports; tests set it
-        self.memory = None  # no memory watermarks: a scripted engine holds no model
+        # Memory watermarks over a fixed machine reading (16 GiB, 4 GiB in use): the admin endpoint moves them;
+        # the scripted engine never refuses a request for memory.
+        self.memory = MemoryWatch(Watermarks(12 * 2**30, 14 * 2**30),
+                                  lambda: MemoryReading(16 * 2**30, 12 * 2**30, 2**30, 2**29, 0))
+        self.memory.sample()
         self.script = script
         self.prefill_delay_s = prefill_delay_s
         self.token_delay_s = token_delay_s
@@ -354,7 +360,12 @@ class ScriptedEngine:
         model = ModelView(self.loaded.model_id, self.loaded.identity.key, None, "scripted", self.context_length, spec.describe(),
                           self.sampling_defaults.describe())
         throughput = ThroughputView(generated_total=self.generated_total, requests_total=len(self.requests))
-        return EngineSnapshot("ready" if self._running else "stopped", model, self.pool.snapshot(), agents, throughput, tiers)
+        return EngineSnapshot("ready" if self._running else "stopped", model, self.pool.snapshot(), agents, throughput, tiers,
+                              memory=self.memory.describe())
+
+    def set_memory_watermarks(self, watermarks: Watermarks) -> None:
+        self.memory.set_watermarks(watermarks)
+        self.memory.sample()
 
     def stalled_for(self) -> float | None:
         return self.stall

@@ -53,6 +53,7 @@ FUZZED = {
     ("GET", "/v1/agents"), ("POST", "/v1/agents"), ("GET", "/v1/agents/{agent_id}"), ("DELETE", "/v1/agents/{agent_id}"),
     ("POST", "/v1/agents/{agent_id}/messages"), ("POST", "/v1/agents/{agent_id}/evict"),
     ("POST", "/v1/agents/{agent_id}/pin"), ("POST", "/v1/admin/evict-idle"), ("POST", "/v1/admin/swap"),
+    ("PUT", "/v1/admin/memory"),
 }
 
 
