@@ -149,14 +149,14 @@ class Settings(BaseSettings):
 
     # -- memory pressure ----------------------------------------------------------
     memory_soft_limit_mb: float | None = Field(
-        None, gt=0,
+        None, ge=1, le=1e9,
         description="Memory the whole machine may have in use (total minus available: this process, MLX and "
                     "every other application) before the engine gives way: idle agents are cooled and spilled to "
                     "disk, and new turns are admitted only as far as idle caches make room. Default: the "
                     "machine's memory less 15 percent of it (at least 2 GiB).",
     )
     memory_hard_limit_mb: float | None = Field(
-        None, gt=0,
+        None, ge=1, le=1e9,
         description="Memory the machine may have in use before new requests are refused with the overload "
                     "error and retry-after (Anthropic 529 overloaded_error, OpenAI 503); running turns finish. "
                     "Default: the machine's memory less 5 percent of it (at least 1 GiB). Both watermarks can be "

@@ -117,9 +117,9 @@ class MemoryStats(BaseModel):
 
 
 class MemoryWatermarksRequest(BaseModel):
-    soft_limit_mb: float | None = Field(None, gt=0, description="New soft watermark in MiB (unchanged when "
+    soft_limit_mb: float | None = Field(None, ge=1, le=1e9, description="New soft watermark in MiB (unchanged when "
                                         "absent)")
-    hard_limit_mb: float | None = Field(None, gt=0, description="New hard watermark in MiB (unchanged when "
+    hard_limit_mb: float | None = Field(None, ge=1, le=1e9, description="New hard watermark in MiB (unchanged when "
                                         "absent)")
 
 

@@ -7,13 +7,15 @@ import tempfile
 from contextlib import suppress
 from pathlib import Path
 
+from engine.store.durable import sync_directory, sync_file
 from engine.store.private_dirs import make_private_dir
 from engine.store.temp_files import temp_prefix
 
 
 def write_text_atomically(final: Path, text: str) -> None:
     """A temp file beside ``final`` (private directory made if missing; named for the start-up sweep,
-    temp_files.py), fsync, ``os.replace``.
+    temp_files.py), fsync, ``os.replace``, then fsync of the directory (durable.py: a power cut keeps the
+    new name).
 
     Raises OSError; the temp file is removed first, so a full disk does not also collect half-written
     temp files. Callers turn the error into their own (a domain error, or a warning).
@@ -25,8 +27,9 @@ def write_text_atomically(final: Path, text: str) -> None:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()
-            os.fsync(handle.fileno())
+            sync_file(handle.fileno())
         os.replace(temp, final)
+        sync_directory(final.parent)
     except OSError:
         if temp is not None:
             with suppress(OSError):

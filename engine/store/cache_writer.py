@@ -9,7 +9,6 @@ digits are patched in at the end, so the data is passed over once.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import secrets
 import time
@@ -41,6 +40,7 @@ from engine.store.cache_format import (
     _Entry,
 )
 from engine.store.cache_header import _encode_head
+from engine.store.durable import sync_directory, sync_file
 from engine.store.cache_validation import _check_blocks, _geometry, _Geometry, _token_entry
 from engine.store.file_names import agent_file_stem
 from engine.store.private_dirs import make_private_dir
@@ -98,7 +98,7 @@ def write_cache_file_to(
             raise CachePersistenceError(f"cannot write cache file {final}: {err}") from err
         raise
     if sync:
-        _sync_directory(directory)
+        sync_directory(directory)
     return WrittenFile(final, plan.nbytes, time.perf_counter() - started)
 
 
@@ -120,27 +120,7 @@ def _write_temp(temp: Path, plan: _Plan, sync: bool) -> None:
         out.write(f"{crc:08x}".encode("ascii"))
         out.flush()
         if sync:
-            _sync_file(out.fileno())
-
-
-def _sync_file(fd: int) -> None:
-    # On macOS fsync stops at the drive's cache; F_FULLFSYNC asks it to persist.
-    full_sync = getattr(fcntl, "F_FULLFSYNC", None)
-    if full_sync is not None:
-        with suppress(OSError):  # file systems without it fall back to fsync
-            fcntl.fcntl(fd, full_sync)
-            return
-    os.fsync(fd)
-
-
-def _sync_directory(directory: Path) -> None:
-    """Make the rename durable. Best effort: if it is lost, the old whole file remains."""
-    with suppress(OSError):
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+            sync_file(out.fileno())
 
 
 def _remove_quietly(path: Path) -> None:

@@ -453,7 +453,7 @@ def test_interrupt_mid_write_removes_the_temp_file(
     def interrupted_sync(fd: int) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cache_writer, "_sync_file", interrupted_sync)
+    monkeypatch.setattr(cache_writer, "sync_file", interrupted_sync)
     with pytest.raises(KeyboardInterrupt):
         write_cache_file(tmp_path, make_record(generation=2))
     assert_only_old_file(tmp_path, old_file)

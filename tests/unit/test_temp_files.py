@@ -70,3 +70,23 @@ def test_every_writer_names_its_temp_files_for_the_sweep(tmp_path: Path, monkeyp
 
     writer = f".agent-1f.{os.getpid()}.{'0a1b2c3d'}.tmp"  # the cache writer's own naming (cache_writer.py)
     assert _TEMP_NAME.fullmatch(writer) and TEMP_NAME.fullmatch(writer)
+
+
+def test_a_text_file_is_synced_then_its_directory_after_the_rename(tmp_path: Path, monkeypatch) -> None:
+    """So a power cut after the write keeps the new name: the file's data first, the directory's entry after."""
+    import os
+    import stat
+
+    from engine.store import atomic_text
+
+    synced: list[str] = []
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append("dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file")
+        real(fd)
+
+    monkeypatch.setattr(atomic_text.os, "fsync", fsync)
+    atomic_text.write_text_atomically(tmp_path / "conversation.json", "{}")
+    assert synced == ["file", "dir"]
+    assert (tmp_path / "conversation.json").read_text() == "{}"
