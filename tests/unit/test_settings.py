@@ -112,13 +112,14 @@ def test_cli_lists_models(capsys: pytest.CaptureFixture[str], tmp_path: Path) ->
 def test_cli_models_says_how_a_folders_layers_are_cached_or_why_it_cannot_be_served(
         capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     """From config.json alone (no weights): Gemma 4's groups of two widths and its KV-shared layers; a
-    recurrent model's state; a family of two caches per layer refused; a folder without a config."""
+    recurrent model's state; a family of two caches per layer (each member a cache layer of its own); a family
+    whose layers run twice refused, saying why; a folder without a config."""
     import json
 
     from semantic_cli.main import main
     from tests.support.tiny_models import family_config
 
-    gemma4, mamba, falcon = tmp_path / "gemma4", tmp_path / "mamba", tmp_path / "falcon"
+    gemma4, mamba, falcon, loop = tmp_path / "gemma4", tmp_path / "mamba", tmp_path / "falcon", tmp_path / "loop"
     for folder, config in ((gemma4, dict(family_config("gemma4_text"), torch_dtype="bfloat16")),
                            (mamba, dict(model_type="mamba2", num_heads=8, head_dim=16, vocab_size=300,
                                         hidden_size=128, intermediate_size=128, state_size=32, num_hidden_layers=4,
@@ -128,14 +129,20 @@ def test_cli_models_says_how_a_folders_layers_are_cached_or_why_it_cannot_be_ser
                            (falcon, dict(model_type="falcon_h1", num_hidden_layers=2, vocab_size=300, hidden_size=256,
                                          intermediate_size=512, num_attention_heads=8, num_key_value_heads=2,
                                          head_dim=32, mamba_d_ssm=256, mamba_n_heads=8, mamba_d_head=32,
-                                         mamba_d_state=32))):
+                                         mamba_d_state=32)),
+                           (loop, dict(model_type="iquestloopcoder", hidden_size=64, num_hidden_layers=2,
+                                       intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                                       rms_norm_eps=1e-5, head_dim=16, vocab_size=300, rope_theta=500000.0,
+                                       tie_word_embeddings=False, loop_num=2, loop_window_size=32))):
         folder.mkdir()
         (folder / "config.json").write_text(json.dumps(config))
-    assert main(["--cache-dir", str(tmp_path / "cache"), "models", str(gemma4), str(mamba), str(falcon)]) == 0
+    assert main(["--cache-dir", str(tmp_path / "cache"), "models", str(gemma4), str(mamba), str(falcon),
+                 str(loop)]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert ("layer groups: global: 1 layer of 1x64/64 bfloat16 (256 B a token); sliding-24: 5 layers of 1x32/32 "
             "bfloat16 (640 B a token); 4 more layers read earlier layers' K/V") in out
     # Mamba2: a convolution window (kernel - 1 rows of heads x head_dim + 2 x groups x state) and a state matrix.
     assert "layer groups: recurrent: 4 layers of 2x384 float32 + 8x16x32 float32 (76 KiB a sequence)" in out
-    assert "not servable: model type 'falcon_h1': layer 0 uses CacheList" in out
+    assert "2 model layers keep two caches each" in out  # Falcon-H1: a Mamba state beside each layer's K/V
+    assert "not servable: model type 'iquestloopcoder': 4 caches for 2 layers" in out
     assert main(["--cache-dir", str(tmp_path / "cache"), "models", str(tmp_path)]) == 2
