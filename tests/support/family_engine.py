@@ -90,3 +90,34 @@ def export_then_continue_elsewhere(loaded, tmp_path, tokens: int) -> None:
         assert result.finish.usage.reused_tokens >= len(prompt) + len(first.tokens) - 1
     finally:
         engine.stop()
+
+
+def file_bytes_at_rest(loaded, tmp_path, tokens: int, identical: bool = True) -> dict:
+    """One turn, evicted to disk with K/V at full precision and at 8 bits, then a next turn read back from the
+    file (``identical``: also token-identical to mlx-lm): the cache files' bytes per setting."""
+    from engine.domain.event_log import EventLog
+    from engine.domain.requests import GenerationRequest
+    from engine.runtime.engine_thread.engine_ops import engine_op
+    from engine.runtime.engine_thread.sync_client import run_turn
+    from engine.runtime.tiers.agents import Tier
+
+    prompt = opening(5)
+    sizes = {}
+    for bits in (None, 8):
+        root = tmp_path / f"bits-{bits}"
+        engine = start(loaded, WarmStore(root, loaded, 1 << 30, EventLog(), kv_bits_at_rest=bits))
+        try:
+            first = run_turn(engine, GenerationRequest("q", prompt, tokens))
+            check(loaded, first)
+            engine.call(engine_op("evict_agent", "q", Tier.WARM)).result(30)
+            engine.call(lambda e: e._store.flush()).result(30)
+            sizes[bits] = sum(f.stat().st_size for f in root.rglob("*.safetensors"))
+            follow = prompt + tuple(first.tokens) + tuple(b" more.")
+            again = run_turn(engine, GenerationRequest("q", follow, tokens))
+            assert again.finish.error is None and again.finish.usage.reused_tokens >= len(prompt)
+            if identical:
+                check(loaded, again)
+            accounts_agree(engine)
+        finally:
+            engine.stop()
+    return sizes

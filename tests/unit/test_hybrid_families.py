@@ -25,7 +25,7 @@ from engine.runtime.engine_thread.sync_client import run_turn
 from engine.runtime.tiers.agents import Tier
 from engine.store.warm_store import WarmStore
 from tests.support.byte_tokenizer import BOS
-from tests.support.family_engine import accounts_agree, batched_then_second_turns, check, export_then_continue_elsewhere, opening, start
+from tests.support.family_engine import accounts_agree, batched_then_second_turns, check, export_then_continue_elsewhere, file_bytes_at_rest, opening, start
 from tests.support.tiny_models import RECURRENT_FAMILIES, loaded_tiny
 
 pytestmark = pytest.mark.unit
@@ -263,26 +263,7 @@ def test_eight_bits_at_rest_quantize_attention_blocks_and_keep_the_state_exact(k
     """Under --kv-bits-at-rest the attention layers' K/V are quantized on disk and the recurrent state is
     written as it is: a pure recurrent model (Mamba2) resumes token-identical, a hybrid resumes from its
     file (how closely 8-bit K/V agree is measured in bench/, not on a random model's near-tied logits)."""
-    loaded = _loaded(kind)
-    prompt = opening(5)
-    sizes = {}
-    for bits in (None, 8):
-        root = tmp_path / f"bits-{bits}"
-        engine = start(loaded, WarmStore(root, loaded, 1 << 30, EventLog(), kv_bits_at_rest=bits))
-        try:
-            first = run_turn(engine, GenerationRequest("q", prompt, TOKENS))
-            check(loaded, first)
-            engine.call(engine_op("evict_agent", "q", Tier.WARM)).result(30)
-            engine.call(lambda e: e._store.flush()).result(30)
-            sizes[bits] = sum(f.stat().st_size for f in root.rglob("*.safetensors"))
-            follow = prompt + tuple(first.tokens) + tuple(b" more.")
-            again = run_turn(engine, GenerationRequest("q", follow, TOKENS))
-            assert again.finish.error is None and again.finish.usage.reused_tokens >= len(prompt)
-            if kind == "mamba2":
-                check(loaded, again)
-            accounts_agree(engine)
-        finally:
-            engine.stop()
+    sizes = file_bytes_at_rest(_loaded(kind), tmp_path, TOKENS, identical=kind == "mamba2")
     if kind == "mamba2":
         assert abs(sizes[8] - sizes[None]) < 4096, sizes  # nothing to quantize: the state is all it holds
     else:

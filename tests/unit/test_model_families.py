@@ -20,10 +20,9 @@ from engine.domain.requests import GenerationRequest
 from engine.runtime.engine_thread.engine_ops import engine_op
 from engine.runtime.engine_thread.sync_client import run_turn, run_turns
 from engine.runtime.tiers.agents import Tier
-from engine.store.cache_format import SUFFIX
 from engine.store.warm_store import WarmStore
 from tests.support.byte_tokenizer import BOS
-from tests.support.family_engine import accounts_agree, check, export_then_continue_elsewhere, opening, start
+from tests.support.family_engine import accounts_agree, check, export_then_continue_elsewhere, file_bytes_at_rest, opening, start
 from tests.support.tiny_models import loaded_tiny
 
 pytestmark = pytest.mark.unit
@@ -208,24 +207,7 @@ def test_eight_bits_at_rest_store_latent_and_mixed_width_caches_smaller_and_resu
     """The files shrink as the widths allow (GLM: a 64-wide latent and 32 rotary dims; Gemma 4: heads of 32
     and 64), the cache resumes from them. How closely 8-bit caches agree is measured in
     bench/bench_kv_at_rest.py, not here: a tiny random model's near-tied logits say nothing of it."""
-    loaded = loaded_tiny(kind)
-    prompt = opening(5)
-    sizes = {}
-    for bits in (None, 8):
-        root = tmp_path / f"bits-{bits}"
-        engine = start(loaded, WarmStore(root, loaded, 1 << 30, EventLog(), kv_bits_at_rest=bits))
-        try:
-            first = run_turn(engine, GenerationRequest("q", prompt, TOKENS))
-            check(loaded, first)
-            engine.call(engine_op("evict_agent", "q", Tier.WARM)).result(30)
-            engine.call(lambda e: e._store.flush()).result(30)
-            sizes[bits] = sum(f.stat().st_size for f in root.rglob(f"*{SUFFIX}"))
-            follow = prompt + tuple(first.tokens) + tuple(b" more.")
-            again = run_turn(engine, GenerationRequest("q", follow, TOKENS))
-            assert again.finish.error is None and again.finish.usage.reused_tokens >= len(prompt)
-            accounts_agree(engine)
-        finally:
-            engine.stop()
+    sizes = file_bytes_at_rest(loaded_tiny(kind), tmp_path, TOKENS, identical=False)
     assert sizes[8] < 0.6 * sizes[None], sizes
 
 
