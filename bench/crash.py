@@ -146,6 +146,16 @@ class Server:
             self.process.wait(30)
 
 
+def start_workers(worker: Callable[[random.Random], None], rng: random.Random, threads: int) -> list[threading.Thread]:
+    """``threads`` daemon threads running ``worker``, each with a random generator of its own drawn from ``rng``
+    (so a seed replays the same choices)."""
+    workers = [threading.Thread(target=worker, args=(random.Random(rng.random()),), daemon=True)
+               for _ in range(threads)]
+    for thread in workers:
+        thread.start()
+    return workers
+
+
 class Load:
     """Client threads doing random work on the agents until stopped; only acknowledged results are kept."""
 
@@ -157,11 +167,7 @@ class Load:
         self.errors: list[str] = []
 
     def run(self, threads: int) -> list[threading.Thread]:
-        workers = [threading.Thread(target=self._worker, args=(random.Random(self.rng.random()),), daemon=True)
-                   for _ in range(threads)]
-        for worker in workers:
-            worker.start()
-        return workers
+        return start_workers(self._worker, self.rng, threads)
 
     def _worker(self, rng: random.Random) -> None:
         with httpx.Client(base_url=self.url, timeout=120) as client:

@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.crash import SYSTEM, TOPICS, Agent, Server, Tally, _check_next_turn  # noqa: E402
+from bench.crash import SYSTEM, TOPICS, Agent, Server, Tally, _check_next_turn, start_workers  # noqa: E402
 
 GIB = 2**30
 
@@ -59,11 +59,7 @@ class Load:
         self.errors: list[str] = []
 
     def run(self, threads: int) -> list[threading.Thread]:
-        workers = [threading.Thread(target=self._worker, args=(random.Random(self.rng.random()),), daemon=True)
-                   for _ in range(threads)]
-        for worker in workers:
-            worker.start()
-        return workers
+        return start_workers(self._worker, self.rng, threads)
 
     def _worker(self, rng: random.Random) -> None:
         with httpx.Client(base_url=self.url, timeout=300) as client:

@@ -49,6 +49,7 @@ from engine.runtime.engine_thread.snapshot import AgentView, EngineSnapshot
 from engine.runtime.engine_thread.snapshot_builder import SnapshotSources, build_snapshot
 from engine.runtime.tiers import warm
 from engine.runtime.tiers.manager import TierManager
+from engine.platform.memory import read_memory
 from engine.runtime.memory_pressure import RELIEF_INTERVAL_S, MemoryWatch, Pressure, Watermarks
 from engine.runtime.scheduler.turn import Turn
 
@@ -683,8 +684,6 @@ class Engine:
 
 
 def _memory_watch(settings: EngineSettings) -> MemoryWatch:
-    from engine.platform.memory import read_memory
-
     memory = settings.memory
     total = read_memory().system_total
     return MemoryWatch(Watermarks.for_machine(total, memory.memory_soft_limit_mb, memory.memory_hard_limit_mb))
