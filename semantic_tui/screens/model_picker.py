@@ -86,6 +86,7 @@ class SwapProgressScreen(ModalScreen[SwapStatus]):
         super().__init__()
         self.swapper = swapper
         self.poll_s = poll_s
+        self._swap_seen_done = False
 
     def compose(self) -> ComposeResult:
         status = self.swapper.status
@@ -97,9 +98,13 @@ class SwapProgressScreen(ModalScreen[SwapStatus]):
             yield Label("", id="swap-detail")
 
     def on_mount(self) -> None:
-        self.set_interval(self.poll_s, self._poll)
+        self._poll_timer = self.set_interval(self.poll_s, self._poll)
 
     def _poll(self) -> None:
+        # Dismissing pops the screen asynchronously: a tick that lands before the screen is gone
+        # must not dismiss it a second time (that pops the screen below it, or raises).
+        if self._swap_seen_done:
+            return
         status = self.swapper.status
         for phase in PHASES:
             bar = self.query_one(f"#bar-{phase}", ProgressBar)
@@ -112,4 +117,6 @@ class SwapProgressScreen(ModalScreen[SwapStatus]):
         if status.phase is SwapPhase.ROLLING_BACK:
             self.query_one("#swap-detail", Label).update(f"[red]failed: {status.error}; reloading {status.from_model}[/red]")
         if not status.running:
+            self._swap_seen_done = True
+            self._poll_timer.stop()
             self.dismiss(status)
