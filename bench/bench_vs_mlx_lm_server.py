@@ -52,7 +52,7 @@ from comparison import (
 )
 from peer_runs import Conversation, Outcome, on_both, served_once, served_with_restart
 from results import BenchResult, Series
-from served import Batching, Launch, peer_launch, semantic_launch
+from served import Batching, Launch, peer_defaults_launch, peer_launch, semantic_launch
 from workload_text import growing_document, shared_system_prompt, story_request, tool_result
 
 from engine.domain.cache_spec import DTYPE_BYTES
@@ -96,6 +96,14 @@ class Bench:
     work_dir: Path
     sizes: Sizes
     result: BenchResult
+    peer_at_defaults: bool = False  # --peer defaults: mlx_lm.server as users start it, no flags
+
+    def peer(self, cache_entries: int, cache_bytes: int | None = None) -> Launch:
+        """The peer: tuned (its batching set equal to semantic's, a cache sized like semantic's pool) or at its
+        defaults."""
+        if self.peer_at_defaults:
+            return peer_defaults_launch(self.folder)
+        return peer_launch(self.folder, self.batching, cache_entries=cache_entries, cache_bytes=cache_bytes)
 
     def semantic(self, workload: str, pool_mb: float | None = None, persist: bool = False) -> Launch:
         """semantic with its own disk tier for this workload, emptied before each fresh start."""
@@ -110,7 +118,7 @@ class Bench:
 def throughput(bench: Bench) -> None:
     s = bench.sizes
     print(f"\n## throughput: 1-{max(s.streams)} agents at once, {s.stream_tokens} tokens each, distinct prompts")
-    launches = (bench.semantic("throughput"), peer_launch(bench.folder, bench.batching, cache_entries=10))
+    launches = (bench.semantic("throughput"), bench.peer(cache_entries=10))
 
     async def work(client: ChatClient) -> list[list[Turn]]:
         return [await _burst(client, n, s.stream_tokens) for n in s.streams]
@@ -154,7 +162,7 @@ def _conversation_launches(bench: Bench, workload: str, persist: bool) -> tuple[
     s = bench.sizes
     budget = s.fit_agents * kv_bytes(bench.folder, _agent_tokens(s))
     # The bytes bind the peer, not its entry count: each chat leaves a system, a user and an assistant entry.
-    peer = peer_launch(bench.folder, bench.batching, cache_entries=4 * s.agents, cache_bytes=budget)
+    peer = bench.peer(cache_entries=4 * s.agents, cache_bytes=budget)
     return bench.semantic(workload, budget / 2**20, persist=persist), peer, budget
 
 
@@ -271,7 +279,7 @@ def longctx(bench: Bench) -> None:
     per_turn = s.long_context // s.long_turns - s.long_reply - 2 * TEMPLATE_TOKENS
     print(f"\n## longctx: one agent, {s.long_turns} turns of ~{per_turn} new tokens, growing to ~{s.long_context}")
     users = [growing_document(bench.tokenizer, t, per_turn) for t in range(s.long_turns)]
-    launches = (bench.semantic("longctx"), peer_launch(bench.folder, bench.batching, cache_entries=10))
+    launches = (bench.semantic("longctx"), bench.peer(cache_entries=10))
 
     async def work(client: ChatClient) -> Outcome:
         conversation = Conversation("reader", [])
@@ -346,6 +354,10 @@ def main() -> None:
     parser.add_argument("--workloads", default=",".join(WORKLOADS),
                         help=f"comma-separated, any of {', '.join(WORKLOADS)} (default: all)")
     parser.add_argument("--repeats", type=int, help="runs per server and workload (default: 1 quick, 2 full)")
+    parser.add_argument("--peer", choices=("tuned", "defaults"), default="tuned",
+                        help="tuned: mlx_lm.server with its batching set equal to semantic's and a prompt cache "
+                             "sized like semantic's pool (the default, as in earlier reports); defaults: "
+                             "`mlx_lm.server --model FOLDER` as users run it")
     args = parser.parse_args()
     chosen = [w.strip() for w in args.workloads.split(",") if w.strip()]
     if unknown := [w for w in chosen if w not in WORKLOADS]:
@@ -355,12 +367,14 @@ def main() -> None:
     if args.repeats:
         sizes = replace(sizes, repeats=args.repeats)
     print(f"# model folder {folder}\n# {'quick' if args.quick else 'full'} sizes: {sizes}")
+    print(f"# peer: mlx_lm.server {'at its defaults' if args.peer == 'defaults' else 'tuned (batching as semantic)'}")
     result = BenchResult("bench_vs_mlx_lm_server", "semantic vs mlx_lm.server",
-                         args={"model": args.model, "quick": args.quick, "workloads": chosen, "sizes": str(sizes)})
+                         args={"model": args.model, "quick": args.quick, "workloads": chosen, "sizes": str(sizes),
+                               "peer": args.peer})
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-vs-mlx-lm-") as work:
         bench = Bench(folder, Tokenizer.from_file(str(folder / "tokenizer.json")), Batching(), args.pool_mb,
-                      Path(work), sizes, result)
+                      Path(work), sizes, result, peer_at_defaults=args.peer == "defaults")
         for name in chosen:
             WORKLOADS[name](bench)
             result.duration_s = time.perf_counter() - started

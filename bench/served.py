@@ -87,6 +87,12 @@ def peer_launch(folder: Path, batching: Batching, cache_entries: int, cache_byte
     return Launch("mlx_lm.server", tuple(argv), None, sends_session_id=False)
 
 
+def peer_defaults_launch(folder: Path) -> Launch:
+    """``mlx_lm.server --model FOLDER`` as users run it: its own batching and its 10-entry prompt cache."""
+    argv = (sys.executable, "-m", "mlx_lm.server", "--model", str(folder), "--log-level", "WARNING")
+    return Launch("mlx_lm.server", argv, None, sends_session_id=False)
+
+
 def server_env() -> dict[str, str]:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     library = find_openblas()

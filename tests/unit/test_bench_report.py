@@ -174,3 +174,12 @@ def test_run_all_names_benchmarks_loosely_and_passes_other_options_on(tmp_path: 
     assert extra == ["--quick", "--cache-dir", "/tmp/c"]
     with pytest.raises(SystemExit):
         parse_args(["--only", "nonsense"])
+
+
+def test_the_peer_at_its_defaults_gets_no_flag_a_user_would_not_set(tmp_path: Path) -> None:
+    from served import Batching, peer_defaults_launch, peer_launch
+
+    defaults = peer_defaults_launch(tmp_path)
+    assert defaults.argv[1:] == ("-m", "mlx_lm.server", "--model", str(tmp_path), "--log-level", "WARNING")
+    tuned = peer_launch(tmp_path, Batching(), cache_entries=10)
+    assert "--decode-concurrency" in tuned.argv and "--prompt-cache-size" in tuned.argv
