@@ -162,7 +162,8 @@ def test_fork_and_rewind_continue_as_a_fresh_prefill_would(loaded) -> None:
 
 
 def _held_without_snapshots(loaded) -> int:
-    """Pool blocks one agent of ``opening(10)`` holds without its snapshots (which a pool in need drops first)."""
+    """Pool blocks one agent of ``opening(10)`` holds without its snapshots (a pool in need drops all but the
+    newest first)."""
     probe = start(loaded)
     try:
         run_turn(probe, GenerationRequest("probe", opening(10), TOKENS))
@@ -188,6 +189,30 @@ def test_a_full_pool_spills_an_agent_to_disk_and_its_next_turn_reuses_it(loaded,
         again = run_turn(engine, GenerationRequest("p0", follow, TOKENS))
         check(loaded, again)
         assert again.finish.usage.reused_tokens >= len(opening(10)) + len(firsts[0].tokens) - 1, again.finish.usage
+        accounts_agree(engine)
+    finally:
+        engine.stop()
+
+
+def test_a_spilled_agent_keeps_its_newest_snapshot_for_a_reply_the_client_rendered_differently(
+        loaded, tmp_path: Path) -> None:
+    """A pool in need sends an idle agent to disk with its newest snapshot rather than dropping every snapshot
+    first. Its next prompt re-renders the last reply into other tokens (as retokenized text does): the turn
+    resumes from the snapshot at the last prompt's end, not from the start of the conversation."""
+    engine = start(loaded, WarmStore(tmp_path, loaded, 1 << 30, EventLog()))
+    try:
+        first = run_turn(engine, GenerationRequest("r0", opening(10), TOKENS))
+        offsets = engine.call(lambda e: sorted(c.offset for c in e.agents.get("r0").kv.checkpoints)).result(30)
+        assert len(offsets) >= 2 and offsets[-1] == len(opening(10)) - 1, offsets
+        # The pool wants every block back (as the next agent's turn would): older snapshots go, then the agent.
+        engine.call(lambda e: e.tiers.make_room(e.pool.total_blocks, set())).result(30)
+        assert engine.call(lambda e: e.agents.get("r0").tier).result(30) is Tier.WARM
+        rerendered = opening(10) + tuple(first.tokens[:-3]) + tuple(b"~~ and again.")
+        again = run_turn(engine, GenerationRequest("r0", rerendered, TOKENS))
+        check(loaded, again)
+        usage = again.finish.usage
+        assert usage.cache_outcome == "snapshot", usage
+        assert usage.reused_tokens == offsets[-1], usage
         accounts_agree(engine)
     finally:
         engine.stop()

@@ -272,9 +272,9 @@ class HotCache:
         holder.kv.drop_newest_checkpoint()
         return False
 
-    def drop_checkpoint(self, agent: AgentRecord) -> bool:
-        """Free the agent's least useful checkpoint (the pool needs room)."""
-        if agent.kv is None or not agent.kv.drop_oldest_checkpoint():
+    def drop_checkpoint(self, agent: AgentRecord, keep: int = 0) -> bool:
+        """Free the agent's least useful checkpoint (the pool needs room), sparing its newest ``keep``."""
+        if agent.kv is None or not agent.kv.drop_oldest_checkpoint(keep):
             return False
         self.settle(agent)
         return True
@@ -297,7 +297,8 @@ class HotCache:
                 checkpoints: list[dict[str, object]] | tuple = ()) -> bool:
         """Put a restored cache into the pool as the agent's (False: no room; nothing changed).
 
-        Restored checkpoints are kept as far as the pool has room for them, oldest dropped first.
+        Restored checkpoints are kept as far as the pool has room for them, oldest dropped first and the
+        newest last (where the agent's next turn resumes when its last reply comes back as other tokens).
         """
         self.fresh(agent)
         if not self.ensure(agent, len(tokens)):
@@ -305,7 +306,7 @@ class HotCache:
             return False
         assert agent.kv is not None
         agent.kv.load_slices(len(tokens), slices, checkpoints)
-        while not self.pay(agent) and agent.kv.drop_oldest_checkpoint():
+        while not self.pay(agent) and (agent.kv.drop_oldest_checkpoint(keep=1) or agent.kv.drop_oldest_checkpoint()):
             self.settle(agent)
         agent.tokens = list(tokens)
         agent.tier = Tier.HOT

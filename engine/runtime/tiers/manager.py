@@ -52,11 +52,16 @@ class TierManager:
     # -- eviction ---------------------------------------------------------------------
     def make_room(self, free_blocks: int, protect: set[str], auxiliary_only: bool = False,
                   reason: str = "pool needs room") -> bool:
-        """Free pool blocks until ``free_blocks`` are free: idle agents' checkpoints first, then
+        """Free pool blocks until ``free_blocks`` are free: idle agents' older checkpoints first, then
         least-recently-used idle agents are cooled, then cool ones (else hot ones) go to disk."""
+        # Each idle agent keeps its newest checkpoint while it can go to disk with it: its next turn resumes
+        # there when the client re-renders the last reply into other tokens (a recurrent state or a sliding
+        # window cannot be cut back to the divergence). Reading it back costs less than recomputing the
+        # conversation from the shared prefix; without a disk tier an eviction loses it anyway.
+        keep = 1 if self.store is not None and self.store.usable else 0
         victims = self.agents.eviction_order(protect, auxiliary_only)
         for agent in victims:
-            while self.hot.pool.free_blocks < free_blocks and self.hot.drop_checkpoint(agent):
+            while self.hot.pool.free_blocks < free_blocks and self.hot.drop_checkpoint(agent, keep):
                 pass
         uncoolable: set[str] = set()
         while self.hot.pool.free_blocks < free_blocks:

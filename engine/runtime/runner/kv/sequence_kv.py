@@ -322,11 +322,13 @@ class SequenceKV:
             self.checkpoints.remove(old)
             self.dropped.append((old.offset, f"only the latest {keep} {kind.value} {_word(self, keep)} kept"))
 
-    def drop_oldest_checkpoint(self) -> bool:
-        """Free the least useful checkpoint (turn ends before shared prefixes, oldest first)."""
-        if not self.checkpoints:
+    def drop_oldest_checkpoint(self, keep: int = 0) -> bool:
+        """Free the least useful checkpoint (turn ends before shared prefixes, oldest first), sparing the
+        newest ``keep``."""
+        spare = sorted(self.checkpoints, key=lambda c: c.offset)[:max(len(self.checkpoints) - keep, 0)]
+        if not spare:
             return False
-        victim = min(self.checkpoints, key=lambda c: (c.kind is CheckpointKind.PREFIX, c.offset))
+        victim = min(spare, key=lambda c: (c.kind is CheckpointKind.PREFIX, c.offset))
         self.checkpoints.remove(victim)
         self.dropped.append((victim.offset, "the pool needed room"))
         return True
