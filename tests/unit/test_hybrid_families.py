@@ -161,14 +161,14 @@ def test_fork_and_rewind_continue_as_a_fresh_prefill_would(loaded) -> None:
         engine.stop()
 
 
-def _held_without_snapshots(loaded) -> int:
+def _held_without_snapshots(loaded, snapshots: bool = False) -> int:
     """Pool blocks one agent of ``opening(10)`` holds without its snapshots (a pool in need drops all but the
-    newest first)."""
+    newest first), or with them."""
     probe = start(loaded)
     try:
         run_turn(probe, GenerationRequest("probe", opening(10), TOKENS))
-        return probe.call(lambda e: [(a.kv.nbytes - a.kv.checkpoint_bytes()) // e.pool.block_bytes
-                                     for a in e.agents][0]).result(30)
+        return probe.call(lambda e: [(a.kv.nbytes - (0 if snapshots else a.kv.checkpoint_bytes()))
+                                     // e.pool.block_bytes for a in e.agents][0]).result(30)
     finally:
         probe.stop()
 
@@ -189,6 +189,26 @@ def test_a_full_pool_spills_an_agent_to_disk_and_its_next_turn_reuses_it(loaded,
         again = run_turn(engine, GenerationRequest("p0", follow, TOKENS))
         check(loaded, again)
         assert again.finish.usage.reused_tokens >= len(opening(10)) + len(firsts[0].tokens) - 1, again.finish.usage
+        accounts_agree(engine)
+    finally:
+        engine.stop()
+
+
+def test_a_full_pool_makes_room_for_a_running_turns_snapshot(loaded, tmp_path: Path) -> None:
+    """In a pool full of idle agents, each new turn still keeps its snapshot at the prompt's end: room is
+    made for it as for the turn's own positions (idle agents' older snapshots, then an idle agent to disk).
+    Otherwise a pool under steady pressure keeps no snapshot, and every reply that comes back as other
+    tokens sends its agent back to the start of the conversation."""
+    per_agent = _held_without_snapshots(loaded, snapshots=True)
+    engine = start(loaded, WarmStore(tmp_path, loaded, 1 << 30, EventLog()), blocks=int(2.5 * per_agent))
+    try:
+        for i in range(4):
+            prompt = opening(10 + i)
+            check(loaded, run_turn(engine, GenerationRequest(f"s{i}", prompt, TOKENS)))
+            offsets = engine.call(lambda e, i=i: [c.offset for c in e.agents.get(f"s{i}").kv.checkpoints]).result(30)
+            assert len(prompt) - 1 in offsets, (i, offsets)
+        tiers = engine.call(lambda e: [a.tier for a in e.agents]).result(30)
+        assert Tier.WARM in tiers, tiers
         accounts_agree(engine)
     finally:
         engine.stop()

@@ -174,11 +174,17 @@ class Scheduler:
         return self.hot.ensure(turn.holder, n_tokens)
 
     def _checkpointed(self, sequence: Sequence) -> None:
-        """The batch took a checkpoint of a sequence's window layers: pay for it, or drop it."""
+        """The batch took a checkpoint of a sequence's window or recurrent layers: pay for it, making room as
+        for the sequence's own positions, or drop it. (Without making room, a pool under steady pressure
+        would keep no checkpoint at all, and every turn that diverged inside the cache would start over.)"""
         turn = self.queues.running(sequence.uid)
-        if turn is not None and turn.holder is not None:
-            self.hot.settle(turn.holder)
-            self.hot.keep_checkpoint(turn.holder)
+        if turn is None or turn.holder is None:
+            return
+        self.hot.settle(turn.holder)
+        unpaid = self.hot.unpaid_blocks(turn.holder)
+        if unpaid:
+            self.tiers.make_room(unpaid, self.queues.running_agents(), auxiliary_only=turn.request.auxiliary)
+        self.hot.keep_checkpoint(turn.holder)
 
     # -- failure and shutdown ------------------------------------------------------------------
     def fail_all(self, error: BaseException) -> None:

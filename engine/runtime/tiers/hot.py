@@ -192,9 +192,7 @@ class HotCache:
 
     def pay(self, holder: Holder) -> bool:
         """Pool blocks for arrays that already exist (a re-base, a new checkpoint); False: no room."""
-        assert holder.kv is not None
-        have = holder.kv.capacity_blocks()
-        extra = {g: n - len(holder.blocks.get(g, ())) for g, n in have.items() if n > len(holder.blocks.get(g, ()))}
+        extra = self._unpaid(holder)
         if not extra:
             return True
         got = self.pool.allocate(holder.owner, extra)
@@ -203,6 +201,15 @@ class HotCache:
         for group, ids in got.items():
             holder.blocks.setdefault(group, []).extend(ids)
         return True
+
+    def unpaid_blocks(self, holder: Holder) -> int:
+        """Pool blocks ``pay(holder)`` would take."""
+        return sum(self._unpaid(holder).values())
+
+    def _unpaid(self, holder: Holder) -> dict[int, int]:
+        assert holder.kv is not None
+        have = holder.kv.capacity_blocks()
+        return {g: n - len(holder.blocks.get(g, ())) for g, n in have.items() if n > len(holder.blocks.get(g, ()))}
 
     def fresh(self, holder: Holder) -> None:
         """Give ``holder`` a new empty cache, releasing whatever it held."""
