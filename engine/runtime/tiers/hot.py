@@ -313,7 +313,8 @@ class HotCache:
             return False
         assert agent.kv is not None
         agent.kv.load_slices(len(tokens), slices, checkpoints)
-        while not self.pay(agent) and (agent.kv.drop_oldest_checkpoint(keep=1) or agent.kv.drop_oldest_checkpoint()):
+        kv = agent.kv
+        while not self.pay(agent) and (kv.drop_oldest_checkpoint(keep=1) or kv.drop_oldest_checkpoint()):
             self.settle(agent)
         agent.tokens = list(tokens)
         agent.tier = Tier.HOT
