@@ -23,6 +23,8 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
+# How long a launcher may outlive its last rank after Ctrl+C before it counts as hung (see Launched.stop).
+_LAUNCHER_GRACE_S = 20
 
 
 def user_environ() -> dict[str, str]:
@@ -45,6 +47,7 @@ class Launched:
 
     process: subprocess.Popen[str]
     url: str
+    ranks: int = 1
     log: list[str] = field(default_factory=list)
     _reader: threading.Thread | None = None
 
@@ -77,28 +80,56 @@ class Launched:
             time.sleep(0.3)
         raise AssertionError(f"never ready:\n{self.text()}")
 
-    def stop(self, timeout_s: float = 180) -> int:
+    def stop(self, timeout_s: float = 180, launcher_grace_s: float = _LAUNCHER_GRACE_S) -> int:
         """Ctrl+C in the launcher's terminal: SIGINT to its whole process group, the launcher and every
         rank. Rank 0 ends the run; the others follow its last tick and write their shards.
 
         A stop takes ~1.5 s here, but under ``mlx.launch`` on two cores every rank runs several times
-        slower than alone: the launcher's output relay polls without sleeping and keeps about a core
+        slower than alone: the launcher's relay threads poll without sleeping and keep about a core
         busy (its relay also stops at Ctrl+C, so a slow stop's last lines are not in ``text()``).
         The generous limit is for that; what is still running at the limit is listed with its state.
+
+        What is tested is that every rank exits. ``mlx.launch`` itself can hang after its ranks are
+        gone (seen once in CI, mlx 0.32): Ctrl+C raised KeyboardInterrupt in its main thread inside
+        ``Queue.put`` after the queue's lock was taken, so the relay thread of rank 0 waits on that lock
+        forever, never reaps its rank (a zombie) and the launcher's exit waits on that thread. That is
+        the launcher's bug, not a rank's: once no rank is left, a launcher still there after
+        ``launcher_grace_s`` is killed and its status returned as -SIGKILL.
         """
         os.killpg(self.process.pid, signal.SIGINT)
+        deadline = time.monotonic() + timeout_s
+        ranks_gone_at: float | None = None
         try:
-            return self.process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            left = subprocess.run(["ps", "-o", "pid,stat,wchan:24,pcpu,etime,args", "-g", str(self.process.pid)],
-                                  capture_output=True, text=True).stdout
+            while time.monotonic() < deadline:
+                if self.process.poll() is not None:
+                    return self.process.returncode
+                if self.ranks > 1 and not self._ranks_alive():
+                    ranks_gone_at = ranks_gone_at or time.monotonic()
+                    if time.monotonic() - ranks_gone_at > launcher_grace_s:
+                        os.killpg(self.process.pid, signal.SIGKILL)
+                        return self.process.wait(10)
+                time.sleep(0.2)
+            left = self._group_table()
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait(10)
             raise AssertionError(f"still running {timeout_s:g} s after Ctrl+C:\n{left}\nits output:\n"
                                  f"{self.text()[-8000:]}")
         finally:
+            if self.process.stdin is not None:
+                self.process.stdin.close()
             if self._reader is not None:
                 self._reader.join(5)
+
+    def _group_table(self) -> str:
+        return subprocess.run(["ps", "-o", "pid,stat,wchan:24,pcpu,etime,args", "-g", str(self.process.pid)],
+                              capture_output=True, text=True).stdout
+
+    def _ranks_alive(self) -> bool:
+        """Whether a process of the run other than the launcher is still running (zombies are not)."""
+        rows = subprocess.run(["ps", "-o", "pid=,stat=", "-g", str(self.process.pid)],
+                              capture_output=True, text=True).stdout.split("\n")
+        return any(int(pid) != self.process.pid and not stat.startswith("Z")
+                   for pid, stat in (row.split() for row in rows if row.strip()))
 
     def kill(self) -> None:
         if self.process.poll() is None:
@@ -117,9 +148,13 @@ def launch(model: Path, cache_dir: Path, ranks: int, *extra: str, env: dict[str,
     else:
         argv = [str(VENV_BIN / "mlx.launch"), "--backend", "ring", "-n", str(ranks),
                 "--starting-port", str(free_port()), *[f"--env={k}={v}" for k, v in settings.items()], "--", *serve]
+    # The launcher's stdin is a pipe nobody writes to, like a terminal nobody types in. At the test
+    # runner's stdin (often /dev/null, at end of file at once) its main loop would spin relaying empty
+    # reads, and Ctrl+C would most likely land in the middle of one (see Launched.stop).
     process = subprocess.Popen(argv, cwd=ROOT, env={**user_environ(), **settings, **(env or {})}, text=True,
+                               stdin=subprocess.PIPE if ranks > 1 else subprocess.DEVNULL,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-    launched = Launched(process, f"http://127.0.0.1:{port}")
+    launched = Launched(process, f"http://127.0.0.1:{port}", ranks)
     launched.start_reading()
     return launched
 
