@@ -20,7 +20,12 @@ The peer runs at its defaults, as a user runs it (``mlx_lm.server --model
 FOLDER``): it has no prompt lookup, and with a draft model it serves one
 request at a time.
 
-Run: ``LD_PRELOAD=... python bench/bench_speculation.py [--model M] [--agents 8] [--repeats 2] [--json PATH]``.
+``--draft-model REF``: the drafts come from that model instead, on both
+sides as a user with a draft model runs them (``semantic --draft-model``,
+``mlx_lm.server --draft-model``); the rest is the same.
+
+Run: ``LD_PRELOAD=... python bench/bench_speculation.py [--model M] [--draft-model D] [--agents 8] [--repeats 2]
+[--json PATH]``.
 """
 
 from __future__ import annotations
@@ -102,40 +107,50 @@ async def burst(client: ChatClient, label: str, requests: list[list[dict[str, st
                                        for i, messages in enumerate(requests))))
 
 
-def peer_defaults(folder: Path) -> Launch:
-    """mlx_lm.server as a user starts it: the model and nothing else (its own batching and cache defaults)."""
+def peer_defaults(folder: Path, draft: Path | None = None) -> Launch:
+    """mlx_lm.server as a user starts it: the model (and the draft model, if any) and nothing else (its own
+    batching and cache defaults)."""
     argv = (sys.executable, "-m", "mlx_lm.server", "--model", str(folder), "--log-level", "WARNING")
-    return Launch("mlx_lm.server", argv, None, sends_session_id=False)
+    if draft is None:
+        return Launch("mlx_lm.server", argv, None, sends_session_id=False)
+    return Launch("mlx_lm.server (draft model)", (*argv, "--draft-model", str(draft)), None, sends_session_id=False)
 
 
 def main() -> None:
     parser = base_parser(__doc__.splitlines()[0])
     parser.add_argument("--agents", type=int, default=8, help="agents at once in the batched runs (default 8)")
     parser.add_argument("--repeats", type=int, help="runs per server (default: 1 quick, 2 full)")
+    parser.add_argument("--draft-model", help="a model with the same tokenizer to draft with, on semantic and on "
+                                              "the peer (default: none; semantic looks drafts up)")
     args = parser.parse_args()
     sizes = QUICK if args.quick else Sizes()
     if args.repeats:
         sizes = replace(sizes, repeats=args.repeats)
     folder = model_folder(args.model, args.cache_dir)
+    draft = model_folder(args.draft_model, args.cache_dir) if args.draft_model else None
     tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
     workloads = {
         "copy": ([copy_request(tokenizer, p) for p in SOURCES], sizes.copy_tokens),
         "free": ([story_request(len(SOURCES), i) for i in range(len(SOURCES))], sizes.free_tokens),
     }
     levels = sorted({1, args.agents})
-    print(f"# model folder {folder}\n# {'quick' if args.quick else 'full'} sizes: {sizes}; agents {levels}")
+    print(f"# model folder {folder}\n# draft model {draft or 'none (lookup)'}\n"
+          f"# {'quick' if args.quick else 'full'} sizes: {sizes}; agents {levels}")
     result = BenchResult("bench_speculation", "speculative decoding: semantic with and without it, and mlx_lm.server",
-                         args={"model": args.model, "quick": args.quick, "agents": levels, "sizes": str(sizes)})
+                         args={"model": args.model, "draft_model": args.draft_model, "quick": args.quick,
+                               "agents": levels, "sizes": str(sizes)})
     started = time.perf_counter()
     # runs[server][workload][agents] -> one list of turns per repeat
     runs: dict[str, dict[str, dict[int, list[list[Turn]]]]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-speculation-") as work:
         work_dir = Path(work)
         on = semantic_launch(folder, work_dir / "state-on", args.pool_mb, Batching())
+        if draft is not None:
+            on = replace(on, name="semantic (draft model)", argv=(*on.argv, "--draft-model", str(draft)))
         off = replace(semantic_launch(folder, work_dir / "state-off", args.pool_mb, Batching()),
                       name="semantic (speculation off)")
         off = replace(off, argv=(*off.argv, "--speculate", "off"))
-        launches = [on, off, peer_defaults(folder)]
+        launches = [on, off, peer_defaults(folder, draft)]
         for repeat in range(sizes.repeats):
             order = launches if repeat % 2 == 0 else launches[::-1]
             for launch in order:

@@ -10,6 +10,7 @@ import mlx.core as mx
 from engine.distributed.lockstep import Lockstep
 from engine.distributed.stall_guard import StallGuard
 from engine.distributed.world import World
+from engine.errors import ModelLoadError
 from engine.models.gguf_import import ImportProgress
 from engine.models.loaded import LoadedModel
 from engine.models.loader import load_model
@@ -37,10 +38,35 @@ def load_configured_model(
         world=world,
         shard_mode=settings.shard_mode,
     )
+    if settings.speculate == "draft" and settings.draft_model:
+        try:
+            loaded = with_draft_model(settings, loaded, world)
+        except ModelLoadError as exc:
+            if ref is None:  # the configured model: the user named the draft model for it
+                raise
+            # A swap to another model: the draft model may not fit it (another tokenizer); the swap goes on
+            # and this model's agents draft by lookup.
+            log.warning("%s; drafting by lookup for %s", exc, loaded.model_id)
     # Loading evaluates weights on this thread's stream; drain it before the
     # engine thread takes over (queued work at exit aborts MLX).
     mx.synchronize()
     return loaded
+
+
+def with_draft_model(settings: Settings, loaded: LoadedModel, world: "World | None" = None) -> LoadedModel:
+    """``loaded`` with ``settings.draft_model`` beside it (ModelLoadError naming what does not fit)."""
+    from dataclasses import replace
+
+    from engine.models.draft_model import load_draft_model
+
+    if world is not None and world.size > 1:
+        raise ModelLoadError("a draft model (--draft-model) is not available with ranks: each rank holds a "
+                             "shard of the served model; use --speculate lookup")
+    assert settings.draft_model is not None
+    draft = load_draft_model(settings.draft_model, loaded, settings.cache_dir, settings.weights_dtype,
+                             settings.trust_remote_code)
+    log.info("draft model %s drafts for %s", draft.model_id, loaded.model_id)
+    return replace(loaded, draft=draft)
 
 
 def build_engine(
@@ -54,6 +80,8 @@ def build_engine(
     engine = Engine(loaded, EngineSettings.of(settings), store=store, events=events, seed_agents=seed_agents,
                     lockstep=lockstep)
     events.emit(EventKind.LOAD, f"loaded {loaded.model_id} ({loaded.architecture}, context {loaded.context_length})")
+    if loaded.draft is not None and settings.speculate == "draft":
+        events.emit(EventKind.LOAD, f"draft model {loaded.draft.model_id} drafts for {loaded.model_id}")
     return engine
 
 

@@ -79,13 +79,21 @@ class Settings(BaseSettings):
     max_batch_size: int = Field(16, ge=1, le=512, description="Most sequences decoded together.")
     batch_window_ms: float = Field(10.0, ge=0, le=1000, description="An idle engine waits this long for more requests to prefill together.")
     prefill_step_size: int = Field(512, ge=16, description="Prompt tokens processed per prefill chunk (bounds memory; progress is reported per chunk).")
-    speculate: Literal["off", "lookup"] = Field(
+    speculate: Literal["off", "lookup", "draft"] = Field(
         "lookup",
         description="Speculative decoding inside the batch. lookup: each agent drafts its next tokens by finding "
                     "its latest tokens earlier in its own history (prompt lookup: a file copied with an edit, a "
                     "tool call quoting what it read) and the model verifies every agent's drafts in one pass; "
-                    "outputs are unchanged (greedy: token for token; sampled: the same distribution). off: one "
-                    "token per agent per step.")
+                    "outputs are unchanged (greedy: token for token; sampled: the same distribution). draft: the "
+                    "drafts come from --draft-model instead (the default when one is named). off: one token per "
+                    "agent per step.")
+    draft_model: str | None = Field(
+        None,
+        description="A small model with the served model's tokenizer that drafts each agent's next tokens for "
+                    "--speculate draft (same forms as --model: alias, folder, .gguf, hub id). Refused at load, with "
+                    "the reason, when its tokenizer numbers tokens differently or a layer of it is not full "
+                    "attention. It keeps each agent's cache of its own between turns, outside the pool budget, "
+                    "for at most --max-batch-size idle agents; not available with ranks (mlx.launch).")
     speculate_max_draft: int = Field(
         7, ge=1, le=64,
         description="The most tokens an agent drafts in one step. Each step verifies the drafts most likely to be "
@@ -222,6 +230,21 @@ class Settings(BaseSettings):
             raise ValueError(f"memory_soft_limit_mb ({soft:g}) must not exceed memory_hard_limit_mb ({hard:g})")
         return self
 
+    @model_validator(mode="before")
+    @classmethod
+    def _draft_model_asks_for_drafts(cls, data: Any) -> Any:
+        # Naming a draft model and no speculation mode asks for its drafts (every source is merged here).
+        if isinstance(data, dict) and data.get("draft_model") and data.get("speculate") is None:
+            return {**data, "speculate": "draft"}
+        return data
+
+    @model_validator(mode="after")
+    def _draft_needs_a_model(self) -> "Settings":
+        if self.speculate == "draft" and not self.draft_model:
+            raise ValueError("speculate is 'draft' but no draft_model is named: pass --draft-model REF "
+                             "(SEMANTIC_DRAFT_MODEL), or --speculate lookup")
+        return self
+
     @model_validator(mode="after")
     def _remote_needs_opt_in(self) -> "Settings":
         if self.host not in ("127.0.0.1", "localhost", "::1") and not self.allow_remote:
@@ -312,7 +335,7 @@ class BatchSettings:
     @property
     def max_draft(self) -> int:
         """The most tokens a sequence drafts a step (0: no speculation)."""
-        return self.speculate_max_draft if self.speculate == "lookup" else 0
+        return self.speculate_max_draft if self.speculate in ("lookup", "draft") else 0
 
 
 @dataclass(frozen=True, slots=True)

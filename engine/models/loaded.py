@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.domain.cache_spec import ModelCacheSpec
+
+if TYPE_CHECKING:
+    from engine.models.draft_model import DraftModel
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +38,8 @@ class LoadedModel:
     tokenizer: Any  # mlx_lm TokenizerWrapper
     spec: ModelCacheSpec
     context_length: int
+    # The draft model for --speculate draft, loaded beside this one (None: no draft model).
+    draft: DraftModel | None = None
 
     @property
     def shard(self) -> tuple[int, int] | None:

@@ -63,3 +63,48 @@ def test_speculation_keeps_greedy_tokens_alone_and_in_a_mixed_batch(loaded) -> N
     finally:
         on.stop()
         off.stop()
+
+
+def test_a_draft_model_named_in_the_settings_drafts_for_smollm2_and_keeps_its_greedy_tokens(
+        smollm2, smollm2_path, gemma3, model_cache_dir) -> None:
+    """SmolLM2 drafting for itself, loaded the way ``--draft-model`` loads it: the tokenizer check passes, the
+    tokens are plain decoding's, and nearly every greedy draft is kept (the served model runs this CPU's fast
+    path, the draft plain mlx-lm: an argmax may differ between them now and then)."""
+    from engine.bootstrap import with_draft_model
+    from engine.errors import ModelLoadError
+    from engine.models.draft_model import check_draft_fits
+    from engine.settings import Settings
+
+    settings = Settings(model=str(smollm2_path), draft_model=str(smollm2_path), cache_dir=model_cache_dir)
+    loaded = with_draft_model(settings, smollm2)
+    assert loaded.draft is not None and settings.speculate == "draft"
+    with pytest.raises(ModelLoadError, match="their vocabularies differ"):
+        check_draft_fits(gemma3.model_id, gemma3.model, gemma3.tokenizer, smollm2)
+    engine = start_engine(loaded, budget_mb=256, speculate="draft")
+    try:
+        chosen = prompts(smollm2)[1:3]
+        results = run_turns(engine, [GenerationRequest(f"d{i}", p, 32) for i, p in enumerate(chosen)])
+        for prompt, result in zip(chosen, results):
+            expected = reference_greedy(smollm2.model, list(prompt), 32, set(smollm2.eos_token_ids))
+            assert result.tokens == without_eos(smollm2, expected), smollm2.tokenizer.decode(result.tokens)
+            tally = result.finish.usage.speculation
+            assert tally is not None and tally.accepted >= 0.9 * tally.drafted > 0, tally
+            assert tally.tokens_per_step > 2, tally
+    finally:
+        engine.stop()
+
+
+def test_a_draft_model_that_does_not_fit_is_refused_at_start_and_left_out_of_a_swap(
+        smollm2_path, gemma3_path, model_cache_dir) -> None:
+    """Named for Gemma 3 (another tokenizer), SmolLM2 stops the start with the reason; a swap from SmolLM2 to
+    Gemma 3 loads Gemma 3 without it (its agents draft by lookup)."""
+    from engine.bootstrap import load_configured_model
+    from engine.errors import ModelLoadError
+    from engine.settings import Settings
+
+    with pytest.raises(ModelLoadError, match="cannot draft for .*their vocabularies differ.*--draft-model"):
+        load_configured_model(Settings(model=str(gemma3_path), draft_model=str(smollm2_path),
+                                       cache_dir=model_cache_dir))
+    settings = Settings(model=str(smollm2_path), draft_model=str(smollm2_path), cache_dir=model_cache_dir)
+    swapped = load_configured_model(settings, ref=str(gemma3_path))
+    assert swapped.architecture == "gemma3_text" and swapped.draft is None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 import mlx.core as mx
 import numpy as np
@@ -10,6 +11,7 @@ import pytest
 
 from engine.domain.requests import GenerationRequest, SamplingParams
 from engine.domain.speculation_tally import SpeculationTally
+from engine.models.draft_model import DraftModel
 from engine.runtime.engine_thread.engine import Engine
 from engine.runtime.engine_thread.sync_client import run_turn, run_turns
 from engine.runtime.runner.drafting import DraftLength, LookupDrafter
@@ -116,7 +118,10 @@ def test_tally_adds_and_derives() -> None:
 
 # -- the batch on tiny models ---------------------------------------------------------------------
 def make_engine(kind: str, speculate: str, batch: int = 8, max_draft: int = 8, block_tokens: int = 16) -> Engine:
+    """``speculate`` "draft": a second copy of the tiny model's weights drafts for it."""
     loaded = loaded_tiny(kind, block_tokens=block_tokens)
+    if speculate == "draft":
+        loaded = replace(loaded, draft=DraftModel("tiny-draft", loaded_tiny(kind, block_tokens=block_tokens).model))
     engine = Engine(loaded, engine_settings(64 * 2**20, batch, 32, speculate=speculate, speculate_max_draft=max_draft))
     engine.start()
     return engine
@@ -252,10 +257,13 @@ def test_sliding_window_rings_get_back_what_rejected_drafts_overwrote(monkeypatc
         engine.stop()
 
 
-def test_sampled_turns_keep_the_models_distribution_with_speculation(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("drafts", ["lookup", "draft"])
+def test_sampled_turns_keep_the_models_distribution_with_speculation(monkeypatch: pytest.MonkeyPatch,
+                                                                     drafts: str) -> None:
     """Many unseeded sampled turns of a tiny model on a prompt it continues by repeating itself: the tokens
-    at each position follow the same distribution with speculation as without (a two-sample chi-square test
-    per position at 0.1%; the requests' keys come from a fixed generator, so the test is repeatable)."""
+    at each position follow the same distribution with speculation (drafts looked up, or from a draft model)
+    as without (a two-sample chi-square test per position at 0.1%; the requests' keys come from a fixed
+    generator, so the test is repeatable)."""
     import random
 
     rng = random.Random(1234)
@@ -264,7 +272,7 @@ def test_sampled_turns_keep_the_models_distribution_with_speculation(monkeypatch
     length, draws, together = 8, 320, 2  # (two at a time: a crowded CPU pass would verify no drafts at all)
     tokens: dict[str, list[list[int]]] = {}
     kept = 0
-    for mode in ("lookup", "off"):
+    for mode in (drafts, "off"):
         engine = make_engine("llama", mode)
         try:
             tokens[mode] = []
@@ -279,7 +287,7 @@ def test_sampled_turns_keep_the_models_distribution_with_speculation(monkeypatch
     assert kept > draws // 4, "too few drafts were kept for the test to say anything"
     varied = 0
     for position in range(1, length):
-        on = Counter(t[position] for t in tokens["lookup"] if len(t) > position)
+        on = Counter(t[position] for t in tokens[drafts] if len(t) > position)
         off = Counter(t[position] for t in tokens["off"] if len(t) > position)
         statistic, freedom = _chi_square(on, off)
         assert freedom == 0 or statistic < _chi_square_critical(freedom), (position, on, off)

@@ -86,7 +86,7 @@ class SequenceBatch:
         self, model: Any, prefill_step_size: int, max_batch_size: int, room: RoomFn,
         checkpointed: CheckpointFn = lambda sequence: None,
         keep_turn_checkpoints: int = 1, keep_prefix_checkpoints: int = 2, pad_prefill: bool = True,
-        backend: MlxBackend | None = None, max_draft: int = 0, timed: bool = True,
+        backend: MlxBackend | None = None, max_draft: int = 0, timed: bool = True, draft_model: Any = None,
     ) -> None:
         self.model = model
         # How the model is computed (runner/backends/): chosen once per engine; MLX's kernels by default.
@@ -101,9 +101,10 @@ class SequenceBatch:
         self.ragged = self.backend.attach(model)
         self.sequences: dict[int, Sequence] = {}
         self._launched: _Launched | None = None
-        # Speculative decoding (drafts looked up in each sequence's history), where ``max_draft`` > 0.
-        # ``timed``: whether the batch may stop speculating by its own clock (not under lockstep: ranks decide alike).
-        self.speculative = SpeculativeSteps(self, max_draft, timed) if max_draft > 0 else None
+        # Speculative decoding, where ``max_draft`` > 0: drafts looked up in each sequence's history, or made by
+        # ``draft_model``. ``timed``: whether the batch may stop speculating by its own clock (not under lockstep:
+        # ranks decide alike).
+        self.speculative = SpeculativeSteps(self, max_draft, timed, draft_model) if max_draft > 0 else None
 
     # -- membership ---------------------------------------------------------------------
     def insert(self, sequence: Sequence) -> None:
@@ -118,6 +119,8 @@ class SequenceBatch:
         sequence = self.sequences.pop(uid, None)
         if sequence is not None:
             sequence.phase = Phase.DONE
+            if self.speculative is not None:
+                self.speculative.finish(sequence)
         return sequence
 
     def __len__(self) -> int:

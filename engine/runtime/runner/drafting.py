@@ -26,7 +26,7 @@ drafting pays for it only now and then.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Sequence
+from typing import Protocol, Sequence
 
 # Tokens that must match before a continuation is proposed (two give too many false starts in code:
 # every ``) {`` or ``", "`` would propose).
@@ -37,6 +37,14 @@ MATCH_LOOK_BACK = 32
 # A sequence's expected share of kept drafts before it has any, and the weight of each verification after.
 ACCEPTANCE_PRIOR = 0.6
 ACCEPTANCE_SMOOTHING = 0.3
+
+
+class Drafter(Protocol):
+    """What proposes a sequence's drafts: this module's lookup, or a draft model (``model_drafting``)."""
+
+    def extend(self, tokens: Sequence[int]) -> None: ...
+    def has_draft(self) -> bool: ...
+    def propose(self, k: int) -> list[int]: ...
 
 
 class LookupDrafter:
@@ -60,6 +68,10 @@ class LookupDrafter:
                 places.append(end)
                 if len(places) > PLACES_KEPT + 1:  # (+1: the newest is the tail itself, never a candidate)
                     del places[0]
+
+    def has_draft(self) -> bool:
+        """Whether the history's end continues something seen before (a proposal would have tokens)."""
+        return bool(self.propose(1))
 
     def propose(self, k: int) -> list[int]:
         """Up to ``k`` tokens that followed the best earlier match of the history's end; [] for none."""

@@ -44,6 +44,8 @@ class Sequence:
     at_prompt_end: bool = False
     # The tokens the cache held before this turn's prompt (the agent's history: what drafts are looked up in).
     context: Tokens[int] = ()
+    # The agent whose turn this is (a draft model's cache is kept per agent between turns); None: none.
+    owner: str | None = None
     # Drafting and its tally, while the batch speculates (None: it does not, or not for this sequence).
     speculation: Speculation | None = None
     # The token a speculative step chose after the drafts it kept: not in the cache yet. It is the next input, and

@@ -27,7 +27,7 @@ import mlx.core as mx
 import numpy as np
 
 from engine.domain.speculation_tally import SpeculationTally
-from engine.runtime.runner.drafting import DraftLength, LookupDrafter
+from engine.runtime.runner.drafting import Drafter, DraftLength
 from engine.runtime.runner.sampling import RowSampler, TopK, filtered, mlx_top_k
 
 
@@ -35,7 +35,7 @@ from engine.runtime.runner.sampling import RowSampler, TopK, filtered, mlx_top_k
 class Speculation:
     """One sequence's drafter, draft length, and its tally."""
 
-    drafter: LookupDrafter
+    drafter: Drafter
     length: DraftLength
     tally: SpeculationTally = SpeculationTally()
 

@@ -13,6 +13,11 @@ one token of its own (``speculation.accepted_tokens``), and its cache is cut
 back past the rejected positions (``SequenceKV.take_back``). When a step
 finds no draft anywhere, the batch goes back to pipelined steps.
 
+With a draft model (``--speculate draft``), the drafts come from it instead
+(``model_drafting.ModelDrafter``, one per sequence, kept per agent between
+turns by ``DraftCaches``): it guesses after any token, so the batch stays in
+speculative steps while they pay (``step_rates``).
+
 A sequence speculates only where its cache can be cut back
 (``SequenceKV.can_take_back``: full attention always, a sliding window while
 the step's positions overwrite nothing still needed, chunked windows and
@@ -33,7 +38,8 @@ from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 
-from engine.runtime.runner.drafting import DraftLength, LookupDrafter, allocate_drafts
+from engine.runtime.runner.drafting import DraftLength, Drafter, LookupDrafter, allocate_drafts
+from engine.runtime.runner.model_drafting import DraftCaches, ModelDrafter
 from engine.runtime.runner.sampling import sample
 from engine.runtime.runner.sequence import Phase, Sequence
 from engine.runtime.runner.step_rates import StepRates
@@ -48,11 +54,14 @@ if TYPE_CHECKING:
 
 
 class SpeculativeSteps:
-    """The batch's speculative steps; ``max_draft``: the most tokens a sequence drafts in one step."""
+    """The batch's speculative steps; ``max_draft``: the most tokens a sequence drafts in one step;
+    ``draft_model``: where drafts come from (None: looked up in each sequence's history)."""
 
-    def __init__(self, batch: "SequenceBatch", max_draft: int, timed: bool = True) -> None:
+    def __init__(self, batch: "SequenceBatch", max_draft: int, timed: bool = True, draft_model: Any = None) -> None:
         self.batch = batch
         self.max_draft = max_draft
+        self.draft_caches = (DraftCaches(draft_model, batch.max_batch_size, batch.prefill_step_size)
+                             if draft_model is not None else None)
         self.timed = timed  # whether step_rates may stop speculation by this process's clock
         self.active = False  # the next step is speculative (else pipelined)
         self.rates = StepRates()  # whether speculative steps pay for the batch as it runs now
@@ -69,8 +78,17 @@ class SpeculativeSteps:
             return
         if sequence.constraint is not None:  # a constrained reply rides with one token a step (masked, see step)
             return
-        sequence.speculation = Speculation(LookupDrafter([*sequence.context, *sequence.prompt]),
-                                           DraftLength(self.max_draft))
+        history = [*sequence.context, *sequence.prompt]
+        drafter: Drafter = (self.draft_caches.lend(sequence.owner, history) if self.draft_caches is not None
+                            else LookupDrafter(history))
+        sequence.speculation = Speculation(drafter, DraftLength(self.max_draft))
+
+    def finish(self, sequence: Sequence) -> None:
+        """A sequence left the batch: its draft model's cache waits for its agent's next turn."""
+        if self.draft_caches is not None and sequence.speculation is not None:
+            drafter = sequence.speculation.drafter
+            if isinstance(drafter, ModelDrafter):
+                self.draft_caches.give_back(drafter)
 
     def observe(self, sequence: Sequence, token: int) -> None:
         """A pipelined step's token, read: keep the history whole, and speculate from the next step on when
@@ -83,7 +101,7 @@ class SpeculativeSteps:
             self._quiet -= 1
             return
         if (not self.active and self.rates.allowed() and speculation.length.next() > 0
-                and speculation.drafter.propose(1)):
+                and speculation.drafter.has_draft()):
             self.active = True
 
     def _row_cost(self) -> float:

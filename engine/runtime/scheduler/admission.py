@@ -164,6 +164,7 @@ class Admission:
             checkpoint_at=tuple(sorted({turn.share_at, self._prefix_point(turn)} - {0})),
             checkpoint_prompt_end=turn.on_own_cache,
             context=request.prompt_tokens[:k],
+            owner=agent.agent_id,
         )
         self.enter_batch(turn.sequence)
         turn.uid, turn.phase, turn.admitted_at = uid, TurnPhase.PREFILLING, time.monotonic()

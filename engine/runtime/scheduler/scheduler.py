@@ -53,7 +53,9 @@ GeneratorFactory = Callable[[LoadedModel, BatchSettings, BatchHooks], Any]
 def sequence_batch_factory(loaded: LoadedModel, batch: BatchSettings, hooks: BatchHooks) -> SequenceBatch:
     return SequenceBatch(loaded.model, batch.prefill_step_size, batch.max_batch_size, hooks.room,
                          hooks.checkpointed, keep_turn_checkpoints=turn_checkpoints(loaded, batch),
-                         backend=hooks.backend, max_draft=batch.max_draft, timed=hooks.timed)
+                         backend=hooks.backend, max_draft=batch.max_draft, timed=hooks.timed,
+                         draft_model=loaded.draft.model if loaded.draft is not None and batch.speculate == "draft"
+                         else None)
 
 
 def turn_checkpoints(loaded: LoadedModel, batch: BatchSettings) -> int:
