@@ -7,7 +7,14 @@ with SIGKILL at a random moment, and checks what the restart finds. The load, al
 - turns of direct agents (``POST /v1/agents/{id}/messages``: the server keeps their conversations), OpenAI
   chat agents (``session_id``) and Anthropic agents (Claude Code's session header), every agent on the same
   long system prompt (a shared prefix);
-- forks and rewinds of direct agents, evictions to warm and cold, evict-idle, exports and imports.
+- forks and rewinds of direct agents, evictions to warm and cold, evict-idle, exports and imports;
+- now and then a model swap to the same model (``POST /v1/admin/swap``): every hot agent is spilled to disk,
+  the model unloaded and loaded again, and a kill may land in any of those phases.
+
+``--kv-bits-at-rest 8`` (or 4) runs the server with idle agents quantized at rest (the cool tier, and warm
+files written quantized): every check holds but one, a turn that reused a quantized cache may differ from the
+fresh prefill by design; such differences are counted (``approximate``), not violations. A turn that reused
+nothing must still be token-identical.
 
 After every restart:
 
@@ -61,6 +68,7 @@ ANTHROPIC_PREFIX = prefix_hash(Conversation((ChatMessage("system", SYSTEM),)))
 READY_TIMEOUT_S = 300.0
 TURN_TOKENS = 12  # each turn's max_tokens: short turns, many of them
 CHECKED_PER_ROUND = 3  # agents whose next turn is compared with a fresh prefill after each restart
+AGENTLESS = ("evict_idle", "swap")  # load actions on no agent in particular
 
 
 @dataclass
@@ -97,6 +105,7 @@ class Tally:
     actions: dict[str, int] = field(default_factory=dict)
     checked_turns: int = 0
     reused_turns: int = 0  # of those, how many reused a cache
+    approximate: int = 0  # with KV quantized at rest: reused turns that differed from the fresh prefill
     outcomes: dict[str, int] = field(default_factory=dict)
     restart_s: list[float] = field(default_factory=list)
     violations: list[Violation] = field(default_factory=list)
@@ -108,9 +117,10 @@ class Tally:
 class Server:
     """One ``semantic --serve`` process on the state directory; killed with SIGKILL, never stopped politely."""
 
-    def __init__(self, model: str, state_dir: Path, log_dir: Path, pool_mb: float, disk_mb: float) -> None:
+    def __init__(self, model: str, state_dir: Path, log_dir: Path, pool_mb: float, disk_mb: float,
+                 kv_bits: int | None = None) -> None:
         self.model, self.state_dir, self.log_dir = model, state_dir, log_dir
-        self.pool_mb, self.disk_mb = pool_mb, disk_mb
+        self.pool_mb, self.disk_mb, self.kv_bits = pool_mb, disk_mb, kv_bits
         self.process: subprocess.Popen[bytes] | None = None
         self.url = ""
         self.starts = 0
@@ -123,6 +133,8 @@ class Server:
                 "--cache-dir", str(self.state_dir), "--pool-budget-mb", f"{self.pool_mb:g}",
                 "--disk-budget-mb", f"{self.disk_mb:g}", "--block-tokens", "16", "--port", str(port),
                 "--log-level", "warning", "--no-persist-on-exit"]
+        if self.kv_bits is not None:
+            argv += ["--kv-bits-at-rest", str(self.kv_bits)]
         log = open(self.log_dir / f"server-{self.starts:04d}.log", "wb")
         started = time.monotonic()
         self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
@@ -160,8 +172,9 @@ class Load:
     """Client threads doing random work on the agents until stopped; only acknowledged results are kept."""
 
     def __init__(self, url: str, agents: dict[str, Agent], exports: dict[str, tuple[bytes, Agent]],
-                 rng: random.Random, tally: Tally) -> None:
+                 rng: random.Random, tally: Tally, model: str = "") -> None:
         self.url, self.agents, self.exports, self.rng, self.tally = url, agents, exports, rng, tally
+        self.model = model  # what a swap swaps to (the model already loaded; "": no swaps)
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.errors: list[str] = []
@@ -173,7 +186,7 @@ class Load:
         with httpx.Client(base_url=self.url, timeout=120) as client:
             while not self.stop.is_set():
                 action, agent = self._pick(rng)
-                if agent is None and action != "evict_idle":
+                if agent is None and action not in AGENTLESS:
                     time.sleep(0.01)
                     continue
                 try:
@@ -186,8 +199,8 @@ class Load:
                             agent.busy = False
 
     def _pick(self, rng: random.Random) -> tuple[str, Agent | None]:
-        action = rng.choices(["turn", "new", "evict", "fork", "rewind", "export", "import", "evict_idle"],
-                             [50, 8, 10, 6, 5, 6, 5, 2])[0]
+        action = rng.choices(["turn", "new", "evict", "fork", "rewind", "export", "import", "evict_idle", "swap"],
+                             [50, 8, 10, 6, 5, 6, 5, 2, 1 if self.model else 0])[0]
         with self.lock:
             if action == "new" or not self.agents:
                 api = rng.choice(["direct", "openai", "anthropic"])
@@ -195,7 +208,7 @@ class Load:
                 agent.in_flight = "create"
                 self.agents[agent.name] = agent
                 return "new", agent
-            if action == "evict_idle":
+            if action in AGENTLESS:
                 return action, None
             wanted = {"fork": "direct", "rewind": "direct", "import": None}.get(action)
             free = [a for a in self.agents.values() if not a.busy and a.in_flight is None
@@ -212,6 +225,11 @@ class Load:
     def _do(self, client: httpx.Client, action: str, agent: Agent | None, rng: random.Random) -> None:
         if action == "evict_idle":
             client.post("/v1/admin/evict-idle")
+        elif action == "swap":
+            # 202 while it runs; 503 when one already runs: either way the load goes on and waits at the gate.
+            reply = client.post("/v1/admin/swap", json={"model": self.model})
+            if not self._ok(reply, "swap"):
+                return
         elif action == "new":
             assert agent is not None
             if agent.api == "direct":
@@ -257,7 +275,7 @@ class Load:
             if self._ok(reply, "import", also=(409,)) and reply.status_code == 201:
                 with self.lock:
                     self.agents[child.name] = child
-        assert action == "evict_idle" or agent is not None
+        assert action in AGENTLESS or agent is not None
         self.tally.count(action)
         if agent is not None:
             agent.in_flight = None
@@ -326,7 +344,7 @@ def check_restart(server: Server, agents: dict[str, Agent], rng: random.Random, 
                 del agents[agent.name]
         candidates = [a for a in agents.values() if a.in_flight is None]
         for agent in rng.sample(candidates, min(CHECKED_PER_ROUND, len(candidates))):
-            problems += _check_next_turn(client, agent, rng, tally)
+            problems += _check_next_turn(client, agent, rng, tally, server.kv_bits)
     for check, detail in problems:
         tally.violations.append(Violation(round_no, check, detail))
 
@@ -391,7 +409,8 @@ def _settle(client: httpx.Client, agent: Agent,
     return [], True
 
 
-def _check_next_turn(client: httpx.Client, agent: Agent, rng: random.Random, tally: Tally) -> list[tuple[str, str]]:
+def _check_next_turn(client: httpx.Client, agent: Agent, rng: random.Random, tally: Tally,
+                     kv_bits: int | None = None) -> list[tuple[str, str]]:
     user = f"And one more thing about {rng.choice(TOPICS)}?"
     history = list(agent.messages)  # the conversation before this turn: what the fresh prefill is given
     try:
@@ -409,6 +428,9 @@ def _check_next_turn(client: httpx.Client, agent: Agent, rng: random.Random, tal
     if history[-1].get("reused_tokens"):
         tally.reused_turns += 1
     agent.messages += [{"role": "user", "content": user}, {"role": "assistant", "content": reply}]
+    if reply != reference and kv_bits is not None and history[-1].get("reused_tokens"):
+        tally.approximate += 1  # a cache quantized at rest is close to a fresh prefill's, not equal
+        return []
     if reply != reference:
         return [("not token-identical", f"{agent.name} ({agent.api}, cache outcome {outcome}): {reply!r} against "
                                         f"a fresh prefill's {reference!r}")]
@@ -419,23 +441,24 @@ def _check_next_turn(client: httpx.Client, agent: Agent, rng: random.Random, tal
 def run(model: str, rounds: int, seed: int, state_dir: Path, log_dir: Path, *, pool_mb: float = 24,
         disk_mb: float = 64, threads: int = 3, kill_after: tuple[float, float] = (1.0, 8.0),
         progress: Callable[[str], None] = print, after_kill: Callable[[int, Path], None] | None = None,
-        max_minutes: float | None = None) -> Tally:
+        max_minutes: float | None = None, swaps: bool = True, kv_bits: int | None = None) -> Tally:
     """``rounds`` kill-and-restart rounds (fewer when ``max_minutes`` runs out first; ``tally.rounds`` says how
     many ran); ``after_kill(round, state_dir)`` runs between a kill and the restart (the suite plants a dead
-    writer's temporary files there)."""
+    writer's temporary files there); ``swaps``: whether the load swaps the model now and then; ``kv_bits``: idle
+    agents' KV quantized at rest to that many bits."""
     deadline = time.monotonic() + max_minutes * 60 if max_minutes else None
     rng = random.Random(seed)
     tally = Tally()
     agents: dict[str, Agent] = {}
     exports: dict[str, tuple[bytes, Agent]] = {}
-    server = Server(model, state_dir, log_dir, pool_mb, disk_mb)
+    server = Server(model, state_dir, log_dir, pool_mb, disk_mb, kv_bits)
     server.start()
     try:
         for round_no in range(1, rounds + 1):
             if deadline is not None and time.monotonic() > deadline:
                 progress(f"stopping after {round_no - 1} rounds: --max-minutes {max_minutes:g} ran out")
                 break
-            load = Load(server.url, agents, exports, rng, tally)
+            load = Load(server.url, agents, exports, rng, tally, model if swaps else "")
             workers = load.run(threads)
             time.sleep(rng.uniform(*kill_after))
             server.kill()
@@ -477,6 +500,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=3, help="client threads of the load")
     parser.add_argument("--max-minutes", type=float, help="start no round after this long (the tally says how "
                                                           "many rounds ran)")
+    parser.add_argument("--no-swaps", action="store_true", help="leave model swaps out of the load")
+    parser.add_argument("--kv-bits-at-rest", type=int, choices=(8, 4), help="quantize idle agents' KV at rest "
+                        "(the server's --kv-bits-at-rest); a reused quantized cache may then differ from a fresh "
+                        "prefill (counted as approximate)")
     parser.add_argument("--json", type=Path, help="write the tally here")
     parser.add_argument("--keep", type=Path, help="run in this folder and keep it (default: a temporary folder, "
                                                   "kept only when a round fails)")
@@ -493,7 +520,8 @@ def main() -> None:
     started = time.monotonic()
     try:
         tally = run(str(folder), args.rounds, seed, state, logs, pool_mb=args.pool_mb, disk_mb=args.disk_mb,
-                    threads=args.threads, max_minutes=args.max_minutes)
+                    threads=args.threads, max_minutes=args.max_minutes, swaps=not args.no_swaps,
+                    kv_bits=args.kv_bits_at_rest)
     except BaseException:
         print(f"# stopped; the state directory and the server logs are kept in {scratch}")
         raise
@@ -503,7 +531,9 @@ def main() -> None:
         shutil.rmtree(scratch, ignore_errors=True)
     summary = {"model": args.model, "rounds": tally.rounds, "rounds_asked": args.rounds, "seed": seed,
                "actions": tally.actions,
+               "swaps": not args.no_swaps, "kv_bits_at_rest": args.kv_bits_at_rest,
                "checked_turns": tally.checked_turns, "reused_turns": tally.reused_turns,
+               "approximate": tally.approximate,
                "outcomes": tally.outcomes, "violations": [v.__dict__ for v in tally.violations],
                "restart_s_median": sorted(tally.restart_s)[len(tally.restart_s) // 2] if tally.restart_s else None,
                "minutes": round((time.monotonic() - started) / 60, 1)}

@@ -66,14 +66,18 @@ def test_speculation_keeps_greedy_tokens_alone_and_in_a_mixed_batch(loaded) -> N
 
 
 def test_a_draft_model_named_in_the_settings_drafts_for_smollm2_and_keeps_its_greedy_tokens(
-        smollm2, smollm2_path, gemma3, model_cache_dir) -> None:
+        smollm2, smollm2_path, gemma3, model_cache_dir, monkeypatch) -> None:
     """SmolLM2 drafting for itself, loaded the way ``--draft-model`` loads it: the tokenizer check passes, the
     tokens are plain decoding's, and nearly every greedy draft is kept (the served model runs this CPU's fast
-    path, the draft plain mlx-lm: an argmax may differ between them now and then)."""
+    path, the draft plain mlx-lm: an argmax may differ between them now and then). As large as the served
+    model, it would never be asked for drafts; it is priced here as the small model it stands in for."""
     from engine.bootstrap import with_draft_model
     from engine.errors import ModelLoadError
     from engine.models.draft_model import check_draft_fits
+    from engine.runtime.runner.model_drafting import DraftCaches
     from engine.settings import Settings
+
+    monkeypatch.setattr(DraftCaches, "cost_share", lambda self, target: 0.05)
 
     settings = Settings(model=str(smollm2_path), draft_model=str(smollm2_path), cache_dir=model_cache_dir)
     loaded = with_draft_model(settings, smollm2)

@@ -67,6 +67,13 @@ def test_an_agents_drafter_waits_for_its_next_turn_and_feeds_only_what_is_new() 
     assert len(caches) == 2  # b's (in use) and one idle
 
 
+@pytest.fixture(autouse=True)
+def small_draft_models(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The tiny draft models are as large as the tiny served model and would never draft (allocate_drafts
+    # prices a draft model's steps by its size): price them as models a twentieth of the size.
+    monkeypatch.setattr(DraftCaches, "cost_share", lambda self, target: 0.05)
+
+
 def engine_with_draft(draft_seed: int | None, speculate: str = "draft", batch: int = 8) -> Engine:
     """A tiny Llama served with a tiny Llama drafting for it (``draft_seed`` 0: the same weights)."""
     loaded = loaded_tiny("llama")
@@ -138,3 +145,18 @@ def test_naming_a_draft_model_turns_its_drafts_on_and_draft_without_one_names_th
     assert Settings(cache_dir=tmp_path, draft_model="smollm2-135m", speculate="lookup").speculate == "lookup"
     with pytest.raises(ValidationError, match="no draft_model is named: pass --draft-model"):
         Settings(cache_dir=tmp_path, speculate="draft")
+
+
+def test_a_draft_model_as_large_as_the_served_one_is_never_asked_for_drafts(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.undo()  # (priced by its real size)
+    engine = engine_with_draft(0)
+    try:
+        assert engine.call(lambda e: e.scheduler._generator.speculative._draft_cost()).result() == pytest.approx(1.0)
+        result = run_turn(engine, GenerationRequest("a", prose(1), 24))
+        assert result.tokens == reference_greedy(engine.loaded.model, list(prose(1)), 24, {EOS})[:len(result.tokens)]
+        tally = result.finish.usage.speculation
+        assert tally is not None and tally.drafted == 0
+        drafter = engine.call(lambda e: e.scheduler._generator.speculative.draft_caches._by_owner["a"]).result()
+        assert drafter.fed == 0  # not one step of the draft model was spent
+    finally:
+        engine.stop()

@@ -12,6 +12,7 @@ import pytest
 from engine.domain.requests import GenerationRequest, SamplingParams
 from engine.domain.speculation_tally import SpeculationTally
 from engine.models.draft_model import DraftModel
+from engine.runtime.runner.model_drafting import DraftCaches
 from engine.runtime.engine_thread.engine import Engine
 from engine.runtime.engine_thread.sync_client import run_turn, run_turns
 from engine.runtime.runner.drafting import DraftLength, LookupDrafter
@@ -117,11 +118,20 @@ def test_tally_adds_and_derives() -> None:
 
 
 # -- the batch on tiny models ---------------------------------------------------------------------
-def make_engine(kind: str, speculate: str, batch: int = 8, max_draft: int = 8, block_tokens: int = 16) -> Engine:
+def _as_if_small(monkeypatch: pytest.MonkeyPatch | None) -> None:
+    # A draft model with the served model's own weights costs as much as it and would never draft
+    # (allocate_drafts): price it as one a hundredth of the size, which it stands in for here.
+    assert monkeypatch is not None, "a draft model's engine needs monkeypatch to price its drafts"
+    monkeypatch.setattr(DraftCaches, "cost_share", lambda self, target: 0.01)
+
+
+def make_engine(kind: str, speculate: str, batch: int = 8, max_draft: int = 8, block_tokens: int = 16,
+                monkeypatch: pytest.MonkeyPatch | None = None) -> Engine:
     """``speculate`` "draft": a second copy of the tiny model's weights drafts for it."""
     loaded = loaded_tiny(kind, block_tokens=block_tokens)
     if speculate == "draft":
         loaded = replace(loaded, draft=DraftModel("tiny-draft", loaded_tiny(kind, block_tokens=block_tokens).model))
+        _as_if_small(monkeypatch)
     engine = Engine(loaded, engine_settings(64 * 2**20, batch, 32, speculate=speculate, speculate_max_draft=max_draft))
     engine.start()
     return engine
@@ -228,6 +238,12 @@ def test_drafts_are_allocated_where_they_raise_tokens_per_second() -> None:
     assert crowded == [0] * 8  # eight agents already fill the pass: a 60% draft costs more than it brings
     mixed = allocate_drafts([(7, 0.95), (7, 0.3)], row_cost=0.25, rows=4)
     assert mixed[0] > 0 and mixed[1] == 0  # the likely drafts go first
+    # A draft model's drafts cost its decode steps: one as large as the served model never pays, even where
+    # passes are free and every draft is kept; one a tenth of its size does on a GPU and on the CPU.
+    assert allocate_drafts([(7, 1.0)], row_cost=0.0, rows=1, draft_cost=1.0) == [0]
+    assert allocate_drafts([(7, 1.0)], row_cost=0.25, rows=1, draft_cost=1.0) == [0]
+    assert allocate_drafts([(7, 0.9)], row_cost=0.0, rows=1, draft_cost=0.1)[0] >= 5
+    assert allocate_drafts([(7, 0.9)], row_cost=0.25, rows=1, draft_cost=0.1)[0] >= 3
 
 
 def test_sliding_window_rings_get_back_what_rejected_drafts_overwrote(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -273,7 +289,7 @@ def test_sampled_turns_keep_the_models_distribution_with_speculation(monkeypatch
     tokens: dict[str, list[list[int]]] = {}
     kept = 0
     for mode in (drafts, "off"):
-        engine = make_engine("llama", mode)
+        engine = make_engine("llama", mode, monkeypatch=monkeypatch)
         try:
             tokens[mode] = []
             for start in range(0, draws, together):

@@ -135,7 +135,7 @@ class DraftLength:
             self._backoff = 8
 
 
-def allocate_drafts(offers: list[tuple[int, float]], row_cost: float, rows: int) -> list[int]:
+def allocate_drafts(offers: list[tuple[int, float]], row_cost: float, rows: int, draft_cost: float = 0.0) -> list[int]:
     """How many of its offered drafts each sequence verifies this step, for the most tokens per second.
 
     ``offers``: per drafting sequence, the drafts it has and the chance each is kept (its recent acceptance;
@@ -149,9 +149,13 @@ def allocate_drafts(offers: list[tuple[int, float]], row_cost: float, rows: int)
     only while ``p / row_cost > E / time``. Chances fall with each further draft of a sequence, so taking
     the likeliest remaining draft while that holds finds the best allocation: many drafts for one agent
     copying a file, few each when eight share the pass, none for prose.
+
+    ``draft_cost``: what making one draft costs, in the same unit (0 for a lookup; a draft model's decode step,
+    about its weights' share of the served model's, since both steps read all their weights): a draft then
+    adds ``row_cost + draft_cost``, so a draft model as large as the served one never pays.
     """
     taken = [0] * len(offers)
-    if row_cost <= 0:
+    if row_cost + draft_cost <= 0:
         return [n for n, _ in offers]
     expected, time = float(rows), 1.0 + row_cost * rows
     while True:
@@ -161,8 +165,8 @@ def allocate_drafts(offers: list[tuple[int, float]], row_cost: float, rows: int)
                 p = acceptance ** (taken[i] + 1)
                 if p > chance:
                     best, chance = i, p
-        if best < 0 or chance * time <= row_cost * expected:
+        if best < 0 or chance * time <= (row_cost + draft_cost) * expected:
             return taken
         taken[best] += 1
         expected += chance
-        time += row_cost
+        time += row_cost + draft_cost

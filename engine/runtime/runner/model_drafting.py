@@ -123,6 +123,13 @@ class DraftCaches:
     def __len__(self) -> int:
         return len(self._by_owner)
 
+    def cost_share(self, target: Any) -> float:
+        """What one decode step of the draft model costs against one pass of ``target``: the share of its
+        weights' bytes (a decode step reads all of a model's weights, on every platform). The batch's clock
+        (``step_rates``) covers what this leaves out: a draft model's steps run MLX's own kernels, the served
+        model's may run faster ones (the CPU backend)."""
+        return weight_bytes(self.model) / max(1, weight_bytes(target))
+
     def lend(self, owner: str | None, history: Sequence[int]) -> ModelDrafter:
         """A drafter for a sequence of ``owner`` starting from ``history``: the agent's own when it is free
         (fed only what is new), else a fresh one."""
@@ -148,3 +155,9 @@ class DraftCaches:
         idle = [owner for owner, d in self._by_owner.items() if not d.in_use]
         for owner in idle[:max(0, len(idle) - self.kept)]:  # (oldest first)
             del self._by_owner[owner]
+
+
+def weight_bytes(model: Any) -> int:
+    from mlx.utils import tree_flatten
+
+    return sum(array.nbytes for _, array in tree_flatten(model.parameters()))

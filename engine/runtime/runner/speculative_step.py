@@ -67,6 +67,7 @@ class SpeculativeSteps:
         self.rates = StepRates()  # whether speculative steps pay for the batch as it runs now
         self._rows = 0  # rows of the last speculative step
         self._cost: float | None = None  # the backend's cost of one more token in a pass (draft_row_cost)
+        self._draft_cost_share: float | None = None  # a draft model's step against a pass of the served model
         self._quiet = 0  # tokens to read before a draft may switch the batch to speculative steps again
 
     def start(self, sequence: Sequence) -> None:
@@ -120,12 +121,7 @@ class SpeculativeSteps:
         batch = self.batch
         rows = [s for s in batch.sequences.values()
                 if s.phase is Phase.DECODE and s.next_input is not None][: batch.max_batch_size]
-        drafts = {id(s): self._drafts(s) for s in rows}
-        offered = [s for s in rows if drafts[id(s)]]
-        counts = allocate_drafts([(len(drafts[id(s)]), s.speculation.length.acceptance) for s in offered],
-                                 self._row_cost(), len(rows))
-        for s, n in zip(offered, counts):
-            drafts[id(s)] = drafts[id(s)][:n]
+        drafts, offered = self._allocated_drafts(rows)
         if not any(drafts.values()):
             self.active = False
             if offered:  # drafts that would not pay with this batch: pipelined steps for a while
@@ -182,15 +178,43 @@ class SpeculativeSteps:
             start += len(fed)
         return masks
 
-    def _drafts(self, sequence: Sequence) -> list[int]:
+    def _allocated_drafts(self, rows: list[Sequence]) -> tuple[dict[int, list[int]], bool]:
+        """Each row's drafts for this step, as many as raise tokens per second (``allocate_drafts``), and whether
+        any row had drafts to offer. Looked-up drafts are free, so all of them are looked up and the allocation
+        cuts them; a draft model's cost, so the allocation comes first and it makes only the drafts that will
+        be verified."""
+        wanted = {id(s): self._draft_length(s) for s in rows}
+        if self.draft_caches is None:
+            drafts = {id(s): s.speculation.drafter.propose(wanted[id(s)]) if wanted[id(s)] else [] for s in rows}
+            offered = [s for s in rows if drafts[id(s)]]
+            offers = [(len(drafts[id(s)]), s.speculation.length.acceptance) for s in offered]
+            counts = allocate_drafts(offers, self._row_cost(), len(rows))
+            return {**drafts, **{id(s): drafts[id(s)][:n] for s, n in zip(offered, counts)}}, bool(offered)
+        offered = [s for s in rows if wanted[id(s)]]
+        counts = allocate_drafts([(wanted[id(s)], s.speculation.length.acceptance) for s in offered],
+                                 self._row_cost(), len(rows), self._draft_cost())
+        drafts = {id(s): [] for s in rows}
+        for s, n in zip(offered, counts):
+            if n:
+                drafts[id(s)] = s.speculation.drafter.propose(n)
+        return drafts, bool(offered)
+
+    def _draft_length(self, sequence: Sequence) -> int:
+        """How many tokens ``sequence`` may draft this step: its draft length, within its ``max_tokens`` and what
+        its cache can take back (0: none)."""
         speculation = sequence.speculation
         if speculation is None or sequence.held_finish is not None or not self.rates.allowed():
-            return []
+            return 0
         k = min(speculation.length.next(), sequence.max_tokens - sequence.generated - 1)
-        drafts = speculation.drafter.propose(k) if k > 0 else []
-        while drafts and not sequence.kv.can_take_back(1 + len(drafts)):
-            drafts.pop()
-        return drafts
+        while k > 0 and not sequence.kv.can_take_back(1 + k):
+            k -= 1
+        return max(k, 0)
+
+    def _draft_cost(self) -> float:
+        if self._draft_cost_share is None:
+            assert self.draft_caches is not None
+            self._draft_cost_share = self.draft_caches.cost_share(self.batch.model)
+        return self._draft_cost_share
 
     def report_held(self, s: Sequence, out: "StepOutput") -> bool:
         """A pass just fed ``s``'s held token: report it. True when that ended the sequence (it is removed)."""
