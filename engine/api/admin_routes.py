@@ -43,6 +43,8 @@ class ModelStats(BaseModel):
     cache_spec: dict[str, object]
     sampling_defaults: str = Field("", description="What requests that name no temperature sample with, and where "
                                    "that came from (generation_config.json, the fallback, or settings)")
+    speculation: str = Field("", description="How decoding speculates: off, lookup (drafts from each agent's own "
+                             "history), or 'draft model NAME' (--draft-model)")
 
 
 class BlockMap(BaseModel):
@@ -148,7 +150,7 @@ def _blas() -> dict[str, str | None]:
 def _model_stats(view: ModelView) -> ModelStats:
     return ModelStats(model_id=view.model_id, identity=view.identity, path=view.path,
                       architecture=view.architecture, context_length=view.context_length, cache_spec=view.spec,
-                      sampling_defaults=view.sampling_defaults)
+                      sampling_defaults=view.sampling_defaults, speculation=view.speculation)
 
 
 def _pool_stats(pool: PoolSnapshot, with_blocks: bool, spec: dict | None = None, cool_bytes: int = 0) -> PoolStats:

@@ -35,6 +35,15 @@ class DraftModel:
     model: Any  # mlx.nn.Module with the served model's token numbering
 
 
+def speculation_mode(speculate: str, loaded: LoadedModel) -> str:
+    """How the batch speculates with ``loaded``, in words (/v1/stats): off, lookup, or the draft model's name."""
+    if speculate == "draft":
+        if loaded.draft is not None:
+            return f"draft model {loaded.draft.model_id}"
+        return "lookup (the draft model does not fit this model)"
+    return speculate
+
+
 def load_draft_model(ref: str, target: LoadedModel, cache_dir: Path, dtype: str = "auto",
                      trust_remote_code: bool = False) -> DraftModel:
     """Load ``ref`` and check that it can draft for ``target``; ModelLoadError with the reason otherwise."""

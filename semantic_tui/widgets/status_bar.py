@@ -7,7 +7,7 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widgets import Static
 
-from engine.runtime.engine_thread.snapshot import EngineSnapshot
+from engine.runtime.engine_thread.snapshot import EngineSnapshot, ModelView
 
 
 def memory_part(memory: dict) -> tuple[str, str]:
@@ -45,7 +45,7 @@ class StatusBar(Static):
         parts: list[tuple[str, str]] = [("semantic", "bold")]
         snap = self._snapshot
         if snap is not None and snap.model is not None:
-            parts.append((f"{snap.model.model_id} ({snap.model.architecture}, ctx {snap.model.context_length:,})", "bold"))
+            parts.append((model_part(snap.model), "bold"))
         parts.append((self.url or "HTTP starting…", "underline" if self.url else "dim"))
         if self.stalled_s is not None:
             parts.append((f"ENGINE STALLED {self.stalled_s:.0f} s", "bold reverse red"))
@@ -59,3 +59,10 @@ class StatusBar(Static):
             busy = sum(a.state != "idle" for a in snap.agents)
             parts.append((f"{len(snap.agents)} agents · {busy} busy · batch {snap.throughput.batch_size}", "dim"))
         return Text(" · ").join(Text(text, style=style) for text, style in parts)
+
+
+def model_part(model: ModelView) -> str:
+    """The loaded model, its family and context, and the draft model drafting for it, if any."""
+    text = f"{model.model_id} ({model.architecture}, ctx {model.context_length:,})"
+    draft = model.speculation.removeprefix("draft model ")
+    return f"{text} + draft {draft}" if draft != model.speculation else text

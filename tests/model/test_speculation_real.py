@@ -112,3 +112,6 @@ def test_a_draft_model_that_does_not_fit_is_refused_at_start_and_left_out_of_a_s
     settings = Settings(model=str(smollm2_path), draft_model=str(smollm2_path), cache_dir=model_cache_dir)
     swapped = load_configured_model(settings, ref=str(gemma3_path))
     assert swapped.architecture == "gemma3_text" and swapped.draft is None
+    from engine.models.draft_model import speculation_mode
+
+    assert speculation_mode(settings.speculate, swapped) == "lookup (the draft model does not fit this model)"

@@ -100,6 +100,8 @@ def test_greedy_tokens_equal_plain_decoding_alone_and_batched_with_a_draft_model
             expected = reference_greedy(on.loaded.model, list(r.prompt_tokens), 40, {EOS})
             assert m.tokens == p.tokens == (expected[:-1] if expected[-1] == EOS else expected)
         assert alone.tokens == mixed[0].tokens
+        assert on.fresh_snapshot().model.speculation == f"draft model tiny-draft-{draft_seed}"
+        assert off.fresh_snapshot().model.speculation == "off"
         tallies = [m.finish.usage.speculation for m in [*mixed, alone]]
         assert all(t is not None and t.drafted > 0 for t in tallies)  # prose drafts too: a model guesses anywhere
         if draft_seed == 0:  # the served model's own weights: every greedy draft is kept

@@ -395,6 +395,15 @@ def test_the_top_line_shows_memory_and_says_what_pressure_does() -> None:
     assert "> hard 22.0: refusing new requests" in text and "red" in style
 
 
+def test_the_top_line_names_the_draft_model_drafting_for_the_loaded_one() -> None:
+    from engine.runtime.engine_thread.snapshot import ModelView
+    from semantic_tui.widgets.status_bar import model_part
+
+    model = ModelView("qwen3-8b", "qwen3@abc", None, "qwen3", 32768, {}, "", "draft model qwen3-0.6b")
+    assert model_part(model) == "qwen3-8b (qwen3, ctx 32,768) + draft qwen3-0.6b"
+    assert model_part(replace(model, speculation="lookup")) == "qwen3-8b (qwen3, ctx 32,768)"
+
+
 def test_the_pool_map_draws_memory_with_both_watermarks_marked() -> None:
     from semantic_tui.widgets.pool_map import memory_line, memory_of
 

@@ -30,6 +30,7 @@ from engine.errors import (
     RequestTooLargeForPoolError,
 )
 from engine.models.loaded import LoadedModel
+from engine.models.draft_model import speculation_mode
 from engine.models.sampling_defaults import model_sampling_defaults
 from engine.settings import EngineSettings
 from engine.store.kv_at_rest import quantization_for
@@ -679,7 +680,8 @@ class Engine:
     def _publish(self, force: bool = False) -> None:
         sources = SnapshotSources(self.loaded, self._pool, self.agents, self.tiers, self.scheduler,
                                   self.backend.describe(), self.sampling_defaults.describe(), self.context_length,
-                                  self.rank_reports, self.memory.describe() if self.memory is not None else None)
+                                  self.rank_reports, self.memory.describe() if self.memory is not None else None,
+                                  speculation_mode(self.settings.batch.speculate, self.loaded))
         self._snapshot = build_snapshot(sources, self._status)
 
 

@@ -119,6 +119,8 @@ class ModelView:
     spec: dict[str, object]
     # What requests naming no temperature sample with, and where that came from.
     sampling_defaults: str = ""
+    # How the batch speculates: off, lookup, or "draft model NAME".
+    speculation: str = ""
 
 
 @dataclass(frozen=True, slots=True)

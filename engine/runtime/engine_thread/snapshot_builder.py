@@ -39,6 +39,7 @@ class SnapshotSources:
     context_length: int
     rank_reports: tuple[Any, ...]
     memory: dict[str, object] | None = None
+    speculation: str = ""
 
 
 def build_snapshot(sources: SnapshotSources, status: str) -> EngineSnapshot:
@@ -110,6 +111,7 @@ def _model_view(sources: SnapshotSources) -> ModelView:
         context_length=sources.context_length,
         spec=loaded.spec.describe(),
         sampling_defaults=sources.sampling_defaults,
+        speculation=sources.speculation,
     )
 
 
