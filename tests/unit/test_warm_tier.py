@@ -204,7 +204,9 @@ def test_an_import_into_a_full_disk_budget_stays_and_the_oldest_other_file_goes(
 
 def test_a_restart_over_the_disk_budget_starts_and_turns_the_oldest_cold(tmp_path: Path) -> None:
     """Found by the crash harness: a process killed after a write and before the budget's next pass leaves the
-    warm tier over budget; the next start evicted files while indexing them, and failed with a KeyError."""
+    warm tier over budget; the next start evicted files while indexing them, and failed with a KeyError. And,
+    found with swaps in its load: a ready server listed an agent warm whose file the first budget pass then
+    deleted. The budget is settled before ready: the first snapshot and the files agree."""
     engine = engine_with_store(tmp_path)
     try:
         for i, agent in enumerate(("a", "b", "c")):
@@ -216,9 +218,12 @@ def test_a_restart_over_the_disk_budget_starts_and_turns_the_oldest_cold(tmp_pat
         engine.stop()
     again = engine_with_store(tmp_path, disk_mb=two_files / 2**20)
     try:
-        again.call(lambda e: e.tiers.poll()).result()
+        at_ready = {a.agent_id: a.tier for a in again.snapshot().agents}  # (published before ready)
+        files = {p.name.split("-")[0] for p in tmp_path.rglob("*.safetensors")}
+        assert at_ready == {"a": "cold", "b": "warm", "c": "warm"}, at_ready
+        assert files == {"b", "c"}, files
         tiers = {a.agent_id: a.tier for a in again.fresh_snapshot().agents}
-        assert tiers == {"a": "cold", "b": "warm", "c": "warm"}, tiers
+        assert tiers == at_ready
     finally:
         again.stop()
 

@@ -414,6 +414,7 @@ class Engine:
                                                 self.loaded.spec.block_bytes, self.settings,
                                                 self.sampling_defaults.describe())
             self._index_store()
+            self._settle_disk_budget()
             self.scheduler = Scheduler(
                 self.loaded, self.hot, self.agents, self.tiers, self.events, self.settings.batch, self.settings.turns,
                 self._factory, prefix_sharing=self.settings.cache.prefix_sharing, backend=self.backend,
@@ -460,6 +461,17 @@ class Engine:
                 record.model_id = seed.model_id  # a turn under this model then reports model_changed
             else:
                 self.agents.get(seed.agent_id).pinned = seed.pinned
+
+    def _settle_disk_budget(self) -> None:
+        """Before ready: a process killed between a write and the budget's next pass (or mid-swap, after
+        spilling every agent) leaves the warm tier over its disk budget. Its oldest agents go cold now, files
+        deleted, so a ready server lists every agent in the tier its files say (found crash-testing with
+        swaps: a warm agent listed at ready lost its file to the first loop's budget pass)."""
+        if self._store is None:
+            return
+        self.tiers.poll()
+        self._store.flush()  # (the deletes run on the store's I/O thread)
+        self.tiers.poll()
 
     def _index_warm_and_cold(self) -> None:
         if self._store is None:
