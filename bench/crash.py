@@ -25,7 +25,8 @@ After every restart:
 - a direct agent's stored conversation holds every turn its client got an answer for (a turn in flight at the
   kill may be there or not; the harness rewinds such an agent to what it knows);
 - the next turn of a sample of agents is token-identical to a fresh prefill of the same conversation (a new
-  agent, greedy), whether its cache was reused or had to be rebuilt: the turn's cache outcome is recorded.
+  agent, greedy), whether its cache was reused or had to be rebuilt: the turn's cache outcome is recorded. A
+  turn the full pool ended early says so (finish ``capacity``) and is counted (``capacity_cut``), not compared.
 
 Every violation is printed with the round and the seed; ``--seed S --rounds N`` replays a run. Exit status 1
 on any violation.
@@ -106,6 +107,7 @@ class Tally:
     checked_turns: int = 0
     reused_turns: int = 0  # of those, how many reused a cache
     approximate: int = 0  # with KV quantized at rest: reused turns that differed from the fresh prefill
+    capacity_cut: int = 0  # turns the full pool ended early (finish "capacity"): not comparable token for token
     outcomes: dict[str, int] = field(default_factory=dict)
     restart_s: list[float] = field(default_factory=list)
     violations: list[Violation] = field(default_factory=list)
@@ -295,9 +297,11 @@ class Load:
         return False
 
 
-def send_turn(client: httpx.Client, agent: Agent, user: str, fresh: bool = False) -> str | None:
+def send_turn(client: httpx.Client, agent: Agent, user: str, fresh: bool = False,
+              details: dict[str, Any] | None = None) -> str | None:
     """One greedy turn of ``agent`` (``fresh``: the same conversation as a brand-new OpenAI agent instead).
-    The reply's text, or None when the server refused it cleanly (busy, no room)."""
+    The reply's text, or None when the server refused it cleanly (busy, no room). ``details`` gets why the
+    reply ended and its token counts (what a divergence report needs)."""
     if fresh or agent.api == "openai":
         session = f"ref{uuid.uuid4().hex[:10]}" if fresh else agent.name
         reply = client.post("/v1/chat/completions", json={
@@ -305,17 +309,32 @@ def send_turn(client: httpx.Client, agent: Agent, user: str, fresh: bool = False
             "messages": [{"role": "system", "content": SYSTEM}, *agent.messages, {"role": "user", "content": user}]})
         if fresh and reply.status_code == 200:
             client.delete(f"/v1/agents/oa-{session}")
-        return reply.json()["choices"][0]["message"]["content"] if reply.status_code == 200 else _refused(reply)
+        if reply.status_code != 200:
+            return _refused(reply)
+        body = reply.json()
+        _note(details, body["choices"][0].get("finish_reason"), body.get("usage"))
+        return body["choices"][0]["message"]["content"]
     if agent.api == "anthropic":
         reply = client.post("/v1/messages", headers={"x-claude-code-session-id": agent.name}, json={
             "model": "m", "max_tokens": TURN_TOKENS, "temperature": 0, "system": SYSTEM,
             "messages": [*agent.messages, {"role": "user", "content": user}]})
         if reply.status_code == 200:
-            return "".join(block.get("text", "") for block in reply.json()["content"])
+            body = reply.json()
+            _note(details, body.get("stop_reason"), body.get("usage"))
+            return "".join(block.get("text", "") for block in body["content"])
         return _refused(reply)
     reply = client.post(f"/v1/agents/{agent.name}/messages", json={"content": user, "max_tokens": TURN_TOKENS,
                                                                     "temperature": 0})
-    return reply.json()["content"] if reply.status_code == 200 else _refused(reply)
+    if reply.status_code != 200:
+        return _refused(reply)
+    body = reply.json()
+    _note(details, body.get("finish_reason"), body.get("usage"))
+    return body["content"]
+
+
+def _note(details: dict[str, Any] | None, finish: Any, usage: Any) -> None:
+    if details is not None:
+        details.update(finish=finish, usage={k: v for k, v in (usage or {}).items() if not isinstance(v, dict)})
 
 
 def _refused(reply: httpx.Response) -> None:
@@ -413,27 +432,34 @@ def _check_next_turn(client: httpx.Client, agent: Agent, rng: random.Random, tal
                      kv_bits: int | None = None) -> list[tuple[str, str]]:
     user = f"And one more thing about {rng.choice(TOPICS)}?"
     history = list(agent.messages)  # the conversation before this turn: what the fresh prefill is given
+    mine: dict[str, Any] = {}
+    theirs: dict[str, Any] = {}
     try:
-        reply = send_turn(client, agent, user)
-        reference = send_turn(client, Agent(agent.name, agent.api, history), user, fresh=True)
+        reply = send_turn(client, agent, user, details=mine)
+        reference = send_turn(client, Agent(agent.name, agent.api, history), user, fresh=True, details=theirs)
     except RuntimeError as exc:
         return [("next turn", f"{agent.name}: {exc}")]
     if reply is None or reference is None:
         return []
     tally.checked_turns += 1
     found = client.get(f"/v1/agents/{agent.agent_id}")
-    history = (found.json().get("cache_history") if found.status_code == 200 else None) or [{}]
+    view = found.json() if found.status_code == 200 else {}
+    mine.update(last_finish=view.get("last_finish"), last_finish_note=view.get("last_finish_note"))
+    history = view.get("cache_history") or [{}]
     outcome = history[-1].get("outcome", "unknown")
     tally.outcomes[outcome] = tally.outcomes.get(outcome, 0) + 1
     if history[-1].get("reused_tokens"):
         tally.reused_turns += 1
     agent.messages += [{"role": "user", "content": user}, {"role": "assistant", "content": reply}]
+    if reply != reference and mine.get("last_finish") == "capacity":
+        tally.capacity_cut += 1  # the pool could not grow the turn: it says why, and ends short of the reference
+        return []
     if reply != reference and kv_bits is not None and history[-1].get("reused_tokens"):
         tally.approximate += 1  # a cache quantized at rest is close to a fresh prefill's, not equal
         return []
     if reply != reference:
-        return [("not token-identical", f"{agent.name} ({agent.api}, cache outcome {outcome}): {reply!r} against "
-                                        f"a fresh prefill's {reference!r}")]
+        return [("not token-identical", f"{agent.name} ({agent.api}, cache outcome {outcome}): {reply!r} "
+                                        f"({mine}) against a fresh prefill's {reference!r} ({theirs})")]
     return []
 
 
@@ -533,7 +559,7 @@ def main() -> None:
                "actions": tally.actions,
                "swaps": not args.no_swaps, "kv_bits_at_rest": args.kv_bits_at_rest,
                "checked_turns": tally.checked_turns, "reused_turns": tally.reused_turns,
-               "approximate": tally.approximate,
+               "approximate": tally.approximate, "capacity_cut": tally.capacity_cut,
                "outcomes": tally.outcomes, "violations": [v.__dict__ for v in tally.violations],
                "restart_s_median": sorted(tally.restart_s)[len(tally.restart_s) // 2] if tally.restart_s else None,
                "minutes": round((time.monotonic() - started) / 60, 1)}
