@@ -65,8 +65,7 @@ def with_draft_model(settings: Settings, loaded: LoadedModel, world: "World | No
     assert settings.draft_model is not None
     draft = load_draft_model(settings.draft_model, loaded, settings.cache_dir, settings.weights_dtype,
                              settings.trust_remote_code)
-    log.info("draft model %s drafts for %s", draft.model_id, loaded.model_id)
-    return replace(loaded, draft=draft)
+    return replace(loaded, draft=draft)  # (build_engine's event says which model drafts for which)
 
 
 def build_engine(

@@ -92,5 +92,5 @@ def _vocabulary(tokenizer: Any) -> dict[str, int] | None:
         return None
     try:
         return dict(get_vocab())
-    except (AttributeError, NotImplementedError, TypeError):
-        return None
+    except (AttributeError, NotImplementedError, TypeError):  # (transformers' base class raises NotImplemented)
+        return None  # then the probe text alone decides

@@ -155,7 +155,8 @@ def allocate_drafts(offers: list[tuple[int, float]], row_cost: float, rows: int,
     adds ``row_cost + draft_cost``, so a draft model as large as the served one never pays.
     """
     taken = [0] * len(offers)
-    if row_cost + draft_cost <= 0:
+    per_draft = row_cost + draft_cost
+    if per_draft <= 0:
         return [n for n, _ in offers]
     expected, time = float(rows), 1.0 + row_cost * rows
     while True:
@@ -165,8 +166,8 @@ def allocate_drafts(offers: list[tuple[int, float]], row_cost: float, rows: int,
                 p = acceptance ** (taken[i] + 1)
                 if p > chance:
                     best, chance = i, p
-        if best < 0 or chance * time <= (row_cost + draft_cost) * expected:
+        if best < 0 or chance * time <= per_draft * expected:
             return taken
         taken[best] += 1
         expected += chance
-        time += row_cost + draft_cost
+        time += per_draft

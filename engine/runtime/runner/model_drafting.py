@@ -24,8 +24,9 @@ budget: about ``tokens x layers x 2 x kv_heads x head_dim x 2`` bytes each
 layers), kept for at most ``max_batch_size`` agents.
 
 Each sequence's drafts come from its own passes of the draft model, not from
-one pass over the batch: drafting cost grows with the agents that draft, and
-the batch's clock (``step_rates``) stops speculation when it does not pay.
+one pass over the batch. Drafting costs time, so the batch allocates drafts
+before making them (``drafting.allocate_drafts`` with ``cost_share``) and
+its clock (``step_rates``) stops speculation when it still does not pay.
 """
 
 from __future__ import annotations
@@ -50,9 +51,6 @@ class ModelDrafter:
         self._cache = make_prompt_cache(model)
         self._in_cache: list[int] = []  # the tokens the draft model's cache holds, in order
         self._agreed = 0  # _in_cache and tokens are known to agree up to here
-
-    def __len__(self) -> int:
-        return len(self.tokens)
 
     def extend(self, tokens: Sequence[int]) -> None:
         """Tokens the sequence decided (generated, or fed as the prompt)."""

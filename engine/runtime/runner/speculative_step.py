@@ -15,8 +15,9 @@ finds no draft anywhere, the batch goes back to pipelined steps.
 
 With a draft model (``--speculate draft``), the drafts come from it instead
 (``model_drafting.ModelDrafter``, one per sequence, kept per agent between
-turns by ``DraftCaches``): it guesses after any token, so the batch stays in
-speculative steps while they pay (``step_rates``).
+turns by ``DraftCaches``): it guesses after any token, at the price of its
+own steps, so each step first allocates how many drafts pay and only those
+are made; the batch stays in speculative steps while they pay (``step_rates``).
 
 A sequence speculates only where its cache can be cut back
 (``SequenceKV.can_take_back``: full attention always, a sliding window while
