@@ -9,6 +9,14 @@ real model, and the report names the shape used.
 
     python bench/random_model.py --shape llama-3.2-1b --out /tmp/rand-llama-1b
     python bench/random_model.py --shape llama-3.1-8b --dtype bfloat16 --out /tmp/rand-llama-8b
+    python bench/random_model.py --family qwen3_5 --tool-chat-template --out /tmp/rand-qwen35
+
+``--family`` writes one of bench_model_families.py's small real shapes (any
+mlx-lm family there: hybrids, latent attention, ...). ``--tool-chat-template``
+replaces SmolLM2's chat template, which has no tools, with Qwen2.5's ChatML
+template that renders tool definitions, calls and results: then both
+semantic and ``mlx_lm.server`` render a coding agent's tools the same way
+(through the template), and a replayed Claude Code trace is like for like.
 
 The folder loads with ``mlx_lm.load`` and with ``semantic --model FOLDER``.
 """
@@ -41,6 +49,40 @@ SHAPES: dict[str, dict] = {
                        head_dim=16, intermediate_size=128, rope_theta=10000.0, tie_word_embeddings=True),
 }
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+# Qwen2.5-Instruct's chat template (its tokenizer_config.json), which SmolLM2's ChatML tokens also fit: tool
+# definitions in the system turn, calls as <tool_call> JSON, results as <tool_response> user turns.
+TOOL_CHAT_TEMPLATE = (
+    "{%- if tools %}\n    {{- '<|im_start|>system\\n' }}\n    {%- if messages[0]['role'] == 'system' %}\n"
+    "        {{- messages[0]['content'] }}\n    {%- else %}\n        {{- 'You are a helpful assistant.' }}\n"
+    "    {%- endif %}\n    {{- \"\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user "
+    "query.\\n\\nYou are provided with function signatures within <tools></tools> XML tags:\\n<tools>\" }}\n"
+    "    {%- for tool in tools %}\n        {{- \"\\n\" }}\n        {{- tool | tojson }}\n    {%- endfor %}\n"
+    "    {{- \"\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments "
+    "within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\\"name\\\": <function-name>, \\\"arguments\\\": "
+    "<args-json-object>}\\n</tool_call><|im_end|>\\n\" }}\n{%- else %}\n"
+    "    {%- if messages[0]['role'] == 'system' %}\n"
+    "        {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}\n    {%- else %}\n"
+    "        {{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}\n    {%- endif %}\n"
+    "{%- endif %}\n{%- for message in messages %}\n"
+    "    {%- if (message.role == \"user\") or (message.role == \"system\" and not loop.first) or "
+    "(message.role == \"assistant\" and not message.tool_calls) %}\n"
+    "        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}\n"
+    "    {%- elif message.role == \"assistant\" %}\n        {{- '<|im_start|>' + message.role }}\n"
+    "        {%- if message.content %}\n            {{- '\\n' + message.content }}\n        {%- endif %}\n"
+    "        {%- for tool_call in message.tool_calls %}\n            {%- if tool_call.function is defined %}\n"
+    "                {%- set tool_call = tool_call.function %}\n            {%- endif %}\n"
+    "            {{- '\\n<tool_call>\\n{\"name\": \"' }}\n            {{- tool_call.name }}\n"
+    "            {{- '\", \"arguments\": ' }}\n            {{- tool_call.arguments | tojson }}\n"
+    "            {{- '}\\n</tool_call>' }}\n        {%- endfor %}\n        {{- '<|im_end|>\\n' }}\n"
+    "    {%- elif message.role == \"tool\" %}\n"
+    "        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != \"tool\") %}\n"
+    "            {{- '<|im_start|>user' }}\n        {%- endif %}\n        {{- '\\n<tool_response>\\n' }}\n"
+    "        {{- message.content }}\n        {{- '\\n</tool_response>' }}\n"
+    "        {%- if loop.last or (messages[loop.index0 + 1].role != \"tool\") %}\n"
+    "            {{- '<|im_end|>\\n' }}\n        {%- endif %}\n    {%- endif %}\n{%- endfor %}\n"
+    "{%- if add_generation_prompt %}\n    {{- '<|im_start|>assistant\\n' }}\n{%- endif %}\n"
+)
 
 
 def tokenizer_folder(ref: str, cache_dir: Path) -> Path:
@@ -96,6 +138,16 @@ def write_model_folder(config: dict, out: Path, tokenizer_dir: Path, dtype: str,
     return out
 
 
+def use_tool_chat_template(folder: Path) -> None:
+    """Give ``folder``'s tokenizer TOOL_CHAT_TEMPLATE (written whole to a temporary file, then renamed)."""
+    path = folder / "tokenizer_config.json"
+    config = json.loads(path.read_text())
+    config["chat_template"] = TOOL_CHAT_TEMPLATE
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(config, indent=2))
+    partial.replace(path)
+
+
 def vary(model, seed: int = 0, weight_scale: float = 2.0, vector_sd: float = 1.0) -> None:
     """Weights that make a random model's greedy tokens vary: at mlx-lm's initialization its outputs are
     one token repeated (the norms are ones, the logits nearly flat), which no cache bug could change and
@@ -118,7 +170,14 @@ def vary(model, seed: int = 0, weight_scale: float = 2.0, vector_sd: float = 1.0
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shape", choices=sorted(SHAPES), default="llama-3.2-1b", help="layer shapes to copy")
+    kind = parser.add_mutually_exclusive_group()
+    kind.add_argument("--shape", choices=sorted(SHAPES), default="llama-3.2-1b",
+                      help="a released Llama's layer shapes to copy (default: llama-3.2-1b)")
+    kind.add_argument("--family", help="instead: one of bench_model_families.py's small real shapes of any "
+                                       "mlx-lm family (qwen3_5, nemotron_h, deepseek_v3, ...), weights varied so "
+                                       "greedy tokens vary")
+    parser.add_argument("--tool-chat-template", action="store_true",
+                        help="give the folder Qwen2.5's tool-aware ChatML template instead of the tokenizer's own")
     parser.add_argument("--out", type=Path, required=True, help="the model folder to write (replaced if present)")
     parser.add_argument("--tokenizer-from", default="smollm2-135m",
                         help="folder with tokenizer.json, or a packaged model alias (default: smollm2-135m)")
@@ -134,9 +193,22 @@ def main() -> None:
     dtype = args.dtype or ("bfloat16" if mx.default_device().type == mx.DeviceType.gpu else "float32")
     tokenizer_dir = tokenizer_folder(args.tokenizer_from, args.cache_dir or default_cache_dir())
     t0 = time.perf_counter()
-    out = write_random_model(args.shape, args.out, tokenizer_dir, dtype, args.seed)
+    if args.family:
+        from bench_model_families import SHAPES as FAMILIES
+        from bench_model_families import config_for
+
+        if args.family not in FAMILIES:
+            raise SystemExit(f"--family {args.family!r}: one of {', '.join(sorted(FAMILIES))}")
+        vocab = len(json.loads((tokenizer_dir / "tokenizer.json").read_text())["model"]["vocab"])
+        out = write_model_folder(config_for(args.family, vocab), args.out, tokenizer_dir, dtype, args.seed,
+                                 transform=lambda model: vary(model, args.seed))
+    else:
+        out = write_random_model(args.shape, args.out, tokenizer_dir, dtype, args.seed)
+    if args.tool_chat_template:
+        use_tool_chat_template(out)
     size = sum(f.stat().st_size for f in out.iterdir()) / 2**30
-    print(f"wrote {out}: random {args.shape} shapes, {dtype}, {size:.2f} GiB, in {time.perf_counter() - t0:.1f} s")
+    print(f"wrote {out}: random {args.family or args.shape} shapes, {dtype}, {size:.2f} GiB, "
+          f"{'tool-aware chat template, ' if args.tool_chat_template else ''}in {time.perf_counter() - t0:.1f} s")
 
 
 if __name__ == "__main__":

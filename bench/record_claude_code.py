@@ -9,6 +9,13 @@ the Claude Code benchmarks replay: ~12-15K tokens of system prompt and tools.
 
 Run: ``python bench/record_claude_code.py --out bench/traces/claude_code_full.jsonl [--prompt TEXT]``.
 The CLI comes from the same npm install the end-to-end test uses.
+
+``--tool-turns`` records a session with tool-result turns: the project holds
+two source files, and the capture server answers the CLI's main requests (the
+ones that carry its tools) with a ``Read`` call for each file in turn, then a
+short text. The CLI runs the tools itself, so every request after the first
+carries its real tool results, growing the conversation as a coding agent's
+does; only the assistant's words are scripted.
 """
 
 from __future__ import annotations
@@ -36,25 +43,115 @@ def sse(event: dict) -> bytes:
     return f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode()
 
 
-def canned_stream(model: str) -> bytes:
+def canned_stream(model: str, tool_call: dict | None = None) -> bytes:
+    """A short Messages stream: the text REPLY, or (``tool_call``: id, name, input) one tool call."""
     usage = {"input_tokens": 1, "output_tokens": 1, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+    if tool_call is None:
+        block = [{"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+                 {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": REPLY}}]
+    else:
+        block = [{"type": "content_block_start", "index": 0,
+                  "content_block": {"type": "tool_use", "id": tool_call["id"], "name": tool_call["name"],
+                                    "input": {}}},
+                 {"type": "content_block_delta", "index": 0,
+                  "delta": {"type": "input_json_delta", "partial_json": json.dumps(tool_call["input"])}}]
     events = [
         {"type": "message_start", "message": {"id": "msg_recorder", "type": "message", "role": "assistant",
                                               "model": model, "content": [], "stop_reason": None,
                                               "stop_sequence": None, "usage": usage}},
-        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
-        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": REPLY}},
+        *block,
         {"type": "content_block_stop", "index": 0},
-        {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+        {"type": "message_delta", "delta": {"stop_reason": "end_turn" if tool_call is None else "tool_use",
+                                            "stop_sequence": None},
          "usage": {"output_tokens": 1}},
         {"type": "message_stop"},
     ]
     return b"".join(sse(e) for e in events)
 
 
+# The --tool-turns project: files a coding agent would read before answering (a few hundred tokens each).
+PROJECT_FILES = {
+    "inventory.py": '''"""Stock levels for a small shop: items, counts and reorder points."""
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Item:
+    sku: str
+    name: str
+    count: int = 0
+    reorder_at: int = 5
+
+    def needs_reorder(self) -> bool:
+        return self.count <= self.reorder_at
+
+
+@dataclass
+class Inventory:
+    items: dict[str, Item] = field(default_factory=dict)
+
+    def add(self, item: Item) -> None:
+        if item.sku in self.items:
+            raise ValueError(f"duplicate sku {item.sku}")
+        self.items[item.sku] = item
+
+    def take(self, sku: str, n: int = 1) -> int:
+        item = self.items[sku]
+        if n > item.count:
+            raise ValueError(f"only {item.count} of {item.name} left")
+        item.count -= n
+        return item.count
+
+    def to_reorder(self) -> list[Item]:
+        return sorted((i for i in self.items.values() if i.needs_reorder()), key=lambda i: i.count)
+''',
+    "test_inventory.py": '''import pytest
+
+from inventory import Inventory, Item
+
+
+def test_take_lowers_the_count():
+    shop = Inventory()
+    shop.add(Item("A1", "apples", count=10))
+    assert shop.take("A1", 3) == 7
+
+
+def test_taking_more_than_there_is_raises():
+    shop = Inventory()
+    shop.add(Item("B2", "bread", count=1))
+    with pytest.raises(ValueError, match="only 1 of bread left"):
+        shop.take("B2", 2)
+
+
+def test_to_reorder_lists_low_items_lowest_first():
+    shop = Inventory()
+    shop.add(Item("A1", "apples", count=10))
+    shop.add(Item("B2", "bread", count=2))
+    shop.add(Item("C3", "cheese", count=4))
+    assert [i.sku for i in shop.to_reorder()] == ["B2", "C3"]
+''',
+}
+TOOL_TURNS_PROMPT = "Read inventory.py and test_inventory.py, then tell me whether the tests cover take()."
+
+
+def scripted_tool_call(payload: dict, project: Path) -> dict | None:
+    """The --tool-turns script for one request: a Read of the next project file not read yet, or None (answer
+    in text) once all are read or for a request without the CLI's tools (a title, a probe)."""
+    if not any(tool.get("name") == "Read" for tool in payload.get("tools") or []):
+        return None
+    results = sum(1 for message in payload.get("messages", []) if isinstance(message.get("content"), list)
+                  for block in message["content"] if block.get("type") == "tool_result")
+    names = sorted(PROJECT_FILES)
+    if results >= len(names):
+        return None
+    return {"id": f"toolu_recorder_{results}", "name": "Read", "input": {"file_path": str(project / names[results])}}
+
+
 class Recorder(BaseHTTPRequestHandler):
     records: list[dict] = []
     lock = threading.Lock()
+    project: Path | None = None  # --tool-turns: the project whose files the script has the CLI read
 
     def log_message(self, *args: object) -> None:
         pass
@@ -74,17 +171,20 @@ class Recorder(BaseHTTPRequestHandler):
             self._json({"input_tokens": 1})
             return
         payload = json.loads(body or b"{}")
+        tool_call = scripted_tool_call(payload, self.project) if self.project is not None else None
         if payload.get("stream"):
-            data = canned_stream(payload.get("model", "claude"))
+            data = canned_stream(payload.get("model", "claude"), tool_call)
             self.send_response(200)
             self.send_header("content-type", "text/event-stream")
             self.send_header("content-length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
             return
+        content = ([{"type": "text", "text": REPLY}] if tool_call is None
+                   else [{"type": "tool_use", **tool_call}])
         self._json({"id": "msg_recorder", "type": "message", "role": "assistant", "model": payload.get("model"),
-                    "content": [{"type": "text", "text": REPLY}], "stop_reason": "end_turn", "stop_sequence": None,
-                    "usage": {"input_tokens": 1, "output_tokens": 1}})
+                    "content": content, "stop_reason": "end_turn" if tool_call is None else "tool_use",
+                    "stop_sequence": None, "usage": {"input_tokens": 1, "output_tokens": 1}})
 
     def _record(self, body: bytes) -> None:
         headers = {k.lower(): v for k, v in self.headers.items() if k.lower() not in SECRET_HEADERS}
@@ -104,17 +204,26 @@ class Recorder(BaseHTTPRequestHandler):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="JSONL file to write the requests to")
-    parser.add_argument("--prompt", default="Name one colour.", help="what the user types")
+    parser.add_argument("--prompt", default=None, help="what the user types (default: 'Name one colour.', or "
+                                                       "with --tool-turns a request to read the project's files)")
     parser.add_argument("--bare", action="store_true", help="record a --bare run instead")
+    parser.add_argument("--tool-turns", action="store_true",
+                        help="script Read calls of the project's two files before the answer (requests with tool "
+                             "results)")
     args = parser.parse_args()
+    prompt = args.prompt or (TOOL_TURNS_PROMPT if args.tool_turns else "Name one colour.")
     server = ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     binary = install_claude_code(npm_prefix())
     with tempfile.TemporaryDirectory() as home, tempfile.TemporaryDirectory() as project:
+        if args.tool_turns:
+            Recorder.project = Path(project).resolve()
+            for name, text in PROJECT_FILES.items():
+                (Path(project) / name).write_text(text)
         env = {"PATH": os.environ.get("PATH", ""), "HOME": home, "LANG": "C.UTF-8",
                "ANTHROPIC_BASE_URL": f"http://127.0.0.1:{server.server_port}", "ANTHROPIC_API_KEY": "any",
                "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
-        argv = [str(binary), *(["--bare"] if args.bare else []), "-p", args.prompt]
+        argv = [str(binary), *(["--bare"] if args.bare else []), "-p", prompt]
         done = subprocess.run(argv, cwd=project, env=env, capture_output=True, text=True, timeout=300,
                               stdin=subprocess.DEVNULL)
     server.shutdown()
@@ -123,6 +232,8 @@ def main() -> None:
         for record in Recorder.records:
             out.write(json.dumps(record) + "\n")
     sizes = [len(json.dumps(r["body"])) for r in Recorder.records if r["body"]]
+    if done.returncode != 0:
+        print(f"claude stdout:\n{done.stdout}\nclaude stderr:\n{done.stderr}")
     print(f"claude exited {done.returncode}; {len(Recorder.records)} requests recorded to {args.out} "
           f"(bodies {sizes} bytes)")
 

@@ -47,7 +47,7 @@ import httpx
 from common import base_parser
 from peer_runs import load_average
 from results import BenchResult, compare
-from served import Batching, Launch, peer_launch, running, semantic_launch
+from served import Batching, Launch, peer_defaults_launch, peer_launch, running, semantic_launch
 from trace_format import Recorded, TraceError, load_trace, sessions, to_openai
 
 DEFAULT_TRACE = Path(__file__).parent / "traces" / "claude_code_bare.jsonl"
@@ -240,12 +240,13 @@ def run_compare(requests: list[Recorded], folder: Path, args: argparse.Namespace
     result = BenchResult("bench_replay", f"Replayed trace {args.trace.name}: semantic vs mlx_lm.server",
                          args={"trace": str(args.trace), "model": args.model, "requests": len(requests),
                                "max_tokens": args.max_tokens, "repeats": args.repeats,
-                               "pause_scale": args.pause_scale})
+                               "pause_scale": args.pause_scale, "peer": args.peer})
     protocol = detect_protocol(requests)
     runs: dict[str, list[list[ReplayTurn]]] = {"semantic": [], "mlx_lm.server": []}
     with tempfile.TemporaryDirectory(prefix="bench-replay-") as work:
-        launches = (semantic_launch(folder, Path(work) / "state", args.pool_mb, Batching()),
-                    peer_launch(folder, Batching(), cache_entries=10))
+        peer_server = (peer_defaults_launch(folder) if args.peer == "defaults"
+                       else peer_launch(folder, Batching(), cache_entries=10))
+        launches = (semantic_launch(folder, Path(work) / "state", args.pool_mb, Batching()), peer_server)
         for repeat in range(args.repeats):
             for launch in launches if repeat % 2 == 0 else launches[::-1]:
                 print(f"# run {repeat + 1}/{args.repeats}, {launch.name} ({load_average()})", flush=True)
@@ -311,6 +312,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--pause-scale", type=float, default=1.0,
                         help="multiply recorded start offsets and pauses (0: back to back; default 1)")
     parser.add_argument("--repeats", type=int, default=2, help="runs per server with --compare (default 2)")
+    parser.add_argument("--peer", choices=("defaults", "tuned"), default="defaults",
+                        help="with --compare: `mlx_lm.server --model FOLDER` as users run it (defaults, the "
+                             "default), or with its batching set equal to semantic's and a 10-entry prompt cache "
+                             "(tuned, what reports before 2026-11-30 ran)")
     parser.add_argument("--api-key", default="replay", help="key sent to the server (default: 'replay')")
     return parser.parse_args(argv)
 

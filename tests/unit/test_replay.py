@@ -217,3 +217,36 @@ def test_responses_turns_replay_against_a_live_server(tmp_path: Path) -> None:
     assert all(t.prompt_tokens > 0 and t.output_tokens == 1 for t in turns)
     # Codex's thread id names the agent: the resumed turn reads the first from its cache.
     assert turns[1].reused_tokens > 0.5 * turns[1].prompt_tokens
+
+
+def test_the_recorder_scripts_a_read_of_each_project_file_then_answers(tmp_path: Path) -> None:
+    from record_claude_code import PROJECT_FILES, scripted_tool_call
+
+    tools = [{"name": "Bash"}, {"name": "Read"}]
+    first = {"tools": tools, "messages": [{"role": "user", "content": "Read the files."}]}
+    call = scripted_tool_call(first, tmp_path)
+    names = sorted(PROJECT_FILES)
+    assert call == {"id": "toolu_recorder_0", "name": "Read", "input": {"file_path": str(tmp_path / names[0])}}
+    result = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_recorder_0",
+                                            "content": "..."}]}
+    second = {"tools": tools, "messages": [*first["messages"], {"role": "assistant", "content": [call]}, result]}
+    assert scripted_tool_call(second, tmp_path)["input"] == {"file_path": str(tmp_path / names[1])}
+    both = {"tools": tools, "messages": [*second["messages"], result]}
+    assert scripted_tool_call(both, tmp_path) is None  # every file read: the answer is text
+    assert scripted_tool_call({"messages": first["messages"]}, tmp_path) is None  # a side request: no tools
+
+
+def test_the_committed_tool_turns_trace_carries_the_clis_own_tool_results() -> None:
+    from record_claude_code import PROJECT_FILES
+
+    requests = load_trace(BENCH / "traces" / "claude_code_tool_turns.jsonl")
+    assert len(requests) == 3 and len({r.session for r in requests}) == 1
+    results = [[block for message in r.body["messages"] if isinstance(message["content"], list)
+                for block in message["content"] if block.get("type") == "tool_result"] for r in requests]
+    assert [len(found) for found in results] == [0, 1, 2]
+    # What the CLI's Read tool returned: the project's file, with its line numbers.
+    assert "def needs_reorder" in json.dumps(results[1][0]["content"])
+    assert "test_take_lowers_the_count" in json.dumps(results[2][1]["content"])
+    assert all(name in json.dumps(requests[2].body) for name in PROJECT_FILES)
+    translated = to_openai(requests[2].body)
+    assert [m["role"] for m in translated["messages"]].count("tool") == 2
