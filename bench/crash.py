@@ -108,6 +108,7 @@ class Tally:
     reused_turns: int = 0  # of those, how many reused a cache
     approximate: int = 0  # with KV quantized at rest: reused turns that differed from the fresh prefill
     capacity_cut: int = 0  # turns the full pool ended early (finish "capacity"): not comparable token for token
+    set_apart: list[str] = field(default_factory=list)  # what each capacity cut or approximate turn was
     outcomes: dict[str, int] = field(default_factory=dict)
     restart_s: list[float] = field(default_factory=list)
     violations: list[Violation] = field(default_factory=list)
@@ -451,16 +452,19 @@ def _check_next_turn(client: httpx.Client, agent: Agent, rng: random.Random, tal
     if history[-1].get("reused_tokens"):
         tally.reused_turns += 1
     agent.messages += [{"role": "user", "content": user}, {"role": "assistant", "content": reply}]
-    if reply != reference and mine.get("last_finish") == "capacity":
+    if reply == reference:
+        return []
+    detail = (f"{agent.name} ({agent.api}, cache outcome {outcome}): {reply!r} ({mine}) against a fresh "
+              f"prefill's {reference!r} ({theirs})")
+    if mine.get("last_finish") == "capacity":
         tally.capacity_cut += 1  # the pool could not grow the turn: it says why, and ends short of the reference
+        tally.set_apart.append(f"capacity cut: {detail}")
         return []
-    if reply != reference and kv_bits is not None and history[-1].get("reused_tokens"):
+    if kv_bits is not None and history[-1].get("reused_tokens"):
         tally.approximate += 1  # a cache quantized at rest is close to a fresh prefill's, not equal
+        tally.set_apart.append(f"approximate: {detail}")
         return []
-    if reply != reference:
-        return [("not token-identical", f"{agent.name} ({agent.api}, cache outcome {outcome}): {reply!r} "
-                                        f"({mine}) against a fresh prefill's {reference!r} ({theirs})")]
-    return []
+    return [("not token-identical", detail)]
 
 
 # -- rounds ---------------------------------------------------------------------------------------------------
@@ -479,6 +483,7 @@ def run(model: str, rounds: int, seed: int, state_dir: Path, log_dir: Path, *, p
     exports: dict[str, tuple[bytes, Agent]] = {}
     server = Server(model, state_dir, log_dir, pool_mb, disk_mb, kv_bits)
     server.start()
+    set_apart_seen = 0
     try:
         for round_no in range(1, rounds + 1):
             if deadline is not None and time.monotonic() > deadline:
@@ -508,6 +513,9 @@ def run(model: str, rounds: int, seed: int, state_dir: Path, log_dir: Path, *, p
                      f"{'OK' if not bad else f'{len(bad)} VIOLATION(S): ' + '; '.join(v.check for v in bad)}")
             for violation in bad:
                 progress(f"  round {violation.round} {violation.check}: {violation.detail}")
+            for note in tally.set_apart[set_apart_seen:]:
+                progress(f"  round {round_no} set apart, {note}")
+            set_apart_seen = len(tally.set_apart)
     finally:
         server.kill()
     return tally
@@ -559,7 +567,7 @@ def main() -> None:
                "actions": tally.actions,
                "swaps": not args.no_swaps, "kv_bits_at_rest": args.kv_bits_at_rest,
                "checked_turns": tally.checked_turns, "reused_turns": tally.reused_turns,
-               "approximate": tally.approximate, "capacity_cut": tally.capacity_cut,
+               "approximate": tally.approximate, "capacity_cut": tally.capacity_cut, "set_apart": tally.set_apart,
                "outcomes": tally.outcomes, "violations": [v.__dict__ for v in tally.violations],
                "restart_s_median": sorted(tally.restart_s)[len(tally.restart_s) // 2] if tally.restart_s else None,
                "minutes": round((time.monotonic() - started) / 60, 1)}
