@@ -86,12 +86,13 @@ SHAPES: dict[str, dict[str, Any]] = {
 SHAPES["kimi_k25"] = dict(model_type="kimi_k25", text_config=dict(SHAPES["deepseek_v3"]))
 # Qwen3.5-0.8B's layers (gated delta net layers of 16 value and 16 key heads of 128, a 4-wide convolution;
 # every fourth layer attention with 2 KV heads of 256), at 8 of its 24 layers and a narrower residual stream:
-# the same recurrent state per layer (1.04 MiB, float32 matrix) and the same K/V per token per layer.
+# the same recurrent state per layer (1.04 MiB, float32 matrix) and the same K/V per token per layer; its released
+# context length, so a Claude Code prompt (20K tokens with tools) fits.
 SHAPES["qwen3_5"] = dict(model_type="qwen3_5", hidden_size=512, num_hidden_layers=8, intermediate_size=1024,
                          num_attention_heads=8, num_key_value_heads=2, head_dim=256, linear_num_value_heads=16,
                          linear_num_key_heads=16, linear_key_head_dim=128, linear_value_head_dim=128,
                          linear_conv_kernel_dim=4, full_attention_interval=4, partial_rotary_factor=0.25,
-                         rope_theta=10_000_000.0, rms_norm_eps=1e-6, max_position_embeddings=16384,
+                         rope_theta=10_000_000.0, rms_norm_eps=1e-6, max_position_embeddings=262144,
                          tie_word_embeddings=True)
 FAMILIES = ("deepseek_v3", "glm4_moe_lite", "kimi_k25", "gemma4_text", "llama4")
 # Families with recurrent layers: on request (--families qwen3_5), not in the default set.

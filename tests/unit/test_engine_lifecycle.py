@@ -16,6 +16,8 @@ from engine.domain.requests import FinishEvent, FinishReason, GenerationRequest,
 from tests.support.byte_tokenizer import BOS, EOS
 from engine.runtime.engine_thread.sync_client import run_turn, run_turns
 from tests.support.reference import reference_greedy
+from tests.support.engine_settings import engine_settings
+from tests.support.tiny_models import loaded_tiny
 from tests.unit.test_engine_batching import make_engine, prompt_for, without_eos
 
 
@@ -125,11 +127,72 @@ def test_side_request_that_may_not_evict_a_conversation_says_so() -> None:
         engine.stop()
 
 
+def _engine_in_blocks(blocks: int) -> Engine:
+    """A tiny llama's engine with a pool of ``blocks`` blocks and no repetition guard (a random model repeats
+    itself, and these tests need answers that run to max_tokens)."""
+    loaded = loaded_tiny("llama")
+    engine = Engine(loaded, engine_settings(blocks * loaded.spec.block_bytes, repetition_window=0))
+    engine.start()
+    return engine
+
+
+def _runs_to(engine: Engine, prompt: tuple[int, ...], n: int) -> None:
+    """The test's premise: greedy decoding of ``prompt`` runs ``n`` tokens without an end-of-turn token."""
+    assert EOS not in reference_greedy(engine.loaded.model, list(prompt), n, {EOS}), "pick another prompt"
+
+
+def test_a_side_request_is_served_whole_or_refused_never_cut_short() -> None:
+    """A side request may not evict a conversation's cache, so it reserves room for its answer when admitted:
+    with room for its prompt but not its answer it is refused with the reason (it used to be admitted and cut
+    off a few tokens in, reported as max_tokens); once the room is there it gets every token it asked for."""
+    engine = _engine_in_blocks(16)
+    block = engine.loaded.spec.block_tokens
+    try:
+        run_turn(engine, GenerationRequest("main", prompt_for(0, 5), 30))  # 141 positions: 9 of the 16 blocks
+        free = engine.fresh_snapshot().pool.free_blocks
+        side_prompt = prompt_for(1, 6)[:(free - 1) * block]  # fits the free blocks with one to spare
+        _runs_to(engine, side_prompt, 30)
+        assert len(side_prompt) + 30 > free * block  # its answer would not
+        side = run_turn(engine, GenerationRequest("side", side_prompt, 30, auxiliary=True))
+        assert side.finish.reason is FinishReason.ERROR and side.finish.error_type == "rate_limit"
+        assert "a side request may not evict" in (side.finish.error or "")
+        assert engine.fresh_snapshot().agent("main").tier == "hot"
+        engine.call(lambda e: e.evict_agent("main", Tier.COLD)).result()
+        side = run_turn(engine, GenerationRequest("side", side_prompt, 30, auxiliary=True))
+        assert side.finish.reason is FinishReason.LENGTH
+        assert side.tokens == reference_greedy(engine.loaded.model, list(side_prompt), 30, {EOS})
+    finally:
+        engine.stop()
+
+
+def test_a_turn_the_full_pool_cuts_short_says_why() -> None:
+    engine = _engine_in_blocks(16)
+    block = engine.loaded.spec.block_tokens
+    try:
+        run_turn(engine, GenerationRequest("pinned", prompt_for(0, 5), 30))
+        engine.call(lambda e: e.pin_agent("pinned", True)).result()
+        free = engine.fresh_snapshot().pool.free_blocks
+        prompt = prompt_for(1, 6)[:free * block - 4]  # room for four tokens of its answer
+        _runs_to(engine, prompt, 30)
+        cut = run_turn(engine, GenerationRequest("other", prompt, 30))
+        assert cut.finish.reason is FinishReason.CAPACITY and len(cut.tokens) == 4
+        note = engine.fresh_snapshot().agent("other").last_finish_note or ""
+        assert f"could not grow the turn past {free * block} positions" in note
+        assert "0 of 16 free" in note and "held by running, pinned or busy agents" in note
+    finally:
+        engine.stop()
+
+
 def test_request_that_can_never_fit_is_rejected_with_numbers() -> None:
     engine = make_engine("llama", blocks=4)
     try:
         with pytest.raises(RequestTooLargeForPoolError, match=r"needs \d+ KV blocks .* holds 4 blocks"):
             engine.submit(GenerationRequest("x", prompt_for(0, 10), 4), lambda e: None)
+        # A side request reserves its answer too: a prompt one block short of the pool fits, its answer does not.
+        prompt = prompt_for(0, 10)[:3 * engine.loaded.spec.block_tokens]
+        engine.validate(GenerationRequest("x", prompt, 30))
+        with pytest.raises(RequestTooLargeForPoolError, match=r"and the 30 answer positions a side request"):
+            engine.submit(GenerationRequest("x", prompt, 30, auxiliary=True), lambda e: None)
         with pytest.raises(PromptTooLongError, match=r"prompt is too long: \d+ tokens > 2048 maximum"):
             engine.submit(GenerationRequest("x", (BOS,) * 3000, 4), lambda e: None)
     finally:

@@ -52,7 +52,7 @@ from engine.runtime.tiers import warm
 from engine.runtime.tiers.manager import TierManager
 from engine.platform.memory import read_memory
 from engine.runtime.memory_pressure import RELIEF_INTERVAL_S, MemoryWatch, Pressure, Watermarks
-from engine.runtime.scheduler.turn import Turn
+from engine.runtime.scheduler.turn import Turn, admission_tokens
 
 if TYPE_CHECKING:
     from engine.distributed.lockstep import Lockstep
@@ -207,15 +207,18 @@ class Engine:
         n = len(request.prompt_tokens)
         if n + 1 > limit:
             raise PromptTooLongError(n, limit)
-        needed = self.loaded.spec.total_blocks_for_tokens(n + 1)
+        request = clamped(request, self.settings.turns.max_output_tokens, limit - n)
+        reserved = admission_tokens(request)
+        needed = self.loaded.spec.total_blocks_for_tokens(reserved)
         if needed > self._pool.total_blocks:
+            answer = f" and the {reserved - n} answer positions a side request reserves" if reserved > n + 1 else ""
             raise RequestTooLargeForPoolError(
-                f"a prompt of {n} tokens needs {needed} KV blocks "
+                f"a prompt of {n} tokens{answer} needs {needed} KV blocks "
                 f"({needed * self._pool.block_bytes / 2**20:.0f} MiB) but the whole pool holds "
                 f"{self._pool.total_blocks} blocks ({self._pool.total_bytes / 2**20:.0f} MiB); raise pool_budget_mb",
                 field="messages",
             )
-        return clamped(request, self.settings.turns.max_output_tokens, limit - n)
+        return request
 
     def cancel(self, request_id: str, reason: FinishReason = FinishReason.CANCELLED) -> None:
         def command() -> None:

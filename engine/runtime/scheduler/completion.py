@@ -64,7 +64,7 @@ class Completion:
         self.events.emit(
             EventKind.ERROR if failed else EventKind.FINISH,
             f"{turn.request.agent_id}: {reason.value}, {turn.generated} tokens"
-            + (f" ({extra['error']})" if "error" in extra else ""),
+            + (f" ({extra['error']})" if "error" in extra else f" ({extra['note']})" if extra.get("note") else ""),
             turn.request.agent_id,
             logging.WARNING if failed else logging.INFO,
         )

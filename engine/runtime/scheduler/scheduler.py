@@ -173,7 +173,15 @@ class Scheduler:
             return True
         missing = self.hot.missing_blocks(turn.holder, n_tokens)
         self.tiers.make_room(missing, self.queues.running_agents(), auxiliary_only=turn.request.auxiliary)
-        return self.hot.ensure(turn.holder, n_tokens)
+        if self.hot.ensure(turn.holder, n_tokens):
+            return True
+        pool = self.hot.pool
+        held = ("side requests may not evict conversations' caches" if turn.request.auxiliary
+                else "the rest is held by running, pinned or busy agents")
+        missing = self.hot.missing_blocks(turn.holder, n_tokens)
+        turn.room_note = (f"the KV pool could not grow the turn past {sequence.kv.offset} positions: "
+                          f"{missing} more blocks needed, {pool.free_blocks} of {pool.total_blocks} free ({held})")
+        return False
 
     def _checkpointed(self, sequence: Sequence) -> None:
         """The batch took a checkpoint of a sequence's window or recurrent layers: pay for it, making room as

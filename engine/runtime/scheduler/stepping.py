@@ -39,7 +39,7 @@ class Stepping:
         for uid in out.out_of_room:
             turn = self.queues.running(uid)
             if turn is not None:
-                self.completion.complete(turn, FinishReason.CAPACITY)
+                self.completion.complete(turn, FinishReason.CAPACITY, note=turn.room_note)
         for token in out.tokens:
             self._on_token(token)
 

@@ -15,6 +15,19 @@ from engine.domain.requests import EventSink, FinishEvent, FinishReason, Generat
 from engine.runtime.runner.text_stream import TextStream
 
 
+# Room a side request (a title, a probe) reserves for its answer at admission: Claude Code's side requests ask for
+# at most 32 tokens (the API layer's AUX_MAX_TOKENS); a longer one (on a small "haiku" model) grows past it.
+SIDE_ANSWER_RESERVE = 32
+
+
+def admission_tokens(request: GenerationRequest) -> int:
+    """Positions reserved when a turn is admitted. A side request may not evict a conversation's cache to grow,
+    so it gets room for its whole answer up front (up to SIDE_ANSWER_RESERVE tokens): it is served whole or
+    refused at once, never cut short mid-answer. Other turns grow as they go."""
+    n = len(request.prompt_tokens)
+    return n + max(1, min(request.max_tokens, SIDE_ANSWER_RESERVE)) if request.auxiliary else n + 1
+
+
 class TurnPhase(str, enum.Enum):
     WAITING = "waiting"
     PREFILLING = "prefilling"
@@ -57,6 +70,8 @@ class Turn:
     # forensics record made when it was admitted.
     arrival: tuple[str, bool] | None = None
     forensics: TurnForensics | None = None
+    # Why the pool could not grow the turn, when it could not (the note its capacity finish carries).
+    room_note: str | None = None
 
     @property
     def on_own_cache(self) -> bool:
@@ -70,6 +85,10 @@ class Turn:
     @property
     def reused(self) -> int:
         return self.plan.reused if self.plan else 0
+
+    @property
+    def admission_tokens(self) -> int:
+        return admission_tokens(self.request)
 
     @property
     def prompt_len(self) -> int:

@@ -129,7 +129,7 @@ class TurnCaches:
         plan = turn.plan
         assert plan is not None and plan.prefix is not None and self.tiers.store is not None
         self.hot.fresh(holder)
-        if not self._reserve(holder, turn.prompt_len + 1, running | {agent.agent_id}, turn):
+        if not self._reserve(holder, turn.admission_tokens, running | {agent.agent_id}, turn):
             self._undo(holder, agent)
             return None
         self.hot.load_prefix(holder, plan.reused, slices)
@@ -158,7 +158,7 @@ class TurnCaches:
         """
         plan = turn.plan
         assert plan is not None
-        need = turn.prompt_len + 1
+        need = turn.admission_tokens
         protect = running | {agent.agent_id}
         donor = self.agents.get(plan.donor) if plan.donor else None
         if holder is agent and donor is None:
