@@ -173,9 +173,9 @@ def main() -> None:
     kind = parser.add_mutually_exclusive_group()
     kind.add_argument("--shape", choices=sorted(SHAPES), default="llama-3.2-1b",
                       help="a released Llama's layer shapes to copy (default: llama-3.2-1b)")
-    kind.add_argument("--family", help="instead: one of bench_model_families.py's small real shapes of any "
-                                       "mlx-lm family (qwen3_5, nemotron_h, deepseek_v3, ...), weights varied so "
-                                       "greedy tokens vary")
+    kind.add_argument("--family", help="instead: one of bench_model_families.py's small real shapes (qwen3_5, "
+                                       "deepseek_v3, glm4_moe_lite, kimi_k25, gemma4_text, llama4), weights varied "
+                                       "so greedy tokens vary")
     parser.add_argument("--tool-chat-template", action="store_true",
                         help="give the folder Qwen2.5's tool-aware ChatML template instead of the tokenizer's own")
     parser.add_argument("--out", type=Path, required=True, help="the model folder to write (replaced if present)")
