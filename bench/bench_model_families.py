@@ -121,11 +121,12 @@ def config_for(kind: str, vocab: int) -> dict[str, Any]:
     return config
 
 
-def write_folder(kind: str, out: Path, tokenizer_dir: Path, dtype: str) -> Path:
+def write_folder(kind: str, out: Path, tokenizer_dir: Path, dtype: str, seed: int = 0) -> Path:
     import json
 
     vocab = len(json.loads((tokenizer_dir / "tokenizer.json").read_text())["model"]["vocab"])
-    return write_model_folder(config_for(kind, vocab), out, tokenizer_dir, dtype, seed=0, transform=vary)
+    return write_model_folder(config_for(kind, vocab), out, tokenizer_dir, dtype, seed=seed,
+                              transform=lambda model: vary(model, seed))
 
 
 async def converse(client: ChatClient, tokenizer: Tokenizer, turns: int, stats: bool) -> Run:

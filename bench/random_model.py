@@ -52,37 +52,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 # Qwen2.5-Instruct's chat template (its tokenizer_config.json), which SmolLM2's ChatML tokens also fit: tool
 # definitions in the system turn, calls as <tool_call> JSON, results as <tool_response> user turns.
-TOOL_CHAT_TEMPLATE = (
-    "{%- if tools %}\n    {{- '<|im_start|>system\\n' }}\n    {%- if messages[0]['role'] == 'system' %}\n"
-    "        {{- messages[0]['content'] }}\n    {%- else %}\n        {{- 'You are a helpful assistant.' }}\n"
-    "    {%- endif %}\n    {{- \"\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user "
-    "query.\\n\\nYou are provided with function signatures within <tools></tools> XML tags:\\n<tools>\" }}\n"
-    "    {%- for tool in tools %}\n        {{- \"\\n\" }}\n        {{- tool | tojson }}\n    {%- endfor %}\n"
-    "    {{- \"\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments "
-    "within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\\"name\\\": <function-name>, \\\"arguments\\\": "
-    "<args-json-object>}\\n</tool_call><|im_end|>\\n\" }}\n{%- else %}\n"
-    "    {%- if messages[0]['role'] == 'system' %}\n"
-    "        {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}\n    {%- else %}\n"
-    "        {{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}\n    {%- endif %}\n"
-    "{%- endif %}\n{%- for message in messages %}\n"
-    "    {%- if (message.role == \"user\") or (message.role == \"system\" and not loop.first) or "
-    "(message.role == \"assistant\" and not message.tool_calls) %}\n"
-    "        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}\n"
-    "    {%- elif message.role == \"assistant\" %}\n        {{- '<|im_start|>' + message.role }}\n"
-    "        {%- if message.content %}\n            {{- '\\n' + message.content }}\n        {%- endif %}\n"
-    "        {%- for tool_call in message.tool_calls %}\n            {%- if tool_call.function is defined %}\n"
-    "                {%- set tool_call = tool_call.function %}\n            {%- endif %}\n"
-    "            {{- '\\n<tool_call>\\n{\"name\": \"' }}\n            {{- tool_call.name }}\n"
-    "            {{- '\", \"arguments\": ' }}\n            {{- tool_call.arguments | tojson }}\n"
-    "            {{- '}\\n</tool_call>' }}\n        {%- endfor %}\n        {{- '<|im_end|>\\n' }}\n"
-    "    {%- elif message.role == \"tool\" %}\n"
-    "        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != \"tool\") %}\n"
-    "            {{- '<|im_start|>user' }}\n        {%- endif %}\n        {{- '\\n<tool_response>\\n' }}\n"
-    "        {{- message.content }}\n        {{- '\\n</tool_response>' }}\n"
-    "        {%- if loop.last or (messages[loop.index0 + 1].role != \"tool\") %}\n"
-    "            {{- '<|im_end|>\\n' }}\n        {%- endif %}\n    {%- endif %}\n{%- endfor %}\n"
-    "{%- if add_generation_prompt %}\n    {{- '<|im_start|>assistant\\n' }}\n{%- endif %}\n"
-)
+TOOL_CHAT_TEMPLATE = Path(__file__).with_name("templates") / "qwen2_5_tool_chat_template.jinja"
 
 
 def tokenizer_folder(ref: str, cache_dir: Path) -> Path:
@@ -142,7 +112,7 @@ def use_tool_chat_template(folder: Path) -> None:
     """Give ``folder``'s tokenizer TOOL_CHAT_TEMPLATE (written whole to a temporary file, then renamed)."""
     path = folder / "tokenizer_config.json"
     config = json.loads(path.read_text())
-    config["chat_template"] = TOOL_CHAT_TEMPLATE
+    config["chat_template"] = TOOL_CHAT_TEMPLATE.read_text()
     partial = path.with_name(path.name + ".partial")
     partial.write_text(json.dumps(config, indent=2))
     partial.replace(path)
@@ -195,13 +165,11 @@ def main() -> None:
     t0 = time.perf_counter()
     if args.family:
         from bench_model_families import SHAPES as FAMILIES
-        from bench_model_families import config_for
+        from bench_model_families import write_folder
 
         if args.family not in FAMILIES:
             raise SystemExit(f"--family {args.family!r}: one of {', '.join(sorted(FAMILIES))}")
-        vocab = len(json.loads((tokenizer_dir / "tokenizer.json").read_text())["model"]["vocab"])
-        out = write_model_folder(config_for(args.family, vocab), args.out, tokenizer_dir, dtype, args.seed,
-                                 transform=lambda model: vary(model, args.seed))
+        out = write_folder(args.family, args.out, tokenizer_dir, dtype, args.seed)
     else:
         out = write_random_model(args.shape, args.out, tokenizer_dir, dtype, args.seed)
     if args.tool_chat_template:
