@@ -18,6 +18,13 @@ answer, ...). In CI (2026-11-27) the first run's answer ran past the 300 s harne
 211 s after its first output, at ~6 tok/s (the tied 262K-row output head, 671 MB of float32, read per
 token). Now the reply ends where it starts the next speaker's paragraph (test_plain_format_real.py).
 
+Claude Code resumes a reply cut at ``max_tokens`` up to three times and then exits with status 1
+(ClaudeRun.gave_up_at_output_limit). In CI (2026-11-30, Claude Code 2.1.197) Gemma's first answer was
+a sampled list of made-up commands without end: cut at the 4,096-token clamp, resumed, cut again,
+and the run was killed at 600 s in its third reply. So this server clamps replies to 256 tokens and
+45 s: a run is then at most four short replies after its prefill, whatever Gemma writes, and either
+ending (an answer, or the CLI's output-limit exit) passes; what is asserted is the cache.
+
 Before, the continued turn missed its cache: Claude Code restores a continued session's model from
 its replies, and a reply naming the plain model switched it off the 1M-context variant, whose system
 prompt differs a thousand tokens in (engine/api/reply_model.py). A retried prompt (the same prompt
@@ -39,10 +46,11 @@ from tests.model.test_claude_code_e2e import main_turns, report
 
 # The first run's first output waits for the one full prefill of the suite (~90-125 s here).
 FIRST_RUN_FIRST_OUTPUT_LIMIT_S = 240.0
-# A hard stop per run: Gemma's answer is bounded by the turn ends, the repetition guard, the output cap and
-# the server's max_output_seconds (300 s after the first token; the first run's prefill comes before).
-# In a full run on 2026-11-27, before that setting, the new session's sampled answer (no loop the guard
-# knows) was still streaming when this stop came, 600 s in.
+# The server's clamps for this module: each reply ends by 256 tokens or 45 s after its first token, and the
+# CLI sends at most four replies a run (three resumes), so a run is its prefill plus at most ~3 minutes.
+MAX_OUTPUT_TOKENS = 256
+MAX_OUTPUT_SECONDS = 45.0
+# A hard stop per run, for a hang: the first run's prefill (~90-125 s) plus four clamped replies is ~5 min.
 GEMMA_RUN_TIMEOUT_S = 600.0
 # A later session's first output: ~1,700 new tokens after the cached prefix (about 11 s of compute here,
 # bench_prefill_floor.py), against ~90 s for the whole prompt. The rest of a run is Gemma's sampled answer
@@ -63,7 +71,8 @@ def api(gemma3, gemma3_path: Path, tmp_path_factory: pytest.TempPathFactory,
         app.add_middleware(RequestLog, exchanges=exchanges)
 
     with running_api(gemma3, tmp_path_factory.mktemp("claude-full-cache"), gemma3_path, configure=record,
-                     pool_budget_mb=2048) as running:
+                     pool_budget_mb=3072, max_output_tokens=MAX_OUTPUT_TOKENS,
+                     max_output_seconds=MAX_OUTPUT_SECONDS) as running:
         yield running
 
 
@@ -81,7 +90,7 @@ def test_full_size_claude_code_sessions_on_gemma3_reuse_their_cache_and_the_shar
 
     first = claude.print_mode("Name one colour.", bare=False, timeout_s=GEMMA_RUN_TIMEOUT_S)
     print("\n" + report(api, exchanges, first))
-    assert first.returncode == 0 and first.stdout.strip(), report(api, exchanges, first)
+    assert first.ended(), report(api, exchanges, first)
     opening = main_turns(exchanges)
     assert opening, report(api, exchanges, first)
     wait = opening[0].first_output_s
@@ -94,7 +103,7 @@ def test_full_size_claude_code_sessions_on_gemma3_reuse_their_cache_and_the_shar
     seen = len(exchanges)
     second = claude.print_mode("--continue", "Name another.", bare=False, timeout_s=GEMMA_RUN_TIMEOUT_S)
     print("\n" + report(api, exchanges[seen:], second))
-    assert second.returncode == 0 and second.stdout.strip(), report(api, exchanges, second)
+    assert second.ended(), report(api, exchanges, second)
     continued = main_turns(exchanges[seen:])
     assert continued and continued[0].session == opening[-1].session
     usage = continued[0].usage()
@@ -103,7 +112,7 @@ def test_full_size_claude_code_sessions_on_gemma3_reuse_their_cache_and_the_shar
     seen = len(exchanges)
     other = claude.print_mode("Say hello.", bare=False, timeout_s=GEMMA_RUN_TIMEOUT_S)  # no --continue: a new session id
     print("\n" + report(api, exchanges[seen:], other))
-    assert other.returncode == 0, report(api, exchanges, other)
+    assert other.returncode == 0 or other.gave_up_at_output_limit, report(api, exchanges, other)
     started = main_turns(exchanges[seen:])
     assert started and started[0].session != opening[0].session
     usage = started[0].usage()
