@@ -248,3 +248,44 @@ def test_attention_dispatches_by_size(monkeypatch) -> None:
     q, k, v = _qkv(1, 16, 64)
     cpu_math.attention(q, k, v, 0.125, "causal")
     assert blocks == [1, 16]
+
+
+@pytest.mark.parametrize("mask_kind", ["causal", "bool"])
+def test_blocks_left_in_the_graph_give_the_same_result_without_an_evaluation_per_block(
+    mask_kind: str, monkeypatch,
+) -> None:
+    n, length = 40, 300
+    q, k, v = _qkv(1, n, length)
+    mask = make_mask(mask_kind, 1, n, length)
+    monkeypatch.setattr(cpu_math, "MAX_SCORES", 9 * 10 * length)
+    monkeypatch.setattr(cpu_math, "BLOCK_SCORES", 9 * 8 * length)
+    evaluated: list[int] = []
+    real_eval = mx.eval
+
+    class CountingMx:  # cpu_math's ``mx`` with its evaluations counted
+        def __getattr__(self, name: str):
+            return getattr(mx, name)
+
+        @staticmethod
+        def eval(*arrays):
+            evaluated.append(len(arrays))
+            real_eval(*arrays)
+
+    monkeypatch.setattr(cpu_math, "mx", CountingMx())
+    eager = cpu_math.attention(q, k, v, 0.125, mask)
+    assert len(evaluated) == 5  # one per block of 8 queries
+    evaluated.clear()
+    in_graph = cpu_math.attention(q, k, v, 0.125, mask, evaluate_blocks=False)
+    assert evaluated == []
+    np.testing.assert_array_equal(np.array(eager), np.array(in_graph))
+
+
+def test_the_cpu_backend_leaves_a_hybrids_attention_blocks_in_the_graph_and_evaluates_the_others() -> None:
+    backend = CpuBackend()
+    for kind, expected in (("qwen3_5", cpu_math.HOST_ATTENTION_IN_GRAPH), ("llama", cpu_math.HOST_ATTENTION),
+                           ("gemma", cpu_math.HOST_ATTENTION)):
+        loaded = loaded_tiny(kind)
+        kv = SequenceKV.empty(loaded.spec, backend.kinds_for(loaded.spec))
+        attending = [layer for layer in kv.layers if hasattr(layer, "attention")]
+        assert attending and all(layer.attention is expected for layer in attending), kind
+    assert MlxBackend().kinds_for(loaded_tiny("qwen3_5").spec) is MLX_KINDS

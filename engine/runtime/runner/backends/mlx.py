@@ -19,6 +19,7 @@ from typing import Any, Sequence
 
 import mlx.core as mx
 
+from engine.domain.cache_spec import ModelCacheSpec
 from engine.runtime.runner.kv import ragged
 from engine.runtime.runner.kv.full_kv import FullKV
 from engine.runtime.runner.kv.recurrent_state import RecurrentState
@@ -37,6 +38,10 @@ class MlxBackend:
         self._batched: dict[int, bool] = {}
 
     # -- the model -----------------------------------------------------------------------
+    def kinds_for(self, spec: ModelCacheSpec) -> LayerKinds:
+        """The layer cache classes a model of ``spec`` runs with on this backend."""
+        return self.kinds
+
     def attach(self, model: Any, batchable: bool = True) -> bool:
         """Prepare ``model`` for this backend (once; again is a no-op). Returns whether its sequences can
         share a forward pass, each attending to its own cache: the ragged hook took its attention, and the

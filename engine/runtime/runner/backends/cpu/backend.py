@@ -34,9 +34,11 @@ from typing import Any, Sequence
 
 import mlx.core as mx
 
+from engine.domain.cache_spec import ModelCacheSpec
 from engine.runtime.runner.backends.cpu import host_decode, host_forward, host_linear
 from engine.runtime.runner.backends.cpu.hooks import ActivationHooks
-from engine.runtime.runner.backends.cpu.host_kv import HOST_KINDS, HostFullKV, HostRaggedLayerCache
+from engine.runtime.runner.backends.cpu.host_kv import (HOST_KINDS, HOST_KINDS_BESIDE_RECURRENT, HostFullKV,
+                                                       HostRaggedLayerCache)
 from engine.runtime.runner.backends.cpu.host_top_k import HostTopK
 from engine.runtime.runner.backends.mlx import MlxBackend
 from engine.runtime.runner.kv.kinds import LayerKinds
@@ -78,6 +80,11 @@ class CpuBackend(MlxBackend):
         self._workers = ThreadPoolExecutor(workers, thread_name_prefix="semantic-attention") if workers else None
 
     # -- the model -----------------------------------------------------------------------
+    def kinds_for(self, spec: ModelCacheSpec) -> LayerKinds:
+        """A hybrid's attention layers leave long prefill chunks' attention blocks in the model's graph, where
+        MLX overlaps them with the recurrent layers' steps; other models evaluate each block (cpu_math.py)."""
+        return HOST_KINDS_BESIDE_RECURRENT if spec.recurrent_groups else self.kinds
+
     def attach(self, model: Any, batchable: bool = True) -> bool:
         key = id(model)
         if key in self._host_step:

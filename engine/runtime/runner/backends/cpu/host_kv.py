@@ -18,7 +18,7 @@ from typing import Any, Callable, Sequence
 import mlx.core as mx
 
 from engine.runtime.runner.backends.cpu import host_decode
-from engine.runtime.runner.backends.cpu.cpu_math import HOST_ATTENTION
+from engine.runtime.runner.backends.cpu.cpu_math import HOST_ATTENTION, HOST_ATTENTION_IN_GRAPH
 from engine.runtime.runner.kv.attention import Attention
 from engine.runtime.runner.kv.chunked_kv import ChunkedKV
 from engine.runtime.runner.kv.full_kv import FullKV
@@ -97,6 +97,24 @@ class HostChunkedKV(ChunkedKV):
 
 
 HOST_KINDS = LayerKinds(full=HostFullKV, window=HostWindowKV, chunked=HostChunkedKV)
+
+
+# A hybrid model's attention layers: the same caches, their long prefill chunks' attention left in the
+# model's graph, where MLX overlaps it with the recurrent layers' step loops (cpu_math.HostAttention).
+class BesideRecurrentFullKV(HostFullKV):
+    attention: Attention = HOST_ATTENTION_IN_GRAPH
+
+
+class BesideRecurrentWindowKV(HostWindowKV):
+    attention: Attention = HOST_ATTENTION_IN_GRAPH
+
+
+class BesideRecurrentChunkedKV(HostChunkedKV):
+    attention: Attention = HOST_ATTENTION_IN_GRAPH
+
+
+HOST_KINDS_BESIDE_RECURRENT = LayerKinds(full=BesideRecurrentFullKV, window=BesideRecurrentWindowKV,
+                                         chunked=BesideRecurrentChunkedKV)
 
 
 class HostRaggedLayerCache(RaggedLayerCache):
