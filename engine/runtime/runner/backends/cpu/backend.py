@@ -14,7 +14,9 @@ measured in its module's docstring):
   weights (``host_linear.py``);
 * a Llama-family model's whole decode step in numpy and those loops
   (``host_forward.py``);
-* sampling's top-k pass over the vocabulary in numpy (``host_top_k.py``).
+* sampling's top-k pass over the vocabulary in numpy (``host_top_k.py``);
+* a gated-delta hybrid's prefill recurrence in one compiled loop per head
+  (``host_gated_delta.py``).
 
 Everything is decided here, once per engine: no module flag, no thread-local.
 The wrappers and layer classes that reach into the model act only inside this
@@ -35,7 +37,7 @@ from typing import Any, Sequence
 import mlx.core as mx
 
 from engine.domain.cache_spec import ModelCacheSpec
-from engine.runtime.runner.backends.cpu import host_decode, host_forward, host_linear
+from engine.runtime.runner.backends.cpu import host_decode, host_forward, host_gated_delta, host_linear
 from engine.runtime.runner.backends.cpu.hooks import ActivationHooks
 from engine.runtime.runner.backends.cpu.host_kv import (HOST_KINDS, HOST_KINDS_BESIDE_RECURRENT, HostFullKV,
                                                        HostRaggedLayerCache)
@@ -57,6 +59,7 @@ class CpuOptions:
     linear_pass: bool = True  # few-row products through linear_kernel
     host_step: bool = True  # a Llama-family decode step whole on the host
     host_top_k: bool = True  # sampling's top-k pass in numpy
+    recurrence: bool = True  # a gated-delta hybrid's prefill steps in a compiled loop
 
 
 class CpuBackend(MlxBackend):
@@ -71,6 +74,7 @@ class CpuBackend(MlxBackend):
         compiler = importlib.util.find_spec("numba") is not None
         self._loops_ok = options.decode_loops and compiler
         self._linear_ok = options.linear_pass and compiler
+        self._recurrence_ok = options.recurrence and compiler
         self._forward_thread: int | None = None
         self._hooks: dict[int, ActivationHooks] = {}
         self._host_step: dict[int, bool] = {}
@@ -90,9 +94,11 @@ class CpuBackend(MlxBackend):
         if key in self._host_step:
             return super().attach(model)
         batched = super().attach(model, batchable)
+        hooks = self._hooks[key] = ActivationHooks(self.inside_forward)
         if self.options.activations:
-            hooks = self._hooks[key] = ActivationHooks(self.inside_forward)
             hooks.install(model)
+        if self._recurrence_ok:
+            hooks.install_gated_delta(model, lambda: self._recurrence_ok)
         if self.options.linear_pass:
             host_linear.swap_in(model, self)
         self._host_step[key] = self.options.host_step and host_forward.supports(model)
@@ -122,6 +128,10 @@ class CpuBackend(MlxBackend):
         if self._linear_ok:
             threading.Thread(target=self._load, args=(host_linear.warm_up, "_linear_ok", "decode's linear layers"),
                              name="semantic-linear-warmup", daemon=True).start()
+        if self._recurrence_ok:
+            threading.Thread(target=self._load, args=(host_gated_delta.warm_up, "_recurrence_ok",
+                                                      "the gated-delta prefill steps"),
+                             name="semantic-recurrence-warmup", daemon=True).start()
 
     def _load(self, warm_up: Any, flag: str, what: str) -> None:
         try:
@@ -196,7 +206,8 @@ class CpuBackend(MlxBackend):
 
     def describe(self) -> dict[str, object]:
         return super().describe() | {
-            "host_paths": asdict(self.options) | {"decode_loops": self._loops_ok, "linear_pass": self._linear_ok},
+            "host_paths": asdict(self.options) | {"decode_loops": self._loops_ok, "linear_pass": self._linear_ok,
+                                                  "recurrence": self._recurrence_ok},
         }
 
 

@@ -1,4 +1,5 @@
-"""The CPU backend's SiLU and GELU: functions of mlx-lm's and ``mlx.nn``'s namespaces, wrapped while attached.
+"""The CPU backend's SiLU, GELU and gated-delta steps: functions of mlx-lm's and ``mlx.nn``'s namespaces,
+wrapped while attached.
 
 Why patch a namespace: mlx-lm's MLPs call ``swiglu`` by the name their module
 imported, and Gemma's call ``nn.gelu_approx`` through ``mlx.nn``; they take
@@ -9,6 +10,11 @@ forward pass (``inside``: the thread that runs it), for arrays big enough to
 pay; everyone else, such as mlx-lm's own generation on the same model, gets
 what was there before. Wrappers of several backends (two engines of one
 model family) stack: each passes on what it does not take.
+
+A gated-delta hybrid's recurrence (``mlx_lm.models.gated_delta``'s
+``gated_delta_ops``, which every such family reaches through
+``gated_delta_update`` off Metal) is wrapped the same way: a prefill chunk
+runs in ``host_gated_delta``'s compiled loop once it has loaded.
 """
 
 from __future__ import annotations
@@ -19,28 +25,40 @@ from typing import Any, Callable
 
 import mlx.nn as nn
 
-from engine.runtime.runner.backends.cpu import cpu_math
+from engine.runtime.runner.backends.cpu import cpu_math, host_gated_delta
 
 SWIGLU = "swiglu"
 # Gemma 4's MLP calls its own ``geglu``, compiled shapeless around ``nn.gelu_approx``: a compiled function
 # traces what it calls, and the fast GELU's bit cast (``view``) cannot be traced shapeless. Its module's
 # name is wrapped instead, so the backend's forward never enters the compiled one.
 GEGLU = "geglu"
+# mlx-lm's module of the gated delta rule, and the step loop in it that runs wherever its Metal kernel does not.
+GATED_DELTA_MODULE = "mlx_lm.models.gated_delta"
+GATED_DELTA_OPS = "gated_delta_ops"
+
+
+def _big_enough(first: Any) -> bool:
+    return first.size >= cpu_math.MIN_ELEMENTS
 
 
 class _Wrapper:
-    """``fast`` inside the backend's forward for arrays of ``MIN_ELEMENTS`` or more, else ``previous``."""
+    """``fast`` inside the backend's forward where ``applies`` (arrays of ``MIN_ELEMENTS`` or more), else
+    ``previous``; a ``fast`` that returns None passes the call on too."""
 
-    def __init__(self, fast: Callable[..., Any], previous: Callable[..., Any], inside: Callable[[], bool]) -> None:
+    def __init__(self, fast: Callable[..., Any], previous: Callable[..., Any], inside: Callable[[], bool],
+                 applies: Callable[[Any], bool] = _big_enough) -> None:
         self.fast = fast
         self.previous = previous
         self.inside = inside
+        self.applies = applies
         self.live = True
         self.__wrapped__ = previous
 
     def __call__(self, first: Any, *rest: Any) -> Any:
-        if self.live and first.size >= cpu_math.MIN_ELEMENTS and self.inside():
-            return self.fast(first, *rest)
+        if self.live and self.applies(first) and self.inside():
+            out = self.fast(first, *rest)
+            if out is not None:
+                return out
         return self.previous(first, *rest)
 
 
@@ -59,15 +77,27 @@ class ActivationHooks:
         self._patches: list[_Patch] = []
 
     def install(self, model: Any) -> None:
-        modules = {type(m).__module__ for _, m in model.named_modules()} | {type(model).__module__}
-        for name in sorted(modules):
-            module = sys.modules.get(name)
-            if module is not None and callable(getattr(module, SWIGLU, None)):
+        for module in _modules_of(model):
+            if callable(getattr(module, SWIGLU, None)):
                 # mlx-lm's name; the fast one is looked up per call, so tests can count calls.
                 self._wrap(module, SWIGLU, lambda gate, x: cpu_math.swiglu(gate, x))
-            if module is not None and callable(getattr(module, GEGLU, None)):
+            if callable(getattr(module, GEGLU, None)):
                 self._wrap(module, GEGLU, lambda gate, x: cpu_math.geglu(gate, x))
         self._wrap(nn, "gelu_approx", lambda x: cpu_math.gelu_approx(x))
+
+    def install_gated_delta(self, model: Any, ready: Callable[[], bool]) -> bool:
+        """Route ``model``'s gated-delta prefill chunks through the compiled loop once ``ready`` (it loads in
+        the background); False when the model has no gated-delta layer."""
+        steps = sys.modules.get(GATED_DELTA_MODULE)
+        uses = any(getattr(module, "gated_delta_update", None) is not None for module in _modules_of(model))
+        if steps is None or not uses or not callable(getattr(steps, GATED_DELTA_OPS, None)):
+            return False
+
+        def fast(q: Any, *rest: Any) -> Any:
+            return host_gated_delta.steps(q, *rest) if ready() else None
+
+        self._wrap(steps, GATED_DELTA_OPS, fast, applies=lambda q: q.ndim == 4 and q.shape[1] >= host_gated_delta.MIN_STEPS)
+        return True
 
     def uninstall(self) -> None:
         for patch in reversed(self._patches):
@@ -76,8 +106,9 @@ class ActivationHooks:
                 setattr(patch.namespace, patch.name, _first_live(patch.wrapper.previous))
         self._patches = []
 
-    def _wrap(self, namespace: Any, name: str, fast: Callable[..., Any]) -> None:
-        wrapper = _Wrapper(fast, _first_live(getattr(namespace, name)), self._inside)
+    def _wrap(self, namespace: Any, name: str, fast: Callable[..., Any],
+              applies: Callable[[Any], bool] = _big_enough) -> None:
+        wrapper = _Wrapper(fast, _first_live(getattr(namespace, name)), self._inside, applies)
         setattr(namespace, name, wrapper)
         self._patches.append(_Patch(namespace, name, wrapper))
 
@@ -87,3 +118,9 @@ def _first_live(function: Any) -> Any:
     while isinstance(function, _Wrapper) and not function.live:
         function = function.previous
     return function
+
+
+def _modules_of(model: Any) -> list[Any]:
+    """The loaded modules that define ``model``'s classes, in name order."""
+    names = {type(m).__module__ for _, m in model.named_modules()} | {type(model).__module__}
+    return [sys.modules[name] for name in sorted(names) if name in sys.modules]
