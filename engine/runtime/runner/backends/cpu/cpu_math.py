@@ -253,16 +253,25 @@ class HostAttention:
     of MLX's beats its passes over memory) and above ``MIN_ELEMENTS``.
 
     ``evaluate_blocks``: whether a long prefill chunk's blocks are each
-    evaluated before the next is built (:func:`attention`). In a model of
-    attention layers only that wins: a 466-token chunk of SmolLM2 over 4K keys
-    took 6.3 s so against 8.6 s with the blocks left in the graph, and 11.3 s
-    with MLX's fused attention. Beside recurrent layers it loses: their step
-    loops are hundreds of small operations, and inside one evaluation MLX runs
-    the attention's arithmetic while it works through them; an evaluation per
-    block stops the forward pass there each time. A 466-token chunk of a
-    Qwen3.5-shaped hybrid over 20K keys took 8.1 s with the blocks evaluated,
-    6.6 s left in the graph, 6.5 s with MLX's fused attention (2026-11-30,
-    2-core CPU). The backend picks one per model (``CpuBackend.kinds_for``).
+    evaluated before the next is built (:func:`attention`). Measured on
+    466-token chunks, 2-core CPU, 2026-11-30 (whole forward passes, blocks
+    evaluated / left in the graph / MLX's fused attention):
+
+    * SmolLM2 (9 heads of 64) over 4K keys: 6.3 / 8.6 / 11.3 s. Evaluating
+      each block keeps its scores in the CPU's caches, as designed.
+    * The Qwen3.5-0.8B-shaped hybrid (8 heads of 256, 2 attention layers of 8)
+      over 20K keys: 8.1 / 6.6 / 6.5 s with mlx-lm's recurrent steps in the
+      graph, 4.1 / 3.0 / 2.8 s with the compiled recurrence
+      (``host_gated_delta.py``). Here even the smallest block (8 queries x 8
+      heads x 20K keys, 5 MB of scores) is past the caches, so an evaluation
+      per block buys nothing and stops the pass ~60 times a layer; why each
+      stop costs as much as it does (~8 ms) is not established.
+    * Gemma 3 270M (4 heads of 256) over 4K / 16K keys: 1.50 / 1.59 s and
+      2.73 / 2.62 s: no difference worth a rule.
+
+    The backend leaves the blocks in the graph for models with recurrent
+    layers (``CpuBackend.kinds_for``), the only shape where it was measured
+    to pay.
     """
 
     __slots__ = ("evaluate_blocks",)
