@@ -85,8 +85,8 @@ class CpuBackend(MlxBackend):
 
     # -- the model -----------------------------------------------------------------------
     def kinds_for(self, spec: ModelCacheSpec) -> LayerKinds:
-        """A hybrid's attention layers leave long prefill chunks' attention blocks in the model's graph, where
-        MLX overlaps them with the recurrent layers' steps; other models evaluate each block (cpu_math.py)."""
+        """A hybrid's attention layers leave long prefill chunks' attention blocks in the model's graph; other
+        models evaluate each block (measured both ways: cpu_math.HostAttention)."""
         return HOST_KINDS_BESIDE_RECURRENT if spec.recurrent_groups else self.kinds
 
     def attach(self, model: Any, batchable: bool = True) -> bool:

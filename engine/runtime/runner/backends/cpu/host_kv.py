@@ -99,8 +99,8 @@ class HostChunkedKV(ChunkedKV):
 HOST_KINDS = LayerKinds(full=HostFullKV, window=HostWindowKV, chunked=HostChunkedKV)
 
 
-# A hybrid model's attention layers: the same caches, their long prefill chunks' attention left in the
-# model's graph, where MLX overlaps it with the recurrent layers' step loops (cpu_math.HostAttention).
+# A hybrid model's attention layers: the same caches, their long prefill chunks' attention blocks left in
+# the model's graph, not evaluated one by one (measured: cpu_math.HostAttention).
 class BesideRecurrentFullKV(HostFullKV):
     attention: Attention = HOST_ATTENTION_IN_GRAPH
 
