@@ -219,13 +219,17 @@ def test_two_cpu_backends_on_one_model_family_stack_and_unwind_in_any_order() ->
     assert module.swiglu is mlx_lm_swiglu and nn.gelu_approx is mlx_gelu_approx
 
 
-@pytest.mark.parametrize("mask_kind", ["none", "causal", "bool", "additive", "one-row bool"])
-def test_long_calls_run_in_blocks_of_queries_with_the_same_result(mask_kind: str, monkeypatch) -> None:
+def _blocked_call(mask_kind: str, monkeypatch) -> tuple[mx.array, mx.array, mx.array, object]:
+    """A call of 40 queries over 300 keys, with limits set so that it runs in 5 blocks of 8 queries."""
     n, length = 40, 300
-    q, k, v = _qkv(1, n, length)
-    mask = make_mask(mask_kind, 1, n, length)
     monkeypatch.setattr(cpu_math, "MAX_SCORES", 9 * 10 * length)
     monkeypatch.setattr(cpu_math, "BLOCK_SCORES", 9 * 8 * length)
+    return (*_qkv(1, n, length), make_mask(mask_kind, 1, n, length))
+
+
+@pytest.mark.parametrize("mask_kind", ["none", "causal", "bool", "additive", "one-row bool"])
+def test_long_calls_run_in_blocks_of_queries_with_the_same_result(mask_kind: str, monkeypatch) -> None:
+    q, k, v, mask = _blocked_call(mask_kind, monkeypatch)
     blocks: list[int] = []
     inner = cpu_math._attention
     monkeypatch.setattr(cpu_math, "_attention", lambda qq, *a: (blocks.append(qq.shape[2]), inner(qq, *a))[1])
@@ -254,11 +258,7 @@ def test_attention_dispatches_by_size(monkeypatch) -> None:
 def test_blocks_left_in_the_graph_give_the_same_result_without_an_evaluation_per_block(
     mask_kind: str, monkeypatch,
 ) -> None:
-    n, length = 40, 300
-    q, k, v = _qkv(1, n, length)
-    mask = make_mask(mask_kind, 1, n, length)
-    monkeypatch.setattr(cpu_math, "MAX_SCORES", 9 * 10 * length)
-    monkeypatch.setattr(cpu_math, "BLOCK_SCORES", 9 * 8 * length)
+    q, k, v, mask = _blocked_call(mask_kind, monkeypatch)
     evaluated: list[int] = []
     real_eval = mx.eval
 
