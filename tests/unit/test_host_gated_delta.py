@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import mlx.core as mx
 import mlx_lm.models.gated_delta as gated_delta
 from mlx_lm.models.cache import make_prompt_cache
@@ -72,6 +74,9 @@ def test_the_cpu_backend_routes_a_hybrids_prefill_chunks_only_inside_its_own_for
     original = gated_delta.gated_delta_ops
     backend = CpuBackend()
     backend.attach(loaded.model)
+    for thread in threading.enumerate():  # a warm-up holds the gate for a moment (parallel_gate.py)
+        if thread.name.endswith("-warmup"):
+            thread.join()
     try:
         assert gated_delta.gated_delta_ops is not original
         prompt = mx.array([[(i * 7) % 200 + 3 for i in range(40)]])
@@ -110,3 +115,12 @@ def test_a_model_without_gated_delta_layers_is_left_alone() -> None:
         assert gated_delta.gated_delta_ops is original
     finally:
         backend.detach(loaded.model)
+
+
+def test_a_chunk_that_finds_the_parallel_gate_taken_leaves_it_to_mlx_lm() -> None:
+    from engine.runtime.runner.backends.cpu.parallel_gate import PARALLEL
+
+    q, k, v, g, beta, state = _inputs(1, 20, 2, 2, 8, 8)
+    with PARALLEL:  # another thread inside a parallel loop: numba's work queue must not be entered twice
+        assert host_gated_delta.steps(q, k, v, g, beta, state) is None
+    assert host_gated_delta.steps(q, k, v, g, beta, state) is not None

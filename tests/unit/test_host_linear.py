@@ -134,10 +134,14 @@ def test_a_pass_that_does_not_load_leaves_the_layers_in_mlx(backend, monkeypatch
     backend._load(host_linear.warm_up, "_linear_ok", "decode's linear layers")
     assert backend._linear_ok
 
-    def broken(*args):
-        raise RuntimeError("no compiler here")
+    class Broken:  # a dispatcher that cannot compile (warm_up compiles, then runs)
+        def compile(self, *args):
+            raise RuntimeError("no compiler here")
 
-    monkeypatch.setattr(linear_kernel, "times_transposed", broken)
+        def __call__(self, *args):
+            raise RuntimeError("no compiler here")
+
+    monkeypatch.setattr(linear_kernel, "times_transposed", Broken())
     with caplog.at_level("WARNING", logger="semantic.engine"):
         backend._load(host_linear.warm_up, "_linear_ok", "decode's linear layers")
     assert not backend._linear_ok

@@ -18,6 +18,8 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
+from engine.runtime.runner.backends.cpu.parallel_gate import PARALLEL
+
 # Fewer tokens than this stay in mlx-lm's steps (a decode step, a speculative verify of a few tokens).
 MIN_STEPS = 16
 
@@ -35,7 +37,12 @@ def steps(q: mx.array, k: mx.array, v: mx.array, g: mx.array, beta: mx.array, st
     # The loop updates the state in place: a copy, since the array passed in may be a snapshot still held.
     state_ = np.array(arrays[5], dtype=np.float32, copy=True, order="C")
     y = np.empty(v_.shape, dtype=np.float32)
-    gated_delta_kernel.recurrence(q_, k_, v_, g_, beta_, state_, y)
+    if not PARALLEL.acquire(blocking=False):
+        return None  # another thread is in a parallel loop (see parallel_gate.py): mlx-lm's steps
+    try:
+        gated_delta_kernel.recurrence(q_, k_, v_, g_, beta_, state_, y)
+    finally:
+        PARALLEL.release()
     return mx.array(y).astype(q.dtype), mx.array(state_)
 
 
@@ -43,7 +50,11 @@ def warm_up() -> None:
     """Load (the first time: compile) the loop; raises where it cannot load."""
     from engine.runtime.runner.backends.cpu.gated_delta_kernel import recurrence
 
+    # Compiled (or loaded from numba's cache) outside the gate, which then holds only a tiny run.
+    recurrence.compile("(" + ", ".join(["float32[:, :, :, ::1]"] * 3 + ["float32[:, :, ::1]"] * 2
+                                       + ["float32[:, :, :, ::1]"] * 2) + ")")
     shape = (1, 2, 1, 4)
-    recurrence(np.ones(shape, np.float32), np.ones(shape, np.float32), np.ones(shape, np.float32),
-               np.ones((1, 2, 1), np.float32), np.ones((1, 2, 1), np.float32), np.zeros((1, 1, 4, 4), np.float32),
-               np.empty(shape, np.float32))
+    with PARALLEL:
+        recurrence(np.ones(shape, np.float32), np.ones(shape, np.float32), np.ones(shape, np.float32),
+                   np.ones((1, 2, 1), np.float32), np.ones((1, 2, 1), np.float32),
+                   np.zeros((1, 1, 4, 4), np.float32), np.empty(shape, np.float32))

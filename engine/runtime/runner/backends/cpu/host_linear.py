@@ -23,7 +23,6 @@ The backend swaps them back when it detaches.
 
 from __future__ import annotations
 
-import threading
 from typing import Any, Protocol
 
 import mlx.core as mx
@@ -31,12 +30,13 @@ import mlx.nn as nn
 import numpy as np
 
 from engine.distributed.local_ranks import process_cores
+from engine.runtime.runner.backends.cpu.parallel_gate import PARALLEL
 
 # Above this many rows BLAS's sgemm is as fast (16 rows: 56 ms both over SmolLM2's weights).
 MAX_ROWS = 8
 # numba's work-queue threading layer (where OpenMP is missing) is one per process and must not be entered
 # from two threads at once; a second caller takes BLAS's product instead of waiting.
-_busy = threading.Lock()
+_busy = PARALLEL
 # Threads the pass splits its outputs across: this process's cores (ranks sharing a host split them), up to 8.
 THREADS = min(8, process_cores())
 
@@ -83,7 +83,10 @@ def warm_up() -> None:
     """Load (the first time: compile) the pass; raises where it cannot load."""
     from engine.runtime.runner.backends.cpu.linear_kernel import times_transposed
 
-    times_transposed(np.ones((2, 8), np.float32), np.ones((5, 8), np.float32), np.empty((2, 5), np.float32), 2)
+    # Compiled (or loaded from numba's cache) outside the gate, which then holds only a tiny run.
+    times_transposed.compile("(float32[:, ::1], float32[:, ::1], float32[:, ::1], int64)")
+    with PARALLEL:
+        times_transposed(np.ones((2, 8), np.float32), np.ones((5, 8), np.float32), np.empty((2, 5), np.float32), 2)
 
 
 class HostLinear(nn.Linear):
