@@ -122,7 +122,8 @@ class Engine:
             sampling.default_temperature, sampling.default_top_p, sampling.default_top_k)
         # Prefixes are shared by reference where the model's attention can be hooked (kv/ragged.py).
         hooked = self.backend.attach(loaded.model, batchable=loaded.spec.batchable)
-        self.hot = HotCache(loaded.spec, self._pool, share_by_reference=hooked, kinds=self.backend.kinds_for(loaded.spec))
+        self.hot = HotCache(loaded.spec, self._pool, share_by_reference=hooked,
+                            kinds=self.backend.kinds_for(loaded.spec))
         cool = quantization_for(settings.cache.kv_bits_at_rest, *loaded.spec.head_dims)
         self.tiers = TierManager(self.hot, self.agents, self.events, store, cool=cool)
         self.branching = Branching(self.hot, self.agents, self.tiers, self.events)

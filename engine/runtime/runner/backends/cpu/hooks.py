@@ -96,7 +96,7 @@ class ActivationHooks:
         def fast(q: Any, *rest: Any) -> Any:
             return host_gated_delta.steps(q, *rest) if ready() else None
 
-        self._wrap(steps, GATED_DELTA_OPS, fast, applies=lambda q: q.ndim == 4 and q.shape[1] >= host_gated_delta.MIN_STEPS)
+        self._wrap(steps, GATED_DELTA_OPS, fast, applies=host_gated_delta.long_enough)
         return True
 
     def uninstall(self) -> None:

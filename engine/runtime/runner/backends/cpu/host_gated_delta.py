@@ -24,10 +24,15 @@ from engine.runtime.runner.backends.cpu.parallel_gate import PARALLEL
 MIN_STEPS = 16
 
 
+def long_enough(q: mx.array) -> bool:
+    """A prefill chunk of ``MIN_STEPS`` tokens or more (q: (B, T, Hk, Dk))."""
+    return q.ndim == 4 and q.shape[1] >= MIN_STEPS
+
+
 def steps(q: mx.array, k: mx.array, v: mx.array, g: mx.array, beta: mx.array, state: mx.array,
           mask: mx.array | None = None) -> tuple[mx.array, mx.array] | None:
     """``gated_delta_ops``'s ``(y, state)`` for a prefill chunk; None where mlx-lm's steps should run."""
-    if mask is not None or g.ndim != 3 or q.ndim != 4 or q.shape[1] < MIN_STEPS:
+    if mask is not None or g.ndim != 3 or not long_enough(q):
         return None
     from engine.runtime.runner.backends.cpu import gated_delta_kernel  # (numba: only where the CPU prefills)
 
