@@ -15,6 +15,7 @@ from mlx.nn.layers.activations import gelu_approx as mlx_gelu_approx
 from mlx_lm.models.base import create_causal_mask
 
 from engine.runtime.runner.backends.cpu import cpu_math
+from engine.runtime.runner.backends.cpu.host_attention import HOST_ATTENTION, HOST_ATTENTION_IN_GRAPH
 from engine.runtime.runner.backends.cpu.backend import CpuBackend
 from engine.runtime.runner.backends.mlx import MlxBackend
 from engine.runtime.runner.kv.kinds import MLX_KINDS
@@ -282,8 +283,7 @@ def test_blocks_left_in_the_graph_give_the_same_result_without_an_evaluation_per
 
 def test_the_cpu_backend_leaves_a_hybrids_attention_blocks_in_the_graph_and_evaluates_the_others() -> None:
     backend = CpuBackend()
-    for kind, expected in (("qwen3_5", cpu_math.HOST_ATTENTION_IN_GRAPH), ("llama", cpu_math.HOST_ATTENTION),
-                           ("gemma", cpu_math.HOST_ATTENTION)):
+    for kind, expected in (("qwen3_5", HOST_ATTENTION_IN_GRAPH), ("llama", HOST_ATTENTION), ("gemma", HOST_ATTENTION)):
         loaded = loaded_tiny(kind)
         kv = SequenceKV.empty(loaded.spec, backend.kinds_for(loaded.spec))
         attending = [layer for layer in kv.layers if hasattr(layer, "attention")]

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import threading
-
 import mlx.core as mx
 import mlx_lm.models.gated_delta as gated_delta
 from mlx_lm.models.cache import make_prompt_cache
@@ -13,8 +11,14 @@ import pytest
 from engine.runtime.runner.backends.cpu import host_gated_delta
 from engine.runtime.runner.backends.cpu.backend import CpuBackend, CpuOptions
 from tests.support.tiny_models import loaded_tiny
+from tests.support.warm_ups import wait_for_warm_ups
 
 pytestmark = pytest.mark.unit
+
+
+@pytest.fixture(autouse=True)
+def _no_warm_up_holds_the_gate() -> None:
+    wait_for_warm_ups()  # (another test's backend may still be loading its loops)
 
 
 def _inputs(batch: int, steps: int, key_heads: int, value_heads: int, key_dim: int, value_dim: int,
@@ -74,9 +78,7 @@ def test_the_cpu_backend_routes_a_hybrids_prefill_chunks_only_inside_its_own_for
     original = gated_delta.gated_delta_ops
     backend = CpuBackend()
     backend.attach(loaded.model)
-    for thread in threading.enumerate():  # a warm-up holds the gate for a moment (parallel_gate.py)
-        if thread.name.endswith("-warmup"):
-            thread.join()
+    wait_for_warm_ups()
     try:
         assert gated_delta.gated_delta_ops is not original
         prompt = mx.array([[(i * 7) % 200 + 3 for i in range(40)]])

@@ -21,7 +21,8 @@ class Attention(Protocol):
         """One sequence's scaled dot-product attention."""
 
     def softmax(self, scores: mx.array) -> mx.array:
-        """Attention weights over the last axis (shared segments' joined scores), in float32."""
+        """Attention weights over the last axis (shared segments' joined scores), in float32. ``scores`` is
+        the caller's to give away: the CPU backend may write the weights into its buffer."""
 
 
 class MlxAttention:

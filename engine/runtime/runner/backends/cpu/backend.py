@@ -16,7 +16,9 @@ measured in its module's docstring):
   (``host_forward.py``);
 * sampling's top-k pass over the vocabulary in numpy (``host_top_k.py``);
 * a gated-delta hybrid's prefill recurrence in one compiled loop per head
-  (``host_gated_delta.py``).
+  (``host_gated_delta.py``);
+* a long prefill chunk's softmax in compiled rows across both cores
+  (``host_softmax.py``, chosen per call in ``host_attention.py``).
 
 Everything is decided here, once per engine: no module flag, no thread-local.
 The wrappers and layer classes that reach into the model act only inside this
@@ -37,7 +39,7 @@ from typing import Any, Sequence
 import mlx.core as mx
 
 from engine.domain.cache_spec import ModelCacheSpec
-from engine.runtime.runner.backends.cpu import host_decode, host_forward, host_gated_delta, host_linear
+from engine.runtime.runner.backends.cpu import host_decode, host_forward, host_gated_delta, host_linear, host_softmax
 from engine.runtime.runner.backends.cpu.hooks import ActivationHooks
 from engine.runtime.runner.backends.cpu.host_kv import (HOST_KINDS, HOST_KINDS_BESIDE_RECURRENT, HostFullKV,
                                                        HostRaggedLayerCache)
@@ -60,6 +62,9 @@ class CpuOptions:
     host_step: bool = True  # a Llama-family decode step whole on the host
     host_top_k: bool = True  # sampling's top-k pass in numpy
     recurrence: bool = True  # a gated-delta hybrid's prefill steps in a compiled loop
+    # A long prefill chunk's softmax in compiled rows. The kernel is one per process: once any CPU backend has
+    # loaded it, every CPU backend's caches use it (False here only keeps this one from loading it).
+    prefill_softmax: bool = True
 
 
 class CpuBackend(MlxBackend):
@@ -75,6 +80,7 @@ class CpuBackend(MlxBackend):
         self._loops_ok = options.decode_loops and compiler
         self._linear_ok = options.linear_pass and compiler
         self._recurrence_ok = options.recurrence and compiler
+        self._softmax_ok = options.prefill_softmax and compiler
         self._forward_thread: int | None = None
         self._hooks: dict[int, ActivationHooks] = {}
         self._host_step: dict[int, bool] = {}
@@ -86,7 +92,7 @@ class CpuBackend(MlxBackend):
     # -- the model -----------------------------------------------------------------------
     def kinds_for(self, spec: ModelCacheSpec) -> LayerKinds:
         """A hybrid's attention layers leave long prefill chunks' attention blocks in the model's graph; other
-        models evaluate each block (measured both ways: cpu_math.HostAttention)."""
+        models evaluate each block (measured both ways: host_attention.py)."""
         return HOST_KINDS_BESIDE_RECURRENT if spec.recurrent_groups else self.kinds
 
     def attach(self, model: Any, batchable: bool = True) -> bool:
@@ -132,6 +138,10 @@ class CpuBackend(MlxBackend):
             threading.Thread(target=self._load, args=(host_gated_delta.warm_up, "_recurrence_ok",
                                                       "the gated-delta prefill steps"),
                              name="semantic-recurrence-warmup", daemon=True).start()
+        if self._softmax_ok and not host_softmax.ROW_SOFTMAX.ready:
+            threading.Thread(target=self._load, args=(host_softmax.warm_up, "_softmax_ok",
+                                                      "long prefill chunks' softmax"),
+                             name="semantic-softmax-warmup", daemon=True).start()
 
     def _load(self, warm_up: Any, flag: str, what: str) -> None:
         try:
@@ -207,7 +217,8 @@ class CpuBackend(MlxBackend):
     def describe(self) -> dict[str, object]:
         return super().describe() | {
             "host_paths": asdict(self.options) | {"decode_loops": self._loops_ok, "linear_pass": self._linear_ok,
-                                                  "recurrence": self._recurrence_ok},
+                                                  "recurrence": self._recurrence_ok,
+                                                  "prefill_softmax": host_softmax.ROW_SOFTMAX.ready},
         }
 
 

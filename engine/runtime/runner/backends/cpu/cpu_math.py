@@ -20,7 +20,7 @@ mlx-lm's, as batching (which also reorders float sums) does.
 
 Each kernel is a pass over memory where MLX's softmax is one, so a long
 prefill chunk's attention runs in blocks of queries small enough for the
-CPU's caches. Only the CPU backend uses any of this (:class:`HostAttention`
+CPU's caches. Only the CPU backend uses any of this (``host_attention.py``
 for its caches' attention, its hooks for SiLU and GELU: ``backend.py``);
 Metal and CUDA have fused kernels.
 """
@@ -177,7 +177,7 @@ def attention(queries: mx.array, keys: mx.array, values: mx.array, scale: float,
     in blocks of queries whose scores stay in the CPU's caches
     (``BLOCK_SCORES``), each evaluated before the next is built: the
     softmax's passes then read their cache, not memory. ``evaluate_blocks``
-    False leaves the blocks in the model's graph (see :class:`HostAttention`).
+    False leaves the blocks in the model's graph (see ``host_attention.HostAttention``).
     """
     batch, q_heads, n, _ = queries.shape
     scores = batch * q_heads * n * keys.shape[2]
@@ -243,54 +243,3 @@ def _apply_mask(scores: mx.array, mask: Any, n: int, length: int) -> mx.array:
     if mask.dtype == mx.bool_:
         return mx.where(mask, scores, mx.finfo(scores.dtype).min)
     return scores + mask.astype(scores.dtype)
-
-
-class HostAttention:
-    """The CPU backend's caches' attention (``kv/attention.py``): this module's softmax where it pays.
-
-    Attention sinks (gpt-oss) keep MLX's fused kernel; a softmax over joined
-    segment scores takes this module's below ``MAX_SCORES`` (past it, one pass
-    of MLX's beats its passes over memory) and above ``MIN_ELEMENTS``.
-
-    ``evaluate_blocks``: whether a long prefill chunk's blocks are each
-    evaluated before the next is built (:func:`attention`). Measured on
-    466-token chunks, 2-core CPU, 2026-11-30 (whole forward passes, blocks
-    evaluated / left in the graph / MLX's fused attention):
-
-    * SmolLM2 (9 heads of 64) over 4K keys: 6.3 / 8.6 / 11.3 s. Evaluating
-      each block keeps its scores in the CPU's caches, as designed.
-    * The Qwen3.5-0.8B-shaped hybrid (8 heads of 256, 2 attention layers of 8)
-      over 20K keys: 8.1 / 6.6 / 6.5 s with mlx-lm's recurrent steps in the
-      graph, 4.1 / 3.0 / 2.8 s with the compiled recurrence
-      (``host_gated_delta.py``). Here even the smallest block (8 queries x 8
-      heads x 20K keys, 5 MB of scores) is past the caches, so an evaluation
-      per block buys nothing and stops the pass ~60 times a layer; why each
-      stop costs as much as it does (~8 ms) is not established.
-    * Gemma 3 270M (4 heads of 256) over 4K / 16K keys: 1.50 / 1.59 s and
-      2.73 / 2.62 s: no difference worth a rule.
-
-    The backend leaves the blocks in the graph for models with recurrent
-    layers (``CpuBackend.kinds_for``), the only shape where it was measured
-    to pay.
-    """
-
-    __slots__ = ("evaluate_blocks",)
-
-    def __init__(self, evaluate_blocks: bool = True) -> None:
-        self.evaluate_blocks = evaluate_blocks
-
-    def sdpa(self, queries: mx.array, keys: mx.array, values: mx.array, scale: float, mask: Any,
-             sinks: Any = None) -> mx.array:
-        if sinks is None:
-            return attention(queries, keys, values, scale, mask, self.evaluate_blocks)
-        return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask, sinks=sinks)
-
-    def softmax(self, scores: mx.array) -> mx.array:
-        if MIN_ELEMENTS <= scores.size <= MAX_SCORES:
-            return softmax(scores)
-        return mx.softmax(scores, axis=-1, precise=True)
-
-
-HOST_ATTENTION = HostAttention()
-# For the attention layers of a model with recurrent layers too (hybrids): see HostAttention.
-HOST_ATTENTION_IN_GRAPH = HostAttention(evaluate_blocks=False)

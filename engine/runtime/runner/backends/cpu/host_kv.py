@@ -18,7 +18,7 @@ from typing import Any, Callable, Sequence
 import mlx.core as mx
 
 from engine.runtime.runner.backends.cpu import host_decode
-from engine.runtime.runner.backends.cpu.cpu_math import HOST_ATTENTION, HOST_ATTENTION_IN_GRAPH
+from engine.runtime.runner.backends.cpu.host_attention import HOST_ATTENTION, HOST_ATTENTION_IN_GRAPH
 from engine.runtime.runner.kv.attention import Attention
 from engine.runtime.runner.kv.chunked_kv import ChunkedKV
 from engine.runtime.runner.kv.full_kv import FullKV
@@ -100,7 +100,7 @@ HOST_KINDS = LayerKinds(full=HostFullKV, window=HostWindowKV, chunked=HostChunke
 
 
 # A hybrid model's attention layers: the same caches, their long prefill chunks' attention blocks left in
-# the model's graph, not evaluated one by one (measured: cpu_math.HostAttention).
+# the model's graph, not evaluated one by one (measured: host_attention.py).
 class BesideRecurrentFullKV(HostFullKV):
     attention: Attention = HOST_ATTENTION_IN_GRAPH
 
