@@ -137,10 +137,31 @@ def running(launch: Launch, log_dir: Path, keep_state: bool = False,
             url = f"http://127.0.0.1:{port}"
             wait_ready(process, launch, url, log_path)
             yield Running(url, process, log_path)
+            if launch.sends_session_id:
+                print(agent_cache_line(url), flush=True)
         finally:
             peak.close()
             stop(process)
             print(f"#   {launch.name} peak RSS {peak.bytes / 2**20:.0f} MiB", flush=True)
+
+
+def agent_cache_line(url: str) -> str:
+    """What semantic's agents hold at the end of a run, per agent (``/v1/agents``): KV bytes, and for a model
+    with recurrent layers the snapshots (checkpoints) and the current state, which a benchmark reports."""
+    try:
+        agents = httpx.get(f"{url}/v1/agents", timeout=30).json()["data"]
+    except (httpx.HTTPError, ValueError, KeyError) as exc:
+        return f"#   semantic agents at the end: not read ({type(exc).__name__}: {exc})"
+
+    def spread(field: str) -> str:
+        values = sorted(a.get(field) or 0 for a in agents)
+        mib = [v / 2**20 for v in values]
+        return f"median {mib[len(mib) // 2]:.1f} MiB (max {mib[-1]:.1f})" if mib else "none"
+
+    line = f"#   semantic agents at the end: {len(agents)}, cache per agent {spread('bytes')}"
+    if any(a.get("state_bytes") for a in agents):
+        line += f", snapshots per agent {spread('checkpoint_bytes')}, recurrent state per agent {spread('state_bytes')}"
+    return line
 
 
 class PeakRss:

@@ -142,13 +142,16 @@ def recurrent_family_config(kind: str, vocab_size: int) -> dict:
     import family_survey
 
     entry = family_survey.entry(kind)
-    config = dict(entry["config"], model_type=entry["model_type"], **family_survey.SLOW.get(kind, {}))
-    assert kind not in family_survey.SHRINK, kind
+    # (A test config too big for a CPU run, Falcon-H1's, takes the survey's smaller shape of the same layer kinds.)
+    config = dict(entry["config"], model_type=entry["model_type"], **family_survey.SLOW.get(kind, {}),
+                  **family_survey.SHRINK.get(kind, {}))
     # Loading the folder's tokenizer builds transformers' config class, which checks what mlx-lm does not read.
     if "time_step_limit" in config:  # floats
         config["time_step_limit"] = [float(x) for x in config["time_step_limit"]]
     if kind == "mamba2":  # hidden_size * expand == num_heads * head_dim (mlx-lm takes the heads' width)
         config["expand"] = config["num_heads"] * config["head_dim"] // config["hidden_size"]
+    if kind == "granitemoehybrid":  # the same check under Granite's names (transformers' default expand is 2)
+        config["mamba_expand"] = config["mamba_n_heads"] * config["mamba_d_head"] // config["hidden_size"]
     return at_vocab(config, vocab_size)
 
 

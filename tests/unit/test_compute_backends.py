@@ -54,6 +54,7 @@ def test_each_backend_runs_a_turn_and_leaves_no_global_state_behind(kind: str) -
     """An engine per backend on the same model object: the same greedy tokens, and afterwards every module
     global, ``mlx.nn``'s activations and the model's layer classes are what they were before."""
     loaded = loaded_tiny(kind)
+    modules_before = set(sys.modules)
     before = global_state(loaded.model)
     outputs = []
     for backend in (MlxBackend(), CpuBackend(), MlxBackend()):
@@ -65,7 +66,11 @@ def test_each_backend_runs_a_turn_and_leaves_no_global_state_behind(kind: str) -
         finally:
             engine.stop()
         after = global_state(loaded.model)
-        changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+        # A module first imported during the run (a compiled loop's, by its background warm-up) is new state,
+        # not switched state: its names, and its binding on its package, are left out.
+        changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k)
+                         and k not in sys.modules.keys() - modules_before
+                         and k.rpartition(".")[0] not in sys.modules.keys() - modules_before)
         assert changed == [], f"{backend.name} left global state changed: {changed}"
     assert outputs[0] == outputs[1] == outputs[2]
 
