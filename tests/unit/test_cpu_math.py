@@ -12,7 +12,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from mlx_lm.models.activations import swiglu as mlx_lm_swiglu
 from mlx.nn.layers.activations import gelu_approx as mlx_gelu_approx
-from mlx_lm.models.base import create_causal_mask
 
 from engine.runtime.runner.backends.cpu import cpu_math
 from engine.runtime.runner.backends.cpu.host_attention import HOST_ATTENTION, HOST_ATTENTION_IN_GRAPH
@@ -20,6 +19,7 @@ from engine.runtime.runner.backends.cpu.backend import CpuBackend
 from engine.runtime.runner.backends.mlx import MlxBackend
 from engine.runtime.runner.kv.kinds import MLX_KINDS
 from engine.runtime.runner.kv.sequence_kv import SequenceKV
+from tests.support.attention_inputs import make_mask, qkv as _qkv
 from tests.support.tiny_models import loaded_tiny
 
 pytestmark = pytest.mark.unit
@@ -121,35 +121,6 @@ def test_the_cpu_backend_routes_gemmas_gelu_only_inside_its_own_forward(monkeypa
     finally:
         backend.detach(loaded.model)
     assert nn.gelu_approx is mlx_gelu_approx
-
-
-def _qkv(batch: int, n: int, length: int, heads: int = 9, kv_heads: int = 3, dim: int = 64):
-    keys = mx.random.split(mx.random.key(n * 1000 + length), 3)
-    q = mx.random.normal((batch, heads, n, dim), key=keys[0])
-    k = mx.random.normal((batch, kv_heads, length, dim), key=keys[1])
-    v = mx.random.normal((batch, kv_heads, length, dim), key=keys[2])
-    return q, k, v
-
-
-def make_mask(kind: str, batch: int, n: int, length: int) -> object:
-    """An attention mask of each kind mlx-lm's models pass, for ``n`` queries over ``length`` keys."""
-    if kind == "none":
-        return None
-    if kind == "causal":
-        return "causal"
-    if kind == "bool":
-        return create_causal_mask(n, length - n)
-    if kind == "additive":
-        return mx.where(create_causal_mask(n, length - n), 0.0, -1e9).astype(mx.float32)
-    if kind == "per-head bool":
-        mask = mx.random.bernoulli(0.7, (batch, 9, n, length), key=mx.random.key(5))
-        mask[..., 0] = True  # every query sees at least one key
-        return mask
-    if kind == "per-row bool":
-        return mx.arange(length)[None, None, None, :] < mx.array([length, 25])[:, None, None, None]
-    if kind == "one-row bool":
-        return mx.arange(length)[None, :] < 250
-    raise ValueError(kind)
 
 
 @pytest.mark.parametrize("mask_kind", ["none", "causal", "bool", "additive", "per-head bool", "per-row bool"])

@@ -7,7 +7,6 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
-from mlx_lm.models.base import create_causal_mask
 
 from engine.domain.event_log import EventLog
 from engine.domain.requests import GenerationRequest
@@ -19,6 +18,7 @@ from engine.runtime.runner.backends.cpu.host_softmax import ROW_SOFTMAX
 from engine.runtime.runner.backends.cpu.parallel_gate import PARALLEL
 from engine.runtime.runner.backends.cpu.softmax_kernel import softmax_rows
 from engine.store.warm_store import WarmStore
+from tests.support.attention_inputs import make_mask, qkv
 from tests.support.byte_tokenizer import BOS
 from tests.support.family_engine import accounts_agree, check, start
 from tests.support.tiny_models import loaded_tiny
@@ -69,30 +69,12 @@ def test_a_rows_visible_count_cuts_its_keys_without_reading_them() -> None:
         assert not row[n:].any()
 
 
-def _qkv(batch: int, n: int, length: int, heads: int = 8, kv_heads: int = 2, dim: int = 32,
-         dtype: mx.Dtype = mx.float32):
-    key = mx.random.key(n * 1000 + length)
-    q, k, v = (mx.random.normal(shape, key=mx.random.split(key, 3)[i]).astype(dtype) for i, shape in
-               enumerate(((batch, heads, n, dim), (batch, kv_heads, length, dim), (batch, kv_heads, length, dim))))
-    return q, k, v
+def _qkv(batch: int, n: int, length: int, heads: int = 8, kv_heads: int = 2, dtype: mx.Dtype = mx.float32):
+    return qkv(batch, n, length, heads, kv_heads, dim=32, dtype=dtype)
 
 
-def _mask(kind: str, batch: int, n: int, length: int, heads: int = 8):
-    if kind == "none":
-        return None
-    if kind == "causal":
-        return "causal"
-    if kind == "bool":
-        return create_causal_mask(n, length - n)
-    if kind == "additive":
-        return mx.where(create_causal_mask(n, length - n), 0.0, -1e9).astype(mx.float32)
-    if kind == "per-head bool":
-        mask = mx.random.bernoulli(0.7, (batch, heads, n, length), key=mx.random.key(5))
-        mask[..., 0] = True
-        return mask
-    if kind == "per-row bool":
-        return mx.arange(length)[None, None, None, :] < mx.array([length, 25][:batch])[:, None, None, None]
-    raise ValueError(kind)
+def _mask(kind: str, batch: int, n: int, length: int):
+    return make_mask(kind, batch, n, length, heads=8)
 
 
 @pytest.mark.parametrize("mask_kind", ["none", "causal", "bool", "additive", "per-head bool", "per-row bool"])
