@@ -145,10 +145,13 @@ def test_a_long_softmax_over_joined_segment_scores_takes_the_rows(dtype: mx.Dtyp
 
 
 def test_the_backend_loads_the_kernel_and_says_so() -> None:
-    backend = CpuBackend()
-    backend.attach(loaded_tiny("llama").model)
-    wait_for_warm_ups()
-    assert backend.describe()["host_paths"]["prefill_softmax"] is True
+    backend, model = CpuBackend(), loaded_tiny("llama").model
+    backend.attach(model)
+    try:
+        wait_for_warm_ups()
+        assert backend.describe()["host_paths"]["prefill_softmax"] is True
+    finally:
+        backend.detach(model)  # (its hooks on mlx-lm's modules go with it)
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen3_5"])
