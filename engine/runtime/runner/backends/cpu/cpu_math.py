@@ -201,14 +201,14 @@ def _blocked(queries: mx.array, keys: mx.array, values: mx.array, scale: float, 
             visible = length - n + end if mask is not None else length
             out = _attention(queries[:, :, start:end], keys[:, :, :visible], values[:, :, :visible], scale, mask)
         else:
-            out = _attention(queries[:, :, start:end], keys, values, scale, _mask_rows(mask, start, end))
+            out = _attention(queries[:, :, start:end], keys, values, scale, mask_rows(mask, start, end))
         if evaluate:
             mx.eval(out)
         outputs.append(out)
     return mx.concatenate(outputs, axis=2)
 
 
-def _mask_rows(mask: mx.array, start: int, end: int) -> mx.array:
+def mask_rows(mask: mx.array, start: int, end: int) -> mx.array:
     """The query rows ``[start, end)`` of a (.., n, L) mask (a mask with one row applies to all)."""
     return mask if mask.ndim < 2 or mask.shape[-2] == 1 else mask[..., start:end, :]
 
@@ -221,13 +221,13 @@ def _attention(queries: mx.array, keys: mx.array, values: mx.array, scale: float
     scores = q @ keys.swapaxes(-1, -2)
     if mask is not None:
         scores = scores.reshape(batch, kv_heads, repeats, n, length)
-        scores = _apply_mask(scores, mask, n, length)
+        scores = apply_mask(scores, mask, n, length)
         scores = scores.reshape(batch, kv_heads, repeats * n, length)
     out = softmax(scores) @ values
     return out.reshape(batch, q_heads, n, values.shape[-1])
 
 
-def _apply_mask(scores: mx.array, mask: Any, n: int, length: int) -> mx.array:
+def apply_mask(scores: mx.array, mask: Any, n: int, length: int) -> mx.array:
     """``scores`` (B, KV, R, n, L); a (.., H, n, L) mask is split into (KV, R) to match."""
     if isinstance(mask, str):
         if n == 1:

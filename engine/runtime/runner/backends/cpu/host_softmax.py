@@ -26,6 +26,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
+from engine.runtime.runner.backends.cpu import cpu_math
 from engine.runtime.runner.backends.cpu.parallel_gate import PARALLEL
 
 # Scores per block (64 MiB of float32): few enough blocks that their evaluations (each one stops MLX's
@@ -109,42 +110,21 @@ def attention(queries: mx.array, keys: mx.array, values: mx.array, scale: float,
         if scores.dtype != mx.float32:
             scores = scores.astype(mx.float32)
         if mask is not None and not isinstance(mask, str):
-            scores = _masked(scores, mask, start, end, kv_heads)
+            scores = _grouped_mask(scores, cpu_math.mask_rows(mask, start, end), rows)
         if ROW_SOFTMAX.in_place(scores, visible):
             weights = scores
-        else:
-            weights = fallback_softmax(_causal(scores, visible) if visible is not None else scores)
+        else:  # MLX's softmax: a causal block's future keys masked as cpu_math masks them
+            weights = fallback_softmax(_grouped_mask(scores, mask, rows) if visible is not None else scores)
         out = weights.astype(v.dtype) @ v
         outputs.append(out.reshape(batch, q_heads, rows, v.shape[-1]))
     return outputs[0] if len(outputs) == 1 else mx.concatenate(outputs, axis=2)
 
 
-def _masked(scores: mx.array, mask: mx.array, start: int, end: int, kv_heads: int) -> mx.array:
-    """An array mask's rows ``[start, end)`` applied to (B, KV, R * rows, L) scores."""
-    batch, _, stacked, length = scores.shape
-    rows = end - start
-    if mask.ndim >= 2 and mask.shape[-2] > 1:
-        mask = mask[..., start:end, :]
-    while mask.ndim < 4:
-        mask = mx.expand_dims(mask, 0)
-    # (B|1, H|1, rows|1, L) -> (B|1, KV|1, R|1, rows|1, L), to broadcast over the stacked queries.
-    heads = mask.shape[1]
-    if heads > 1:
-        mask = mask.reshape(mask.shape[0], kv_heads, heads // kv_heads, mask.shape[2], mask.shape[3])
-    else:
-        mask = mx.expand_dims(mask, 2)
+def _grouped_mask(scores: mx.array, mask: Any, rows: int) -> mx.array:
+    """``cpu_math.apply_mask`` on (B, KV, R * rows, L) scores: the grouped queries split out, and back."""
+    batch, kv_heads, stacked, length = scores.shape
     shaped = scores.reshape(batch, kv_heads, stacked // rows, rows, length)
-    if mask.dtype == mx.bool_:
-        shaped = mx.where(mask, shaped, mx.finfo(mx.float32).min)
-    else:
-        shaped = shaped + mask.astype(mx.float32)
-    return shaped.reshape(batch, kv_heads, stacked, length)
-
-
-def _causal(scores: mx.array, visible: np.ndarray) -> mx.array:
-    """Scores with each row's keys past its ``visible`` count masked (for MLX's softmax)."""
-    limits = mx.array(visible.reshape(scores.shape[:-1]))[..., None]
-    return mx.where(mx.arange(scores.shape[-1]) < limits, scores, mx.finfo(mx.float32).min)
+    return cpu_math.apply_mask(shaped, mask, rows, length).reshape(scores.shape)
 
 
 def warm_up() -> None:
