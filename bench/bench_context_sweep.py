@@ -38,7 +38,7 @@ from common import base_parser
 from comparison import paired, print_comparisons
 from peer_runs import Conversation, on_both, served_once
 from results import BenchResult, Series
-from served import Batching, Launch, peer_launch, semantic_launch
+from served import Batching, Launch, peer_defaults_launch, peer_launch, semantic_launch
 from workload_text import growing_document, tool_result
 
 from bench_vs_mlx_lm_server import model_folder
@@ -164,6 +164,9 @@ def main() -> None:
     parser = base_parser(__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=2, help="runs per server (default 2; 1 with --quick)")
     parser.add_argument("--turns", type=int, help="warm turns per shape and level (default 3; 2 with --quick)")
+    parser.add_argument("--peer", choices=("defaults", "tuned"), default="defaults",
+                        help="defaults: `mlx_lm.server --model FOLDER` as users run it (the default); tuned: its "
+                             "batching set equal to semantic's, as the reports before session 24 ran it")
     args = parser.parse_args()
     folder = model_folder(args.model, args.cache_dir)
     model = family(folder)
@@ -174,12 +177,13 @@ def main() -> None:
     tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
     result = BenchResult("bench_context_sweep", "Warm turns as the context grows (vs mlx_lm.server)",
                          args={"model": args.model, "quick": args.quick, "levels": list(levels), "turns": turns,
-                               "repeats": repeats, "reply_tokens": REPLY_TOKENS})
-    print(f"# model folder {folder}; levels {levels}; {turns} turns per shape; {repeats} repeats")
+                               "repeats": repeats, "reply_tokens": REPLY_TOKENS, "peer": args.peer})
+    print(f"# model folder {folder}; levels {levels}; {turns} turns per shape; {repeats} repeats; "
+          f"peer: mlx_lm.server {'at its defaults' if args.peer == 'defaults' else 'tuned (batching as semantic)'}")
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-sweep-") as work:
         batching = Batching()
-        peer = peer_launch(folder, batching, cache_entries=10)
+        peer = peer_defaults_launch(folder) if args.peer == "defaults" else peer_launch(folder, batching, cache_entries=10)
         if model == "gemma3":
             peer = Launch(peer.name, peer.argv + ("--chat-template", PLAIN_TEMPLATE), peer.ready_path,
                           peer.sends_session_id)
