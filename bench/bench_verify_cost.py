@@ -1,4 +1,4 @@
-"""What a speculative step's pass costs as it carries more tokens: the basis of ``draft_row_cost``.
+"""What a speculative step's pass costs as it carries more tokens: the basis of ``draft_row_cost`` and ``draft_token_cost``.
 
 A verification feeds each agent its last token and its drafts in one pass.
 On a device with arithmetic to spare, a few more tokens in a pass cost about
@@ -7,7 +7,8 @@ CPU they are not free. This times one pass of ``width`` tokens per agent, at
 1 and 8 agents with ``--context`` tokens cached each, two ways:
 
 - the CPU backend's host path (``host_forward.decode`` with widths: each
-  token a row of its own), what a Llama-family model runs on the CPU;
+  token a row of the linear layers, each agent's tokens attending together,
+  ``host_verify_attention.py``), what a Llama-family model runs on the CPU;
 - MLX's forward over the same caches (what every other model runs, and the
   host path's fallback).
 

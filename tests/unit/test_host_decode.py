@@ -93,7 +93,7 @@ def test_rows_split_across_threads_give_the_same_bits(monkeypatch: pytest.Monkey
     alone = np.asarray(host_decode.attend(q, parts, SCALE, masks))
     monkeypatch.setattr(host_decode, "PARALLEL_MIN_KEYS", 0)
     monkeypatch.setattr(host_decode, "worker_count", lambda: 3)
-    assert len(host_decode._chunks([300, 20, 500, 80, 260, 9], 3)) == 3
+    assert len(host_decode.thread_shares([300, 20, 500, 80, 260, 9], 3)) == 3
     with ThreadPoolExecutor(2) as workers:
         split = np.asarray(host_decode.attend(q, parts, SCALE, masks, workers=workers))
     assert np.array_equal(alone, split)
@@ -101,11 +101,11 @@ def test_rows_split_across_threads_give_the_same_bits(monkeypatch: pytest.Monkey
 
 def test_chunks_cover_every_row_once_in_order_with_about_equal_keys() -> None:
     keys = [1100] * 4 + [10] * 8
-    chunks = host_decode._chunks(keys, 2)
+    chunks = host_decode.thread_shares(keys, 2)
     assert [b for chunk in chunks for b in chunk] == list(range(12))
     assert len(chunks) == 2 and sum(keys[b] for b in chunks[0]) == 2200
-    assert host_decode._chunks([100] * 16, 2) == [list(range(16))]  # 1,600 keys: under PARALLEL_MIN_KEYS, one thread
-    assert host_decode._chunks(keys, 1) == [list(range(12))]
+    assert host_decode.thread_shares([100] * 16, 2) == [list(range(16))]  # 1,600 keys: under PARALLEL_MIN_KEYS, one thread
+    assert host_decode.thread_shares(keys, 1) == [list(range(12))]
 
 
 def test_it_applies_only_where_it_computes_what_mlx_would() -> None:

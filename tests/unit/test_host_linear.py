@@ -17,16 +17,28 @@ pytestmark = pytest.mark.unit
 
 
 @settings(max_examples=40, deadline=None)
-@given(rows=st.integers(1, 9), outputs=st.integers(1, 37), inner=st.integers(1, 70), shares=st.integers(1, 3),
+@given(rows=st.integers(1, 37), outputs=st.integers(1, 37), inner=st.integers(1, 70), shares=st.integers(1, 3),
        seed=st.integers(0, 2**16))
 def test_the_pass_equals_x_times_weights_transposed(rows: int, outputs: int, inner: int, shares: int, seed: int) -> None:
-    """Every output, with blocks of four weight rows, a tail, and shares of any size (some empty)."""
+    """Every output, with blocks of four weight rows by four rows of ``x``, tails of both, and shares of any size
+    (some empty)."""
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((rows, inner)).astype(np.float32)
     w = rng.standard_normal((outputs, inner)).astype(np.float32)
     out = np.full((rows, outputs), np.nan, dtype=np.float32)
     linear_kernel.times_transposed(x, w, out, shares)
     np.testing.assert_allclose(out, x @ w.T, rtol=1e-5, atol=1e-5)
+
+
+def test_a_step_on_the_host_takes_the_pass_up_to_its_own_row_limit() -> None:
+    """A layer inside MLX's forward stops at MAX_ROWS (it evaluates its input first); a step run whole on the
+    host (a verification's tokens, 16 agents) goes on to HOST_STEP_MAX_ROWS, then BLAS (None)."""
+    w = np.ones((5, 8), np.float32)
+    assert host_linear.times(np.ones((host_linear.MAX_ROWS + 1, 8), np.float32), w) is None
+    wide = np.ones((host_linear.HOST_STEP_MAX_ROWS, 8), np.float32)
+    np.testing.assert_array_equal(host_linear.times(wide, w, host_linear.HOST_STEP_MAX_ROWS), wide @ w.T)
+    too_wide = np.ones((host_linear.HOST_STEP_MAX_ROWS + 1, 8), np.float32)
+    assert host_linear.times(too_wide, w, host_linear.HOST_STEP_MAX_ROWS) is None
 
 
 @pytest.fixture

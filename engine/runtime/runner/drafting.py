@@ -135,7 +135,8 @@ class DraftLength:
             self._backoff = 8
 
 
-def allocate_drafts(offers: list[tuple[int, float]], row_cost: float, rows: int, draft_cost: float = 0.0) -> list[int]:
+def allocate_drafts(offers: list[tuple[int, float]], row_cost: float, rows: int, draft_cost: float = 0.0,
+                    token_cost: float | None = None) -> list[int]:
     """How many of its offered drafts each sequence verifies this step, for the most tokens per second.
 
     ``offers``: per drafting sequence, the drafts it has and the chance each is kept (its recent acceptance;
@@ -150,12 +151,16 @@ def allocate_drafts(offers: list[tuple[int, float]], row_cost: float, rows: int,
     the likeliest remaining draft while that holds finds the best allocation: many drafts for one agent
     copying a file, few each when eight share the pass, none for prose.
 
+    ``token_cost``: what one more drafted token costs in the pass where it differs from a sequence's own token
+    (the backend's ``draft_token_cost``: on the CPU's host path a sequence's drafts attend together, for a
+    fraction of what its own row costs); None: ``row_cost``.
+
     ``draft_cost``: what making one draft costs, in the same unit (0 for a lookup; a draft model's decode step,
     about its weights' share of the served model's, since both steps read all their weights): a draft then
     adds ``row_cost + draft_cost``, so a draft model as large as the served one never pays.
     """
     taken = [0] * len(offers)
-    per_draft = row_cost + draft_cost
+    per_draft = (row_cost if token_cost is None else token_cost) + draft_cost
     if per_draft <= 0:
         return [n for n, _ in offers]
     expected, time = float(rows), 1.0 + row_cost * rows

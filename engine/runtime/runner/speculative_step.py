@@ -67,7 +67,8 @@ class SpeculativeSteps:
         self.active = False  # the next step is speculative (else pipelined)
         self.rates = StepRates()  # whether speculative steps pay for the batch as it runs now
         self._rows = 0  # rows of the last speculative step
-        self._cost: float | None = None  # the backend's cost of one more token in a pass (draft_row_cost)
+        self._cost: float | None = None  # the backend's cost of one more row in a pass (draft_row_cost)
+        self._token_cost: float | None = None  # and of one more drafted token (draft_token_cost)
         self._draft_cost_share: float | None = None  # a draft model's step against a pass of the served model
         self._quiet = 0  # tokens to read before a draft may switch the batch to speculative steps again
 
@@ -110,6 +111,11 @@ class SpeculativeSteps:
         if self._cost is None:
             self._cost = self.batch.backend.draft_row_cost(self.batch.model)
         return self._cost
+
+    def _drafted_token_cost(self) -> float:
+        if self._token_cost is None:
+            self._token_cost = self.batch.backend.draft_token_cost(self.batch.model)
+        return self._token_cost
 
     def timed_step(self, out: "StepOutput", seconds: float) -> None:
         """A steady speculative step took ``seconds``."""
@@ -189,11 +195,11 @@ class SpeculativeSteps:
             drafts = {id(s): s.speculation.drafter.propose(wanted[id(s)]) if wanted[id(s)] else [] for s in rows}
             offered = [s for s in rows if drafts[id(s)]]
             offers = [(len(drafts[id(s)]), s.speculation.length.acceptance) for s in offered]
-            counts = allocate_drafts(offers, self._row_cost(), len(rows))
+            counts = allocate_drafts(offers, self._row_cost(), len(rows), token_cost=self._drafted_token_cost())
             return {**drafts, **{id(s): drafts[id(s)][:n] for s, n in zip(offered, counts)}}, bool(offered)
         offered = [s for s in rows if wanted[id(s)]]
         counts = allocate_drafts([(wanted[id(s)], s.speculation.length.acceptance) for s in offered],
-                                 self._row_cost(), len(rows), self._draft_cost())
+                                 self._row_cost(), len(rows), self._draft_cost(), self._drafted_token_cost())
         drafts = {id(s): [] for s in rows}
         for s, n in zip(offered, counts):
             if n:

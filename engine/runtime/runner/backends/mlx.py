@@ -136,6 +136,11 @@ class MlxBackend:
         speculative steps that fall behind plain ones either way."""
         return 0.16 if mx.default_device().type == mx.DeviceType.cpu else 0.05
 
+    def draft_token_cost(self, model: Any) -> float:
+        """One more drafted token in a verification, as a share of a one-token pass: here what any token costs
+        (a verification is MLX's forward over every sequence's tokens)."""
+        return self.draft_row_cost(model)
+
     # -- sampling ------------------------------------------------------------------------
     def top_k_of_logits(self, logits: mx.array, k: int) -> tuple[mx.array, mx.array]:
         """Each row's ``k`` largest log-probabilities (normalized over the vocabulary) and their ids."""

@@ -50,7 +50,7 @@ PartArrays = Tuple[mx.array, mx.array, int]
 # A decode step's new keys, values (batch, kv_heads, 1, dim), and per row the own position to write them to.
 NewPositions = Tuple[mx.array, mx.array, Sequence[Optional[int]]]
 
-# Keys in a batch from which rows are split across threads (see _chunks), and the most threads.
+# Keys in a batch from which rows are split across threads (see thread_shares), and the most threads.
 PARALLEL_MIN_KEYS = 2048
 MAX_WORKERS = 8
 
@@ -138,14 +138,10 @@ def attend(queries: mx.array, parts_per_row: Sequence[Sequence[PartArrays]], sca
 
 def attend_host(scaled: np.ndarray, parts_per_row: Sequence[Sequence[PartArrays]], new_keys: np.ndarray | None,
                 new_values: np.ndarray | None, claimed: Sequence[Optional[int]],
-                hidden: Sequence[np.ndarray | None] | None = None, workers: Executor | None = None,
-                groups: Sequence[int] | None = None) -> np.ndarray:
+                hidden: Sequence[np.ndarray | None] | None = None, workers: Executor | None = None) -> np.ndarray:
     """:func:`attend` on host arrays: ``scaled`` (batch, heads, dim) queries already times the scale; ``new_keys``
     and ``new_values`` (batch, kv_heads, dim) and ``claimed`` as ``new`` there; ``hidden``: per row None or a
-    boolean per key (False: hidden). The parts' arrays must be evaluated. Returns (batch, heads, v_dim).
-
-    ``groups``: how many consecutive rows belong together (one sequence's tokens of a verification, each
-    attending to what the ones before it wrote): a group is never split across threads."""
+    boolean per key (False: hidden). The parts' arrays must be evaluated. Returns (batch, heads, v_dim)."""
     from engine.runtime.runner.backends.cpu import host_kernels
 
     scaled = np.ascontiguousarray(scaled, dtype=np.float32)
@@ -177,7 +173,7 @@ def attend_host(scaled: np.ndarray, parts_per_row: Sequence[Sequence[PartArrays]
         if m is not None:
             addresses[b] = _address(np.logical_not(m).astype(np.uint8).reshape(-1), alive)
     keys_per_row = [sum(n for _, _, n in parts) for parts in parts_per_row]
-    chunks = _grouped_chunks(keys_per_row, groups, 1 if workers is None else worker_count())
+    chunks = thread_shares(keys_per_row, 1 if workers is None else worker_count())
     run = host_kernels.batch_rows
     args = (scaled, table, row_parts, addresses, kv_heads, out)
     pending = [workers.submit(run, *args, c[0], c[-1] + 1, new_keys, new_values, writes) for c in chunks[1:]]  # type: ignore[union-attr]
@@ -220,16 +216,7 @@ def _address(buffer: np.ndarray, alive: list[np.ndarray]) -> int:
     return buffer.__array_interface__["data"][0]
 
 
-def _grouped_chunks(keys_per_row: list[int], groups: Sequence[int] | None, workers: int) -> list[list[int]]:
-    """:func:`_chunks` over groups of consecutive rows (None: every row its own group), as row indices."""
-    if groups is None or all(g == 1 for g in groups):
-        return _chunks(keys_per_row, workers)
-    starts = np.cumsum([0, *groups])
-    keys = [sum(keys_per_row[starts[g]:starts[g + 1]]) for g in range(len(groups))]
-    return [[row for g in chunk for row in range(starts[g], starts[g + 1])] for chunk in _chunks(keys, workers)]
-
-
-def _chunks(keys_per_row: list[int], workers: int) -> list[list[int]]:
+def thread_shares(keys_per_row: list[int], workers: int) -> list[list[int]]:
     """Rows split into consecutive groups of about equal keys, one per worker; one group for short rows.
 
     The compiled loops release the GIL, so threads read the rows' caches in

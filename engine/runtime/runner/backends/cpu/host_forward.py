@@ -9,7 +9,7 @@ MLX's forward must evaluate the graph four or five times a layer, and its
 small MLX operations between them cost more than their arithmetic. This runs
 the whole step on the host instead (SmolLM2, one agent: 25.3 against 14.7
 tok/s through MLX's forward, ``bench/bench_step_profile.py``): the token embeddings, RMS norms, projections
-(``linear_kernel`` up to ``host_linear.MAX_ROWS`` rows, BLAS's ``sgemm``
+(``linear_kernel`` up to ``host_linear.HOST_STEP_MAX_ROWS`` rows, BLAS's ``sgemm``
 through numpy above), rotary embeddings, attention over each row's cache
 where it lies (``host_decode.attend_host``, which also writes the step's key
 and value in place), SwiGLU and the output layer, and hands MLX the logits.
@@ -38,7 +38,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from engine.runtime.runner.backends.cpu import host_decode, host_linear
+from engine.runtime.runner.backends.cpu import host_decode, host_linear, host_verify_attention
 from engine.runtime.runner.backends.cpu.host_decode import host_parts
 
 # Rotation tables grow by this many positions at a time.
@@ -119,9 +119,9 @@ def decode(model: Any, inputs: mx.array, rows: Sequence[Any], tables: RopeTables
 
     ``widths`` (a speculative step's verification): row ``b`` feeds ``widths[b]`` consecutive tokens of the
     flat ``inputs`` (its last token and its drafts) and gets a logits row for each, as a causal forward
-    over them would: each token is a row of its own here, at its own position, attending to the row's cache
-    up to and including itself (the loops write a row's tokens in order before each attends, all in one
-    thread), so the pass reads the weights once for every token of the step.
+    over them would: each token is a row of its own in the linear layers, so the pass reads the weights once
+    for every token of the step, and a sequence's tokens attend together, each to the row's cache up to and
+    including itself (``host_verify_attention``).
     """
     widths = [1] * len(rows) if widths is None else list(widths)
     mx.eval(inputs, [(p[0], p[1]) for kv in rows for layer in kv.layers for p in host_parts(layer, 0)])
@@ -135,6 +135,7 @@ def decode(model: Any, inputs: mx.array, rows: Sequence[Any], tables: RopeTables
     cos, sin = tables.at(_Rope(rope.dims, rope.traditional, rope.base, rope.scale),
                           np.array(positions, dtype=np.int64))
     batch = len(positions)
+    verifying = any(w > 1 for w in widths)
     for i, layer in enumerate(body.layers):
         attn = layer.self_attn
         x = _rms_norm(h, layer.input_layernorm)
@@ -146,8 +147,11 @@ def decode(model: Any, inputs: mx.array, rows: Sequence[Any], tables: RopeTables
         claimed = [kv.layers[i].claim_one() for kv, w in zip(rows, widths) for _ in range(w)]
         layers = [kv.layers[i] for kv, w in zip(rows, widths) for _ in range(w)]
         parts = [host_parts(layer, at + 1) for layer, at in zip(layers, claimed)]
-        out = host_decode.attend_host(q * np.float32(attn.scale), parts, k, v, claimed, workers=workers,
-                                      groups=widths)
+        if verifying:  # each sequence's tokens together (host_verify_attention's docstring)
+            out = host_verify_attention.attend_groups(q * np.float32(attn.scale), parts, k, v, claimed, widths,
+                                                      workers)
+        else:
+            out = host_decode.attend_host(q * np.float32(attn.scale), parts, k, v, claimed, workers=workers)
         h = h + _linear(out.reshape(batch, -1), attn.o_proj, linear_pass)
         mlp = layer.mlp
         x = _rms_norm(h, layer.post_attention_layernorm)
@@ -171,7 +175,7 @@ def _linear(x: np.ndarray, layer: nn.Linear, linear_pass: bool) -> np.ndarray:
 
 def _times(x: np.ndarray, weight: np.ndarray, linear_pass: bool) -> np.ndarray:
     """``x @ weight.T``: the few-row pass (``linear_kernel``) where it is faster than BLAS, else BLAS."""
-    out = host_linear.times(x, weight) if linear_pass else None
+    out = host_linear.times(x, weight, host_linear.HOST_STEP_MAX_ROWS) if linear_pass else None
     return x @ weight.T if out is None else out
 
 

@@ -32,8 +32,13 @@ import numpy as np
 from engine.distributed.local_ranks import process_cores
 from engine.runtime.runner.backends.cpu.parallel_gate import PARALLEL
 
-# Above this many rows BLAS's sgemm is as fast (16 rows: 56 ms both over SmolLM2's weights).
+# Rows up to which a layer inside MLX's forward takes the pass: each call evaluates its input first, and
+# above 8 rows that costs what the pass saves (16 rows: 56 ms both ways over SmolLM2's weights).
 MAX_ROWS = 8
+# Rows up to which a step run whole on the host (``host_forward``, no evaluation per layer) takes the pass:
+# a verification's tokens or 16 agents. Above it BLAS is as fast (64 rows: ~160-180 ms both ways,
+# ``linear_kernel``'s docstring).
+HOST_STEP_MAX_ROWS = 32
 # numba's work-queue threading layer (where OpenMP is missing) is one per process and must not be entered
 # from two threads at once; a second caller takes BLAS's product instead of waiting.
 _busy = PARALLEL
@@ -61,11 +66,11 @@ def product(x: mx.array, weights: mx.array) -> mx.array | None:
     return None if out is None else mx.array(out.reshape(*x.shape[:-1], out.shape[-1]))
 
 
-def times(x: np.ndarray, weights: np.ndarray) -> np.ndarray | None:
+def times(x: np.ndarray, weights: np.ndarray, max_rows: int = MAX_ROWS) -> np.ndarray | None:
     """``x @ weights.T`` for ``x`` (rows, inner) through the compiled pass; None where it does not run: more
-    than ``MAX_ROWS`` rows, weights that are not one C-contiguous float32 buffer (a view of another array:
+    than ``max_rows`` rows, weights that are not one C-contiguous float32 buffer (a view of another array:
     BLAS reads it where it lies, a copy would cost more), or another thread inside it."""
-    if not (0 < x.shape[0] <= MAX_ROWS and weights.dtype == np.float32 and weights.flags.c_contiguous):
+    if not (0 < x.shape[0] <= max_rows and weights.dtype == np.float32 and weights.flags.c_contiguous):
         return None
     if not _busy.acquire(blocking=False):
         return None

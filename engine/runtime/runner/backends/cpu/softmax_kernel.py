@@ -31,6 +31,37 @@ _C6, _C5, _C4, _C3, _C2, _C1, _C0 = (np.float32(c) for c in (
     5.550332471162809e-2, 2.402264791363012e-1, 6.931472028550421e-1, 1.0))
 
 
+@numba.njit(nogil=True, fastmath={"contract"}, cache=True)
+def _softmax_row(x, n):  # pragma: no cover (compiled)
+    """``x``'s first ``n`` scores become their softmax, the rest 0, in place."""
+    length = x.shape[0]
+    n = min(n, length)
+    for j in range(max(n, 0), length):
+        x[j] = np.float32(0.0)
+    if n <= 0:
+        return
+    top = x[0]
+    for j in range(1, n):
+        top = max(top, x[j])
+    # 2**n's bits go to a scratch row, read back as floats (a bit cast numba vectorizes).
+    bits = np.empty(n, np.int32)
+    powers = bits.view(np.float32)
+    for j in range(n):
+        y = max((x[j] - top) * _LOG2_E, _MIN_EXPONENT - np.float32(1.0))
+        whole = (y + _ROUND) - _ROUND
+        f = y - whole
+        p = ((((((_C6 * f + _C5) * f + _C4) * f + _C3) * f + _C2) * f + _C1) * f + _C0)
+        bits[j] = (np.int32(whole) + 127) << 23
+        x[j] = p if y >= _MIN_EXPONENT else np.float32(0.0)
+    total = np.float32(0.0)
+    for j in range(n):
+        x[j] *= powers[j]
+        total += x[j]
+    scale = np.float32(1.0) / total
+    for j in range(n):
+        x[j] *= scale
+
+
 @numba.njit(nogil=True, fastmath={"contract"}, parallel=True, cache=True)
 def softmax_rows(scores, visible):  # pragma: no cover (compiled)
     """Replace each row of ``scores`` (R, L; float32, C-contiguous) by its softmax, in place.
@@ -39,31 +70,13 @@ def softmax_rows(scores, visible):  # pragma: no cover (compiled)
     the rest become 0. A row's scores are all finite (masked keys carry
     float32's lowest value, as ``cpu_math`` masks them).
     """
-    rows, length = scores.shape
-    for r in numba.prange(rows):
-        x = scores[r]
-        n = min(visible[r], length)
-        for j in range(n, length):
-            x[j] = np.float32(0.0)
-        if n <= 0:
-            continue
-        top = x[0]
-        for j in range(1, n):
-            top = max(top, x[j])
-        # 2**n's bits go to a scratch row, read back as floats (a bit cast numba vectorizes).
-        bits = np.empty(n, np.int32)
-        powers = bits.view(np.float32)
-        for j in range(n):
-            y = max((x[j] - top) * _LOG2_E, _MIN_EXPONENT - np.float32(1.0))
-            whole = (y + _ROUND) - _ROUND
-            f = y - whole
-            p = ((((((_C6 * f + _C5) * f + _C4) * f + _C3) * f + _C2) * f + _C1) * f + _C0)
-            bits[j] = (np.int32(whole) + 127) << 23
-            x[j] = p if y >= _MIN_EXPONENT else np.float32(0.0)
-        total = np.float32(0.0)
-        for j in range(n):
-            x[j] *= powers[j]
-            total += x[j]
-        scale = np.float32(1.0) / total
-        for j in range(n):
-            x[j] *= scale
+    for r in numba.prange(scores.shape[0]):
+        _softmax_row(scores[r], visible[r])
+
+
+@numba.njit(nogil=True, fastmath={"contract"}, cache=True)
+def softmax_rows_here(scores, visible):  # pragma: no cover (compiled)
+    """:func:`softmax_rows` on the calling thread alone: for a few rows (a verification's queries), where
+    starting the parallel loop's threads costs more than the rows (~7 ms against ~0.2)."""
+    for r in range(scores.shape[0]):
+        _softmax_row(scores[r], visible[r])
