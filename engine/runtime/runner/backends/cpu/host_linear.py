@@ -36,9 +36,10 @@ from engine.runtime.runner.backends.cpu.parallel_gate import PARALLEL
 # above 8 rows that costs what the pass saves (16 rows: 56 ms both ways over SmolLM2's weights).
 MAX_ROWS = 8
 # Rows up to which a step run whole on the host (``host_forward``, no evaluation per layer) takes the pass:
-# a verification's tokens or 16 agents. Above it BLAS is as fast (64 rows: ~160-180 ms both ways,
-# ``linear_kernel``'s docstring).
-HOST_STEP_MAX_ROWS = 32
+# 16 agents, or 8 agents' tokens and 7 drafts each in a verification. At 64 rows BLAS is about as fast
+# alone (~160-180 ms both ways, ``linear_kernel``'s docstring), but its threads then spin on the cores the
+# step's compiled loops use next.
+HOST_STEP_MAX_ROWS = 64
 # numba's work-queue threading layer (where OpenMP is missing) is one per process and must not be entered
 # from two threads at once; a second caller takes BLAS's product instead of waiting.
 _busy = PARALLEL

@@ -14,7 +14,7 @@ Four weight rows at a time: each is read from memory once and multiplied
 with every row of ``x`` (which stays in the CPU's cache). Rows of ``x`` go
 four at a time too (16 sums in registers: a load of a weight row feeds
 four multiply-adds, and so does a load of ``x``), the rest one at a time.
-A speculative step's verification carries 8-32 rows (each agent's last
+A speculative step's verification carries 8-64 rows (each agent's last
 token and its drafts); over SmolLM2's weights (2026-11-30, session 25)
 four-by-four took 53 / 67 / 92 ms at 8 / 16 / 32 rows against 54 / 82 /
 125 ms one row at a time and 109 / 109 / 141 ms through numpy's BLAS; at
