@@ -186,8 +186,8 @@ class CpuBackend(MlxBackend):
     def draft_row_cost(self, model: Any) -> float:
         """On the host path each sequence's own token is a row of the linear layers' products and of
         ``host_decode``'s attention loops, and 2 cores are busy with them: SmolLM2 at 1,000 tokens of context, a
-        pass of one token for eight agents takes about 3.3 passes of one for one agent (193 against 58 ms,
-        2026-11-30, session 25, bench/bench_verify_cost.py). A drafted token costs less
+        pass of one token for eight agents takes about 3.3 passes of one for one agent (193 against 58 ms;
+        bench/reports/2026-11-30-cpu-2core-s25/probes/verify_pass_probe.log). A drafted token costs less
         (:meth:`draft_token_cost`)."""
         if self._host_step.get(id(model)) and self._loops_ok:
             return 0.3
@@ -195,10 +195,10 @@ class CpuBackend(MlxBackend):
 
     def draft_token_cost(self, model: Any) -> float:
         """On the host path a sequence's tokens attend together (``host_verify_attention.py``) and the linear
-        layers take up to 32 rows in one read of the weights: SmolLM2 at 1,000 tokens of context, one agent, a
+        layers take up to 64 rows in one read of the weights: SmolLM2 at 1,000 tokens of context, one agent, a
         pass of 1 token 58 ms, of 8 tokens 105 ms (6.7 ms a drafted token); eight agents 193 ms a pass of one
         token each, 262 of two, 354 of four (6-9 ms a drafted token): 0.12-0.15 of a one-token pass
-        (2026-11-30, session 25, bench/bench_verify_cost.py)."""
+        (bench/reports/2026-11-30-cpu-2core-s25/probes/verify_pass_probe.log)."""
         if self._host_step.get(id(model)) and self._loops_ok:
             return 0.13
         return super().draft_token_cost(model)
