@@ -50,6 +50,17 @@ def prefilled(model: llama.Model, tokens: list[int], kind: type[FullKV] = HostFu
     return layers
 
 
+def assert_same_caches(host_rows: list[Row], mlx_rows: list[list[FullKV]]) -> None:
+    """Each row's layers hold what mlx-lm's forward wrote into the reference caches, at the same offsets."""
+    for host_row, layers in zip(host_rows, mlx_rows):
+        for mine, theirs in zip(host_row.layers, layers):
+            assert mine.offset == theirs.offset
+            np.testing.assert_allclose(np.asarray(mine.keys[..., :mine.offset, :]),
+                                       np.asarray(theirs.keys[..., :theirs.offset, :]), rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(np.asarray(mine.values[..., :mine.offset, :]),
+                                       np.asarray(theirs.values[..., :theirs.offset, :]), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("changes", [
     {},
     {"attention_bias": True, "mlp_bias": True, "tie_word_embeddings": False},
@@ -71,13 +82,7 @@ def test_decode_steps_give_mlx_forward_logits_and_cache_writes(changes: dict, ro
                                    for t, layers in zip(tokens, mlx_rows)])
         np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
         assert (got.argmax(-1) == expected.argmax(-1)).all()
-        for host_row, layers in zip(host_rows, mlx_rows):
-            for mine, theirs in zip(host_row.layers, layers):
-                assert mine.offset == theirs.offset
-                np.testing.assert_allclose(np.asarray(mine.keys[..., :mine.offset, :]),
-                                           np.asarray(theirs.keys[..., :theirs.offset, :]), rtol=1e-5, atol=1e-5)
-                np.testing.assert_allclose(np.asarray(mine.values[..., :mine.offset, :]),
-                                           np.asarray(theirs.values[..., :theirs.offset, :]), rtol=1e-5, atol=1e-5)
+        assert_same_caches(host_rows, mlx_rows)
         tokens = [int(t) for t in got.argmax(-1)]
     backend.detach(model)
     backend.close()
