@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import Executor
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, Callable, Optional, Sequence, Tuple
 
 import mlx.core as mx
 import numpy as np
@@ -174,19 +174,26 @@ def attend_host(scaled: np.ndarray, parts_per_row: Sequence[Sequence[PartArrays]
             addresses[b] = _address(np.logical_not(m).astype(np.uint8).reshape(-1), alive)
     keys_per_row = [sum(n for _, _, n in parts) for parts in parts_per_row]
     chunks = thread_shares(keys_per_row, 1 if workers is None else worker_count())
-    run = host_kernels.batch_rows
     args = (scaled, table, row_parts, addresses, kv_heads, out)
-    pending = [workers.submit(run, *args, c[0], c[-1] + 1, new_keys, new_values, writes) for c in chunks[1:]]  # type: ignore[union-attr]
+    run_shares(lambda c: host_kernels.batch_rows(*args, c[0], c[-1] + 1, new_keys, new_values, writes), chunks,
+               workers)
+    del alive
+    return out
+
+
+def run_shares(run: Callable[[Any], None], shares: Sequence[Any], workers: Executor | None) -> None:
+    """``run(share)`` for every share: the first on this thread, the others on ``workers``, all waited for.
+
+    Even when this thread's share fails, the others still read and write the caller's buffers (which it
+    keeps alive until this returns), so they are waited for before the error goes up."""
+    pending = [workers.submit(run, share) for share in shares[1:]]  # type: ignore[union-attr]
     try:
-        run(*args, chunks[0][0], chunks[0][-1] + 1, new_keys, new_values, writes)
+        run(shares[0])
     finally:
-        # Even when this thread's rows failed, the others read the buffers ``alive`` keeps: wait for them.
         for future in pending:
             future.exception()
     for future in pending:
         future.result()
-    del alive
-    return out
 
 
 def _flat(array: mx.array, alive: list[np.ndarray], in_place: bool = False) -> tuple[int, int]:

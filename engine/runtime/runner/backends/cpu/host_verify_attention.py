@@ -5,7 +5,8 @@ query at its own position that sees the sequence's cache up to itself.
 ``host_decode``'s loops take one query row at a time: dot products of 64
 floats, each summed across a vector register, then a scalar ``exp`` per
 score, ~350 us a token and layer over 1,000 keys on SmolLM2, so 8 tokens
-cost 8 times one (47 of a 120 ms pass, ``bench/bench_verify_cost.py``).
+cost 8 times one (47 of a 136 ms pass; bench/reports/2026-11-30-cpu-2core-s25,
+``probes/verify_pass_probe.log``).
 Here a sequence's queries go together, per key head: one product of all
 its queries (tokens times the query heads sharing that key head) with the
 keys, one softmax per query cut at its own position (``softmax_kernel``'s
@@ -17,8 +18,9 @@ The products run on the calling thread (``threadpoolctl`` holds numpy's and
 MLX's OpenBLAS to one thread while they run): OpenBLAS's threads keep
 spinning on the cores for a while after each call, and the step's linear
 layers then run numba's threads on the same two cores. Measured on
-SmolLM2, one agent, a pass of 8 tokens: 98 ms this way, 1,120 ms with
-OpenBLAS's threads (its 4-row linear layers took 780 ms instead of 48).
+SmolLM2, one agent, a pass of 8 tokens: 94-105 ms this way, 1,123 ms with
+OpenBLAS's threads (a pass of 4 tokens: its linear layers took 778 ms
+instead of 48).
 
 The step's own keys and values are written first, into the positions the
 sequence claimed (``HostFullKV.claim_one``: never written before, so no
@@ -40,7 +42,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from engine.runtime.runner.backends.cpu.host_decode import PartArrays, thread_shares, worker_count
+from engine.runtime.runner.backends.cpu.host_decode import PartArrays, run_shares, thread_shares, worker_count
 
 
 def attend_groups(scaled: np.ndarray, parts_per_row: Sequence[Sequence[PartArrays]], new_keys: np.ndarray,
@@ -70,14 +72,7 @@ def attend_groups(scaled: np.ndarray, parts_per_row: Sequence[Sequence[PartArray
     keys = [width * sum(n for _, _, n in parts_per_row[end - 1]) for width, (_, end) in zip(widths, groups)]
     shares = [[groups[g] for g in chunk] for chunk in thread_shares(keys, 1 if workers is None else worker_count())]
     with one_blas_thread():
-        pending = [workers.submit(run, share) for share in shares[1:]]  # type: ignore[union-attr]
-        try:
-            run(shares[0])
-        finally:
-            for future in pending:  # the others write into ``out`` and the caches: wait for them, failed or not
-                future.exception()
-        for future in pending:
-            future.result()
+        run_shares(run, shares, workers)
     return out
 
 
@@ -123,11 +118,8 @@ def _attend_group(scaled: np.ndarray, parts: Sequence[PartArrays], kv_heads: int
 
     seen = np.repeat(np.arange(total - width + 1, total + 1, dtype=np.int64), repeats)
     softmax_rows_here(weights.reshape(kv_heads * queries, total), np.tile(seen, kv_heads))
-    out = None
-    column = 0
-    for (_, v, n) in parts:
-        part = np.matmul(weights[:, :, column:column + n], np.asarray(v)[0, :, :n, :])
-        out = part if out is None else out + part
-        column += n
-    v_dim = out.shape[-1]  # type: ignore[union-attr]
-    return out.reshape(kv_heads, width, repeats, v_dim).transpose(1, 0, 2, 3).reshape(width, heads, v_dim)  # type: ignore[union-attr]
+    columns = np.cumsum([0, *(n for _, _, n in parts)])
+    out = sum(np.matmul(weights[:, :, columns[i]:columns[i + 1]], np.asarray(v)[0, :, :n, :])
+              for i, (_, v, n) in enumerate(parts))
+    v_dim = out.shape[-1]
+    return out.reshape(kv_heads, width, repeats, v_dim).transpose(1, 0, 2, 3).reshape(width, heads, v_dim)
