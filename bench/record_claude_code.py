@@ -16,6 +16,18 @@ ones that carry its tools) with a ``Read`` call for each file in turn, then a
 short text. The CLI runs the tools itself, so every request after the first
 carries its real tool results, growing the conversation as a coding agent's
 does; only the assistant's words are scripted.
+
+``--write-turn FILE...`` records one session per file, a copy-heavy turn as
+a coding agent makes it: the project holds the file (a source of this
+repository, cut at a line end to about ``--max-chars``), the user asks for a
+rename across it, and the capture server answers with a ``Read`` of the file
+and then a ``Write`` of it whole with the rename made. The request after the
+``Read`` (system prompt, tools, the ask and the file as the CLI's ``Read``
+returned it, with line numbers) is the one whose answer is that ``Write``:
+``bench/bench_speculation.py`` replays it to time a model writing the file
+back. The CLI runs as a user runs it, without permission flags, so it asks
+for permission for the ``Write`` and gets none; the recorded turn comes
+before that.
 """
 
 from __future__ import annotations
@@ -23,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -135,6 +148,41 @@ def test_to_reorder_lists_low_items_lowest_first():
 TOOL_TURNS_PROMPT = "Read inventory.py and test_inventory.py, then tell me whether the tests cover take()."
 
 
+def write_turn_file(path: Path, max_chars: int) -> tuple[str, str]:
+    """A --write-turn source: its text cut at a line end to at most ``max_chars``, and the name to rename (its
+    first top-level def or class)."""
+    kept, size = [], 0
+    for line in path.read_text(encoding="utf-8").splitlines(keepends=True):
+        if size + len(line) > max_chars:
+            break
+        kept.append(line)
+        size += len(line)
+    text = "".join(kept)
+    names = re.findall(r"^(?:def|class) (\w+)", text, flags=re.M)
+    if not names:
+        raise SystemExit(f"{path}: no top-level def or class in its first {max_chars} characters to rename")
+    return text, names[0]
+
+
+def write_turn_prompt(name: str, old: str) -> str:
+    return f"In {name}, rename `{old}` to `{old}_renamed` everywhere, and write the whole file back."
+
+
+def scripted_write_turn(payload: dict, target: Path, old: str) -> dict | None:
+    """The --write-turn script for one request: a Read of ``target``, then a Write of it with ``old`` renamed,
+    then text; None too for a request without the CLI's tools (a title, a probe)."""
+    if not any(tool.get("name") == "Write" for tool in payload.get("tools") or []):
+        return None
+    results = sum(1 for message in payload.get("messages", []) if isinstance(message.get("content"), list)
+                  for block in message["content"] if block.get("type") == "tool_result")
+    if results == 0:
+        return {"id": "toolu_recorder_read", "name": "Read", "input": {"file_path": str(target)}}
+    if results == 1:
+        edited = re.sub(rf"\b{re.escape(old)}\b", f"{old}_renamed", target.read_text(encoding="utf-8"))
+        return {"id": "toolu_recorder_write", "name": "Write", "input": {"file_path": str(target), "content": edited}}
+    return None
+
+
 def scripted_tool_call(payload: dict, project: Path) -> dict | None:
     """The --tool-turns script for one request: a Read of the next project file not read yet, or None (answer
     in text) once all are read or for a request without the CLI's tools (a title, a probe)."""
@@ -152,6 +200,7 @@ class Recorder(BaseHTTPRequestHandler):
     records: list[dict] = []
     lock = threading.Lock()
     project: Path | None = None  # --tool-turns: the project whose files the script has the CLI read
+    write_target: tuple[Path, str] | None = None  # --write-turn: the file the script reads and writes, the name
 
     def log_message(self, *args: object) -> None:
         pass
@@ -171,7 +220,10 @@ class Recorder(BaseHTTPRequestHandler):
             self._json({"input_tokens": 1})
             return
         payload = json.loads(body or b"{}")
-        tool_call = scripted_tool_call(payload, self.project) if self.project is not None else None
+        if self.write_target is not None:
+            tool_call = scripted_write_turn(payload, *self.write_target)
+        else:
+            tool_call = scripted_tool_call(payload, self.project) if self.project is not None else None
         if payload.get("stream"):
             data = canned_stream(payload.get("model", "claude"), tool_call)
             self.send_response(200)
@@ -202,7 +254,8 @@ class Recorder(BaseHTTPRequestHandler):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     parser.add_argument("--out", type=Path, required=True, help="JSONL file to write the requests to")
     parser.add_argument("--prompt", default=None, help="what the user types (default: 'Name one colour.', or "
                                                        "with --tool-turns a request to read the project's files)")
@@ -210,32 +263,59 @@ def main() -> None:
     parser.add_argument("--tool-turns", action="store_true",
                         help="script Read calls of the project's two files before the answer (requests with tool "
                              "results)")
+    parser.add_argument("--write-turn", nargs="+", type=Path, metavar="FILE",
+                        help="one session per FILE: a rename asked for, a Read of the file and a Write of it "
+                             "back scripted (the copy-heavy turn bench_speculation replays)")
+    parser.add_argument("--max-chars", type=int, default=4000,
+                        help="--write-turn: cut each file at a line end to at most this many characters "
+                             "(default 4000, about 1K tokens of Python)")
     args = parser.parse_args()
-    prompt = args.prompt or (TOOL_TURNS_PROMPT if args.tool_turns else "Name one colour.")
+    if args.write_turn and (args.tool_turns or args.prompt):
+        parser.error("--write-turn makes its own project and prompt; leave out --tool-turns and --prompt")
     server = ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     binary = install_claude_code(npm_prefix())
-    with tempfile.TemporaryDirectory() as home, tempfile.TemporaryDirectory() as project:
-        if args.tool_turns:
-            Recorder.project = Path(project).resolve()
-            for name, text in PROJECT_FILES.items():
-                (Path(project) / name).write_text(text)
-        env = {"PATH": os.environ.get("PATH", ""), "HOME": home, "LANG": "C.UTF-8",
-               "ANTHROPIC_BASE_URL": f"http://127.0.0.1:{server.server_port}", "ANTHROPIC_API_KEY": "any",
-               "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
-        argv = [str(binary), *(["--bare"] if args.bare else []), "-p", prompt]
-        done = subprocess.run(argv, cwd=project, env=env, capture_output=True, text=True, timeout=300,
-                              stdin=subprocess.DEVNULL)
+    failures = 0
+    if args.write_turn:
+        for source in args.write_turn:
+            text, old = write_turn_file(source, args.max_chars)
+            with tempfile.TemporaryDirectory() as project:
+                target = Path(project).resolve() / source.name
+                target.write_text(text, encoding="utf-8")
+                Recorder.write_target = (target, old)
+                failures += _run_cli(binary, server, Path(project), write_turn_prompt(source.name, old), args.bare)
+    else:
+        prompt = args.prompt or (TOOL_TURNS_PROMPT if args.tool_turns else "Name one colour.")
+        with tempfile.TemporaryDirectory() as project:
+            if args.tool_turns:
+                Recorder.project = Path(project).resolve()
+                for name, text in PROJECT_FILES.items():
+                    (Path(project) / name).write_text(text)
+            failures += _run_cli(binary, server, Path(project), prompt, args.bare)
     server.shutdown()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with args.out.open("w") as out:
         for record in Recorder.records:
             out.write(json.dumps(record) + "\n")
     sizes = [len(json.dumps(r["body"])) for r in Recorder.records if r["body"]]
+    print(f"{len(Recorder.records)} requests recorded to {args.out} (bodies {sizes} bytes); "
+          f"{failures} CLI run(s) exited non-zero")
+
+
+def _run_cli(binary: Path, server: ThreadingHTTPServer, project: Path, prompt: str, bare: bool) -> int:
+    """One ``claude -p PROMPT`` in ``project`` against the capture server, with only the base URL and a key set;
+    1 when it exited non-zero (its output printed), else 0."""
+    with tempfile.TemporaryDirectory() as home:
+        env = {"PATH": os.environ.get("PATH", ""), "HOME": home, "LANG": "C.UTF-8",
+               "ANTHROPIC_BASE_URL": f"http://127.0.0.1:{server.server_port}", "ANTHROPIC_API_KEY": "any",
+               "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
+        argv = [str(binary), *(["--bare"] if bare else []), "-p", prompt]
+        done = subprocess.run(argv, cwd=project, env=env, capture_output=True, text=True, timeout=300,
+                              stdin=subprocess.DEVNULL)
+    print(f"claude -p {prompt!r}: exited {done.returncode}")
     if done.returncode != 0:
         print(f"claude stdout:\n{done.stdout}\nclaude stderr:\n{done.stderr}")
-    print(f"claude exited {done.returncode}; {len(Recorder.records)} requests recorded to {args.out} "
-          f"(bodies {sizes} bytes)")
+    return int(done.returncode != 0)
 
 
 if __name__ == "__main__":
