@@ -253,8 +253,8 @@ async def _recorded(url: str, launch: Launch, requests, max_tokens: int, repeat:
                 turn = replace(turn, cache={"speculation": row.get("speculation") or {}},
                                first_token_at=turn.sent_at + row["last_ttft_s"])
             print(f"#   {RECORDED} {i}: prompt {turn.prompt_tokens} tokens, wrote {turn.completion_tokens}, "
-                  f"prefill {turn.ttft_s:.0f} s, "
-                  f"decode {turn.done_at - turn.first_token_at:.1f} s", flush=True)
+                  f"prefill {turn.ttft_s:.0f} s, decode {turn.done_at - turn.first_token_at:.1f} s: "
+                  f"{_excerpt(turn.text)}", flush=True)
             turns.append(turn)
     return turns
 
@@ -296,6 +296,12 @@ def _record(result: BenchResult, runs, on: str, off: str, peer: str, levels: lis
                  "acceptance", "tokens/step", "tokens", "identical"], rows)
     for note in result.notes:
         print(f"# {note}")
+
+
+def _excerpt(text: str, limit: int = 160) -> str:
+    """What a recorded turn's answer was, on one line (the model's own: it may not follow the ask)."""
+    flat = json.dumps(text)[1:-1]
+    return flat if len(flat) <= limit else f"{flat[:limit]}... ({len(text)} characters)"
 
 
 def _spread(values: list[float]) -> str:
