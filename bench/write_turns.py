@@ -51,7 +51,8 @@ async def send_write_turn(http: httpx.AsyncClient, request: Recorded, protocol: 
                           max_tokens: int) -> Turn:
     """One recorded turn, streamed; ``agent`` replaces the CLI's session id, so every run starts a fresh agent.
 
-    The text compared across servers is what the model wrote: text and tool-call arguments as they stream.
+    The text compared across servers is what the model wrote: text, and tool calls' names and arguments, as
+    they stream.
     """
     headers = dict(request.headers)
     headers["x-claude-code-session-id"] = agent
@@ -88,6 +89,8 @@ def _piece(event: dict[str, Any], protocol: str, usage: dict[str, Any]) -> str:
             raise RuntimeError(f"stream error: {event.get('error')}")
         if kind == "message_start":
             usage.update(event["message"].get("usage") or {})
+        elif kind == "content_block_start" and event["content_block"].get("type") == "tool_use":
+            return event["content_block"].get("name") or ""  # as the OpenAI stream carries it, before its arguments
         elif kind == "message_delta":
             usage.update(event.get("usage") or {})
         elif kind == "content_block_delta":
