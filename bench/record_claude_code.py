@@ -47,6 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests.model.claude_code_cli import install_claude_code, npm_prefix  # noqa: E402
+from trace_format import tool_results  # noqa: E402
 
 SECRET_HEADERS = {"x-api-key", "authorization", "cookie"}
 REPLY = "Red."
@@ -173,8 +174,7 @@ def scripted_write_turn(payload: dict, target: Path, old: str) -> dict | None:
     then text; None too for a request without the CLI's tools (a title, a probe)."""
     if not any(tool.get("name") == "Write" for tool in payload.get("tools") or []):
         return None
-    results = sum(1 for message in payload.get("messages", []) if isinstance(message.get("content"), list)
-                  for block in message["content"] if block.get("type") == "tool_result")
+    results = tool_results(payload)
     if results == 0:
         return {"id": "toolu_recorder_read", "name": "Read", "input": {"file_path": str(target)}}
     if results == 1:
@@ -188,8 +188,7 @@ def scripted_tool_call(payload: dict, project: Path) -> dict | None:
     in text) once all are read or for a request without the CLI's tools (a title, a probe)."""
     if not any(tool.get("name") == "Read" for tool in payload.get("tools") or []):
         return None
-    results = sum(1 for message in payload.get("messages", []) if isinstance(message.get("content"), list)
-                  for block in message["content"] if block.get("type") == "tool_result")
+    results = tool_results(payload)
     names = sorted(PROJECT_FILES)
     if results >= len(names):
         return None

@@ -159,19 +159,22 @@ class _Reading:
         self.usage = answer.get("usage")
 
     def tokens(self, protocol: str) -> tuple[int, int, int]:
-        """(prompt, reused, output) from the server's own usage report."""
-        usage = self.usage or {}
-        if protocol == "anthropic":
-            reused = int(usage.get("cache_read_input_tokens") or 0)
-            prompt = int(usage.get("input_tokens") or 0) + reused + int(usage.get("cache_creation_input_tokens") or 0)
-            return prompt, reused, int(usage.get("output_tokens") or 0)
-        if protocol == "responses":
-            details = usage.get("input_tokens_details") or {}
-            return (int(usage.get("input_tokens") or 0), int(details.get("cached_tokens") or 0),
-                    int(usage.get("output_tokens") or 0))
-        details = usage.get("prompt_tokens_details") or {}
-        return (int(usage.get("prompt_tokens") or 0), int(details.get("cached_tokens") or 0),
-                int(usage.get("completion_tokens") or 0))
+        return usage_tokens(self.usage or {}, protocol)
+
+
+def usage_tokens(usage: dict[str, Any], protocol: str) -> tuple[int, int, int]:
+    """(prompt, reused, output) from a server's own usage report in ``protocol``'s shape."""
+    if protocol == "anthropic":
+        reused = int(usage.get("cache_read_input_tokens") or 0)
+        prompt = int(usage.get("input_tokens") or 0) + reused + int(usage.get("cache_creation_input_tokens") or 0)
+        return prompt, reused, int(usage.get("output_tokens") or 0)
+    if protocol == "responses":
+        details = usage.get("input_tokens_details") or {}
+        return (int(usage.get("input_tokens") or 0), int(details.get("cached_tokens") or 0),
+                int(usage.get("output_tokens") or 0))
+    details = usage.get("prompt_tokens_details") or {}
+    return (int(usage.get("prompt_tokens") or 0), int(details.get("cached_tokens") or 0),
+            int(usage.get("completion_tokens") or 0))
 
 
 # -- a whole trace -----------------------------------------------------------------------------------

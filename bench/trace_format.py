@@ -100,6 +100,13 @@ def session_of(headers: dict[str, str], body: dict[str, Any]) -> str:
     return "default"
 
 
+def tool_results(body: dict[str, Any]) -> int:
+    """How many tool results an Anthropic Messages body's conversation carries (how far a scripted session got)."""
+    return sum(1 for message in body.get("messages") or () if isinstance(message, dict)
+               and isinstance(message.get("content"), list)
+               for block in message["content"] if isinstance(block, dict) and block.get("type") == "tool_result")
+
+
 def sessions(requests: list[Recorded]) -> dict[str, list[Recorded]]:
     grouped: dict[str, list[Recorded]] = {}
     for request in requests:

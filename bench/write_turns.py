@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from chat_stream import Turn
-from replay import outgoing
-from trace_format import Recorded, load_trace, sessions
+from replay import outgoing, usage_tokens
+from trace_format import Recorded, load_trace, sessions, tool_results
 
 TRACE = Path(__file__).resolve().parent / "traces" / "claude_code_write_turns.jsonl"
 API_KEY = "bench"
@@ -33,18 +34,13 @@ def write_turns(path: Path = TRACE) -> list[Recorded]:
     turns = []
     for requests in sessions(load_trace(path)).values():
         for request in requests:
-            if _tool_results(request.body) == 1 and any(t.get("name") == "Write" for t in request.body.get("tools", ())):
+            if tool_results(request.body) == 1 and any(t.get("name") == "Write" for t in request.body.get("tools", ())):
                 turns.append(request)
                 break
     if not turns:
         raise SystemExit(f"{path}: no request after a Read in any session (record it with "
                          "bench/record_claude_code.py --write-turn)")
     return turns
-
-
-def _tool_results(body: dict[str, Any]) -> int:
-    return sum(1 for message in body.get("messages") or () if isinstance(message.get("content"), list)
-               for block in message["content"] if isinstance(block, dict) and block.get("type") == "tool_result")
 
 
 async def send_write_turn(http: httpx.AsyncClient, request: Recorded, protocol: str, agent: str,
@@ -54,12 +50,9 @@ async def send_write_turn(http: httpx.AsyncClient, request: Recorded, protocol: 
     The text compared across servers is what the model wrote: text, and tool calls' names and arguments, as
     they stream.
     """
-    headers = dict(request.headers)
-    headers["x-claude-code-session-id"] = agent
-    recorded = Recorded(request.line, request.t, request.duration_s, request.path, headers,
-                        {**request.body, "temperature": 0}, agent)
+    recorded = replace(request, headers={**request.headers, "x-claude-code-session-id": agent},
+                       body={**request.body, "temperature": 0}, session=agent)
     path, headers, body = outgoing(recorded, protocol, max_tokens, API_KEY)
-    headers = {k: v for k, v in headers.items() if k not in ("host", "content-length", "accept-encoding", "connection")}
     pieces: list[str] = []
     usage: dict[str, Any] = {}
     first_at = None
@@ -76,7 +69,7 @@ async def send_write_turn(http: httpx.AsyncClient, request: Recorded, protocol: 
                 first_at = first_at or time.perf_counter()
                 pieces.append(piece)
     done_at = time.perf_counter()
-    prompt, generated = _tokens(usage, protocol)
+    prompt, _, generated = usage_tokens(usage, protocol)
     return Turn(agent=agent, index=0, text="".join(pieces), sent_at=sent_at, first_token_at=first_at or done_at,
                 done_at=done_at, prompt_tokens=prompt, completion_tokens=generated, cached_tokens=None, retries=0)
 
@@ -108,15 +101,6 @@ def _piece(event: dict[str, Any], protocol: str, usage: dict[str, Any]) -> str:
             function = call.get("function") or {}
             text += (function.get("name") or "") + (function.get("arguments") or "")
     return text
-
-
-def _tokens(usage: dict[str, Any], protocol: str) -> tuple[int, int]:
-    """(prompt, generated) from the server's own usage report."""
-    if protocol == "anthropic":
-        prompt = sum(int(usage.get(k) or 0) for k in ("input_tokens", "cache_read_input_tokens",
-                                                       "cache_creation_input_tokens"))
-        return prompt, int(usage.get("output_tokens") or 0)
-    return int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
 
 
 async def agent_row(http: httpx.AsyncClient, agent: str) -> dict[str, Any]:
