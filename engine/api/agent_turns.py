@@ -3,15 +3,18 @@ user message in, the reply out, the history extended only when the turn
 finished normally (stop, stop sequence or length; never after an error or a
 cancellation, so a failed turn can simply be retried).
 
-Streaming uses named SSE events: ``token`` (``{"text": ...}``) per delta,
-then ``done`` with the same object a non-streaming call returns, or
-``error`` with the app's error shape for ``/v1/agents``.
+Streaming uses named SSE events: ``token`` (``{"text": ...}``) per delta of
+the answer, ``reasoning`` (``{"text": ...}``) per delta of a thinking model's
+reasoning, then ``done`` with the same object a non-streaming call returns
+(``reasoning`` in it too), or ``error`` with the app's error shape for
+``/v1/agents``. The stored history keeps each reply's reasoning, which the
+chat template renders or not as it does for any client.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 from engine.errors import SemanticError
@@ -25,6 +28,7 @@ from .errors import ApiError, from_domain, stream_error_payload
 from .identity import AgentIdentity
 from .openai_translate import stops_of
 from .output_formats import openai_response_format
+from .reasoning_ask import from_effort
 from .service import EngineService
 from engine.domain.chat import ChatMessage
 from .turns import SamplingAsked, TurnSpec, ended_by, prepare, renderer_for, text_of
@@ -33,14 +37,17 @@ from .turns import SamplingAsked, TurnSpec, ended_by, prepare, renderer_for, tex
 async def start_turn(service: EngineService, conversation: AgentConversation, body: MessageBody) -> AsyncTurn:
     """Render history + message and submit; raises (400, 503...) before anything is generated."""
     identity = AgentIdentity(conversation.agent_id, AgentSource.API, conversation.display_name or conversation.agent_id)
+    max_tokens = body.max_tokens or service.settings.default_max_tokens
+    reasoning = from_effort(body.reasoning_effort, "reasoning_effort", max_tokens)
     spec = TurnSpec(
-        conversation.with_user_message(body.content),
+        replace(conversation.with_user_message(body.content), template_kwargs=reasoning.kwargs()),
         identity,
-        body.max_tokens or service.settings.default_max_tokens,
+        max_tokens,
         SamplingAsked(temperature=body.temperature),
         stops_of(body.stop),
         prompt_tokens=await context_prompt(service, conversation, body.content),
         output_format=openai_response_format(body.response_format),
+        reasoning=reasoning,
     )
     return service.start_turn(await prepare(service, spec))
 
@@ -62,6 +69,7 @@ def usage_body(usage: Usage) -> dict[str, Any]:
         "reused_tokens": usage.reused_tokens,
         "prefilled_tokens": usage.prefilled_tokens,
         "generated_tokens": usage.generated_tokens,
+        "reasoning_tokens": usage.reasoning_tokens,
         "ttft_s": usage.ttft_s,
         "decode_tok_s": usage.decode_tok_s,
     }
@@ -80,10 +88,11 @@ class StatefulTurn:
     # Called exactly once with the finish (None when the client went away first).
     on_end: Callable[[FinishEvent | None], None]
     text: str = ""
+    reasoning: str = ""
     _settled: bool = field(default=False)
 
     def result(self, finish: FinishEvent) -> dict[str, Any]:
-        return {"agent_id": self.agent_id, "content": self.text,
+        return {"agent_id": self.agent_id, "content": self.text, "reasoning": self.reasoning,
                 "finish_reason": ended_by(finish, False), "usage": usage_body(finish.usage)}
 
     async def settle(self) -> None:
@@ -98,7 +107,7 @@ class StatefulTurn:
         finish = self.turn.finish
         try:
             if finish is not None and not failed(finish):
-                await self.store.arecord_turn(self.agent_id, self.user_text, self.text)
+                await self.store.arecord_turn(self.agent_id, self.user_text, self.text, self.reasoning)
         finally:
             self.store.release(self.agent_id)
             self.on_end(finish)
@@ -107,6 +116,7 @@ class StatefulTurn:
         try:
             events = await self.turn.run_to_finish(disconnected)
             self.text = "".join(text_of(e) for e in events)
+            self.reasoning = "".join(e.reasoning for e in events if isinstance(e, TokenEvent))
         finally:
             await self.settle()
         finish = self.turn.finish
@@ -120,9 +130,13 @@ class StatefulTurn:
             async for event in replay(seen, self.turn, ping_s):
                 if event is None:
                     yield KEEP_ALIVE
-                elif isinstance(event, TokenEvent) and event.text:
-                    self.text += event.text
-                    yield sse_event("token", {"text": event.text})
+                elif isinstance(event, TokenEvent):
+                    if event.reasoning:
+                        self.reasoning += event.reasoning
+                        yield sse_event("reasoning", {"text": event.reasoning})
+                    if event.text:
+                        self.text += event.text
+                        yield sse_event("token", {"text": event.text})
                 elif isinstance(event, FinishEvent):
                     yield await self._closing(event)
         finally:

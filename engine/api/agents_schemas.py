@@ -36,6 +36,9 @@ class MessageBody(_Body):
     response_format: dict[str, Any] | None = Field(
         None, description="Structured outputs, as in chat completions: {type: json_schema, json_schema: {name, schema}} "
                           "or {type: json_object}; the reply is JSON that validates against the schema")
+    reasoning_effort: str | None = Field(
+        None, description="A thinking model's reasoning budget: none (off), minimal, low, medium, high, xhigh "
+                          "(as in chat completions); absent: the model's default, no budget")
 
 
 class CacheDivergenceOut(BaseModel):
@@ -115,6 +118,7 @@ class TurnUsage(BaseModel):
     reused_tokens: int
     prefilled_tokens: int
     generated_tokens: int
+    reasoning_tokens: int = Field(0, description="Of the generated tokens, those a thinking model reasoned with")
     ttft_s: float | None
     decode_tok_s: float | None
 
@@ -122,6 +126,7 @@ class TurnUsage(BaseModel):
 class TurnResult(BaseModel):
     agent_id: str
     content: str
+    reasoning: str = Field("", description="A thinking model's reasoning (markers left out); empty otherwise")
     finish_reason: Literal["stop", "stop_sequence", "length"]
     usage: TurnUsage
 
@@ -139,7 +144,7 @@ class ErrorOut(BaseModel):
 TURN_EVENT_SCHEMA: dict[str, Any] = {
     "type": "object",
     "required": ["event", "data"],
-    "properties": {"event": {"type": "string", "enum": ["token", "done", "error"]}, "data": {"type": "string"}},
+    "properties": {"event": {"type": "string", "enum": ["token", "reasoning", "done", "error"]}, "data": {"type": "string"}},
 }
 
 

@@ -43,7 +43,7 @@ from .cache_diagnostics import Fingerprint, FingerprintStore, diagnose, wants_di
 from .reply_model import reply_model
 from .errors import ApiError
 from .service import EngineService
-from .turns import OutputAssembler, cap_headers, prepare, render_tokens, text_of
+from .turns import OutputAssembler, cap_headers, prepare, render_tokens
 
 router = APIRouter(tags=["anthropic"])
 
@@ -87,7 +87,8 @@ async def create_message(body: MessagesRequest, request: Request) -> Response:
         record(None, "rejected")
         raise
     model = reply_model(body.model, request.headers)
-    head = MessageHead(f"msg_{secrets.token_hex(12)}", model, len(prepared.prompt_tokens), prepared.retain_tokens)
+    head = MessageHead(f"msg_{secrets.token_hex(12)}", model, len(prepared.prompt_tokens), prepared.retain_tokens,
+                       omit_thinking=spec.reasoning.omitted)
     if wants_diagnostics(request.headers, body.diagnostics):
         head = _diagnosed(request, body, head, spec.identity.agent_id, prepared.prompt_tokens)
     if body.stream:
@@ -139,9 +140,9 @@ async def _complete(request: Request, turn: AsyncTurn, assembler: OutputAssemble
     error = error_if_failed(finish)
     if error is not None:
         raise error
-    blocks = ContentBlocks()
+    blocks = ContentBlocks(head.omit_thinking)
     for event in events:
-        blocks.add(assembler.feed(text_of(event)))
+        blocks.add(assembler.feed(event))
     blocks.add(assembler.finish())
     body = message_body(head, blocks.content, finish, bool(assembler.calls))
     return JSONResponse(body, headers={"request-id": turn.request_id, **cap_headers(turn.request)})

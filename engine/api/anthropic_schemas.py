@@ -162,7 +162,10 @@ class CountTokensRequest(_Request):
     system: Content | None = None
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
-    thinking: dict[str, Any] | None = Field(None, description="Accepted and ignored")
+    thinking: dict[str, Any] | None = Field(
+        None, description="A thinking model's reasoning: {type: enabled, budget_tokens}, {type: adaptive} (budget from "
+                          "output_config.effort), {type: disabled}; display: omitted returns empty thinking text "
+                          "(engine/api/reasoning_ask.py). Absent: the model's default, no budget")
     cache_control: CacheControl | None = Field(
         None, description="Automatic caching: a breakpoint at the last cacheable block")
 
@@ -188,7 +191,7 @@ class MessagesRequest(CountTokensRequest):
     metadata: Metadata | None = None
     output_config: dict[str, Any] | None = Field(
         None, description="format: {type: json_schema, schema}: the reply is JSON that validates against the schema "
-                          "(structured outputs); effort is accepted and ignored")
+                          "(structured outputs); effort (low, medium, high, max) sets adaptive thinking's budget")
     output_format: dict[str, Any] | None = Field(None, description="The structured-outputs beta's name for "
                                                                   "output_config.format")
 
@@ -206,6 +209,12 @@ class ToolUseOut(BaseModel):
     input: dict[str, Any]
 
 
+class ThinkingOut(BaseModel):
+    type: Literal["thinking"] = "thinking"
+    thinking: str = Field(description="The reasoning (empty with display: omitted)")
+    signature: str = Field(description="Carries the reasoning; send the block back unchanged in a tool loop")
+
+
 class UsageOut(BaseModel):
     input_tokens: int = Field(description="Prompt tokens prefilled for this request")
     output_tokens: int
@@ -218,7 +227,7 @@ class MessageResponse(BaseModel):
     type: Literal["message"] = "message"
     role: Literal["assistant"] = "assistant"
     model: str
-    content: list[Annotated[Union[TextOut, ToolUseOut], Field(discriminator="type")]]
+    content: list[Annotated[Union[ThinkingOut, TextOut, ToolUseOut], Field(discriminator="type")]]
     stop_reason: Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"]
     stop_sequence: str | None
     usage: UsageOut

@@ -37,7 +37,8 @@ from engine.domain.chat import ToolCall
 from .admission import failed, finish_error
 from .errors import ApiError, internal_error, stream_error_payload
 from .retention import usage_split
-from .tool_calls import Piece, TextPiece, ToolPiece
+from .reasoning_signature import sign
+from .tool_calls import Piece, ReasoningPiece, TextPiece, ToolPiece
 from .turns import OutputAssembler, ended_by
 
 STOP_REASONS = {"stop": "end_turn", "tool_use": "tool_use", "stop_sequence": "stop_sequence", "length": "max_tokens"}
@@ -55,40 +56,68 @@ class ContentBlocks:
 
     Whitespace before any text (a model's leading newline, the gap between two
     tool calls) is held back until real text follows, so no block is blank.
+    Reasoning is a ``thinking`` block, closed by a ``signature_delta`` whose
+    signature carries the reasoning (reasoning_signature.py); with ``omitted``
+    (the request's ``display: "omitted"``) its text is withheld, the signature
+    still carries it.
     """
 
+    omitted: bool = False
     content: list[Payload] = field(default_factory=list)
-    _text_open: bool = False
+    _open: str | None = None  # the type of the block open now: "text", "thinking" or None
     _held: str = ""
+    _reasoning: str = ""
 
     def add(self, pieces: list[Piece]) -> list[Payload]:
         out: list[Payload] = []
         for piece in pieces:
             if isinstance(piece, TextPiece):
                 out += self._text(piece.text)
+            elif isinstance(piece, ReasoningPiece):
+                out += self._thinking(piece.text)
             elif isinstance(piece, ToolPiece):
                 out += self._tool(piece.call)
         return out
 
     def close(self) -> list[Payload]:
         self._held = ""
-        if not self._text_open:
+        kind, self._open = self._open, None
+        if kind is None:
             return []
-        self._text_open = False
-        return [{"type": "content_block_stop", "index": len(self.content) - 1}]
+        index = len(self.content) - 1
+        out: list[Payload] = []
+        if kind == "thinking":
+            signature = sign(self._reasoning)
+            self.content[index]["signature"] = signature
+            out.append(_block_delta(index, {"type": "signature_delta", "signature": signature}))
+        return out + [{"type": "content_block_stop", "index": index}]
 
     def _text(self, text: str) -> list[Payload]:
         out: list[Payload] = []
-        if not self._text_open:
+        if self._open != "text":
             text, self._held = self._held + text, ""
             if not text.strip():
                 self._held = text
                 return []
+            out += self.close()
             self.content.append({"type": "text", "text": ""})
-            self._text_open = True
+            self._open = "text"
             out.append(_block_start(len(self.content) - 1, {"type": "text", "text": ""}))
         self.content[-1]["text"] += text
         out.append(_block_delta(len(self.content) - 1, {"type": "text_delta", "text": text}))
+        return out
+
+    def _thinking(self, text: str) -> list[Payload]:
+        out: list[Payload] = []
+        if self._open != "thinking":
+            out += self.close()
+            self.content.append({"type": "thinking", "thinking": "", "signature": ""})
+            self._open, self._reasoning = "thinking", ""
+            out.append(_block_start(len(self.content) - 1, {"type": "thinking", "thinking": "", "signature": ""}))
+        self._reasoning += text
+        if not self.omitted:
+            self.content[-1]["thinking"] += text
+            out.append(_block_delta(len(self.content) - 1, {"type": "thinking_delta", "thinking": text}))
         return out
 
     def _tool(self, call: ToolCall) -> list[Payload]:
@@ -128,6 +157,8 @@ class MessageHead:
     # Cache diagnostics (cache_diagnostics.py): sent only when the request asked, null when nothing diverged.
     diagnosed: bool = False
     diagnostics: Payload | None = None
+    # The request's thinking.display was "omitted": thinking blocks carry their reasoning in the signature only.
+    omit_thinking: bool = False
 
     def extra(self) -> Payload:
         return {"diagnostics": self.diagnostics} if self.diagnosed else {}
@@ -196,7 +227,7 @@ class MessageStream:
         self.head = head
         self.ping_s = ping_s
         self.record = record
-        self.blocks = ContentBlocks()
+        self.blocks = ContentBlocks(head.omit_thinking)
         self.started = False
         self.closed = False
         self._last_sent = time.monotonic()
@@ -241,7 +272,7 @@ class MessageStream:
     def _progress(self, event: PrefillEvent | TokenEvent) -> list[Payload]:
         out = self._start(event.reused if isinstance(event, PrefillEvent) else 0)
         if isinstance(event, TokenEvent):
-            out += self.blocks.add(self.assembler.feed(event.text))
+            out += self.blocks.add(self.assembler.feed(event))
         return out
 
     def _start(self, reused: int) -> list[Payload]:

@@ -11,8 +11,16 @@ Decisions that differ from Anthropic's hosted API, on purpose:
 * ``system`` blocks whose text starts with ``x-anthropic-`` (Claude Code's
   billing/attribution line, which changes between sessions) are dropped, or
   every session would get a different prompt prefix and no cache reuse.
-* Images and non-text documents become a short placeholder text; thinking
-  blocks are dropped; blocks of unknown types are rendered as nothing.
+* Images and non-text documents become a short placeholder text; blocks of
+  unknown types are rendered as nothing.
+* Thinking blocks are the assistant turn's reasoning, given to the chat
+  template (which decides whether it renders): the text their signature
+  carries when it is one of this server's (reasoning_signature.py), so
+  ``display: "omitted"`` blocks sent back empty render as they were written;
+  a ``redacted_thinking`` block likewise, else nothing. ``thinking`` and
+  ``output_config.effort`` set the reasoning's budget (reasoning_ask.py);
+  ``context_management`` is accepted and ignored (the template decides what
+  earlier reasoning the prompt keeps).
 * Several text parts of one message are joined with a blank line; a string
   content is one text block (see anthropic_schemas), so both spellings match.
 * The agent identity hashes the top-level ``system`` and the tools only:
@@ -34,7 +42,9 @@ from .anthropic_schemas import (
     ImageBlock,
     InputMessage,
     MessagesRequest,
+    RedactedThinkingBlock,
     TextBlock,
+    ThinkingBlock,
     ToolChoice,
     ToolResultBlock,
     ToolUseBlock,
@@ -43,6 +53,8 @@ from engine.domain.chat import ChatMessage, Conversation, ToolCall, ToolSpec
 from .identity import anthropic_identity
 from .retention import retention_of
 from .output_formats import anthropic_output_format
+from .reasoning_ask import ReasoningAsk, anthropic_reasoning
+from .reasoning_signature import reasoning_of, restored
 from .turns import GREEDY, SamplingAsked, TurnSpec
 
 log = logging.getLogger("semantic.api.anthropic")
@@ -105,7 +117,18 @@ def _assistant(message: InputMessage, index: int, tool_names: dict[str, str]) ->
     _reject(message, index, ToolResultBlock, "tool_result blocks belong in user messages")
     calls = tuple(ToolCall(b.id, b.name, b.input) for b in message.content if isinstance(b, ToolUseBlock))
     tool_names.update({call.id: call.name for call in calls})
-    return ChatMessage("assistant", joined_text(message.content), tool_calls=calls)
+    return ChatMessage("assistant", joined_text(message.content), tool_calls=calls, reasoning=reasoning_text(message))
+
+
+def reasoning_text(message: InputMessage) -> str:
+    """The reasoning of an assistant turn's thinking (and redacted thinking) blocks, in their order."""
+    parts = []
+    for block in message.content:
+        if isinstance(block, ThinkingBlock):
+            parts.append(restored(block.thinking, block.signature))
+        elif isinstance(block, RedactedThinkingBlock):
+            parts.append(reasoning_of(block.data) or "")
+    return PART_SEPARATOR.join(p for p in parts if p)
 
 
 def _user(message: InputMessage, tool_names: dict[str, str]) -> list[ChatMessage]:
@@ -143,14 +166,17 @@ def tool_specs(body: CountTokensRequest) -> tuple[ToolSpec, ...]:
     return tuple(ToolSpec(t.name, t.description or "", t.input_schema, bool(t.strict)) for t in body.tools or [])
 
 
-def conversation_of(body: CountTokensRequest) -> Conversation:
+def conversation_of(body: CountTokensRequest, reasoning: ReasoningAsk | None = None) -> Conversation:
     system = system_message(body.system)
     messages: list[ChatMessage] = [system] if system else []
     tool_names: dict[str, str] = {}
     for index, message in enumerate(body.messages):
         messages.extend(chat_messages(message, index, tool_names))
     single = bool(body.tool_choice and body.tool_choice.disable_parallel_tool_use)
-    return Conversation(tuple(messages), tool_specs(body), tool_choice_of(body.tool_choice), not single)
+    if reasoning is None:  # count_tokens: no max_tokens to hold a budget to, the template's form is what counts
+        reasoning = anthropic_reasoning(body.thinking, getattr(body, "output_config", None), max_tokens=1 << 62)
+    return Conversation(tuple(messages), tool_specs(body), tool_choice_of(body.tool_choice), not single,
+                        template_kwargs=reasoning.kwargs())
 
 
 def prefix_of(body: CountTokensRequest) -> Conversation:
@@ -168,8 +194,9 @@ def sampling_of(body: MessagesRequest) -> SamplingAsked:
 def turn_spec(body: MessagesRequest, headers: Mapping[str, str]) -> TurnSpec:
     metadata: dict[str, Any] = body.metadata.model_dump() if body.metadata else {}
     identity = anthropic_identity(headers, prefix_of(body), metadata, body.max_tokens, body.model)
+    reasoning = anthropic_reasoning(body.thinking, body.output_config, body.max_tokens)
     return TurnSpec(
-        conversation=conversation_of(body),
+        conversation=conversation_of(body, reasoning),
         identity=identity,
         max_tokens=body.max_tokens,
         sampling=sampling_of(body),
@@ -178,4 +205,5 @@ def turn_spec(body: MessagesRequest, headers: Mapping[str, str]) -> TurnSpec:
         retention=retention_of(body),
         output_format=anthropic_output_format(body.output_config, body.output_format),
         output_field="output_config.format",
+        reasoning=reasoning,
     )

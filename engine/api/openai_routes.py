@@ -24,7 +24,7 @@ from .openai_schemas import STREAM_EVENT_SCHEMA, ChatCompletionRequest, ChatComp
 from .openai_stream import ChatStream, ChunkWriter
 from .openai_translate import CompletionMeta, completion_body, to_turn_spec
 from .service import EngineService
-from .turns import OutputAssembler, cap_headers, prepare, text_of
+from .turns import OutputAssembler, cap_headers, prepare
 
 router = APIRouter(tags=["openai"])
 
@@ -73,9 +73,9 @@ async def _complete(request: Request, turn: AsyncTurn, assembler: OutputAssemble
     if failed(finish):
         raise finish_error(finish)
     for event in events:
-        assembler.feed(text_of(event))
+        assembler.feed(event)
     assembler.finish()
-    body = completion_body(meta, assembler.text, assembler.calls, finish)
+    body = completion_body(meta, assembler.text, assembler.calls, finish, assembler.reasoning)
     return JSONResponse(body, headers={AGENT_HEADER: meta.agent_id, **cap_headers(turn.request)})
 
 

@@ -43,6 +43,9 @@ class MessageIn(_Lenient):
     name: str | None = None
     tool_calls: list[ToolCallIn] | None = None
     tool_call_id: str | None = None
+    # An assistant turn's reasoning, sent back (DeepSeek's and llama.cpp's name; mlx-lm and vLLM say reasoning).
+    reasoning_content: str | None = None
+    reasoning: str | None = None
 
 
 class FunctionDef(_Lenient):
@@ -90,6 +93,10 @@ class ChatCompletionRequest(_Lenient):
     response_format: dict[str, Any] | None = None
     # Extension of this server: names the agent whose KV cache the request reuses.
     session_id: str | None = None
+    # A thinking model's reasoning: none (off), minimal, low, medium, high, xhigh (reasoning_ask.py budgets).
+    reasoning_effort: str | None = None
+    # Keyword arguments for the chat template, e.g. {"enable_thinking": false} (a common extension).
+    chat_template_kwargs: dict[str, Any] | None = None
 
     @property
     def include_usage(self) -> bool:
@@ -112,6 +119,8 @@ class MessageOut(BaseModel):
     role: Literal["assistant"]
     content: str | None = Field(description="null when the reply is only tool calls")
     tool_calls: list[ToolCallOut] | None = None
+    reasoning_content: str | None = Field(None, description="A thinking model's reasoning (also as reasoning)")
+    reasoning: str | None = Field(None, description="The same reasoning, under the name mlx-lm and vLLM use")
 
 
 class ChoiceOut(BaseModel):
@@ -151,11 +160,16 @@ class CacheUsage(BaseModel):
         None, description="Speculative decoding in this turn (null when the engine does not speculate, or the request had a seed)")
 
 
+class CompletionTokensDetails(BaseModel):
+    reasoning_tokens: int = Field(description="Of the completion tokens, those the model reasoned with")
+
+
 class UsageOut(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails
+    completion_tokens_details: CompletionTokensDetails
     semantic: CacheUsage
 
 

@@ -19,7 +19,7 @@ from .admission import KEEP_ALIVE, failed, finish_error, replay
 from .async_turn import AsyncTurn
 from .errors import error_body, internal_error
 from .openai_translate import CompletionMeta, finish_reason, tool_call_body, usage_body
-from .tool_calls import Piece, TextPiece, ToolPiece
+from .tool_calls import Piece, ReasoningPiece, TextPiece, ToolPiece
 from .turns import OutputAssembler
 
 DONE = "data: [DONE]\n\n"
@@ -90,7 +90,7 @@ class ChatStream:
 
     def _frames_for(self, event: EngineEvent) -> list[str]:
         if isinstance(event, TokenEvent):
-            return self._pieces(self.assembler.feed(event.text))
+            return self._pieces(self.assembler.feed(event))
         if isinstance(event, FinishEvent):
             return self._pieces(self.assembler.finish()) + self._ending(event)
         return []
@@ -100,6 +100,8 @@ class ChatStream:
         for piece in pieces:
             if isinstance(piece, TextPiece):
                 frames.append(self.writer.delta({"content": piece.text}))
+            elif isinstance(piece, ReasoningPiece):
+                frames.append(self.writer.delta({"reasoning_content": piece.text, "reasoning": piece.text}))
             elif isinstance(piece, ToolPiece):
                 frames.extend(self._tool_call(piece))
         return frames

@@ -11,6 +11,11 @@ Decisions worth knowing:
   reasoning models; chat templates only know ``system``).
 * Image, audio and file parts become short placeholders: the models are
   text-only, and dropping the part silently would change what the user meant.
+* A thinking model's reasoning comes back as ``reasoning_content`` (the name
+  DeepSeek, llama.cpp, LM Studio and SGLang use) and as ``reasoning`` (mlx-lm's
+  and vLLM's), in the message and in stream deltas; either is read back from
+  an assistant message. ``reasoning_effort`` sets its budget (``none``: off)
+  and ``chat_template_kwargs`` goes to the template (reasoning_ask.py).
 * ``tool_choice: "required"`` and a named tool are passed on as the neutral
   ``any``/name (a local model cannot be forced to call); with ``none`` the
   output is not parsed for tool calls, and the renderer decides whether the
@@ -33,6 +38,7 @@ from engine.domain.chat import ChatMessage, Conversation, ToolCall, ToolSpec
 from .identity import openai_identity
 from .openai_schemas import ChatCompletionRequest, ContentPart, MessageIn, NamedToolChoice, ToolCallIn
 from .output_formats import openai_response_format
+from .reasoning_ask import ReasoningAsk, openai_reasoning
 from .turns import SamplingAsked, TurnSpec, ended_by
 
 FINISH_REASONS = {"stop": "stop", "stop_sequence": "stop", "length": "length", "tool_use": "tool_calls"}
@@ -54,18 +60,19 @@ class CompletionMeta:
 
 # -- request ----------------------------------------------------------------------------------
 def to_turn_spec(body: ChatCompletionRequest, headers: Mapping[str, str], settings: Settings) -> TurnSpec:
-    conversation = to_conversation(body)
-    identity = openai_identity(headers, body.session_id, conversation)
     max_tokens = body.max_completion_tokens or body.max_tokens or settings.default_max_tokens
+    reasoning = openai_reasoning(body.reasoning_effort, body.chat_template_kwargs, max_tokens)
+    conversation = to_conversation(body, reasoning)
+    identity = openai_identity(headers, body.session_id, conversation)
     return TurnSpec(conversation, identity, max_tokens, sampling_of(body), stops_of(body.stop), model=body.model,
-                    output_format=openai_response_format(body.response_format))
+                    output_format=openai_response_format(body.response_format), reasoning=reasoning)
 
 
-def to_conversation(body: ChatCompletionRequest) -> Conversation:
+def to_conversation(body: ChatCompletionRequest, reasoning: ReasoningAsk) -> Conversation:
     tools = tuple(ToolSpec(t.function.name, t.function.description, t.function.parameters, bool(t.function.strict))
                   for t in body.tools or ())
     return Conversation(tuple(_messages(body.messages)), tools, _tool_choice(body.tool_choice, tools),
-                        body.parallel_tool_calls is not False)
+                        body.parallel_tool_calls is not False, template_kwargs=reasoning.kwargs())
 
 
 def sampling_of(body: ChatCompletionRequest) -> SamplingAsked:
@@ -94,7 +101,10 @@ def _messages(messages: list[MessageIn]) -> Iterator[ChatMessage]:
         calls = tuple(_tool_call(c, f"messages.{index}.tool_calls.{j}") for j, c in enumerate(message.tool_calls or ()))
         names.update((c.id, c.name) for c in calls)
         role = "system" if message.role == "developer" else message.role
-        yield ChatMessage(role, text, tool_calls=calls if role == "assistant" else ())
+        if role != "assistant":
+            yield ChatMessage(role, text)
+            continue
+        yield ChatMessage(role, text, tool_calls=calls, reasoning=message.reasoning_content or message.reasoning or "")
 
 
 def content_text(content: str | list[ContentPart] | None) -> str:
@@ -149,6 +159,7 @@ def usage_body(usage: Usage) -> dict[str, Any]:
         "completion_tokens": usage.generated_tokens,
         "total_tokens": usage.prompt_tokens + usage.generated_tokens,
         "prompt_tokens_details": {"cached_tokens": usage.reused_tokens},
+        "completion_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
         "semantic": cache_usage(usage),
     }
 
@@ -172,8 +183,11 @@ def tool_call_body(call: ToolCall) -> dict[str, Any]:
             "function": {"name": call.name, "arguments": json.dumps(call.arguments, ensure_ascii=False)}}
 
 
-def completion_body(meta: CompletionMeta, text: str, calls: list[ToolCall], finish: FinishEvent) -> dict[str, Any]:
+def completion_body(meta: CompletionMeta, text: str, calls: list[ToolCall], finish: FinishEvent,
+                    reasoning: str = "") -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": text if text or not calls else None}
+    if reasoning:
+        message["reasoning_content"] = message["reasoning"] = reasoning
     if calls:
         message["tool_calls"] = [tool_call_body(c) for c in calls]
     return {

@@ -18,6 +18,14 @@ Three paths, chosen per model:
 
 Rendering is deterministic (JSON with sorted keys), so the same history always
 yields the same tokens and the agent's cached prefix keeps matching.
+
+An assistant turn's reasoning goes to the template under the names templates
+read (``reasoning_content``: Qwen3, GLM, Kimi, Gemma 4; ``thinking``:
+gpt-oss); the template decides whether it renders (Qwen3's render it only
+after the last user query). The conversation's template keyword arguments
+(``enable_thinking``, a client's ``chat_template_kwargs``) go with every call.
+gpt-oss's template, which reads tools and tool calls itself, is given them
+natively although mlx-lm finds no tool parser for it.
 """
 
 from __future__ import annotations
@@ -28,6 +36,8 @@ from typing import Any
 from jinja2 import TemplateError
 
 from engine.domain.chat import ChatMessage, Conversation, ToolSpec
+from engine.domain.reasoning import HarmonyFormat
+from engine.models.reasoning_format import reasoning_format
 
 FALLBACK_TOOL_PROMPT = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n"
@@ -49,7 +59,8 @@ class PromptRenderer:
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
         self.has_template = bool(getattr(tokenizer, "has_chat_template", False) or getattr(tokenizer, "chat_template", None))
-        self.native_tools = bool(getattr(tokenizer, "has_tool_calling", False))
+        self.native_tools = (bool(getattr(tokenizer, "has_tool_calling", False))
+                             or isinstance(reasoning_format(tokenizer), HarmonyFormat))
 
     @property
     def turn_end_strings(self) -> tuple[str, ...]:
@@ -62,12 +73,13 @@ class PromptRenderer:
             return self._plain(conversation)
         messages = self._template_messages(conversation)
         tools = [_tool_schema(t) for t in conversation.tools] if self.native_tools and conversation.tools else None
+        kwargs = dict(conversation.template_kwargs)
         try:
-            return self._apply(messages, tools)
+            return self._apply(messages, tools, kwargs)
         except TemplateError:
-            # Strict templates reject system turns mid-conversation or two
-            # turns of one role in a row; fold them into alternating turns.
-            return self._apply(_alternating(messages), tools)
+            # Strict templates reject system turns mid-conversation or two turns of one role in a row (fold them
+            # into alternating turns), and gpt-oss's a call's reasoning beside its preamble text (keep the text).
+            return self._apply(_alternating(_calls_without_reasoning(messages)), tools, kwargs)
 
     def continuation(self, messages: tuple[ChatMessage, ...]) -> list[int]:
         """``messages`` (user first) as the template renders them after a finished assistant turn.
@@ -84,13 +96,14 @@ class PromptRenderer:
             text = "".join(f"\n\n{_paragraph(m.role, m.content)}" for m in messages)
             return list(self.tokenizer.encode(text + "\n\nAssistant:", add_special_tokens=False))
         before = list(self.tokenizer.apply_chat_template(head, add_generation_prompt=False))
-        whole = self._apply(head + [_fallback(m) for m in messages], None)
+        whole = self._apply(head + [_fallback(m) for m in messages], None, {})
         if whole[:len(before)] == before:
             return whole[len(before):]
         return self.render(Conversation(tuple(messages)))
 
-    def _apply(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
-        kwargs: dict[str, Any] = {"add_generation_prompt": True}
+    def _apply(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+               template_kwargs: dict[str, Any]) -> list[int]:
+        kwargs: dict[str, Any] = {**template_kwargs, "add_generation_prompt": True}
         if tools:
             kwargs["tools"] = tools
         return list(self.tokenizer.apply_chat_template(messages, **kwargs))
@@ -122,8 +135,19 @@ def _tool_schema(tool: ToolSpec) -> dict[str, Any]:
     return {"type": "function", "function": {"name": tool.name, "description": tool.description, "parameters": tool.parameters}}
 
 
+def _with_reasoning(out: dict[str, Any], message: ChatMessage) -> dict[str, Any]:
+    if message.reasoning:
+        out["reasoning_content"] = out["thinking"] = message.reasoning
+    return out
+
+
+def _calls_without_reasoning(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in m.items() if k not in ("reasoning_content", "thinking")}
+            if m.get("tool_calls") and m.get("content") else m for m in messages]
+
+
 def _native(message: ChatMessage) -> dict[str, Any]:
-    out: dict[str, Any] = {"role": message.role, "content": message.content}
+    out: dict[str, Any] = _with_reasoning({"role": message.role, "content": message.content}, message)
     if message.tool_calls:
         out["tool_calls"] = [
             {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
@@ -143,7 +167,7 @@ def _fallback(message: ChatMessage) -> dict[str, Any]:
     for call in message.tool_calls:
         rendered = dumps({"name": call.name, "arguments": call.arguments})
         content = f"{content}\n<tool_call>\n{rendered}\n</tool_call>" if content else f"<tool_call>\n{rendered}\n</tool_call>"
-    return {"role": message.role, "content": content}
+    return _with_reasoning({"role": message.role, "content": content}, message)
 
 
 def _with_tool_prompt(messages: list[dict[str, Any]], tools: tuple[ToolSpec, ...]) -> list[dict[str, Any]]:

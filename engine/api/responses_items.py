@@ -10,8 +10,12 @@ Decisions worth knowing:
 
 * ``developer`` and ``system`` messages are system messages; ``instructions``
   is one more, placed first (chat templates know only ``system``).
-* ``reasoning`` items are dropped: the models here emit none, and the
-  encrypted content Codex asks for cannot mean anything to them.
+* ``reasoning`` items are the reasoning of the assistant turn that follows
+  them, given to the chat template (which decides whether it renders): their
+  ``reasoning_text`` content, or what their ``encrypted_content`` carries when
+  it is one of this server's (reasoning_signature.py; Codex sends reasoning
+  back that way, with ``store: false``). Summaries are not the reasoning and
+  are kept only to be echoed.
 * A ``message`` from the assistant and the ``function_call`` items after it
   are one assistant turn with tool calls, as chat templates render them.
 * Tools other than ``function`` (hosted ``web_search``, ``file_search``,
@@ -29,13 +33,15 @@ from typing import Any, Iterable, Iterator
 from engine.domain.chat import ChatMessage, Conversation, ToolCall, ToolSpec
 from engine.errors import InvalidRequestError
 
+from .reasoning_signature import restored, sign
+
 Item = dict[str, Any]
 
 _MESSAGE_ROLES = ("user", "assistant", "system", "developer")
-_TEXT_PARTS = ("input_text", "output_text", "text", "summary_text")
+_TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_text")
 _PLACEHOLDERS = {"input_image": "[image]", "input_file": "[file]", "input_audio": "[audio]"}
 # Item types that carry no conversation a local model can use; accepted and dropped.
-_DROPPED = ("reasoning", "web_search_call", "file_search_call", "image_generation_call", "compaction")
+_DROPPED = ("web_search_call", "file_search_call", "image_generation_call", "compaction")
 
 
 def new_id(prefix: str) -> str:
@@ -57,6 +63,8 @@ def input_items(value: str | list[dict[str, Any]]) -> list[Item]:
             items.append(_function_call_item(raw, field))
         elif kind == "function_call_output":
             items.append(_function_output_item(raw, field))
+        elif kind == "reasoning":
+            items.append(_reasoning_item(raw, field))
         elif kind in _DROPPED:
             continue
         elif kind == "item_reference":
@@ -109,6 +117,26 @@ def _function_output_item(raw: dict[str, Any], field: str) -> Item:
     return {"type": "function_call_output", "id": _id(raw, "fco", field),
             "call_id": _string(raw.get("call_id"), f"{field}.call_id"), "output": _string(output, f"{field}.output"),
             "status": "completed"}
+
+
+def _reasoning_item(raw: dict[str, Any], field: str) -> Item:
+    item: Item = {"type": "reasoning", "id": _id(raw, "rs", field)}
+    for key in ("summary", "content"):
+        parts = raw.get(key) or []
+        if not isinstance(parts, list):
+            raise InvalidRequestError(f"{field}.{key} must be a list of parts", field=f"{field}.{key}")
+        item[key] = [_part(part, f"{field}.{key}[{j}]") for j, part in enumerate(parts)]
+    encrypted = raw.get("encrypted_content")
+    if encrypted is not None:
+        item["encrypted_content"] = _string(encrypted, f"{field}.encrypted_content")
+    return item
+
+
+def reasoning_of_item(item: Item) -> str:
+    """What a reasoning item says the model reasoned: its encrypted content when it is this server's, else its
+    reasoning text (summaries are not the reasoning)."""
+    text = "".join(part.get("text", "") for part in item.get("content", ()))
+    return restored(text, item.get("encrypted_content"))
 
 
 def _id(raw: dict[str, Any], prefix: str, field: str) -> str:
@@ -197,24 +225,32 @@ def tool_choice(choice: str | dict[str, Any] | None, tools: tuple[ToolSpec, ...]
 
 # -- items to a conversation --------------------------------------------------------------------
 def to_conversation(instructions: str | None, items: Iterable[Item], tools: tuple[ToolSpec, ...],
-                    choice: str, parallel_tool_calls: bool = True) -> Conversation:
+                    choice: str, parallel_tool_calls: bool = True,
+                    template_kwargs: tuple[tuple[str, Any], ...] = ()) -> Conversation:
     head = (ChatMessage("system", instructions),) if instructions else ()
-    return Conversation((*head, *_messages(items)), tools, choice, parallel_tool_calls)
+    return Conversation((*head, *_messages(items)), tools, choice, parallel_tool_calls, template_kwargs)
 
 
 def _messages(items: Iterable[Item]) -> Iterator[ChatMessage]:
     names: dict[str, str] = {}
     text: str | None = None  # an assistant turn being gathered
     calls: list[ToolCall] = []
+    reasoning = ""  # reasoning items' text, for the assistant turn they come before
 
     def flush() -> Iterator[ChatMessage]:
-        nonlocal text, calls
+        nonlocal text, calls, reasoning
         if text is not None or calls:
-            yield ChatMessage("assistant", text or "", tool_calls=tuple(calls))
+            yield ChatMessage("assistant", text or "", tool_calls=tuple(calls), reasoning=reasoning)
+            reasoning = ""
         text, calls = None, []
 
     for item in items:
         kind = item["type"]
+        if kind == "reasoning":
+            if text is not None or calls:  # reasoning after a turn's text or calls begins the next turn
+                yield from flush()
+            reasoning += reasoning_of_item(item)
+            continue
         if kind == "function_call":
             names[item["call_id"]] = item["name"]
             calls.append(ToolCall(item["call_id"], item["name"], parse_arguments(item["arguments"], "arguments")))
@@ -226,6 +262,7 @@ def _messages(items: Iterable[Item]) -> Iterator[ChatMessage]:
         if kind == "message" and item["role"] == "assistant":
             text = content_text(item["content"])
         elif kind == "message":
+            reasoning = ""  # reasoning with no assistant turn after it belongs to none
             role = "user" if item["role"] == "user" else "system"
             yield ChatMessage(role, content_text(item["content"]))
         elif kind == "function_call_output":
@@ -250,6 +287,16 @@ def message_item(item_id: str, text: str, status: str = "completed") -> Item:
     return {"id": item_id, "type": "message", "status": status, "role": "assistant",
             "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if text or
             status == "completed" else []}
+
+
+def reasoning_item(item_id: str, text: str, encrypted: bool, status: str = "completed") -> Item:
+    """A turn's reasoning as an output item; with ``encrypted`` (``include: ["reasoning.encrypted_content"]``) it
+    also carries the reasoning to send back (reasoning_signature.py)."""
+    item: Item = {"id": item_id, "type": "reasoning", "status": status, "summary": [],
+                  "content": [{"type": "reasoning_text", "text": text}]}
+    if encrypted:
+        item["encrypted_content"] = sign(text)
+    return item
 
 
 def function_call_item(item_id: str, call: ToolCall, status: str = "completed") -> Item:

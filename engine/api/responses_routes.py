@@ -44,7 +44,7 @@ from .responses_schemas import (
 from .responses_stream import EventWriter, ResponseStream, failed_before_start
 from .responses_translate import ResponseMeta, outcome, output_items, to_turn_spec
 from .service import EngineService
-from .turns import OutputAssembler, cap_headers, prepare, text_of
+from .turns import OutputAssembler, cap_headers, prepare
 
 router = APIRouter(tags=["openai"])
 
@@ -136,10 +136,11 @@ async def _complete(request: Request, turn: AsyncTurn, assembler: OutputAssemble
     if failed(finish):
         raise finish_error(finish)
     for event in events:
-        assembler.feed(text_of(event))
+        assembler.feed(event)
     assembler.finish()
     status, reason = outcome(finish, bool(assembler.calls))
-    output = output_items(assembler.text, assembler.calls, status)
+    output = output_items(assembler.text, assembler.calls, status, assembler.reasoning,
+                          meta.request.includes_encrypted_reasoning)
     body = meta.body(status, output, finish.usage, reason)
     await settle(body, output)
     return JSONResponse(body, headers={AGENT_HEADER: meta.agent_id, **cap_headers(turn.request)})

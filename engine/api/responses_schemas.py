@@ -1,9 +1,8 @@
 """Request body of the OpenAI Responses API (``POST /v1/responses``).
 
 Declared: what the server acts on, and the fields whose wrong type should be
-a 400 naming them. Everything else (``reasoning``, ``include``,
-``client_metadata``, ``service_tier``, ``text``, ...) is accepted and
-ignored: clients send whatever their version knows, and Codex sends several
+a 400 naming them. Everything else (``client_metadata``, ``service_tier``,
+...) is accepted and ignored: clients send whatever their version knows, and Codex sends several
 such fields on every turn. ``metadata`` and ``client_metadata`` never reach
 the prompt (Codex puts a per-turn timestamp there; rendering it would miss
 the cache on every turn).
@@ -49,6 +48,14 @@ class ResponsesRequest(_Lenient):
     user: str | None = None
     # ``text.format``: structured outputs (json_schema or json_object; output_formats.py reads it).
     text: dict[str, Any] | None = None
+    # ``reasoning.effort``: a thinking model's reasoning budget (reasoning_ask.py; none: off); ``summary`` is echoed.
+    reasoning: dict[str, Any] | None = None
+    # ``reasoning.encrypted_content``: reasoning items carry their reasoning (reasoning_signature.py) to send back.
+    include: list[str] | None = None
+
+    @property
+    def includes_encrypted_reasoning(self) -> bool:
+        return "reasoning.encrypted_content" in (self.include or ())
 
 
 # -- responses: documentation for /docs and schema checks; handlers build the dicts ----------
@@ -63,7 +70,7 @@ class OutputItem(BaseModel):
 
     model_config = ConfigDict(extra="allow")
     id: str
-    type: Literal["message", "function_call"]
+    type: Literal["message", "function_call", "reasoning"]
     status: Literal["completed", "incomplete", "in_progress"]
 
 

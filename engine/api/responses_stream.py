@@ -7,9 +7,12 @@ Event order, each with an ``event:`` line naming its type and a
 ``response.output_item.added``, for a message ``response.content_part.added``,
 ``response.output_text.delta``..., ``response.output_text.done``,
 ``response.content_part.done``, for a function call
-``response.function_call_arguments.delta`` and ``.done``; then
-``response.output_item.done``; at the end ``response.completed`` (or
-``response.incomplete`` when max_output_tokens ended it).
+``response.function_call_arguments.delta`` and ``.done``, for a thinking
+model's reasoning ``response.reasoning_text.delta``... and ``.done``; then
+``response.output_item.done`` (a reasoning item's carries its
+``encrypted_content`` when the request's ``include`` asked for it); at the end
+``response.completed`` (or ``response.incomplete`` when max_output_tokens
+ended it).
 
 A failure after the 200 is ``response.failed`` with the error in the
 response object (Codex reads ``error.code``: ``context_length_exceeded`` makes
@@ -32,9 +35,10 @@ from .async_turn import AsyncTurn
 from engine.errors import SemanticError
 
 from .errors import ApiError, from_domain, internal_error
+from .reasoning_signature import sign
 from .responses_items import Item, function_call_item, message_item, new_id
 from .responses_translate import ResponseMeta, outcome
-from .tool_calls import Piece, TextPiece, ToolPiece
+from .tool_calls import Piece, ReasoningPiece, TextPiece, ToolPiece
 from .turns import OutputAssembler
 
 
@@ -95,6 +99,7 @@ class ResponseStream:
     on_end: Callable[[FinishEvent | None], None]
     output: list[Item] = field(default_factory=list)
     _message: Item | None = None
+    _reasoning: Item | None = None
     _ended: bool = False
 
     async def frames(self) -> AsyncIterator[str]:
@@ -105,7 +110,7 @@ class ResponseStream:
                 if event is None:
                     yield KEEP_ALIVE
                 elif isinstance(event, TokenEvent):
-                    for frame in self._pieces(self.assembler.feed(event.text)):
+                    for frame in self._pieces(self.assembler.feed(event)):
                         yield frame
                 elif isinstance(event, FinishEvent):
                     for frame in self._pieces(self.assembler.finish()):
@@ -131,12 +136,44 @@ class ResponseStream:
     def _pieces(self, pieces: list[Piece]) -> list[str]:
         frames: list[str] = []
         for piece in pieces:
+            if isinstance(piece, ReasoningPiece):
+                frames.extend(self._close_message())
+                frames.extend(self._reasoning_text(piece.text))
+                continue
+            frames.extend(self._close_reasoning())
             if isinstance(piece, TextPiece):
                 frames.extend(self._text(piece.text))
             elif isinstance(piece, ToolPiece):
                 frames.extend(self._close_message())
                 frames.extend(self._function_call(piece.call))
         return frames
+
+    def _reasoning_text(self, text: str) -> list[str]:
+        frames: list[str] = []
+        if self._reasoning is None:
+            self._reasoning = {"id": new_id("rs"), "type": "reasoning", "status": "in_progress", "summary": [],
+                               "content": []}
+            self.output.append(self._reasoning)
+            frames.append(self.writer.event("response.output_item.added", output_index=len(self.output) - 1,
+                                            item=dict(self._reasoning)))
+            self._reasoning["content"] = [{"type": "reasoning_text", "text": ""}]
+        self._reasoning["content"][0]["text"] += text
+        frames.append(self.writer.event("response.reasoning_text.delta", item_id=self._reasoning["id"],
+                                        output_index=len(self.output) - 1, content_index=0, delta=text))
+        return frames
+
+    def _close_reasoning(self) -> list[str]:
+        item, self._reasoning = self._reasoning, None
+        if item is None:
+            return []
+        text = item["content"][0]["text"]
+        index = next(i for i, out in enumerate(self.output) if out is item)
+        item["status"] = "completed"
+        if self.writer.meta.request.includes_encrypted_reasoning:
+            item["encrypted_content"] = sign(text)
+        return [self.writer.event("response.reasoning_text.done", item_id=item["id"], output_index=index,
+                                  content_index=0, text=text),
+                self.writer.event("response.output_item.done", output_index=index, item=item)]
 
     def _text(self, text: str) -> list[str]:
         frames: list[str] = []
@@ -185,13 +222,16 @@ class ResponseStream:
         ]
 
     async def _ending(self, finish: FinishEvent) -> AsyncIterator[str]:
+        for frame in self._close_reasoning():
+            yield frame
         if failed(finish):
             for frame in self._close_message("incomplete"):
                 yield frame
             yield self.writer.failure(finish_error(finish), self.output)
             return
         status, reason = outcome(finish, bool(self.assembler.calls))
-        frames = self._text("") if not self.output else []  # an empty reply is still one (empty) message
+        # An empty reply is still one (empty) message, also when the model only reasoned.
+        frames = self._text("") if not any(item["type"] != "reasoning" for item in self.output) else []
         for frame in frames + self._close_message("incomplete" if status == "incomplete" else "completed"):
             yield frame
         body = self.writer.meta.body(status, self.output, finish.usage, reason)

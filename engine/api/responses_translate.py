@@ -21,7 +21,17 @@ from engine.store.stored_responses import StoredResponse
 
 from .identity import AgentIdentity, is_codex, responses_identity
 from .openai_translate import cache_usage
-from .responses_items import Item, function_call_item, function_tools, message_item, new_id, to_conversation, tool_choice
+from .reasoning_ask import responses_reasoning
+from .responses_items import (
+    Item,
+    function_call_item,
+    function_tools,
+    message_item,
+    new_id,
+    reasoning_item,
+    to_conversation,
+    tool_choice,
+)
 from .responses_schemas import ResponsesRequest
 from .output_formats import responses_text_format
 from .turns import SamplingAsked, TurnSpec, ended_by
@@ -34,15 +44,18 @@ def to_turn_spec(body: ResponsesRequest, items: list[Item], previous: StoredResp
     tools = function_tools(body.tools)
     choice = tool_choice(body.tool_choice, tools)
     history = [*(previous.history if previous else ()), *items]
-    conversation = to_conversation(body.instructions, history, tools, choice, body.parallel_tool_calls is not False)
+    max_tokens = body.max_output_tokens or settings.default_max_tokens
+    reasoning = responses_reasoning(body.reasoning, max_tokens)
+    conversation = to_conversation(body.instructions, history, tools, choice, body.parallel_tool_calls is not False,
+                                   reasoning.kwargs())
     if not any(m.role != "system" for m in conversation.messages):
         raise InvalidRequestError("input has no message to answer: send a user message or a function_call_output",
                                   field="input")
     identity = _continuing(previous, headers) if previous else responses_identity(headers, body.prompt_cache_key,
                                                                                   conversation)
-    max_tokens = body.max_output_tokens or settings.default_max_tokens
     return TurnSpec(conversation, identity, max_tokens, SamplingAsked(temperature=body.temperature, top_p=body.top_p),
-                    model=body.model, output_format=responses_text_format(body.text), output_field="text.format")
+                    model=body.model, output_format=responses_text_format(body.text), output_field="text.format",
+                    reasoning=reasoning)
 
 
 def _continuing(previous: StoredResponse, headers: Mapping[str, str]) -> AgentIdentity:
@@ -83,7 +96,7 @@ class ResponseMeta:
             "parallel_tool_calls": True if request.parallel_tool_calls is None else request.parallel_tool_calls,
             "previous_response_id": request.previous_response_id,
             "prompt_cache_key": request.prompt_cache_key,
-            "reasoning": {"effort": None, "summary": None},
+            "reasoning": _echoed_reasoning(request.reasoning),
             "store": request.store,
             "temperature": request.temperature,
             "text": _echoed_text(request.text),
@@ -103,7 +116,7 @@ def usage_body(usage: Usage) -> dict[str, Any]:
         "input_tokens": usage.prompt_tokens,
         "input_tokens_details": {"cached_tokens": usage.reused_tokens},
         "output_tokens": usage.generated_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
         "total_tokens": usage.prompt_tokens + usage.generated_tokens,
         "semantic": cache_usage(usage),
     }
@@ -116,10 +129,18 @@ def outcome(finish: FinishEvent, made_calls: bool) -> tuple[str, str | None]:
     return "completed", None
 
 
-def output_items(text: str, calls: list[ToolCall], status: str = "completed") -> list[Item]:
-    """A whole turn's output: its text as one message, then one function_call item per call."""
-    items: list[Item] = [message_item(new_id("msg"), text, status)] if text or not calls else []
+def output_items(text: str, calls: list[ToolCall], status: str = "completed", reasoning: str = "",
+                 encrypted: bool = False) -> list[Item]:
+    """A whole turn's output: its reasoning (a thinking model's) as one reasoning item, its text as one message,
+    then one function_call item per call."""
+    items: list[Item] = [reasoning_item(new_id("rs"), reasoning, encrypted)] if reasoning else []
+    items += [message_item(new_id("msg"), text, status)] if text or not calls else []
     return items + [function_call_item(new_id("fc"), call) for call in calls]
+
+
+def _echoed_reasoning(reasoning: dict[str, Any] | None) -> dict[str, Any]:
+    asked = reasoning or {}
+    return {"effort": asked.get("effort"), "summary": asked.get("summary")}
 
 
 def _echoed_text(text: dict[str, Any] | None) -> dict[str, Any]:

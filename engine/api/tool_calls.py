@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from engine.domain.chat import ToolCall
+from engine.domain.reasoning import HarmonyFormat, ReasoningFormat
 
 ParseFn = Callable[[str, Any], Any]
 
@@ -35,11 +36,18 @@ def _parse_json_call(text: str, tools: Any = None) -> dict[str, Any]:
 
 
 FALLBACK = ToolFormat("<tool_call>", "</tool_call>", _parse_json_call, json_body=True)
+# gpt-oss writes calls on a channel of their own (harmony's ``to=functions.NAME`` header), which the engine routes
+# apart from the answer (domain/reasoning_tracker.py): there are no markers in the answer text to look for, and
+# nothing a grammar over the answer could constrain.
+HARMONY_CALLS = ToolFormat("<|start|>assistant to=functions.", "<|call|>", _parse_json_call)
 # mlx-lm's parser of JSON calls between <tool_call> markers (Qwen's and Hermes' templates).
 JSON_TOOLS_PARSER = "mlx_lm.tool_parsers.json_tools"
 
 
-def tool_format_for(tokenizer: Any) -> ToolFormat:
+def tool_format_for(tokenizer: Any, reasoning: ReasoningFormat | None = None) -> ToolFormat:
+    """The model's tool-call format; ``reasoning``: its reasoning format (LoadedModel.reasoning)."""
+    if isinstance(reasoning, HarmonyFormat):
+        return HARMONY_CALLS
     if getattr(tokenizer, "has_tool_calling", False) and tokenizer.tool_parser is not None:
         parse = tokenizer.tool_parser
         end = tokenizer.tool_call_end or ""
@@ -66,7 +74,14 @@ class BadToolPiece:
     error: str
 
 
-Piece = TextPiece | ToolPiece | BadToolPiece
+@dataclass(frozen=True, slots=True)
+class ReasoningPiece:
+    """Reasoning text (a thinking model's), never parsed for tool calls."""
+
+    text: str
+
+
+Piece = TextPiece | ToolPiece | BadToolPiece | ReasoningPiece
 _counter = itertools.count(1)
 
 
@@ -139,6 +154,18 @@ class ToolCallStream:
             return BadToolPiece(raw, f"{type(exc).__name__}: {exc}")
         self.calls.append(call)
         return ToolPiece(call)
+
+
+def channel_call(name: str, arguments: str, id_prefix: str) -> Piece:
+    """A call written on a channel of its own (harmony's ``to=functions.NAME``): its arguments are the JSON object
+    the channel carried. One that does not parse is text, so nothing is lost."""
+    try:
+        parsed = json.loads(arguments) if arguments.strip() else {}
+        if not isinstance(parsed, dict):
+            raise TypeError(f"the arguments are a JSON {type(parsed).__name__}, not an object")
+    except (ValueError, TypeError) as exc:
+        return BadToolPiece(arguments, f"{type(exc).__name__}: {exc}")
+    return ToolPiece(ToolCall(new_tool_id(id_prefix), name, parsed))
 
 
 def _partial_suffix(text: str, marker: str) -> int:

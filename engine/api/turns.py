@@ -10,15 +10,26 @@ from typing import Any
 from engine.domain.block_layout import common_prefix_length
 from engine.domain.output_format import OutputFormat
 from engine.models.sampling_defaults import SamplingDefaults
+from engine.domain.reasoning import CallText
 from engine.domain.requests import FinishEvent, FinishReason, GenerationRequest, SamplingParams, TokenEvent
 
 from .async_turn import AsyncTurn
 from engine.domain.chat import Conversation, ToolCall
 from .identity import AgentIdentity
+from .reasoning_ask import DEFAULT as DEFAULT_REASONING, ReasoningAsk
 from .rendering import PromptRenderer
 from .retention import Retention, retained_tokens
 from .service import EngineService
-from .tool_calls import BadToolPiece, Piece, TextPiece, ToolCallStream, ToolPiece, tool_format_for
+from .tool_calls import (
+    BadToolPiece,
+    Piece,
+    ReasoningPiece,
+    TextPiece,
+    ToolCallStream,
+    ToolPiece,
+    channel_call,
+    tool_format_for,
+)
 from .tool_constraints import compile_reply_format, reply_format
 
 
@@ -62,6 +73,8 @@ class TurnSpec:
     # Structured outputs (output_formats.py), and the request field that named it (for errors).
     output_format: OutputFormat | None = None
     output_field: str = "response_format"
+    # What the request said about a thinking model's reasoning (reasoning_ask.py): its budget, whether it is on.
+    reasoning: ReasoningAsk = DEFAULT_REASONING
 
 
 def renderer_for(service: EngineService) -> PromptRenderer:
@@ -107,7 +120,8 @@ async def prepare(service: EngineService, spec: TurnSpec) -> GenerationRequest:
         tokens = await render_tokens(service, spec.conversation)
         head = await head_length(service, spec.conversation, tokens)
     renderer = renderer_for(service)
-    output_format = reply_format(spec.conversation, spec.output_format, tool_format_for(service.loaded.tokenizer),
+    tool_format = tool_format_for(service.loaded.tokenizer, service.loaded.reasoning)
+    output_format = reply_format(spec.conversation, spec.output_format, tool_format,
                                  renderer.turn_end_strings + spec.stop)
     if output_format is not None:  # compiled here, in a worker thread: a bad schema is a 400 before any 200
         await service.in_thread(compile_reply_format, service.engine.grammars, output_format, spec.conversation,
@@ -130,6 +144,7 @@ async def prepare(service: EngineService, spec: TurnSpec) -> GenerationRequest:
         auxiliary=spec.identity.auxiliary,
         model_id=service.loaded.identity.key,
         output_format=output_format,
+        reasoning_budget=spec.reasoning.engine_budget,
     )
     request = service.engine.validate(request)
     if request.asked_max_tokens is not None:
@@ -149,25 +164,56 @@ def cap_headers(request: GenerationRequest) -> dict[str, str]:
 
 @dataclass(slots=True)
 class OutputAssembler:
-    """Engine text deltas in, text and tool-call pieces out (tool parsing only when tools were offered)."""
+    """Engine token events in, reasoning, text and tool-call pieces out. Tool calls are parsed from the answer
+    text only (when tools were offered), never from inside reasoning; a call the model wrote on its own channel
+    (harmony) is one piece once its channel ends."""
 
     tools: ToolCallStream | None
+    id_prefix: str = "toolu_"
     text: str = ""
+    reasoning: str = ""
     calls: list[ToolCall] = field(default_factory=list)
+    _channel_call: list[Any] = field(default_factory=list)  # [index, name, arguments so far] while one is open
 
     @classmethod
     def for_turn(cls, service: EngineService, conversation: Conversation, id_prefix: str) -> "OutputAssembler":
         if not conversation.tools or conversation.tool_choice == "none":
-            return cls(None)
+            return cls(None, id_prefix)
         schemas = [{"type": "function", "function": {"name": t.name, "parameters": t.parameters}} for t in conversation.tools]
-        return cls(ToolCallStream(tool_format_for(service.loaded.tokenizer), schemas, id_prefix))
+        tool_format = tool_format_for(service.loaded.tokenizer, service.loaded.reasoning)
+        return cls(ToolCallStream(tool_format, schemas, id_prefix), id_prefix)
 
-    def feed(self, delta: str) -> list[Piece]:
-        pieces = self.tools.feed(delta) if self.tools else ([TextPiece(delta)] if delta else [])
+    def feed(self, event: Any) -> list[Piece]:
+        if not isinstance(event, TokenEvent):
+            return []
+        pieces: list[Piece] = []
+        if event.reasoning:
+            pieces += self._close_channel_call() + [ReasoningPiece(event.reasoning)]
+        for call in event.calls:
+            pieces += self._channel_text(call)
+        if event.text:
+            pieces += self._close_channel_call()
+            pieces += self.tools.feed(event.text) if self.tools else [TextPiece(event.text)]
         return self._note(pieces)
 
     def finish(self) -> list[Piece]:
-        return self._note(self.tools.finish() if self.tools else [])
+        return self._note(self._close_channel_call() + (self.tools.finish() if self.tools else []))
+
+    def _channel_text(self, call: CallText) -> list[Piece]:
+        open_call = self._channel_call
+        if open_call and open_call[0] == call.index:
+            open_call[2] += call.text
+            return []
+        pieces = self._close_channel_call()
+        self._channel_call = [call.index, call.name, call.text]
+        return pieces
+
+    def _close_channel_call(self) -> list[Piece]:
+        if not self._channel_call:
+            return []
+        _, name, arguments = self._channel_call
+        self._channel_call = []
+        return [channel_call(name, arguments, self.id_prefix)]
 
     def _note(self, pieces: list[Piece]) -> list[Piece]:
         out: list[Piece] = []
@@ -178,6 +224,8 @@ class OutputAssembler:
                 if not piece.text:
                     continue
                 self.text += piece.text
+            elif isinstance(piece, ReasoningPiece):
+                self.reasoning += piece.text
             elif isinstance(piece, ToolPiece):
                 self.calls.append(piece.call)
             out.append(piece)

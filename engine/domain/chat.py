@@ -22,6 +22,9 @@ class ChatMessage:
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str | None = None
     name: str | None = None  # tool name, for tool results
+    # An assistant turn's reasoning, as a thinking model wrote it (markers left out); the chat template decides
+    # whether it renders (api/rendering.py).
+    reasoning: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +45,9 @@ class Conversation:
     # False: at most one call a reply (Anthropic's disable_parallel_tool_use, OpenAI's parallel_tool_calls);
     # enforced when the reply is constrained (strict tools, a forced choice: api/tool_constraints.py).
     parallel_tool_calls: bool = True
+    # Keyword arguments for the chat template (``enable_thinking``, a client's ``chat_template_kwargs``), as
+    # sorted pairs so the conversation stays hashable.
+    template_kwargs: tuple[tuple[str, Any], ...] = ()
 
     def system_text(self) -> str:
         return "\n\n".join(m.content for m in self.messages if m.role == "system")
@@ -55,4 +61,4 @@ class Conversation:
             leading.append(message)
         if not leading and not self.tools:
             return None
-        return Conversation(tuple(leading), self.tools, self.tool_choice)
+        return Conversation(tuple(leading), self.tools, self.tool_choice, template_kwargs=self.template_kwargs)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from engine.domain.output_format import OutputFormat
+from engine.domain.reasoning import CallText
 from engine.domain.speculation_tally import SpeculationTally
 
 _request_ids = itertools.count(1)
@@ -86,6 +87,9 @@ class GenerationRequest:
     retain_tokens: int = 0
     # Structured outputs: the reply is constrained to JSON that validates against this schema (None: free text).
     output_format: OutputFormat | None = None
+    # A thinking model's reasoning: at most this many tokens, then the end marker is written (None: no limit but
+    # max_tokens; 0: none). Models without a reasoning format ignore it.
+    reasoning_budget: int | None = None
     request_id: str = field(default_factory=next_request_id)
 
     def __post_init__(self) -> None:
@@ -93,15 +97,22 @@ class GenerationRequest:
             raise ValueError("prompt_tokens must not be empty")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.reasoning_budget is not None and self.reasoning_budget < 0:
+            raise ValueError(f"reasoning_budget must be >= 0, got {self.reasoning_budget}")
 
 
 def clamped(request: GenerationRequest, max_output_tokens: int, context_room: int) -> GenerationRequest:
     """``request`` with ``max_tokens`` clamped, the one rule for it: to the server's ``max_output_tokens`` (the
     request then records what it asked, for the client's header and the agent's note) and to the context
-    left after its prompt (silently: the turn simply ends there, as ``length``)."""
+    left after its prompt (silently: the turn simply ends there, as ``length``). When it was clamped, a reasoning
+    budget then leaves the answer at least a quarter of what is left (a budget asked within a larger
+    ``max_tokens`` than the clamp allows would otherwise leave no room for it)."""
     asked = request.max_tokens if request.max_tokens > max_output_tokens else request.asked_max_tokens
-    return replace(request, max_tokens=min(request.max_tokens, max_output_tokens, context_room),
-                   asked_max_tokens=asked)
+    max_tokens = min(request.max_tokens, max_output_tokens, context_room)
+    budget = request.reasoning_budget
+    if budget is not None and max_tokens < request.max_tokens:
+        budget = min(budget, max_tokens - max(1, max_tokens // 4))
+    return replace(request, max_tokens=max_tokens, asked_max_tokens=asked, reasoning_budget=budget)
 
 
 class FinishReason(str, enum.Enum):
@@ -122,6 +133,8 @@ class Usage:
     reused_tokens: int
     prefilled_tokens: int
     generated_tokens: int
+    # Of the generated tokens, those the model reasoned with (a thinking model's; markers not counted).
+    reasoning_tokens: int = 0
     # Where the reused tokens came from: the agent's own cache, another
     # agent's shared prefix, or the warm (disk) tier.
     reuse_source: str = "none"
@@ -162,9 +175,14 @@ class PrefillEvent:
 
 @dataclass(frozen=True, slots=True)
 class TokenEvent:
+    """One generated token and the text it made: answer text, reasoning, or a call's arguments (a thinking model's
+    tokens go to one of them, domain/reasoning.py; markers to none)."""
+
     request_id: str
     token_id: int
-    text: str  # decoded delta; may be empty while a multi-byte char or stop string is pending
+    text: str  # answer text delta; may be empty while a multi-byte char or stop string is pending
+    reasoning: str = ""  # reasoning text delta
+    calls: tuple[CallText, ...] = ()  # arguments of calls written on their own channel (harmony)
 
 
 @dataclass(frozen=True, slots=True)

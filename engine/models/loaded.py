@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.domain.cache_spec import ModelCacheSpec
+from engine.domain.reasoning import ReasoningFormat
+from engine.models.reasoning_format import reasoning_format
 
 if TYPE_CHECKING:
     from engine.models.draft_model import DraftModel
@@ -40,6 +42,12 @@ class LoadedModel:
     context_length: int
     # The draft model for --speculate draft, loaded beside this one (None: no draft model).
     draft: DraftModel | None = None
+    # How the model marks its reasoning (models/reasoning_format.py); read from the tokenizer when not given.
+    reasoning: ReasoningFormat | None = None
+
+    def __post_init__(self) -> None:
+        if self.reasoning is None:
+            object.__setattr__(self, "reasoning", reasoning_format(self.tokenizer))
 
     @property
     def shard(self) -> tuple[int, int] | None:

@@ -64,7 +64,8 @@ class AgentConversation:
             "agent_id": self.agent_id,
             "display_name": self.display_name,
             "system": self.system,
-            "messages": [{"role": m.role, "content": m.content} for m in self.messages],
+            "messages": [{"role": m.role, "content": m.content, **({"reasoning": m.reasoning} if m.reasoning else {})}
+                         for m in self.messages],
             "created_at": self.created_at,
             "updated_at": self.updated_at,
             **({"context_tokens": self.context_tokens} if self.context_tokens is not None else {}),
@@ -107,7 +108,8 @@ def _token_ids(value: Any) -> list[int] | None:
 def _message(item: Any) -> ChatMessage:
     if not isinstance(item, dict) or item.get("role") not in _ROLES:
         raise ValueError("a message needs role user or assistant")
-    return ChatMessage(item["role"], _typed(item.get("content"), str, "content"))
+    return ChatMessage(item["role"], _typed(item.get("content"), str, "content"),
+                       reasoning=_typed(item.get("reasoning", ""), str, "reasoning"))
 
 
 class ConversationStore:
@@ -145,8 +147,8 @@ class ConversationStore:
     async def atruncate(self, agent_id: str, n_messages: int) -> None:
         await asyncio.to_thread(self.truncate, agent_id, n_messages)
 
-    async def arecord_turn(self, agent_id: str, user_text: str, reply: str) -> None:
-        await asyncio.to_thread(self.record_turn, agent_id, user_text, reply)
+    async def arecord_turn(self, agent_id: str, user_text: str, reply: str, reasoning: str = "") -> None:
+        await asyncio.to_thread(self.record_turn, agent_id, user_text, reply, reasoning)
 
     async def adelete(self, agent_id: str) -> bool:
         return await asyncio.to_thread(self.delete, agent_id)
@@ -193,12 +195,12 @@ class ConversationStore:
             self._loaded[agent_id] = conversation
             return conversation
 
-    def record_turn(self, agent_id: str, user_text: str, reply: str) -> None:
+    def record_turn(self, agent_id: str, user_text: str, reply: str, reasoning: str = "") -> None:
         with self._lock:
             conversation = self.get(agent_id)
             if conversation is None:
                 return  # deleted while the turn ran: nothing to add to
-            conversation.messages += [ChatMessage("user", user_text), ChatMessage("assistant", reply)]
+            conversation.messages += [ChatMessage("user", user_text), ChatMessage("assistant", reply, reasoning=reasoning)]
             conversation.updated_at = time.time()
             self._write(conversation)
 

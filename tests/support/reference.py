@@ -66,3 +66,37 @@ def reference_greedy_shared(model, prompts: list[list[int]], max_tokens: int, eo
         mx.synchronize(generation_stream)
         results.append(out)
     return results
+
+
+def reference_ruled(model, prompt: list[int], max_tokens: int, eos: set[int], fmt, budget: int | None,
+                    decode) -> list[int]:
+    """Plain mlx-lm greedy decoding with a reasoning budget's rule applied by a logits processor of its own: the
+    tokens the engine must produce for a thinking model's turn with that budget (domain/reasoning_tracker.py
+    decides the rule; this checks that the batch applies it at the right token, pipelined or speculating)."""
+    from engine.domain.reasoning_tracker import start_tracker
+    from engine.runtime.runner.token_masks import Only, Without, masked
+
+    tracker = start_tracker(fmt, prompt, decode, budget)
+    fed = 0
+
+    def rule(history: mx.array, logits: mx.array) -> mx.array:
+        nonlocal fed
+        for token in history.tolist()[len(prompt) + fed:]:
+            tracker.feed(token)
+            fed += 1
+        ruled = tracker.rule()
+        if ruled is None:
+            return logits
+        mask = Only(ruled.force) if ruled.force is not None else Without(ruled.forbid)
+        return masked(logits, [(0, mask)])
+
+    out: list[int] = []
+    steps = generate_step(mx.array(prompt), model, max_tokens=max_tokens, prefill_step_size=PREFILL_STEP,
+                          logits_processors=[rule])
+    for (token, _), _ in zip(steps, range(max_tokens)):
+        out.append(int(token))
+        if out[-1] in eos:
+            break
+    steps.close()
+    mx.synchronize(generation_stream)
+    return out

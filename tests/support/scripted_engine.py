@@ -56,7 +56,11 @@ from engine.runtime.engine_thread.snapshot import (
 
 from engine.grammar.output_grammars import OutputGrammars
 
-from .byte_tokenizer import ByteTokenizer
+from engine.domain.reasoning import HarmonyFormat, ReasoningFormat
+from engine.domain.reasoning_tracker import start_tracker
+from engine.runtime.runner.routed_text import RoutedDelta, RoutedText
+
+from .byte_tokenizer import EOS, ByteTokenizer
 
 Script = Callable[[GenerationRequest], str]
 
@@ -65,7 +69,9 @@ def echo_script(request: GenerationRequest) -> str:
     return "Hello from the scripted model."
 
 
-def scripted_loaded(context: int = 4096, block_tokens: int = 16, name: str = "scripted") -> LoadedModel:
+def scripted_loaded(context: int = 4096, block_tokens: int = 16, name: str = "scripted",
+                    tokenizer: object | None = None) -> LoadedModel:
+    """A model that is only a tokenizer (the byte tokenizer; a MarkerTokenizer for a thinking model)."""
     spec = ModelCacheSpec(4, 2, 8, "float32", block_tokens, group_layers([None] * 4))
     return LoadedModel(
         model_id=name,
@@ -73,7 +79,7 @@ def scripted_loaded(context: int = 4096, block_tokens: int = 16, name: str = "sc
         path=Path("/nonexistent/scripted"),
         architecture="scripted",
         model=None,
-        tokenizer=ByteTokenizer(),
+        tokenizer=tokenizer if tokenizer is not None else ByteTokenizer(),
         spec=spec,
         context_length=context,
     )
@@ -286,6 +292,12 @@ class ScriptedEngine:
         time.sleep(self.prefill_delay_s)
         if self.fail_with:
             return self._finish(request, sink, agent, reused, 0, start, FinishReason.ERROR, error=self.fail_with)
+        if self.loaded.reasoning is not None:  # a thinking model: its tokens routed as the engine routes them
+            tokens, reason, stop_hit, reasoning = self._emit_routed(request, sink, self.script(request))
+            with self._lock:
+                agent.tokens = list(request.prompt_tokens) + tokens
+            return self._finish(request, sink, agent, reused, len(tokens), start, reason, stop_sequence=stop_hit,
+                                reasoning_tokens=reasoning)
         text, stop_hit = self._cut_at_stop(self.script(request), request.stop_strings)
         generated, reason = self._emit(request, sink, text)
         if reason is None:
@@ -327,11 +339,58 @@ class ScriptedEngine:
             time.sleep(self.token_delay_s)
         return len(text), None
 
-    def _finish(self, request, sink, agent, reused, generated, start, reason, error=None, stop_sequence=None) -> None:
+    def _emit_routed(self, request: GenerationRequest, sink: EventSink,
+                     script: str) -> tuple[list[int], FinishReason, str | None, int]:
+        """The script as the model's tokens through the engine's own reasoning tracker and routed text: markers
+        hidden, stop strings looked for in the answer only, a budget forcing the end marker (the script's reasoning
+        is then skipped to its own end marker, as a model would go on to answer)."""
+        tokenizer = self.loaded.tokenizer
+        tracker = start_tracker(self.loaded.reasoning, request.prompt_tokens, tokenizer.decode,
+                                request.reasoning_budget)
+        text = RoutedText(lambda: tokenizer.detokenizer, request.stop_strings, request.turn_end_strings)
+        queue, out = list(tokenizer.encode(script, add_special_tokens=False)), []
+        while len(out) < request.max_tokens:
+            if request.request_id in self.cancelled:
+                return out, FinishReason.CANCELLED, None, tracker.reasoning_tokens
+            rule = tracker.rule()
+            if rule is not None and rule.force is not None:
+                if queue and queue[0] != rule.force:
+                    queue = _after_reasoning(queue, self.loaded.reasoning)
+                token = rule.force
+                if queue and queue[0] == token:
+                    queue.pop(0)
+            elif queue:
+                token = queue.pop(0)
+            else:
+                token = EOS
+            out.append(token)
+            if token in tokenizer.eos_token_ids:
+                delta = text.push(tracker.flush())
+                _merge(delta, text.finish())
+                self._send(sink, request, token, delta)
+                return out, FinishReason.STOP, None, tracker.reasoning_tokens
+            delta = text.push(tracker.feed(token))
+            if delta.stop_sequence is not None or delta.ends_turn:
+                self._send(sink, request, token, delta)
+                return out, (FinishReason.STOP_SEQUENCE if delta.stop_sequence else FinishReason.STOP), \
+                    delta.stop_sequence, tracker.reasoning_tokens
+            self._send(sink, request, token, delta)
+            time.sleep(self.token_delay_s)
+        delta = text.push(tracker.flush())
+        _merge(delta, text.finish())
+        self._send(sink, request, out[-1], delta)
+        return out, FinishReason.LENGTH, None, tracker.reasoning_tokens
+
+    def _send(self, sink: EventSink, request: GenerationRequest, token: int, delta) -> None:
+        if not delta.empty or token not in self.loaded.tokenizer.eos_token_ids:
+            sink(TokenEvent(request.request_id, token, delta.text, delta.reasoning, tuple(delta.calls)))
+
+    def _finish(self, request, sink, agent, reused, generated, start, reason, error=None, stop_sequence=None,
+                reasoning_tokens: int = 0) -> None:
         with self._lock:
             self._settle(agent, request, reused, generated)
         usage = Usage(len(request.prompt_tokens), reused, len(request.prompt_tokens) - reused, generated,
-                      "self" if reused else "none", None, 0.001, 100.0, time.monotonic() - start)
+                      reasoning_tokens, "self" if reused else "none", None, 0.001, 100.0, time.monotonic() - start)
         sink(FinishEvent(request.request_id, reason, usage, stop_sequence=stop_sequence, error=error,
                          error_type="api_error" if error else None))
 
@@ -382,3 +441,18 @@ class ScriptedEngine:
             a.last_used, a.created_at, history=tuple(a.history),
             retained_s=max(0.0, a.retained_until - time.monotonic()),
         )
+
+
+def _after_reasoning(queue: list[int], fmt: ReasoningFormat) -> list[int]:
+    """The script past its reasoning: from its own end marker on (the engine forces one in its place)."""
+    end = (fmt.end,) if isinstance(fmt, HarmonyFormat) else fmt.end
+    for at in range(len(queue) - len(end) + 1):
+        if tuple(queue[at:at + len(end)]) == tuple(end):
+            return queue[at:]
+    return []
+
+
+def _merge(delta: RoutedDelta, more: RoutedDelta) -> None:
+    delta.text += more.text
+    delta.reasoning += more.reasoning
+    delta.calls.extend(more.calls)

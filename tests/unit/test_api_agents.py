@@ -110,8 +110,8 @@ async def test_turns_extend_the_stored_history(client: httpx.AsyncClient, engine
     first = (await client.post("/v1/agents/bob/messages", json={"content": "Hi"})).json()
     decode = engine.loaded.tokenizer.decode
     assert decode(list(engine.requests[0].prompt_tokens)) == "System: Be brief.\n\nUser: Hi\n\nAssistant:"
-    assert first == {"agent_id": "bob", "content": "reply 40", "finish_reason": "stop", "usage": {
-        "prompt_tokens": 40, "reused_tokens": 0, "prefilled_tokens": 40, "generated_tokens": 8,
+    assert first == {"agent_id": "bob", "content": "reply 40", "reasoning": "", "finish_reason": "stop", "usage": {
+        "prompt_tokens": 40, "reused_tokens": 0, "prefilled_tokens": 40, "generated_tokens": 8, "reasoning_tokens": 0,
         "ttft_s": 0.001, "decode_tok_s": 100.0}}
     second = (await client.post("/v1/agents/bob/messages", json={"content": "More"})).json()
     assert decode(list(engine.requests[1].prompt_tokens)) == (

@@ -95,7 +95,8 @@ def test_tool_round_trip_becomes_tool_calls_and_results():
     ], tools=[WEATHER_TOOL], tool_choice={"type": "auto"})
     conversation = conversation_of(req)
     assert conversation.messages[1] == ChatMessage(
-        "assistant", "Checking.", tool_calls=(ToolCall("toolu_01", "get_weather", {"city": "Paris"}),))
+        "assistant", "Checking.", tool_calls=(ToolCall("toolu_01", "get_weather", {"city": "Paris"}),),
+        reasoning="user wants weather")  # a signature that is not this server's: the block's own text
     assert conversation.messages[2] == ChatMessage("tool", "18C", tool_call_id="toolu_01", name="get_weather")
     assert conversation.messages[3] == ChatMessage("user", "Thanks")
     assert conversation.tools[0].parameters == WEATHER_TOOL["input_schema"]

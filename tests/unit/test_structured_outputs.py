@@ -25,7 +25,7 @@ from engine.errors import InvalidRequestError
 from engine.grammar.output_grammars import OutputGrammars
 from engine.runtime.engine_thread.engine import Engine
 from engine.runtime.engine_thread.sync_client import run_turn, run_turns
-from engine.runtime.runner.token_masks import allowed_rows, masked
+from engine.runtime.runner.token_masks import Allow, allowed_rows, masked
 from tests.support.byte_tokenizer import BOS, EOS, ByteTokenizer
 from tests.support.engine_settings import engine_settings
 from tests.support.json_schemas import SCHEMAS
@@ -125,11 +125,11 @@ def _allowed_bytes(constraint) -> set[int]:
 def test_masks_cover_only_their_rows_and_never_allow_tokens_past_the_tokenizers() -> None:
     words = np.zeros(2, dtype=np.uint32)
     words[0] = 1 << 3  # token 3 only
-    allow = allowed_rows(70, 3, [(1, words)])
+    allow = allowed_rows(70, 3, [(1, Allow(words))])
     assert allow[0].all() and allow[2].all()
     assert np.nonzero(allow[1])[0].tolist() == [3]  # tokens 64-69 lie past the 64-bit mask: never allowed
     logits = mx.zeros((3, 70))
-    out = np.array(masked(logits, [(1, words)]))
+    out = np.array(masked(logits, [(1, Allow(words))]))
     assert np.isinf(out[1]).sum() == 69 and np.isfinite(out[0]).all()
 
 
@@ -159,7 +159,7 @@ def reference_constrained(model, tokens: tuple[int, ...], fmt: OutputFormat, max
 
     def mask(history: mx.array, logits: mx.array) -> mx.array:
         catch_up(history.tolist()[len(tokens):])
-        return masked(logits, [(0, constraint.allowed())])
+        return masked(logits, [(0, Allow(constraint.allowed()))])
 
     out: list[int] = []
     steps = generate_step(mx.array(tokens), model, max_tokens=max_tokens, prefill_step_size=PREFILL_STEP,

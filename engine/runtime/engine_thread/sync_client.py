@@ -33,6 +33,10 @@ class TurnResult:
         return "".join(e.text for e in self.events if isinstance(e, TokenEvent))
 
     @property
+    def reasoning(self) -> str:
+        return "".join(e.reasoning for e in self.events if isinstance(e, TokenEvent))
+
+    @property
     def prefill_events(self) -> list[PrefillEvent]:
         return [e for e in self.events if isinstance(e, PrefillEvent)]
 

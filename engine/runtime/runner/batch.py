@@ -37,7 +37,7 @@ from engine.runtime.runner.kv.sequence_kv import CheckpointKind
 from engine.runtime.runner.sampling import sample
 from engine.runtime.runner.token_masks import masked
 
-from engine.runtime.runner.sequence import Phase, Sequence
+from engine.runtime.runner.sequence import Phase, Released, Sequence
 from engine.runtime.runner.speculative_step import SpeculativeSteps
 
 # Called before a sequence's cache grows to hold ``n_tokens`` positions: the
@@ -63,6 +63,8 @@ class TokenOut:
     uid: int
     token: int
     finish: FinishReason | None = None
+    # A reasoning model's token: the tokens whose routes it decided (sequence.Released). None: answer text.
+    released: Released = None
 
 
 @dataclass(slots=True)
@@ -307,19 +309,18 @@ class SequenceBatch:
         logits = self._forward(rows, inputs)
         for s in rows:
             s.kv.advanced(1)
-        if any(s.constraint is not None for s in rows):
-            mx.async_eval(logits)  # sampled once the constraints have this step's inputs (_sample_constrained)
+        if any(s.may_mask() for s in rows):
+            mx.async_eval(logits)  # sampled once the rules have this step's inputs (_sample_constrained)
             return _Launched(rows, None, logits)
         sampled = _sample(logits, rows, self.backend)
         mx.async_eval(sampled)
         return _Launched(rows, sampled)
 
     def _sample_constrained(self, launched: _Launched) -> None:
-        """Sample a launched step whose constrained rows needed the tokens just read: each row's mask is what
-        its format allows after every token it has chosen (all fed to its constraint by now)."""
+        """Sample a launched step whose ruled rows needed the tokens just read: each row's mask is what its
+        format or its reasoning allows after every token it has chosen (all decided by now)."""
         assert launched.logits is not None
-        masks = [(i, s.constraint.allowed()) for i, s in enumerate(launched.rows)
-                 if s.constraint is not None and not s.done]
+        masks = [(i, mask) for i, s in enumerate(launched.rows) if not s.done and (mask := s.mask()) is not None]
         launched.sampled = _sample(masked(launched.logits, masks), launched.rows, self.backend)
         launched.logits = None
         mx.async_eval(launched.sampled)
@@ -378,12 +379,13 @@ class SequenceBatch:
         for sequence, token in zip(launched.rows, tokens):
             if sequence.done:
                 continue
-            finish = sequence.decide(token)
+            decision = sequence.decide(token)
+            finish = decision.finish
             if id(sequence) in current:
                 sequence.fed.append(token)  # the launch just made fed it to the cache
             else:
                 sequence.next_input = token  # it goes in with the next launch, as a known int
-            out.tokens.append(TokenOut(sequence.uid, token, finish))
+            out.tokens.append(TokenOut(sequence.uid, token, finish, decision.released))
             if finish is not None:
                 self.remove(sequence.uid)
             elif self.speculative is not None:

@@ -6,11 +6,18 @@ import enum
 from dataclasses import dataclass, field
 from typing import Sequence as Tokens
 
+from engine.domain.reasoning import Channel, Route
+from engine.domain.reasoning_tracker import ReasoningTracker
 from engine.domain.requests import FinishReason
 from engine.grammar.token_constraint import TokenConstraint
 from engine.runtime.runner.kv.sequence_kv import SequenceKV
 from engine.runtime.runner.sampling import RowSampler
 from engine.runtime.runner.speculation import Speculation
+from engine.runtime.runner.token_masks import Allow, Only, RowMask, Without
+
+# Tokens whose routes a choice decided (a reasoning model's): each with where its text goes. None: the one token,
+# answer text (no reasoning format).
+Released = tuple[tuple[int, Route], ...] | None
 
 
 class Phase(enum.Enum):
@@ -53,8 +60,12 @@ class Sequence:
     # is in the cache, as with pipelined steps.
     held_token: int | None = None
     held_finish: FinishReason | None = None
+    held_released: Released = None
     # The output format the reply must follow (structured outputs): which tokens may come next. None: any.
     constraint: TokenConstraint | None = None
+    # A reasoning model's turn: the route of each token (reasoning, answer, a call), its budget, the markers it
+    # forces (domain/reasoning_tracker.py). The constraint applies to the answer only. None: no reasoning format.
+    reasoning: ReasoningTracker | None = None
 
     @property
     def prefill_total(self) -> int:
@@ -68,16 +79,50 @@ class Sequence:
     def done(self) -> bool:
         return self.phase is Phase.DONE
 
-    def decide(self, token: int) -> FinishReason | None:
-        """Count ``token``, chosen as this sequence's next one, and say why the sequence ends with it, if it does:
-        an end-of-sequence token, a reply its output format says is complete, or ``max_tokens``."""
+    def decide(self, token: int) -> "Decision":
+        """Count ``token``, chosen as this sequence's next one, route it, and say why the sequence ends with it, if it
+        does: an end-of-sequence token, a reply its output format says is complete, or ``max_tokens``."""
         self.generated += 1
-        if token in self.stop_tokens:
-            return FinishReason.STOP
+        if token in self.stop_tokens:  # not text, nor markup: what a marker's first tokens held back is text
+            return Decision(FinishReason.STOP, tuple(self.reasoning.flush()) if self.reasoning is not None else None)
+        released = tuple(self.reasoning.feed(token)) if self.reasoning is not None else None
         if self.constraint is not None:
-            self.constraint.consume(token)
+            for t in _answer_tokens(token, released):
+                self.constraint.consume(t)
             if self.constraint.complete:
-                return FinishReason.STOP
+                return Decision(FinishReason.STOP, released)
         if self.generated >= self.max_tokens:
-            return FinishReason.LENGTH  # max_tokens
+            return Decision(FinishReason.LENGTH, released)  # max_tokens
+        return Decision(None, released)
+
+    def mask(self) -> RowMask | None:
+        """What the next token may be, when something rules it: the reasoning (a budget's forced marker) or the
+        output format (in the answer). None: any token."""
+        rule = self.reasoning.rule() if self.reasoning is not None else None
+        if rule is not None and rule.force is not None:
+            return Only(rule.force)
+        if self.constraint is not None and (self.reasoning is None or self.reasoning.answering):
+            words = self.constraint.allowed()
+            opening = self.reasoning.opening_token if self.reasoning is not None else None
+            return Allow(words, (opening,) if opening is not None else ())
+        if rule is not None and rule.forbid:
+            return Without(rule.forbid)
         return None
+
+    def may_mask(self) -> bool:
+        """Whether ``mask`` may rule the token after the one in flight: the batch then samples this row once that
+        token is read (a constrained row always; a reasoning one near or past its budget)."""
+        return self.constraint is not None or (self.reasoning is not None and self.reasoning.may_rule(1))
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    finish: FinishReason | None
+    released: Released = None
+
+
+def _answer_tokens(token: int, released: Released) -> list[int]:
+    """The tokens a choice made answer text: what an output grammar reads."""
+    if released is None:
+        return [token]
+    return [t for t, route in released if route.channel is Channel.ANSWER]

@@ -49,6 +49,7 @@ from engine.runtime.runner.token_masks import masked
 
 # Tokens per sequence the batch stays pipelined after a step found drafts that would not pay.
 QUIET_TOKENS = 8
+NO_LIMIT = 1 << 30
 
 if TYPE_CHECKING:
     from engine.runtime.runner.batch import SequenceBatch, StepOutput
@@ -177,11 +178,12 @@ class SpeculativeSteps:
 
     @staticmethod
     def _masks(rows: list[Sequence], inputs: list[list[int]]) -> list[tuple[int, Any]]:
-        """The constrained rows' masks, at their logits' rows (one each: they feed one token, no drafts)."""
+        """The ruled rows' masks, at their logits' rows (one each: a ruled row feeds one token, no drafts)."""
         masks, start = [], 0
         for s, fed in zip(rows, inputs):
-            if s.constraint is not None and s.held_finish is None:
-                masks.append((start, s.constraint.allowed()))
+            mask = s.mask() if s.held_finish is None else None
+            if mask is not None:
+                masks.append((start, mask))
             start += len(fed)
         return masks
 
@@ -212,7 +214,7 @@ class SpeculativeSteps:
         speculation = sequence.speculation
         if speculation is None or sequence.held_finish is not None or not self.rates.allowed():
             return 0
-        k = min(speculation.length.next(), sequence.max_tokens - sequence.generated - 1)
+        k = min(speculation.length.next(), sequence.max_tokens - sequence.generated - 1, _reasoning_room(sequence))
         while k > 0 and not sequence.kv.can_take_back(1 + k):
             k -= 1
         return max(k, 0)
@@ -229,8 +231,9 @@ class SpeculativeSteps:
 
         if s.held_token is None:
             return False
-        token, finish, s.held_token, s.held_finish = s.held_token, s.held_finish, None, None
-        out.tokens.append(TokenOut(s.uid, token, finish))
+        token, finish, released = s.held_token, s.held_finish, s.held_released
+        s.held_token, s.held_finish, s.held_released = None, None, None
+        out.tokens.append(TokenOut(s.uid, token, finish, released))
         if finish is None:
             return False
         self.batch.remove(s.uid)
@@ -247,11 +250,12 @@ class SpeculativeSteps:
         decided = 0
         for token in emitted:
             decided += 1
-            finish = s.decide(token)
+            decision = s.decide(token)
+            finish = decision.finish
             if decided > accepted:  # the model's own token: reported once the next pass feeds it
-                s.held_token, s.held_finish = token, finish
+                s.held_token, s.held_finish, s.held_released = token, finish, decision.released
                 break
-            out.tokens.append(TokenOut(s.uid, token, finish))
+            out.tokens.append(TokenOut(s.uid, token, finish, decision.released))
             if finish is not None:
                 break
         keep = 1 + min(decided, accepted)  # the last token fed, and the drafts kept up to a finish
@@ -265,3 +269,10 @@ class SpeculativeSteps:
             s.next_input = s.held_token
         else:
             self.batch.remove(s.uid)  # a kept draft ended it
+
+
+
+def _reasoning_room(sequence: Sequence) -> int:
+    """Drafts a reasoning row may verify this step: as many as cannot reach its budget (its rule would force a
+    token a draft cannot know); none while a rule stands. Any without a reasoning format."""
+    return NO_LIMIT if sequence.reasoning is None else sequence.reasoning.draft_room(NO_LIMIT)

@@ -15,13 +15,15 @@ import time
 from typing import Any, Callable
 
 from engine.domain.event_log import EventKind, EventLog
-from engine.domain.requests import FinishReason, PrefillEvent
+from engine.domain.reasoning import ReasoningFormat
+from engine.domain.reasoning_tracker import ReasoningTracker, start_tracker
+from engine.domain.requests import FinishReason, GenerationRequest, PrefillEvent
 from engine.errors import PoolExhaustedError
 from engine.grammar.output_grammars import OutputGrammars
 from engine.runtime import clock
 from engine.runtime.runner.sampling import build_sampler
 from engine.runtime.runner.sequence import Sequence
-from engine.runtime.runner.text_stream import TextStream
+from engine.runtime.runner.routed_text import RoutedText
 from engine.runtime.scheduler.completion import Completion
 from engine.runtime.scheduler.delivery import Delivery
 from engine.runtime.scheduler.queues import SchedulerStats, TurnQueues
@@ -43,7 +45,7 @@ class Admission:
                  caches: TurnCaches, hot: HotCache, agents: AgentTable, tiers: TierManager, events: EventLog,
                  tokenizer: Any, eos: frozenset[int], batch: BatchSettings, turns: TurnSettings,
                  prefix_sharing: bool, enter_batch: Callable[[Sequence], None],
-                 grammars: OutputGrammars | None = None) -> None:
+                 grammars: OutputGrammars | None = None, reasoning: ReasoningFormat | None = None) -> None:
         self.queues = queues
         self.stats = stats
         self.delivery = delivery
@@ -60,6 +62,7 @@ class Admission:
         self.prefix_sharing = prefix_sharing
         self.enter_batch = enter_batch  # puts a sequence into the current batch
         self.grammars = grammars if grammars is not None else OutputGrammars(tokenizer, eos)  # structured outputs
+        self.reasoning = reasoning  # how the model marks its reasoning (None: it does not)
         self._uids = itertools.count()
         # Under memory pressure (runtime/memory_pressure.py): the most pool blocks new turns may bring the pool
         # to, making room by sending idle caches away; None: no limit but the pool's own.
@@ -161,6 +164,7 @@ class Admission:
             sampler=build_sampler(request.sampling),
             stop_tokens=self.eos,
             constraint=self.grammars.start(request.output_format) if request.output_format is not None else None,
+            reasoning=self._reasoning(request),
             checkpoint_at=tuple(sorted({turn.share_at, self._prefix_point(turn)} - {0})),
             checkpoint_prompt_end=turn.on_own_cache,
             context=request.prompt_tokens[:k],
@@ -168,7 +172,7 @@ class Admission:
         )
         self.enter_batch(turn.sequence)
         turn.uid, turn.phase, turn.admitted_at = uid, TurnPhase.PREFILLING, time.monotonic()
-        turn.text = TextStream(self.tokenizer.detokenizer, request.stop_strings, request.turn_end_strings)
+        turn.text = RoutedText(lambda: self.tokenizer.detokenizer, request.stop_strings, request.turn_end_strings)
         turn.guard = RepetitionGuard(self.turns.repetition_window)
         self.queues.by_uid[uid] = turn
         agent.active_requests += 1
@@ -182,6 +186,13 @@ class Admission:
             f"{turn.to_prefill} to prefill",
             agent.agent_id,
         )
+
+    def _reasoning(self, request: GenerationRequest) -> ReasoningTracker | None:
+        """The turn's reasoning tracker: where the prompt leaves off (reasoning opened or not), with its budget."""
+        if self.reasoning is None:
+            return None
+        return start_tracker(self.reasoning, request.prompt_tokens, self.tokenizer.decode, request.reasoning_budget,
+                             constrained=request.output_format is not None)
 
     def _prefix_point(self, turn: Turn) -> int:
         """Where the prompt's shareable prefix ends in whole blocks, if this turn computes it; else 0."""

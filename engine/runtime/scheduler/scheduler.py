@@ -100,7 +100,8 @@ class Scheduler:
         caches = TurnCaches(loaded, hot, agents, tiers, events, prefix_sharing)
         self.admission = Admission(self.queues, self.stats, self.delivery, self.completion, caches, hot, agents,
                                    tiers, events, loaded.tokenizer, frozenset(loaded.eos_token_ids), batch, turns,
-                                   prefix_sharing, lambda sequence: self._generator.insert(sequence), grammars)
+                                   prefix_sharing, lambda sequence: self._generator.insert(sequence), grammars,
+                                   loaded.reasoning)
         self.stepping = Stepping(self.queues, self.stats, self.delivery, self.completion, hot, events, turns)
 
     # -- observers -----------------------------------------------------------------

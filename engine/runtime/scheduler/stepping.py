@@ -11,7 +11,8 @@ from engine.domain.event_log import EventKind, EventLog
 from engine.domain.requests import FinishReason, PrefillEvent, TokenEvent
 from engine.runtime import clock
 from engine.runtime.runner.batch import PrefillProgress, StepOutput, TokenOut
-from engine.runtime.runner.text_stream import TextDelta
+from engine.domain.reasoning import ANSWER
+from engine.runtime.runner.routed_text import RoutedDelta
 from engine.runtime.scheduler.completion import Completion
 from engine.runtime.scheduler.delivery import Delivery
 from engine.runtime.scheduler.queues import SchedulerStats, TurnQueues
@@ -76,8 +77,9 @@ class Stepping:
         turn.generated += 1
         self.stats.decode.add(1)
         delta = self._decode(turn, out)
-        if not _ends_with_stop_token(turn, out) or delta.text:
-            self.delivery.emit(turn, TokenEvent(turn.request_id, out.token, delta.text))
+        if not _ends_with_stop_token(turn, out) or not delta.empty:
+            self.delivery.emit(turn, TokenEvent(turn.request_id, out.token, delta.text, delta.reasoning,
+                                                tuple(delta.calls)))
         loop = turn.guard.push(out.token) if out.finish is None else None
         complete = self.completion.complete
         cut = delta.stop_sequence is not None or delta.ends_turn or loop is not None
@@ -124,16 +126,29 @@ class Stepping:
             turn.agent.state = AgentState.DECODING
             turn.agent.prefill_done = turn.to_prefill
 
-    def _decode(self, turn: Turn, out: TokenOut) -> TextDelta:
-        """The token as text (stop strings held back until they can be told apart)."""
+    def _decode(self, turn: Turn, out: TokenOut) -> RoutedDelta:
+        """The token as text, on its route (stop strings held back until they can be told apart); the end of the
+        turn flushes what every route still holds."""
         assert turn.text is not None
-        if _ends_with_stop_token(turn, out):
-            return turn.text.finish()  # the end-of-sequence token itself is not text
-        delta = turn.text.push(out.token)
+        if out.released is not None:
+            released = out.released
+        else:  # no reasoning format: every token is the answer's, but the end-of-sequence token is not text
+            released = () if _ends_with_stop_token(turn, out) else ((out.token, ANSWER),)
+        delta = turn.text.push(released)
         if out.finish is not None and delta.stop_sequence is None and not delta.ends_turn:
-            tail = turn.text.finish()
-            return TextDelta(delta.text + tail.text, tail.stop_sequence, tail.ends_turn)
+            reasoning = turn.sequence.reasoning if turn.sequence is not None else None
+            if reasoning is not None:
+                _merge(delta, turn.text.push(reasoning.flush()))
+            _merge(delta, turn.text.finish())
         return delta
+
+
+def _merge(delta: RoutedDelta, more: RoutedDelta) -> None:
+    delta.text += more.text
+    delta.reasoning += more.reasoning
+    delta.calls.extend(more.calls)
+    delta.stop_sequence = delta.stop_sequence or more.stop_sequence
+    delta.ends_turn = delta.ends_turn or more.ends_turn
 
 
 def _ends_with_stop_token(turn: Turn, out: TokenOut) -> bool:

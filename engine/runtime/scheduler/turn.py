@@ -12,7 +12,7 @@ from engine.domain.forensics import TurnForensics
 from engine.runtime.tiers.hot import Holder, ReusePlan
 from engine.runtime.scheduler.repetition import RepetitionGuard
 from engine.domain.requests import EventSink, FinishEvent, FinishReason, GenerationRequest, Usage
-from engine.runtime.runner.text_stream import TextStream
+from engine.runtime.runner.routed_text import RoutedText
 
 
 # Room a side request (a title, a probe) reserves for its answer at admission: Claude Code's side requests ask for
@@ -47,7 +47,7 @@ class Turn:
     # Whose cache the turn runs on: its agent's, or a side cache that is thrown away after.
     holder: Holder | None = None
     sequence: Sequence | None = None
-    text: TextStream | None = None
+    text: RoutedText | None = None
     admitted_at: float | None = None
     first_token_at: float | None = None
     # clock.now() at the first token: what decisions (max_output_s) read, the same on every rank.
@@ -99,6 +99,11 @@ class Turn:
         return self.prompt_len - self.reused
 
     @property
+    def reasoning_tokens(self) -> int:
+        reasoning = self.sequence.reasoning if self.sequence is not None else None
+        return reasoning.reasoning_tokens if reasoning is not None else 0
+
+    @property
     def cache_len(self) -> int:
         """Tokens the sequence's KV cache holds once the current step is done."""
         return self.reused + self.prefill_done + self.generated
@@ -114,6 +119,7 @@ class Turn:
             reused_tokens=self.reused,
             prefilled_tokens=self.prompt_len - self.reused,
             generated_tokens=self.generated,
+            reasoning_tokens=self.reasoning_tokens,
             reuse_source=self.plan.source if self.plan else "none",
             reuse_note=self.plan.note if self.plan else None,
             ttft_s=ttft,
