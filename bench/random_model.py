@@ -118,6 +118,64 @@ def use_tool_chat_template(folder: Path) -> None:
     partial.replace(path)
 
 
+THINKING_TEMPLATES = Path(__file__).with_name("templates") / "thinking"
+# Tokens a thinking family's template writes, added to the donor tokenizer (SmolLM2's) as its own tokenizer has
+# them: Qwen's and GLM's think markers as ordinary added tokens (kept in decoded text); harmony's as special ones.
+THINKING_TOKENS: dict[str, tuple[tuple[str, ...], bool]] = {
+    "qwen3": (("<think>", "</think>"), False),
+    "qwen3_5": (("<think>", "</think>"), False),
+    "glm47": (("<think>", "</think>", "<|assistant|>", "<|user|>", "<|system|>", "<|observation|>"), False),
+    "gpt_oss": (("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|call|>", "<|return|>", "<|constrain|>"),
+                True),
+}
+# A harmony model ends its turn with <|return|> (an answer) or <|call|> (a tool call).
+THINKING_STOPS = {"gpt_oss": ("<|return|>", "<|call|>")}
+
+
+def thinking_vocab_size(tokenizer_dir: Path, template: str) -> int:
+    """The vocabulary a folder with ``template``'s added tokens will have (the model's embedding rows)."""
+    data = json.loads((tokenizer_dir / "tokenizer.json").read_text())
+    ids = [*data["model"]["vocab"].values(), *(t["id"] for t in data.get("added_tokens", []))]
+    known = {t["content"] for t in data.get("added_tokens", [])} | set(data["model"]["vocab"])
+    return max(ids) + 1 + sum(1 for t in THINKING_TOKENS[template][0] if t not in known)
+
+
+def use_thinking_template(folder: Path, template: str) -> dict[str, int]:
+    """Give ``folder``'s tokenizer a thinking family's tokens and chat template (``THINKING_TEMPLATES/NAME.jinja``,
+    copied from upstream); returns the added tokens' ids. Files are written whole, then renamed."""
+    tokens, special = THINKING_TOKENS[template]
+    path = folder / "tokenizer.json"
+    data = json.loads(path.read_text())
+    known = {t["content"]: t["id"] for t in data.get("added_tokens", [])}
+    next_id = max([*data["model"]["vocab"].values(), *known.values()]) + 1
+    for token in tokens:
+        if token not in known and token not in data["model"]["vocab"]:
+            data.setdefault("added_tokens", []).append({"id": next_id, "content": token, "single_word": False,
+                                                        "lstrip": False, "rstrip": False, "normalized": False,
+                                                        "special": special})
+            known[token], next_id = next_id, next_id + 1
+    _write_whole(path, json.dumps(data, ensure_ascii=False))
+    config_path = folder / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["chat_template"] = (THINKING_TEMPLATES / f"{template}.jinja").read_text()
+    config.setdefault("added_tokens_decoder", {}).update(
+        {str(known[t]): {"content": t, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False,
+                         "special": special} for t in tokens})
+    _write_whole(config_path, json.dumps(config, indent=2))
+    stops = THINKING_STOPS.get(template)
+    if stops:
+        model_config = json.loads((folder / "config.json").read_text())
+        model_config["eos_token_id"] = [known[t] for t in stops]
+        _write_whole(folder / "config.json", json.dumps(model_config, indent=2))
+    return {t: known[t] for t in tokens}
+
+
+def _write_whole(path: Path, text: str) -> None:
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text)
+    partial.replace(path)
+
+
 def vary(model, seed: int = 0, weight_scale: float = 2.0, vector_sd: float = 1.0) -> None:
     """Weights that make a random model's greedy tokens vary: at mlx-lm's initialization its outputs are
     one token repeated (the norms are ones, the logits nearly flat), which no cache bug could change and

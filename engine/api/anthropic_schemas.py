@@ -168,6 +168,10 @@ class CountTokensRequest(_Request):
                           "(engine/api/reasoning_ask.py). Absent: the model's default, no budget")
     cache_control: CacheControl | None = Field(
         None, description="Automatic caching: a breakpoint at the last cacheable block")
+    context_management: dict[str, Any] | None = Field(
+        None, description="clear_thinking with keep: all asks that earlier reasoning stay in the prompt: passed to "
+                          "templates that have the switch (GLM's clear_thinking, Gemma 4's preserve_thinking); other "
+                          "edits are accepted and ignored")
 
 
 class DiagnosticsIn(_Request):

@@ -18,9 +18,9 @@ Decisions that differ from Anthropic's hosted API, on purpose:
   carries when it is one of this server's (reasoning_signature.py), so
   ``display: "omitted"`` blocks sent back empty render as they were written;
   a ``redacted_thinking`` block likewise, else nothing. ``thinking`` and
-  ``output_config.effort`` set the reasoning's budget (reasoning_ask.py);
-  ``context_management`` is accepted and ignored (the template decides what
-  earlier reasoning the prompt keeps).
+  ``output_config.effort`` set the reasoning's budget, and
+  ``context_management``'s ``clear_thinking`` keep-all what earlier reasoning
+  the template keeps where it has a switch for it (reasoning_ask.py).
 * Several text parts of one message are joined with a blank line; a string
   content is one text block (see anthropic_schemas), so both spellings match.
 * The agent identity hashes the top-level ``system`` and the tools only:
@@ -174,7 +174,8 @@ def conversation_of(body: CountTokensRequest, reasoning: ReasoningAsk | None = N
         messages.extend(chat_messages(message, index, tool_names))
     single = bool(body.tool_choice and body.tool_choice.disable_parallel_tool_use)
     if reasoning is None:  # count_tokens: no max_tokens to hold a budget to, the template's form is what counts
-        reasoning = anthropic_reasoning(body.thinking, getattr(body, "output_config", None), max_tokens=1 << 62)
+        reasoning = anthropic_reasoning(body.thinking, getattr(body, "output_config", None), 1 << 62,
+                                        body.context_management)
     return Conversation(tuple(messages), tool_specs(body), tool_choice_of(body.tool_choice), not single,
                         template_kwargs=reasoning.kwargs())
 
@@ -194,7 +195,7 @@ def sampling_of(body: MessagesRequest) -> SamplingAsked:
 def turn_spec(body: MessagesRequest, headers: Mapping[str, str]) -> TurnSpec:
     metadata: dict[str, Any] = body.metadata.model_dump() if body.metadata else {}
     identity = anthropic_identity(headers, prefix_of(body), metadata, body.max_tokens, body.model)
-    reasoning = anthropic_reasoning(body.thinking, body.output_config, body.max_tokens)
+    reasoning = anthropic_reasoning(body.thinking, body.output_config, body.max_tokens, body.context_management)
     return TurnSpec(
         conversation=conversation_of(body, reasoning),
         identity=identity,

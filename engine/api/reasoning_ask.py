@@ -7,6 +7,10 @@
   ``high``, when none is named). ``display: "omitted"`` returns thinking
   blocks with empty text (their signature still carries it). Absent: the
   model reasons as its template does by default, without a budget.
+  ``context_management``'s ``clear_thinking`` edit with ``keep: "all"`` (what
+  Claude Code sends) keeps earlier reasoning in the prompt where the template
+  has a switch for it (``KEEP_REASONING``); Qwen's templates have none and
+  drop it before the last user message.
 * OpenAI chat completions: ``reasoning_effort`` (``none`` turns reasoning
   off) and ``chat_template_kwargs`` (passed to the template as they are, e.g.
   ``{"enable_thinking": false}``).
@@ -78,7 +82,28 @@ def from_effort(effort: Any, field: str, max_tokens: int) -> ReasoningAsk:
     return ReasoningAsk(budget=budget)
 
 
+# Templates' own switches for keeping earlier reasoning in the prompt (GLM-4.7: clear_thinking; Gemma 4:
+# preserve_thinking); a template without one ignores them.
+KEEP_REASONING = (("clear_thinking", False), ("preserve_thinking", True))
+
+
+def keeps_all_thinking(context_management: Any) -> bool:
+    """Anthropic's ``context_management`` asks to keep every earlier thinking block (Claude Code sends
+    ``{"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}``)."""
+    edits = context_management.get("edits") if isinstance(context_management, dict) else None
+    return any(isinstance(e, dict) and str(e.get("type", "")).startswith("clear_thinking") and e.get("keep") == "all"
+               for e in edits or ())
+
+
 def anthropic_reasoning(thinking: dict[str, Any] | None, output_config: dict[str, Any] | None,
+                        max_tokens: int, context_management: Any = None) -> ReasoningAsk:
+    asked = _anthropic_thinking(thinking, output_config, max_tokens)
+    if not keeps_all_thinking(context_management):
+        return asked
+    return ReasoningAsk(asked.enabled, asked.budget, asked.omitted, tuple(sorted(KEEP_REASONING)))
+
+
+def _anthropic_thinking(thinking: dict[str, Any] | None, output_config: dict[str, Any] | None,
                         max_tokens: int) -> ReasoningAsk:
     if thinking is None:
         return DEFAULT

@@ -81,6 +81,16 @@ class PromptRenderer:
             # into alternating turns), and gpt-oss's a call's reasoning beside its preamble text (keep the text).
             return self._apply(_alternating(_calls_without_reasoning(messages)), tools, kwargs)
 
+    def render_head(self, head: Conversation) -> list[int]:
+        """A conversation's head (system messages and tools) on its own; [] when the template cannot render it
+        alone (a template that writes tools into a system turn refuses a conversation with no message)."""
+        if not head.messages and self.native_tools:
+            return []
+        try:
+            return self.render(head)
+        except (TemplateError, ValueError):
+            return []
+
     def continuation(self, messages: tuple[ChatMessage, ...]) -> list[int]:
         """``messages`` (user first) as the template renders them after a finished assistant turn.
 

@@ -11,6 +11,7 @@ from engine.domain.block_layout import common_prefix_length
 from engine.domain.output_format import OutputFormat
 from engine.models.sampling_defaults import SamplingDefaults
 from engine.domain.reasoning import CallText
+from engine.domain.reasoning_tracker import opened_at
 from engine.domain.requests import FinishEvent, FinishReason, GenerationRequest, SamplingParams, TokenEvent
 
 from .async_turn import AsyncTurn
@@ -102,7 +103,7 @@ async def head_length(service: EngineService, conversation: Conversation, tokens
     key = hashlib.sha256(repr(head).encode("utf-8", "surrogatepass")).hexdigest()
     rendered = heads.get(key)
     if rendered is None:
-        rendered = heads.put(key, await render_tokens(service, head))
+        rendered = heads.put(key, await service.in_thread(renderer_for(service).render_head, head))
     return common_prefix_length(tokens, rendered)
 
 
@@ -145,6 +146,7 @@ async def prepare(service: EngineService, spec: TurnSpec) -> GenerationRequest:
         model_id=service.loaded.identity.key,
         output_format=output_format,
         reasoning_budget=spec.reasoning.engine_budget,
+        reply_start=opened_at(service.loaded.reasoning, tokens),
     )
     request = service.engine.validate(request)
     if request.asked_max_tokens is not None:

@@ -51,6 +51,17 @@ def find_last(tokens: Sequence[int], marker: Sequence[int]) -> int:
     return -1
 
 
+def opened_at(fmt: ReasoningFormat | None, prompt: Sequence[int]) -> int:
+    """Where the prompt's generation prompt opened the reasoning (its start marker among the last few tokens, not
+    closed after it): the reply begins there as a later prompt renders it. 0: it did not."""
+    if not isinstance(fmt, ThinkFormat):
+        return 0
+    opened = find_last(prompt, fmt.start)
+    if opened < max(1, len(prompt) - CLOSED_BY_TEMPLATE) or find_last(prompt, fmt.end) > opened:
+        return 0
+    return opened
+
+
 def _held_suffix(held: list[int], marker: Sequence[int]) -> int:
     """Length of the longest suffix of ``held`` that is a proper prefix of ``marker``."""
     for n in range(min(len(held), len(marker) - 1), 0, -1):

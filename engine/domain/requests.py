@@ -90,6 +90,11 @@ class GenerationRequest:
     # A thinking model's reasoning: at most this many tokens, then the end marker is written (None: no limit but
     # max_tokens; 0: none). Models without a reasoning format ignore it.
     reasoning_budget: int | None = None
+    # Where the reply begins as a later prompt may render it, when the template's generation prompt opened the
+    # reasoning (``<think>\n``): the next turn's template may drop this turn's reasoning and with it those opening
+    # tokens, so the turn's checkpoint (window and recurrent layers) is taken there rather than one token short of
+    # the prompt's end. 0: one short of the end.
+    reply_start: int = 0
     request_id: str = field(default_factory=next_request_id)
 
     def __post_init__(self) -> None:

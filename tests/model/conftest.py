@@ -67,3 +67,32 @@ def gemma3(gemma3_path: Path, model_cache_dir: Path):
     from tests.model.engine_fixtures import load_folder
 
     return load_folder(gemma3_path, model_cache_dir)
+
+
+# Tiny random-weight thinking models saved as model folders: a family's mlx-lm class, SmolLM2's tokenizer with the
+# family's markers added, and a real chat template (bench/templates/thinking). Built once per session. "qwen3" is the
+# attention model under Qwen3.5's template (which opens the reasoning in the generation prompt, as Qwen3-Next's and
+# the 2507 thinking models' do): a random model never opens it itself.
+THINKING_FAMILIES = {"qwen3_5": ("qwen3_5", "qwen3_5"), "qwen3": ("qwen3", "qwen3_5"), "gpt_oss": ("gpt_oss", "gpt_oss")}
+
+
+@pytest.fixture(scope="session")
+def thinking_folder(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory):
+    from tests.support.tiny_models import recurrent_family_config
+
+    import random_model  # bench/ is on the path (tests.support.tiny_models)
+
+    built: dict[str, Path] = {}
+
+    def folder(kind: str) -> Path:
+        if kind not in built:
+            family, template = THINKING_FAMILIES[kind]
+            vocab = random_model.thinking_vocab_size(smollm2_path, template)
+            out = tmp_path_factory.mktemp(f"thinking-{kind}") / kind
+            random_model.write_model_folder(recurrent_family_config(family, vocab), out, smollm2_path, "float32",
+                                            seed=0, transform=random_model.vary)
+            random_model.use_thinking_template(out, template)
+            built[kind] = out
+        return built[kind]
+
+    return folder

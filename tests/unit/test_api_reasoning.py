@@ -290,3 +290,29 @@ def test_harmony_call_on_commentary_is_a_tool_use_and_no_markup_leaks(harmony) -
     assert message.content == "Sunny." and message.reasoning_content == "Easy."  # type: ignore[attr-defined]
     no_markup(message.content, message.reasoning_content)  # type: ignore[attr-defined]
     assert harmony.prompt().endswith("<|start|>assistant")
+
+
+def test_claude_codes_keep_all_thinking_reaches_templates_that_have_the_switch() -> None:
+    """Claude Code asks ``clear_thinking`` to keep all; GLM's template reads ``clear_thinking``, Gemma 4's
+    ``preserve_thinking``: both go to the template with every render (a template without them ignores them)."""
+    from engine.api.anthropic_schemas import MessagesRequest
+    from engine.api.anthropic_translate import conversation_of, turn_spec
+    from engine.api.rendering import PromptRenderer
+
+    body = MessagesRequest.model_validate({
+        "model": "m", "max_tokens": 32000, "thinking": {"type": "adaptive", "display": "omitted"},
+        "output_config": {"effort": "medium"}, "messages": [{"role": "user", "content": "Hi"}],
+        "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}})
+    spec = turn_spec(body, {})
+    assert dict(spec.conversation.template_kwargs) == {"clear_thinking": False, "preserve_thinking": True}
+    assert spec.reasoning.budget == 4096 and spec.reasoning.omitted
+    assert conversation_of(body).template_kwargs == spec.conversation.template_kwargs  # count_tokens renders alike
+    seen = {}
+
+    class Recording(MarkerTokenizer):
+        def apply_chat_template(self, messages, tokenize=True, add_generation_prompt=True, **kwargs):
+            seen.update(kwargs)
+            return super().apply_chat_template(messages, tokenize, add_generation_prompt, **kwargs)
+
+    PromptRenderer(Recording()).render(spec.conversation)
+    assert seen["clear_thinking"] is False and seen["preserve_thinking"] is True

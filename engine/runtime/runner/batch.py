@@ -203,7 +203,8 @@ class SequenceBatch:
         """The next chunk: within the budget, and ending at the next checkpoint position if one comes first."""
         n = min(budget, sequence.prefill_left)
         offset = sequence.kv.offset
-        return min([n] + [p - offset for p in sequence.checkpoint_at if offset < p < offset + n])
+        positions = [*sequence.checkpoint_at, sequence.turn_checkpoint_at]
+        return min([n] + [p - offset for p in positions if offset < p < offset + n])
 
     def _has_prefill_room(self, sequence: Sequence, n: int, out: StepOutput) -> bool:
         if self.room(sequence, sequence.kv.offset + n):
@@ -266,6 +267,8 @@ class SequenceBatch:
             if at_checkpoint:
                 sequence.kv.take_checkpoint(CheckpointKind.PREFIX, self.keep_prefix_checkpoints)
                 self.checkpointed(sequence)
+            if sequence.kv.offset == sequence.turn_checkpoint_at and self._turn_checkpoint(sequence):
+                sequence.checkpoint_prompt_end = False  # taken where the reply begins: none at the prompt's end
             out.prefill.append(PrefillProgress(sequence.uid, sequence.prompt_fed, sequence.prefill_total,
                                                at_checkpoint))
             if sequence.prefill_left == 0:
@@ -368,9 +371,16 @@ class SequenceBatch:
         for s in rows:
             if s.at_prompt_end:
                 s.at_prompt_end = False
-                if s.checkpoint_prompt_end and s.kv.forgets:
-                    s.kv.take_checkpoint(CheckpointKind.TURN, self.keep_turn_checkpoints)
-                    self.checkpointed(s)
+                if s.checkpoint_prompt_end:
+                    self._turn_checkpoint(s)
+
+    def _turn_checkpoint(self, s: Sequence) -> bool:
+        """The turn's checkpoint, for caches that cannot go back otherwise (a window, a recurrent state)."""
+        if not (s.checkpoint_prompt_end and s.kv.forgets):
+            return False
+        s.kv.take_checkpoint(CheckpointKind.TURN, self.keep_turn_checkpoints)
+        self.checkpointed(s)
+        return True
 
     def _collect(self, launched: _Launched, out: StepOutput) -> None:
         assert launched.sampled is not None

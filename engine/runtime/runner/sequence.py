@@ -40,6 +40,9 @@ class Sequence:
     # (before its last token, the first decode input).
     checkpoint_at: tuple[int, ...] = ()
     checkpoint_prompt_end: bool = True
+    # Where the turn's checkpoint goes when not one token short of the prompt's end (GenerationRequest.reply_start):
+    # the prefill stops there and checkpoints. 0: at the prompt's end.
+    turn_checkpoint_at: int = 0
     phase: Phase = Phase.PREFILL
     prompt_fed: int = 0
     generated: int = 0

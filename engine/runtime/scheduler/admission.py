@@ -167,6 +167,7 @@ class Admission:
             reasoning=self._reasoning(request),
             checkpoint_at=tuple(sorted({turn.share_at, self._prefix_point(turn)} - {0})),
             checkpoint_prompt_end=turn.on_own_cache,
+            turn_checkpoint_at=request.reply_start if request.reply_start > k else 0,
             context=request.prompt_tokens[:k],
             owner=agent.agent_id,
         )
