@@ -35,6 +35,7 @@ class PaneState(str, enum.Enum):
     PREPARING = "rendering prompt"
     QUEUED = "queued"
     PREFILLING = "prefilling"
+    THINKING = "thinking"  # a thinking model's reasoning streams
     GENERATING = "generating"
     STOPPING = "stopping"
     WATCHING = "watching"
@@ -45,6 +46,7 @@ STATE_STYLES = {
     PaneState.WATCHING: "dim",
     PaneState.QUEUED: "magenta",
     PaneState.PREFILLING: "cyan",
+    PaneState.THINKING: "blue",
     PaneState.GENERATING: "green",
     PaneState.STOPPING: "yellow",
 }
@@ -120,6 +122,8 @@ class TurnBatch:
 
     request_id: str
     text: str = ""
+    reasoning: str = ""
+    reasoning_tokens: int = 0  # tokens that carried reasoning (the usage has the exact count at the end)
     queued: QueuedEvent | None = None
     prefill: PrefillEvent | None = None
     finish: FinishEvent | None = None
@@ -138,6 +142,9 @@ def split_batch(events: list[EngineEvent]) -> list[TurnBatch]:
 def _fold(batch: TurnBatch, event: EngineEvent) -> None:
     if isinstance(event, TokenEvent):
         batch.text += event.text
+        if event.reasoning:
+            batch.reasoning += event.reasoning
+            batch.reasoning_tokens += 1
     elif isinstance(event, PrefillEvent):
         batch.prefill = event
     elif isinstance(event, QueuedEvent):
@@ -153,6 +160,8 @@ def usage_line(usage: Usage) -> str:
         f"prefilled {usage.prefilled_tokens:,}",
         f"generated {usage.generated_tokens:,}",
     ]
+    if usage.reasoning_tokens:
+        parts.append(f"thinking {usage.reasoning_tokens:,}")
     if usage.ttft_s is not None:
         parts.append(f"TTFT {usage.ttft_s:.2f} s")
     if usage.decode_tok_s:

@@ -76,7 +76,7 @@ async def fresh_snapshot(service: EngineService) -> EngineSnapshot | None:
 
 _VIEW_FIELDS = ("agent_id", "display_name", "source", "state", "tier", "pinned", "cached_tokens", "blocks",
                 "bytes", "turns", "reuse_ratio", "last_ttft_s", "decode_tok_s", "last_used", "last_finish",
-                "last_finish_note", "retained_s", "checkpoint_bytes", "state_bytes", "speculation")
+                "last_finish_note", "retained_s", "checkpoint_bytes", "state_bytes", "speculation", "last_reasoning_tokens")
 
 
 def agent_body(view: AgentView | None, conversation: AgentConversation | None) -> dict[str, Any]:
@@ -102,7 +102,7 @@ def _never_ran(conversation: AgentConversation) -> dict[str, Any]:
         "cached_tokens": 0, "blocks": 0, "bytes": 0, "turns": 0, "reuse_ratio": 0.0,
         "last_ttft_s": None, "decode_tok_s": None, "last_used": conversation.updated_at,
         "last_finish": None, "last_finish_note": None, "retained_s": 0.0, "checkpoint_bytes": 0, "state_bytes": 0,
-        "speculation": SpeculationTally(),
+        "speculation": SpeculationTally(), "last_reasoning_tokens": 0,
     }
 
 

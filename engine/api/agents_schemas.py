@@ -95,6 +95,7 @@ class AgentOut(BaseModel):
         default_factory=SpeculationTally,
         description="Speculative decoding over the agent's turns here: drafts verified and kept, acceptance, tokens "
                     "per speculative step")
+    last_reasoning_tokens: int = Field(0, description="A thinking model's reasoning tokens in the agent's last turn")
     messages: int = Field(description="Messages in the stored conversation (0 for agents of other APIs).")
     has_conversation: bool
 

@@ -25,6 +25,7 @@ COLUMNS = (
     ("reuse", "Reuse", 5),
     ("ttft", "TTFT", 6),
     ("rate", "tok/s", 6),
+    ("think", "Think", 6),  # a thinking model's reasoning tokens in the last turn
     ("spec", "Drafts", 9),  # speculative decoding: drafts kept, and tokens per speculative step
     ("used", "Last used", 9),
 )
@@ -132,6 +133,7 @@ class AgentsTable(DataTable):
             f"{a.reuse_ratio:.0%}" if a.turns else "-",
             f"{a.last_ttft_s:.2f}s" if a.last_ttft_s is not None else "-",
             f"{a.decode_tok_s:.1f}" if a.decode_tok_s else "-",
+            f"{a.last_reasoning_tokens:,}" if a.last_reasoning_tokens else "-",
             _drafts(a),
             relative_time(a.last_used, self.now()),
         )

@@ -171,7 +171,7 @@ class ChatPane(Vertical):
         self.post_message(TurnStarted(self.agent_id, self._turn.request_id))
         reply, finish = await self._follow(self._turn)
         if finish.reason in NORMAL_ENDINGS:
-            self.history += [user, ChatMessage("assistant", reply)]
+            self.history += [user, ChatMessage("assistant", reply.text, reasoning=reply.reasoning)]
         await self._show_finish(finish)
 
     async def _start(self, user: ChatMessage) -> AsyncTurn:
@@ -180,7 +180,7 @@ class ChatPane(Vertical):
         spec = turns.TurnSpec(conversation, identity, max_tokens=self.max_tokens)
         return self.service.start_turn(await turns.prepare(self.service, spec))
 
-    async def _follow(self, turn: AsyncTurn) -> tuple[str, FinishEvent]:
+    async def _follow(self, turn: AsyncTurn) -> tuple[LiveReply, FinishEvent]:
         feed, reply = EventFeed(), LiveReply(self.transcript)
         pumping = asyncio.create_task(pump(turn, feed))
         finish: FinishEvent | None = None
@@ -192,17 +192,21 @@ class ChatPane(Vertical):
             # Also reached when the pane closes mid-turn: the engine must stop generating for nobody.
             turn.cancel()
             pumping.cancel()
-            await reply.close()
-        return reply.text, finish
+            await reply.close(finish.usage.reasoning_tokens if finish is not None else None)
+        return reply, finish
 
     async def _apply(self, batch: TurnBatch, reply: LiveReply) -> FinishEvent | None:
         """One screen update for a whole batch of events."""
         if batch.queued is not None and self.state is PaneState.PREPARING:
             self.state = PaneState.QUEUED
         prefill = batch.prefill
-        if prefill is not None and prefill.total and not batch.text:
+        if prefill is not None and prefill.total and not batch.text and not batch.reasoning:
             self.prefill = (prefill.done, prefill.total)
             self._set_state_unless_stopping(PaneState.PREFILLING)
+        if batch.reasoning:
+            self.prefill = (0, 0)
+            self._set_state_unless_stopping(PaneState.THINKING)
+            await reply.think(batch.reasoning, batch.reasoning_tokens)
         if batch.text:
             self.prefill = (0, 0)
             self._set_state_unless_stopping(PaneState.GENERATING)
@@ -246,7 +250,7 @@ class ChatPane(Vertical):
         await self._apply(batch, reply)
         if batch.finish is not None:
             del self._observed[batch.request_id]
-            await reply.close()
+            await reply.close(batch.finish.usage.reasoning_tokens)
             await self._show_finish(batch.finish, observed=True)
             self.prefill = (0, 0)
             self.state = PaneState.WATCHING

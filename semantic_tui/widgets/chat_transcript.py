@@ -8,7 +8,9 @@ from textual.containers import VerticalScroll
 from textual.widgets import Markdown, Static
 from textual.widgets.markdown import MarkdownStream
 
-W = TypeVar("W", Markdown, Static)
+from .reasoning_fold import ReasoningFold
+
+W = TypeVar("W", Markdown, Static, ReasoningFold)
 # About 30 turns (message, reply, usage line each) stay on screen.
 MAX_WIDGETS = 90
 
@@ -51,6 +53,9 @@ class ChatTranscript(VerticalScroll):
         reply = await self._add(Markdown(classes="chat-assistant"))
         return reply, Markdown.get_stream(reply)
 
+    async def start_reasoning(self) -> ReasoningFold:
+        return await self._add(ReasoningFold())
+
     async def add_request(self, text: str) -> None:
         await self._add(Static(text, classes="chat-request", markup=False))
 
@@ -67,7 +72,9 @@ class ChatTranscript(VerticalScroll):
         """Everything the transcript shows, as text (tests, copying)."""
         parts = []
         for child in self.children:
-            if isinstance(child, Markdown):
+            if isinstance(child, ReasoningFold):
+                parts.append(f"[{child.title}]")
+            elif isinstance(child, Markdown):
                 parts.append(child.source)
             elif isinstance(child, Static):
                 parts.append(str(child.render()))
@@ -88,20 +95,40 @@ class ChatTranscript(VerticalScroll):
 
 
 class LiveReply:
-    """The assistant Markdown of one turn, created with its first text so errors leave no blank block."""
+    """The assistant Markdown of one turn, created with its first text so errors leave no blank block; a thinking
+    model's reasoning goes in a fold above it (reasoning_fold.py)."""
 
     def __init__(self, transcript: ChatTranscript) -> None:
         self.transcript = transcript
         self.text = ""
+        self.reasoning = ""
         self.announced = False  # watch mode: the request line is shown
         self._stream: MarkdownStream | None = None
+        self._fold: ReasoningFold | None = None
+
+    async def think(self, text: str, tokens: int) -> None:
+        if self._stream is not None:  # reasoning after answer text: a fold of its own, below it
+            await self._stream.stop()
+            self._stream = None
+            self._end_fold()
+            self._fold = None
+        if self._fold is None:
+            self._fold = await self.transcript.start_reasoning()
+        self.reasoning += text
+        self._fold.add(text, tokens)
 
     async def write(self, text: str) -> None:
         if self._stream is None:
+            self._end_fold()
             _, self._stream = await self.transcript.start_reply()
         self.text += text
         await self._stream.write(text)
 
-    async def close(self) -> None:
+    async def close(self, reasoning_tokens: int | None = None) -> None:
+        self._end_fold(reasoning_tokens)
         if self._stream is not None:
             await self._stream.stop()
+
+    def _end_fold(self, tokens: int | None = None) -> None:
+        if self._fold is not None:
+            self._fold.done(tokens)

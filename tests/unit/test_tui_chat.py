@@ -304,3 +304,26 @@ async def test_read_only_follows_the_agents_source(source: str, read_only: bool)
     async with app.run_test(size=(120, 40)):
         pane = await app.area.open_chat("a1", source=source)
         assert pane.read_only is read_only and pane.input.disabled is read_only
+
+
+async def test_a_thinking_models_reasoning_is_folded_dimmed_and_counted_and_goes_back_to_the_template() -> None:
+    from semantic_tui.widgets.reasoning_fold import ReasoningFold
+    from tests.support.marker_tokenizer import MarkerTokenizer
+
+    reasoning = "Plan: greet back."
+    app = chat_app(lambda r: f"{reasoning}</think>{REPLY}", loaded=scripted_loaded(tokenizer=MarkerTokenizer()))
+    async with app.run_test(size=(120, 40)) as pilot:
+        pane = await app.area.open_chat("t1", "Thinker")
+        await say(pilot, pane, "hello")
+        await wait_until(pilot, lambda: bool(app.finished()))
+        await pilot.pause()
+        fold = pane.transcript.query_one(ReasoningFold)
+        assert fold.collapsed and fold.text == reasoning
+        assert fold.title == f"thought · {len(reasoning)} tokens"  # the usage's exact count
+        assert replies(pane) == [REPLY]  # the answer alone, no marker
+        assert f"thinking {len(reasoning)}" in texts(pane, ".chat-usage")[-1]
+        assert pane.history[-1].reasoning == reasoning and pane.history[-1].content == REPLY
+        await say(pilot, pane, "again")
+        await wait_until(pilot, lambda: len(app.finished()) == 2)
+        prompt = app.engine.loaded.tokenizer.decode(list(app.engine.requests[-1].prompt_tokens))
+        assert f"<think>{reasoning}</think>{REPLY}" in prompt

@@ -52,6 +52,8 @@ class AgentView:
     state_bytes: int = 0
     # Speculative decoding over its turns here (drafts verified and kept, tokens per speculative step).
     speculation: SpeculationTally = SpeculationTally()
+    # A thinking model's reasoning tokens in the agent's last turn (0: none, or not a thinking model).
+    last_reasoning_tokens: int = 0
 
     @property
     def label(self) -> str:

@@ -86,6 +86,7 @@ def _agent_view(agent: AgentRecord, sources: SnapshotSources) -> AgentView:
         reuse_ratio=agent.reuse_ratio,
         last_ttft_s=agent.last_ttft_s,
         decode_tok_s=agent.last_decode_tok_s,
+        last_reasoning_tokens=agent.last_reasoning_tokens,
         prefill_done=agent.prefill_done,
         prefill_total=agent.prefill_total,
         last_used=agent.last_used,

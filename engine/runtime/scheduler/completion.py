@@ -115,6 +115,8 @@ def _record_turn(agent: AgentRecord, event: FinishEvent) -> None:
     agent.prompt_tokens_total += usage.prompt_tokens
     agent.reused_tokens_total += usage.reused_tokens
     agent.generated_tokens_total += usage.generated_tokens
+    agent.last_reasoning_tokens = usage.reasoning_tokens
+    agent.reasoning_tokens_total += usage.reasoning_tokens
     agent.last_ttft_s = usage.ttft_s
     agent.last_decode_tok_s = usage.decode_tok_s
     if usage.speculation is not None:

@@ -63,6 +63,9 @@ class AgentRecord:
     prefill_total: int = 0
     last_ttft_s: float | None = None
     last_decode_tok_s: float | None = None
+    # A thinking model's reasoning tokens in the last turn, and over all its turns here.
+    last_reasoning_tokens: int = 0
+    reasoning_tokens_total: int = 0
     # Speculative decoding over every turn of this agent since it was created here.
     speculation: SpeculationTally = SpeculationTally()
     # How the last turn ended (FinishReason value) and, when the engine ended it, why.
