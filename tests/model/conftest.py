@@ -89,8 +89,9 @@ def thinking_folder(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory
             family, template = THINKING_FAMILIES[kind]
             vocab = random_model.thinking_vocab_size(smollm2_path, template)
             out = tmp_path_factory.mktemp(f"thinking-{kind}") / kind
-            random_model.write_model_folder(recurrent_family_config(family, vocab), out, smollm2_path, "float32",
-                                            seed=0, transform=random_model.vary)
+            # A context long enough for a coding CLI's request (Codex's is ~10K tokens); the test configs' is 1K.
+            config = dict(recurrent_family_config(family, vocab), max_position_embeddings=32768)
+            random_model.write_model_folder(config, out, smollm2_path, "float32", seed=0, transform=random_model.vary)
             random_model.use_thinking_template(out, template)
             built[kind] = out
         return built[kind]

@@ -12,7 +12,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-DELTA_FOR_BLOCK = {"text": "text_delta", "tool_use": "input_json_delta", "thinking": "thinking_delta"}
+DELTA_FOR_BLOCK = {"text": ("text_delta",), "tool_use": ("input_json_delta",),
+                   "thinking": ("thinking_delta", "signature_delta")}
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,13 +91,20 @@ class _AnthropicChecker:
         self._expect("content", "content_block_delta")
         assert payload["index"] == self.open_block, f"delta for block {payload['index']}, open: {self.open_block}"
         block, delta = self.out.blocks[payload["index"]], payload["delta"]
-        assert delta["type"] == DELTA_FOR_BLOCK[block["type"]], f"{delta['type']} in a {block['type']} block"
+        assert delta["type"] in DELTA_FOR_BLOCK[block["type"]], f"{delta['type']} in a {block['type']} block"
+        assert not block.get("signature"), "a delta after the thinking block's signature"
         if delta["type"] == "text_delta":
             block["text"] += delta["text"]
+        elif delta["type"] == "thinking_delta":
+            block["thinking"] += delta["thinking"]
+        elif delta["type"] == "signature_delta":
+            block["signature"] = delta["signature"]
 
     def _content_block_stop(self, payload: dict[str, Any]) -> None:
         self._expect("content", "content_block_stop")
         assert payload["index"] == self.open_block, f"stop for block {payload['index']}, open: {self.open_block}"
+        block = self.out.blocks[payload["index"]]
+        assert block["type"] != "thinking" or block.get("signature"), "a thinking block closed without a signature"
         self.open_block = None
 
     def _message_delta(self, payload: dict[str, Any]) -> None:
