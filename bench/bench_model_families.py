@@ -121,10 +121,12 @@ def config_for(kind: str, vocab: int) -> dict[str, Any]:
     return config
 
 
-def write_folder(kind: str, out: Path, tokenizer_dir: Path, dtype: str, seed: int = 0) -> Path:
+def write_folder(kind: str, out: Path, tokenizer_dir: Path, dtype: str, seed: int = 0, vocab: int | None = None) -> Path:
+    """``vocab``: the embedding's rows when the tokenizer will have more tokens than its file has now (a thinking
+    template's markers, random_model.use_thinking_template)."""
     import json
 
-    vocab = len(json.loads((tokenizer_dir / "tokenizer.json").read_text())["model"]["vocab"])
+    vocab = vocab or len(json.loads((tokenizer_dir / "tokenizer.json").read_text())["model"]["vocab"])
     return write_model_folder(config_for(kind, vocab), out, tokenizer_dir, dtype, seed=seed,
                               transform=lambda model: vary(model, seed))
 

@@ -10,6 +10,7 @@ real model, and the report names the shape used.
     python bench/random_model.py --shape llama-3.2-1b --out /tmp/rand-llama-1b
     python bench/random_model.py --shape llama-3.1-8b --dtype bfloat16 --out /tmp/rand-llama-8b
     python bench/random_model.py --family qwen3_5 --tool-chat-template --out /tmp/rand-qwen35
+    python bench/random_model.py --family qwen3_5 --thinking-template qwen3_5 --out /tmp/rand-qwen35-thinking
 
 ``--family`` writes one of bench_model_families.py's small real shapes (any
 mlx-lm family there: hybrids, latent attention, ...). ``--tool-chat-template``
@@ -17,6 +18,11 @@ replaces SmolLM2's chat template, which has no tools, with Qwen2.5's ChatML
 template that renders tool definitions, calls and results: then both
 semantic and ``mlx_lm.server`` render a coding agent's tools the same way
 (through the template), and a replayed Claude Code trace is like for like.
+``--thinking-template NAME`` makes it a thinking model: the family's markers
+added to the tokenizer (``<think>``/``</think>``, harmony's specials) and a
+thinking family's upstream template (templates/thinking/NAME.jinja: qwen3,
+qwen3_5, glm47, gpt_oss), so both servers split its reasoning as they would
+a real one's.
 
 The folder loads with ``mlx_lm.load`` and with ``semantic --model FOLDER``.
 """
@@ -43,6 +49,10 @@ SHAPES: dict[str, dict] = {
                          head_dim=128, intermediate_size=8192, rope_theta=500000.0, tie_word_embeddings=True),
     "llama-3.1-8b": dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
                          head_dim=128, intermediate_size=14336, rope_theta=500000.0, tie_word_embeddings=False),
+    # Qwen3-0.6B's attention and MLP widths (its config.json), 8 of its 28 layers: a thinking attention model a
+    # 2-core CPU can prefill a full Claude Code request into (bench_thinking_loop.py) in about a minute.
+    "qwen3-0.6b-8l": dict(hidden_size=1024, num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=8,
+                          head_dim=128, intermediate_size=3072, rope_theta=1000000.0, tie_word_embeddings=True),
     # Not a released model: so small that a decode step is almost all host work (Python, graph
     # building, the engine's machinery), which makes the CPU a stand-in for a GPU's host-bound step.
     "llama-tiny": dict(hidden_size=64, num_hidden_layers=16, num_attention_heads=4, num_key_value_heads=2,
@@ -68,10 +78,11 @@ def tokenizer_folder(ref: str, cache_dir: Path) -> Path:
     return Path(resolved.location)
 
 
-def write_random_model(shape: str, out: Path, tokenizer_dir: Path, dtype: str, seed: int) -> Path:
+def write_random_model(shape: str, out: Path, tokenizer_dir: Path, dtype: str, seed: int,
+                       vocab_size: int | None = None) -> Path:
     vocab = json.loads((tokenizer_dir / "tokenizer.json").read_text())["model"]["vocab"]
     config = {
-        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": len(vocab),
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": vocab_size or len(vocab),
         "rms_norm_eps": 1e-5, "max_position_embeddings": 131072, "torch_dtype": dtype,
         "semantic_random_weights": f"shape of {shape}, seed {seed}", **SHAPES[shape],
     }
@@ -206,6 +217,8 @@ def main() -> None:
                                        "so greedy tokens vary")
     parser.add_argument("--tool-chat-template", action="store_true",
                         help="give the folder Qwen2.5's tool-aware ChatML template instead of the tokenizer's own")
+    parser.add_argument("--thinking-template", choices=sorted(THINKING_TOKENS),
+                        help="make it a thinking model: that family's markers and upstream chat template")
     parser.add_argument("--out", type=Path, required=True, help="the model folder to write (replaced if present)")
     parser.add_argument("--tokenizer-from", default="smollm2-135m",
                         help="folder with tokenizer.json, or a packaged model alias (default: smollm2-135m)")
@@ -221,20 +234,25 @@ def main() -> None:
     dtype = args.dtype or ("bfloat16" if mx.default_device().type == mx.DeviceType.gpu else "float32")
     tokenizer_dir = tokenizer_folder(args.tokenizer_from, args.cache_dir or default_cache_dir())
     t0 = time.perf_counter()
+    vocab = thinking_vocab_size(tokenizer_dir, args.thinking_template) if args.thinking_template else None
     if args.family:
         from bench_model_families import SHAPES as FAMILIES
         from bench_model_families import write_folder
 
         if args.family not in FAMILIES:
             raise SystemExit(f"--family {args.family!r}: one of {', '.join(sorted(FAMILIES))}")
-        out = write_folder(args.family, args.out, tokenizer_dir, dtype, args.seed)
+        out = write_folder(args.family, args.out, tokenizer_dir, dtype, args.seed, vocab=vocab)
     else:
-        out = write_random_model(args.shape, args.out, tokenizer_dir, dtype, args.seed)
+        out = write_random_model(args.shape, args.out, tokenizer_dir, dtype, args.seed, vocab_size=vocab)
     if args.tool_chat_template:
         use_tool_chat_template(out)
+    if args.thinking_template:
+        use_thinking_template(out, args.thinking_template)
     size = sum(f.stat().st_size for f in out.iterdir()) / 2**30
     print(f"wrote {out}: random {args.family or args.shape} shapes, {dtype}, {size:.2f} GiB, "
-          f"{'tool-aware chat template, ' if args.tool_chat_template else ''}in {time.perf_counter() - t0:.1f} s")
+          f"{'tool-aware chat template, ' if args.tool_chat_template else ''}"
+          f"{f'{args.thinking_template} thinking template, ' if args.thinking_template else ''}"
+          f"in {time.perf_counter() - t0:.1f} s")
 
 
 if __name__ == "__main__":
