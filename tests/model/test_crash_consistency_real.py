@@ -1,4 +1,4 @@
-"""The crash harness (bench/crash.py), ten rounds on the real SmolLM2: SIGKILL at a random moment under load,
+"""The crash harness (bench/crash.py), four rounds on the real SmolLM2: SIGKILL at a random moment under load,
 restart, check; no round may find a violation.
 
 Each round kills ``semantic --serve`` while direct, OpenAI and Anthropic agents take turns, fork, rewind,
@@ -6,8 +6,13 @@ export, import and get evicted, then restarts it on the same state directory and
 no temporary file survives the start-up sweep, the warm files and the server's list agree within the disk
 budget, no acknowledged turn of a direct agent is lost, and a sample of agents' next turns are token-identical
 to a fresh prefill. Between two rounds the test also leaves a dead writer's temporary files in every folder a
-writer uses (as a kill in the middle of each write would), which the restart must sweep. The 200-round runs
-are in bench/reports/.
+writer uses (as a kill in the middle of each write would), which the restart must sweep.
+
+Four rounds, not ten: each round runs every action (turns, fork, rewind, export, import, eviction) and every
+check, which is what the suite must prove; finding a rare race needs hundreds of rounds, which is the
+harness's own job (``python bench/crash.py --rounds 200``, kept in bench/reports/). The faults its long runs
+found have their own regression tests (tests/unit/test_cache_file_crash.py, test_temp_files.py,
+test_warm_tier.py).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from bench.crash import run
 
 pytestmark = pytest.mark.model
 
-ROUNDS = 10
+ROUNDS = 4
 # Where writers put temporary files: conversations, stored responses, the warm tier (cache files and the cold
 # index), the cache root (exports and imports).
 TEMP_HOMES = ("conversations", "responses", "agents", ".")
@@ -36,7 +41,7 @@ def _dead_pid() -> int:
     return child.pid
 
 
-def test_ten_kills_at_random_moments_lose_nothing(smollm2_path: Path, tmp_path: Path) -> None:
+def test_kills_at_random_moments_lose_nothing(smollm2_path: Path, tmp_path: Path) -> None:
     seed = random.randrange(2**31)
     planted: list[Path] = []
     pid = _dead_pid()

@@ -30,7 +30,7 @@ GEMMA_PROMPTS = [
     "The largest planet in the solar system is",
     "In 1969, the first man on the moon was",
 ]
-MAX_TOKENS = 24
+MAX_TOKENS = 16
 
 
 def chat_prompt(loaded, question: str, history: list[dict] | None = None) -> tuple[int, ...]:

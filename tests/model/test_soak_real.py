@@ -1,4 +1,4 @@
-"""The soak (bench/soak.py) for a minute on the real SmolLM2: it must pass and say why.
+"""The soak (bench/soak.py) for half a minute on the real SmolLM2: it must pass and say why.
 
 The script is run as a user would run it, as a process, and its JSON report is
 checked: traffic ran with both kinds of dropped clients, the idle pool used the
@@ -14,9 +14,11 @@ peak and through its floor in each 10 s: under traffic RSS may alternate between
 two levels ~12 MiB apart, which a slope through the raw 2-s samples of a 30-s
 half, or through peaks of which one missed the upper level, reads as ~20
 MiB/min) leave room for a noisier machine while
-a leak of one KV block (~0.7 MiB with the soak's 16-token blocks) every few
-of the minute's 200+ requests fails. The idle-to-idle block counts and
-the exact accounting are checked as well.
+a leak of one KV block (~0.7 MiB with the soak's 16-token blocks) every
+few of the run's 100+ requests fails. The idle-to-idle block counts and
+the exact accounting are checked as well. Half a minute proves the script
+and its checks; slow leaks are found by the long soaks it runs on its own
+(``python bench/soak.py --duration 1800``, kept in bench/reports/).
 """
 
 from __future__ import annotations
@@ -29,10 +31,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-DURATION_S = 60
+DURATION_S = 30
 
 
-def test_a_one_minute_soak_passes_with_flat_pool_and_memory(smollm2_path: Path, tmp_path: Path) -> None:
+def test_a_short_soak_passes_with_flat_pool_and_memory(smollm2_path: Path, tmp_path: Path) -> None:
     report_path = tmp_path / "soak.json"
     argv = [sys.executable, str(ROOT / "bench" / "soak.py"), "--model", str(smollm2_path),
             "--duration", str(DURATION_S), "--sample-every", "2", "--max-rss-slope", "16", "--max-rss-growth", "16",
@@ -47,7 +49,7 @@ def test_a_one_minute_soak_passes_with_flat_pool_and_memory(smollm2_path: Path, 
     assert report["passed"] and all(c["ok"] for c in report["checks"]), report["checks"]
     requests = report["requests"]
     assert requests["failed"] == 0 and requests["rejected"] == 0, requests["failures"]
-    assert requests["completed"] > 100 and requests["dropped_early"] > 0 and requests["dropped_mid"] > 0, requests
+    assert requests["completed"] > 50 and requests["dropped_early"] > 0 and requests["dropped_mid"] > 0, requests
     assert len(report["samples"]) >= DURATION_S // 2 - 2
     pool = report["pool"]
     assert pool["idle_end"]["used_blocks"] == pool["idle_start"]["used_blocks"] == pool["idle_end"]["cache_blocks"]

@@ -29,10 +29,11 @@ TURNS = 20
 REPLY_TOKENS = 8
 EVICT_AT = 11  # the turn before which the agent goes to disk and comes back
 # The turns compared with a fresh prefill of the whole conversation (the reference's prefill is most
-# of this test's time): the first, every turn right after a reply whose text changed (turn % 3 == 0
-# rewrites it), the turn restored from disk and the last. A cache that drifted on an unchecked turn
-# stays drifted, so the next checked turn (at most two later) still sees it.
-CHECKED = {0, EVICT_AT, TURNS - 1} | {turn for turn in range(TURNS) if turn % 3 == 1}
+# of this test's time): the first, the first turn after a reply whose text changed (turn % 3 == 0 rewrites
+# it), the one after the second rewrite into the sliding window's second half, the turn restored from disk
+# and the last. A cache that drifted on an unchecked turn stays drifted: the next checked turn, and the last,
+# still see it.
+CHECKED = {0, 4, 7, EVICT_AT, TURNS - 1}
 
 
 def system_text(words: int) -> str:

@@ -94,7 +94,8 @@ async def test_list_merges_engine_and_store(client: httpx.AsyncClient) -> None:
     assert (agents["oa-s"]["source"], agents["oa-s"]["has_conversation"]) == ("openai", False)
     expected = {"agent_id", "display_name", "source", "state", "tier", "pinned", "cached_tokens", "blocks", "bytes",
                 "turns", "reuse_ratio", "last_ttft_s", "decode_tok_s", "last_used", "last_finish", "last_finish_note",
-                "retained_s", "messages", "has_conversation", "checkpoint_bytes", "state_bytes", "speculation"}
+                "retained_s", "messages", "has_conversation", "checkpoint_bytes", "state_bytes", "speculation",
+                "last_reasoning_tokens"}
     assert all(set(a) == expected for a in agents.values())
 
 
@@ -320,7 +321,7 @@ def test_store_persists_atomically_and_reloads_lazily(tmp_path: Path) -> None:
     json.dumps({**AgentConversation("bob").to_json(), "messages": [{"role": "system", "content": "x"}]}).encode(),
     json.dumps({**AgentConversation("bob").to_json(), "created_at": "yesterday"}).encode(),
     json.dumps(AgentConversation("alice").to_json()).encode(),  # another agent's record under bob's name
-])
+], ids=["not-json", "not-utf8", "a-list", "version-2", "system-message", "bad-created-at", "another-agent"])
 def test_corrupt_files_are_skipped_with_a_warning(tmp_path: Path, content: bytes, caplog: pytest.LogCaptureFixture) -> None:
     (tmp_path / f"{agent_file_stem('bob')}.json").write_bytes(content)
     store = ConversationStore(tmp_path)

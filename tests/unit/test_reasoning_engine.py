@@ -142,3 +142,27 @@ def test_gemma4_channel_markers_of_several_tokens() -> None:
         assert "<channel|>" not in result.text
     finally:
         engine.stop()
+
+
+def test_a_hybrid_resumes_where_the_reply_began_when_the_template_drops_its_reasoning() -> None:
+    """The next prompt renders the reply without its reasoning (Qwen's templates, after a new question): it
+    diverges at the generation prompt's ``<think>``. The turn's snapshot was taken there (``reply_start``), so the
+    recurrent state resumes from it; one short of the prompt's end would have been past the divergence."""
+    loaded = loaded_thinking("qwen3_5")
+    engine = start(loaded)
+    try:
+        tokenizer = loaded.tokenizer
+        head = "<user>" + "Tell me a story about a cat. " * 3 + "\n<assistant>"
+        first_prompt = prompt_of(engine, head + "<think>")
+        opened = len(first_prompt) - 1
+        first = run_turn(engine, GenerationRequest("hy", tuple(first_prompt), 12, reasoning_budget=4,
+                                                   reply_start=opened))
+        assert first.finish.usage.reasoning_tokens == 4
+        second_prompt = prompt_of(engine, head + first.text + "\n<user>And a dog?\n<assistant><think>")
+        assert second_prompt[:opened] == first_prompt[:opened] and second_prompt[opened] != first_prompt[opened]
+        second = run_turn(engine, GenerationRequest("hy", tuple(second_prompt), 8, reasoning_budget=4,
+                                                    reply_start=len(second_prompt) - 1))
+        assert second.finish.usage.reused_tokens == opened
+        assert second.tokens == expected(engine, second_prompt, 8, 4)  # what a fresh prefill gives
+    finally:
+        engine.stop()
