@@ -17,6 +17,10 @@ PYTEST_ARGS ?=
 # The unit tests run on every core (pytest-xdist): most are Python-bound tiny models and fakes. The model
 # tests run one at a time: each uses every core itself, and several hold the machine to a time.
 UNIT_WORKERS ?= auto
+# JUNIT_DIR=DIR: each part writes DIR/unit.xml and DIR/model.xml (bench/test_durations.py reads them).
+JUNIT_DIR ?=
+UNIT_REPORT  := $(if $(JUNIT_DIR),--junitxml=$(JUNIT_DIR)/unit.xml,)
+MODEL_REPORT := $(if $(JUNIT_DIR),--junitxml=$(JUNIT_DIR)/model.xml,)
 
 .PHONY: run serve test test-unit test-model bench setup clean
 
@@ -29,15 +33,15 @@ serve: setup
 # Both parts run even when the first fails, and the target fails if either did.
 test: setup
 	@status=0; \
-	$(PRELOAD) $(PY) -m pytest tests/unit -n $(UNIT_WORKERS) $(PYTEST_ARGS) || status=$$?; \
-	$(PRELOAD) $(PY) -m pytest tests/model $(PYTEST_ARGS) || status=$$?; \
+	$(PRELOAD) $(PY) -m pytest tests/unit -n $(UNIT_WORKERS) $(UNIT_REPORT) $(PYTEST_ARGS) || status=$$?; \
+	$(PRELOAD) $(PY) -m pytest tests/model $(MODEL_REPORT) $(PYTEST_ARGS) || status=$$?; \
 	exit $$status
 
 test-unit: setup
-	$(PRELOAD) $(PY) -m pytest tests/unit -n $(UNIT_WORKERS) $(PYTEST_ARGS)
+	$(PRELOAD) $(PY) -m pytest tests/unit -n $(UNIT_WORKERS) $(UNIT_REPORT) $(PYTEST_ARGS)
 
 test-model: setup
-	$(PRELOAD) $(PY) -m pytest tests/model $(PYTEST_ARGS)
+	$(PRELOAD) $(PY) -m pytest tests/model $(MODEL_REPORT) $(PYTEST_ARGS)
 
 bench: setup
 	$(PRELOAD) $(PY) bench/run_all.py $(ARGS)

@@ -1,11 +1,14 @@
 """Where a test run's time goes: per test, per file, per kind, from pytest's JUnit XML.
 
     .venv/bin/python -m pytest --junitxml=run.xml ...     # any run (make test PYTEST_ARGS=--junitxml=run.xml)
-    python bench/test_durations.py run.xml [--top 25] [--markdown]
+    make test JUNIT_DIR=DIR                                  # DIR/unit.xml and DIR/model.xml
+    python bench/test_durations.py DIR/unit.xml DIR/model.xml [--top 25] [--markdown]
 
 A test's time is its setup, call and teardown together (JUnit's ``time``),
 so a module fixture that starts a server counts against the first test that
 needs it. ``kind`` is the directory: unit (tests/unit) or model (tests/model).
+The unit tests run on several workers: their times add up to more than the
+wall time they took.
 """
 
 from __future__ import annotations
@@ -86,15 +89,17 @@ def report(tests: list[TestTime], top: int, markdown: bool) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("junit", type=Path, help="pytest --junitxml output")
+    parser.add_argument("junit", type=Path, nargs="+", help="pytest --junitxml output (several: one run's parts)")
     parser.add_argument("--top", type=int, default=25, help="rows in the slowest-tests and slowest-files tables")
     parser.add_argument("--markdown", action="store_true", help="tables as Markdown (docs/development.md)")
     args = parser.parse_args(argv)
-    try:
-        tests = read(args.junit)
-    except (OSError, ET.ParseError) as exc:
-        print(f"test_durations: cannot read {args.junit}: {exc}", file=sys.stderr)
-        return 2
+    tests: list[TestTime] = []
+    for path in args.junit:
+        try:
+            tests += read(path)
+        except (OSError, ET.ParseError) as exc:
+            print(f"test_durations: cannot read {path}: {exc}", file=sys.stderr)
+            return 2
     print(report(tests, args.top, args.markdown))
     return 0
 

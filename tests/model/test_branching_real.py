@@ -50,7 +50,7 @@ def test_eight_forks_of_a_planner_share_its_blocks_and_prefill_only_their_own_to
 ) -> None:
     with running_api(smollm2, tmp_path / "cache", smollm2_path, pool_budget_mb=512) as api, \
             httpx.Client(base_url=api.url, timeout=300) as client:
-        created = client.post("/v1/agents", json={"agent_id": "planner", "system": planner_system(1100)})
+        created = client.post("/v1/agents", json={"agent_id": "planner", "system": planner_system(1250)})
         assert created.status_code == 201, created.text
         plan = send(client, "planner", "Assign the tasks to eight workers.")
         planner_tokens = plan["usage"]["prompt_tokens"] + plan["usage"]["generated_tokens"]

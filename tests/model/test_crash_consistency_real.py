@@ -41,6 +41,7 @@ def _dead_pid() -> int:
     return child.pid
 
 
+@pytest.mark.slow(reason="four kill-restart-check rounds, each a server start on the real model (~40 s here)")
 def test_kills_at_random_moments_lose_nothing(smollm2_path: Path, tmp_path: Path) -> None:
     seed = random.randrange(2**31)
     planted: list[Path] = []

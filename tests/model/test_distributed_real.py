@@ -82,6 +82,7 @@ def run_script(model: Path, cache_dir: Path, ranks: int) -> tuple[dict, str]:
     return outcomes, logs
 
 
+@pytest.mark.slow(reason="two ranks under mlx.launch, started three times (restart, a lost shard) (~50 s here)")
 def test_two_ranks_serve_the_tokens_one_process_serves_through_evict_restore_restart_and_a_lost_shard(
         tiny_llama: Path, tmp_path: Path) -> None:
     alone, alone_logs = run_script(tiny_llama, tmp_path / "one", 1)

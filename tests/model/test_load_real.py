@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from bench.load_driver import Budget, Outcome, TrafficMix, cursors, run_round
 from bench.server_probe import HealthProbe, ServerOptions, evict_all, semantic_server, wait_idle
@@ -41,6 +42,7 @@ MIX = TrafficMix(agents=10, seed=20240611, max_tokens=(4, 6), prompt_wrap=5, tag
 RSS_GROWTH_MB = 128.0
 
 
+@pytest.mark.slow(reason="200 requests of load with a warm-up round against a server process (~55 s here)")
 async def test_ten_agents_twenty_requests_each_with_cancellations_leak_nothing(
     smollm2_path: Path, tmp_path: Path, record_property
 ) -> None:

@@ -30,10 +30,13 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 DURATION_S = 30
 
 
+@pytest.mark.slow(reason="the soak script end to end: a server start, warm-up and settle rounds (~30 s) around 30 s of traffic")
 def test_a_short_soak_passes_with_flat_pool_and_memory(smollm2_path: Path, tmp_path: Path) -> None:
     report_path = tmp_path / "soak.json"
     argv = [sys.executable, str(ROOT / "bench" / "soak.py"), "--model", str(smollm2_path),
