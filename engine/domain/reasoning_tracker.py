@@ -100,7 +100,17 @@ class _Budget:
         return max(0, self.budget - self.reasoning_tokens - held - 1)
 
 
-class ThinkTracker:
+class _Tracker:
+    """What both formats' trackers keep: the reasoning tokens counted against the budget."""
+
+    _budget: _Budget
+
+    @property
+    def reasoning_tokens(self) -> int:
+        return self._budget.reasoning_tokens
+
+
+class ThinkTracker(_Tracker):
     def __init__(self, fmt: ThinkFormat, prompt: Sequence[int], budget: int | None = None,
                  constrained: bool = False) -> None:
         self.fmt = fmt
@@ -113,10 +123,6 @@ class ThinkTracker:
         self._budget = _Budget(budget)
         self._held: list[int] = []
         self._check_budget()
-
-    @property
-    def reasoning_tokens(self) -> int:
-        return self._budget.reasoning_tokens
 
     @property
     def answering(self) -> bool:
@@ -187,7 +193,7 @@ class ThinkTracker:
             budget.spent = True
 
 
-class HarmonyTracker:
+class HarmonyTracker(_Tracker):
     """gpt-oss's messages: ``<|start|>`` header ``<|message|>`` body, ended by ``<|end|>``, ``<|call|>`` or
     ``<|return|>``. Headers are markup; a body goes where its header's channel says."""
 
@@ -203,10 +209,6 @@ class HarmonyTracker:
         self.state, self._header = self._from_prompt(prompt)
         self._budget = _Budget(budget)
         self._check_budget()
-
-    @property
-    def reasoning_tokens(self) -> int:
-        return self._budget.reasoning_tokens
 
     @property
     def answering(self) -> bool:

@@ -1,4 +1,4 @@
-"""Warm turns on the real models: 20 turns whose replies come back re-rendered.
+"""Warm turns on the real models: 14 turns whose replies come back re-rendered.
 
 A client sends the assistant's reply back as text, rendered again through
 the chat template (or the plain rendering of a template-less model), so the
@@ -25,9 +25,9 @@ from engine.store.warm_store import WarmStore
 from tests.model.engine_fixtures import start_engine
 from tests.support.reference import reference_greedy
 
-TURNS = 20
+TURNS = 14
 REPLY_TOKENS = 8
-EVICT_AT = 11  # the turn before which the agent goes to disk and comes back
+EVICT_AT = 9  # the turn before which the agent goes to disk and comes back
 # The turns compared with a fresh prefill of the whole conversation (the reference's prefill is most
 # of this test's time): the first, the first turn after a reply whose text changed (turn % 3 == 0 rewrites
 # it), the one after the second rewrite into the sliding window's second half, the turn restored from disk
@@ -54,9 +54,9 @@ def without_eos(tokens: list[int], eos: set[int]) -> list[int]:
     return tokens[:-1] if tokens and tokens[-1] in eos else tokens
 
 
-@pytest.mark.slow(reason="twenty turns on the real model and five fresh-prefill references (Gemma 3: ~45 s here)")
+@pytest.mark.slow(reason="fourteen turns on the real model and five fresh-prefill references (Gemma 3: ~35 s here)")
 @pytest.mark.parametrize("model, system_words", [("smollm2", 120), ("gemma3", 420)])
-def test_twenty_rerendered_turns_equal_fresh_prefill(model: str, system_words: int, request, tmp_path) -> None:
+def test_rerendered_turns_equal_fresh_prefill(model: str, system_words: int, request, tmp_path) -> None:
     loaded = request.getfixturevalue(model)
     eos = set(loaded.eos_token_ids)
     renderer = PromptRenderer(loaded.tokenizer)

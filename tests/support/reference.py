@@ -103,12 +103,16 @@ def reference_greedy(model, prompt: list[int], max_tokens: int, eos: set[int]) -
 
 
 def _greedy(model, prompt: list[int], max_tokens: int, eos: set[int]) -> list[int]:
+    return _collect(generate_step(mx.array(prompt), model, max_tokens=max_tokens, prefill_step_size=PREFILL_STEP),
+                    max_tokens, eos)
+
+
+def _collect(steps, max_tokens: int, eos: set[int]) -> list[int]:
+    """A generate_step's tokens, through the first EOS token (kept, as the engine counts it)."""
     out: list[int] = []
-    steps = generate_step(mx.array(prompt), model, max_tokens=max_tokens, prefill_step_size=PREFILL_STEP)
     for (token, _), _ in zip(steps, range(max_tokens)):
-        token = int(token)
-        out.append(token)
-        if token in eos:
+        out.append(int(token))
+        if out[-1] in eos:
             break
     steps.close()
     # generate_step leaves the next token in flight on mlx-lm's stream; an
@@ -155,16 +159,8 @@ def _greedy_shared(model, prompts: list[list[int]], max_tokens: int, eos: set[in
             fresh = type(c).__new__(type(c))
             fresh.__dict__.update({k: (v[:] if isinstance(v, mx.array) else v) for k, v in fields.items()})
             copy.append(fresh)
-        out: list[int] = []
-        steps = generate_step(mx.array(prompt[common:]), model, max_tokens=max_tokens, prompt_cache=copy,
-                              prefill_step_size=PREFILL_STEP)
-        for (token, _), _ in zip(steps, range(max_tokens)):
-            out.append(int(token))
-            if out[-1] in eos:
-                break
-        steps.close()
-        mx.synchronize(generation_stream)
-        results.append(out)
+        results.append(_collect(generate_step(mx.array(prompt[common:]), model, max_tokens=max_tokens,
+                                              prompt_cache=copy, prefill_step_size=PREFILL_STEP), max_tokens, eos))
     return results
 
 
@@ -195,13 +191,5 @@ def _ruled(model, prompt: list[int], max_tokens: int, eos: set[int], fmt, budget
         mask = Only(ruled.force) if ruled.force is not None else Without(ruled.forbid)
         return masked(logits, [(0, mask)])
 
-    out: list[int] = []
-    steps = generate_step(mx.array(prompt), model, max_tokens=max_tokens, prefill_step_size=PREFILL_STEP,
-                          logits_processors=[rule])
-    for (token, _), _ in zip(steps, range(max_tokens)):
-        out.append(int(token))
-        if out[-1] in eos:
-            break
-    steps.close()
-    mx.synchronize(generation_stream)
-    return out
+    return _collect(generate_step(mx.array(prompt), model, max_tokens=max_tokens, prefill_step_size=PREFILL_STEP,
+                                  logits_processors=[rule]), max_tokens, eos)
