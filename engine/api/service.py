@@ -23,6 +23,7 @@ from engine.settings import Settings
 from engine.swap import EngineBuilder, ModelSwapper
 
 from .async_turn import AsyncTurn
+from .reasoning_recall import ReasoningRecall
 from .rendered_heads import RenderedHeads
 from .rendering import PromptRenderer
 
@@ -47,6 +48,8 @@ class EngineService:
         # Closed while a model swap (or an idle unload) runs: new requests wait.
         self._gate = threading.Event()
         self._gate.set()
+        # Recent replies' reasoning, for clients that send a reply back without it (reasoning_recall.py).
+        self.reasoning_recall = ReasoningRecall()
         # The loaded model's prompt renderer and its rendered heads: a swap brings a new tokenizer.
         self._rendering: tuple[LoadedModel, PromptRenderer, RenderedHeads] | None = None
         if engine is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from engine.domain.block_layout import common_prefix_length
 from engine.domain.output_format import OutputFormat
@@ -118,8 +118,11 @@ async def prepare(service: EngineService, spec: TurnSpec) -> GenerationRequest:
     if spec.prompt_tokens is not None:
         tokens, head = list(spec.prompt_tokens), 0
     else:
-        tokens = await render_tokens(service, spec.conversation)
-        head = await head_length(service, spec.conversation, tokens)
+        conversation = spec.conversation
+        if service.loaded.reasoning is not None:  # replies sent back without their reasoning get it again
+            conversation = service.reasoning_recall.restore(spec.identity.agent_id, conversation)
+        tokens = await render_tokens(service, conversation)
+        head = await head_length(service, conversation, tokens)
     renderer = renderer_for(service)
     tool_format = tool_format_for(service.loaded.tokenizer, service.loaded.reasoning)
     output_format = reply_format(spec.conversation, spec.output_format, tool_format,
@@ -172,18 +175,28 @@ class OutputAssembler:
 
     tools: ToolCallStream | None
     id_prefix: str = "toolu_"
+    # Called with the whole reply (text, calls, reasoning) when it ends: the reasoning recall's record.
+    remember: Callable[[str, list[ToolCall], str], None] | None = None
     text: str = ""
     reasoning: str = ""
     calls: list[ToolCall] = field(default_factory=list)
     _channel_call: list[Any] = field(default_factory=list)  # [index, name, arguments so far] while one is open
 
     @classmethod
-    def for_turn(cls, service: EngineService, conversation: Conversation, id_prefix: str) -> "OutputAssembler":
+    def for_turn(cls, service: EngineService, conversation: Conversation, id_prefix: str,
+                 agent_id: str | None = None) -> "OutputAssembler":
+        """``agent_id``: whose reply this is, to recall its reasoning when a client sends it back without it."""
+        remember = None
+        if agent_id is not None and service.loaded.reasoning is not None:
+            recall = service.reasoning_recall
+
+            def remember(text: str, calls: list[ToolCall], reasoning: str) -> None:
+                recall.remember(agent_id, text, calls, reasoning)
         if not conversation.tools or conversation.tool_choice == "none":
-            return cls(None, id_prefix)
+            return cls(None, id_prefix, remember)
         schemas = [{"type": "function", "function": {"name": t.name, "parameters": t.parameters}} for t in conversation.tools]
         tool_format = tool_format_for(service.loaded.tokenizer, service.loaded.reasoning)
-        return cls(ToolCallStream(tool_format, schemas, id_prefix), id_prefix)
+        return cls(ToolCallStream(tool_format, schemas, id_prefix), id_prefix, remember)
 
     def feed(self, event: Any) -> list[Piece]:
         if not isinstance(event, TokenEvent):
@@ -199,7 +212,10 @@ class OutputAssembler:
         return self._note(pieces)
 
     def finish(self) -> list[Piece]:
-        return self._note(self._close_channel_call() + (self.tools.finish() if self.tools else []))
+        pieces = self._note(self._close_channel_call() + (self.tools.finish() if self.tools else []))
+        if self.remember is not None:
+            self.remember(self.text, self.calls, self.reasoning)
+        return pieces
 
     def _channel_text(self, call: CallText) -> list[Piece]:
         open_call = self._channel_call

@@ -316,3 +316,25 @@ def test_claude_codes_keep_all_thinking_reaches_templates_that_have_the_switch()
 
     PromptRenderer(Recording()).render(spec.conversation)
     assert seen["clear_thinking"] is False and seen["preserve_thinking"] is True
+
+
+def test_a_reply_sent_back_without_its_thinking_block_gets_its_reasoning_from_the_agents_record(claude, served) -> None:
+    """Claude Code 2.1.197 sends earlier replies back with no thinking block at all, even in a tool loop; the
+    template still renders the loop's reasoning, so the server gives back what that reply reasoned."""
+    served.engine.script = lambda r: f"{THINKING}</think>Let me look."
+    headers = {"X-Claude-Code-Session-Id": "recall-1"}
+    first = claude.messages.create(model="m", max_tokens=200, tools=[WEATHER], extra_headers=headers,
+                                   messages=[{"role": "user", "content": "Weather in Oslo?"}])
+    text = next(b.text for b in first.content if b.type == "text")
+    claude.messages.create(model="m", max_tokens=200, tools=[WEATHER], extra_headers=headers, messages=[
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "assistant", "content": [{"type": "text", "text": text}]},  # no thinking block
+        {"role": "user", "content": "Go on."}])
+    assert f"<think>{THINKING}</think>Let me look.\n<user>Go on." in served.prompt()
+    # Another agent's identical reply is not this agent's record.
+    claude.messages.create(model="m", max_tokens=200, tools=[WEATHER], extra_headers={"X-Claude-Code-Session-Id": "b"},
+                           messages=[{"role": "user", "content": "Weather in Oslo?"},
+                                     {"role": "assistant", "content": [{"type": "text", "text": text}]},
+                                     {"role": "user", "content": "Go on."}])
+    assert "<think>" not in served.prompt().split("<assistant>")[1]
+
