@@ -6,8 +6,12 @@ FOLDER is a thinking model (``bench/random_model.py --thinking-template``).
 The loop has the shape of the recorded Claude Code session
 (``traces/claude_code_tool_turns.jsonl``: its system prompt, 24 tools, first
 user message, ``thinking: adaptive`` with ``output_config.effort: medium``),
-then ``--turns`` tool rounds: each reply goes back as the client received it
-(semantic's thinking blocks with their signatures; for the peer the
+then ``--turns`` tool rounds: each reply goes back as the API asks (semantic's
+thinking blocks with their signatures; ``--thinking-back omitted`` drops them,
+as Claude Code 2.1.197 does: the random model writes no call of its own, so
+the Read call this script adds makes each reply one semantic did not write,
+its reasoning recall does not match, and what is measured is the fallback,
+resuming where each reply began; for the peer the
 ``reasoning`` it returned, sent back as ``reasoning_content``, the field its
 template reads: the peer's best case) followed by a tool call and its result
 (a file of about ``--result-tokens`` tokens, different every round), all
@@ -69,13 +73,16 @@ def first_body(max_tokens: int) -> dict[str, Any]:
     return {**recorded_body, "max_tokens": max_tokens, "stream": True}
 
 
-def rounds(body: dict[str, Any], history: list[Turn], result_tokens: int) -> dict[str, Any]:
-    """The Anthropic conversation after ``history``'s replies, each followed by a Read call and its result."""
+def rounds(body: dict[str, Any], history: list[Turn], result_tokens: int, thinking_back: str = "signed"
+           ) -> dict[str, Any]:
+    """The Anthropic conversation after ``history``'s replies, each followed by a Read call and its result.
+    ``thinking_back``: "omitted" drops each reply's thinking blocks (what Claude Code sends), "signed" keeps them."""
     messages = list(body["messages"])
     for index, turn in enumerate(history):
         call = {"type": "tool_use", "id": f"toolu_{index:04d}", "name": "Read",
                 "input": {"file_path": f"/project/src/module_{index}.py"}}
-        messages.append({"role": "assistant", "content": [*turn.blocks, call]})
+        blocks = [b for b in turn.blocks if thinking_back == "signed" or b["type"] != "thinking"]
+        messages.append({"role": "assistant", "content": [*blocks, call]})
         messages.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": call["id"],
                                                       "content": tool_result(index, result_tokens)}]})
     return {**body, "messages": messages}
@@ -170,7 +177,7 @@ async def loop(url: str, peer: bool, args: argparse.Namespace) -> list[Turn]:
     history: list[Turn] = []
     async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(1800.0)) as client:
         for index in range(args.turns + 1):
-            body = rounds(base, history, args.result_tokens)
+            body = rounds(base, history, args.result_tokens, args.thinking_back)
             turn = await (peer_turn(client, peer_body(body, history)) if peer else semantic_turn(client, body))
             history.append(turn)
             print(f"#   turn {index:2d}: prompt {turn.prompt_tokens:6d}, read from cache {turn.reused_tokens:6d} "
@@ -193,7 +200,8 @@ def new_result(args: argparse.Namespace) -> BenchResult:
     return BenchResult("bench_thinking_loop", f"A thinking model in a Claude Code tool loop ({folder.name}): "
                        "semantic vs mlx_lm.server at its defaults",
                        args={"model": str(folder), "turns": args.turns, "repeats": args.repeats,
-                             "max_tokens": args.max_tokens, "result_tokens": args.result_tokens, "trace": TRACE.name})
+                             "max_tokens": args.max_tokens, "result_tokens": args.result_tokens, "trace": TRACE.name,
+                             "thinking_back": args.thinking_back})
 
 
 def run(args: argparse.Namespace, result: BenchResult) -> None:
@@ -222,8 +230,11 @@ def run(args: argparse.Namespace, result: BenchResult) -> None:
                       100 * min(of_previous(r, i) for r in repeats for i in range(1, args.turns + 1)), "%")
         result.metric(name, "median warm TTFT", statistics.median(t.ttft_s for r in repeats for t in r[1:]), "s",
                       better="lower")
+    back = ("each reply sent back without its thinking block, as Claude Code 2.1.197 does (with this script's "
+            "added calls the recall cannot match: the fallback)" if args.thinking_back == "omitted"
+            else "each reply sent back with its signed thinking blocks")
     result.notes.append("semantic: Anthropic Messages as Claude Code sends them (thinking adaptive, effort medium: "
-                        f"a budget of 3/4 of max_tokens {args.max_tokens}); the peer: the same conversation as "
+                        f"a budget of 3/4 of max_tokens {args.max_tokens}; {back}); the peer: the same conversation as "
                         "OpenAI chat, each reply's reasoning sent back as reasoning_content (its template renders it "
                         "in the tool loop), no budget (it has none).")
 
@@ -237,6 +248,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=64, help="each reply's max_tokens (default 64)")
     parser.add_argument("--result-tokens", type=int, default=400,
                         help="about how many tokens each tool result has (default 400)")
+    parser.add_argument("--thinking-back", choices=("signed", "omitted"), default="signed",
+                        help="how semantic gets its replies back: 'signed' with their thinking blocks and signatures, "
+                             "as the API asks (default); 'omitted' without them, as Claude Code 2.1.197 sends them "
+                             "(measures the resume-where-the-reply-began fallback, see above)")
     args = parser.parse_args(argv)
     if args.quick:
         args.turns, args.repeats = 3, 1
