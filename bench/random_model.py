@@ -12,7 +12,7 @@ real model, and the report names the shape used.
     python bench/random_model.py --family qwen3_5 --tool-chat-template --out /tmp/rand-qwen35
     python bench/random_model.py --family qwen3_5 --thinking-template qwen3_5 --out /tmp/rand-qwen35-thinking
 
-``--family`` writes one of bench_model_families.py's small real shapes (any
+``--family`` writes one of the small real shapes in FAMILY_SHAPES (any
 mlx-lm family there: hybrids, latent attention, ...). ``--tool-chat-template``
 replaces SmolLM2's chat template, which has no tools, with Qwen2.5's ChatML
 template that renders tool definitions, calls and results: then both
@@ -58,6 +58,50 @@ SHAPES: dict[str, dict] = {
     "llama-tiny": dict(hidden_size=64, num_hidden_layers=16, num_attention_heads=4, num_key_value_heads=2,
                        head_dim=16, intermediate_size=128, rope_theta=10000.0, tie_word_embeddings=True),
 }
+# Small real shapes of model families (``--family``; bench_model_families.py serves them against the peer).
+# Mixture-of-experts blocks keep their routing (shared expert, top-k) with 8 experts of 256.
+_MLA_MOE = dict(hidden_size=512, intermediate_size=1024, moe_intermediate_size=256, num_hidden_layers=4,
+                num_attention_heads=8, num_key_value_heads=8, n_routed_experts=8, num_experts_per_tok=2,
+                n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1, q_lora_rank=384,
+                max_position_embeddings=16384)
+# DeepSeek V3's and Kimi K2.5's released rotary scaling.
+_YARN = dict(type="yarn", factor=40, beta_fast=32, beta_slow=1, mscale=1.0, mscale_all_dim=1.0,
+             original_max_position_embeddings=4096)
+FAMILY_SHAPES: dict[str, dict[str, Any]] = {
+    # DeepSeek V3 / R1: a 512-wide latent and 64 rotary dims per token and layer.
+    "deepseek_v3": dict(model_type="deepseek_v3", kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128,
+                        v_head_dim=128, rope_scaling=_YARN, **_MLA_MOE),
+    # GLM-4.7-Flash: the same latent, wider no-rope and value heads.
+    "glm4_moe_lite": dict(model_type="glm4_moe_lite", kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=192,
+                          v_head_dim=256, topk_method="noaux_tc", scoring_func="sigmoid", norm_topk_prob=True,
+                          routed_scaling_factor=1.8, moe_layer_freq=1, rms_norm_eps=1e-5, rope_theta=1e6,
+                          rope_scaling=None, **_MLA_MOE),
+    # Gemma 4: sliding layers of 256-dim heads, global layers of 512, one KV head, the last layers reading
+    # earlier layers' K/V.
+    "gemma4_text": dict(model_type="gemma4_text", hidden_size=512, num_hidden_layers=10, intermediate_size=1024,
+                        num_attention_heads=4, head_dim=256, global_head_dim=512, num_key_value_heads=1,
+                        num_kv_shared_layers=4, hidden_size_per_layer_input=64, sliding_window=512,
+                        sliding_window_pattern=5, max_position_embeddings=16384),
+    # Llama 4 Scout: 8 KV heads of 128, three chunked layers to a global one.
+    "llama4": dict(model_type="llama4", text_config=dict(
+        model_type="llama4", attention_bias=False, attention_chunk_size=1024, head_dim=128, hidden_size=512,
+        interleave_moe_layer_step=2, intermediate_size=1024, intermediate_size_mlp=1024,
+        max_position_embeddings=16384, num_attention_heads=8, num_experts_per_tok=1, num_hidden_layers=4,
+        num_key_value_heads=8, num_local_experts=4, rms_norm_eps=1e-5, rope_scaling=None, rope_theta=500000.0,
+        use_qk_norm=True)),
+}
+# Kimi K2.5: DeepSeek V3's text model under a vision-language wrapper.
+FAMILY_SHAPES["kimi_k25"] = dict(model_type="kimi_k25", text_config=dict(FAMILY_SHAPES["deepseek_v3"]))
+# Qwen3.5-0.8B's layers (gated delta net layers of 16 value and 16 key heads of 128, a 4-wide convolution;
+# every fourth layer attention with 2 KV heads of 256), at 8 of its 24 layers and a narrower residual stream:
+# the same recurrent state per layer (1.04 MiB, float32 matrix) and the same K/V per token per layer; its released
+# context length, so a Claude Code prompt (20K tokens with tools) fits.
+FAMILY_SHAPES["qwen3_5"] = dict(model_type="qwen3_5", hidden_size=512, num_hidden_layers=8, intermediate_size=1024,
+                         num_attention_heads=8, num_key_value_heads=2, head_dim=256, linear_num_value_heads=16,
+                         linear_num_key_heads=16, linear_key_head_dim=128, linear_value_head_dim=128,
+                         linear_conv_kernel_dim=4, full_attention_interval=4, partial_rotary_factor=0.25,
+                         rope_theta=10_000_000.0, rms_norm_eps=1e-6, max_position_embeddings=262144,
+                         tie_word_embeddings=True)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 # Qwen2.5-Instruct's chat template (its tokenizer_config.json), which SmolLM2's ChatML tokens also fit: tool
@@ -207,12 +251,29 @@ def vary(model, seed: int = 0, weight_scale: float = 2.0, vector_sd: float = 1.0
     mx.eval(model.parameters())
 
 
+def family_config(kind: str, vocab: int) -> dict[str, Any]:
+    config = dict(FAMILY_SHAPES[kind], vocab_size=vocab, semantic_random_weights=f"small real shape of {kind}")
+    if "text_config" in config:
+        config["text_config"] = dict(config["text_config"], vocab_size=vocab)
+    if kind == "gemma4_text":
+        config["vocab_size_per_layer_input"] = vocab
+    return config
+
+
+def write_family_folder(kind: str, out: Path, tokenizer_dir: Path, dtype: str, seed: int = 0, vocab: int | None = None) -> Path:
+    """``vocab``: the embedding's rows when the tokenizer will have more tokens than its file has now (a thinking
+    template's markers, random_model.use_thinking_template)."""
+    vocab = vocab or len(json.loads((tokenizer_dir / "tokenizer.json").read_text())["model"]["vocab"])
+    return write_model_folder(family_config(kind, vocab), out, tokenizer_dir, dtype, seed=seed,
+                              transform=lambda model: vary(model, seed))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     kind = parser.add_mutually_exclusive_group()
     kind.add_argument("--shape", choices=sorted(SHAPES), default="llama-3.2-1b",
                       help="a released Llama's layer shapes to copy (default: llama-3.2-1b)")
-    kind.add_argument("--family", help="instead: one of bench_model_families.py's small real shapes (qwen3_5, "
+    kind.add_argument("--family", help="instead: one of the small real shapes in FAMILY_SHAPES (qwen3_5, "
                                        "deepseek_v3, glm4_moe_lite, kimi_k25, gemma4_text, llama4), weights varied "
                                        "so greedy tokens vary")
     parser.add_argument("--tool-chat-template", action="store_true",
@@ -236,12 +297,9 @@ def main() -> None:
     t0 = time.perf_counter()
     vocab = thinking_vocab_size(tokenizer_dir, args.thinking_template) if args.thinking_template else None
     if args.family:
-        from bench_model_families import SHAPES as FAMILIES
-        from bench_model_families import write_folder
-
-        if args.family not in FAMILIES:
-            raise SystemExit(f"--family {args.family!r}: one of {', '.join(sorted(FAMILIES))}")
-        out = write_folder(args.family, args.out, tokenizer_dir, dtype, args.seed, vocab=vocab)
+        if args.family not in FAMILY_SHAPES:
+            raise SystemExit(f"--family {args.family!r}: one of {', '.join(sorted(FAMILY_SHAPES))}")
+        out = write_family_folder(args.family, args.out, tokenizer_dir, dtype, args.seed, vocab=vocab)
     else:
         out = write_random_model(args.shape, args.out, tokenizer_dir, dtype, args.seed, vocab_size=vocab)
     if args.tool_chat_template:

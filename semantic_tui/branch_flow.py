@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from engine.errors import SemanticError
 from engine.domain.requests import AgentSource
@@ -26,13 +26,12 @@ from engine.runtime.engine_thread.engine_ops import engine_op
 
 from .screens.branching import PathPrompt, TurnPicker
 from .widgets.chat_area import ChatArea
+from .workbench_host import WorkbenchHost
 
-if TYPE_CHECKING:
-    from .app import SemanticApp
 
 
 class BranchFlow:
-    def __init__(self, app: "SemanticApp") -> None:
+    def __init__(self, app: WorkbenchHost) -> None:
         self.app = app
         self._forks = 0
 

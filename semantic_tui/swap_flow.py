@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from engine.errors import SemanticError
 from engine.models.registry import RegistryEntry
@@ -11,13 +11,12 @@ from engine.swap import SwapPhase, SwapStatus
 
 from .screens.dialogs import ConfirmDialog, ErrorDialog
 from .screens.model_picker import ModelPicker, SwapProgressScreen, describe, swap_plan
+from .workbench_host import WorkbenchHost
 
-if TYPE_CHECKING:
-    from .app import SemanticApp
 
 
 class ModelSwapFlow:
-    def __init__(self, app: "SemanticApp") -> None:
+    def __init__(self, app: WorkbenchHost) -> None:
         self.app = app
 
     @property

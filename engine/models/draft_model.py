@@ -16,23 +16,17 @@ refused with that reason.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from engine.errors import ModelLoadError
-from engine.models.loaded import LoadedModel
+from engine.models.loaded import DraftModel, LoadedModel
+
+__all__ = ["DraftModel", "PROBE_TEXT", "load_draft_model", "check_draft_fits", "speculation_mode",
+           "tokenizers_differ", "uncuttable_layers"]
 
 # Text whose encoding two tokenizers must agree on (code, an accent, an emoji: the byte-fallback paths).
 PROBE_TEXT = "def f(x):\n    return x + 1  # édition ünïcode 😀\n\tprint(f'{x!r}')"
-
-
-@dataclass(frozen=True, slots=True)
-class DraftModel:
-    """The loaded draft model: what proposes tokens, and the name users gave it."""
-
-    model_id: str
-    model: Any  # mlx.nn.Module with the served model's token numbering
 
 
 def speculation_mode(speculate: str, loaded: LoadedModel) -> str:

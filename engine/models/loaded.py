@@ -4,14 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from engine.domain.cache_spec import ModelCacheSpec
 from engine.domain.reasoning import ReasoningFormat
 from engine.models.reasoning_format import reasoning_format
-
-if TYPE_CHECKING:
-    from engine.models.draft_model import DraftModel
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +25,15 @@ class ModelIdentity:
     @property
     def key(self) -> str:
         return f"{self.name}@{self.digest[:16]}"
+
+
+@dataclass(frozen=True, slots=True)
+class DraftModel:
+    """A loaded draft model (models/draft_model.py loads and checks it): what proposes tokens, and the name
+    users gave it."""
+
+    model_id: str
+    model: Any  # mlx.nn.Module with the served model's token numbering
 
 
 @dataclass(frozen=True, slots=True)

@@ -114,7 +114,8 @@ def test_claude_code_gets_thinking_blocks_and_its_continued_session_reads_the_ca
         assert reused >= 0.95 * shared, report(api, ours, first, second)
         if shared >= len(previous) - 2:  # it extends the previous prompt (to where that reply began)
             assert reused >= 0.95 * len(previous)
-    # Claude Code sends its thinking blocks back as it got them: empty, the signature carrying the text.
+    # How many thinking blocks Claude Code sent back (2.1.197: none, even in a tool loop; the server's reasoning
+    # recall, engine/api/reasoning_recall.py, gives those replies their reasoning again).
     sent_back = [b for m in turns[-1].json()["messages"] if m["role"] == "assistant" and isinstance(m["content"], list)
                  for b in m["content"] if b.get("type") == "thinking"]
     print(f"\nthinking blocks Claude Code sent back: {len(sent_back)}")

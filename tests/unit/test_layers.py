@@ -3,7 +3,10 @@
 Every import of every module counts, at the top of a file, inside a function
 or under ``TYPE_CHECKING``: a lower layer that names a higher one, even
 lazily, has learnt about it. Inside the runtime the same holds by role: the
-model runner <- the cache tiers <- the scheduler <- the engine thread.
+model runner <- the cache tiers <- the scheduler <- the engine thread. Inside
+a layer the modules form no circle either (bench/'s scripts included): two
+modules that import each other are one job split in two, or one that should
+be handed what it needs.
 """
 
 from __future__ import annotations
@@ -88,6 +91,74 @@ def imports_of(path: Path, module: str) -> set[str]:
     return {name for name in named if name.split(".")[0] in PACKAGES}
 
 
+def resolved_imports(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """Each module's project imports as modules (``from a.b import c`` names ``a.b.c`` if that is a module, else
+    ``a.b``); a package's own ``__init__`` is not counted as an import of its submodules' names."""
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        targets = set()
+        for name in imports_of(path, module):
+            while name and name not in modules:
+                name = name.rpartition(".")[0]
+            if name and name != module:
+                targets.add(name)
+        graph[module] = targets
+    return graph
+
+
+def bench_modules() -> dict[str, Path]:
+    """bench/'s scripts import their siblings by bare name; as modules named ``bench.NAME``."""
+    return {f"bench.{path.stem}": path for path in sorted((ROOT / "bench").glob("*.py"))}
+
+
+def bench_imports(modules: dict[str, Path]) -> dict[str, set[str]]:
+    graph = {}
+    for module, path in modules.items():
+        named = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                named |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                named.add(node.module.split(".")[0])
+        graph[module] = {f"bench.{name}" for name in named if f"bench.{name}" in modules} - {module}
+    return graph
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected parts of ``graph`` with more than one module (Tarjan's algorithm), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph.get(node, ())):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            part = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                part.append(member)
+                if member == node:
+                    break
+            if len(part) > 1:
+                circles.append(sorted(part))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(circles)
+
+
 def upward_imports() -> list[str]:
     modules = project_modules()
     found = []
@@ -113,6 +184,16 @@ def test_the_walk_would_see_an_upward_import(tmp_path: Path, monkeypatch: pytest
         assert "engine.store._upward_probe -> engine.runtime.tiers.hot" in upward_imports()
     finally:
         bad.unlink()
+
+
+def test_no_modules_import_each_other_round_a_circle() -> None:
+    assert import_circles(resolved_imports(project_modules())) == []
+    assert import_circles(bench_imports(bench_modules())) == []
+
+
+def test_the_circle_walk_finds_a_circle_through_several_modules() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"e"}}
+    assert import_circles(graph) == [["a", "b", "c"]]
 
 
 def test_the_domain_is_pure_python() -> None:

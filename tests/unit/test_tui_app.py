@@ -169,6 +169,26 @@ async def test_command_palette_lists_area_verb_commands(tmp_path: Path) -> None:
         assert app.screen.__class__.__name__ == "CommandPalette"
 
 
+def test_every_palette_command_names_an_action_the_app_has() -> None:
+    from semantic_tui.app import SemanticApp
+    from semantic_tui.palette import ACTIONS
+
+    assert [a for *_, a in ACTIONS if not callable(getattr(SemanticApp, f"action_{a}", None))] == []
+
+
+async def test_a_palette_command_runs_its_action(tmp_path: Path) -> None:
+    from semantic_tui.widgets.chat_area import ChatArea
+
+    app = workbench(tmp_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: ready(app))
+        await pilot.press("ctrl+p")
+        await pilot.press(*"chat: new")
+        await pilot.pause(0.3)
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.main.query_one(ChatArea).pane_count == 1)
+
+
 @pytest.mark.parametrize("size", [(80, 24), (160, 48)])
 async def test_layout_fits_small_and_large_terminals(tmp_path: Path, size: tuple[int, int]) -> None:
     app = workbench(tmp_path)

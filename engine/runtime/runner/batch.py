@@ -26,19 +26,21 @@ not yet read.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import mlx.core as mx
 
-from engine.domain.requests import FinishReason
 from engine.runtime.runner.backends.mlx import MlxBackend
 from engine.runtime.runner.kv.sequence_kv import CheckpointKind
 from engine.runtime.runner.sampling import sample
 from engine.runtime.runner.token_masks import masked
 
-from engine.runtime.runner.sequence import Phase, Released, Sequence
+from engine.runtime.runner.sequence import Phase, Sequence
 from engine.runtime.runner.speculative_step import SpeculativeSteps
+from engine.runtime.runner.step_output import PrefillProgress, StepOutput, TokenOut
+
+__all__ = ["SequenceBatch", "RoomFn", "CheckpointFn", "PrefillProgress", "StepOutput", "TokenOut", "PAD_SLACK"]
 
 # Called before a sequence's cache grows to hold ``n_tokens`` positions: the
 # engine reserves pool blocks and grows the arrays, or answers False.
@@ -48,31 +50,6 @@ RoomFn = Callable[[Sequence, int], bool]
 PAD_SLACK = 32
 # Called after a checkpoint was taken: the engine pays for it or drops it.
 CheckpointFn = Callable[[Sequence], None]
-
-
-@dataclass(frozen=True, slots=True)
-class PrefillProgress:
-    uid: int
-    done: int  # prompt tokens in the cache now (of this turn's new ones)
-    total: int
-    at_checkpoint: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class TokenOut:
-    uid: int
-    token: int
-    finish: FinishReason | None = None
-    # A reasoning model's token: the tokens whose routes it decided (sequence.Released). None: answer text.
-    released: Released = None
-
-
-@dataclass(slots=True)
-class StepOutput:
-    prefill: list[PrefillProgress] = field(default_factory=list)
-    tokens: list[TokenOut] = field(default_factory=list)
-    # Sequences that could not get room for their next token (finished, no token).
-    out_of_room: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -300,10 +277,10 @@ class SequenceBatch:
         previous = self._launched
         carried = [s for s in previous.rows if not s.done] if previous is not None else []
         joining = [s for s in self.sequences.values() if s.phase is Phase.DECODE and s.next_input is not None]
-        rows = [s for s in carried + joining if self._has_room(s, out)][: self.max_batch_size]
+        rows = [s for s in carried + joining if self.has_room(s, out)][: self.max_batch_size]
         if not rows:
             return None
-        self._checkpoint_prompt_ends(rows)
+        self.checkpoint_prompt_ends(rows)
         inputs = self._inputs(rows, previous)
         for s in rows:
             if s.next_input is not None:
@@ -328,7 +305,7 @@ class SequenceBatch:
         launched.logits = None
         mx.async_eval(launched.sampled)
 
-    def _has_room(self, sequence: Sequence, out: StepOutput) -> bool:
+    def has_room(self, sequence: Sequence, out: StepOutput) -> bool:
         if sequence.done:
             return False
         if self.room(sequence, sequence.kv.offset + 1):
@@ -359,7 +336,7 @@ class SequenceBatch:
     def _forward(self, rows: list[Sequence], inputs: mx.array) -> mx.array:
         return self.backend.decode(self.model, inputs, [s.kv for s in rows])
 
-    def _checkpoint_prompt_ends(self, rows: list[Sequence]) -> None:
+    def checkpoint_prompt_ends(self, rows: list[Sequence]) -> None:
         """Rows about to feed their prompt's last token hold the prompt but that token: checkpoint there.
 
         One position short of the prompt end serves both ways a later prompt

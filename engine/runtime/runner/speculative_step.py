@@ -35,7 +35,7 @@ model chose itself.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import mlx.core as mx
 
@@ -43,23 +43,22 @@ from engine.runtime.runner.drafting import DraftLength, Drafter, LookupDrafter, 
 from engine.runtime.runner.model_drafting import DraftCaches, ModelDrafter
 from engine.runtime.runner.sampling import sample
 from engine.runtime.runner.sequence import Phase, Sequence
+from engine.runtime.runner.step_output import StepOutput, TokenOut
 from engine.runtime.runner.step_rates import StepRates
 from engine.runtime.runner.speculation import Speculation, accepted_tokens, greedy_tokens
 from engine.runtime.runner.token_masks import masked
+from engine.runtime.runner.verifying_batch import VerifyingBatch
 
 # Tokens per sequence the batch stays pipelined after a step found drafts that would not pay.
 QUIET_TOKENS = 8
 NO_LIMIT = 1 << 30
-
-if TYPE_CHECKING:
-    from engine.runtime.runner.batch import SequenceBatch, StepOutput
 
 
 class SpeculativeSteps:
     """The batch's speculative steps; ``max_draft``: the most tokens a sequence drafts in one step;
     ``draft_model``: where drafts come from (None: looked up in each sequence's history)."""
 
-    def __init__(self, batch: "SequenceBatch", max_draft: int, timed: bool = True, draft_model: Any = None) -> None:
+    def __init__(self, batch: VerifyingBatch, max_draft: int, timed: bool = True, draft_model: Any = None) -> None:
         self.batch = batch
         self.max_draft = max_draft
         self.draft_caches = (DraftCaches(draft_model, batch.max_batch_size, batch.prefill_step_size)
@@ -118,13 +117,13 @@ class SpeculativeSteps:
             self._token_cost = self.batch.backend.draft_token_cost(self.batch.model)
         return self._token_cost
 
-    def timed_step(self, out: "StepOutput", seconds: float) -> None:
+    def timed_step(self, out: StepOutput, seconds: float) -> None:
         """A steady speculative step took ``seconds``."""
         self.rates.speculative_step(self._rows, len(out.tokens), seconds)
         if not self.rates.allowed():
             self.active = False  # the batch's speculative steps fell behind plain ones: pipelined for a while
 
-    def step(self, out: "StepOutput") -> bool:
+    def step(self, out: StepOutput) -> bool:
         """One speculative step over every decoding sequence; False (nothing run) when none has a draft."""
         batch = self.batch
         rows = [s for s in batch.sequences.values()
@@ -140,13 +139,13 @@ class SpeculativeSteps:
             d = drafts[id(s)]
             if d and not batch.room(s, s.kv.offset + 1 + len(d)):
                 drafts[id(s)] = d = []
-            if d or batch._has_room(s, out):
+            if d or batch.has_room(s, out):
                 kept_rows.append(s)
         rows = kept_rows
         self._rows = len(rows)
         if not rows:
             return True
-        batch._checkpoint_prompt_ends(rows)
+        batch.checkpoint_prompt_ends(rows)
         inputs = [[s.next_input, *drafts[id(s)]] for s in rows]
         for s in rows:
             s.next_input = None
@@ -225,10 +224,8 @@ class SpeculativeSteps:
             self._draft_cost_share = self.draft_caches.cost_share(self.batch.model)
         return self._draft_cost_share
 
-    def report_held(self, s: Sequence, out: "StepOutput") -> bool:
+    def report_held(self, s: Sequence, out: StepOutput) -> bool:
         """A pass just fed ``s``'s held token: report it. True when that ended the sequence (it is removed)."""
-        from engine.runtime.runner.batch import TokenOut
-
         if s.held_token is None:
             return False
         token, finish, released = s.held_token, s.held_finish, s.held_released
@@ -240,11 +237,9 @@ class SpeculativeSteps:
         return True
 
     def _settle(self, s: Sequence, fed: list[int], emitted: list[int], in_place: bool, undo: Any,
-                out: "StepOutput") -> None:
+                out: StepOutput) -> None:
         """Keep what the model would have produced: report the kept drafts (in the cache) up to a finish, cut the
         cache back to the fed tokens kept, and hold the model's own token as the next input."""
-        from engine.runtime.runner.batch import TokenOut
-
         accepted = len(emitted) - 1
         finish = None
         decided = 0

@@ -10,7 +10,7 @@ import time
 from engine.domain.event_log import EventKind, EventLog
 from engine.domain.requests import FinishReason, PrefillEvent, TokenEvent
 from engine.runtime import clock
-from engine.runtime.runner.batch import PrefillProgress, StepOutput, TokenOut
+from engine.runtime.runner.step_output import PrefillProgress, StepOutput, TokenOut
 from engine.domain.reasoning import ANSWER
 from engine.runtime.runner.routed_text import RoutedDelta
 from engine.runtime.scheduler.completion import Completion

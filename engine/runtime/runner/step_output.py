@@ -1,0 +1,37 @@
+"""What one batch step produced: prefill progress, tokens (with their finishes) and rows that found no room.
+
+Plain data, apart from the batch that fills it: the speculative step adds to
+the same StepOutput, and the scheduler reads it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.domain.requests import FinishReason
+from engine.runtime.runner.sequence import Released
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillProgress:
+    uid: int
+    done: int  # prompt tokens in the cache now (of this turn's new ones)
+    total: int
+    at_checkpoint: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class TokenOut:
+    uid: int
+    token: int
+    finish: FinishReason | None = None
+    # A reasoning model's token: the tokens whose routes it decided (sequence.Released). None: answer text.
+    released: Released = None
+
+
+@dataclass(slots=True)
+class StepOutput:
+    prefill: list[PrefillProgress] = field(default_factory=list)
+    tokens: list[TokenOut] = field(default_factory=list)
+    # Sequences that could not get room for their next token (finished, no token).
+    out_of_room: list[int] = field(default_factory=list)

@@ -1,0 +1,33 @@
+"""What a speculative step reads and calls on the batch it runs in (runner/speculative_step.py).
+
+The batch owns its speculative steps (batch.py builds them); this is the
+side of the batch they see, so the step needs no import of the batch.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from engine.runtime.runner.backends.mlx import MlxBackend
+from engine.runtime.runner.sequence import Sequence
+from engine.runtime.runner.step_output import StepOutput
+
+
+class VerifyingBatch(Protocol):
+    model: Any  # mlx.nn.Module
+    backend: MlxBackend
+    sequences: dict[int, Sequence]
+    max_batch_size: int
+    prefill_step_size: int
+
+    def room(self, sequence: Sequence, n_tokens: int) -> bool:
+        """Whether ``sequence``'s cache may grow to ``n_tokens`` positions (reserved when so)."""
+
+    def has_room(self, sequence: Sequence, out: StepOutput) -> bool:
+        """Room for the sequence's next token; else it is finished out of room and reported in ``out``."""
+
+    def checkpoint_prompt_ends(self, rows: list[Sequence]) -> None:
+        """Checkpoint the rows whose prompt just ended, before a pass feeds their first reply token."""
+
+    def remove(self, uid: int) -> Sequence | None:
+        """Stop a sequence now."""
