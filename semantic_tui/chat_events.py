@@ -25,7 +25,9 @@ from engine.domain.requests import (
 )
 
 # Endings after which the reply is a real assistant message worth keeping in the history.
-NORMAL_ENDINGS = frozenset({FinishReason.STOP, FinishReason.STOP_SEQUENCE, FinishReason.LENGTH})
+NORMAL_ENDINGS = frozenset({FinishReason.STOP, FinishReason.COMPLETE, FinishReason.STOP_SEQUENCE,
+                            FinishReason.TURN_END, FinishReason.LENGTH, FinishReason.TIME_LIMIT,
+                            FinishReason.FORMAT_CUT})
 
 
 class PaneState(str, enum.Enum):

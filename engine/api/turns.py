@@ -12,7 +12,7 @@ from engine.domain.output_format import OutputFormat
 from engine.models.sampling_defaults import SamplingDefaults
 from engine.domain.reasoning import CallText
 from engine.domain.reasoning_tracker import opened_at
-from engine.domain.requests import FinishEvent, FinishReason, GenerationRequest, SamplingParams, TokenEvent
+from engine.domain.requests import FinishEvent, GenerationRequest, SamplingParams, TokenEvent
 
 from .async_turn import AsyncTurn
 from engine.domain.chat import Conversation, ToolCall
@@ -256,17 +256,8 @@ def text_of(event: Any) -> str:
 
 def ended_by(finish: FinishEvent, made_tool_calls: bool) -> str:
     """A protocol-neutral ending: stop, tool_use, stop_sequence, length, error, cancelled."""
-    if finish.reason is FinishReason.ERROR:
-        return "error"
-    if finish.reason is FinishReason.CANCELLED:
-        return "cancelled"
-    if made_tool_calls:
-        return "tool_use"
-    if finish.reason is FinishReason.STOP_SEQUENCE:
-        return "stop_sequence"
-    if finish.reason in (FinishReason.LENGTH, FinishReason.CAPACITY):
-        return "length"
-    return "stop"
+    outcome = finish.reason.outcome
+    return "tool_use" if made_tool_calls and outcome not in ("error", "cancelled") else outcome
 
 
 __all__ = [

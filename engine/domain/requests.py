@@ -121,13 +121,31 @@ def clamped(request: GenerationRequest, max_output_tokens: int, context_room: in
 
 
 class FinishReason(str, enum.Enum):
+    """Why a turn ended: one value per reason (runtime/scheduler/turn_end.py decides which). What each protocol
+    reports for it is ``outcome`` (the API maps that to its own words)."""
+
     STOP = "stop"  # the model emitted an end-of-sequence token
-    STOP_SEQUENCE = "stop_sequence"
+    COMPLETE = "complete"  # the reply's output format (a JSON schema, a forced call) says it is whole
+    STOP_SEQUENCE = "stop_sequence"  # one of the request's stop strings
+    TURN_END = "turn_end"  # the chat format's next-speaker marker came out as text
     LENGTH = "length"  # max_tokens or the context limit
+    TIME_LIMIT = "time_limit"  # generating for max_output_seconds
+    FORMAT_CUT = "format_cut"  # a constrained reply ended (stop string, loop, dead end) before its value was whole
     CAPACITY = "capacity"  # the pool could not grow the sequence any further
     REPETITION = "repetition"  # a runaway loop: the last tokens repeat one short cycle (runtime/scheduler/repetition.py)
     CANCELLED = "cancelled"
     ERROR = "error"
+
+    @property
+    def outcome(self) -> str:
+        """What a client is told: "stop" (the reply ended as the model or its format meant), "stop_sequence",
+        "length" (cut short: reported as truncation), "cancelled" or "error"."""
+        return _OUTCOMES.get(self, "stop")
+
+
+_OUTCOMES = {FinishReason.STOP_SEQUENCE: "stop_sequence", FinishReason.LENGTH: "length",
+             FinishReason.TIME_LIMIT: "length", FinishReason.FORMAT_CUT: "length", FinishReason.CAPACITY: "length",
+             FinishReason.CANCELLED: "cancelled", FinishReason.ERROR: "error"}
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,18 +31,18 @@ def started(max_output_s: float) -> Engine:
     return engine
 
 
-def test_a_response_past_the_budget_ends_as_max_tokens_with_a_note() -> None:
+def test_a_response_past_the_budget_ends_on_its_time_limit_reported_as_max_tokens_with_a_note() -> None:
     engine = started(BUDGET_S)
     try:
         began = time.monotonic()
         result = run_turn(engine, GenerationRequest("slow", prompt_for(0), 50_000))
         took = time.monotonic() - began
-        assert result.finish.reason is FinishReason.LENGTH
+        assert result.finish.reason is FinishReason.TIME_LIMIT and result.finish.reason.outcome == "length"
         assert 0 < result.finish.usage.generated_tokens < 50_000
         assert result.finish.note == "ended after 0.3 s of generating (max_output_seconds)"
         assert BUDGET_S <= took < 30
         agent = engine.fresh_snapshot().agent("slow")
-        assert agent.last_finish == "length" and agent.last_finish_note == result.finish.note
+        assert agent.last_finish == "time_limit" and agent.last_finish_note == result.finish.note
         # The cache holds everything generated: the next turn continues from it.
         follow = prompt_for(0) + tuple(result.tokens) + tuple(b" go on")
         nxt = run_turn(engine, GenerationRequest("slow", follow, 4))

@@ -191,7 +191,7 @@ def test_constrained_and_free_rows_in_one_batch_each_decode_as_alone(kind: str, 
                 assert result.tokens == [t for t in expected if t != EOS]
                 continue
             assert result.tokens == reference_constrained(model, request.prompt_tokens, fmt, 60)
-            assert result.finish.reason is FinishReason.STOP
+            assert result.finish.reason is FinishReason.COMPLETE
             jsonschema.validate(json.loads(bytes(result.tokens).decode()), PERSON)
             assert result.finish.usage.speculation is None  # a constrained row never drafts
         free_tallies = [r.finish.usage.speculation for q, r in zip(requests, results) if q.output_format is None]
@@ -213,11 +213,11 @@ def test_sampled_constrained_turns_validate_over_all_ten_schemas() -> None:
         results = run_turns(engine, requests)
         for (_, _, schema), result in zip(SCHEMAS, results):
             text = bytes(t for t in result.tokens if t < 256).decode("utf-8", errors="replace")
-            if result.finish.reason is FinishReason.STOP:
+            if result.finish.reason is FinishReason.COMPLETE:
                 jsonschema.validate(json.loads(text), schema)
             else:  # a random model may write long strings: then it says so, never "stop"
-                assert result.finish.reason is FinishReason.LENGTH
-        assert sum(r.finish.reason is FinishReason.STOP for r in results) >= 5
+                assert result.finish.reason.outcome == "length", result.finish.reason
+        assert sum(r.finish.reason is FinishReason.COMPLETE for r in results) >= 5
     finally:
         engine.stop(0.0)
 
@@ -231,7 +231,7 @@ def test_a_reply_cut_before_its_json_closes_reports_truncation_never_stop() -> N
         assert short.finish.reason is FinishReason.LENGTH and bytes(short.tokens) == b'{"nam'
         # A stop string inside the JSON would cut it: reported as truncation, with a note saying why.
         cut = run_turn(engine, GenerationRequest("t2", prompt(1), 60, output_format=fmt, stop_strings=('"age',)))
-        assert cut.finish.reason is FinishReason.LENGTH
+        assert cut.finish.reason is FinishReason.FORMAT_CUT and cut.finish.reason.outcome == "length"
         assert "JSON was cut short" in (cut.finish.note or "")
     finally:
         engine.stop(0.0)
@@ -303,7 +303,7 @@ def test_an_end_forced_at_a_dead_end_is_reported_as_truncation(monkeypatch: pyte
         engine.grammars.prepare(fmt)
         result = run_turn(engine, GenerationRequest("dead", prompt(1), 60, output_format=fmt))
         assert bytes(t for t in result.tokens if t < 256) == b'{"n'
-        assert result.finish.reason is FinishReason.LENGTH
+        assert result.finish.reason is FinishReason.FORMAT_CUT
         assert "allowed no further token" in (result.finish.note or "")
     finally:
         engine.stop(0.0)

@@ -93,7 +93,7 @@ class Sequence:
             for t in _answer_tokens(token, released):
                 self.constraint.consume(t)
             if self.constraint.complete:
-                return Decision(FinishReason.STOP, released)
+                return Decision(FinishReason.COMPLETE, released)
         if self.generated >= self.max_tokens:
             return Decision(FinishReason.LENGTH, released)  # max_tokens
         return Decision(None, released)

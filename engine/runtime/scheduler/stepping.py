@@ -1,5 +1,5 @@
-"""What one step of the batch means for its turns: prefill progress, tokens turned into text, and the ends
-that the model does not choose (a stop string, a runaway loop, the output time budget).
+"""What one step of the batch means for its turns: prefill progress, tokens turned into text, and each turn's
+end (decided in turn_end.py).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from engine.runtime.scheduler.completion import Completion
 from engine.runtime.scheduler.delivery import Delivery
 from engine.runtime.scheduler.queues import SchedulerStats, TurnQueues
 from engine.runtime.scheduler.turn import Turn, TurnPhase
+from engine.runtime.scheduler.turn_end import turn_end
 from engine.runtime.tiers.agents import AgentState
 from engine.runtime.tiers.hot import HotCache
 from engine.settings import TurnSettings
@@ -77,41 +78,19 @@ class Stepping:
         turn.generated += 1
         self.stats.decode.add(1)
         delta = self._decode(turn, out)
-        if not _ends_with_stop_token(turn, out) or not delta.empty:
+        if not _ends_with_stop_token(out) or not delta.empty:
             self.delivery.emit(turn, TokenEvent(turn.request_id, out.token, delta.text, delta.reasoning,
                                                 tuple(delta.calls)))
         loop = turn.guard.push(out.token) if out.finish is None else None
-        complete = self.completion.complete
-        cut = delta.stop_sequence is not None or delta.ends_turn or loop is not None
-        if _json_cut_short(turn, out, cut or _ends_with_stop_token(turn, out)):
-            # A constrained reply (structured outputs) ended before its JSON was whole: say so as truncation,
-            # never as a finished reply that does not parse.
-            why = (f"repetition guard: {loop.describe()}" if loop is not None else
-                   "a stop sequence or end of turn" if cut else "the schema allowed no further token")
-            self._end_early(turn, FinishReason.LENGTH, f"the reply's JSON was cut short ({why})")
-        elif delta.stop_sequence is not None:
-            complete(turn, FinishReason.STOP_SEQUENCE, stop_sequence=delta.stop_sequence)
-        elif delta.ends_turn:
-            complete(turn, FinishReason.STOP)
-        elif out.finish is not None:
-            complete(turn, out.finish)
-        elif turn.cancel_reason is not None:
-            complete(turn, turn.cancel_reason)
-        elif loop is not None:
-            self._end_early(turn, FinishReason.REPETITION, f"ended by the repetition guard: {loop.describe()}")
-        elif self._out_of_time(turn):
-            # Generating past max_output_seconds: end as max_tokens would, before the client's own timeout does.
-            self._end_early(turn, FinishReason.LENGTH,
-                            f"ended after {self.turns.max_output_seconds:g} s of generating (max_output_seconds)")
-
-    def _end_early(self, turn: Turn, reason: FinishReason, note: str) -> None:
-        """The server, not the model or the request, ends the turn: keep what it said, log and report why."""
-        self.events.emit(EventKind.FINISH, f"{turn.request.agent_id}: {note}", turn.request.agent_id, logging.WARNING)
-        self.completion.complete(turn, reason, note=note)
-
-    def _out_of_time(self, turn: Turn) -> bool:
-        limit, started = self.turns.max_output_seconds, turn.first_token_tick
-        return limit > 0 and started is not None and clock.now() - started >= limit
+        started = turn.first_token_tick
+        ending = turn_end(turn, out, delta, loop, None if started is None else clock.now() - started,
+                          self.turns.max_output_seconds)
+        if ending is None:
+            return
+        if ending.note is not None:  # the server, not the model or the request, ended it: log why
+            self.events.emit(EventKind.FINISH, f"{turn.request.agent_id}: {ending.note}", turn.request.agent_id,
+                             logging.WARNING)
+        self.completion.complete(turn, ending.reason, note=ending.note, stop_sequence=ending.stop_sequence)
 
     def _mark_first_token(self, turn: Turn) -> None:
         if turn.first_token_at is not None:
@@ -133,7 +112,7 @@ class Stepping:
         if out.released is not None:
             released = out.released
         else:  # no reasoning format: every token is the answer's, but the end-of-sequence token is not text
-            released = () if _ends_with_stop_token(turn, out) else ((out.token, ANSWER),)
+            released = () if _ends_with_stop_token(out) else ((out.token, ANSWER),)
         delta = turn.text.push(released)
         if out.finish is not None and delta.stop_sequence is None and not delta.ends_turn:
             reasoning = turn.sequence.reasoning if turn.sequence is not None else None
@@ -151,16 +130,6 @@ def _merge(delta: RoutedDelta, more: RoutedDelta) -> None:
     delta.ends_turn = delta.ends_turn or more.ends_turn
 
 
-def _ends_with_stop_token(turn: Turn, out: TokenOut) -> bool:
-    """The token is an end-of-sequence token (not text). A constrained turn also stops on the token that
-    completes its JSON, which is text."""
-    return out.finish is FinishReason.STOP and (turn.sequence is None or out.token in turn.sequence.stop_tokens)
-
-
-def _json_cut_short(turn: Turn, out: TokenOut, ending: bool) -> bool:
-    """A constrained turn is about to end (``ending``: by a stop string, an end-of-turn marker, the repetition
-    guard, or an end-of-sequence token its grammar forced at a dead end) before its output format is a whole
-    value. (``max_tokens`` is already reported as truncation.)"""
-    constraint = turn.sequence.constraint if turn.sequence is not None else None
-    return (ending and out.finish is not FinishReason.LENGTH and constraint is not None
-            and not constraint.accepting)
+def _ends_with_stop_token(out: TokenOut) -> bool:
+    """The token is an end-of-sequence token: not text. (The token that completes a constrained reply is.)"""
+    return out.finish is FinishReason.STOP
