@@ -7,13 +7,14 @@ run must be served from the first run's cache. Codex's system prompt and tools r
 so the first run pays one long prefill (~27 s here); SmolLM2's 8K context would leave too little room,
 hence Gemma 3 (32K).
 
-Gemma 3 270M is a base model: its sampled answer to Codex's prompt is sometimes a short reply and
-sometimes a rambling one that runs to the server's default output cap (1,024 tokens). A reply cut at
-the cap is a ``response.incomplete``, which Codex reports as "Incomplete response returned" and exits 1:
-the protocol working as designed, and reported as such here, not hidden. Measured on the 2-core CPU
-(2026-11-29): "Say hello in one word." rambled to the cap (178 s); "What is 2+2? ..." answered in 16
-tokens (4.6 s, from the first session's shared prefix); the resumed run read 6,326 of 6,352 prompt
-tokens from its cache (2.7 s).
+Gemma 3 270M is a base model: a sampled answer to Codex's prompt is sometimes a short reply and
+sometimes a rambling one that runs to the output cap (2026-12-01: the resumed run's sampled answer ran
+1,024 tokens, 59 s). So this module's server answers greedily (``default_temperature``, for requests that
+name none, as Codex's do) and caps replies at 128 tokens (``max_output_tokens``): settings of the server,
+none of the client. A reply cut at the cap is a ``response.incomplete``, which Codex reports as
+"Incomplete response returned" and exits 1: the protocol working as designed, and reported as such here,
+not hidden. Measured on the 2-core CPU (2026-11-29): "What is 2+2? ..." answered in 16 tokens (4.6 s, from
+the first session's shared prefix); the resumed run read 6,326 of 6,352 prompt tokens from its cache (2.7 s).
 
 Every request Codex sent is recorded (``--record-requests``); with ``SEMANTIC_SAVE_TRACE=PATH`` the
 trace is copied there (how ``bench/traces/codex_exec.jsonl`` was made) for ``bench/replay.py``.
@@ -41,6 +42,8 @@ from tests.support.scripted_engine import ScriptedEngine, scripted_loaded
 
 TASK = "What is 2+2? Answer with the number only."
 FOLLOW_UP = "And 3+3?"
+# The server's output cap for this module's sessions (a base model's answer runs on otherwise; see above).
+MAX_OUTPUT_TOKENS = 128
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +63,8 @@ def api(gemma3, gemma3_path: Path, tmp_path_factory: pytest.TempPathFactory,
         app.add_middleware(RequestLog, exchanges=exchanges)
 
     with running_api(gemma3, tmp_path_factory.mktemp("codex-cache"), gemma3_path, configure=record,
-                     record_requests=trace_path) as running:
+                     record_requests=trace_path, default_temperature=0.0,
+                     max_output_tokens=MAX_OUTPUT_TOKENS) as running:
         yield running
 
 
