@@ -1,7 +1,7 @@
 """CPU of each rank of an idle two-rank server started by hand (tiny llama at /tmp/cx/llama-tiny from bench/random_model.py --shape llama-tiny), over 20 s. Run: python idle_ranks.py SCRATCH_CACHE_DIR."""
 import json, os, subprocess, sys, time, socket
 import psutil
-sys.path.insert(0, "/work/main")
+sys.path.insert(0, str(__import__('pathlib').Path(__file__).resolve().parents[3]))
 from tests.support.distributed_run import launch_by_hand, wait_ranks_ready
 from pathlib import Path
 model = Path("/tmp/cx/llama-tiny")

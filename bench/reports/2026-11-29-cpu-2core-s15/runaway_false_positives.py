@@ -1,6 +1,6 @@
 """Scratch: false positives of the repetition guard at a longer MAX_PERIOD, on bench_runaway's corpus."""
 import sys, time
-sys.path.insert(0, "/work/main/bench"); sys.path.insert(0, "/work/main")
+sys.path.insert(0, str(__import__('pathlib').Path(__file__).resolve().parents[3]) + "/bench"); sys.path.insert(0, str(__import__('pathlib').Path(__file__).resolve().parents[3]))
 import engine.runtime.scheduler.repetition as rep
 period = int(sys.argv[1])
 rep.MAX_PERIOD = period

@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-sys.path.insert(0, "/work/main")
+sys.path.insert(0, str(__import__('pathlib').Path(__file__).resolve().parents[3]))
 from tests.support.distributed_run import launch_by_hand, wait_ranks_ready
 
 model = Path("/tmp/cx/llama-tiny")

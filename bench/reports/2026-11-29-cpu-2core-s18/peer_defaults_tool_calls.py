@@ -5,8 +5,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, "/work/main/bench")
-sys.path.insert(0, "/work/main")
+sys.path.insert(0, str(__import__('pathlib').Path(__file__).resolve().parents[3]) + "/bench")
+sys.path.insert(0, str(__import__('pathlib').Path(__file__).resolve().parents[3]))
 from served import Launch, serving  # noqa: E402
 from bench_structured_outputs import tool_calls  # noqa: E402
 

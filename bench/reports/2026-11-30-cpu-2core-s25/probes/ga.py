@@ -1,5 +1,5 @@
 import sys, time, numpy as np, numba
-sys.path.insert(0, "/work/main")
+sys.path.insert(0, str(__import__('pathlib').Path(__file__).resolve().parents[4]))
 from engine.runtime.runner.backends.cpu import softmax_kernel
 from engine.runtime.runner.backends.cpu.host_kernels import LOWEST
 import math

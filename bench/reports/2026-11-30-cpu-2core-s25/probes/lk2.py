@@ -1,5 +1,5 @@
 import numpy as np, time, sys
-sys.path.insert(0, "/work/main")
+sys.path.insert(0, str(__import__('pathlib').Path(__file__).resolve().parents[4]))
 from engine.runtime.runner.backends.cpu import linear_kernel as new
 rng = np.random.default_rng(0)
 shapes = [(576, 576)] * 2 + [(192, 576)] * 2 + [(1536, 576)] * 2 + [(576, 1536)]

@@ -1,5 +1,5 @@
 import sys, time, collections
-sys.path.insert(0, "/work/main/bench"); sys.path.insert(0, "/work/main")
+sys.path.insert(0, str(__import__('pathlib').Path(__file__).resolve().parents[4]) + "/bench"); sys.path.insert(0, str(__import__('pathlib').Path(__file__).resolve().parents[4]))
 import mlx.core as mx, numpy as np
 from common import base_parser, load
 from bench_forward_split import _Rows, back_to_the_step, cpu_backend, filled_rows

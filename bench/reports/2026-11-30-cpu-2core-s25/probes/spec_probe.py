@@ -2,7 +2,7 @@
 import asyncio, sys, tempfile, time, os
 from dataclasses import replace
 from pathlib import Path
-sys.path.insert(0, "/work/main/bench")
+sys.path.insert(0, str(__import__('pathlib').Path(__file__).resolve().parents[4]) + "/bench")
 from tokenizers import Tokenizer
 from bench_speculation import SOURCES, copy_request, decode_tok_s, tally, _all
 from bench_vs_mlx_lm_server import model_folder
