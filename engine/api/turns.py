@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from engine.domain.block_layout import common_prefix_length
 from engine.domain.output_format import OutputFormat
@@ -18,6 +18,7 @@ from .async_turn import AsyncTurn
 from engine.domain.chat import Conversation, ToolCall
 from .identity import AgentIdentity
 from .reasoning_ask import DEFAULT as DEFAULT_REASONING, ReasoningAsk
+from .reasoning_recall import ReasoningRecall
 from .rendering import PromptRenderer
 from .retention import Retention, retained_tokens
 from .service import EngineService
@@ -175,8 +176,10 @@ class OutputAssembler:
 
     tools: ToolCallStream | None
     id_prefix: str = "toolu_"
-    # Called with the whole reply (text, calls, reasoning) when it ends: the reasoning recall's record.
-    remember: Callable[[str, list[ToolCall], str], None] | None = None
+    # Where the whole reply (text, calls, reasoning) is recorded when it ends, and under which agent: a
+    # thinking model's reasoning recall (None: nothing recorded).
+    recall: ReasoningRecall | None = None
+    agent_id: str = ""
     text: str = ""
     reasoning: str = ""
     calls: list[ToolCall] = field(default_factory=list)
@@ -186,17 +189,12 @@ class OutputAssembler:
     def for_turn(cls, service: EngineService, conversation: Conversation, id_prefix: str,
                  agent_id: str | None = None) -> "OutputAssembler":
         """``agent_id``: whose reply this is, to recall its reasoning when a client sends it back without it."""
-        remember = None
-        if agent_id is not None and service.loaded.reasoning is not None:
-            recall = service.reasoning_recall
-
-            def remember(text: str, calls: list[ToolCall], reasoning: str) -> None:
-                recall.remember(agent_id, text, calls, reasoning)
+        recall = service.reasoning_recall if agent_id is not None and service.loaded.reasoning is not None else None
         if not conversation.tools or conversation.tool_choice == "none":
-            return cls(None, id_prefix, remember)
+            return cls(None, id_prefix, recall, agent_id or "")
         schemas = [{"type": "function", "function": {"name": t.name, "parameters": t.parameters}} for t in conversation.tools]
         tool_format = tool_format_for(service.loaded.tokenizer, service.loaded.reasoning)
-        return cls(ToolCallStream(tool_format, schemas, id_prefix), id_prefix, remember)
+        return cls(ToolCallStream(tool_format, schemas, id_prefix), id_prefix, recall, agent_id or "")
 
     def feed(self, event: Any) -> list[Piece]:
         if not isinstance(event, TokenEvent):
@@ -213,8 +211,8 @@ class OutputAssembler:
 
     def finish(self) -> list[Piece]:
         pieces = self._note(self._close_channel_call() + (self.tools.finish() if self.tools else []))
-        if self.remember is not None:
-            self.remember(self.text, self.calls, self.reasoning)
+        if self.recall is not None:
+            self.recall.remember(self.agent_id, self.text, self.calls, self.reasoning)
         return pieces
 
     def _channel_text(self, call: CallText) -> list[Piece]:

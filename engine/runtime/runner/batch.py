@@ -40,8 +40,6 @@ from engine.runtime.runner.sequence import Phase, Sequence
 from engine.runtime.runner.speculative_step import SpeculativeSteps
 from engine.runtime.runner.step_output import PrefillProgress, StepOutput, TokenOut
 
-__all__ = ["SequenceBatch", "RoomFn", "CheckpointFn", "PrefillProgress", "StepOutput", "TokenOut", "PAD_SLACK"]
-
 # Called before a sequence's cache grows to hold ``n_tokens`` positions: the
 # engine reserves pool blocks and grows the arrays, or answers False.
 RoomFn = Callable[[Sequence, int], bool]
