@@ -10,6 +10,7 @@ name included: path parameters arrive percent-decoded, so ``a%20b`` or
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from dataclasses import asdict
 from typing import Any
@@ -18,7 +19,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
-from engine.errors import AgentNotFoundError, SemanticError
+from engine.errors import AgentNotFoundError, EngineUnavailableError, SemanticError
 from engine.runtime.tiers.agents import Tier
 from engine.domain.forensics import TurnForensics
 from engine.domain.requests import AgentSource, FinishEvent
@@ -67,11 +68,19 @@ def conversations(request: Request) -> ConversationStore:
 async def fresh_snapshot(service: EngineService) -> EngineSnapshot | None:
     """A snapshot that reflects every change made so far, after a change this request made.
 
-    Awaited, not waited for on a thread: the engine publishes it between two of its steps.
+    Awaited, not waited for on a thread: the engine publishes it between two of its steps. The change is
+    made by then, so an engine that cannot publish now (a swap took it away, it is stopping, it is slow)
+    gives the last published snapshot instead of an error: a 503 here would tell the client to retry a
+    rewind or an eviction that already happened (the crash harness found a rewind reported as 503 and
+    done, and a client that then lost track of the conversation).
     """
+    last = service.snapshot()
     if not service.is_ready:
-        return service.snapshot()
-    return await service.call(lambda engine: engine.publish_now())
+        return last
+    try:
+        return await service.call(lambda engine: engine.publish_now())
+    except (EngineUnavailableError, asyncio.TimeoutError):
+        return service.snapshot() or last
 
 
 _VIEW_FIELDS = ("agent_id", "display_name", "source", "state", "tier", "pinned", "cached_tokens", "blocks",

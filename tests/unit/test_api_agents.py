@@ -343,3 +343,65 @@ async def test_conversations_survive_a_restart(tmp_path: Path) -> None:
                 agent = (await http.get("/v1/agents/bob")).json()
                 assert (agent["messages"], agent["tier"]) == (2, "empty")
                 assert [a["agent_id"] for a in (await http.get("/v1/agents")).json()["data"]] == ["bob"]
+
+
+# -- a change that is made is reported as made ---------------------------------------------------------
+class GoesAwayAfterChanges(ScriptedEngine):
+    """An engine that a swap takes away (or that stops) right after it applied a change: the request's
+    fresh snapshot can no longer be had."""
+
+    service: EngineService | None = None
+
+    def _gone(self) -> None:
+        assert self.service is not None
+        self.service.detach()
+
+    def rewind_agent(self, *args: Any, **kwargs: Any):
+        branch = super().rewind_agent(*args, **kwargs)
+        self._gone()
+        return branch
+
+    def evict_agent(self, *args: Any, **kwargs: Any) -> None:
+        super().evict_agent(*args, **kwargs)
+        self._gone()
+
+
+class CannotPublish(ScriptedEngine):
+    """An engine stopping: its change ran, publishing a snapshot afterwards fails."""
+
+    def publish_now(self):
+        from engine.errors import EngineUnavailableError
+
+        raise EngineUnavailableError("engine is not running", retry_after_s=5)
+
+
+@pytest.mark.parametrize("kind", [GoesAwayAfterChanges, CannotPublish])
+async def test_a_rewind_that_happened_is_never_reported_as_a_retryable_error(tmp_path: Path, kind: type) -> None:
+    # Found by the crash harness (bench/crash.py): a swap starting between a rewind's engine work and its
+    # answer made the answer a 503 while the conversation was already cut, and the client, told to retry,
+    # went on with the uncut history.
+    engine = kind(reply_for)
+    service = make_service(tmp_path, engine)
+    engine.service = service
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(build_app(service)), base_url="http://test") as http:
+        await create(http, "bob")
+        for text in ("Hi", "More"):
+            assert (await http.post("/v1/agents/bob/messages", json={"content": text})).status_code == 200
+        rewound = await http.post("/v1/agents/bob/rewind", json={"turn": 1})
+        assert rewound.status_code == 200, rewound.text
+        assert rewound.json()["messages"] == 2
+    stored = json.loads(conversation_file(tmp_path, "bob").read_text())["messages"]
+    assert [m["content"] for m in stored] == ["Hi", "reply 21"]  # no system prompt: a 21-token prompt
+
+
+@pytest.mark.parametrize("kind", [GoesAwayAfterChanges, CannotPublish])
+async def test_an_eviction_that_happened_is_answered_with_the_agent(tmp_path: Path, kind: type) -> None:
+    engine = kind(reply_for)
+    service = make_service(tmp_path, engine)
+    engine.service = service
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(build_app(service)), base_url="http://test") as http:
+        await create(http, "bob")
+        await http.post("/v1/agents/bob/messages", json={"content": "Hi"})
+        evicted = await http.post("/v1/agents/bob/evict")
+        assert evicted.status_code == 200, evicted.text
+        assert evicted.json()["agent_id"] == "bob" and evicted.json()["messages"] == 2
