@@ -37,8 +37,8 @@ from chat_stream import ChatClient
 from common import ROOT, base_parser, print_table
 from results import BenchResult, Series, recorded
 from served import WARMUP_MESSAGES, Launch, server_env, serving
+from bench_vs_mlx_lm_server import model_folder
 
-from engine.models.loader import resolve_model
 from tests.support.terminal import (
     TmuxTerminal,
     isolated_env,
@@ -234,13 +234,6 @@ def record(result: BenchResult, phases: list[PhaseResult], pairs: list[tuple[Pha
                                 list(range(1, len(pairs) + 1)),
                                 {"--serve": [a.tok_s for a, _ in pairs], "workbench": [b.tok_s for _, b in pairs]},
                                 "bar"))
-
-
-def model_folder(ref: str, cache_dir: Path) -> Path:
-    resolved = resolve_model(ref, cache_dir)
-    if not resolved.is_local:
-        raise SystemExit(f"{ref!r} is a hub id; pass a local MLX folder, .gguf file or packaged alias")
-    return Path(resolved.location)
 
 
 def main() -> None:

@@ -57,6 +57,7 @@ from workload_text import growing_document, shared_system_prompt, story_request,
 
 from engine.domain.cache_spec import DTYPE_BYTES
 from engine.models.loader import resolve_model
+from engine.settings import default_cache_dir
 
 BLOCK_TOKENS = 256  # semantic's default --block-tokens: its pool hands out KV memory in blocks of this many tokens
 TEMPLATE_TOKENS = 12  # role markers the chat template adds around each message
@@ -342,10 +343,12 @@ WORKLOADS: dict[str, Callable[[Bench], None]] = {
 }
 
 
-def model_folder(ref: str, cache_dir: Path) -> Path:
-    resolved = resolve_model(ref, cache_dir)
+def model_folder(ref: str, cache_dir: Path | None = None) -> Path:
+    """The local MLX folder of ``ref`` (a packaged alias is imported under ``cache_dir``, by default the
+    server's own cache directory)."""
+    resolved = resolve_model(ref, cache_dir if cache_dir is not None else default_cache_dir())
     if not resolved.is_local:
-        raise SystemExit(f"{ref!r} is a hub id; both servers need the same local MLX folder")
+        raise SystemExit(f"{ref!r} is a hub id; pass a local MLX folder, .gguf file or packaged alias")
     return Path(resolved.location)
 
 
