@@ -52,12 +52,12 @@ class SlowFlakyGenerator:
         self._inner = inner
         self._switch = switch
 
-    def step(self) -> Any:
+    def step(self, plan: Any, room: Any) -> Any:
         if self._switch.armed.is_set() and not self._switch.fired.is_set():
             self._switch.fired.set()
             raise RuntimeError(FAILURE)
         time.sleep(STEP_S)
-        return self._inner.step()
+        return self._inner.step(plan, room)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)

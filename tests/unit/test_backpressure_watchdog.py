@@ -34,10 +34,10 @@ class Gate:
         batch = sequence_batch_factory(loaded, limits, hooks)
         step = batch.step
 
-        def gated_step():
+        def gated_step(plan, room):
             self.open.wait()
             time.sleep(self.step_s)
-            return step()
+            return step(plan, room)
 
         batch.step = gated_step
         return batch

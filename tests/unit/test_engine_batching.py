@@ -203,24 +203,31 @@ def test_a_row_without_room_for_its_filler_waits_for_a_later_pass_instead_of_fai
     from engine.runtime.runner.batch import SequenceBatch
     from engine.runtime.runner.sequence import Phase, Sequence
     from engine.runtime.runner.kv.sequence_kv import SequenceKV
+    from engine.runtime.runner.step_output import StepOutput
 
     loaded = loaded_tiny("llama")
     tight = 1  # this sequence's cache may hold its prompt, never more
 
-    def room(sequence: Sequence, n_tokens: int) -> bool:
-        if sequence.uid == tight and n_tokens > len(sequence.prompt):
-            return False
-        sequence.kv.reserve(n_tokens)
-        return True
+    def step() -> StepOutput:
+        """Plan, grant (the tight sequence never past its prompt), run: the scheduler's part, by hand."""
+        plan = batch.plan()
+        room = {}
+        for ask in plan.asks:
+            for n_tokens in ask.levels:
+                if ask.sequence.uid == tight and n_tokens > len(ask.sequence.prompt):
+                    break
+                ask.sequence.kv.reserve(n_tokens)
+                room[ask.sequence.uid] = n_tokens
+        return batch.step(plan, room)
 
-    batch = SequenceBatch(loaded.model, 512, 8, room)
+    batch = SequenceBatch(loaded.model, 512, 8)
     prompts = [[BOS, *b"a longer prompt that sets the width of the pass"], [BOS, *b"a shorter prompt here"]]
     sequences = [Sequence(uid, SequenceKV.empty(loaded.spec), p, 4) for uid, p in enumerate(prompts)]
     for sequence in sequences:
         batch.insert(sequence)
-    first = batch.step()
+    first = step()
     assert [p.uid for p in first.prefill] == [0] and not first.out_of_room
     assert sequences[tight].phase is Phase.PREFILL
-    second = batch.step()
+    second = step()
     assert [p.uid for p in second.prefill] == [tight] and not second.out_of_room
     assert sequences[tight].prompt_fed == len(prompts[tight]) - 1  # its whole chunk, unpadded

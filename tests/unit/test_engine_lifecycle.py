@@ -221,7 +221,7 @@ def test_generator_failure_fails_turns_but_engine_survives() -> None:
         calls["n"] += 1
         if calls["n"] == 1:
 
-            def explode():
+            def explode(plan, room):
                 raise RuntimeError("simulated MLX failure")
 
             generator.step = explode

@@ -1,6 +1,8 @@
 """The batch: prefill chunks and pipelined decode steps over sequences' own caches.
 
-One :meth:`SequenceBatch.step` does, in order:
+A step is planned first (:meth:`SequenceBatch.plan`: its prefill passes and the room each cache needs,
+see step_plan.py); the scheduler grants room for the plan; then :meth:`SequenceBatch.step` runs it within
+that room, which is model work only: the batch never calls back into the scheduler. It does, in order:
 
 1. prefill: up to ``prefill_step_size`` prompt tokens, one forward pass per
    sequence (B=1) on that sequence's cache, oldest sequence first; a chunk
@@ -27,7 +29,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import mlx.core as mx
 
@@ -39,15 +41,11 @@ from engine.runtime.runner.token_masks import masked
 from engine.runtime.runner.sequence import Phase, Sequence
 from engine.runtime.runner.speculative_step import SpeculativeSteps
 from engine.runtime.runner.step_output import PrefillProgress, StepOutput, TokenOut
+from engine.runtime.runner.step_plan import Room, RoomAsk, StepPlan
 
-# Called before a sequence's cache grows to hold ``n_tokens`` positions: the
-# engine reserves pool blocks and grows the arrays, or answers False.
-RoomFn = Callable[[Sequence, int], bool]
 # Filler tokens a prefill row may carry to share a pass (see SequenceBatch._fits). SmolLM2 on a
 # 2-core CPU computes about 40 tokens in the time one pass reads its weights (bench_forward_split).
 PAD_SLACK = 32
-# Called after a checkpoint was taken: the engine pays for it or drops it.
-CheckpointFn = Callable[[Sequence], None]
 
 
 @dataclass(slots=True)
@@ -60,8 +58,7 @@ class _Launched:
 
 class SequenceBatch:
     def __init__(
-        self, model: Any, prefill_step_size: int, max_batch_size: int, room: RoomFn,
-        checkpointed: CheckpointFn = lambda sequence: None,
+        self, model: Any, prefill_step_size: int, max_batch_size: int,
         keep_turn_checkpoints: int = 1, keep_prefix_checkpoints: int = 2, pad_prefill: bool = True,
         backend: MlxBackend | None = None, max_draft: int = 0, timed: bool = True, draft_model: Any = None,
     ) -> None:
@@ -70,8 +67,7 @@ class SequenceBatch:
         self.backend = backend if backend is not None else MlxBackend()
         self.prefill_step_size = prefill_step_size
         self.max_batch_size = max_batch_size
-        self.room = room
-        self.checkpointed = checkpointed
+        self._room: Room = {}  # what the scheduler granted the step that runs now
         self.keep_turn_checkpoints = keep_turn_checkpoints
         self.keep_prefix_checkpoints = keep_prefix_checkpoints
         self.pad_prefill = pad_prefill
@@ -107,11 +103,91 @@ class SequenceBatch:
     def decoding(self) -> int:
         return sum(1 for s in self.sequences.values() if s.phase is Phase.DECODE)
 
+    # -- the plan ------------------------------------------------------------------------
+    def plan(self) -> StepPlan:
+        """What the next step will do: its prefill passes, and how far each sequence's cache grows (its room
+        ask). No side effects: the scheduler grants room for it, then :meth:`step` runs it."""
+        plan = StepPlan(prefill=self._plan_prefill())
+        completing: dict[int, int] = {}  # uid: the cache's length once this step's prefill ends its prompt
+        for group in plan.prefill:
+            width = max(m for _, m in group)
+            for sequence, m in group:
+                end = sequence.kv.offset + m
+                filler = sequence.kv.offset + width if m < width else end
+                if m == sequence.prefill_left:
+                    completing[sequence.uid] = end
+                    plan.asks.append(RoomAsk.of(sequence, end, filler, *self._decode_levels(sequence, end, True)))
+                else:
+                    plan.asks.append(RoomAsk.of(sequence, end, filler))
+        speculating = bool(completing)  # a prompt that ends starts speculative steps (_to_decode)
+        for sequence in self.sequences.values():
+            if sequence.phase is Phase.DECODE and not sequence.done and sequence.uid not in completing:
+                levels = self._decode_levels(sequence, sequence.kv.offset, speculating)
+                plan.asks.append(RoomAsk.of(sequence, *levels))
+        return plan
+
+    def _decode_levels(self, sequence: Sequence, offset: int, starting: bool) -> tuple[int, ...]:
+        """A row that decodes this step feeds one token at ``offset``; a speculative step feeds its drafts
+        too (``starting``: speculative steps may begin within this step)."""
+        speculative = self.speculative
+        if speculative is None or not (speculative.active or starting):
+            return (offset + 1,)
+        return (offset + 1, offset + 1 + speculative.draft_bound(sequence))
+
+    def _plan_prefill(self) -> list[list[tuple[Sequence, int]]]:
+        """Up to ``prefill_step_size`` prompt tokens this step, in passes.
+
+        Sequences go through the model together when their next chunks fit one
+        pass (one pass reads the weights once: on a memory-bound device, several
+        short prompts cost about what one does); each still writes only its own
+        cache (ragged hook). Chunks of one length always group. On a model
+        without sliding-window layers, a shorter chunk joins too, padded to the
+        group's length (see ``_fits``): prompts of different lengths arriving
+        together are then prefilled in one pass, as mlx-lm's batch does.
+        """
+        passes = []
+        budget = self.prefill_step_size
+        waiting = [s for s in self.sequences.values() if s.phase is Phase.PREFILL]
+        while waiting and budget > 0:
+            first = waiting.pop(0)
+            n = self._chunk_size(first, budget)
+            group = [(first, n)]
+            if self.ragged:
+                for sequence in list(waiting):
+                    if n * (len(group) + 1) > budget:
+                        break
+                    m = self._chunk_size(sequence, budget)
+                    wider = max(n, m)
+                    if wider * (len(group) + 1) <= budget and self._fits([*group, (sequence, m)], wider):
+                        group.append((sequence, m))  # its whole chunk, the group padded to the longest
+                        n = wider
+                    elif self._chunk_size(sequence, n) == n:
+                        group.append((sequence, n))  # the first n tokens of a longer chunk
+                    else:
+                        continue
+                    waiting.remove(sequence)
+            passes.append(group)
+            budget -= n * len(group)
+        return passes
+
     # -- the step -----------------------------------------------------------------------
-    def step(self) -> StepOutput:
+    def step(self, plan: StepPlan, room: Room) -> StepOutput:
+        """Run ``plan`` (from :meth:`plan`, nothing changed since) within ``room``: each sequence's cache may
+        grow to the positions granted it; a sequence with no room for what it needs ends out of room."""
+        self._room = room
+        try:
+            return self._step(plan)
+        finally:
+            self._room = {}
+
+    def room(self, sequence: Sequence, n_tokens: int) -> bool:
+        """Whether the room granted for this step lets ``sequence``'s cache hold ``n_tokens`` positions."""
+        return n_tokens <= self._room.get(sequence.uid, 0)
+
+    def _step(self, plan: StepPlan) -> StepOutput:
         started = time.perf_counter()
         out = StepOutput()
-        self._prefill(out)
+        self._prefill(plan, out)
         speculative = self.speculative
         if speculative is not None and speculative.active:
             # Speculative: read the step in flight (drafts need every latest token), then verify drafts.
@@ -136,42 +212,12 @@ class SequenceBatch:
             speculative.rates.plain_step(len(previous.rows), time.perf_counter() - started)
         return out
 
-    def _prefill(self, out: StepOutput) -> None:
-        """Feed up to ``prefill_step_size`` prompt tokens this step.
-
-        Sequences go through the model together when their next chunks fit one
-        pass (one pass reads the weights once: on a memory-bound device, several
-        short prompts cost about what one does); each still writes only its own
-        cache (ragged hook). Chunks of one length always group. On a model
-        without sliding-window layers, a shorter chunk joins too, padded to the
-        group's length (see ``_fits``): prompts of different lengths arriving
-        together are then prefilled in one pass, as mlx-lm's batch does.
-        """
-        budget = self.prefill_step_size
-        waiting = [s for s in self.sequences.values() if s.phase is Phase.PREFILL]
-        while waiting and budget > 0:
-            first = waiting.pop(0)
-            n = self._chunk_size(first, budget)
-            group = [(first, n)]
-            if self.ragged:
-                for sequence in list(waiting):
-                    if n * (len(group) + 1) > budget:
-                        break
-                    m = self._chunk_size(sequence, budget)
-                    wider = max(n, m)
-                    if wider * (len(group) + 1) <= budget and self._fits([*group, (sequence, m)], wider):
-                        group.append((sequence, m))  # its whole chunk, the group padded to the longest
-                        n = wider
-                    elif self._chunk_size(sequence, n) == n:
-                        group.append((sequence, n))  # the first n tokens of a longer chunk
-                    else:
-                        continue
-                    waiting.remove(sequence)
-            group = self._with_room(group, n, out)
+    def _prefill(self, plan: StepPlan, out: StepOutput) -> None:
+        """Run the planned prefill passes, each with the rows that have room."""
+        for group in plan.prefill:
+            group = self._with_room(group, max(m for _, m in group), out)
             if group:
-                width = max(m for _, m in group)
-                self._prefill_group(group, width, out)
-                budget -= width * len(group)
+                self._prefill_group(group, max(m for _, m in group), out)
 
     @staticmethod
     def _chunk_size(sequence: Sequence, budget: int) -> int:
@@ -219,7 +265,7 @@ class SequenceBatch:
 
     def _prefill_group(self, group: list[tuple[Sequence, int]], n: int, out: StepOutput) -> None:
         """One pass over ``group``'s chunks (each row's ``m`` tokens, padded to ``n``)."""
-        self._snapshot_turn_starts(group)
+        self._snapshot_turn_starts(group, out)
         chunks = [s.prompt[s.prompt_fed:s.prompt_fed + m] for s, m in group]
         if len(group) == 1:
             self._run_model(mx.array(chunks), cache=group[0][0].kv.caches())
@@ -241,15 +287,15 @@ class SequenceBatch:
             at_checkpoint = sequence.kv.offset in sequence.checkpoint_at
             if at_checkpoint:
                 sequence.kv.take_checkpoint(CheckpointKind.PREFIX, self.keep_prefix_checkpoints)
-                self.checkpointed(sequence)
-            if sequence.kv.offset == sequence.turn_checkpoint_at and self._turn_checkpoint(sequence):
+                out.checkpoints.append(sequence.uid)
+            if sequence.kv.offset == sequence.turn_checkpoint_at and self._turn_checkpoint(sequence, out):
                 sequence.checkpoint_prompt_end = False  # taken where the reply begins: none at the prompt's end
             out.prefill.append(PrefillProgress(sequence.uid, sequence.prompt_fed, sequence.prefill_total,
                                                at_checkpoint))
             if sequence.prefill_left == 0:
                 self._to_decode(sequence)
 
-    def _snapshot_turn_starts(self, group: list[tuple[Sequence, int]]) -> None:
+    def _snapshot_turn_starts(self, group: list[tuple[Sequence, int]], out: StepOutput) -> None:
         """A turn about to go on from a recurrent state (the end of its agent's last turn): snapshot it there.
 
         The state stands one token short of the last turn's end, the furthest
@@ -261,7 +307,7 @@ class SequenceBatch:
             kv = sequence.kv
             if sequence.prompt_fed == 0 and sequence.checkpoint_prompt_end and kv.offset > 0 and kv.spec.recurrent_groups:
                 kv.take_checkpoint(CheckpointKind.TURN, self.keep_turn_checkpoints)
-                self.checkpointed(sequence)
+                out.checkpoints.append(sequence.uid)
 
     def _to_decode(self, sequence: Sequence) -> None:
         sequence.phase = Phase.DECODE
@@ -278,7 +324,7 @@ class SequenceBatch:
         rows = [s for s in carried + joining if self.has_room(s, out)][: self.max_batch_size]
         if not rows:
             return None
-        self.checkpoint_prompt_ends(rows)
+        self.checkpoint_prompt_ends(rows, out)
         inputs = self._inputs(rows, previous)
         for s in rows:
             if s.next_input is not None:
@@ -334,7 +380,7 @@ class SequenceBatch:
     def _forward(self, rows: list[Sequence], inputs: mx.array) -> mx.array:
         return self.backend.decode(self.model, inputs, [s.kv for s in rows])
 
-    def checkpoint_prompt_ends(self, rows: list[Sequence]) -> None:
+    def checkpoint_prompt_ends(self, rows: list[Sequence], out: StepOutput) -> None:
         """Rows about to feed their prompt's last token hold the prompt but that token: checkpoint there.
 
         One position short of the prompt end serves both ways a later prompt
@@ -347,14 +393,14 @@ class SequenceBatch:
             if s.at_prompt_end:
                 s.at_prompt_end = False
                 if s.checkpoint_prompt_end:
-                    self._turn_checkpoint(s)
+                    self._turn_checkpoint(s, out)
 
-    def _turn_checkpoint(self, s: Sequence) -> bool:
+    def _turn_checkpoint(self, s: Sequence, out: StepOutput) -> bool:
         """The turn's checkpoint, for caches that cannot go back otherwise (a window, a recurrent state)."""
         if not (s.checkpoint_prompt_end and s.kv.forgets):
             return False
         s.kv.take_checkpoint(CheckpointKind.TURN, self.keep_turn_checkpoints)
-        self.checkpointed(s)
+        out.checkpoints.append(s.uid)
         return True
 
     def _collect(self, launched: _Launched, out: StepOutput) -> None:

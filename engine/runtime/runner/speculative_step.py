@@ -73,18 +73,25 @@ class SpeculativeSteps:
         self._quiet = 0  # tokens to read before a draft may switch the batch to speculative steps again
 
     def start(self, sequence: Sequence) -> None:
-        """A sequence begins decoding: index its history (the cached context and the whole prompt). A seeded
-        sampled request does not draft: its tokens would then depend on when the batch speculates (on the
-        other sequences), and a seed promises the same tokens whatever shares the batch. Nor does a constrained
-        one: its drafts would need its format's mask after each of them."""
-        if sequence.sampler is not None and sequence.sampler.params.seed is not None:
-            return
-        if sequence.constraint is not None:  # a constrained reply rides with one token a step (masked, see step)
+        """A sequence begins decoding: index its history (the cached context and the whole prompt)."""
+        if not _may_draft(sequence):
             return
         history = [*sequence.context, *sequence.prompt]
         drafter: Drafter = (self.draft_caches.lend(sequence.owner, history) if self.draft_caches is not None
                             else LookupDrafter(history))
         sequence.speculation = Speculation(drafter, DraftLength(self.max_draft))
+
+    def draft_bound(self, sequence: Sequence) -> int:
+        """At most how many tokens ``sequence`` drafts in the coming step (the room the batch asks for it; no
+        side effects, unlike the draft length's ``next``)."""
+        if not self.rates.allowed() or sequence.held_finish is not None:
+            return 0
+        speculation = sequence.speculation
+        if speculation is None:  # it starts decoding within the step: ``start`` gives it a fresh draft length
+            k = DraftLength(self.max_draft).k if _may_draft(sequence) else 0
+        else:
+            k = speculation.length.k
+        return max(0, min(k, sequence.max_tokens - sequence.generated - 1))
 
     def finish(self, sequence: Sequence) -> None:
         """A sequence left the batch: its draft model's cache waits for its agent's next turn."""
@@ -145,7 +152,7 @@ class SpeculativeSteps:
         self._rows = len(rows)
         if not rows:
             return True
-        batch.checkpoint_prompt_ends(rows)
+        batch.checkpoint_prompt_ends(rows, out)
         inputs = [[s.next_input, *drafts[id(s)]] for s in rows]
         for s in rows:
             s.next_input = None
@@ -265,6 +272,15 @@ class SpeculativeSteps:
         else:
             self.batch.remove(s.uid)  # a kept draft ended it
 
+
+
+def _may_draft(sequence: Sequence) -> bool:
+    """A seeded sampled request does not draft: its tokens would then depend on when the batch speculates (on
+    the other sequences), and a seed promises the same tokens whatever shares the batch. Nor does a constrained
+    one: its drafts would need its format's mask after each of them (it rides with one token a step)."""
+    if sequence.sampler is not None and sequence.sampler.params.seed is not None:
+        return False
+    return sequence.constraint is None
 
 
 def _reasoning_room(sequence: Sequence) -> int:

@@ -1,4 +1,5 @@
-"""What one batch step produced: prefill progress, tokens (with their finishes) and rows that found no room.
+"""What one batch step produced: prefill progress, tokens (with their finishes), rows that found no room,
+and checkpoints taken (for the scheduler to pay for, or drop).
 
 Plain data, apart from the batch that fills it: the speculative step adds to
 the same StepOutput, and the scheduler reads it.
@@ -35,3 +36,6 @@ class StepOutput:
     tokens: list[TokenOut] = field(default_factory=list)
     # Sequences that could not get room for their next token (finished, no token).
     out_of_room: list[int] = field(default_factory=list)
+    # Sequences that took a checkpoint (of a window or recurrent layers) in the step, in order: the arrays
+    # exist, the pool has not paid for them yet.
+    checkpoints: list[int] = field(default_factory=list)

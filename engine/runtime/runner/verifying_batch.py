@@ -21,12 +21,12 @@ class VerifyingBatch(Protocol):
     prefill_step_size: int
 
     def room(self, sequence: Sequence, n_tokens: int) -> bool:
-        """Whether ``sequence``'s cache may grow to ``n_tokens`` positions (reserved when so)."""
+        """Whether the room granted for this step lets ``sequence``'s cache hold ``n_tokens`` positions."""
 
     def has_room(self, sequence: Sequence, out: StepOutput) -> bool:
         """Room for the sequence's next token; else it is finished out of room and reported in ``out``."""
 
-    def checkpoint_prompt_ends(self, rows: list[Sequence]) -> None:
+    def checkpoint_prompt_ends(self, rows: list[Sequence], out: StepOutput) -> None:
         """Checkpoint the rows whose prompt just ended, before a pass feeds their first reply token."""
 
     def remove(self, uid: int) -> Sequence | None:

@@ -2,10 +2,16 @@
 
 Engine-thread only. Its state is one :class:`TurnQueues`; each concern is a
 file of its own: which waiting turns enter the batch (``admission.py``), how
-an admitted turn's cache is prepared (``turn_cache.py``), what a step of the
-batch means for its turns (``stepping.py``), how a turn ends
-(``completion.py``), and who hears of it (``delivery.py``). The batch itself
-is the model runner's (``runtime/runner/batch.py``).
+an admitted turn's cache is prepared (``turn_cache.py``), room for a step
+and payment for its checkpoints (``step_room.py``), what a step of the batch
+means for its turns (``stepping.py``), how a turn ends (``completion.py``),
+and who hears of it (``delivery.py``). The batch itself is the model
+runner's (``runtime/runner/batch.py``).
+
+One step (:meth:`Scheduler.step`) is plan, grant, run, apply: the batch says
+what it will do and how much room that needs, the scheduler reserves the
+room (evicting other agents when it must), the batch runs the model within
+it, and the scheduler applies the output to its turns.
 """
 
 from __future__ import annotations
@@ -18,12 +24,12 @@ from engine.domain.requests import EventSink, FinishReason, QueuedEvent
 from engine.models.loaded import LoadedModel
 from engine.grammar.output_grammars import OutputGrammars
 from engine.runtime.runner.backends.mlx import MlxBackend
-from engine.runtime.runner.batch import CheckpointFn, RoomFn, SequenceBatch
-from engine.runtime.runner.sequence import Sequence
+from engine.runtime.runner.batch import SequenceBatch
 from engine.runtime.scheduler.admission import Admission
 from engine.runtime.scheduler.completion import Completion
 from engine.runtime.scheduler.delivery import Delivery
 from engine.runtime.scheduler.queues import SchedulerStats, TurnQueues
+from engine.runtime.scheduler.step_room import StepRoom
 from engine.runtime.scheduler.stepping import Stepping
 from engine.runtime.scheduler.turn import Turn, TurnPhase
 from engine.runtime.scheduler.turn_cache import TurnCaches
@@ -36,11 +42,8 @@ from engine.settings import BatchSettings, TurnSettings
 
 @dataclass(frozen=True, slots=True)
 class BatchHooks:
-    """What the batch gets from the engine: how to compute (the backend), room to grow, and payment for
-    checkpoints."""
+    """What the batch gets from the engine: how to compute (the backend), and whether it may keep time."""
 
-    room: RoomFn
-    checkpointed: CheckpointFn
     backend: MlxBackend
     # Whether the batch may decide by its own clock (how fast its steps run). Under lockstep every rank must
     # decide alike from the same inputs, so it may not.
@@ -51,8 +54,8 @@ GeneratorFactory = Callable[[LoadedModel, BatchSettings, BatchHooks], Any]
 
 
 def sequence_batch_factory(loaded: LoadedModel, batch: BatchSettings, hooks: BatchHooks) -> SequenceBatch:
-    return SequenceBatch(loaded.model, batch.prefill_step_size, batch.max_batch_size, hooks.room,
-                         hooks.checkpointed, keep_turn_checkpoints=turn_checkpoints(loaded, batch),
+    return SequenceBatch(loaded.model, batch.prefill_step_size, batch.max_batch_size,
+                         keep_turn_checkpoints=turn_checkpoints(loaded, batch),
                          backend=hooks.backend, max_draft=batch.max_draft, timed=hooks.timed,
                          draft_model=loaded.draft.model if loaded.draft is not None and batch.speculate == "draft"
                          else None)
@@ -92,8 +95,8 @@ class Scheduler:
         self.stats = SchedulerStats()
         self.delivery = Delivery()
         self._factory = generator_factory
-        self._hooks = BatchHooks(self._room, self._checkpointed, backend if backend is not None else MlxBackend(),
-                                 timed=not lockstep)
+        self._hooks = BatchHooks(backend if backend is not None else MlxBackend(), timed=not lockstep)
+        self.room = StepRoom(self.queues, hot, tiers)
         self._generator = generator_factory(loaded, batch, self._hooks)
         self.completion = Completion(self.queues, self.stats, self.delivery, hot, agents, tiers, events,
                                      loaded.identity.key, lambda uid: self._generator.remove(uid))
@@ -155,47 +158,19 @@ class Scheduler:
         self.admission.admit()
 
     def step(self) -> None:
-        """One batch step: prefill chunks and/or one decoded token per sequence."""
+        """One batch step: prefill chunks and/or one decoded token per sequence (more where it speculates)."""
         self._remove_cancelled()
-        if self.queues.by_uid:
-            self.stepping.apply(self._generator.step())
+        if not self.queues.by_uid:
+            return
+        plan = self._generator.plan()  # what the step will do, and the room each cache needs for it
+        room = self.room.grant(plan)  # reserved before the model runs; the only part that may evict
+        out = self._generator.step(plan, room)  # model work only, within that room
+        self.room.pay_checkpoints(out.checkpoints)
+        self.stepping.apply(out)  # tokens to text, events to clients, turns that end
 
     def _remove_cancelled(self) -> None:
         for turn in [t for t in self.queues.by_uid.values() if t.cancel_reason is not None]:
             self.completion.complete(turn, turn.cancel_reason)  # type: ignore[arg-type]
-
-    # -- room while running ------------------------------------------------------------------
-    def _room(self, sequence: Sequence, n_tokens: int) -> bool:
-        """The batch needs ``n_tokens`` positions in a sequence's cache: reserve blocks, evicting if need be."""
-        turn = self.queues.running(sequence.uid)
-        if turn is None or turn.holder is None:
-            return False
-        if self.hot.ensure(turn.holder, n_tokens):
-            return True
-        missing = self.hot.missing_blocks(turn.holder, n_tokens)
-        self.tiers.make_room(missing, self.queues.running_agents(), auxiliary_only=turn.request.auxiliary)
-        if self.hot.ensure(turn.holder, n_tokens):
-            return True
-        pool = self.hot.pool
-        held = ("side requests may not evict conversations' caches" if turn.request.auxiliary
-                else "the rest is held by running, pinned or busy agents")
-        missing = self.hot.missing_blocks(turn.holder, n_tokens)
-        turn.room_note = (f"the KV pool could not grow the turn past {sequence.kv.offset} positions: "
-                          f"{missing} more blocks needed, {pool.free_blocks} of {pool.total_blocks} free ({held})")
-        return False
-
-    def _checkpointed(self, sequence: Sequence) -> None:
-        """The batch took a checkpoint of a sequence's window or recurrent layers: pay for it, making room as
-        for the sequence's own positions, or drop it. (Without making room, a pool under steady pressure
-        would keep no checkpoint at all, and every turn that diverged inside the cache would start over.)"""
-        turn = self.queues.running(sequence.uid)
-        if turn is None or turn.holder is None:
-            return
-        self.hot.settle(turn.holder)
-        unpaid = self.hot.unpaid_blocks(turn.holder)
-        if unpaid:
-            self.tiers.make_room(unpaid, self.queues.running_agents(), auxiliary_only=turn.request.auxiliary)
-        self.hot.keep_checkpoint(turn.holder)
 
     # -- failure and shutdown ------------------------------------------------------------------
     def fail_all(self, error: BaseException) -> None:
