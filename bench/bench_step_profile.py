@@ -13,7 +13,8 @@ script, nothing in the engine changes): per decode step,
   backend computes before it returns, plus the wait when the tokens are
   read: the arithmetic itself, memory traffic and MLX's per-operation cost);
 - prefill: the prompts' prefill chunks, spread over the decode steps;
-- bookkeeping: room checks and cache capacity (``room``), checkpoints;
+- bookkeeping: the step's plan and the room granted for it (``SequenceBatch.plan``,
+  ``StepRoom.grant``: pool blocks and cache capacity), checkpoints and paying for them;
 - text: detokenization and stop-string checks (``scheduler/stepping.py``: ``Stepping._decode``);
 - delivery: handing events to sinks (``scheduler/delivery.py``: ``Delivery.emit``);
 - other: the rest of the engine loop around the step.
@@ -47,6 +48,7 @@ from results import BenchResult, recorded
 from engine.runtime.runner import batch as batch_module
 from engine.runtime.scheduler.delivery import Delivery
 from engine.runtime.scheduler.scheduler import Scheduler
+from engine.runtime.scheduler.step_room import StepRoom
 from engine.runtime.scheduler.stepping import Stepping
 from engine.domain.requests import GenerationRequest, SamplingParams
 from engine.runtime.engine_thread.sync_client import run_turns
@@ -103,7 +105,9 @@ def engine_timers() -> Iterator[Timers]:
         timers.wrap(batch, "_prefill", "prefill"),
         timers.wrap(batch, "_forward", "graph"),
         timers.wrap(batch_module, "_sample", "graph"),
-        timers.wrap(batch, "has_room", "bookkeeping"),
+        timers.wrap(batch, "plan", "bookkeeping"),
+        timers.wrap(StepRoom, "grant", "bookkeeping"),
+        timers.wrap(StepRoom, "pay_checkpoints", "bookkeeping"),
         timers.wrap(batch, "checkpoint_prompt_ends", "bookkeeping"),
         timers.wrap(batch, "_collect", "collect"),
         timers.wrap(Stepping, "_decode", "text"),
