@@ -39,7 +39,8 @@ from engine.grammar.output_grammars import OutputGrammars
 from engine.runtime.tiers.agent_table import AgentTable
 from engine.runtime.tiers.agents import AgentRecord, Tier
 from engine.runtime.runner.backends import MlxBackend, choose_backend
-from engine.runtime.scheduler.scheduler import GeneratorFactory, Scheduler, sequence_batch_factory
+from engine.runtime.scheduler.parts import SchedulerState
+from engine.runtime.scheduler.scheduler import BatchHooks, GeneratorFactory, Scheduler, sequence_batch_factory
 from engine.runtime.tiers.branching import Branch, Branching
 from engine.runtime.engine_thread.engine_ops import EngineOp
 from engine.runtime.engine_thread.replica import Replica
@@ -419,11 +420,10 @@ class Engine:
                                                 self.sampling_defaults.describe())
             self._index_store()
             self._settle_disk_budget()
-            self.scheduler = Scheduler(
-                self.loaded, self.hot, self.agents, self.tiers, self.events, self.settings.batch, self.settings.turns,
-                self._factory, prefix_sharing=self.settings.cache.prefix_sharing, backend=self.backend,
-                lockstep=self._replica is not None, grammars=self.grammars,
-            )
+            # Under lockstep every rank must decide alike from the same inputs: the batch may not keep time.
+            self.scheduler = Scheduler(self.loaded, SchedulerState(self.hot, self.agents, self.tiers, self.events),
+                                       self.settings, BatchHooks(self.backend, timed=self._replica is None),
+                                       self._factory, self.grammars)
         except BaseException as exc:
             self._startup_error = exc
             self._status = "failed"

@@ -12,77 +12,61 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from typing import Any, Callable
 
-from engine.domain.event_log import EventKind, EventLog
-from engine.domain.reasoning import ReasoningFormat
-from engine.domain.reasoning_tracker import ReasoningTracker, start_tracker
-from engine.domain.requests import FinishReason, GenerationRequest, PrefillEvent
+from engine.domain.event_log import EventKind
+from engine.domain.requests import FinishReason, PrefillEvent
 from engine.errors import PoolExhaustedError
-from engine.grammar.output_grammars import OutputGrammars
 from engine.runtime import clock
-from engine.runtime.runner.sampling import build_sampler
 from engine.runtime.runner.sequence import Sequence
-from engine.runtime.runner.routed_text import RoutedText
 from engine.runtime.scheduler.completion import Completion
-from engine.runtime.scheduler.delivery import Delivery
-from engine.runtime.scheduler.queues import SchedulerStats, TurnQueues
-from engine.runtime.scheduler.repetition import RepetitionGuard
+from engine.runtime.scheduler.parts import SchedulerState
 from engine.runtime.scheduler.shared_prefill import awaits_leader, share_point
 from engine.runtime.scheduler.turn import Turn, TurnPhase
 from engine.runtime.scheduler.turn_cache import Readiness, TurnCaches
-from engine.runtime.tiers.agent_table import AgentTable
+from engine.runtime.scheduler.turn_start import TurnStart
 from engine.runtime.tiers.agents import AgentState, Tier
-from engine.runtime.tiers.hot import HotCache
-from engine.runtime.tiers.manager import TierManager
 from engine.settings import BatchSettings, TurnSettings
 
 log = logging.getLogger("semantic.engine")
 
 
 class Admission:
-    def __init__(self, queues: TurnQueues, stats: SchedulerStats, delivery: Delivery, completion: Completion,
-                 caches: TurnCaches, hot: HotCache, agents: AgentTable, tiers: TierManager, events: EventLog,
-                 tokenizer: Any, eos: frozenset[int], batch: BatchSettings, turns: TurnSettings,
-                 prefix_sharing: bool, enter_batch: Callable[[Sequence], None],
-                 grammars: OutputGrammars | None = None, reasoning: ReasoningFormat | None = None) -> None:
-        self.queues = queues
-        self.stats = stats
-        self.delivery = delivery
+    def __init__(self, state: SchedulerState, completion: Completion, caches: TurnCaches, start: TurnStart,
+                 batch: BatchSettings, turns: TurnSettings) -> None:
+        self.queues = state.queues
+        self.stats = state.stats
+        self.delivery = state.delivery
+        self.hot = state.hot
+        self.agents = state.agents
+        self.tiers = state.tiers
+        self.events = state.events
         self.completion = completion
         self.caches = caches
-        self.hot = hot
-        self.agents = agents
-        self.tiers = tiers
-        self.events = events
-        self.tokenizer = tokenizer
-        self.eos = eos
+        self.start = start
         self.batch = batch
         self.turns = turns
-        self.prefix_sharing = prefix_sharing
-        self.enter_batch = enter_batch  # puts a sequence into the current batch
-        self.grammars = grammars if grammars is not None else OutputGrammars(tokenizer, eos)  # structured outputs
-        self.reasoning = reasoning  # how the model marks its reasoning (None: it does not)
+        self.prefix_sharing = caches.prefix_sharing
         self._uids = itertools.count()
         # Under memory pressure (runtime/memory_pressure.py): the most pool blocks new turns may bring the pool
         # to, making room by sending idle caches away; None: no limit but the pool's own.
         self.ceiling: int | None = None
 
-    def admit(self) -> None:
-        """Move waiting turns into the batch while it has room, oldest first."""
+    def admit(self) -> list[Sequence]:
+        """Move waiting turns into the batch while it has room, oldest first: their sequences, for the batch."""
         self._expire_waiting()
         queues = self.queues
         running = queues.running_agents()
+        admitted: list[Sequence] = []
         for turn in list(queues.waiting):
             if len(queues.by_uid) >= self.batch.max_batch_size:
-                return
+                break
             if turn.request.agent_id in running:
                 continue
             if self.prefix_sharing and awaits_leader(turn, self.agents.get(turn.request.agent_id),
                                                      queues.by_uid.values(), self.hot.spec.block_tokens):
                 continue
             if queues.by_uid and not self._under_ceiling(turn, running):
-                return  # memory is short: the running turns finish first
+                break  # memory is short: the running turns finish first
             try:
                 readiness = self.caches.prepare(turn, running)
             except Exception as exc:  # one turn that cannot be admitted must not stop the others
@@ -91,15 +75,16 @@ class Admission:
                 continue
             if readiness is Readiness.NO_ROOM:
                 if queues.by_uid:
-                    return  # a running sequence will finish and free blocks
+                    break  # a running sequence will finish and free blocks
                 queues.waiting.remove(turn)
                 self._no_room(turn)
                 continue
             if readiness is Readiness.DEFERRED:
                 continue
             queues.waiting.remove(turn)
-            self._insert(turn)
+            admitted.append(self._insert(turn))
             running.add(turn.request.agent_id)
+        return admitted
 
     def _under_ceiling(self, turn: Turn, running: set[str]) -> bool:
         """Whether the turn fits under the memory ceiling, once idle caches have made room for it (the turn's
@@ -151,30 +136,17 @@ class Admission:
         self.completion.complete(turn, FinishReason.ERROR, error=message, error_type="rate_limit",
                                  retry_after_s=PoolExhaustedError(message).retry_after_s)
 
-    def _insert(self, turn: Turn) -> None:
-        """The turn's cache is ready: its sequence enters the batch."""
+    def _insert(self, turn: Turn) -> Sequence:
+        """The turn's cache is ready: its sequence, to enter the batch."""
         request, agent = turn.request, turn.agent
-        assert agent is not None and turn.holder is not None and turn.holder.kv is not None
+        assert agent is not None
         k = turn.reused
         if self.prefix_sharing and turn.on_own_cache:
             turn.share_at = share_point(turn, self.hot.spec.block_tokens)
         uid = next(self._uids)
-        turn.sequence = Sequence(
-            uid, turn.holder.kv, list(request.prompt_tokens[k:]), request.max_tokens,
-            sampler=build_sampler(request.sampling),
-            stop_tokens=self.eos,
-            constraint=self.grammars.start(request.output_format) if request.output_format is not None else None,
-            reasoning=self._reasoning(request),
-            checkpoint_at=tuple(sorted({turn.share_at, self._prefix_point(turn)} - {0})),
-            checkpoint_prompt_end=turn.on_own_cache,
-            turn_checkpoint_at=request.reply_start if request.reply_start > k else 0,
-            context=request.prompt_tokens[:k],
-            owner=agent.agent_id,
-        )
-        self.enter_batch(turn.sequence)
+        turn.sequence = self.start.sequence(uid, turn, tuple(sorted({turn.share_at, self._prefix_point(turn)} - {0})))
         turn.uid, turn.phase, turn.admitted_at = uid, TurnPhase.PREFILLING, time.monotonic()
-        turn.text = RoutedText(lambda: self.tokenizer.detokenizer, request.stop_strings, request.turn_end_strings)
-        turn.guard = RepetitionGuard(self.turns.repetition_window)
+        turn.text, turn.guard = self.start.readers(request)
         self.queues.by_uid[uid] = turn
         agent.active_requests += 1
         agent.state = AgentState.PREFILLING
@@ -187,13 +159,7 @@ class Admission:
             f"{turn.to_prefill} to prefill",
             agent.agent_id,
         )
-
-    def _reasoning(self, request: GenerationRequest) -> ReasoningTracker | None:
-        """The turn's reasoning tracker: where the prompt leaves off (reasoning opened or not), with its budget."""
-        if self.reasoning is None:
-            return None
-        return start_tracker(self.reasoning, request.prompt_tokens, self.tokenizer.decode, request.reasoning_budget,
-                             constrained=request.output_format is not None)
+        return turn.sequence
 
     def _prefix_point(self, turn: Turn) -> int:
         """Where the prompt's shareable prefix ends in whole blocks, if this turn computes it; else 0."""

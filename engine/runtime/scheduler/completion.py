@@ -10,28 +10,22 @@ import logging
 import time
 from typing import Any, Callable
 
-from engine.domain.event_log import EventKind, EventLog
+from engine.domain.event_log import EventKind
 from engine.domain.requests import FinishEvent, FinishReason
-from engine.runtime.scheduler.delivery import Delivery
-from engine.runtime.scheduler.queues import SchedulerStats, TurnQueues
+from engine.runtime.scheduler.parts import SchedulerState
 from engine.runtime.scheduler.turn import Turn, TurnPhase
-from engine.runtime.tiers.agent_table import AgentTable
 from engine.runtime.tiers.agents import AgentRecord, AgentState, Tier
-from engine.runtime.tiers.hot import HotCache
-from engine.runtime.tiers.manager import TierManager
 
 
 class Completion:
-    def __init__(self, queues: TurnQueues, stats: SchedulerStats, delivery: Delivery, hot: HotCache,
-                 agents: AgentTable, tiers: TierManager, events: EventLog, model_key: str,
-                 leave_batch: Callable[[int], Any]) -> None:
-        self.queues = queues
-        self.stats = stats
-        self.delivery = delivery
-        self.hot = hot
-        self.agents = agents
-        self.tiers = tiers
-        self.events = events
+    def __init__(self, state: SchedulerState, model_key: str, leave_batch: Callable[[int], Any]) -> None:
+        self.queues = state.queues
+        self.stats = state.stats
+        self.delivery = state.delivery
+        self.hot = state.hot
+        self.agents = state.agents
+        self.tiers = state.tiers
+        self.events = state.events
         self.model_key = model_key  # what a finished turn's agent records as its cache's model
         self.leave_batch = leave_batch  # takes a sequence out of the batch, by uid
 

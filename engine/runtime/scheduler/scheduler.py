@@ -19,7 +19,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from engine.domain.event_log import EventLog
 from engine.domain.requests import EventSink, FinishReason, QueuedEvent
 from engine.models.loaded import LoadedModel
 from engine.grammar.output_grammars import OutputGrammars
@@ -27,17 +26,14 @@ from engine.runtime.runner.backends.mlx import MlxBackend
 from engine.runtime.runner.batch import SequenceBatch
 from engine.runtime.scheduler.admission import Admission
 from engine.runtime.scheduler.completion import Completion
-from engine.runtime.scheduler.delivery import Delivery
-from engine.runtime.scheduler.queues import SchedulerStats, TurnQueues
+from engine.runtime.scheduler.parts import SchedulerState
 from engine.runtime.scheduler.step_room import StepRoom
 from engine.runtime.scheduler.stepping import Stepping
 from engine.runtime.scheduler.turn import Turn, TurnPhase
 from engine.runtime.scheduler.turn_cache import TurnCaches
-from engine.runtime.tiers.agent_table import AgentTable
+from engine.runtime.scheduler.turn_start import TurnStart
 from engine.runtime.tiers.agents import AgentState
-from engine.runtime.tiers.hot import HotCache
-from engine.runtime.tiers.manager import TierManager
-from engine.settings import BatchSettings, TurnSettings
+from engine.settings import BatchSettings, EngineSettings
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,41 +67,25 @@ def turn_checkpoints(loaded: LoadedModel, batch: BatchSettings) -> int:
 
 
 class Scheduler:
-    def __init__(
-        self,
-        loaded: LoadedModel,
-        hot: HotCache,
-        agents: AgentTable,
-        tiers: TierManager,
-        events: EventLog,
-        batch: BatchSettings,
-        turns: TurnSettings,
-        generator_factory: GeneratorFactory = sequence_batch_factory,
-        prefix_sharing: bool = True,
-        backend: MlxBackend | None = None,
-        lockstep: bool = False,
-        grammars: OutputGrammars | None = None,
-    ) -> None:
+    def __init__(self, loaded: LoadedModel, state: SchedulerState, settings: EngineSettings, hooks: BatchHooks,
+                 generator_factory: GeneratorFactory = sequence_batch_factory,
+                 grammars: OutputGrammars | None = None) -> None:
         self.loaded = loaded
-        self.hot = hot
-        self.agents = agents
-        self.tiers = tiers
-        self.batch_settings = batch
-        self.queues = TurnQueues()
-        self.stats = SchedulerStats()
-        self.delivery = Delivery()
+        self.state = state
+        self.queues, self.stats, self.delivery = state.queues, state.stats, state.delivery
+        self.agents, self.tiers = state.agents, state.tiers
+        self.batch_settings = batch = settings.batch
+        turns = settings.turns
         self._factory = generator_factory
-        self._hooks = BatchHooks(backend if backend is not None else MlxBackend(), timed=not lockstep)
-        self.room = StepRoom(self.queues, hot, tiers)
-        self._generator = generator_factory(loaded, batch, self._hooks)
-        self.completion = Completion(self.queues, self.stats, self.delivery, hot, agents, tiers, events,
-                                     loaded.identity.key, lambda uid: self._generator.remove(uid))
-        caches = TurnCaches(loaded, hot, agents, tiers, events, prefix_sharing)
-        self.admission = Admission(self.queues, self.stats, self.delivery, self.completion, caches, hot, agents,
-                                   tiers, events, loaded.tokenizer, frozenset(loaded.eos_token_ids), batch, turns,
-                                   prefix_sharing, lambda sequence: self._generator.insert(sequence), grammars,
-                                   loaded.reasoning)
-        self.stepping = Stepping(self.queues, self.stats, self.delivery, self.completion, hot, events, turns)
+        self._hooks = hooks
+        self.room = StepRoom(state)
+        self._generator = generator_factory(loaded, batch, hooks)
+        self.completion = Completion(state, loaded.identity.key, lambda uid: self._generator.remove(uid))
+        start = TurnStart(loaded.tokenizer, frozenset(loaded.eos_token_ids), turns.repetition_window, grammars,
+                          loaded.reasoning)
+        caches = TurnCaches(state, loaded, settings.cache.prefix_sharing)
+        self.admission = Admission(state, self.completion, caches, start, batch, turns)
+        self.stepping = Stepping(state, self.completion, turns)
 
     # -- observers -----------------------------------------------------------------
     def watch(self, agent_id: str, sink: EventSink) -> None:
@@ -155,7 +135,8 @@ class Scheduler:
 
     # -- the engine loop's steps ---------------------------------------------------------
     def admit(self) -> None:
-        self.admission.admit()
+        for sequence in self.admission.admit():
+            self._generator.insert(sequence)
 
     def step(self) -> None:
         """One batch step: prefill chunks and/or one decoded token per sequence (more where it speculates)."""

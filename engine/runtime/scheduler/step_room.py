@@ -11,17 +11,15 @@ from __future__ import annotations
 
 from engine.runtime.runner.sequence import Sequence
 from engine.runtime.runner.step_plan import StepPlan
-from engine.runtime.scheduler.queues import TurnQueues
+from engine.runtime.scheduler.parts import SchedulerState
 from engine.runtime.scheduler.turn import Turn
-from engine.runtime.tiers.hot import HotCache
-from engine.runtime.tiers.manager import TierManager
 
 
 class StepRoom:
-    def __init__(self, queues: TurnQueues, hot: HotCache, tiers: TierManager) -> None:
-        self.queues = queues
-        self.hot = hot
-        self.tiers = tiers
+    def __init__(self, state: SchedulerState) -> None:
+        self.queues = state.queues
+        self.hot = state.hot
+        self.tiers = state.tiers
 
     def grant(self, plan: StepPlan) -> dict[int, int]:
         """Each planned sequence's room: the highest of its levels the pool could give, in plan order (the

@@ -7,31 +7,28 @@ from __future__ import annotations
 import logging
 import time
 
-from engine.domain.event_log import EventKind, EventLog
+from engine.domain.event_log import EventKind
 from engine.domain.requests import FinishReason, PrefillEvent, TokenEvent
 from engine.runtime import clock
 from engine.runtime.runner.step_output import PrefillProgress, StepOutput, TokenOut
 from engine.domain.reasoning import ANSWER
 from engine.runtime.runner.routed_text import RoutedDelta
 from engine.runtime.scheduler.completion import Completion
-from engine.runtime.scheduler.delivery import Delivery
-from engine.runtime.scheduler.queues import SchedulerStats, TurnQueues
+from engine.runtime.scheduler.parts import SchedulerState
 from engine.runtime.scheduler.turn import Turn, TurnPhase
 from engine.runtime.scheduler.turn_end import turn_end
 from engine.runtime.tiers.agents import AgentState
-from engine.runtime.tiers.hot import HotCache
 from engine.settings import TurnSettings
 
 
 class Stepping:
-    def __init__(self, queues: TurnQueues, stats: SchedulerStats, delivery: Delivery, completion: Completion,
-                 hot: HotCache, events: EventLog, turns: TurnSettings) -> None:
-        self.queues = queues
-        self.stats = stats
-        self.delivery = delivery
+    def __init__(self, state: SchedulerState, completion: Completion, turns: TurnSettings) -> None:
+        self.queues = state.queues
+        self.stats = state.stats
+        self.delivery = state.delivery
+        self.hot = state.hot
+        self.events = state.events
         self.completion = completion
-        self.hot = hot
-        self.events = events
         self.turns = turns
 
     def apply(self, out: StepOutput) -> None:

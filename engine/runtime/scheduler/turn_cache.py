@@ -16,13 +16,12 @@ from typing import Callable
 from engine.models.loaded import LoadedModel
 
 from engine.runtime import clock
-from engine.runtime.tiers.agent_table import AgentTable
 from engine.runtime.tiers.agents import AgentRecord, Tier
-from engine.domain.event_log import EventKind, EventLog
+from engine.domain.event_log import EventKind
 from engine.domain.forensics import TurnForensics, examine
-from engine.runtime.tiers.hot import HotCache, Holder, ReusePlan, SideCache
+from engine.runtime.tiers.hot import Holder, ReusePlan, SideCache
 from engine.store.layer_slice import LayerSlice
-from engine.runtime.tiers.manager import HotState, TierManager
+from engine.runtime.tiers.manager import HotState
 from engine.runtime.scheduler.turn import Turn
 
 
@@ -36,15 +35,12 @@ class Readiness(enum.Enum):
 
 
 class TurnCaches:
-    def __init__(
-        self, loaded: LoadedModel, hot: HotCache, agents: AgentTable, tiers: TierManager, events: EventLog,
-        prefix_sharing: bool,
-    ) -> None:
+    def __init__(self, state: SchedulerState, loaded: LoadedModel, prefix_sharing: bool) -> None:
         self.loaded = loaded
-        self.hot = hot
-        self.agents = agents
-        self.tiers = tiers
-        self.events = events
+        self.hot = state.hot
+        self.agents = state.agents
+        self.tiers = state.tiers
+        self.events = state.events
         self.prefix_sharing = prefix_sharing
 
     def prepare(self, turn: Turn, running: set[str]) -> Readiness:
