@@ -16,6 +16,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from engine.domain.requests import FinishEvent
+from engine.domain.speculation_tally import SpeculationTally
+from engine.runtime.engine_thread.snapshot import EngineSnapshot, TierView
 
 from .admin_routes import group_stats
 from .service import EngineService
@@ -56,13 +58,16 @@ class MetricsRecorder:
             self.duration.observe(usage.duration_s)
 
 
+Metrics = Iterator[GaugeMetricFamily | CounterMetricFamily]
+
+
 class SnapshotCollector:
     """Gauges and engine-side counters, read from the latest engine snapshot."""
 
     def __init__(self, service: EngineService) -> None:
         self.service = service
 
-    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+    def collect(self) -> Metrics:
         snapshot = self.service.snapshot()
         yield GaugeMetricFamily("semantic_ready", "1 when a model is loaded and the engine runs",
                                 value=1.0 if self.service.is_ready else 0.0)
@@ -74,67 +79,82 @@ class SnapshotCollector:
                                   value=self.service.stalls_total)
         if snapshot is None or snapshot.pool is None:
             return
-        pool, tiers, throughput = snapshot.pool, snapshot.tiers, snapshot.throughput
-        yield GaugeMetricFamily("semantic_pool_utilization_ratio", "Used share of the KV block pool", value=pool.pressure)
-        yield _labelled_gauge("semantic_pool_blocks", "KV pool blocks", "state",
-                              {"used": pool.used_blocks, "free": pool.free_blocks, "shared": pool.shared_blocks})
-        yield GaugeMetricFamily("semantic_pool_bytes", "Bytes held by used KV blocks", value=pool.used_bytes)
-        if snapshot.model is not None:
-            groups = GaugeMetricFamily("semantic_pool_group_bytes", "Bytes of KV blocks held per layer group "
-                                       "(cool agents' quantized blocks not included)", labels=["group", "kind"])
-            for group in group_stats(pool, snapshot.model.spec, tiers.cool_bytes):
-                groups.add_metric([str(group.index), group.kind], group.used_bytes)
-            yield groups
-        yield _labelled_gauge("semantic_agents", "Agents by cache tier", "tier",
-                              {"hot": tiers.hot_agents, "warm": tiers.warm_agents, "cold": tiers.cold_agents})
-        yield GaugeMetricFamily("semantic_agents_active", "Agents with a request queued or running",
-                                value=sum(a.state != "idle" for a in snapshot.agents))
-        yield GaugeMetricFamily("semantic_request_queue_depth", "Requests waiting for admission", value=throughput.queue_depth)
-        yield GaugeMetricFamily("semantic_batch_size", "Sequences in the running batch", value=throughput.batch_size)
-        yield GaugeMetricFamily("semantic_decode_tokens_per_second", "Aggregate decode rate", value=throughput.decode_tok_s)
-        yield GaugeMetricFamily("semantic_prefill_tokens_per_second", "Aggregate prefill rate", value=throughput.prefill_tok_s)
-        yield GaugeMetricFamily("semantic_warm_bytes", "Bytes of agent caches on disk", value=tiers.warm_bytes)
-        speculation = throughput.speculation
-        yield CounterMetricFamily("semantic_speculative_drafted_tokens", "Drafted tokens the model verified "
-                                  "(speculative decoding, finished turns)", value=speculation.drafted)
-        yield CounterMetricFamily("semantic_speculative_accepted_tokens", "Drafted tokens kept: the ones the model "
-                                  "would have produced itself", value=speculation.accepted)
-        yield CounterMetricFamily("semantic_speculative_steps", "Speculative steps that verified drafts",
-                                  value=speculation.steps)
-        yield CounterMetricFamily("semantic_speculative_emitted_tokens", "Tokens those steps emitted (kept drafts "
-                                  "and the model's own token after them)", value=speculation.emitted)
-        evictions = CounterMetricFamily("semantic_evictions", "Agent evictions by target tier", labels=["tier"])
-        for tier, count in sorted(tiers.evictions_total.items()):
-            evictions.add_metric([tier], count)
-        yield evictions
-        yield CounterMetricFamily("semantic_cache_restores", "Warm caches restored into the pool", value=tiers.restores_total)
-        hits = CounterMetricFamily("semantic_cache_hits", "Turns that reused a cached prefix, by where it came "
-                                   "from: the agent's own cache, or a prefix another agent held", labels=["source"])
-        hits.add_metric(["own"], tiers.own_hits)
-        hits.add_metric(["shared"], tiers.shared_hits)
-        yield hits
-        yield CounterMetricFamily("semantic_cache_misses", "Turns that prefilled their whole prompt", value=tiers.prefix_misses)
-        outcomes = CounterMetricFamily(
-            "semantic_turn_cache_outcomes", "Turns by how their prompt met the agent's cache: full, new_agent, "
-            "shared, diverged, window, restored, dropped, model_changed, side_request, no_room", labels=["outcome"])
-        for outcome, count in tiers.cache_outcomes:
-            outcomes.add_metric([outcome], count)
-        yield outcomes
-        if snapshot.memory:  # the memory watermarks (runtime/memory_pressure.py)
-            memory = snapshot.memory
-            yield _labelled_gauge("semantic_memory_bytes", "Memory the watermarks watch: the machine's in use "
-                                  "(system_used) and total, this process's footprint, MLX arrays and MLX's buffer "
-                                  "cache, and the soft and hard watermarks", "kind",
-                                  {"system_used": memory["system_used_bytes"], "system_total": memory["system_total_bytes"],
-                                   "process": memory["process_bytes"], "mlx_active": memory["mlx_active_bytes"],
-                                   "mlx_cache": memory["mlx_cache_bytes"], "soft_watermark": memory["soft_watermark_bytes"],
-                                   "hard_watermark": memory["hard_watermark_bytes"]})
-            yield GaugeMetricFamily("semantic_memory_pressure", "0 normal, 1 past the soft watermark (idle agents "
-                                    "sent away), 2 past the hard one (new requests refused)",
-                                    value={"normal": 0, "soft": 1, "hard": 2}[str(memory["pressure"])])
-        if snapshot.ranks:  # a sharded model (mlx.launch): each rank's MLX memory, as of the last tick
-            yield _labelled_gauge("semantic_rank_memory_bytes", "MLX memory in use on each rank of a sharded model",
-                                  "rank", {str(r.rank): r.active_bytes for r in snapshot.ranks})
+        yield from _pool_and_agents(snapshot)
+        yield from _speculation(snapshot.throughput.speculation)
+        yield from _caches(snapshot.tiers)
+        yield from _memory_and_ranks(snapshot)
+
+
+def _pool_and_agents(snapshot: EngineSnapshot) -> Metrics:
+    pool, tiers, throughput = snapshot.pool, snapshot.tiers, snapshot.throughput
+    yield GaugeMetricFamily("semantic_pool_utilization_ratio", "Used share of the KV block pool", value=pool.pressure)
+    yield _labelled_gauge("semantic_pool_blocks", "KV pool blocks", "state",
+                          {"used": pool.used_blocks, "free": pool.free_blocks, "shared": pool.shared_blocks})
+    yield GaugeMetricFamily("semantic_pool_bytes", "Bytes held by used KV blocks", value=pool.used_bytes)
+    if snapshot.model is not None:
+        groups = GaugeMetricFamily("semantic_pool_group_bytes", "Bytes of KV blocks held per layer group "
+                                   "(cool agents' quantized blocks not included)", labels=["group", "kind"])
+        for group in group_stats(pool, snapshot.model.spec, tiers.cool_bytes):
+            groups.add_metric([str(group.index), group.kind], group.used_bytes)
+        yield groups
+    yield _labelled_gauge("semantic_agents", "Agents by cache tier", "tier",
+                          {"hot": tiers.hot_agents, "warm": tiers.warm_agents, "cold": tiers.cold_agents})
+    yield GaugeMetricFamily("semantic_agents_active", "Agents with a request queued or running",
+                            value=sum(a.state != "idle" for a in snapshot.agents))
+    yield GaugeMetricFamily("semantic_request_queue_depth", "Requests waiting for admission", value=throughput.queue_depth)
+    yield GaugeMetricFamily("semantic_batch_size", "Sequences in the running batch", value=throughput.batch_size)
+    yield GaugeMetricFamily("semantic_decode_tokens_per_second", "Aggregate decode rate", value=throughput.decode_tok_s)
+    yield GaugeMetricFamily("semantic_prefill_tokens_per_second", "Aggregate prefill rate", value=throughput.prefill_tok_s)
+    yield GaugeMetricFamily("semantic_warm_bytes", "Bytes of agent caches on disk", value=tiers.warm_bytes)
+
+
+def _speculation(speculation: SpeculationTally) -> Metrics:
+    yield CounterMetricFamily("semantic_speculative_drafted_tokens", "Drafted tokens the model verified "
+                              "(speculative decoding, finished turns)", value=speculation.drafted)
+    yield CounterMetricFamily("semantic_speculative_accepted_tokens", "Drafted tokens kept: the ones the model "
+                              "would have produced itself", value=speculation.accepted)
+    yield CounterMetricFamily("semantic_speculative_steps", "Speculative steps that verified drafts",
+                              value=speculation.steps)
+    yield CounterMetricFamily("semantic_speculative_emitted_tokens", "Tokens those steps emitted (kept drafts "
+                              "and the model's own token after them)", value=speculation.emitted)
+
+
+def _caches(tiers: TierView) -> Metrics:
+    evictions = CounterMetricFamily("semantic_evictions", "Agent evictions by target tier", labels=["tier"])
+    for tier, count in sorted(tiers.evictions_total.items()):
+        evictions.add_metric([tier], count)
+    yield evictions
+    yield CounterMetricFamily("semantic_cache_restores", "Warm caches restored into the pool", value=tiers.restores_total)
+    hits = CounterMetricFamily("semantic_cache_hits", "Turns that reused a cached prefix, by where it came "
+                               "from: the agent's own cache, or a prefix another agent held", labels=["source"])
+    hits.add_metric(["own"], tiers.own_hits)
+    hits.add_metric(["shared"], tiers.shared_hits)
+    yield hits
+    yield CounterMetricFamily("semantic_cache_misses", "Turns that prefilled their whole prompt", value=tiers.prefix_misses)
+    outcomes = CounterMetricFamily(
+        "semantic_turn_cache_outcomes", "Turns by how their prompt met the agent's cache: full, new_agent, "
+        "shared, diverged, window, restored, dropped, model_changed, side_request, no_room", labels=["outcome"])
+    for outcome, count in tiers.cache_outcomes:
+        outcomes.add_metric([outcome], count)
+    yield outcomes
+
+
+def _memory_and_ranks(snapshot: EngineSnapshot) -> Metrics:
+    if snapshot.memory:  # the memory watermarks (runtime/memory_pressure.py)
+        memory = snapshot.memory
+        yield _labelled_gauge("semantic_memory_bytes", "Memory the watermarks watch: the machine's in use "
+                              "(system_used) and total, this process's footprint, MLX arrays and MLX's buffer "
+                              "cache, and the soft and hard watermarks", "kind",
+                              {"system_used": memory["system_used_bytes"], "system_total": memory["system_total_bytes"],
+                               "process": memory["process_bytes"], "mlx_active": memory["mlx_active_bytes"],
+                               "mlx_cache": memory["mlx_cache_bytes"], "soft_watermark": memory["soft_watermark_bytes"],
+                               "hard_watermark": memory["hard_watermark_bytes"]})
+        yield GaugeMetricFamily("semantic_memory_pressure", "0 normal, 1 past the soft watermark (idle agents "
+                                "sent away), 2 past the hard one (new requests refused)",
+                                value={"normal": 0, "soft": 1, "hard": 2}[str(memory["pressure"])])
+    if snapshot.ranks:  # a sharded model (mlx.launch): each rank's MLX memory, as of the last tick
+        yield _labelled_gauge("semantic_rank_memory_bytes", "MLX memory in use on each rank of a sharded model",
+                              "rank", {str(r.rank): r.active_bytes for r in snapshot.ranks})
 
 
 def _labelled_gauge(name: str, doc: str, label: str, values: dict[str, float]) -> GaugeMetricFamily:

@@ -30,7 +30,7 @@ def first_turn(loaded, cache_dir: Path) -> tuple[tuple[int, ...], list[int]]:
     try:
         prompt = chat_prompt(loaded, QUESTIONS[2])
         result = run_turn(engine, GenerationRequest(AGENT, prompt, MAX_TOKENS))
-        engine.call(lambda e: e.evict_agent(AGENT, Tier.WARM)).result()
+        engine.call(lambda e: e.ops.evict_agent(AGENT, Tier.WARM)).result()
         engine.call(lambda e: e._store.flush()).result()
         assert engine.fresh_snapshot().agent(AGENT).tier == "warm"
     finally:

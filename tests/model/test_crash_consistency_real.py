@@ -10,7 +10,7 @@ writer uses (as a kill in the middle of each write would), which the restart mus
 
 Four rounds, not ten: each round runs every action (turns, fork, rewind, export, import, eviction) and every
 check, which is what the suite must prove; finding a rare race needs hundreds of rounds, which is the
-harness's own job (``python bench/crash.py --rounds 200``, kept in bench/reports/). The faults its long runs
+harness's own job (``python -m bench.crash --rounds 200``, kept in bench/reports/). The faults its long runs
 found have their own regression tests (tests/unit/test_cache_file_crash.py, test_temp_files.py,
 test_warm_tier.py).
 """

@@ -65,7 +65,7 @@ def test_an_idle_agent_is_cooled_comes_back_whole_and_survives_a_restart(smollm2
         assert from_cool.finish.usage.reused_tokens == cached and from_cool.text.strip()
         restores = [e.message for e in engine.events.since(0) if e.kind is EventKind.RESTORE]
         assert any(f"{name}: cool -> hot" in m for m in restores), restores
-        engine.call(lambda e: e.evict_agent(name, Tier.COOL)).result()
+        engine.call(lambda e: e.ops.evict_agent(name, Tier.COOL)).result()
     finally:
         engine.stop()  # the cool agent is written to disk as it is
     path = next(tmp_path.rglob(f"{name}-*.safetensors"))

@@ -45,7 +45,7 @@ def test_evicted_and_restored_agent_continues_token_identically(request, tmp_pat
         first = run_turn(engine, GenerationRequest("kept", prompt, 16))
         run_turn(engine, GenerationRequest("evicted", prompt, 16))
         second_prompt = follow_up(loaded, prompt, first)
-        engine.call(lambda e: e.evict_agent("evicted", Tier.WARM)).result()
+        engine.call(lambda e: e.ops.evict_agent("evicted", Tier.WARM)).result()
         engine.call(lambda e: e._store.flush()).result()
         assert engine.fresh_snapshot().agent("evicted").tier == "warm"
         # The restored agent goes first: were "kept" to run its second turn before, the restore

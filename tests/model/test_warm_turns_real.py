@@ -68,7 +68,7 @@ def test_rerendered_turns_equal_fresh_prefill(model: str, system_words: int, req
             messages.append(ChatMessage("user", question(turn)))
             prompt = tuple(renderer.render(Conversation(tuple(messages))))
             if turn == EVICT_AT:
-                engine.call(lambda e: e.evict_agent("weather", Tier.WARM)).result()
+                engine.call(lambda e: e.ops.evict_agent("weather", Tier.WARM)).result()
             result = run_turn(engine, GenerationRequest("weather", prompt, REPLY_TOKENS), timeout_s=600)
             if turn in CHECKED:
                 expected = reference_greedy(loaded.model, list(prompt), REPLY_TOKENS, eos)
@@ -96,7 +96,7 @@ def test_a_trip_through_the_disk_tier_mid_conversation_changes_nothing(model: st
         messages = [ChatMessage("system", system_text(420)), ChatMessage("user", question(0))]
         first = run_turn(engine, GenerationRequest("trip", tuple(renderer.render(Conversation(tuple(messages)))), 8))
         messages += [ChatMessage("assistant", first.text), ChatMessage("user", question(1))]
-        engine.call(lambda e: e.evict_agent("trip", Tier.WARM)).result()
+        engine.call(lambda e: e.ops.evict_agent("trip", Tier.WARM)).result()
         engine.call(lambda e: e._store.flush()).result()
         assert engine.fresh_snapshot().agent("trip").tier == "warm"
         prompt = tuple(renderer.render(Conversation(tuple(messages))))

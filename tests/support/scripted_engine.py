@@ -147,6 +147,8 @@ class ScriptedEngine:
         self._lock = threading.RLock()
         self._running = True
         self.generated_total = 0
+        # Engine ops (evict, fork, rewind...) apply to ``engine.ops``: the scripted engine implements them itself.
+        self.ops = self
 
     # -- Engine's client interface -----------------------------------------------------------
     @property

@@ -158,7 +158,7 @@ def assert_no_leak(engine: Engine) -> None:
     snapshot = engine.fresh_snapshot()
     idle = {a.agent_id for a in snapshot.agents if a.state == "idle"}
     assert set(snapshot.pool.owner_blocks) <= idle == {a.agent_id for a in snapshot.agents}
-    engine.call(lambda e: e.evict_idle(Tier.COLD)).result(10)
+    engine.call(lambda e: e.ops.evict_idle(Tier.COLD)).result(10)
     assert engine.fresh_snapshot().pool.used_blocks == 0
 
 

@@ -37,7 +37,7 @@ def greedy(engine: Engine, prompt: tuple[int, ...], n: int) -> list[int]:
 def test_forks_share_the_planner_blocks_and_prefill_only_their_own_tokens(engine: Engine) -> None:
     planner = run_turn(engine, GenerationRequest("planner", PLANNER, 6))
     context = PLANNER + tuple(planner.tokens)
-    forks = [engine.call(lambda e, i=i: e.fork_agent("planner", f"worker-{i}")).result() for i in range(8)]
+    forks = [engine.call(lambda e, i=i: e.ops.fork_agent("planner", f"worker-{i}")).result() for i in range(8)]
     cached = engine.call(lambda e: len(e.agents.get("planner").tokens)).result()
     assert all(f.tokens == cached and f.shared_tokens == cached // 16 * 16 for f in forks)
     shared_ids = engine.call(lambda e: [b for s in e.agents.get("planner").kv.segments for b in s.block_ids]).result()
@@ -66,9 +66,9 @@ def test_fork_at_a_turn_and_rewind_continue_like_a_fresh_prefill(engine: Engine)
     turn_ends = engine.call(lambda e: list(e.agents.get("chat").turn_ends)).result()
     assert turn_ends == ends  # each turn's prompt and reply, all fed to the cache
 
-    fork = engine.call(lambda e: e.fork_agent("chat", "branch", turn=1)).result()
+    fork = engine.call(lambda e: e.ops.fork_agent("chat", "branch", turn=1)).result()
     assert fork.asked_tokens == turn_ends[0] and 0 < fork.tokens <= turn_ends[0]
-    rewound = engine.call(lambda e: e.rewind_agent("chat", turn=2)).result()
+    rewound = engine.call(lambda e: e.ops.rewind_agent("chat", turn=2)).result()
     assert rewound.asked_tokens == turn_ends[1] and 0 < rewound.tokens <= turn_ends[1]
     assert engine.call(lambda e: e.agents.get("chat").turn_ends).result() == [
         end for end in turn_ends if end <= rewound.tokens]
@@ -88,19 +88,19 @@ def test_fork_at_a_turn_and_rewind_continue_like_a_fresh_prefill(engine: Engine)
 def test_rewind_to_turn_zero_empties_the_cache_and_frees_its_blocks(engine: Engine) -> None:
     run_turn(engine, GenerationRequest("gone", PLANNER, 4))
     used = engine.pool.used_blocks
-    branch = engine.call(lambda e: e.rewind_agent("gone", turn=0)).result()
+    branch = engine.call(lambda e: e.ops.rewind_agent("gone", turn=0)).result()
     assert branch.tokens == 0 and engine.pool.used_blocks < used
     assert engine.call(lambda e: e.agents.get("gone").tier).result() is Tier.EMPTY
 
 
 def test_a_fork_of_an_evicted_agent_reads_it_back_and_errors_are_clear(engine: Engine) -> None:
     run_turn(engine, GenerationRequest("source", PLANNER, 4))
-    engine.call(lambda e: e.evict_agent("source", Tier.COLD)).result()
+    engine.call(lambda e: e.ops.evict_agent("source", Tier.COLD)).result()
     # Cold: nothing to share; the fork starts empty rather than failing.
-    assert engine.call(lambda e: e.fork_agent("source", "empty-fork")).result().tokens == 0
+    assert engine.call(lambda e: e.ops.fork_agent("source", "empty-fork")).result().tokens == 0
     with pytest.raises(AgentNotFoundError):
-        engine.call(lambda e: e.fork_agent("nobody", "x")).result()
+        engine.call(lambda e: e.ops.fork_agent("nobody", "x")).result()
     with pytest.raises(AgentExistsError):
-        engine.call(lambda e: e.fork_agent("source", "empty-fork")).result()
+        engine.call(lambda e: e.ops.fork_agent("source", "empty-fork")).result()
     with pytest.raises(InvalidRequestError, match="turn 5 is out of range"):
-        engine.call(lambda e: e.rewind_agent("source", turn=5)).result()
+        engine.call(lambda e: e.ops.rewind_agent("source", turn=5)).result()

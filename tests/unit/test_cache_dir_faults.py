@@ -45,7 +45,7 @@ def evict_to_warm(engine: Engine, agent_id: str) -> None:
     Timeouts, because a regression here kills the engine thread, and a call
     to a dead engine would wait forever.
     """
-    engine.call(lambda e: e.evict_agent(agent_id, Tier.WARM)).result(10)
+    engine.call(lambda e: e.ops.evict_agent(agent_id, Tier.WARM)).result(10)
     engine.call(lambda e: e._store.flush()).result(10)
     engine.call(lambda e: e.tiers.poll()).result(10)
 
@@ -190,7 +190,7 @@ def fill_cache_dir(root: Path) -> Path:
     try:
         run_turn(engine, GenerationRequest("p", prompt_for(0), 4))
         evict_to_warm(engine, "p")
-        engine.call(lambda e: e.evict_agent("p", Tier.COLD)).result()  # writes cold.json
+        engine.call(lambda e: e.ops.evict_agent("p", Tier.COLD)).result()  # writes cold.json
         directory = engine.call(lambda e: e._store.directory).result()
     finally:
         engine.stop()

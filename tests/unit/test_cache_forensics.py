@@ -62,7 +62,7 @@ def test_outcomes_of_ordinary_turns() -> None:
         assert run_turn(engine, GenerationRequest("b", follow, 4)).finish.usage.cache_outcome == "full"
         other = run_turn(engine, GenerationRequest("c", prompt[:-2] + tuple(b"yo"), 4))
         assert other.finish.usage.cache_outcome == "shared"
-        engine.call(lambda e: e.evict_agent("b", "cold")).result()
+        engine.call(lambda e: e.ops.evict_agent("b", "cold")).result()
         again = run_turn(engine, GenerationRequest("b", follow, 4))
         assert again.finish.usage.cache_outcome in ("dropped", "shared")
         history = engine.fresh_snapshot().agent("b").history

@@ -113,7 +113,7 @@ def test_cool_hot_cool_round_trips_keep_exact_accounting(tmp_path: Path) -> None
         seen, restored = set(), set()
         for round_trip in range(3):
             hot_blocks = engine.fresh_snapshot().agent("a0").blocks
-            engine.call(lambda e: e.evict_agent("a0", Tier.COOL)).result()
+            engine.call(lambda e: e.ops.evict_agent("a0", Tier.COOL)).result()
             snap = engine.fresh_snapshot()
             cool_blocks = snap.agent("a0").blocks
             # float32 K/V at 8 bits: 1.125 bytes a value against 4, rounded up to whole blocks.
@@ -156,7 +156,7 @@ def test_cool_agents_are_written_on_shutdown_and_resume_after_a_restart(tmp_path
     engine = engine_on(tmp_path)
     try:
         first = ask(engine, "a0", notes(0))
-        engine.call(lambda e: e.evict_agent("a0", Tier.COOL)).result()
+        engine.call(lambda e: e.ops.evict_agent("a0", Tier.COOL)).result()
         assert tiers(engine)["a0"] == "cool"
     finally:
         engine.stop()

@@ -172,17 +172,17 @@ def test_a_warm_read_that_finds_no_room_is_kept_not_read_again(tmp_path: Path) -
     engine.start()
     try:
         first = run_turn(engine, GenerationRequest("reader", prompt_for(0, 2), 4))
-        engine.call(lambda e: e.evict_agent("reader", Tier.WARM)).result()
+        engine.call(lambda e: e.ops.evict_agent("reader", Tier.WARM)).result()
         engine.call(lambda e: e._store.flush()).result()
         hog = run_turn(engine, GenerationRequest("hog", prompt_for(1, 6), 60))  # most of the pool
         assert hog.finish.error is None
-        engine.call(lambda e: e.pin_agent("hog", True)).result()
+        engine.call(lambda e: e.ops.pin_agent("hog", True)).result()
         follow = first.request.prompt_tokens + tuple(first.tokens) + tuple(b" more")
         refused = run_turn(engine, GenerationRequest("reader", follow, 4))
         assert refused.finish.error_type == "rate_limit"  # read from disk, but no room to put it
         reads = engine.call(lambda e: e._store.stats.reads).result()
         assert reads == 1
-        engine.call(lambda e: e.pin_agent("hog", False)).result()
+        engine.call(lambda e: e.ops.pin_agent("hog", False)).result()
         result = run_turn(engine, GenerationRequest("reader", follow, 4))
         assert result.finish.usage.reused_tokens > len(first.request.prompt_tokens)
         assert engine.call(lambda e: e._store.stats.reads).result() == reads  # the kept data, not a re-read

@@ -103,7 +103,7 @@ def test_pinned_agents_are_not_evicted_and_exhaustion_is_reported() -> None:
     engine = make_engine("llama", blocks=16)
     try:
         run_turn(engine, GenerationRequest("pinned", prompt_for(0, 5), 30))
-        engine.call(lambda e: e.pin_agent("pinned", True)).result()
+        engine.call(lambda e: e.ops.pin_agent("pinned", True)).result()
         used = engine.fresh_snapshot().pool.used_blocks
         assert used >= 8
         big = run_turn(engine, GenerationRequest("other", prompt_for(1, 5), 4))
@@ -157,7 +157,7 @@ def test_a_side_request_is_served_whole_or_refused_never_cut_short() -> None:
         assert side.finish.reason is FinishReason.ERROR and side.finish.error_type == "rate_limit"
         assert "a side request may not evict" in (side.finish.error or "")
         assert engine.fresh_snapshot().agent("main").tier == "hot"
-        engine.call(lambda e: e.evict_agent("main", Tier.COLD)).result()
+        engine.call(lambda e: e.ops.evict_agent("main", Tier.COLD)).result()
         side = run_turn(engine, GenerationRequest("side", side_prompt, 30, auxiliary=True))
         assert side.finish.reason is FinishReason.LENGTH
         assert side.tokens == reference_greedy(engine.loaded.model, list(side_prompt), 30, {EOS})
@@ -170,7 +170,7 @@ def test_a_turn_the_full_pool_cuts_short_says_why() -> None:
     block = engine.loaded.spec.block_tokens
     try:
         run_turn(engine, GenerationRequest("pinned", prompt_for(0, 5), 30))
-        engine.call(lambda e: e.pin_agent("pinned", True)).result()
+        engine.call(lambda e: e.ops.pin_agent("pinned", True)).result()
         free = engine.fresh_snapshot().pool.free_blocks
         prompt = prompt_for(1, 6)[:free * block - 4]  # room for four tokens of its answer
         _runs_to(engine, prompt, 30)
@@ -252,10 +252,10 @@ def test_submit_after_stop_is_refused() -> None:
 
 def test_explicit_eviction_and_delete(llama: Engine) -> None:
     run_turn(llama, GenerationRequest("e", prompt_for(0), 4))
-    llama.call(lambda e: e.evict_agent("e", Tier.COLD)).result()
+    llama.call(lambda e: e.ops.evict_agent("e", Tier.COLD)).result()
     snap = llama.fresh_snapshot()
     assert snap.agent("e").tier == "cold" and snap.pool.used_blocks == 0
-    llama.call(lambda e: e.delete_agent("e")).result()
+    llama.call(lambda e: e.ops.delete_agent("e")).result()
     assert llama.fresh_snapshot().agent("e") is None
 
 

@@ -162,7 +162,7 @@ def engine_on(root: Path, kv_bits: int | None) -> Engine:
 
 
 def evict(engine: Engine, agent: str) -> Path:
-    engine.call(lambda e: e.evict_agent(agent, Tier.WARM)).result()
+    engine.call(lambda e: e.ops.evict_agent(agent, Tier.WARM)).result()
     engine.call(lambda e: e._store.flush()).result()
     return engine.call(lambda e: e._store.entries[agent].path).result()
 

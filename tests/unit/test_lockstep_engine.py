@@ -124,7 +124,7 @@ def test_a_change_made_on_one_rank_alone_is_caught_as_divergence_and_stops_both(
         run_turns(leader, [request("a0", "hello there")])
         settled(follower, leader)
         # A plain function is this rank's business only; one that changes state breaks the lockstep.
-        follower.call(lambda e: e.evict_agent("a0", Tier.COLD)).result(10)
+        follower.call(lambda e: e.ops.evict_agent("a0", Tier.COLD)).result(10)
         run_turns(leader, [request("a1", "another agent")])
         follower.wait()
         deadline = time.monotonic() + 20

@@ -60,7 +60,7 @@ def test_shared_blocks_survive_the_donor_leaving() -> None:
     try:
         run_turn(engine, GenerationRequest("donor", SYSTEM + tuple(b"one"), 4))
         taker = run_turn(engine, GenerationRequest("taker", SYSTEM + tuple(b"two"), 4))
-        engine.call(lambda e: e.delete_agent("donor")).result()
+        engine.call(lambda e: e.ops.delete_agent("donor")).result()
         follow = taker.request.prompt_tokens + tuple(taker.tokens) + tuple(b" more")
         again = run_turn(engine, GenerationRequest("taker", follow, 4))
         assert again.finish.usage.reuse_source == "self"

@@ -45,7 +45,7 @@ def test_the_pool_counts_exactly_the_arrays_after_every_turn(engine: Engine) -> 
         assert result.finish.error is None
         held, counted = accounts(engine)
         assert held == counted > 0, request.agent_id
-    engine.call(lambda e: e.evict_agent("b", Tier.COLD)).result()
+    engine.call(lambda e: e.ops.evict_agent("b", Tier.COLD)).result()
     held, counted = accounts(engine)
     assert held == counted
 
@@ -110,13 +110,13 @@ def test_turns_leave_no_arrays_behind() -> None:
     engine = make_engine("gemma")
     try:
         run_turn(engine, GenerationRequest("warmup", prompt_for(0), 4))
-        engine.call(lambda e: e.evict_idle(Tier.COLD)).result()
+        engine.call(lambda e: e.ops.evict_idle(Tier.COLD)).result()
         baseline = engine.call(lambda e: (gc.collect(), mx.get_active_memory())[1]).result()
         results = run_turns(engine, [GenerationRequest(f"m{i}", prompt_for(i, 3), 12) for i in range(6)])
         assert all(r.finish.error is None for r in results)
         busy = engine.call(lambda e: mx.get_active_memory()).result()
         assert busy > baseline
-        engine.call(lambda e: e.evict_idle(Tier.COLD)).result()
+        engine.call(lambda e: e.ops.evict_idle(Tier.COLD)).result()
         after = engine.call(lambda e: (gc.collect(), mx.get_active_memory())[1]).result()
         # Every cache, checkpoint and batch array is gone once the agents are dropped.
         assert after <= baseline + 64 * 1024, (baseline, busy, after)

@@ -71,7 +71,7 @@ def test_a_later_agent_reads_the_prefix_after_the_first_was_deleted_and_after_a_
         flush(engine)
         snap = engine.fresh_snapshot()
         assert snap.tiers.prefix_files == 1 and snap.tiers.prefix_bytes > 0
-        engine.call(lambda e: e.delete_agent("first")).result()  # gone from memory and disk
+        engine.call(lambda e: e.ops.delete_agent("first")).result()  # gone from memory and disk
         second = ask(engine, "second", b"Task two: fix the bug.")
         assert second.reuse_source.startswith("prefix:") and second.reused_tokens == STORED
         held, counted = engine.call(lambda e: (held_bytes(e.agents), e.pool.used_bytes)).result()
@@ -91,7 +91,7 @@ def test_a_prompt_that_differs_inside_the_prefix_does_not_use_it(tmp_path: Path)
     try:
         ask(engine, "first", b"Task one.")
         flush(engine)
-        engine.call(lambda e: e.evict_agent("first", Tier.COLD)).result()
+        engine.call(lambda e: e.ops.evict_agent("first", Tier.COLD)).result()
         other = (BOS, *b"A different system prompt entirely, long enough to fill several blocks of tokens.")
         result = run_turn(engine, GenerationRequest("other", other + tuple(b" go"), 4, prefix_hint=len(other)))
         assert result.finish.usage.reused_tokens == 0
@@ -105,7 +105,7 @@ def test_a_corrupt_prefix_file_is_quarantined_and_the_turn_prefills(tmp_path: Pa
         ask(engine, "first", b"Task one.")
         flush(engine)
         directory = engine.call(lambda e: e._store.prefixes.directory).result()
-        engine.call(lambda e: e.delete_agent("first")).result()
+        engine.call(lambda e: e.ops.delete_agent("first")).result()
     finally:
         engine.stop()
     (path,) = directory.glob("*.safetensors")
@@ -128,7 +128,7 @@ def test_an_agent_file_references_the_stored_prefix_instead_of_repeating_it(tmp_
         flush(engine)
         long_task = b"Task two, with a long description of what to change and why. " * 3
         ask(engine, "reader", long_task)  # starts from the stored prefix
-        engine.call(lambda e: e.evict_agent("reader", Tier.WARM)).result()
+        engine.call(lambda e: e.ops.evict_agent("reader", Tier.WARM)).result()
         flush(engine)
         header = engine.call(lambda e: read_header(e._store.entries["reader"].path)).result()
         assert header.prefix == {"key": prefix_key(list(SYSTEM[:STORED]), BLOCK), "n_tokens": STORED}

@@ -89,7 +89,7 @@ async def _drive(app: SemanticApp, engine: Engine, tmp_path: Path) -> None:
         await pilot.press("enter")
         await wait_for(pilot, lambda: out.exists(), timeout_s=10)
 
-        engine.call(lambda e: e.delete_agent("planner")).result()
+        engine.call(lambda e: e.ops.delete_agent("planner")).result()
         await wait_for(pilot, lambda: "planner" not in table_ids(app))
         await pilot.press("X")
         await wait_for(pilot, lambda: isinstance(app.screen, PathPrompt))

@@ -47,7 +47,7 @@ def test_evict_to_disk_and_restore_gives_identical_continuation(tmp_path: Path, 
     engine = engine_with_store(tmp_path, kind)
     try:
         first = run_turn(engine, GenerationRequest("w", prompt_for(0, 3), 8))
-        engine.call(lambda e: e.evict_agent("w", Tier.WARM)).result()
+        engine.call(lambda e: e.ops.evict_agent("w", Tier.WARM)).result()
         engine.call(lambda e: e._store.flush()).result()
         snap = engine.fresh_snapshot()
         assert snap.agent("w").tier == "warm" and snap.pool.used_blocks == 0
@@ -66,7 +66,7 @@ def test_restore_before_the_write_finishes_comes_from_memory(tmp_path: Path) -> 
         first = run_turn(engine, GenerationRequest("m", prompt_for(1, 2), 6))
 
         def evict_and_restore(e: Engine) -> str:
-            e.evict_agent("m", Tier.WARM)
+            e.ops.evict_agent("m", Tier.WARM)
             state = e.tiers.ensure_hot(e.agents.get("m"))
             return state.value
 
@@ -150,7 +150,7 @@ def test_disk_budget_turns_the_oldest_warm_agents_cold(tmp_path: Path) -> None:
     try:
         for i in range(4):
             run_turn(engine, GenerationRequest(f"d{i}", prompt_for(i, 4), 4))
-            engine.call(lambda e, i=i: e.evict_agent(f"d{i}", Tier.WARM)).result()
+            engine.call(lambda e, i=i: e.ops.evict_agent(f"d{i}", Tier.WARM)).result()
             engine.call(lambda e: e._store.flush()).result()
         engine.call(lambda e: e.tiers.poll()).result()
         snap = engine.fresh_snapshot()
@@ -167,7 +167,7 @@ def test_an_import_into_a_full_disk_budget_stays_and_the_oldest_other_file_goes(
     engine = engine_with_store(tmp_path)
     try:
         def warm(agent: str) -> Path:
-            engine.call(lambda e: e.evict_agent(agent, Tier.WARM)).result()
+            engine.call(lambda e: e.ops.evict_agent(agent, Tier.WARM)).result()
             engine.call(lambda e: e._store.flush()).result()
             return engine.call(lambda e: e._store.entries[agent].path).result()
 
@@ -179,23 +179,23 @@ def test_an_import_into_a_full_disk_budget_stays_and_the_oldest_other_file_goes(
             run_turn(engine, GenerationRequest(agent, prompt_for(1, 4), 4))
             warm(agent)
         # "old" goes cold, its file with it; the budget holds the other two files and no more.
-        engine.call(lambda e: e.evict_agent("old", Tier.COLD)).result()
+        engine.call(lambda e: e.ops.evict_agent("old", Tier.COLD)).result()
         engine.call(lambda e: e.tiers.poll()).result()
         engine.call(lambda e: e._store.flush()).result()  # (the file is unlinked on the store's I/O thread)
         engine.call(lambda e: setattr(e._store, "disk_budget_bytes", e._store.disk_bytes)).result()
         shutil.copyfile(exported, path)  # the import puts the file in place, then the engine adopts it
-        assert engine.call(lambda e: e.adopt_agent(path)).result() == "old"
+        assert engine.call(lambda e: e.ops.adopt_agent(path)).result() == "old"
         engine.call(lambda e: e.tiers.poll()).result()
         tiers = {a.agent_id: a.tier for a in engine.fresh_snapshot().agents}
         assert tiers == {"old": "warm", "b": "cold", "c": "warm"}, tiers
         # A file larger than the whole budget is refused, and not left behind.
         engine.call(lambda e: setattr(e._store, "disk_budget_bytes", 10)).result()
-        engine.call(lambda e: e.evict_agent("old", Tier.COLD)).result()
+        engine.call(lambda e: e.ops.evict_agent("old", Tier.COLD)).result()
         engine.call(lambda e: e.tiers.poll()).result()
         engine.call(lambda e: e._store.flush()).result()  # (the file is unlinked on the store's I/O thread)
         shutil.copyfile(exported, path)
         with pytest.raises(InvalidRequestError, match="disk budget"):
-            engine.call(lambda e: e.adopt_agent(path)).result()
+            engine.call(lambda e: e.ops.adopt_agent(path)).result()
         engine.call(lambda e: e._store.flush()).result()
         assert not path.exists()
     finally:
@@ -211,7 +211,7 @@ def test_a_restart_over_the_disk_budget_starts_and_turns_the_oldest_cold(tmp_pat
     try:
         for i, agent in enumerate(("a", "b", "c")):
             run_turn(engine, GenerationRequest(agent, prompt_for(i, 4), 4))
-            engine.call(lambda e, agent=agent: e.evict_agent(agent, Tier.WARM)).result()
+            engine.call(lambda e, agent=agent: e.ops.evict_agent(agent, Tier.WARM)).result()
             engine.call(lambda e: e._store.flush()).result()
         two_files = engine.call(lambda e: e._store.disk_bytes - e._store.entries["a"].nbytes).result()
     finally:
@@ -235,7 +235,7 @@ def test_write_failure_makes_the_agent_cold_and_the_engine_keeps_going(tmp_path:
         directory = engine.call(lambda e: e._store.directory).result()
         shutil.rmtree(directory)
         directory.write_text("not a directory")  # every write into it now fails
-        engine.call(lambda e: e.evict_agent("f", Tier.WARM)).result()
+        engine.call(lambda e: e.ops.evict_agent("f", Tier.WARM)).result()
         engine.call(lambda e: e._store.flush()).result()
         engine.call(lambda e: e.tiers.poll()).result()
         assert engine.fresh_snapshot().agent("f").tier == "cold"
@@ -253,7 +253,7 @@ def test_unwritable_cache_directory_disables_the_warm_tier(tmp_path: Path) -> No
     try:
         assert any("warm tier disabled" in m for m in events_of(engine, EventKind.ERROR))
         run_turn(engine, GenerationRequest("u", prompt_for(0), 4))
-        engine.call(lambda e: e.evict_agent("u", Tier.WARM)).result()
+        engine.call(lambda e: e.ops.evict_agent("u", Tier.WARM)).result()
         assert engine.fresh_snapshot().agent("u").tier == "cold"
     finally:
         engine.stop()

@@ -20,15 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeVar
 import mlx.core as mx
 
 from engine.domain.block_pool import BlockPool
-from engine.errors import (
-    AgentExistsError,
-    AgentNotFoundError,
-    EngineUnavailableError,
-    MemoryPressureError,
-    PromptTooLongError,
-    QueueFullError,
-    RequestTooLargeForPoolError,
-)
+from engine.errors import EngineUnavailableError, PromptTooLongError, QueueFullError, RequestTooLargeForPoolError
 from engine.models.loaded import LoadedModel
 from engine.models.draft_model import speculation_mode
 from engine.models.sampling_defaults import model_sampling_defaults
@@ -37,22 +29,23 @@ from engine.store.kv_at_rest import quantization_for
 
 from engine.grammar.output_grammars import OutputGrammars
 from engine.runtime.tiers.agent_table import AgentTable
-from engine.runtime.tiers.agents import AgentRecord, Tier
+from engine.runtime.tiers.agents import Tier
 from engine.runtime.runner.backends import MlxBackend, choose_backend
 from engine.runtime.scheduler.parts import SchedulerState
 from engine.runtime.scheduler.scheduler import BatchHooks, GeneratorFactory, Scheduler, sequence_batch_factory
-from engine.runtime.tiers.branching import Branch, Branching
+from engine.runtime.engine_thread.agent_ops import AgentOps
 from engine.runtime.engine_thread.engine_ops import EngineOp
 from engine.runtime.engine_thread.replica import Replica
 from engine.domain.event_log import EventKind, EventLog
 from engine.runtime.tiers.hot import HotCache
-from engine.domain.requests import AgentSource, EventSink, FinishReason, GenerationRequest, clamped
+from engine.domain.requests import EventSink, FinishReason, GenerationRequest, clamped
 from engine.runtime.engine_thread.snapshot import AgentView, EngineSnapshot
 from engine.runtime.engine_thread.snapshot_builder import SnapshotSources, build_snapshot
-from engine.runtime.tiers import warm
 from engine.runtime.tiers.manager import TierManager
 from engine.platform.memory import read_memory
-from engine.runtime.memory_pressure import RELIEF_INTERVAL_S, MemoryWatch, Pressure, Watermarks
+from engine.runtime.memory_pressure import MemoryWatch, Watermarks
+from engine.runtime.scheduler.memory_policy import MemoryPolicy
+from engine.runtime.tiers.startup_index import index_agents
 from engine.runtime.scheduler.turn import Turn, admission_tokens
 
 if TYPE_CHECKING:
@@ -111,8 +104,7 @@ class Engine:
         self._status = "starting"
         self._startup_error: BaseException | None = None
         self._snapshot = EngineSnapshot(status="starting", model=None, pool=None)
-        self._pool = BlockPool.from_budget(loaded.spec, settings.cache.pool_budget_bytes)
-        self.agents = AgentTable()
+        self._set_up_caches(store)
         # Under a sharded model: rank 0 sends this engine's inputs to the other ranks, which replay
         # them (engine_thread/replica.py). None: this process holds the whole model.
         self._replica = (Replica(lockstep, self.agents, self.events, lambda op: op(self))
@@ -121,20 +113,28 @@ class Engine:
         sampling = settings.sampling
         self.sampling_defaults = model_sampling_defaults(loaded.model_id, loaded.path).with_overrides(
             sampling.default_temperature, sampling.default_top_p, sampling.default_top_k)
+        self.scheduler: Scheduler | None = None
+        # Structured outputs: the model's tokenizer table and compiled schemas (the API compiles, turns copy).
+        self.grammars = OutputGrammars(loaded.tokenizer, loaded.eos_token_ids)
+        # Memory watermarks (runtime/memory_pressure.py) and what the engine does about them
+        # (scheduler/memory_policy.py). Not under lockstep: every rank would have to give way at the same point
+        # of its loop, and each reads its own machine.
+        self.memory = memory if memory is not None or lockstep is not None else _memory_watch(settings)
+        self.memory_policy = MemoryPolicy(self.memory, self._pool, self.tiers, self.events)
+
+    def _set_up_caches(self, store: "WarmStore | None") -> None:
+        """The pool, the agents, the tiers over them, and what clients may do to agents."""
+        loaded, cache = self.loaded, self.settings.cache
+        self._pool = BlockPool.from_budget(loaded.spec, cache.pool_budget_bytes)
+        self.agents = AgentTable()
         # Prefixes are shared by reference where the model's attention can be hooked (kv/ragged.py).
         hooked = self.backend.attach(loaded.model, batchable=loaded.spec.batchable)
         self.hot = HotCache(loaded.spec, self._pool, share_by_reference=hooked,
                             kinds=self.backend.kinds_for(loaded.spec))
-        cool = quantization_for(settings.cache.kv_bits_at_rest, *loaded.spec.head_dims)
+        cool = quantization_for(cache.kv_bits_at_rest, *loaded.spec.head_dims)
         self.tiers = TierManager(self.hot, self.agents, self.events, store, cool=cool)
-        self.branching = Branching(self.hot, self.agents, self.tiers, self.events)
-        self.scheduler: Scheduler | None = None
-        # Structured outputs: the model's tokenizer table and compiled schemas (the API compiles, turns copy).
-        self.grammars = OutputGrammars(loaded.tokenizer, loaded.eos_token_ids)
-        # Memory watermarks (runtime/memory_pressure.py). Not under lockstep: every rank would have to give way
-        # at the same point of its loop, and each reads its own machine.
-        self.memory = memory if memory is not None or lockstep is not None else _memory_watch(settings)
-        self._relieved = 0.0
+        # Evict, pin, delete, fork, rewind, export, import: the commands ranks replay (engine_ops.EngineOp).
+        self.ops = AgentOps(self.agents, self.hot, self.tiers, self.events, store, loaded.shard)
 
     # -- lifecycle ---------------------------------------------------------------------
     def start(self, timeout_s: float | None = 120.0) -> None:
@@ -171,7 +171,7 @@ class Engine:
         request = self.validate(request)
         request = self._replica.seeded(request) if self._replica is not None else request
         turn = Turn(request, sink)
-        self._refuse_under_hard_pressure()
+        self.memory_policy.refuse_under_hard_pressure()
         queued = len(self.scheduler.waiting) + self._commands.qsize() if self.scheduler is not None else 0
         limit = self.settings.turns.max_queued_requests
         if queued >= limit:
@@ -183,19 +183,9 @@ class Engine:
             self._commands.put(lambda: self._submit(turn))
         return request.request_id
 
-    def _refuse_under_hard_pressure(self) -> None:
-        watch = self.memory
-        if watch is not None and watch.pressure is Pressure.HARD:
-            used, hard = watch.reading.system_used, watch.watermarks.hard
-            raise MemoryPressureError(f"the machine is short of memory: {used / 2**30:.1f} GiB in use, past the "
-                                      f"hard watermark of {hard / 2**30:.1f} GiB (memory_hard_limit_mb); running "
-                                      "turns go on, new ones are refused until it falls; retry shortly")
-
     def set_memory_watermarks(self, watermarks: Watermarks) -> None:
         """New watermarks from now on (any thread); judged at the engine's next sample."""
-        if self.memory is None:
-            raise EngineUnavailableError("memory watermarks are off in this process (a rank of a sharded model)")
-        self.memory.set_watermarks(watermarks)
+        self.memory_policy.set_watermarks(watermarks)
 
     def _submit(self, turn: Turn) -> None:
         self._record("submit", turn.request, turn.submitted_at)
@@ -307,106 +297,6 @@ class Engine:
     def pool(self) -> BlockPool:
         return self._pool
 
-    # -- engine-thread operations (call them through ``call``) ------------------------------
-    def evict_agent(self, agent_id: str, tier: Tier) -> None:
-        agent = self._agent(agent_id)
-        if agent.is_busy:
-            raise EngineUnavailableError(f"agent {agent_id!r} is generating; evict it when idle", retry_after_s=1)
-        self.tiers.evict(agent, tier, reason="requested")
-
-    def evict_idle(self, tier: Tier = Tier.WARM) -> int:
-        victims = self.agents.eviction_order(protect=set())
-        for agent in victims:
-            self.tiers.evict(agent, tier, reason="evict all idle")
-        return len(victims)
-
-    def pin_agent(self, agent_id: str, pinned: bool) -> None:
-        self._agent(agent_id).pinned = pinned
-
-    def delete_agent(self, agent_id: str) -> None:
-        agent = self._agent(agent_id)
-        if agent.is_busy:
-            raise EngineUnavailableError(f"agent {agent_id!r} is generating", retry_after_s=1)
-        self.hot.drop(agent)
-        agent.cool = None
-        if self._store is not None:
-            self._store.forget(agent_id)
-            self._store.forget_cold(agent_id)
-        self.agents.remove(agent_id)
-        self.events.emit(EventKind.INFO, f"{agent_id}: deleted", agent_id)
-
-    def fork_agent(self, source_id: str, new_id: str, turn: int | None = None,
-                   prompt: tuple[int, ...] | None = None, display_name: str | None = None,
-                   source_kind: AgentSource | None = None) -> Branch:
-        """A new agent starting from ``source_id``'s cache (tiers/branching.py)."""
-        return self.branching.fork(source_id, new_id, turn, prompt, display_name, source_kind)
-
-    def rewind_agent(self, agent_id: str, turn: int | None = None, prompt: tuple[int, ...] | None = None) -> Branch:
-        """Cut an agent's cache back to the end of an earlier turn (tiers/branching.py)."""
-        return self.branching.rewind(agent_id, turn, prompt)
-
-    def write_agent(self, agent_id: str) -> "Future[Any] | None":
-        """Make the agent's warm file current (an export reads it); the pending write's future, or
-        None when the file is current already. The agent stays where it is."""
-        agent = self._agent(agent_id)
-        self._refuse_when_sharded("exporting an agent")
-        if self._store is None or not self._store.usable:
-            raise EngineUnavailableError("this server has no cache directory to export from (--no-persist?)")
-        if agent.is_busy:
-            raise EngineUnavailableError(f"agent {agent_id!r} is generating; export it when idle", retry_after_s=1)
-        if (agent.tier is Tier.HOT and agent.tokens) or agent.tier is Tier.COOL:
-            return warm.write_now(self._store, agent)
-        if agent.tier is not Tier.WARM:
-            raise AgentNotFoundError(agent_id, f"agent {agent_id!r} has no cache to export (tier {agent.tier.value})")
-        return None
-
-    def check_import(self, agent_id: str, replace: bool) -> None:
-        """Refuse an import over an agent this engine has, unless asked to replace an idle one."""
-        self._refuse_when_sharded("importing an agent")
-        if self._store is None or not self._store.usable:
-            raise EngineUnavailableError("this server has no cache directory to import into")
-        agent = self.agents.get(agent_id)
-        if agent is None:
-            return
-        if not replace:
-            raise AgentExistsError(agent_id)
-        if agent.is_busy:
-            raise EngineUnavailableError(f"agent {agent_id!r} is generating; replace it when idle", retry_after_s=1)
-        self._store.finish_write(agent_id)
-
-    def adopt_agent(self, path: Any) -> str:
-        """Index a warm file an import just wrote into this model's folder (replacing the agent's
-        cache if it had one); returns its agent id."""
-        assert self._store is not None
-        header = self._store.adopt(path)
-        agent_id = header.agent_id
-        agent = self.agents.get(agent_id)
-        if agent is not None:
-            self.check_import(agent_id, replace=True)
-            self.hot.drop(agent)
-            agent.cool = None
-        else:
-            agent = self.agents.add(AgentRecord(agent_id, _source(header.source), header.display_name))
-        agent.tier, agent.stored_tokens = Tier.WARM, header.n_tokens
-        agent.stored_bytes = self._store.entries[agent_id].nbytes
-        agent.created_at, agent.last_used, agent.turn_ends = header.created_at, header.last_used, []
-        self.events.emit(EventKind.RESTORE, f"{agent_id}: imported, {header.n_tokens} tokens on disk", agent_id)
-        return agent_id
-
-    def _refuse_when_sharded(self, what: str) -> None:
-        # An export file holds one process's whole cache; a sharded agent's cache is one file per rank.
-        if self.loaded.shard is not None:
-            raise EngineUnavailableError(f"{what} is not available while the model is sharded across "
-                                         f"{self.loaded.shard[1]} ranks (each rank holds a shard of its cache)")
-
-    def _agent(self, agent_id: str) -> Any:
-        from engine.errors import AgentNotFoundError
-
-        agent = self.agents.get(agent_id)
-        if agent is None:
-            raise AgentNotFoundError(agent_id)
-        return agent
-
     def _scheduler(self) -> Scheduler:
         assert self.scheduler is not None, "engine thread not started"
         return self.scheduler
@@ -456,15 +346,13 @@ class Engine:
             self.on_failure(exc)
 
     def _index_store(self) -> None:
-        """Agents from earlier runs: warm ones resume from disk, cold ones are listed."""
-        self._index_warm_and_cold()
-        for seed in self._seeds:
-            if seed.agent_id not in self.agents:
-                record = self.agents.add(AgentRecord(seed.agent_id, _source(seed.source), seed.display_name))
-                record.pinned, record.created_at, record.last_used = seed.pinned, seed.created_at, seed.last_used
-                record.model_id = seed.model_id  # a turn under this model then reports model_changed
-            else:
-                self.agents.get(seed.agent_id).pinned = seed.pinned
+        """Agents from earlier runs (warm ones resume from disk, cold ones are listed) and from before a swap."""
+        replica, store = self._replica, self._store
+        if replica is None or store is None:
+            index_agents(self.agents, store, self._seeds, self.events)
+            return
+        index_agents(self.agents, store, self._seeds, self.events,
+                     lambda headers: replica.whole_shards(store, headers), replica.rank0s)
 
     def _settle_disk_budget(self) -> None:
         """Before ready: a process killed between a write and the budget's next pass (or mid-swap, after
@@ -477,27 +365,6 @@ class Engine:
         self._store.flush()  # (the deletes run on the store's I/O thread)
         self.tiers.poll()
 
-    def _index_warm_and_cold(self) -> None:
-        if self._store is None:
-            return
-        headers = self._store.scan()
-        if self._replica is not None:
-            headers = self._replica.whole_shards(self._store, headers)
-        for header in headers:
-            record = self.agents.add(AgentRecord(header.agent_id, _source(header.source), header.display_name))
-            record.tier, record.stored_tokens = Tier.WARM, header.n_tokens
-            record.stored_bytes = self._store.entries[header.agent_id].nbytes
-            record.created_at, record.last_used = header.created_at, header.last_used
-        cold = self._store.cold.entries()
-        if self._replica is not None:
-            cold = self._replica.rank0s(cold)
-        for entry in cold:
-            if entry.agent_id not in self.agents:
-                record = self.agents.add(AgentRecord(entry.agent_id, _source(entry.source), entry.display_name))
-                record.tier, record.stored_tokens, record.last_used = Tier.COLD, entry.n_tokens, entry.last_used
-        if len(self.agents):
-            self.events.emit(EventKind.RESTORE, f"indexed {len(self.agents)} agents from {self._store.directory}")
-
     def _loop(self) -> None:
         scheduler = self._scheduler()
         last = 0.0
@@ -507,7 +374,7 @@ class Engine:
             self.tiers.poll()
             if stop:
                 return
-            self._watch_memory(scheduler)
+            self.memory_policy.each_pass(scheduler.admission, scheduler.queues.running_agents())
             self._busy = scheduler.has_work  # before the step: a step that hangs leaves it set
             self._step_once(scheduler)
             self._busy = scheduler.has_work
@@ -516,42 +383,6 @@ class Engine:
             if now - last >= SNAPSHOT_INTERVAL_S or scheduler.completed != completed:
                 self._publish()
                 last, completed = now, scheduler.completed
-
-    def _watch_memory(self, scheduler: Scheduler) -> None:
-        """Sample memory; under pressure, limit what new turns may add and send idle caches away."""
-        watch = self.memory
-        if watch is None:
-            return
-        now = time.monotonic()
-        changed = watch.sample(now)
-        admission = scheduler.admission
-        if changed is not None:
-            reading, marks = watch.reading, watch.watermarks
-            where = (f"{reading.system_used / 2**30:.1f} GiB in use of {reading.system_total / 2**30:.1f} "
-                     f"(soft {marks.soft / 2**30:.1f}, hard {marks.hard / 2**30:.1f}); this process "
-                     f"{reading.process / 2**30:.2f} GiB, MLX {reading.mlx_active / 2**30:.2f} GiB")
-            what = {Pressure.NORMAL: "memory back to normal: the pool may grow again",
-                    Pressure.SOFT: "memory past the soft watermark: cooling and spilling idle agents, admitting new "
-                                   "turns as memory allows",
-                    Pressure.HARD: "memory past the hard watermark: refusing new requests until it falls"}[changed]
-            level = logging.INFO if changed is Pressure.NORMAL else logging.WARNING
-            self.events.emit(EventKind.INFO, f"{what} ({where})", level=level)
-            if changed is Pressure.NORMAL:
-                admission.ceiling = None
-            elif admission.ceiling is None:
-                admission.ceiling = self._pool.used_blocks
-        if watch.pressure is not Pressure.NORMAL and now - self._relieved >= RELIEF_INTERVAL_S:
-            self._relieved = now
-            self._relieve(scheduler)
-
-    def _relieve(self, scheduler: Scheduler) -> None:
-        """Under pressure: give MLX's free buffers back, and send an eighth of the pool's idle caches away."""
-        mx.clear_cache()
-        pool = self._pool
-        self.tiers.make_room(pool.free_blocks + max(1, pool.used_blocks // 8), scheduler.queues.running_agents(),
-                             reason="memory pressure")
-        if scheduler.admission.ceiling is not None:
-            scheduler.admission.ceiling = min(scheduler.admission.ceiling, pool.used_blocks)
 
     def _take_inputs(self, scheduler: Scheduler) -> bool:
         """This pass's commands, and under lockstep the tick every rank applies. True: stop now."""
@@ -705,10 +536,3 @@ def _memory_watch(settings: EngineSettings) -> MemoryWatch:
     memory = settings.memory
     total = read_memory().system_total
     return MemoryWatch(Watermarks.for_machine(total, memory.memory_soft_limit_mb, memory.memory_hard_limit_mb))
-
-
-def _source(value: str | None) -> AgentSource:
-    try:
-        return AgentSource(value)
-    except ValueError:
-        return AgentSource.API

@@ -39,13 +39,15 @@ from engine.runtime.runner.sampling import sample
 from engine.runtime.runner.token_masks import masked
 
 from engine.runtime.runner.sequence import Phase, Sequence
-from engine.runtime.runner.speculative_step import SpeculativeSteps
+from engine.runtime.runner.speculative_step import SpeculationSetup, SpeculativeSteps
 from engine.runtime.runner.step_output import PrefillProgress, StepOutput, TokenOut
 from engine.runtime.runner.step_plan import Room, RoomAsk, StepPlan
 
 # Filler tokens a prefill row may carry to share a pass (see SequenceBatch._fits). SmolLM2 on a
 # 2-core CPU computes about 40 tokens in the time one pass reads its weights (bench_forward_split).
 PAD_SLACK = 32
+# Prefix checkpoints a sequence keeps (at shared-prefix points of window and recurrent caches).
+KEEP_PREFIX_CHECKPOINTS = 2
 
 
 @dataclass(slots=True)
@@ -58,9 +60,8 @@ class _Launched:
 
 class SequenceBatch:
     def __init__(
-        self, model: Any, prefill_step_size: int, max_batch_size: int,
-        keep_turn_checkpoints: int = 1, keep_prefix_checkpoints: int = 2, pad_prefill: bool = True,
-        backend: MlxBackend | None = None, max_draft: int = 0, timed: bool = True, draft_model: Any = None,
+        self, model: Any, prefill_step_size: int, max_batch_size: int, keep_turn_checkpoints: int = 1,
+        backend: MlxBackend | None = None, speculation: SpeculationSetup = SpeculationSetup(),
     ) -> None:
         self.model = model
         # How the model is computed (runner/backends/): chosen once per engine; MLX's kernels by default.
@@ -69,15 +70,14 @@ class SequenceBatch:
         self.max_batch_size = max_batch_size
         self._room: Room = {}  # what the scheduler granted the step that runs now
         self.keep_turn_checkpoints = keep_turn_checkpoints
-        self.keep_prefix_checkpoints = keep_prefix_checkpoints
-        self.pad_prefill = pad_prefill
+        self.keep_prefix_checkpoints = KEEP_PREFIX_CHECKPOINTS
+        self.pad_prefill = True  # prompts of different lengths share a pass, padded (see _fits)
         self.ragged = self.backend.attach(model)
         self.sequences: dict[int, Sequence] = {}
         self._launched: _Launched | None = None
-        # Speculative decoding, where ``max_draft`` > 0: drafts looked up in each sequence's history, or made by
-        # ``draft_model``. ``timed``: whether the batch may stop speculating by its own clock (not under lockstep:
-        # ranks decide alike).
-        self.speculative = SpeculativeSteps(self, max_draft, timed, draft_model) if max_draft > 0 else None
+        # Speculative decoding, where ``speculation.max_draft`` > 0 (speculative_step.SpeculationSetup).
+        self.speculative = (SpeculativeSteps(self, speculation.max_draft, speculation.timed, speculation.draft_model)
+                            if speculation.max_draft > 0 else None)
 
     # -- membership ---------------------------------------------------------------------
     def insert(self, sequence: Sequence) -> None:

@@ -35,6 +35,7 @@ model chose itself.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
@@ -52,6 +53,17 @@ from engine.runtime.runner.verifying_batch import VerifyingBatch
 # Tokens per sequence the batch stays pipelined after a step found drafts that would not pay.
 QUIET_TOKENS = 8
 NO_LIMIT = 1 << 30
+
+
+@dataclass(frozen=True, slots=True)
+class SpeculationSetup:
+    """How a batch speculates: ``max_draft``, the most tokens a sequence drafts in one step (0: never);
+    ``draft_model``, where drafts come from (None: looked up in each sequence's history); ``timed``, whether
+    the batch may stop speculating by its own clock (not under lockstep: ranks decide alike)."""
+
+    max_draft: int = 0
+    timed: bool = True
+    draft_model: Any = None
 
 
 class SpeculativeSteps:

@@ -119,3 +119,11 @@ class AgentRecord:
     def touch(self, tick: int) -> None:
         self.last_used = time.time()
         self.lru_tick = tick
+
+
+def agent_source(value: str | None) -> AgentSource:
+    """The client kind a file or an earlier engine recorded (an unknown or missing one: the direct API)."""
+    try:
+        return AgentSource(value)
+    except ValueError:
+        return AgentSource.API
