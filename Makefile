@@ -44,7 +44,7 @@ test-model: setup
 	$(PRELOAD) $(PY) -m pytest tests/model $(MODEL_REPORT) $(PYTEST_ARGS)
 
 bench: setup
-	$(PRELOAD) $(PY) bench/run_all.py $(ARGS)
+	$(PRELOAD) $(PY) -m bench.run_all $(ARGS)
 
 # Every run says so while MLX would fall back to its slow bundled BLAS, with the exact fix.
 setup: $(VENV)/.installed

@@ -1,6 +1,6 @@
 """Latency of BlockPool allocate / release / snapshot on a busy pool.
 
-Run: ``python bench/bench_block_pool.py [--json PATH]``. The pool has 4096 blocks, is kept
+Run: ``python -m bench.bench_block_pool [--json PATH]``. The pool has 4096 blocks, is kept
 about half full by 256 owners (some blocks shared), and every measured
 operation is timed on its own with ``time.perf_counter_ns``. The verdict
 checks allocation p95 against the 0.01 ms budget (the seed measured 0.0031 ms)
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from results import BenchResult, Series, recorded
+from bench.results import BenchResult, Series, recorded
 
 from engine.domain.block_pool import BlockPool
 

@@ -8,7 +8,7 @@
 4. 8 agents sharing a long system prompt: prompt tokens from each agent's own cache and from
    another agent's prefix, reported separately.
 
-Run: ``make bench`` or ``LD_PRELOAD=... python bench/bench_cache_store.py [--quick] [--json PATH]``.
+Run: ``make bench`` or ``LD_PRELOAD=... python -m bench.bench_cache_store [--quick] [--json PATH]``.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from common import base_parser, load, print_table, render_chat, start_engine
-from results import BenchResult, Series, recorded
+from bench.common import base_parser, load, print_table, render_chat, start_engine
+from bench.results import BenchResult, Series, recorded
 
 from engine.runtime.tiers.agents import Tier
 from engine.domain.event_log import EventLog
@@ -96,7 +96,7 @@ def _one_resume(engine, loaded, size: int, io_rows: list) -> list:
     first = run_turn(engine, GenerationRequest("resume", render_chat(loaded, messages), 4), timeout_s=3600)
     messages += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "What does item 3 weigh?"}]
     prompt = render_chat(loaded, messages)
-    engine.call(lambda e: e.evict_agent("resume", Tier.WARM)).result()
+    engine.call(lambda e: e.ops.evict_agent("resume", Tier.WARM)).result()
     engine.call(lambda e: e._store.flush()).result()
     store = engine.call(lambda e: e._store).result()
     path = store.entries["resume"].path

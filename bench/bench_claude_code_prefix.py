@@ -14,7 +14,7 @@ Time to first token is taken at the first text delta of the stream (the
 stream is then closed: the rest of the reply is not what is measured).
 Target (issue 12): sessions 2-4 at least 10x faster than the first.
 
-Run: ``LD_PRELOAD=... python bench/bench_claude_code_prefix.py [--trace PATH] [--json PATH]``.
+Run: ``LD_PRELOAD=... python -m bench.bench_claude_code_prefix [--trace PATH] [--json PATH]``.
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ from pathlib import Path
 
 import httpx
 
-from common import base_parser
-from results import BenchResult
-from served import Batching, running, semantic_launch
+from bench.common import base_parser
+from bench.results import BenchResult
+from bench.served import Batching, running, semantic_launch
 
-from bench_vs_mlx_lm_server import model_folder
+from bench.bench_vs_mlx_lm_server import model_folder
 
 DEFAULT_TRACE = Path(__file__).parent / "traces" / "claude_code_full.jsonl"
 TARGET = 10.0

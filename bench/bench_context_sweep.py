@@ -20,7 +20,7 @@ Targets (issue 11): for ~64-token turns at least 1.1x at 4K-8K on SmolLM2
 and 1.2x at 16K-32K on Gemma 3; ~200-token turns never behind (1.0x); the
 hand-off within 2x from the smallest to the largest context.
 
-Run: ``LD_PRELOAD=... python bench/bench_context_sweep.py [--model gemma3-270m] [--quick] [--json PATH]``.
+Run: ``LD_PRELOAD=... python -m bench.bench_context_sweep [--model gemma3-270m] [--quick] [--json PATH]``.
 """
 
 from __future__ import annotations
@@ -33,15 +33,15 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from chat_stream import ChatClient, Turn
-from common import base_parser
-from comparison import paired, print_comparisons
-from peer_runs import Conversation, on_both, served_once
-from results import BenchResult, Series
-from served import Batching, Launch, peer_defaults_launch, peer_launch, semantic_launch
-from workload_text import growing_document, tool_result
+from bench.chat_stream import ChatClient, Turn
+from bench.common import base_parser
+from bench.comparison import paired, print_comparisons
+from bench.peer_runs import Conversation, on_both, served_once
+from bench.results import BenchResult, Series
+from bench.served import Batching, Launch, peer_defaults_launch, peer_launch, semantic_launch
+from bench.workload_text import growing_document, tool_result
 
-from bench_vs_mlx_lm_server import model_folder
+from bench.bench_vs_mlx_lm_server import model_folder
 
 REPLY_TOKENS = 32
 SHAPES = {"+64": 64, "+200": 200}

@@ -33,9 +33,9 @@ from typing import Iterator
 
 import httpx
 
-from common import base_parser, print_table
-from random_model import tokenizer_folder, write_random_model
-from results import BenchResult, recorded
+from bench.common import base_parser, print_table
+from bench.random_model import tokenizer_folder, write_random_model
+from bench.results import BenchResult, recorded
 
 from tests.support.distributed_run import create_agents, launch, launch_by_hand, wait_ranks_ready
 

@@ -5,7 +5,7 @@
 2. Time-to-first-token of an agent's second turn with its cache reused,
    against the same turn sent by a fresh agent (full prefill).
 
-Run: ``make bench`` or ``LD_PRELOAD=... python bench/bench_engine.py [--quick] [--json PATH]``.
+Run: ``make bench`` or ``LD_PRELOAD=... python -m bench.bench_engine [--quick] [--json PATH]``.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import time
 import mlx.core as mx
 from mlx_lm.generate import generate_step, generation_stream
 
-from common import base_parser, load, median, print_table, start_engine
-from results import BenchResult, Series, recorded
+from bench.common import base_parser, load, median, print_table, start_engine
+from bench.results import BenchResult, Series, recorded
 
 from engine.domain.requests import GenerationRequest
 from engine.runtime.engine_thread.sync_client import run_turn, run_turns

@@ -15,15 +15,15 @@ Reported per path: wall time from the first fork (or first submission) to the
 last worker's finish, worker TTFTs, and prompt tokens prefilled. The planner's
 own turn is not inside either window.
 
-Run: ``LD_PRELOAD=... python bench/bench_fork.py [--quick] [--json PATH]``.
+Run: ``LD_PRELOAD=... python -m bench.bench_fork [--quick] [--json PATH]``.
 """
 
 from __future__ import annotations
 
 import time
 
-from common import base_parser, load, median, print_table, start_engine
-from results import BenchResult
+from bench.common import base_parser, load, median, print_table, start_engine
+from bench.results import BenchResult
 
 from engine.domain.requests import GenerationRequest
 from engine.runtime.engine_thread.sync_client import run_turn, run_turns
@@ -50,7 +50,7 @@ def forked(loaded, pool_mb: float, planner: tuple[int, ...]) -> tuple[float, lis
         context = planner + tuple(plan.tokens)
         started = time.perf_counter()
         for i in range(WORKERS):
-            engine.call(lambda e, i=i: e.fork_agent("planner", f"worker-{i}")).result()
+            engine.call(lambda e, i=i: e.ops.fork_agent("planner", f"worker-{i}")).result()
         results = run_turns(engine, [GenerationRequest(f"worker-{i}", context + worker_suffix(loaded, i), REPLY)
                                      for i in range(WORKERS)], timeout_s=3600)
         return time.perf_counter() - started, results, len(context)

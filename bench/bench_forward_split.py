@@ -32,7 +32,7 @@ batch 1 and 16 with every row holding ``--context`` tokens:
 - MLX's elementwise transcendental ops (exp, sigmoid, sin) against numpy's on
   the same data: the activations, rotary embeddings and softmax use them.
 
-Run: ``LD_PRELOAD=... python bench/bench_forward_split.py [--model M] [--context N] [--json PATH]``.
+Run: ``LD_PRELOAD=... python -m bench.bench_forward_split [--model M] [--context N] [--json PATH]``.
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ import numpy as np
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import KVCache
 
-from common import base_parser, load, median_ms, print_table
-from results import BenchResult, recorded
+from bench.common import base_parser, load, median_ms, print_table
+from bench.results import BenchResult, recorded
 
 from engine.runtime.runner.backends.mlx import MlxBackend
 from engine.runtime.runner.kv.full_kv import FullKV

@@ -39,7 +39,7 @@ last column then says "index over 60 s on <schema>: stopped".
 xgrammar is not compared: its Python package requires torch, transformers and
 triton, which this project does not install.
 
-Run: ``PYTHONPATH=. .venv/bin/python bench/bench_grammar_libraries.py [--model-dir FOLDER ...] [--json PATH]``
+Run: ``.venv/bin/python -m bench.bench_grammar_libraries [--model-dir FOLDER ...] [--json PATH]``
 (``--quick``: three schemas, two walks each).
 """
 
@@ -58,8 +58,8 @@ from typing import Any, Protocol
 import jsonschema
 import numpy as np
 
-from common import print_table  # (common puts the repository root on sys.path)
-from results import BenchResult, recorded
+from bench.common import print_table  # (common puts the repository root on sys.path)
+from bench.results import BenchResult, recorded
 
 from engine.domain.output_format import OutputFormat
 from engine.errors import InvalidRequestError

@@ -37,7 +37,7 @@ README) cut in two; the second half's perplexity given the first half's
 cache as computed, and as it comes back from 8 and 4 bits (mlx-lm forward,
 the engine's own quantize/dequantize).
 
-Run: ``LD_PRELOAD=... python bench/bench_kv_at_rest.py [--model gemma3-270m] [--quick] [--json PATH]``.
+Run: ``LD_PRELOAD=... python -m bench.bench_kv_at_rest [--model gemma3-270m] [--quick] [--json PATH]``.
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache
 
-from common import ROOT, base_parser, load, print_table, start_engine
-from results import BenchResult, recorded
+from bench.common import ROOT, base_parser, load, print_table, start_engine
+from bench.results import BenchResult, recorded
 
 from engine.runtime.tiers.agents import Tier
 from engine.domain.event_log import EventLog
@@ -121,7 +121,7 @@ def run_setting(loaded, bits: int | None, prompts: list[tuple[int, ...]], tokens
                 list(pool.map(lambda a, p: run_turn(engine, GenerationRequest(a, p, 1, GREEDY), timeout_s=3600),
                               agents, prompts))
             for agent in agents:
-                engine.call(lambda e, a=agent: e.evict_agent(a, tier)).result()
+                engine.call(lambda e, a=agent: e.ops.evict_agent(a, tier)).result()
             engine.call(lambda e: e._store.flush()).result()
             placed = {a.agent_id: a.tier for a in engine.fresh_snapshot().agents}
             assert set(placed.values()) == {tier.value}, placed
@@ -156,7 +156,7 @@ def agreement(reference: list[int], other: list[int]) -> tuple[int, float]:
 
 # -- the crowd ------------------------------------------------------------------------------------
 def crowd(loaded, bits: int | None, n_agents: int, turns: int, context: int, fit: int) -> list:
-    from bench_cache_store import _crowd  # the same workload as its crowded-pool section
+    from bench.bench_cache_store import _crowd  # the same workload as its crowded-pool section
 
     blocks_per_agent = loaded.spec.total_blocks_for_tokens(context + 150)
     pool_mb = fit * blocks_per_agent * loaded.spec.block_bytes / 2**20

@@ -16,7 +16,7 @@ ways, and the greedy continuation is compared with the unquantized one:
 
 Agreement as in bench_kv_at_rest: the share of tokens before the first divergence.
 
-Run: ``LD_PRELOAD=... python bench/bench_kv_quant_variants.py [--model M] [--prompts N] [--tokens N] [--json PATH]``.
+Run: ``LD_PRELOAD=... python -m bench.bench_kv_quant_variants [--model M] [--prompts N] [--tokens N] [--json PATH]``.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ import mlx.core as mx
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import KVCache
 
-from bench_kv_at_rest import agreement, code_prompts
-from common import base_parser, load, print_table
-from results import BenchResult, recorded
+from bench.bench_kv_at_rest import agreement, code_prompts
+from bench.common import base_parser, load, print_table
+from bench.results import BenchResult, recorded
 
 BITS = 8
 GROUP = 64

@@ -16,7 +16,7 @@ It also times one ``mx.eval`` of a one-element-per-row operation, the
 hand-off to MLX's CPU stream that a decode step pays each time it evaluates
 inside the model (``runtime/runner/backends/cpu/host_forward.py``'s reason to leave MLX out).
 
-Run: ``LD_PRELOAD=... python bench/bench_linear_pass.py [--repeats N] [--json PATH]``.
+Run: ``LD_PRELOAD=... python -m bench.bench_linear_pass [--repeats N] [--json PATH]``.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from common import base_parser, load, median_ms, print_table
-from results import BenchResult, recorded
+from bench.common import base_parser, load, median_ms, print_table
+from bench.results import BenchResult, recorded
 
 from engine.runtime.runner.backends.cpu import host_linear, linear_kernel
 

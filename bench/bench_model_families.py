@@ -24,7 +24,7 @@ mlx-lm's own cache for the model (``make_prompt_cache`` filled with the same
 number of tokens, ``nbytes``; mlx_lm.server's prompt cache keeps copies of
 such caches too, not counted here).
 
-Run: ``LD_PRELOAD=... python bench/bench_model_families.py [--families gemma4_text,llama4] [--quick] [--json PATH]``.
+Run: ``LD_PRELOAD=... python -m bench.bench_model_families [--families gemma4_text,llama4] [--quick] [--json PATH]``.
 """
 
 from __future__ import annotations
@@ -39,15 +39,15 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from chat_stream import ChatClient, Turn
-from common import base_parser, print_table
-from comparison import cached_percent, paired, print_comparisons
-from peer_runs import Conversation, on_both, served_once
-from random_model import FAMILY_SHAPES as SHAPES
-from random_model import tokenizer_folder, write_family_folder
-from results import BenchResult
-from served import Batching, peer_launch, semantic_launch
-from workload_text import shared_system_prompt, tool_result
+from bench.chat_stream import ChatClient, Turn
+from bench.common import base_parser, print_table
+from bench.comparison import cached_percent, paired, print_comparisons
+from bench.peer_runs import Conversation, on_both, served_once
+from bench.random_model import FAMILY_SHAPES as SHAPES
+from bench.random_model import tokenizer_folder, write_family_folder
+from bench.results import BenchResult
+from bench.served import Batching, peer_launch, semantic_launch
+from bench.workload_text import shared_system_prompt, tool_result
 
 REPLY_TOKENS = 32
 SYSTEM_TOKENS = 1500

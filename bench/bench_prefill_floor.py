@@ -15,7 +15,7 @@ mlx-lm (its own KV caches, one process, no HTTP, no pool):
 ``full / rest`` is the most any server can show on this machine for the
 issue-12 target.
 
-Run: ``LD_PRELOAD=... python bench/bench_prefill_floor.py [--trace PATH] [--json PATH]``.
+Run: ``LD_PRELOAD=... python -m bench.bench_prefill_floor [--trace PATH] [--json PATH]``.
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
-from common import base_parser, load
-from results import BenchResult
+from bench.common import base_parser, load
+from bench.results import BenchResult
 
-from bench_claude_code_prefix import DEFAULT_TRACE, PROMPTS, main_request, session_body
+from bench.bench_claude_code_prefix import DEFAULT_TRACE, PROMPTS, main_request, session_body
 from engine.api.anthropic_schemas import MessagesRequest
 from engine.api.anthropic_translate import conversation_of
 from engine.api.rendering import PromptRenderer

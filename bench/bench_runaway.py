@@ -25,7 +25,7 @@ Two parts:
    (share of a window's tokens equal to the token a cycle back) is reported,
    against the guard's threshold.
 
-Run: ``LD_PRELOAD=... python bench/bench_runaway.py [--quick] [--json PATH]``.
+Run: ``LD_PRELOAD=... python -m bench.bench_runaway [--quick] [--json PATH]``.
 """
 
 from __future__ import annotations
@@ -42,9 +42,9 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from common import ROOT, base_parser
-from results import BenchResult, recorded
-from served import Batching, running, semantic_launch
+from bench.common import ROOT, base_parser
+from bench.results import BenchResult, recorded
+from bench.served import Batching, running, semantic_launch
 
 from engine.settings import Settings
 from engine.runtime.scheduler.repetition import MAX_PERIOD, SIMILARITY, RepetitionGuard
@@ -148,7 +148,7 @@ def main() -> None:
     args = parser.parse_args()
     samples = args.samples or (4 if args.quick else 16)
     sequential = args.sequential if args.sequential is not None else (1 if args.quick else 3)
-    from bench_vs_mlx_lm_server import model_folder
+    from bench.bench_vs_mlx_lm_server import model_folder
 
     folder = model_folder(args.model, args.cache_dir)
     body, headers = load_request(args.trace)

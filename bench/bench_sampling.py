@@ -11,7 +11,7 @@ first-use cost, which this bench shows separately).
 
 No model is loaded: the logits are random with a model-like spread.
 
-Run: ``LD_PRELOAD=... python bench/bench_sampling.py [--repeats N] [--json PATH]``.
+Run: ``LD_PRELOAD=... python -m bench.bench_sampling [--repeats N] [--json PATH]``.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from typing import Callable
 import mlx.core as mx
 from mlx_lm.sample_utils import make_sampler
 
-from common import print_table
-from results import BenchResult, recorded
+from bench.common import print_table
+from bench.results import BenchResult, recorded
 
 from engine.runtime.runner import sampling
 from engine.domain.requests import SamplingParams

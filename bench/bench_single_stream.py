@@ -14,7 +14,7 @@ the first token to the last, as the client receives them (the engine's through
 its event sink, ``generate_step``'s as it yields). Runs alternate engine /
 mlx-lm, and the ratio is taken per pair.
 
-Run: ``LD_PRELOAD=... python bench/bench_single_stream.py [--model M] [--tokens N] [--repeats R] [--json PATH]``.
+Run: ``LD_PRELOAD=... python -m bench.bench_single_stream [--model M] [--tokens N] [--repeats R] [--json PATH]``.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ import mlx.core as mx
 from mlx_lm.generate import generate_step, generation_stream
 from mlx_lm.sample_utils import make_sampler
 
-from common import base_parser, load, print_table, start_engine
-from results import BenchResult, recorded
+from bench.common import base_parser, load, print_table, start_engine
+from bench.results import BenchResult, recorded
 
 from engine.domain.requests import FinishEvent, GenerationRequest, SamplingParams, TokenEvent
 

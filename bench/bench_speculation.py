@@ -36,7 +36,7 @@ request at a time.
 sides as a user with a draft model runs them (``semantic --draft-model``,
 ``mlx_lm.server --draft-model``); the rest is the same.
 
-Run: ``LD_PRELOAD=... python bench/bench_speculation.py [--model M] [--draft-model D] [--agents 8] [--repeats 2]
+Run: ``LD_PRELOAD=... python -m bench.bench_speculation [--model M] [--draft-model D] [--agents 8] [--repeats 2]
 [--workloads copy,free,claude-code-write] [--write-turns 4] [--json PATH]``.
 """
 
@@ -55,15 +55,15 @@ from pathlib import Path
 import httpx
 from tokenizers import Tokenizer
 
-from chat_stream import ChatClient, Turn
-from common import base_parser, print_table
-from peer_runs import load_average
-from results import BenchResult, compare
-from served import Batching, Launch, semantic_launch, serving
-from workload_text import story_request
-from write_turns import agent_row, send_write_turn, write_turns
+from bench.chat_stream import ChatClient, Turn
+from bench.common import base_parser, print_table
+from bench.peer_runs import load_average
+from bench.results import BenchResult, compare
+from bench.served import Batching, Launch, semantic_launch, serving
+from bench.workload_text import story_request
+from bench.write_turns import agent_row, send_write_turn, write_turns
 
-from bench_vs_mlx_lm_server import model_folder
+from bench.bench_vs_mlx_lm_server import model_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 # Source files the copy workload hands out, one per agent (cut to FILE_TOKENS tokens at a line end).

@@ -29,7 +29,7 @@ way where it can be: its whole step, and its detokenization as the server does
 it per token. The split decides what to optimize; the report keeps it so a
 regression shows.
 
-Run: ``LD_PRELOAD=... python bench/bench_step_profile.py [--tokens N] [--json PATH]``.
+Run: ``LD_PRELOAD=... python -m bench.bench_step_profile [--tokens N] [--json PATH]``.
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ from typing import Any, Callable, Iterator
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
 
-from common import base_parser, load, print_table, render_chat, start_engine
-from results import BenchResult, recorded
+from bench.common import base_parser, load, print_table, render_chat, start_engine
+from bench.results import BenchResult, recorded
 
 from engine.runtime.runner import batch as batch_module
 from engine.runtime.scheduler.delivery import Delivery

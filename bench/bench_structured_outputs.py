@@ -22,7 +22,7 @@ official SDK, as a client sends ``response_format``:
   tool call whose arguments validate (the target: all). The peer's row (``--peer``) is the same requests to
   ``mlx_lm.server``.
 
-Run: ``LD_PRELOAD=... python bench/bench_structured_outputs.py [--model M] [--requests 50] [--repeats 3]
+Run: ``LD_PRELOAD=... python -m bench.bench_structured_outputs [--model M] [--requests 50] [--repeats 3]
 [--tool-calls 20] [--peer] [--json PATH]``.
 """
 
@@ -41,12 +41,12 @@ from typing import Any, Callable
 import jsonschema
 import openai
 
-from common import base_parser, print_table
-from results import BenchResult, compare, recorded
-from served import Batching, peer_launch, semantic_launch, serving
-from workload_text import story_request
+from bench.common import base_parser, print_table
+from bench.results import BenchResult, compare, recorded
+from bench.served import Batching, peer_launch, semantic_launch, serving
+from bench.workload_text import story_request
 
-from bench_vs_mlx_lm_server import model_folder
+from bench.bench_vs_mlx_lm_server import model_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:

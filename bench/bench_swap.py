@@ -5,7 +5,7 @@ how many agent caches were spilled, and MLX active memory at a fresh start,
 after each unload and after each load; the round trip must come back within
 5% of the fresh start (the seeds' EXP-011).
 
-Run: ``make bench`` or ``LD_PRELOAD=... python bench/bench_swap.py [--quick] [--json PATH]``.
+Run: ``make bench`` or ``LD_PRELOAD=... python -m bench.bench_swap [--quick] [--json PATH]``.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from __future__ import annotations
 import tempfile
 import time
 
-from common import base_parser, print_table
-from results import BenchResult, Series, recorded
+from bench.common import base_parser, print_table
+from bench.results import BenchResult, Series, recorded
 
 from engine.api.service import EngineService
 from engine.bootstrap import build_engine, engine_builder, load_configured_model

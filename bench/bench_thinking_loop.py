@@ -1,6 +1,6 @@
 """A thinking model in a Claude Code tool loop: reuse per turn and warm-turn TTFT, semantic vs mlx_lm.server.
 
-    python bench/bench_thinking_loop.py --model FOLDER [--turns 10] [--repeats 2] [--json PATH]
+    python -m bench.bench_thinking_loop --model FOLDER [--turns 10] [--repeats 2] [--json PATH]
 
 FOLDER is a thinking model (``bench/random_model.py --thinking-template``).
 The loop has the shape of the recorded Claude Code session
@@ -41,11 +41,11 @@ from typing import Any
 
 import httpx
 
-from common import base_parser
-from peer_runs import load_average
-from results import BenchResult, compare, recorded
-from served import Batching, peer_defaults_launch, running, semantic_launch
-from trace_format import load_trace, to_openai
+from bench.common import base_parser
+from bench.peer_runs import load_average
+from bench.results import BenchResult, compare, recorded
+from bench.served import Batching, peer_defaults_launch, running, semantic_launch
+from bench.trace_format import load_trace, to_openai
 
 TRACE = Path(__file__).parent / "traces" / "claude_code_tool_turns.jsonl"
 SESSION = "bench-thinking-loop"

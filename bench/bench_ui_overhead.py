@@ -16,7 +16,7 @@ CPU seconds per round come from the server process: all threads, and its main
 thread alone, which runs the asyncio loop (HTTP in both modes, plus Textual in
 the workbench): the difference between modes is what the UI costs.
 
-Run: ``python bench/bench_ui_overhead.py [--quick] [--json PATH]`` (needs tmux).
+Run: ``python -m bench.bench_ui_overhead [--quick] [--json PATH]`` (needs tmux).
 """
 
 from __future__ import annotations
@@ -33,11 +33,11 @@ from urllib.parse import urlparse
 
 import httpx
 import psutil
-from chat_stream import ChatClient
-from common import ROOT, base_parser, print_table
-from results import BenchResult, Series, recorded
-from served import WARMUP_MESSAGES, Launch, server_env, serving
-from bench_vs_mlx_lm_server import model_folder
+from bench.chat_stream import ChatClient
+from bench.common import ROOT, base_parser, print_table
+from bench.results import BenchResult, Series, recorded
+from bench.served import WARMUP_MESSAGES, Launch, server_env, serving
+from bench.bench_vs_mlx_lm_server import model_folder
 
 from tests.support.terminal import (
     TmuxTerminal,

@@ -12,7 +12,7 @@ CPU they are not free. This times one pass of ``width`` tokens per agent, at
 - MLX's forward over the same caches (what every other model runs, and the
   host path's fallback).
 
-Run: ``LD_PRELOAD=... python bench/bench_verify_cost.py [--model M] [--context N]``.
+Run: ``LD_PRELOAD=... python -m bench.bench_verify_cost [--model M] [--context N]``.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import time
 
 import mlx.core as mx
 
-from common import base_parser, load, median_ms, print_table
-from bench_forward_split import _Rows, back_to_the_step, cpu_backend, filled_rows
+from bench.common import base_parser, load, median_ms, print_table
+from bench.bench_forward_split import _Rows, back_to_the_step, cpu_backend, filled_rows
 
 from engine.runtime.runner.backends.cpu import host_forward
 

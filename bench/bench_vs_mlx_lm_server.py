@@ -21,7 +21,7 @@ means semantic did better). Targets (issue 7): throughput >= 1.0x, multiturn
 >= 3x total wall time, restart >= 10x fewer prefilled tokens.
 
 Run: ``make bench`` (all benchmarks and the report), or
-``LD_PRELOAD=... python bench/bench_vs_mlx_lm_server.py [--quick] [--workloads multiturn,restart] [--json PATH]``.
+``LD_PRELOAD=... python -m bench.bench_vs_mlx_lm_server [--quick] [--workloads multiturn,restart] [--json PATH]``.
 """
 
 from __future__ import annotations
@@ -38,9 +38,9 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from chat_stream import ChatClient, Turn
-from common import base_parser
-from comparison import (
+from bench.chat_stream import ChatClient, Turn
+from bench.common import base_parser
+from bench.comparison import (
     aggregate_tok_s,
     cached_percent,
     mean_ttft,
@@ -50,10 +50,10 @@ from comparison import (
     retries_note,
     ttft_percentile,
 )
-from peer_runs import Conversation, Outcome, on_both, served_once, served_with_restart
-from results import BenchResult, Series
-from served import Batching, Launch, peer_defaults_launch, peer_launch, semantic_launch
-from workload_text import growing_document, shared_system_prompt, story_request, tool_result
+from bench.peer_runs import Conversation, Outcome, on_both, served_once, served_with_restart
+from bench.results import BenchResult, Series
+from bench.served import Batching, Launch, peer_defaults_launch, peer_launch, semantic_launch
+from bench.workload_text import growing_document, shared_system_prompt, story_request, tool_result
 
 from engine.domain.cache_spec import DTYPE_BYTES
 from engine.models.loader import resolve_model

@@ -14,9 +14,9 @@ import statistics
 from collections.abc import Callable
 from typing import TypeVar
 
-from chat_stream import Turn
-from common import print_table
-from results import BenchResult, Comparison, compare
+from bench.chat_stream import Turn
+from bench.common import print_table
+from bench.results import BenchResult, Comparison, compare
 
 T = TypeVar("T")
 

@@ -31,7 +31,7 @@ After every restart:
 Every violation is printed with the round and the seed; ``--seed S --rounds N`` replays a run. Exit status 1
 on any violation.
 
-Run: ``LD_PRELOAD=... python bench/crash.py --model smollm2-135m --rounds 200 --json crash.json``.
+Run: ``LD_PRELOAD=... python -m bench.crash --model smollm2-135m --rounds 200 --json crash.json``.
 """
 
 from __future__ import annotations

@@ -33,9 +33,9 @@ section of results.md.
 
 Run (from the repository root; LD_PRELOAD as for every benchmark on Linux)::
 
-    python bench/family_survey.py harvest --test-file ~/src/mlx-lm/tests/test_models.py
-    python bench/family_survey.py run --out /tmp/family_survey
-    python bench/family_survey.py run --out /tmp/family_survey --only phi gemma --weight-scale 4 --vector-sd 0.3
+    python -m bench.family_survey harvest --test-file ~/src/mlx-lm/tests/test_models.py
+    python -m bench.family_survey run --out /tmp/family_survey
+    python -m bench.family_survey run --out /tmp/family_survey --only phi gemma --weight-scale 4 --vector-sd 0.3
 
 A full run (102 families) takes about 10 minutes on a 2-core CPU.
 """
@@ -241,7 +241,7 @@ def survey_family(entry: dict, weight_scale: float, vector_sd: float) -> dict:
     from engine.errors import UnsupportedModelError
     from engine.models.cache_spec import derive_cache_spec
     from engine.models.materialize import evaluate_all_arrays
-    from random_model import vary
+    from bench.random_model import vary
 
     res: dict = dict(key=entry["key"], model_type=entry["model_type"], test=entry["test"])
     if entry.get("skipped"):
@@ -392,7 +392,7 @@ def _cpuinfo() -> list[str]:
 
 def run_family(entry: dict, args: argparse.Namespace) -> dict:
     """The family's result from a process of its own: a segfault or a hang ends only that process."""
-    command = [sys.executable, __file__, "family", entry["key"], "--weight-scale", str(args.weight_scale),
+    command = [sys.executable, "-m", "bench.family_survey", "family", entry["key"], "--weight-scale", str(args.weight_scale),
                "--vector-sd", str(args.vector_sd)]
     try:
         proc = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=args.timeout)

@@ -13,7 +13,7 @@ the same conversation (token-identical, greedy), and every agent must still
 be listed with its cache somewhere (hot, cool or warm): no 5xx and no lost
 agent is the target.
 
-Run: ``LD_PRELOAD=... python bench/memory_pressure.py --model smollm2-135m --json memory.json``.
+Run: ``LD_PRELOAD=... python -m bench.memory_pressure --model smollm2-135m --json memory.json``.
 """
 
 from __future__ import annotations

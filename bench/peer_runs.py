@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from chat_stream import ChatClient, Turn
-from served import Launch, serving
+from bench.chat_stream import ChatClient, Turn
+from bench.served import Launch, serving
 
 T = TypeVar("T")
 

@@ -7,7 +7,7 @@ ANTHROPIC_BASE_URL and a key set, and writes every request it sent (path,
 headers without secrets, body) to a JSONL file. The recorded bodies are what
 the Claude Code benchmarks replay: ~12-15K tokens of system prompt and tools.
 
-Run: ``python bench/record_claude_code.py --out bench/traces/claude_code_full.jsonl [--prompt TEXT]``.
+Run: ``python -m bench.record_claude_code --out bench/traces/claude_code_full.jsonl [--prompt TEXT]``.
 The CLI comes from the same npm install the end-to-end test uses.
 
 ``--tool-turns`` records a session with tool-result turns: the project holds
@@ -47,7 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests.model.claude_code_cli import install_claude_code, npm_prefix  # noqa: E402
-from trace_format import tool_results  # noqa: E402
+from bench.trace_format import tool_results  # noqa: E402
 
 SECRET_HEADERS = {"x-api-key", "authorization", "cookie"}
 REPLY = "Red."

@@ -3,9 +3,9 @@
 Record a trace with ``semantic --serve --record-requests trace.jsonl`` (or
 ``bench/record_claude_code.py``), then:
 
-    python bench/replay.py TRACE --url http://127.0.0.1:8000          # one running server
-    python bench/replay.py TRACE --url URL --protocol openai          # an OpenAI-only server
-    python bench/replay.py TRACE --compare [--model M] [--json PATH]  # semantic vs mlx_lm.server
+    python -m bench.replay TRACE --url http://127.0.0.1:8000          # one running server
+    python -m bench.replay TRACE --url URL --protocol openai          # an OpenAI-only server
+    python -m bench.replay TRACE --compare [--model M] [--json PATH]  # semantic vs mlx_lm.server
 
 Each session (Claude Code's session id header, semantic's agent header, the
 body's ``session_id`` or ``metadata.user_id``) replays its requests in
@@ -44,11 +44,11 @@ from typing import Any
 
 import httpx
 
-from common import base_parser
-from peer_runs import load_average
-from results import BenchResult, compare
-from served import Batching, Launch, peer_defaults_launch, peer_launch, running, semantic_launch
-from trace_format import Recorded, TraceError, load_trace, sessions, to_openai
+from bench.common import base_parser
+from bench.peer_runs import load_average
+from bench.results import BenchResult, compare
+from bench.served import Batching, Launch, peer_defaults_launch, peer_launch, running, semantic_launch
+from bench.trace_format import Recorded, TraceError, load_trace, sessions, to_openai
 
 DEFAULT_TRACE = Path(__file__).parent / "traces" / "claude_code_bare.jsonl"
 DEFAULT_MAX_TOKENS = 128
@@ -336,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# {args.trace}: {len(requests)} requests in {len(sessions(requests))} sessions")
     started = time.perf_counter()
     if args.compare:
-        from bench_vs_mlx_lm_server import model_folder
+        from bench.bench_vs_mlx_lm_server import model_folder
 
         result = run_compare(requests, model_folder(args.model, args.cache_dir), args)
         for c in result.comparisons:

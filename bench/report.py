@@ -1,6 +1,6 @@
 """Turn a folder of benchmark results into one Markdown report with plots.
 
-Run: ``python bench/report.py RESULTS_DIR``. Every ``*.json`` there (written by
+Run: ``python -m bench.report RESULTS_DIR``. Every ``*.json`` there (written by
 a benchmark's ``--json``, see ``results.py``) becomes a section of
 ``RESULTS_DIR/report.md``; each series and each comparison workload becomes a
 PNG under ``RESULTS_DIR/plots/``. The semantic vs mlx_lm.server summary comes
@@ -20,7 +20,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from results import BenchResult, Comparison, Metric, Series, Spread, load_result
+from bench.results import BenchResult, Comparison, Metric, Series, Spread, load_result
 
 RUNS_FILE = "runs.tsv"  # written by run_all.py: benchmark, exit status, seconds
 PEER = "mlx_lm.server"

@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from report import RUNS_FILE, write_report
+from bench.report import RUNS_FILE, write_report
 
 HERE = Path(__file__).resolve().parent
 ORDER = (
@@ -62,7 +62,7 @@ def run_one(name: str, extra: list[str], out: Path) -> int:
     with open(out / f"{name}.log", "w") as log:
         # Unbuffered: a pipe would otherwise hold a long benchmark's progress back until it ends.
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        process = subprocess.Popen([sys.executable, str(HERE / f"{name}.py"), *args], cwd=HERE.parent, env=env,
+        process = subprocess.Popen([sys.executable, "-m", f"bench.{name}", *args], cwd=HERE.parent, env=env,
                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
         for line in process.stdout:
             sys.stdout.write(line)

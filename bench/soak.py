@@ -17,7 +17,7 @@ the slopes through RSS's peak and through its floor in each 10 s over the
 second half of the traffic, RSS from idle start to idle end, used blocks
 from idle start to idle end).
 
-Run: ``LD_PRELOAD=... python bench/soak.py --duration 600 --json soak.json``.
+Run: ``LD_PRELOAD=... python -m bench.soak --duration 600 --json soak.json``.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
     .venv/bin/python -m pytest --junitxml=run.xml ...     # any run (make test PYTEST_ARGS=--junitxml=run.xml)
     make test JUNIT_DIR=DIR                                  # DIR/unit.xml and DIR/model.xml
-    python bench/test_durations.py DIR/unit.xml DIR/model.xml [--top 25] [--markdown]
+    python -m bench.test_durations DIR/unit.xml DIR/model.xml [--top 25] [--markdown]
 
 A test's time is its setup, call and teardown together (JUnit's ``time``),
 so a module fixture that starts a server counts against the first test that

@@ -21,9 +21,9 @@ from typing import Any
 
 import httpx
 
-from chat_stream import Turn
-from replay import outgoing, usage_tokens
-from trace_format import Recorded, load_trace, sessions, tool_results
+from bench.chat_stream import Turn
+from bench.replay import outgoing, usage_tokens
+from bench.trace_format import Recorded, load_trace, sessions, tool_results
 
 TRACE = Path(__file__).resolve().parent / "traces" / "claude_code_write_turns.jsonl"
 API_KEY = "bench"

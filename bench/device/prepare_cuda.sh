@@ -30,4 +30,4 @@ fi
 model=$work/model-$shape
 tokenizer_args=()
 [ -n "$tokenizer" ] && tokenizer_args=(--tokenizer-from "$tokenizer")
-[ -f "$model/config.json" ] || "$python" bench/random_model.py --shape "$shape" --out "$model" "${tokenizer_args[@]}"
+[ -f "$model/config.json" ] || "$python" -m bench.random_model --shape "$shape" --out "$model" "${tokenizer_args[@]}"

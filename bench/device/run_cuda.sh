@@ -40,6 +40,6 @@ mkdir -p "$out"
 source bench/device/prepare_cuda.sh
 
 # A bigger pool than the CPU default: a GPU holds many agents of a 1B-8B model.
-"$python" bench/run_all.py "${quick[@]}" --model "$model" --pool-mb 8192 --out "$out" \
+"$python" -m bench.run_all "${quick[@]}" --model "$model" --pool-mb 8192 --out "$out" \
   --only bench_engine.py bench_cache_store.py bench_vs_mlx_lm_server.py
 echo "report: $out/report.md"

@@ -40,7 +40,7 @@ run() {  # run NAME ARGS...: one benchmark (if --only names it), its JSON in OUT
   local name=$1; shift
   case " $only " in *" $name "*) ;; *) return 0 ;; esac
   echo "# ===== $name $* ($(date +%T))" | tee -a "$out/speed.log"
-  (cd bench && "$python" "$name.py" --model "$model" --json "$out/$name.json" "$@") 2>&1 | tee -a "$out/speed.log"
+  "$python" -m "bench.$name" --model "$model" --json "$out/$name.json" "$@" 2>&1 | tee -a "$out/speed.log"
   local code=${PIPESTATUS[0]}
   echo "# ===== $name: exit $code ($(date +%T))" | tee -a "$out/speed.log"
   [ "$code" = 0 ] || failed=1

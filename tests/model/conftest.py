@@ -80,7 +80,7 @@ THINKING_FAMILIES = {"qwen3_5": ("qwen3_5", "qwen3_5"), "qwen3": ("qwen3", "qwen
 def thinking_folder(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory):
     from tests.support.tiny_models import recurrent_family_config
 
-    import random_model  # bench/ is on the path (tests.support.tiny_models)
+    from bench import random_model
 
     built: dict[str, Path] = {}
 

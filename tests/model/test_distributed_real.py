@@ -44,7 +44,7 @@ pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="mlx.launch runs
 @pytest.fixture(scope="module")
 def tiny_llama(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("tiny-llama") / "llama-tiny"
-    subprocess.run([sys.executable, str(ROOT / "bench" / "random_model.py"), "--shape", "llama-tiny", "--out", str(out),
+    subprocess.run([sys.executable, "-m", "bench.random_model", "--shape", "llama-tiny", "--out", str(out),
                     "--tokenizer-from", str(smollm2_path), "--dtype", "float32"], check=True, cwd=ROOT,
                    capture_output=True)
     return out

@@ -32,7 +32,7 @@ from tests.model.test_model_families_real import (SYSTEM, cached, chat, expected
                                                   pool_holds_what_it_counts, rendered)
 from tests.support.tiny_models import recurrent_family_config, vary
 
-from random_model import write_model_folder  # noqa: E402  (bench/ is on the path: tests.support.tiny_models)
+from bench.random_model import write_model_folder
 
 pytestmark = pytest.mark.model
 

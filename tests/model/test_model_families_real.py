@@ -29,7 +29,7 @@ from tests.model.real_api import RealApi, running_api
 from tests.support.reference import reference_greedy
 from tests.support.tiny_models import family_config, vary
 
-from random_model import write_model_folder  # noqa: E402  (bench/ is on the path: tests.support.tiny_models)
+from bench.random_model import write_model_folder
 
 pytestmark = pytest.mark.model
 

@@ -5,17 +5,11 @@ first run's cache, as it was when the trace was recorded from the real CLI."""
 from __future__ import annotations
 
 import asyncio
-import sys
 from pathlib import Path
 
 from tests.model.real_api import running_api
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-if str(BENCH) not in sys.path:  # bench/ holds scripts, not a package
-    sys.path.insert(0, str(BENCH))
-
-from replay import DEFAULT_TRACE, replay  # noqa: E402
-from trace_format import load_trace  # noqa: E402
+from bench.replay import DEFAULT_TRACE, replay
+from bench.trace_format import load_trace
 
 
 def test_a_recorded_claude_code_trace_replays_on_the_real_model(smollm2, smollm2_path: Path, tmp_path: Path) -> None:

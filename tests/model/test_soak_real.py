@@ -18,7 +18,7 @@ a leak of one KV block (~0.7 MiB with the soak's 16-token blocks) every
 few of the run's 100+ requests fails. The idle-to-idle block counts and
 the exact accounting are checked as well. Half a minute proves the script
 and its checks; slow leaks are found by the long soaks it runs on its own
-(``python bench/soak.py --duration 1800``, kept in bench/reports/).
+(``python -m bench.soak --duration 1800``, kept in bench/reports/).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ DURATION_S = 30
 @pytest.mark.slow(reason="the soak script end to end: a server start, warm-up and settle rounds (~30 s) around 30 s of traffic")
 def test_a_short_soak_passes_with_flat_pool_and_memory(smollm2_path: Path, tmp_path: Path) -> None:
     report_path = tmp_path / "soak.json"
-    argv = [sys.executable, str(ROOT / "bench" / "soak.py"), "--model", str(smollm2_path),
+    argv = [sys.executable, "-m", "bench.soak", "--model", str(smollm2_path),
             "--duration", str(DURATION_S), "--sample-every", "2", "--max-rss-slope", "16", "--max-rss-growth", "16",
             "--json", str(report_path), "--log-dir", str(tmp_path)]
     began = time.monotonic()

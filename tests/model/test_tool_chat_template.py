@@ -5,17 +5,14 @@ Claude Code request's tools and tool results through the template, like for like
 from __future__ import annotations
 
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
+from bench.random_model import TOKENIZER_FILES, use_tool_chat_template
+from bench.trace_format import load_trace, to_openai
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
-if str(BENCH) not in sys.path:  # bench/ holds scripts, not a package
-    sys.path.insert(0, str(BENCH))
 
-from random_model import TOKENIZER_FILES, use_tool_chat_template  # noqa: E402
-from trace_format import load_trace, to_openai  # noqa: E402
 
 pytestmark = pytest.mark.model
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import mlx.core as mx
@@ -13,12 +12,7 @@ from engine.models.materialize import evaluate_all_arrays
 from engine.models.loaded import LoadedModel, ModelIdentity
 
 from .byte_tokenizer import VOCAB_SIZE, ByteTokenizer
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-if str(BENCH) not in sys.path:  # bench/ holds scripts, not a package; last, so it shadows nothing
-    sys.path.append(str(BENCH))
-
-from random_model import vary  # noqa: E402  (re-exported: the tests vary tiny models as the bench does)
+from bench.random_model import vary  # (re-exported: the tests vary tiny models as the bench does)
 
 
 def tiny_llama(seed: int = 0, layers: int = 2, head_dim: int | None = None):
@@ -122,7 +116,7 @@ def tiny_family(kind: str, seed: int = 0, vocab_size: int = VOCAB_SIZE):
     from mlx_lm.utils import _get_classes
 
     if kind in RECURRENT_FAMILIES or kind in CACHE_LIST_FAMILIES:
-        import family_survey
+        from bench import family_survey
 
         assert vocab_size == family_survey.VOCAB
         model, _ = family_survey.build(family_survey.entry(kind))
@@ -139,7 +133,7 @@ def tiny_family(kind: str, seed: int = 0, vocab_size: int = VOCAB_SIZE):
 def recurrent_family_config(kind: str, vocab_size: int) -> dict:
     """A ``RECURRENT_FAMILIES`` member's config (a ``config.json``) at ``vocab_size`` tokens: mlx-lm's test
     config as bench/family_survey.py builds it (not one it shrinks for size)."""
-    import family_survey
+    from bench import family_survey
 
     entry = family_survey.entry(kind)
     # (A test config too big for a CPU run, Falcon-H1's, takes the survey's smaller shape of the same layer kinds.)

@@ -7,14 +7,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from bench.report import write_report
+from bench.results import BenchResult, Metric, Series, compare, load_result
+from bench.run_all import bench_name, parse_args
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-if str(BENCH) not in sys.path:  # bench/ holds scripts, not a package
-    sys.path.insert(0, str(BENCH))
-
-from report import write_report  # noqa: E402
-from results import BenchResult, Metric, Series, compare, load_result  # noqa: E402
-from run_all import bench_name, parse_args  # noqa: E402
 
 pytestmark = pytest.mark.unit
 
@@ -177,7 +173,7 @@ def test_run_all_names_benchmarks_loosely_and_passes_other_options_on(tmp_path: 
 
 
 def test_the_peer_at_its_defaults_gets_no_flag_a_user_would_not_set(tmp_path: Path) -> None:
-    from served import Batching, peer_defaults_launch, peer_launch
+    from bench.served import Batching, peer_defaults_launch, peer_launch
 
     defaults = peer_defaults_launch(tmp_path)
     assert defaults.argv[1:] == ("-m", "mlx_lm.server", "--model", str(tmp_path), "--log-level", "WARNING")

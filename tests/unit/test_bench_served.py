@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import httpx
 import pytest
+from bench import served
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-if str(BENCH) not in sys.path:  # bench/ holds scripts, not a package
-    sys.path.insert(0, str(BENCH))
-
-import served  # noqa: E402
 
 pytestmark = pytest.mark.unit
 

@@ -107,21 +107,38 @@ def resolved_imports(modules: dict[str, Path]) -> dict[str, set[str]]:
 
 
 def bench_modules() -> dict[str, Path]:
-    """bench/'s scripts import their siblings by bare name; as modules named ``bench.NAME``."""
-    return {f"bench.{path.stem}": path for path in sorted((ROOT / "bench").glob("*.py"))}
+    """bench/'s modules, ``bench.NAME`` (run as ``python -m bench.NAME``)."""
+    return {f"bench.{path.stem}": path for path in sorted((ROOT / "bench").glob("*.py")) if path.stem != "__init__"}
 
 
 def bench_imports(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """Which bench modules each imports: ``from bench.NAME import ...``, ``from bench import NAME``, and a
+    sibling's bare name (which only a script run from inside bench/ could resolve)."""
     graph = {}
     for module, path in modules.items():
         named = set()
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
-                named |= {alias.name.split(".")[0] for alias in node.names}
+                named |= {alias.name for alias in node.names} | {f"bench.{a.name}" for a in node.names}
             elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                named.add(node.module.split(".")[0])
-        graph[module] = {f"bench.{name}" for name in named if f"bench.{name}" in modules} - {module}
+                if node.module == "bench":
+                    named |= {f"bench.{alias.name}" for alias in node.names}
+                else:
+                    named |= {".".join(node.module.split(".")[:2]), f"bench.{node.module.split('.')[0]}"}
+        graph[module] = {name for name in named if name in modules} - {module}
     return graph
+
+
+def bare_sibling_imports(modules: dict[str, Path]) -> list[str]:
+    """Imports of a bench module by its bare name (``from common import ...``)."""
+    bare = {name.removeprefix("bench.") for name in modules}
+    found = []
+    for module, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else [])
+            found += [f"{module}: {name}" for name in names if name.split(".")[0] in bare]
+    return found
 
 
 def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -189,6 +206,15 @@ def test_the_walk_would_see_an_upward_import(tmp_path: Path, monkeypatch: pytest
 def test_no_modules_import_each_other_round_a_circle() -> None:
     assert import_circles(resolved_imports(project_modules())) == []
     assert import_circles(bench_imports(bench_modules())) == []
+
+
+def test_bench_modules_import_each_other_as_a_package() -> None:
+    """``python -m bench.NAME`` from the root needs ``from bench.common import ...``: a bare sibling name resolves
+    only for a script run from inside bench/. And the walk above sees the package form's edges."""
+    modules = bench_modules()
+    assert bare_sibling_imports(modules) == []
+    graph = bench_imports(modules)
+    assert "bench.common" in graph["bench.bench_engine"] and "bench.results" in graph["bench.bench_engine"]
 
 
 def test_the_circle_walk_finds_a_circle_through_several_modules() -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -16,14 +15,12 @@ import pytest
 from engine.api.app import create_app
 from tests.support.router_app import LiveServer, make_service
 from tests.support.scripted_engine import ScriptedEngine, scripted_loaded
+from bench.replay import main as replay_main
+from bench.replay import detect_protocol, outgoing, replay, schedule
+from bench.trace_format import TraceError, load_trace, to_openai
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
-if str(BENCH) not in sys.path:  # bench/ holds scripts, not a package
-    sys.path.insert(0, str(BENCH))
 
-from replay import main as replay_main  # noqa: E402
-from replay import detect_protocol, outgoing, replay, schedule  # noqa: E402
-from trace_format import TraceError, load_trace, to_openai  # noqa: E402
 
 pytestmark = pytest.mark.unit
 
@@ -220,7 +217,7 @@ def test_responses_turns_replay_against_a_live_server(tmp_path: Path) -> None:
 
 
 def test_the_recorder_scripts_a_read_of_each_project_file_then_answers(tmp_path: Path) -> None:
-    from record_claude_code import PROJECT_FILES, scripted_tool_call
+    from bench.record_claude_code import PROJECT_FILES, scripted_tool_call
 
     tools = [{"name": "Bash"}, {"name": "Read"}]
     first = {"tools": tools, "messages": [{"role": "user", "content": "Read the files."}]}
@@ -237,7 +234,7 @@ def test_the_recorder_scripts_a_read_of_each_project_file_then_answers(tmp_path:
 
 
 def test_the_committed_tool_turns_trace_carries_the_clis_own_tool_results() -> None:
-    from record_claude_code import PROJECT_FILES
+    from bench.record_claude_code import PROJECT_FILES
 
     requests = load_trace(BENCH / "traces" / "claude_code_tool_turns.jsonl")
     assert len(requests) == 3 and len({r.session for r in requests}) == 1

@@ -15,15 +15,13 @@ import pytest
 from engine.api.app import create_app
 from tests.support.router_app import LiveServer, make_service
 from tests.support.scripted_engine import ScriptedEngine
+from bench.chat_stream import Turn
+from bench.trace_format import Recorded
+from bench.record_claude_code import scripted_write_turn, write_turn_file, write_turn_prompt
+from bench.write_turns import agent_row, send_write_turn, write_turns
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
-if str(BENCH) not in sys.path:  # bench/ holds scripts, not a package
-    sys.path.insert(0, str(BENCH))
 
-from chat_stream import Turn  # noqa: E402
-from trace_format import Recorded  # noqa: E402
-from record_claude_code import scripted_write_turn, write_turn_file, write_turn_prompt  # noqa: E402
-from write_turns import agent_row, send_write_turn, write_turns  # noqa: E402
 
 pytestmark = pytest.mark.unit
 
@@ -109,13 +107,13 @@ def test_a_write_turn_is_sent_as_its_protocol_carries_it_and_counted_from_the_se
 
 
 def test_the_workloads_flag_names_what_it_refuses() -> None:
-    done = subprocess.run([sys.executable, str(BENCH / "bench_speculation.py"), "--workloads", "copy,edits"],
-                          capture_output=True, text=True, timeout=120, cwd=BENCH)
+    done = subprocess.run([sys.executable, "-m", "bench.bench_speculation", "--workloads", "copy,edits"],
+                          capture_output=True, text=True, timeout=120, cwd=BENCH.parent)
     assert done.returncode == 2 and "--workloads: unknown edits" in done.stderr
 
 
 def test_turns_sent_one_after_another_are_timed_by_their_own_decode_times() -> None:
-    from bench_speculation import decode_tok_s
+    from bench.bench_speculation import decode_tok_s
 
     def turn(first: float, done: float, tokens: int) -> Turn:
         return Turn("a", 0, "", 0.0, first, done, 1, tokens, None, 0)

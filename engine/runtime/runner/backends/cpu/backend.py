@@ -187,7 +187,7 @@ class CpuBackend(MlxBackend):
         """On the host path each sequence's own token is a row of the linear layers' products and of
         ``host_decode``'s attention loops, and 2 cores are busy with them: SmolLM2 at 1,000 tokens of context, a
         pass of one token for eight agents takes about 3.3 passes of one for one agent (193 against 58 ms;
-        bench/reports/2026-11-30-cpu-2core-s25/probes/verify_pass_probe.log). A drafted token costs less
+        the 2-core CPU box, 2026-11-30). A drafted token costs less
         (:meth:`draft_token_cost`)."""
         if self._host_step.get(id(model)) and self._loops_ok:
             return 0.3
@@ -198,7 +198,7 @@ class CpuBackend(MlxBackend):
         layers take up to 64 rows in one read of the weights: SmolLM2 at 1,000 tokens of context, one agent, a
         pass of 1 token 58 ms, of 8 tokens 105 ms (6.7 ms a drafted token); eight agents 193 ms a pass of one
         token each, 262 of two, 354 of four (6-9 ms a drafted token): 0.12-0.15 of a one-token pass
-        (bench/reports/2026-11-30-cpu-2core-s25/probes/verify_pass_probe.log)."""
+        (the 2-core CPU box, 2026-11-30)."""
         if self._host_step.get(id(model)) and self._loops_ok:
             return 0.13
         return super().draft_token_cost(model)
@@ -216,7 +216,7 @@ class CpuBackend(MlxBackend):
         if x.ndim == 3 and x.shape[1] > 1:
             # Several tokens a row (a short prompt chunk, a speculative step's drafts): the pass's evaluation
             # before each product costs more than it saves there (SmolLM2, one agent, 2 to 8 tokens: 180-440 ms
-            # a pass with it, 105-170 without; bench/reports/2026-11-29-cpu-2core-s16/verify_cost.log).
+            # a pass with it, 105-170 without; bench_verify_cost, the 2-core CPU box, 2026-11-29).
             return None
         return host_linear.product(x, weights)
 

@@ -12,7 +12,7 @@ Measured on the Qwen3.5-0.8B-shaped bench model (8 query heads of 256 over
 2026-11-30: MLX's fused attention 1.46 s, ``cpu_math.attention`` 1.29 s,
 this 0.48 s (blocks of 2**22 scores: 0.63 s, 2**26: 0.44 s). The two products
 take ~0.35 s of the call everywhere; the softmax took the rest
-(``bench/reports/2026-11-30-cpu-2core-s24``, ``docs/performance.md``).
+(the 2-core CPU box, 2026-11-30; ``docs/performance.md``).
 
 Writing the weights into the scores' own buffer: the scores are a fresh
 product (or mask) output that nothing else holds, evaluated before the

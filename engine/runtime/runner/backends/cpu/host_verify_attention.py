@@ -5,8 +5,8 @@ query at its own position that sees the sequence's cache up to itself.
 ``host_decode``'s loops take one query row at a time: dot products of 64
 floats, each summed across a vector register, then a scalar ``exp`` per
 score, ~350 us a token and layer over 1,000 keys on SmolLM2, so 8 tokens
-cost 8 times one (47 of a 136 ms pass; bench/reports/2026-11-30-cpu-2core-s25,
-``probes/verify_pass_probe.log``).
+cost 8 times one (47 of a 136 ms pass; measured on the 2-core CPU box,
+2026-11-30).
 Here a sequence's queries go together, per key head: one product of all
 its queries (tokens times the query heads sharing that key head) with the
 keys, one softmax per query cut at its own position (``softmax_kernel``'s
