@@ -411,6 +411,9 @@ class FakeCacheModel(nn.Module):
     def make_cache(self) -> list[Any]:
         return [KVCache(), self._odd_cache]
 
+    def __call__(self, inputs: mx.array, cache: list[Any] | None = None) -> mx.array:
+        return self.inner(inputs, cache=cache)
+
 
 @pytest.mark.parametrize(
     ("odd_cache", "class_name"),
