@@ -6,8 +6,9 @@ import asyncio
 import json
 import logging
 import time
+from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, AsyncIterator
 from urllib.parse import quote
 
 import httpx
@@ -375,18 +376,25 @@ class CannotPublish(ScriptedEngine):
         raise EngineUnavailableError("engine is not running", retry_after_s=5)
 
 
-@pytest.mark.parametrize("kind", [GoesAwayAfterChanges, CannotPublish])
-async def test_a_rewind_that_happened_is_never_reported_as_a_retryable_error(tmp_path: Path, kind: type) -> None:
-    # Found by the crash harness (bench/crash.py): a swap starting between a rewind's engine work and its
-    # answer made the answer a 503 while the conversation was already cut, and the client, told to retry,
-    # went on with the uncut history.
+@asynccontextmanager
+async def bob_after_turns(tmp_path: Path, kind: type, turns: tuple[str, ...]) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of an app over ``kind`` of engine, agent "bob" created and ``turns`` sent."""
     engine = kind(reply_for)
     service = make_service(tmp_path, engine)
     engine.service = service
     async with httpx.AsyncClient(transport=httpx.ASGITransport(build_app(service)), base_url="http://test") as http:
         await create(http, "bob")
-        for text in ("Hi", "More"):
+        for text in turns:
             assert (await http.post("/v1/agents/bob/messages", json={"content": text})).status_code == 200
+        yield http
+
+
+@pytest.mark.parametrize("kind", [GoesAwayAfterChanges, CannotPublish])
+async def test_a_rewind_that_happened_is_never_reported_as_a_retryable_error(tmp_path: Path, kind: type) -> None:
+    # Found by the crash harness (bench/crash.py): a swap starting between a rewind's engine work and its
+    # answer made the answer a 503 while the conversation was already cut, and the client, told to retry,
+    # went on with the uncut history.
+    async with bob_after_turns(tmp_path, kind, ("Hi", "More")) as http:
         rewound = await http.post("/v1/agents/bob/rewind", json={"turn": 1})
         assert rewound.status_code == 200, rewound.text
         assert rewound.json()["messages"] == 2
@@ -396,12 +404,7 @@ async def test_a_rewind_that_happened_is_never_reported_as_a_retryable_error(tmp
 
 @pytest.mark.parametrize("kind", [GoesAwayAfterChanges, CannotPublish])
 async def test_an_eviction_that_happened_is_answered_with_the_agent(tmp_path: Path, kind: type) -> None:
-    engine = kind(reply_for)
-    service = make_service(tmp_path, engine)
-    engine.service = service
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(build_app(service)), base_url="http://test") as http:
-        await create(http, "bob")
-        await http.post("/v1/agents/bob/messages", json={"content": "Hi"})
+    async with bob_after_turns(tmp_path, kind, ("Hi",)) as http:
         evicted = await http.post("/v1/agents/bob/evict")
         assert evicted.status_code == 200, evicted.text
         assert evicted.json()["agent_id"] == "bob" and evicted.json()["messages"] == 2

@@ -19,7 +19,7 @@ from engine.errors import PoolExhaustedError
 from engine.runtime import clock
 from engine.runtime.runner.sequence import Sequence
 from engine.runtime.scheduler.completion import Completion
-from engine.runtime.scheduler.parts import SchedulerState
+from engine.runtime.scheduler.parts import SchedulerPart, SchedulerState
 from engine.runtime.scheduler.shared_prefill import awaits_leader, share_point
 from engine.runtime.scheduler.turn import Turn, TurnPhase
 from engine.runtime.scheduler.turn_cache import Readiness, TurnCaches
@@ -30,16 +30,10 @@ from engine.settings import BatchSettings, TurnSettings
 log = logging.getLogger("semantic.engine")
 
 
-class Admission:
+class Admission(SchedulerPart):
     def __init__(self, state: SchedulerState, completion: Completion, caches: TurnCaches, start: TurnStart,
                  batch: BatchSettings, turns: TurnSettings) -> None:
-        self.queues = state.queues
-        self.stats = state.stats
-        self.delivery = state.delivery
-        self.hot = state.hot
-        self.agents = state.agents
-        self.tiers = state.tiers
-        self.events = state.events
+        super().__init__(state)
         self.completion = completion
         self.caches = caches
         self.start = start

@@ -12,20 +12,14 @@ from typing import Any, Callable
 
 from engine.domain.event_log import EventKind
 from engine.domain.requests import FinishEvent, FinishReason
-from engine.runtime.scheduler.parts import SchedulerState
+from engine.runtime.scheduler.parts import SchedulerPart, SchedulerState
 from engine.runtime.scheduler.turn import Turn, TurnPhase
 from engine.runtime.tiers.agents import AgentRecord, AgentState, Tier
 
 
-class Completion:
+class Completion(SchedulerPart):
     def __init__(self, state: SchedulerState, model_key: str, leave_batch: Callable[[int], Any]) -> None:
-        self.queues = state.queues
-        self.stats = state.stats
-        self.delivery = state.delivery
-        self.hot = state.hot
-        self.agents = state.agents
-        self.tiers = state.tiers
-        self.events = state.events
+        super().__init__(state)
         self.model_key = model_key  # what a finished turn's agent records as its cache's model
         self.leave_batch = leave_batch  # takes a sequence out of the batch, by uid
 

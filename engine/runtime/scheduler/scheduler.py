@@ -27,7 +27,7 @@ from engine.runtime.runner.batch import SequenceBatch
 from engine.runtime.runner.speculative_step import SpeculationSetup
 from engine.runtime.scheduler.admission import Admission
 from engine.runtime.scheduler.completion import Completion
-from engine.runtime.scheduler.parts import SchedulerState
+from engine.runtime.scheduler.parts import SchedulerPart, SchedulerState
 from engine.runtime.scheduler.step_room import StepRoom
 from engine.runtime.scheduler.stepping import Stepping
 from engine.runtime.scheduler.turn import Turn, TurnPhase
@@ -66,14 +66,12 @@ def turn_checkpoints(loaded: LoadedModel, batch: BatchSettings) -> int:
     return max(1, int(batch.snapshot_budget_mb * 2**20) // spec.state_bytes)
 
 
-class Scheduler:
+class Scheduler(SchedulerPart):
     def __init__(self, loaded: LoadedModel, state: SchedulerState, settings: EngineSettings, hooks: BatchHooks,
                  generator_factory: GeneratorFactory = sequence_batch_factory,
                  grammars: OutputGrammars | None = None) -> None:
+        super().__init__(state)
         self.loaded = loaded
-        self.state = state
-        self.queues, self.stats, self.delivery = state.queues, state.stats, state.delivery
-        self.agents, self.tiers = state.agents, state.tiers
         self.batch_settings = batch = settings.batch
         turns = settings.turns
         self._factory = generator_factory

@@ -11,16 +11,11 @@ from __future__ import annotations
 
 from engine.runtime.runner.sequence import Sequence
 from engine.runtime.runner.step_plan import StepPlan
-from engine.runtime.scheduler.parts import SchedulerState
+from engine.runtime.scheduler.parts import SchedulerPart
 from engine.runtime.scheduler.turn import Turn
 
 
-class StepRoom:
-    def __init__(self, state: SchedulerState) -> None:
-        self.queues = state.queues
-        self.hot = state.hot
-        self.tiers = state.tiers
-
+class StepRoom(SchedulerPart):
     def grant(self, plan: StepPlan) -> dict[int, int]:
         """Each planned sequence's room: the highest of its levels the pool could give, in plan order (the
         oldest sequences first). A sequence that cannot get its first level gets none, and its turn says why."""

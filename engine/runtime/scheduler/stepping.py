@@ -14,20 +14,16 @@ from engine.runtime.runner.step_output import PrefillProgress, StepOutput, Token
 from engine.domain.reasoning import ANSWER
 from engine.runtime.runner.routed_text import RoutedDelta
 from engine.runtime.scheduler.completion import Completion
-from engine.runtime.scheduler.parts import SchedulerState
+from engine.runtime.scheduler.parts import SchedulerPart, SchedulerState
 from engine.runtime.scheduler.turn import Turn, TurnPhase
 from engine.runtime.scheduler.turn_end import turn_end
 from engine.runtime.tiers.agents import AgentState
 from engine.settings import TurnSettings
 
 
-class Stepping:
+class Stepping(SchedulerPart):
     def __init__(self, state: SchedulerState, completion: Completion, turns: TurnSettings) -> None:
-        self.queues = state.queues
-        self.stats = state.stats
-        self.delivery = state.delivery
-        self.hot = state.hot
-        self.events = state.events
+        super().__init__(state)
         self.completion = completion
         self.turns = turns
 

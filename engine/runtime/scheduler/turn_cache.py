@@ -22,6 +22,7 @@ from engine.domain.forensics import TurnForensics, examine
 from engine.runtime.tiers.hot import Holder, ReusePlan, SideCache
 from engine.store.layer_slice import LayerSlice
 from engine.runtime.tiers.manager import HotState
+from engine.runtime.scheduler.parts import SchedulerPart, SchedulerState
 from engine.runtime.scheduler.turn import Turn
 
 
@@ -34,13 +35,10 @@ class Readiness(enum.Enum):
     DEFERRED = "deferred"  # this turn's cache is still being read; try the next turn
 
 
-class TurnCaches:
+class TurnCaches(SchedulerPart):
     def __init__(self, state: SchedulerState, loaded: LoadedModel, prefix_sharing: bool) -> None:
+        super().__init__(state)
         self.loaded = loaded
-        self.hot = state.hot
-        self.agents = state.agents
-        self.tiers = state.tiers
-        self.events = state.events
         self.prefix_sharing = prefix_sharing
 
     def prepare(self, turn: Turn, running: set[str]) -> Readiness:
