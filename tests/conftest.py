@@ -26,6 +26,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow(reason): a test allowed to take longer than "
                                        f"{TIME_LIMIT_S:.0f} s, and why (a real CLI session, a long prefill)")
+    config.addinivalue_line("markers", "solo(reason): a model test that runs alone on the machine, and why (it "
+                                       "holds a real client to a time, or measures the whole machine); `make test` "
+                                       "runs the other model tests two at a time")
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -38,6 +41,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.model)
         elif TESTS / "unit" in path.parents and "unit" not in item.keywords:
             item.add_marker(pytest.mark.unit)
+        solo = item.get_closest_marker("solo")
+        if solo is not None and not solo.kwargs.get("reason"):
+            raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.solo needs reason=... (why it must run alone)")
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -73,7 +79,11 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Drain MLX streams: work still queued at interpreter exit aborts the process."""
+    """Drain MLX streams: work still queued at interpreter exit aborts the process. An xdist worker also sends
+    its references' cost to the controller."""
+    reference = sys.modules.get("tests.support.reference")
+    if reference is not None and hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["references"] = vars(reference.STATS)
     if "mlx.core" not in sys.modules:
         return
     import mlx.core as mx
@@ -81,3 +91,25 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
     mx.synchronize()
     mx.synchronize(generation_stream)
+
+
+_worker_references: list[dict[str, float]] = []  # under pytest-xdist: each worker's, collected by the controller
+
+
+def pytest_testnodedown(node, error) -> None:
+    """pytest-xdist's controller: keep what a finished worker's references cost (sent in its workeroutput)."""
+    stats = getattr(node, "workeroutput", {}).get("references")
+    if stats:
+        _worker_references.append(stats)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    """What plain mlx-lm references cost this run (a fresh machine computes each once), summed over xdist's
+    workers: the number that says whether the reference cache pays (docs/development.md)."""
+    reference = sys.modules.get("tests.support.reference")
+    runs = [*_worker_references, *([vars(reference.STATS)] if reference is not None else [])]
+    if any(run["computed"] or run["read"] for run in runs):
+        from tests.support.reference import Stats
+
+        total = Stats(**{field: sum(run[field] for run in runs) for field in vars(Stats())})
+        terminalreporter.write_line(total.line())

@@ -30,6 +30,8 @@ from tests.model.claude_code_cli import ClaudeCode, ClaudeRun, install_claude_co
 from tests.model.real_api import RealApi, running_api, wait_for
 from tests.model.request_log import Exchange, RequestLog
 
+pytestmark = pytest.mark.solo(reason="the real Claude Code CLI, each run held to a time limit")
+
 
 @pytest.fixture(scope="session")
 def claude_binary() -> Path:

@@ -46,6 +46,8 @@ from tests.model.real_api import RealApi, running_api
 from tests.model.request_log import Exchange, RequestLog
 from tests.model.test_claude_code_e2e import main_turns, report
 
+pytestmark = pytest.mark.solo(reason="the full-size Claude Code CLI, its first output held to a time limit")
+
 # The first run's first output waits for the one full prefill of the suite (~90-125 s here).
 FIRST_RUN_FIRST_OUTPUT_LIMIT_S = 240.0
 # The server's clamps for this module: each reply ends by 48 tokens or 20 s after its first token, and the

@@ -25,6 +25,8 @@ import pytest
 from tests.model.real_api import RealApi, running_api, wait_for
 from tests.model.sse_grammar import check_anthropic_stream
 
+pytestmark = pytest.mark.solo(reason="the real Claude Code CLI in five sessions, each held to a time limit")
+
 TIMEOUT = httpx.Timeout(600, connect=30)
 RULES = "\n".join(f"- Rule {i}: keep module m{i} under {40 + i} lines and run test t{i} after editing it."
                   for i in range(70))

@@ -40,6 +40,8 @@ from tests.model.request_log import Exchange, RequestLog
 from tests.support.router_app import LiveServer, make_service
 from tests.support.scripted_engine import ScriptedEngine, scripted_loaded
 
+pytestmark = pytest.mark.solo(reason="the real Codex CLI, each run held to a time limit")
+
 TASK = "What is 2+2? Answer with the number only."
 FOLLOW_UP = "And 3+3?"
 # The server's output cap for this module's sessions (a base model's answer runs on otherwise; see above).

@@ -24,7 +24,7 @@ import pytest
 
 from bench.crash import run
 
-pytestmark = pytest.mark.model
+pytestmark = [pytest.mark.model, pytest.mark.solo(reason="kills at random moments of a server running flat out")]
 
 ROUNDS = 4
 # Where writers put temporary files: conversations, stored responses, the warm tier (cache files and the cold

@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[2]
 AGENTS = [f"agent-{i}" for i in range(4)]
 COUNTS = ("prompt_tokens", "reused_tokens", "prefilled_tokens", "generated_tokens")
 
-pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="mlx.launch runs on POSIX")
+pytestmark = [pytest.mark.skipif(sys.platform == "win32", reason="mlx.launch runs on POSIX"), pytest.mark.solo(reason="two ranks that split the machine's cores between them, and a rank's exit held to a time")]
 
 
 @pytest.fixture(scope="module")

@@ -27,6 +27,8 @@ import pytest
 from bench.load_driver import Budget, Outcome, TrafficMix, cursors, run_round
 from bench.server_probe import HealthProbe, ServerOptions, evict_all, semantic_server, wait_idle
 
+pytestmark = pytest.mark.solo(reason="a load run whose server RSS is compared before and after")
+
 REQUESTS_PER_AGENT = 20
 # Prompts count up to 5 numbers and start over: the warm-up round (one cycle) has met every prompt the
 # run will, and the run ends where the warm-up did in the cycle, so hot caches are the same size.

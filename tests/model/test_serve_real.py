@@ -13,8 +13,11 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from engine.store.cache_file import cache_file_path
+
+pytestmark = pytest.mark.solo(reason="a shutdown held to its grace period")
 
 ROOT = Path(__file__).resolve().parents[2]
 GRACE_S = 5

@@ -32,6 +32,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.solo(reason="a timed soak whose RSS slope is measured")
+
 ROOT = Path(__file__).resolve().parents[2]
 DURATION_S = 30
 

@@ -46,7 +46,7 @@ from tests.model.request_log import Exchange, RequestLog
 from tests.model.sse_grammar import check_anthropic_stream
 from tests.model.test_claude_code_e2e import main_turns
 
-pytestmark = pytest.mark.model
+pytestmark = [pytest.mark.model, pytest.mark.solo(reason="the real Claude Code and Codex CLIs, each run held to a time limit")]
 
 MARKUP = ("<think>", "</think>")
 

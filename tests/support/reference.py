@@ -8,6 +8,11 @@ the session, and on disk under ``$SEMANTIC_TEST_REFERENCE_CACHE`` (default
 digest of exactly those inputs. A fresh machine computes each distinct one
 once; a developer's second run reads them back. Changing the weights, the
 prompt, a setting or either library's version is another key.
+
+Computing one is cheaper than a prefill from scratch where it can be with
+no change in the answer: a prompt resumes from the deepest prefill chunk an
+earlier prompt of the same model computed (the same chunks at the same
+positions), and a greedy answer serves every smaller token cap.
 """
 
 from __future__ import annotations
@@ -16,6 +21,9 @@ import hashlib
 import json
 import os
 import tempfile
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any, Callable
@@ -59,26 +67,42 @@ def _key(kind: str, model: Any, question: Any) -> tuple[str, Path | None]:
     return key, directory / f"{kind}-{key[:32]}.json" if directory is not None else None
 
 
-def known(kind: str, model: Any, question: Any) -> bool:
+def cached(kind: str, model: Any, question: Any, compute: Callable[[], Any],
+           answers: Callable[[Any], bool] = lambda known: True) -> Any:
+    """``compute()``'s JSON-able answer to ``question`` about ``model``, from memory or disk when asked before
+    and ``answers(that answer)`` says it still answers this call (else computed again and replaced)."""
     key, path = _key(kind, model, question)
-    return key in _memory or (path is not None and path.is_file())
-
-
-def cached(kind: str, model: Any, question: Any, compute: Callable[[], Any]) -> Any:
-    """``compute()``'s JSON-able answer to ``question`` about ``model``, from memory or disk when asked before."""
-    key, path = _key(kind, model, question)
-    if key in _memory:
-        return _memory[key]
-    if path is not None and path.is_file():
+    if key not in _memory and path is not None and path.is_file():
         try:
             _memory[key] = json.loads(path.read_text())["answer"]
-            return _memory[key]
         except (ValueError, KeyError, OSError):
             pass  # a damaged entry is computed again and replaced
+    if key in _memory and answers(_memory[key]):
+        STATS.read += 1
+        return _memory[key]
+    started = time.perf_counter()
     answer = _memory[key] = compute()
+    STATS.computed += 1
+    STATS.seconds += time.perf_counter() - started
     if path is not None:
         _write(path, {"kind": kind, "question": question, "answer": answer})
     return answer
+
+
+@dataclass
+class Stats:
+    """What this session's references cost: printed at the end of a run (tests/conftest.py)."""
+    computed: int = 0
+    read: int = 0
+    seconds: float = 0.0
+    resumed_tokens: int = 0  # prompt tokens taken from an earlier prompt's prefilled chunks
+
+    def line(self) -> str:
+        return (f"references: {self.computed} computed in {self.seconds:.1f} s, {self.read} read back; "
+                f"{self.resumed_tokens} prompt tokens resumed from shared chunks")
+
+
+STATS = Stats()
 
 
 def _write(path: Path, record: dict[str, Any]) -> None:
@@ -97,14 +121,34 @@ PREFILL_STEP = 512
 
 
 def reference_greedy(model, prompt: list[int], max_tokens: int, eos: set[int]) -> list[int]:
-    """Single-stream mlx-lm greedy tokens, stopping after an EOS token like the engine does."""
-    question = [list(map(int, prompt)), max_tokens, sorted(eos), PREFILL_STEP]
-    return cached("greedy", model, question, lambda: _greedy(model, prompt, max_tokens, eos))
+    """Single-stream mlx-lm greedy tokens, stopping after an EOS token like the engine does.
+
+    The cap is not part of the question: greedy tokens do not depend on it, so an answer computed with a
+    larger cap (or one that ended on an EOS token before its cap) answers every smaller one, cut."""
+    question = [list(map(int, prompt)), sorted(eos), PREFILL_STEP]
+
+    def compute() -> dict[str, Any]:
+        return {"tokens": _greedy(model, prompt, max_tokens, eos), "max_tokens": max_tokens}
+
+    def answers(known: Any) -> bool:
+        tokens = known["tokens"]
+        ended = len(tokens) < known["max_tokens"] or bool(tokens and tokens[-1] in eos)
+        return known["max_tokens"] >= max_tokens or ended
+
+    return cached("greedy", model, question, compute, answers)["tokens"][:max_tokens]
+
+
+def reference_greedy_shared(model, prompts: list[list[int]], max_tokens: int, eos: set[int]) -> list[list[int]]:
+    """``reference_greedy`` of each prompt. Their common head is prefilled once, since every prompt's prefill
+    starts from the deepest chunk boundary an earlier prompt of the same model already reached."""
+    return [reference_greedy(model, p, max_tokens, eos) for p in prompts]
 
 
 def _greedy(model, prompt: list[int], max_tokens: int, eos: set[int]) -> list[int]:
-    return _collect(generate_step(mx.array(prompt), model, max_tokens=max_tokens, prefill_step_size=PREFILL_STEP),
-                    max_tokens, eos)
+    """``generate_step`` over the prompt, the chunks an earlier prompt already prefilled taken from it."""
+    cache, done = _prefilled(model, prompt)
+    return _collect(generate_step(mx.array(prompt[done:]), model, max_tokens=max_tokens, prompt_cache=cache,
+                                  prefill_step_size=PREFILL_STEP), max_tokens, eos)
 
 
 def _collect(steps, max_tokens: int, eos: set[int]) -> list[int]:
@@ -121,47 +165,77 @@ def _collect(steps, max_tokens: int, eos: set[int]) -> list[int]:
     return out
 
 
-def reference_greedy_shared(model, prompts: list[list[int]], max_tokens: int, eos: set[int]) -> list[list[int]]:
-    """``reference_greedy`` of each prompt, computing their common prefix once (and each answer kept as
-    reference_greedy keeps it, so either function finds the other's)."""
-    def question(prompt: list[int]) -> list[Any]:
-        return [list(map(int, prompt)), max_tokens, sorted(eos), PREFILL_STEP]
-
-    missing = [p for p in prompts if not known("greedy", model, question(p))]
-    if missing:
-        for prompt, tokens in zip(missing, _greedy_shared(model, missing, max_tokens, eos)):
-            cached("greedy", model, question(prompt), lambda tokens=tokens: tokens)
-    return [reference_greedy(model, p, max_tokens, eos) for p in prompts]
+# Prefilled chunks, shared by every reference of a session. generate_step prefills a prompt of n tokens in
+# PREFILL_STEP-token chunks from position 0 and leaves its last token for the first step; so the cache after
+# its k-th chunk depends only on the first k * PREFILL_STEP tokens, and a prompt that starts with them can
+# resume from a copy of that cache and run exactly the computations a prefill from scratch would (the same
+# chunks at the same positions: the answer is the same, bit for bit, whichever prompt came first). Held in
+# memory only, least recently used dropped past the bound; prompts shorter than one chunk never enter.
+SNAPSHOT_BYTES = 3 << 30
+_snapshots: OrderedDict[str, tuple[list[Any], int]] = OrderedDict()
 
 
-def _greedy_shared(model, prompts: list[list[int]], max_tokens: int, eos: set[int]) -> list[list[int]]:
-    """Plain mlx-lm greedy decoding of each prompt, their common prefix prefilled once.
+def _prefilled(model, prompt: list[int]) -> tuple[list[Any], int]:
+    """A cache holding the prompt's whole chunks (as generate_step computes them) and how many tokens that is."""
+    whole = (len(prompt) - 1) // PREFILL_STEP * PREFILL_STEP  # generate_step's chunks before its partial one
+    done, cache = 0, None
+    for end in range(whole, 0, -PREFILL_STEP):
+        key = _snapshot_key(model, prompt[:end])
+        saved = _snapshots.get(key)
+        if saved is not None:
+            _snapshots.move_to_end(key)
+            done, cache = end, _copy(saved[0])
+            STATS.resumed_tokens += end
+            break
+    cache = cache if cache is not None else make_prompt_cache(model)
+    with mx.stream(generation_stream):
+        for start in range(done, whole, PREFILL_STEP):
+            model(mx.array(prompt[start:start + PREFILL_STEP])[None], cache=cache)
+            mx.eval([c.state for c in cache])
+            _keep(_snapshot_key(model, prompt[:start + PREFILL_STEP]), cache)
+            mx.clear_cache()
+    return cache, whole
 
-    Plain mlx-lm throughout: the prefix is prefilled in ``PREFILL_STEP`` chunks,
-    as ``generate_step`` does, into a fresh cache, and each prompt continues from
-    a copy of it (``a[:]`` makes new array objects over the same data: one
-    prompt's writes never reach the next one's copy). On this CPU a 4K-token
-    prefill takes about 50 s; eight of them would dominate a test.
-    """
-    common = len(prompts[0])
-    for prompt in prompts[1:]:
-        common = next((i for i, (a, b) in enumerate(zip(prompts[0], prompt)) if a != b), min(common, len(prompt)))
-    common = min(common, min(len(p) for p in prompts) - 1)  # every prompt keeps a token to feed
-    cache = make_prompt_cache(model)
-    for i in range(0, common, PREFILL_STEP):
-        model(mx.array([prompts[0][i:min(i + PREFILL_STEP, common)]]), cache=cache)
-        mx.eval([c.state for c in cache])
-    saved = [{k: (v[:] if isinstance(v, mx.array) else v) for k, v in c.__dict__.items()} for c in cache]
-    results = []
-    for prompt in prompts:
-        copy = []
-        for c, fields in zip(cache, saved):
-            fresh = type(c).__new__(type(c))
-            fresh.__dict__.update({k: (v[:] if isinstance(v, mx.array) else v) for k, v in fields.items()})
-            copy.append(fresh)
-        results.append(_collect(generate_step(mx.array(prompt[common:]), model, max_tokens=max_tokens,
-                                              prompt_cache=copy, prefill_step_size=PREFILL_STEP), max_tokens, eos))
-    return results
+
+def _snapshot_key(model, head: list[int]) -> str:
+    return model_digest(model) + hashlib.sha256(np.asarray(head, dtype=np.int64).tobytes()).hexdigest()
+
+
+def _keep(key: str, cache: list[Any]) -> None:
+    saved = _copy(cache)
+    size = sum(a.nbytes for a in _arrays(saved))
+    _snapshots[key] = (saved, size)
+    while sum(s for _, s in _snapshots.values()) > SNAPSHOT_BYTES and len(_snapshots) > 1:
+        _snapshots.popitem(last=False)
+
+
+def _copy(value: Any) -> Any:
+    """A copy of a cache (any mlx-lm cache class, nested ones too) whose arrays are new objects: a cache writes
+    into its arrays in place (``keys[..., a:b, :] = ...``), and that must never reach a kept snapshot."""
+    if isinstance(value, mx.array):
+        return mx.array(value)
+    if isinstance(value, list):
+        return [_copy(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_copy(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _copy(v) for k, v in value.items()}
+    if hasattr(value, "__dict__") and type(value).__module__.startswith("mlx_lm"):
+        fresh = type(value).__new__(type(value))
+        fresh.__dict__.update({k: _copy(v) for k, v in value.__dict__.items()})
+        return fresh
+    return value
+
+
+def _arrays(value: Any):
+    if isinstance(value, mx.array):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _arrays(v)
+    elif isinstance(value, dict) or (hasattr(value, "__dict__") and type(value).__module__.startswith("mlx_lm")):
+        for v in (value if isinstance(value, dict) else value.__dict__).values():
+            yield from _arrays(v)
 
 
 def reference_ruled(model, prompt: list[int], max_tokens: int, eos: set[int], fmt, budget: int | None,

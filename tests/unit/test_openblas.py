@@ -184,10 +184,13 @@ def test_notice_only_in_the_reexecuted_process(
     fake_linux_cpu: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     assert reexec_notice() is None
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)  # `make test` sets it for its parallel parts
     monkeypatch.setenv(REEXEC_ENV, "1")
     monkeypatch.setenv(PRELOADED_ENV, str(fake_linux_cpu))
     monkeypatch.setattr(openblas, "active_openblas", lambda: fake_linux_cpu)
     assert reexec_notice() == f"OpenBLAS preloaded from {fake_linux_cpu} (re-exec)"
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "3")
+    assert reexec_notice() == f"OpenBLAS preloaded from {fake_linux_cpu} (re-exec, 3 BLAS threads)"
     monkeypatch.setattr(openblas, "active_openblas", lambda: None)
     assert "did not load" in (reexec_notice() or "")
 
