@@ -29,6 +29,7 @@ from engine.domain.requests import GenerationRequest
 from engine.runtime.engine_thread.sync_client import run_turn
 from engine.store.cache_file import read_cache_file
 from engine.store.warm_store import WarmStore
+from engine.store.stored_model import stored_model
 
 
 def facts(loaded, n_tokens: int) -> str:
@@ -54,7 +55,7 @@ def resume_vs_cold(loaded, pool_mb: float, sizes: list[int], result: BenchResult
     rows, io_rows = [], []
     for size in sizes:
         with tempfile.TemporaryDirectory() as root:
-            store = WarmStore(Path(root), loaded, 1 << 40, EventLog())
+            store = WarmStore(Path(root), stored_model(loaded), 1 << 40, EventLog())
             # No prefix sharing here: the cold agent must really prefill.
             engine = start_engine(loaded, pool_mb, store=store, prefix_sharing=False)
             try:
@@ -117,7 +118,7 @@ def _io_row(store: WarmStore, path: Path) -> list:
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(2):
             copies.append(_timed_cold(lambda: _durable_copy(path, Path(tmp) / "copy")))
-            loads.append(_timed_cold(lambda: read_cache_file(path, store.loaded.identity.digest, store.fingerprint)))
+            loads.append(_timed_cold(lambda: read_cache_file(path, store.model.identity.digest, store.fingerprint)))
     save = (stats.bytes_written / 2**20) / max(stats.write_seconds, 1e-9)
     load, copy = mb / min(loads), mb / min(copies)
     return [mb, save, load, copy, save / copy, load / copy]
@@ -145,7 +146,7 @@ def crowded_pool(loaded, n_agents: int, turns: int, context: int, fit: int, resu
     rows = []
     for label, with_store in (("warm tier", True), ("no warm tier (re-prefill)", False)):
         with tempfile.TemporaryDirectory() as root:
-            store = WarmStore(Path(root), loaded, 1 << 40, EventLog()) if with_store else None
+            store = WarmStore(Path(root), stored_model(loaded), 1 << 40, EventLog()) if with_store else None
             engine = start_engine(loaded, pool_mb, store=store)
             try:
                 rows.append([label, *_crowd(engine, loaded, n_agents, turns, context)])

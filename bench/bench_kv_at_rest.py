@@ -60,9 +60,10 @@ from engine.runtime.tiers.agents import Tier
 from engine.domain.event_log import EventLog
 from engine.domain.requests import GenerationRequest, SamplingParams
 from engine.runtime.engine_thread.sync_client import run_turn
-from engine.store.cache_format import KVQuantization
+from engine.store.cache_file import KVQuantization
 from engine.store.kv_at_rest import quantization_for, round_trip
 from engine.store.warm_store import WarmStore
+from engine.store.stored_model import stored_model
 
 SETTINGS = (None, 8, 4)
 NOISE = "noise"  # full precision, prefilled in smaller chunks: how often greedy answers flip without quantizing
@@ -110,7 +111,7 @@ def run_setting(loaded, bits: int | None, prompts: list[tuple[int, ...]], tokens
     """Prefill, evict every agent to ``tier`` (warm: a file; cool: quantized in memory), restore each
     alone, then decode all at once."""
     with tempfile.TemporaryDirectory() as root:
-        store = WarmStore(Path(root), loaded, 1 << 40, EventLog(), kv_bits_at_rest=bits)
+        store = WarmStore(Path(root), stored_model(loaded), 1 << 40, EventLog(), kv_bits_at_rest=bits)
         store.quantization = quantization(loaded, bits, group_size)
         engine = start_engine(loaded, pool_mb, batch=max(16, len(prompts)), prefill_step=prefill_step, store=store,
                               prefix_sharing=False, kv_bits=bits)
@@ -161,7 +162,7 @@ def crowd(loaded, bits: int | None, n_agents: int, turns: int, context: int, fit
     blocks_per_agent = loaded.spec.total_blocks_for_tokens(context + 150)
     pool_mb = fit * blocks_per_agent * loaded.spec.block_bytes / 2**20
     with tempfile.TemporaryDirectory() as root:
-        store = WarmStore(Path(root), loaded, 1 << 40, EventLog(), kv_bits_at_rest=bits)
+        store = WarmStore(Path(root), stored_model(loaded), 1 << 40, EventLog(), kv_bits_at_rest=bits)
         engine = start_engine(loaded, pool_mb, store=store, kv_bits=bits)
         try:
             total, prompt, prefilled, reused, _ = _crowd(engine, loaded, n_agents, turns, context)

@@ -381,7 +381,7 @@ def _is_temp(name: str, live_pid: int | None) -> bool:
 def _check_warm_files(server: Server, listed: dict[str, dict[str, Any]]) -> list[tuple[str, str]]:
     """The warm tier's files against the server's list: a warm agent has its file, a file has its agent (or is
     a stored shared prefix), and all of them fit the disk budget."""
-    from engine.store.cache_format import SUFFIX
+    from engine.store.cache_file import SUFFIX
     from engine.store.file_names import agent_file_stem
 
     problems = []

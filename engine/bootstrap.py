@@ -20,6 +20,7 @@ from engine.runtime.engine_thread.snapshot import AgentView
 from engine.settings import EngineSettings, Settings
 from engine.store.temp_files import sweep_dead_temps
 from engine.store.warm_store import WarmStore
+from engine.store.stored_model import stored_model
 
 log = logging.getLogger("semantic")
 
@@ -73,7 +74,7 @@ def build_engine(
     world: "World | None" = None,
 ) -> Engine:
     events = events or EventLog()
-    store = WarmStore(settings.agents_dir, loaded, settings.disk_budget_bytes, events,
+    store = WarmStore(settings.agents_dir, stored_model(loaded), settings.disk_budget_bytes, events,
                       kv_bits_at_rest=settings.kv_bits)
     lockstep = Lockstep(world) if world is not None else None
     engine = Engine(loaded, EngineSettings.of(settings), store=store, events=events, seed_agents=seed_agents,

@@ -55,10 +55,8 @@ from engine.store.agents_on_disk import (
     prefix_file,
     turns_of,
 )
-from engine.store.cache_format import CacheHeader, CacheRecord, cache_file_path
-from engine.store.cache_reader import read_cache_file, read_header
-from engine.store.cache_validation import full_attention_groups
-from engine.store.cache_writer import write_cache_file, write_cache_file_to
+from engine.store.cache_file import (CacheHeader, CacheRecord, cache_file_path, full_attention_groups, read_cache_file,
+                                     read_header, write_cache_file, write_cache_file_to)
 from engine.store.cold_index import ColdIndex
 
 EXPORT_FIELD = "export"  # the header's ``extra`` key an export adds

@@ -25,8 +25,7 @@ from engine.domain.cache_spec import ModelCacheSpec
 from engine.errors import CacheCorruptionError
 from engine.models.loaded import ModelIdentity
 
-from engine.store.cache_format import SUFFIX, CacheHeader, cache_file_path, spec_fingerprint
-from engine.store.cache_reader import read_header
+from engine.store.cache_file import SUFFIX, CacheHeader, cache_file_path, read_header, spec_fingerprint
 from engine.store.file_names import AGENT_PREFIX, model_dir_name
 
 AGENTS_DIR = "agents"

@@ -20,7 +20,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from engine.store.cache_format import QUANTIZATION_GROUP_SIZES, KVQuantization, PersistedBlock, QuantizedArray
+from engine.store.cache_file import QUANTIZATION_GROUP_SIZES, KVQuantization, PersistedBlock, QuantizedArray
 from engine.store.layer_slice import LayerSlice
 
 log = logging.getLogger("semantic.store")

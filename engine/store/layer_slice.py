@@ -1,7 +1,7 @@
 """A run of positions of one layer group's K/V, as MLX arrays: what a cache hands the disk tier and gets back.
 
 The runtime cuts a resident cache into slices on block boundaries
-(``SequenceKV.slices``); the store writes them (``cache_format.PersistedBlock``
+(``SequenceKV.slices``); the store writes them (``cache_file.PersistedBlock``
 is the same run as the file holds it) and reads them back as slices for the
 runtime to install.
 

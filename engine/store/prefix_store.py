@@ -29,13 +29,13 @@ from typing import Literal, Sequence
 import numpy as np
 
 from engine.errors import CacheCorruptionError
-from engine.models.loaded import LoadedModel
 from engine.domain.event_log import EventKind, EventLog
 from engine.store.layer_slice import LayerSlice
 
 from engine.store.cache_file import CacheRecord, WrittenFile, quarantine, read_cache_file, scan_directory, write_cache_file
 from engine.store.file_names import AGENT_PREFIX
 from engine.store.private_dirs import make_private_dir
+from engine.store.stored_model import StoredModel
 from engine.store.to_mlx import to_mx_slices
 
 log = logging.getLogger("semantic.store")
@@ -81,12 +81,12 @@ class _Read:
 
 
 class PrefixStore:
-    def __init__(self, directory: Path, loaded: LoadedModel, fingerprint: str, events: EventLog,
+    def __init__(self, directory: Path, model: StoredModel, fingerprint: str, events: EventLog,
                  io: ThreadPoolExecutor) -> None:
         self.directory = directory
-        self.loaded = loaded
+        self.model = model
         self.fingerprint = fingerprint
-        self.block_tokens = loaded.spec.block_tokens
+        self.block_tokens = model.spec.block_tokens
         self.events = events
         self._io = io
         self.entries: dict[str, PrefixEntry] = {}
@@ -107,7 +107,7 @@ class PrefixStore:
             quarantine(path, reason)
         for path, header in result.headers:
             key = header.agent_id.removeprefix(AGENT_PREFIX)
-            if header.model_digest != self.loaded.identity.digest or header.spec_fingerprint != self.fingerprint:
+            if header.model_digest != self.model.identity.digest or header.spec_fingerprint != self.fingerprint:
                 quarantine(path, "made by another model or cache layout")
                 continue
             if prefix_key(header.token_ids, self.block_tokens) != key:
@@ -178,8 +178,8 @@ class PrefixStore:
             return None  # still being written: readable once it is on disk
         read = self._reads.get(key)
         if read is None:
-            self._reads[key] = _Read(self._io.submit(read_cache_file, entry.path, self.loaded.identity.digest,
-                                                     self.fingerprint, expect_model_name=self.loaded.identity.name),
+            self._reads[key] = _Read(self._io.submit(read_cache_file, entry.path, self.model.identity.digest,
+                                                     self.fingerprint, expect_model_name=self.model.identity.name),
                                      time.monotonic())
             return None
         if not read.future.done():

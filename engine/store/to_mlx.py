@@ -15,7 +15,7 @@ import numpy as np
 from engine.store.layer_slice import LayerSlice
 
 from engine.store.cache_file import CacheRecord
-from engine.store.cache_format import PersistedBlock, QuantizedArray
+from engine.store.cache_file import PersistedBlock, QuantizedArray
 from engine.store.kv_at_rest import dequantized
 
 _AS_MLX: dict[str, Callable[[np.ndarray], mx.array]] = {

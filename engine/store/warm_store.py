@@ -26,8 +26,6 @@ from typing import Any
 
 from engine.domain.event_log import EventKind, EventLog
 from engine.errors import CacheCorruptionError, InvalidRequestError
-from engine.models.cache_spec import flat_caches
-from engine.models.loaded import LoadedModel
 from engine.store.layer_slice import LayerSlice
 
 from engine.store.cache_file import (
@@ -50,6 +48,7 @@ from engine.store.kv_at_rest import (CacheAtRest, as_block, as_slice, block_nbyt
                                     quantization_for, quantize_blocks)
 from engine.store.prefix_store import AGENT_PREFIX, PrefixEntry, PrefixStore, prefix_key
 from engine.store.private_dirs import make_private_dir
+from engine.store.stored_model import StoredModel
 from engine.store.to_mlx import to_mx_slices
 
 log = logging.getLogger("semantic.store")
@@ -116,11 +115,11 @@ class StoreStats:
     went_cold: list[str] = field(default_factory=list)
 
 
-def model_directory(root: Path, loaded: LoadedModel) -> Path:
+def model_directory(root: Path, model: StoredModel) -> Path:
     """Where this model's warm files live; a sharded model's rank keeps its shards in a folder of its own."""
-    directory = root / model_dir_name(loaded.identity.name, loaded.identity.digest)
-    if loaded.shard is not None:
-        rank, size = loaded.shard
+    directory = root / model_dir_name(model.identity.name, model.identity.digest)
+    if model.shard is not None:
+        rank, size = model.shard
         directory = directory / f"rank{rank}-of-{size}"
     return directory
 
@@ -146,15 +145,15 @@ def token_hash(tokens: list[int]) -> str:
 
 
 class WarmStore:
-    def __init__(self, root: Path, loaded: LoadedModel, disk_budget_bytes: int, events: EventLog,
+    def __init__(self, root: Path, model: StoredModel, disk_budget_bytes: int, events: EventLog,
                  kv_bits_at_rest: int | None = None) -> None:
-        self.directory = model_directory(root, loaded)
-        self.loaded = loaded
+        self.directory = model_directory(root, model)
+        self.model = model
         self.disk_budget_bytes = disk_budget_bytes
         # K/V written quantized (kv_at_rest.py); files of either kind load whatever the setting.
-        self.quantization = quantization_for(kv_bits_at_rest, *loaded.spec.head_dims)
+        self.quantization = quantization_for(kv_bits_at_rest, *model.spec.head_dims)
         self.events = events
-        self.fingerprint = spec_fingerprint(loaded.spec)
+        self.fingerprint = spec_fingerprint(model.spec)
         self.entries: dict[str, WarmEntry] = {}
         self.cold = ColdIndex(self.directory / "cold.json")
         self.stats = StoreStats()
@@ -162,11 +161,11 @@ class WarmStore:
         self._reads: dict[str, tuple[Future[CacheRecord], float]] = {}
         # Finished reads not yet installed (the pool had no room): kept, never read twice.
         self._ready: dict[str, Loaded] = {}
-        self._io: Any = (InlineExecutor() if loaded.shard is not None
+        self._io: Any = (InlineExecutor() if model.shard is not None
                          else ThreadPoolExecutor(max_workers=1, thread_name_prefix="semantic-io"))
         self.usable = self._prepare_directory()
         # Shared prefixes live beside the agents, on the same I/O thread and disk budget.
-        self.prefixes = PrefixStore(self.directory / "prefixes", loaded, self.fingerprint, events, self._io)
+        self.prefixes = PrefixStore(self.directory / "prefixes", model, self.fingerprint, events, self._io)
 
     # -- start-up -------------------------------------------------------------------------
     def _prepare_directory(self) -> bool:
@@ -193,7 +192,7 @@ class WarmStore:
             self._discard_file(path, reason, agent_id=None)
         headers = []
         for path, header in result.headers:
-            if header.model_digest != self.loaded.identity.digest or header.spec_fingerprint != self.fingerprint:
+            if header.model_digest != self.model.identity.digest or header.spec_fingerprint != self.fingerprint:
                 self._discard_file(path, "made by another model or cache layout", header.agent_id)
                 continue
             self.entries[header.agent_id] = WarmEntry(
@@ -254,7 +253,7 @@ class WarmStore:
         Raises CacheCorruptionError for a file of another model or cache layout (the importer
         checked it already; this is the store's own guard)."""
         header = read_header(path)
-        if header.model_digest != self.loaded.identity.digest or header.spec_fingerprint != self.fingerprint:
+        if header.model_digest != self.model.identity.digest or header.spec_fingerprint != self.fingerprint:
             raise CacheCorruptionError(f"{path.name} was made by another model or cache layout")
         size = path.stat().st_size
         if size > self.disk_budget_bytes:
@@ -278,7 +277,7 @@ class WarmStore:
         if quantization is None and self.quantization is not None:
             quantization, blocks = self.quantization, self._at_rest(blocks)
         header = new_header(
-            agent.agent_id, self.loaded.identity, self.loaded.spec, cache.tokens, *_cache_classes(self.loaded),
+            agent.agent_id, self.model.identity, self.model.spec, cache.tokens, list(self.model.cache_classes), list(self.model.cache_meta),
             created_at=agent.created_at, last_used=agent.last_used, display_name=agent.display_name,
             source=agent.source, checkpoints=cache.checkpoints, prefix=cache.prefix, quantization=quantization,
         )
@@ -329,13 +328,13 @@ class WarmStore:
         expected = record.header.prefix or {}
         if prefix.header.token_ids != record.header.token_ids[: expected.get("n_tokens", -1)]:
             raise CacheCorruptionError(f"shared prefix {prefix_path.name} does not hold this agent's first tokens")
-        globals_ = {g.index for g in self.loaded.spec.global_groups}
+        globals_ = {g.index for g in self.model.spec.global_groups}
         shared = tuple(b for b in prefix.blocks if b.group in globals_ and b.checkpoint is None)
         return CacheRecord(record.header, shared + record.blocks)
 
     def _read(self, path: Path) -> CacheRecord:
-        return read_cache_file(path, self.loaded.identity.digest, self.fingerprint,
-                               expect_model_name=self.loaded.identity.name)
+        return read_cache_file(path, self.model.identity.digest, self.fingerprint,
+                               expect_model_name=self.model.identity.name)
 
     def _finish_read(self, agent_id: str) -> tuple[LoadState, Loaded | None]:
         future, started = self._reads[agent_id]
@@ -411,9 +410,9 @@ class WarmStore:
         """Write a shared prefix (whole blocks of ``tokens``, its K/V in ``slices``) unless it is stored."""
         if not self.usable or self.prefixes.has(tokens):
             return
-        key = prefix_key(tokens, self.loaded.spec.block_tokens)
+        key = prefix_key(tokens, self.model.spec.block_tokens)
         header = new_header(
-            AGENT_PREFIX + key, self.loaded.identity, self.loaded.spec, tokens, *_cache_classes(self.loaded),
+            AGENT_PREFIX + key, self.model.identity, self.model.spec, tokens, list(self.model.cache_classes), list(self.model.cache_meta),
             display_name=f"shared prefix of {len(tokens)} tokens", source="prefix", quantization=self.quantization,
         )
         blocks = tuple(as_block(s) for s in slices)
@@ -505,15 +504,6 @@ def _from_record(record: CacheRecord, from_memory: bool) -> Loaded:
     else:
         slices = to_mx_slices(record)
     return Loaded(list(record.header.token_ids), slices, from_memory, list(record.header.checkpoints))
-
-
-def _cache_classes(loaded: LoadedModel) -> tuple[list[str], list[dict[str, Any]]]:
-    caches = flat_caches(loaded.model.make_cache())[0] if hasattr(loaded.model, "make_cache") else [None] * loaded.spec.n_layers
-    classes, meta = [], []
-    for cache in caches:
-        classes.append(type(cache).__name__ if cache is not None else "KVCache")
-        meta.append({"max_size": cache.max_size, "keep": cache.keep} if hasattr(cache, "max_size") else {})
-    return classes, meta
 
 
 def _unlink_quietly(path: Path) -> None:

@@ -18,6 +18,7 @@ from engine.domain.event_log import EventLog
 from engine.domain.requests import GenerationRequest
 from engine.runtime.engine_thread.sync_client import run_turn
 from engine.store.warm_store import WarmStore
+from engine.store.stored_model import stored_model
 from tests.model.engine_fixtures import load_folder, start_engine
 
 
@@ -31,7 +32,7 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=16)
     args = parser.parse_args()
     loaded = load_folder(args.model, args.model_cache_dir)
-    engine = start_engine(loaded, store=WarmStore(args.cache_dir / "agents", loaded, 1 << 30, EventLog()))
+    engine = start_engine(loaded, store=WarmStore(args.cache_dir / "agents", stored_model(loaded), 1 << 30, EventLog()))
     try:
         found = engine.fresh_snapshot().agent(args.agent)
         tier = found.tier if found is not None else None

@@ -15,6 +15,7 @@ from engine.runtime.engine_thread.sync_client import run_turn
 from engine.store.agent_export import export_agent, import_agent
 from engine.store.agents_on_disk import DiskTier, ModelKey, list_agents
 from engine.store.warm_store import WarmStore
+from engine.store.stored_model import stored_model
 from tests.model.engine_fixtures import start_engine
 from tests.model.test_engine_real import QUESTIONS, chat_prompt, raw_prompt, without_eos
 from tests.support.reference import reference_greedy
@@ -26,7 +27,7 @@ MAX_TOKENS = 16
 
 def first_turn(loaded, cache_dir: Path) -> tuple[tuple[int, ...], list[int]]:
     """One turn, then the agent evicted to disk and the engine stopped: only the file remains."""
-    engine = start_engine(loaded, store=WarmStore(cache_dir / "agents", loaded, 1 << 30, EventLog()))
+    engine = start_engine(loaded, store=WarmStore(cache_dir / "agents", stored_model(loaded), 1 << 30, EventLog()))
     try:
         prompt = chat_prompt(loaded, QUESTIONS[2])
         result = run_turn(engine, GenerationRequest(AGENT, prompt, MAX_TOKENS))

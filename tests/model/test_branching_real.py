@@ -45,6 +45,8 @@ def expected_replies(api: RealApi, loaded, agent_ids: list[str], texts: list[str
             for tokens in reference_greedy_shared(loaded.model, prompts, REPLY, eos)]
 
 
+@pytest.mark.slow(reason="eight forks of a 2K-token planner, each checked against its plain mlx-lm reference: 45 s "
+                          "alone, 73 s beside a second worker")
 def test_eight_forks_of_a_planner_share_its_blocks_and_prefill_only_their_own_tokens(
     smollm2, smollm2_path: Path, tmp_path: Path,
 ) -> None:

@@ -20,9 +20,10 @@ from engine.domain.event_log import EventKind, EventLog
 from engine.domain.requests import GenerationRequest, SamplingParams
 from engine.runtime.engine_thread.sync_client import run_turn
 from engine.store.cache_file import read_header
-from engine.store.cache_format import KVQuantization
+from engine.store.cache_file import KVQuantization
 from engine.store.kv_at_rest import quantization_for, round_trip
 from engine.store.warm_store import WarmStore
+from engine.store.stored_model import stored_model
 from tests.support.reference import reference_greedy
 
 pytestmark = pytest.mark.model
@@ -33,7 +34,7 @@ POOL_BLOCKS = 5  # two agents of two blocks; a third makes room by cooling one
 
 def engine_on(loaded, root: Path) -> Engine:
     events = EventLog()
-    store = WarmStore(root, loaded, 1 << 30, events, kv_bits_at_rest=8)
+    store = WarmStore(root, stored_model(loaded), 1 << 30, events, kv_bits_at_rest=8)
     budget = int((POOL_BLOCKS + 0.5) * loaded.spec.block_bytes)
     engine = Engine(loaded, engine_settings(budget, 8, 512, kv_bits_at_rest=8), store=store, events=events)
     engine.start()

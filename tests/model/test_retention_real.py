@@ -10,6 +10,7 @@ from engine.domain.event_log import EventLog
 from engine.domain.requests import GenerationRequest
 from engine.runtime.engine_thread.sync_client import run_turn
 from engine.store.warm_store import WarmStore
+from engine.store.stored_model import stored_model
 from tests.model.engine_fixtures import start_engine
 from tests.model.test_engine_real import raw_prompt
 
@@ -27,7 +28,7 @@ def test_a_one_hour_breakpoint_keeps_an_idle_agent_hot_while_unmarked_agents_go_
     smollm2, tmp_path: Path,
 ) -> None:
     block_mib = smollm2.spec.block_bytes / 2**20
-    store = WarmStore(tmp_path, smollm2, 1 << 30, EventLog())
+    store = WarmStore(tmp_path, stored_model(smollm2), 1 << 30, EventLog())
     engine = start_engine(smollm2, budget_mb=(POOL_BLOCKS + 0.5) * block_mib, store=store)
     try:
         assert engine.fresh_snapshot().pool.total_blocks == POOL_BLOCKS

@@ -15,6 +15,7 @@ from engine.domain.event_log import EventKind, EventLog
 from engine.domain.requests import GenerationRequest
 from engine.runtime.engine_thread.sync_client import run_turn
 from engine.store.warm_store import WarmStore
+from engine.store.stored_model import stored_model
 from tests.model.engine_fixtures import start_engine
 from tests.model.test_engine_real import GEMMA_PROMPTS, QUESTIONS, chat_prompt, raw_prompt
 
@@ -38,7 +39,7 @@ def follow_up(loaded, first, result) -> tuple[int, ...]:
 def test_evicted_and_restored_agent_continues_token_identically(request, tmp_path: Path, model_name: str) -> None:
     loaded = request.getfixturevalue(model_name)
     events = EventLog()
-    store = WarmStore(tmp_path, loaded, 1 << 30, events)
+    store = WarmStore(tmp_path, stored_model(loaded), 1 << 30, events)
     engine = start_engine(loaded, store=store)
     try:
         prompt = first_prompt(loaded)

@@ -22,6 +22,7 @@ from engine.domain.event_log import EventLog
 from engine.domain.requests import GenerationRequest
 from engine.runtime.engine_thread.sync_client import run_turn
 from engine.store.warm_store import WarmStore
+from engine.store.stored_model import stored_model
 from tests.model.engine_fixtures import start_engine
 from tests.support.reference import reference_greedy
 
@@ -60,7 +61,7 @@ def test_rerendered_turns_equal_fresh_prefill(model: str, system_words: int, req
     loaded = request.getfixturevalue(model)
     eos = set(loaded.eos_token_ids)
     renderer = PromptRenderer(loaded.tokenizer)
-    engine = start_engine(loaded, budget_mb=256, store=WarmStore(tmp_path, loaded, 2**30, EventLog()))
+    engine = start_engine(loaded, budget_mb=256, store=WarmStore(tmp_path, stored_model(loaded), 2**30, EventLog()))
     try:
         messages = [ChatMessage("system", system_text(system_words))]
         previous_prompt = 0
@@ -91,7 +92,7 @@ def test_a_trip_through_the_disk_tier_mid_conversation_changes_nothing(model: st
     loaded = request.getfixturevalue(model)
     eos = set(loaded.eos_token_ids)
     renderer = PromptRenderer(loaded.tokenizer)
-    engine = start_engine(loaded, budget_mb=256, store=WarmStore(tmp_path, loaded, 2**30, EventLog()))
+    engine = start_engine(loaded, budget_mb=256, store=WarmStore(tmp_path, stored_model(loaded), 2**30, EventLog()))
     try:
         messages = [ChatMessage("system", system_text(420)), ChatMessage("user", question(0))]
         first = run_turn(engine, GenerationRequest("trip", tuple(renderer.render(Conversation(tuple(messages)))), 8))

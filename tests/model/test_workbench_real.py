@@ -24,7 +24,10 @@ from tests.support.terminal import (
     wait_until_ready,
 )
 
-pytestmark = pytest.mark.skipif(not tmux_available(), reason="needs tmux (apt-get install tmux)")
+pytestmark = [pytest.mark.skipif(not tmux_available(), reason="needs tmux (apt-get install tmux)"),
+              # Beside a second worker's load, the workbench once drew its first frames 80 columns wide in a
+              # 160-column pane and never showed the status bar's "ready" (seen once, not yet explained).
+              pytest.mark.solo(reason="a terminal app in tmux whose screen is read against time limits")]
 
 # A busy 2-core box: loading, a turn, or persisting caches can each take far longer than usual.
 READY_TIMEOUT_S = 180

@@ -6,6 +6,7 @@ from engine.runtime.engine_thread.engine import Engine
 from engine.runtime.engine_thread.sync_client import TurnResult
 from engine.runtime.tiers.accounting import held_bytes
 from engine.store.warm_store import WarmStore
+from engine.store.stored_model import stored_model
 from tests.support.byte_tokenizer import BOS, EOS
 from tests.support.engine_settings import engine_settings
 from tests.support.reference import reference_greedy
@@ -73,7 +74,7 @@ def export_then_continue_elsewhere(loaded, tmp_path, tokens: int) -> None:
     from engine.store.agent_export import export_agent, import_agent
 
     here, there = tmp_path / "here", tmp_path / "there"
-    engine = start(loaded, WarmStore(here / "agents", loaded, 1 << 30, EventLog()))
+    engine = start(loaded, WarmStore(here / "agents", stored_model(loaded), 1 << 30, EventLog()))
     prompt = opening(4)
     try:
         first = run_turn(engine, GenerationRequest("out", prompt, tokens))
@@ -82,7 +83,7 @@ def export_then_continue_elsewhere(loaded, tmp_path, tokens: int) -> None:
         engine.stop()
     export_agent(here, "out", tmp_path / "out.agent")
     import_agent(there, tmp_path / "out.agent", new_id="in")
-    engine = start(loaded, WarmStore(there / "agents", loaded, 1 << 30, EventLog()))
+    engine = start(loaded, WarmStore(there / "agents", stored_model(loaded), 1 << 30, EventLog()))
     try:
         follow = prompt + tuple(first.tokens) + tuple(b" and somewhere else?")
         result = run_turn(engine, GenerationRequest("in", follow, tokens))
@@ -105,7 +106,7 @@ def file_bytes_at_rest(loaded, tmp_path, tokens: int, identical: bool = True) ->
     sizes = {}
     for bits in (None, 8):
         root = tmp_path / f"bits-{bits}"
-        engine = start(loaded, WarmStore(root, loaded, 1 << 30, EventLog(), kv_bits_at_rest=bits))
+        engine = start(loaded, WarmStore(root, stored_model(loaded), 1 << 30, EventLog(), kv_bits_at_rest=bits))
         try:
             first = run_turn(engine, GenerationRequest("q", prompt, tokens))
             check(loaded, first)

@@ -27,7 +27,8 @@ from engine.runtime.engine_thread.engine import Engine
 from engine.domain.event_log import EventKind
 from engine.domain.requests import GenerationRequest
 from engine.runtime.engine_thread.sync_client import run_turn
-from engine.store import atomic_text, cache_writer, warm_store
+from engine.store import atomic_text, warm_store
+from engine.store.cache_file import writer as cache_writer
 from engine.store.cache_file import cache_file_path, quarantine
 from engine.store.cold_index import ColdEntry, ColdIndex
 from engine.store.private_dirs import make_private_dir, prepare_cache_root

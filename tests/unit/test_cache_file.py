@@ -27,7 +27,8 @@ from engine.domain.block_layout import block_spans
 from engine.domain.cache_spec import ModelCacheSpec, group_layers
 from engine.errors import CacheCorruptionError, CachePersistenceError
 from engine.models.loaded import ModelIdentity
-from engine.store import cache_file, cache_writer
+from engine.store import cache_file
+from engine.store.cache_file import writer as cache_writer
 from engine.store.cache_file import (
     CacheRecord,
     PersistedBlock,

@@ -22,6 +22,7 @@ from engine.runtime.engine_thread.engine_ops import engine_op
 from engine.runtime.engine_thread.sync_client import run_turn
 from engine.runtime.tiers.agents import Tier
 from engine.store.warm_store import WarmStore
+from engine.store.stored_model import stored_model
 from tests.support.family_engine import accounts_agree, batched_then_second_turns, check, opening, start
 from tests.support.tiny_models import CACHE_LIST_FAMILIES, loaded_tiny
 
@@ -44,7 +45,7 @@ def test_each_layer_takes_its_caches_together(loaded) -> None:
 
 
 def test_turns_are_token_identical_reuse_the_cache_and_come_back_from_disk(loaded, tmp_path: Path) -> None:
-    engine = start(loaded, WarmStore(tmp_path, loaded, 1 << 30, EventLog()))
+    engine = start(loaded, WarmStore(tmp_path, stored_model(loaded), 1 << 30, EventLog()))
     prompt = opening(2)
     try:
         cached = 0
@@ -59,7 +60,7 @@ def test_turns_are_token_identical_reuse_the_cache_and_come_back_from_disk(loade
         engine.call(engine_op("evict_agent", "chat", Tier.WARM)).result(30)
     finally:
         engine.stop()
-    engine = start(loaded, WarmStore(tmp_path, loaded, 1 << 30, EventLog()))
+    engine = start(loaded, WarmStore(tmp_path, stored_model(loaded), 1 << 30, EventLog()))
     try:
         result = run_turn(engine, GenerationRequest("chat", prompt, TOKENS))
         check(loaded, result)

@@ -40,7 +40,7 @@ def test_a_checkpoint_costs_nothing_until_its_chunk_leaves_the_run_then_only_its
     for group in chunked:
         layer = kv.layers[group.layers[0]]
         assert isinstance(layer, ChunkedKV) and layer.base > 24
-        state = kv.checkpoints[0].states[kv._window_layer_ids().index(group.layers[0])]
+        state = kv.checkpoints[0].states[kv.window_layer_ids().index(group.layers[0])]
         assert not layer.shares(state) and (state.oldest, state.capacity) == (24, 16)  # 6 tokens, one block
 
     # Back to the checkpoint: the next token's logits are a fresh prefill's.

@@ -14,6 +14,7 @@ from engine.domain.requests import GenerationRequest
 from engine.runtime.engine_thread.sync_client import run_turn
 from engine.store.cache_file import read_header
 from engine.store.warm_store import WarmStore
+from engine.store.stored_model import stored_model
 from tests.support.byte_tokenizer import BOS, EOS
 from tests.support.reference import reference_greedy
 from tests.support.tiny_models import loaded_tiny
@@ -33,7 +34,7 @@ def engine_on(root: Path | None, kv_bits: int | None = 8, persist: bool = True) 
     loaded = loaded_tiny("llama-hd64")
     blocks = loaded.spec.total_blocks_for_tokens(len(notes(9)) + 16)
     events = EventLog()
-    store = WarmStore(root, loaded, 1 << 30, events, kv_bits_at_rest=kv_bits) if root is not None else None
+    store = WarmStore(root, stored_model(loaded), 1 << 30, events, kv_bits_at_rest=kv_bits) if root is not None else None
     config = engine_settings(POOL_AGENTS * blocks * loaded.spec.block_bytes, 8, 32, kv_bits_at_rest=kv_bits, persist_on_exit=persist)
     engine = Engine(loaded, config, store=store, events=events)
     engine.start()

@@ -23,6 +23,7 @@ from engine.domain.event_log import EventLog
 from engine.domain.requests import FinishEvent, FinishReason, GenerationRequest
 from engine.runtime.engine_thread.sync_client import run_turn, run_turns
 from engine.store.warm_store import WarmStore
+from engine.store.stored_model import stored_model
 from tests.support.byte_tokenizer import EOS
 from tests.support.reference import reference_greedy
 from tests.support.tiny_models import loaded_tiny
@@ -145,7 +146,7 @@ def test_the_pool_running_out_mid_decode_ends_the_turn_with_capacity() -> None:
 
 def test_a_restore_bigger_than_the_whole_pool_drops_to_cold_and_prefills(tmp_path: Path) -> None:
     loaded = loaded_tiny("llama")
-    big = Engine(loaded, engine_settings(64 << 20, 4, 32), store=WarmStore(tmp_path, loaded, 1 << 30, EventLog()))
+    big = Engine(loaded, engine_settings(64 << 20, 4, 32), store=WarmStore(tmp_path, stored_model(loaded), 1 << 30, EventLog()))
     big.start()
     long_prompt = prompt_for(0, 8)
     try:
@@ -153,7 +154,7 @@ def test_a_restore_bigger_than_the_whole_pool_drops_to_cold_and_prefills(tmp_pat
     finally:
         big.stop()  # persisted on exit
     small = Engine(loaded, engine_settings(6 * loaded.spec.block_bytes, 4, 32),
-                   store=WarmStore(tmp_path, loaded, 1 << 30, EventLog()))
+                   store=WarmStore(tmp_path, stored_model(loaded), 1 << 30, EventLog()))
     small.start()
     try:
         assert small.fresh_snapshot().agent("long").tier == "warm"
@@ -167,7 +168,7 @@ def test_a_restore_bigger_than_the_whole_pool_drops_to_cold_and_prefills(tmp_pat
 
 def test_a_warm_read_that_finds_no_room_is_kept_not_read_again(tmp_path: Path) -> None:
     loaded = loaded_tiny("llama")
-    store = WarmStore(tmp_path, loaded, 1 << 30, EventLog())
+    store = WarmStore(tmp_path, stored_model(loaded), 1 << 30, EventLog())
     engine = Engine(loaded, engine_settings(10 * loaded.spec.block_bytes, 4, 32), store=store)
     engine.start()
     try:

@@ -18,6 +18,7 @@ from engine.runtime.runner.backends.cpu.host_softmax import ROW_SOFTMAX
 from engine.runtime.runner.backends.cpu.parallel_gate import PARALLEL
 from engine.runtime.runner.backends.cpu.softmax_kernel import softmax_rows
 from engine.store.warm_store import WarmStore
+from engine.store.stored_model import stored_model
 from tests.support.attention_inputs import make_mask, qkv
 from tests.support.byte_tokenizer import BOS
 from tests.support.family_engine import accounts_agree, check, start
@@ -163,7 +164,7 @@ def test_engine_turns_through_the_rows_are_token_identical_to_mlx_lm(kind: str, 
     monkeypatch.setattr(cpu_math, "MAX_SCORES", 2000)
     monkeypatch.setattr(host_softmax, "BLOCK_SCORES", 20_000)
     loaded = loaded_tiny(kind)
-    engine = start(loaded, WarmStore(tmp_path / "agents", loaded, 1 << 30, EventLog()))  # (keeps shared prefixes)
+    engine = start(loaded, WarmStore(tmp_path / "agents", stored_model(loaded), 1 << 30, EventLog()))  # (keeps shared prefixes)
     try:
         system = (BOS, *b"You are one of several agents sharing this long opening about caches. " * 3)
         prompt = system + tuple(b"First agent asks.")

@@ -24,6 +24,7 @@ from engine.runtime.engine_thread.engine_ops import engine_op
 from engine.runtime.engine_thread.sync_client import run_turn
 from engine.runtime.tiers.agents import Tier
 from engine.store.warm_store import WarmStore
+from engine.store.stored_model import stored_model
 from tests.support.byte_tokenizer import BOS
 from tests.support.family_engine import accounts_agree, batched_then_second_turns, check, export_then_continue_elsewhere, file_bytes_at_rest, opening, start
 from tests.support.tiny_models import RECURRENT_FAMILIES, loaded_tiny
@@ -177,7 +178,7 @@ def test_a_full_pool_spills_an_agent_to_disk_and_its_next_turn_reuses_it(loaded,
     """A pool that holds about two agents: a third pushes the least recently used to disk, state and
     snapshots with its attention blocks; its next turn reads them back and prefills only what is new."""
     per_agent = _held_without_snapshots(loaded)
-    engine = start(loaded, WarmStore(tmp_path, loaded, 1 << 30, EventLog()), blocks=int(2.5 * per_agent))
+    engine = start(loaded, WarmStore(tmp_path, stored_model(loaded), 1 << 30, EventLog()), blocks=int(2.5 * per_agent))
     try:
         firsts = {}
         for i in range(3):
@@ -200,7 +201,7 @@ def test_a_full_pool_makes_room_for_a_running_turns_snapshot(loaded, tmp_path: P
     Otherwise a pool under steady pressure keeps no snapshot, and every reply that comes back as other
     tokens sends its agent back to the start of the conversation."""
     per_agent = _held_without_snapshots(loaded, snapshots=True)
-    engine = start(loaded, WarmStore(tmp_path, loaded, 1 << 30, EventLog()), blocks=int(2.5 * per_agent))
+    engine = start(loaded, WarmStore(tmp_path, stored_model(loaded), 1 << 30, EventLog()), blocks=int(2.5 * per_agent))
     try:
         for i in range(4):
             prompt = opening(10 + i)
@@ -219,7 +220,7 @@ def test_a_spilled_agent_keeps_its_newest_snapshot_for_a_reply_the_client_render
     """A pool in need sends an idle agent to disk with its newest snapshot rather than dropping every snapshot
     first. Its next prompt re-renders the last reply into other tokens (as retokenized text does): the turn
     resumes from the snapshot at the last prompt's end, not from the start of the conversation."""
-    engine = start(loaded, WarmStore(tmp_path, loaded, 1 << 30, EventLog()))
+    engine = start(loaded, WarmStore(tmp_path, stored_model(loaded), 1 << 30, EventLog()))
     try:
         first = run_turn(engine, GenerationRequest("r0", opening(10), TOKENS))
         offsets = engine.call(lambda e: sorted(c.offset for c in e.agents.get("r0").kv.checkpoints)).result(30)
@@ -241,7 +242,7 @@ def test_a_spilled_agent_keeps_its_newest_snapshot_for_a_reply_the_client_render
 def test_state_and_snapshots_come_back_from_disk_after_a_restart(loaded, tmp_path: Path) -> None:
     """Two turns, evicted to disk, a new engine on the same folder: the third turn resumes where the state
     stood, and an edit of the second question resumes from a snapshot read back from the file."""
-    engine = start(loaded, WarmStore(tmp_path, loaded, 1 << 30, EventLog()))
+    engine = start(loaded, WarmStore(tmp_path, stored_model(loaded), 1 << 30, EventLog()))
     first_prompt = opening(6)
     try:
         first = run_turn(engine, GenerationRequest("disk", first_prompt, TOKENS))
@@ -253,7 +254,7 @@ def test_state_and_snapshots_come_back_from_disk_after_a_restart(loaded, tmp_pat
         engine.call(engine_op("evict_agent", "disk", Tier.WARM)).result(30)
     finally:
         engine.stop()
-    engine = start(loaded, WarmStore(tmp_path, loaded, 1 << 30, EventLog()))
+    engine = start(loaded, WarmStore(tmp_path, stored_model(loaded), 1 << 30, EventLog()))
     try:
         assert engine.call(lambda e: e.agents.get("disk").tier).result(30) is Tier.WARM
         third_prompt = second_prompt + tuple(second.tokens) + tuple(b" after the restart?")
@@ -277,7 +278,7 @@ def test_a_shared_prefix_stored_on_disk_starts_another_agent_after_a_restart(loa
     """The first agent's system prompt is written once as a prefix file with the state at its end; after a
     restart (no agent hot) a second agent starts from that file and prefills only its own tokens."""
     head = (BOS, *(b"a shared system prompt for every agent of the fleet. " * 3))
-    engine = start(loaded, WarmStore(tmp_path, loaded, 1 << 30, EventLog()))
+    engine = start(loaded, WarmStore(tmp_path, stored_model(loaded), 1 << 30, EventLog()))
     try:
         check(loaded, run_turn(engine, GenerationRequest("one", head + tuple(b"agent one asks."), TOKENS,
                                                          prefix_hint=len(head))))
@@ -286,7 +287,7 @@ def test_a_shared_prefix_stored_on_disk_starts_another_agent_after_a_restart(loa
         engine.call(engine_op("delete_agent", "one")).result(30)
     finally:
         engine.stop()
-    engine = start(loaded, WarmStore(tmp_path, loaded, 1 << 30, EventLog()))
+    engine = start(loaded, WarmStore(tmp_path, stored_model(loaded), 1 << 30, EventLog()))
     try:
         second = run_turn(engine, GenerationRequest("two", head + tuple(b"agent two asks."), TOKENS,
                                                     prefix_hint=len(head)))
@@ -353,7 +354,7 @@ def test_a_cooled_hybrid_agent_keeps_its_state_exact_and_resumes(tmp_path: Path)
     import numpy as np
 
     loaded = _loaded("qwen3_next")
-    engine = start(loaded, WarmStore(tmp_path, loaded, 1 << 30, EventLog()), kv_bits_at_rest=8)
+    engine = start(loaded, WarmStore(tmp_path, stored_model(loaded), 1 << 30, EventLog()), kv_bits_at_rest=8)
 
     def states(e) -> list:
         kv = e.agents.get("c").kv

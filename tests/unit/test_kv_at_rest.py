@@ -29,10 +29,11 @@ from engine.store.cache_file import (
     spec_fingerprint,
     write_cache_file,
 )
-from engine.store.cache_format import KVQuantization, QuantizedArray
+from engine.store.cache_file import KVQuantization, QuantizedArray
 from engine.store.kv_at_rest import quantization_for, quantize_blocks
 from engine.store.to_mlx import to_mx_slices
 from engine.store.warm_store import WarmStore
+from engine.store.stored_model import stored_model
 from tests.support.byte_tokenizer import EOS
 from tests.support.reference import reference_greedy
 from tests.support.tiny_models import loaded_tiny
@@ -154,7 +155,7 @@ def test_a_group_size_is_chosen_per_head_dim(caplog: pytest.LogCaptureFixture) -
 def engine_on(root: Path, kv_bits: int | None) -> Engine:
     loaded = loaded_tiny("llama-hd64")
     events = EventLog()
-    store = WarmStore(root, loaded, 1 << 30, events, kv_bits_at_rest=kv_bits)
+    store = WarmStore(root, stored_model(loaded), 1 << 30, events, kv_bits_at_rest=kv_bits)
     engine = Engine(loaded, engine_settings(64 * loaded.spec.block_bytes, 8, 32), store=store,
                     events=events)
     engine.start()

@@ -236,6 +236,34 @@ def test_the_domain_is_pure_python() -> None:
         assert roots <= allowed, f"{module} imports {sorted(roots - allowed)}"
 
 
+def test_the_store_is_handed_plain_facts_of_the_model_never_the_loaded_model() -> None:
+    """The cache files check a model's identity, layout and cache classes (store/stored_model.py); only the one
+    function that reads those facts off a loaded model may name it."""
+    names = {}
+    for module, path in project_modules().items():
+        if module.startswith("engine.store.") and module != "engine.store.stored_model":
+            tree = ast.parse(path.read_text())
+            named = {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                     and node.module == "engine.models.loaded" for alias in node.names}
+            if "LoadedModel" in named:
+                names[module] = sorted(named)
+    assert names == {}
+
+
+def test_the_cache_file_package_is_used_through_its_public_face() -> None:
+    """Outside engine/store/cache_file/, code imports ``engine.store.cache_file`` itself, never one of its modules
+    (their un-underscored names are the package's internal API); inside, no module imports another's _name."""
+    inside = "engine.store.cache_file"
+    reached, private = [], []
+    for module, path in project_modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(inside + "."):
+                if not module.startswith(inside):
+                    reached.append(f"{module} -> {node.module}")
+                private += [f"{module} -> {node.module}.{a.name}" for a in node.names if a.name.startswith("_")]
+    assert reached == [] and private == []
+
+
 def test_importing_the_lower_layers_loads_nothing_of_the_runtime_or_the_api() -> None:
     code = ("import sys, engine.domain, engine.models.loader, engine.store.warm_store, engine.store.agent_export; "
             "print(sorted(m for m in sys.modules if m.startswith(('engine.runtime', 'engine.api'))))")

@@ -23,6 +23,7 @@ from engine.domain.event_log import EventLog
 from engine.domain.requests import GenerationRequest, SamplingParams
 from engine.runtime.engine_thread.sync_client import run_turns
 from engine.store.warm_store import WarmStore
+from engine.store.stored_model import stored_model
 from tests.support.byte_tokenizer import BOS
 from tests.support.thread_world import ThreadHub
 from tests.support.tiny_models import loaded_tiny
@@ -34,7 +35,7 @@ def start_pair(root: Path, budgets_mb: tuple[float, float] = (16, 16), timeout_s
     for world, budget in zip(ThreadHub(2, timeout_s).worlds(), budgets_mb):
         loaded = loaded_tiny("llama")
         loaded = replace(loaded, spec=replace(loaded.spec, shard=(world.rank, world.size)))
-        store = WarmStore(root, loaded, 2**30, EventLog())
+        store = WarmStore(root, stored_model(loaded), 2**30, EventLog())
         config = engine_settings(int(budget * 2 ** 20), 8, 32)
         engines.append(Engine(loaded, config, store=store, lockstep=Lockstep(world)))
     errors: list[BaseException] = []

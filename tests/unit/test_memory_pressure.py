@@ -28,6 +28,7 @@ from engine.runtime.memory_pressure import MemoryWatch, Pressure, Watermarks
 from engine.runtime.tiers.agents import Tier
 from engine.settings import Settings
 from engine.store.warm_store import WarmStore
+from engine.store.stored_model import stored_model
 from tests.support.byte_tokenizer import BOS
 from tests.support.engine_settings import engine_settings
 from tests.support.family_engine import accounts_agree, check
@@ -95,7 +96,7 @@ def loaded():
 @pytest.fixture
 def pressured(loaded, tmp_path: Path) -> Iterator[tuple[Engine, FakeMemory]]:
     memory = FakeMemory()
-    engine = Engine(loaded, engine_settings(64 * 2**20, 8, 32), store=WarmStore(tmp_path, loaded, 1 << 30, EventLog()),
+    engine = Engine(loaded, engine_settings(64 * 2**20, 8, 32), store=WarmStore(tmp_path, stored_model(loaded), 1 << 30, EventLog()),
                     memory=MemoryWatch(MARKS, memory))
     engine.start()
     try:

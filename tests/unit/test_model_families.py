@@ -21,6 +21,7 @@ from engine.runtime.engine_thread.engine_ops import engine_op
 from engine.runtime.engine_thread.sync_client import run_turn, run_turns
 from engine.runtime.tiers.agents import Tier
 from engine.store.warm_store import WarmStore
+from engine.store.stored_model import stored_model
 from tests.support.byte_tokenizer import BOS
 from tests.support.family_engine import accounts_agree, check, export_then_continue_elsewhere, file_bytes_at_rest, opening, start
 from tests.support.tiny_models import loaded_tiny
@@ -69,7 +70,7 @@ def test_agents_batched_together_equal_single_stream(loaded) -> None:
 
 
 def test_a_cache_evicted_to_disk_comes_back_after_a_restart(loaded, tmp_path: Path) -> None:
-    store = WarmStore(tmp_path, loaded, 1 << 30, EventLog())
+    store = WarmStore(tmp_path, stored_model(loaded), 1 << 30, EventLog())
     engine = start(loaded, store)
     prompt = opening(2)
     try:
@@ -78,7 +79,7 @@ def test_a_cache_evicted_to_disk_comes_back_after_a_restart(loaded, tmp_path: Pa
         engine.call(engine_op("evict_agent", "disk", Tier.WARM)).result(30)
     finally:
         engine.stop()
-    engine = start(loaded, WarmStore(tmp_path, loaded, 1 << 30, EventLog()))
+    engine = start(loaded, WarmStore(tmp_path, stored_model(loaded), 1 << 30, EventLog()))
     try:
         follow = prompt + tuple(first.tokens) + tuple(b" and after the restart?")
         result = run_turn(engine, GenerationRequest("disk", follow, TOKENS))
@@ -136,7 +137,7 @@ def test_a_full_pool_spills_agents_and_brings_them_back_identical(loaded, tmp_pa
     """A pool that holds about two agents: a third spills the least recently used to disk, whose next turn
     comes back from there."""
     per_agent = loaded.spec.total_blocks_for_tokens(len(opening()) + 2 * TOKENS + 40)
-    engine = start(loaded, WarmStore(tmp_path, loaded, 1 << 30, EventLog()), blocks=int(2.5 * per_agent))
+    engine = start(loaded, WarmStore(tmp_path, stored_model(loaded), 1 << 30, EventLog()), blocks=int(2.5 * per_agent))
     try:
         firsts = {}
         for i in range(3):
@@ -178,7 +179,7 @@ def test_a_chunked_cache_ending_on_a_chunk_boundary_goes_to_disk_and_back(tmp_pa
     loaded = loaded_tiny("llama4")
     chunk = next(g.chunk for g in loaded.spec.groups if g.chunk)
     prompt = (BOS, *(b"x" * (2 * chunk - 2)))  # and one token of reply, which the cache holds too: 2 chunks
-    engine = start(loaded, WarmStore(tmp_path, loaded, 1 << 30, EventLog()))
+    engine = start(loaded, WarmStore(tmp_path, stored_model(loaded), 1 << 30, EventLog()))
     try:
         first = run_turn(engine, GenerationRequest("edge", prompt, 1))
         check(loaded, first)
@@ -186,7 +187,7 @@ def test_a_chunked_cache_ending_on_a_chunk_boundary_goes_to_disk_and_back(tmp_pa
         engine.call(engine_op("evict_agent", "edge", Tier.WARM)).result(30)
     finally:
         engine.stop()
-    engine = start(loaded, WarmStore(tmp_path, loaded, 1 << 30, EventLog()))
+    engine = start(loaded, WarmStore(tmp_path, stored_model(loaded), 1 << 30, EventLog()))
     try:
         follow = prompt + tuple(first.tokens) + tuple(b" and on into the next chunk.")
         result = run_turn(engine, GenerationRequest("edge", follow, TOKENS))

@@ -27,6 +27,7 @@ from engine.runtime.tiers.agents import Tier
 from engine.store.cache_file import CacheRecord, read_cache_file, spec_fingerprint, write_cache_file
 from engine.store.to_mlx import to_mx_slices
 from engine.store.warm_store import WarmStore
+from engine.store.stored_model import stored_model
 from tests.support.family_engine import opening, start
 from tests.support.tiny_models import loaded_tiny
 
@@ -38,7 +39,7 @@ def written(tmp_path_factory: pytest.TempPathFactory):
     """A tiny Qwen3-Next agent after two turns, evicted to disk: (loaded model, its state in memory, the file)."""
     loaded = loaded_tiny("qwen3_next")
     root = tmp_path_factory.mktemp("hybrid")
-    engine = start(loaded, WarmStore(root, loaded, 1 << 30, EventLog()))
+    engine = start(loaded, WarmStore(root, stored_model(loaded), 1 << 30, EventLog()))
     try:
         first = run_turn(engine, GenerationRequest("a", opening(3), 8))
         run_turn(engine, GenerationRequest("a", opening(3) + tuple(first.tokens) + tuple(b" and more?"), 8))

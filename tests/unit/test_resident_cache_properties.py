@@ -21,6 +21,7 @@ from engine.runtime.tiers.hot import HotCache, SideCache
 from engine.runtime.runner.kv.full_kv import FullKV
 from engine.runtime.runner.kv.sequence_kv import CheckpointKind, SequenceKV
 from engine.runtime.runner.kv.window_kv import WindowKV
+from engine.runtime.runner.kv.disk_slices import cache_slices, checkpoint_slices
 from tests.support.tiny_models import loaded_tiny
 
 pytestmark = pytest.mark.unit
@@ -141,12 +142,12 @@ class HotCacheMachine(RuleBasedStateMachine):
     def spill_and_restore(self, data: st.DataObject) -> None:
         agent = data.draw(st.sampled_from(self.hot_agents()))
         assert agent.kv is not None
-        tokens, slices = list(agent.tokens), agent.kv.slices(len(agent.tokens))
-        entries, checkpoint_slices = agent.kv.checkpoint_slices()
+        tokens, slices = list(agent.tokens), cache_slices(agent.kv, len(agent.tokens))
+        entries, at_checkpoints = checkpoint_slices(agent.kv)
         offsets = [c.offset for c in agent.kv.checkpoints]
         self.hot.drop(agent)
         agent.tier = Tier.WARM
-        if not self.hot.install(agent, tokens, slices + checkpoint_slices, entries):
+        if not self.hot.install(agent, tokens, slices + at_checkpoints, entries):
             agent.tier = Tier.COLD
             return
         assert agent.kv is not None

@@ -16,6 +16,7 @@ from engine.runtime.engine_thread.sync_client import run_turn
 from engine.store.cache_file import read_header
 from engine.store.prefix_store import block_keys, prefix_key
 from engine.store.warm_store import WarmStore
+from engine.store.stored_model import stored_model
 from tests.support.byte_tokenizer import BOS, EOS
 from tests.support.reference import reference_greedy
 from tests.support.tiny_models import loaded_tiny
@@ -31,7 +32,7 @@ STORED = HINT // BLOCK * BLOCK
 
 def engine_on(directory: Path, kind: str) -> Engine:
     loaded = loaded_tiny(kind)
-    store = WarmStore(directory, loaded, 1 << 30, EventLog())
+    store = WarmStore(directory, stored_model(loaded), 1 << 30, EventLog())
     engine = Engine(loaded, engine_settings(64 << 20, 8, 32), store=store)
     engine.start()
     return engine

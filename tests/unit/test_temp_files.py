@@ -66,10 +66,10 @@ def test_every_writer_names_its_temp_files_for_the_sweep(tmp_path: Path, monkeyp
     fd, name = tempfile.mkstemp(prefix=temp_prefix("export"), suffix=".safetensors", dir=tmp_path)
     os.close(fd)
     assert TEMP_NAME.fullmatch(Path(name).name)
-    from engine.store.cache_format import _TEMP_NAME
+    from engine.store.cache_file.format import TEMP_NAME as CACHE_TEMP_NAME
 
-    writer = f".agent-1f.{os.getpid()}.{'0a1b2c3d'}.tmp"  # the cache writer's own naming (cache_writer.py)
-    assert _TEMP_NAME.fullmatch(writer) and TEMP_NAME.fullmatch(writer)
+    writer = f".agent-1f.{os.getpid()}.{'0a1b2c3d'}.tmp"  # the cache writer's own naming (cache_file/writer.py)
+    assert TEMP_NAME.fullmatch(writer) and CACHE_TEMP_NAME.fullmatch(writer)
 
 
 def test_a_text_file_is_synced_then_its_directory_after_the_rename(tmp_path: Path, monkeypatch) -> None:

@@ -15,6 +15,7 @@ from engine.domain.requests import GenerationRequest
 from engine.runtime.engine_thread.sync_client import run_turn
 from engine.settings import load_settings
 from engine.store.warm_store import WarmStore
+from engine.store.stored_model import stored_model
 from semantic_tui.app import SemanticApp
 from semantic_tui.backend import WorkbenchBackend
 from semantic_tui.preferences import load_preferences
@@ -31,7 +32,7 @@ pytestmark = pytest.mark.unit
 def tiny_workbench(tmp_path: Path) -> tuple[SemanticApp, Engine]:
     settings = load_settings(cache_dir=tmp_path / "cache", port=0, preload_openblas=False)
     loaded = loaded_tiny("llama")
-    store = WarmStore(settings.agents_dir, loaded, 1 << 30, EventLog())
+    store = WarmStore(settings.agents_dir, stored_model(loaded), 1 << 30, EventLog())
     engine = Engine(loaded, engine_settings(64 << 20, 8, 32), store=store)
 
     def factory(settings, events, progress):

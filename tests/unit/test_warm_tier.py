@@ -17,6 +17,7 @@ from engine.domain.event_log import EventKind, EventLog
 from engine.domain.requests import GenerationRequest
 from engine.runtime.engine_thread.sync_client import run_turn
 from engine.store.warm_store import WarmStore
+from engine.store.stored_model import stored_model
 from tests.support.byte_tokenizer import EOS
 from tests.support.reference import reference_greedy
 from tests.support.tiny_models import loaded_tiny
@@ -26,7 +27,7 @@ from tests.unit.test_engine_batching import prompt_for, without_eos
 def engine_with_store(root: Path, kind: str = "llama", blocks: int = 64, disk_mb: float = 64, loaded=None) -> Engine:
     loaded = loaded or loaded_tiny(kind)
     events = EventLog()
-    store = WarmStore(root, loaded, int(disk_mb * 2**20), events)
+    store = WarmStore(root, stored_model(loaded), int(disk_mb * 2**20), events)
     config = engine_settings(blocks * loaded.spec.block_bytes, 8, 32)
     engine = Engine(loaded, config, store=store, events=events)
     engine.start()
@@ -133,7 +134,7 @@ def test_files_of_another_model_are_never_served(tmp_path: Path) -> None:
     run_turn(a, GenerationRequest("x", prompt_for(0), 4))
     a.stop()
     other = loaded_tiny("llama", seed=2)  # same layout, different weights and identity
-    directory = WarmStore(tmp_path, other, 1 << 20, EventLog()).directory
+    directory = WarmStore(tmp_path, stored_model(other), 1 << 20, EventLog()).directory
     directory.mkdir(parents=True, exist_ok=True)
     for p in tmp_path.rglob("*.safetensors"):
         os.link(p, directory / p.name)

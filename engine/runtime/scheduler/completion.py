@@ -15,6 +15,7 @@ from engine.domain.requests import FinishEvent, FinishReason
 from engine.runtime.scheduler.parts import SchedulerPart, SchedulerState
 from engine.runtime.scheduler.turn import Turn, TurnPhase
 from engine.runtime.tiers.agents import AgentRecord, AgentState, Tier
+from engine.runtime.runner.kv.disk_slices import prefix_slices
 
 
 class Completion(SchedulerPart):
@@ -91,7 +92,7 @@ class Completion(SchedulerPart):
             return
         if store.prefixes.has(agent.tokens[:point]):
             return
-        slices = agent.kv.prefix_slices(point)
+        slices = prefix_slices(agent.kv, point)
         if slices is not None:
             store.store_prefix(agent.tokens[:point], slices)
 

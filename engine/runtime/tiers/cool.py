@@ -17,8 +17,9 @@ from __future__ import annotations
 
 from engine.runtime.runner.kv.sequence_kv import SequenceKV
 from engine.runtime.tiers.agents import AgentRecord
-from engine.store.cache_format import KVQuantization
+from engine.store.cache_file import KVQuantization
 from engine.store.kv_at_rest import CacheAtRest, as_block, quantize_blocks
+from engine.runtime.runner.kv.disk_slices import cache_slices, checkpoint_slices
 
 
 def cool_copy(agent: AgentRecord, quantization: KVQuantization) -> CacheAtRest:
@@ -34,6 +35,6 @@ def at_rest(kv: SequenceKV, tokens: list[int], prefix: dict[str, int] | None = N
     ``prefix``: a shared prefix file (``{"key", "n_tokens"}``) its first tokens
     are left to; its full-attention layers then start there."""
     full_from = prefix["n_tokens"] if prefix else 0
-    checkpoints, checkpoint_slices = kv.checkpoint_slices()
-    blocks = tuple(as_block(s) for s in kv.slices(len(tokens), full_from=full_from) + checkpoint_slices)
+    checkpoints, at_checkpoints = checkpoint_slices(kv)
+    blocks = tuple(as_block(s) for s in cache_slices(kv, len(tokens), full_from=full_from) + at_checkpoints)
     return CacheAtRest(tokens, blocks, None, checkpoints, dict(prefix) if prefix else None)

@@ -28,6 +28,7 @@ from engine.runtime.runner.kv.kinds import MLX_KINDS, LayerKinds
 from engine.runtime.runner.kv.segment import Segment
 from engine.runtime.runner.kv.sequence_kv import SequenceKV
 from engine.store.layer_slice import LayerSlice
+from engine.runtime.runner.kv.disk_slices import load_slices
 
 # Donors whose tokens are compared per admission; they share the same hashed
 # prefix, so the first few are as good as any.
@@ -297,7 +298,7 @@ class HotCache:
     def load_prefix(self, holder: Holder, n_tokens: int, slices: list[LayerSlice]) -> None:
         """Fill ``holder``'s fresh cache (room reserved) with a shared prefix read from disk."""
         assert holder.kv is not None
-        holder.kv.load_slices(n_tokens, slices)
+        load_slices(holder.kv, n_tokens, slices)
         holder.kv.copied += sum(a.nbytes for s in slices for a in s.arrays)
 
     def install(self, agent: AgentRecord, tokens: list[int], slices: list[LayerSlice],
@@ -312,7 +313,7 @@ class HotCache:
             self.release(agent)
             return False
         assert agent.kv is not None
-        agent.kv.load_slices(len(tokens), slices, checkpoints)
+        load_slices(agent.kv, len(tokens), slices, checkpoints)
         kv = agent.kv
         while not self.pay(agent) and (kv.drop_oldest_checkpoint(keep=1) or kv.drop_oldest_checkpoint()):
             self.settle(agent)

@@ -25,7 +25,7 @@ from engine.runtime.runner.kv.sequence_kv import SequenceKV
 from engine.runtime.meters import RateMeter
 
 if TYPE_CHECKING:
-    from engine.store.cache_format import KVQuantization
+    from engine.store.cache_file import KVQuantization
     from engine.store.warm_store import Loaded, WarmStore
 
 

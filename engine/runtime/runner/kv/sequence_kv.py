@@ -16,7 +16,6 @@ import mlx.core as mx
 from mlx_lm.models.cache import CacheList
 
 from engine.domain.cache_spec import KVGeometry, LayerGroup, ModelCacheSpec
-from engine.store.layer_slice import LayerSlice, state_slice
 
 from engine.runtime.runner.kv.chunked_kv import ChunkedKV, ChunkState
 from engine.runtime.runner.kv.full_kv import FullKV, KVShape
@@ -193,13 +192,13 @@ class SequenceKV:
 
     def _states_of(self, layer_index: int) -> list[WindowState | ChunkState]:
         """Every checkpoint's state of one window layer."""
-        slot = self._window_layer_ids().index(layer_index)
+        slot = self.window_layer_ids().index(layer_index)
         return [c.states[slot] for c in self.checkpoints]
 
     def _unshare_checkpoints(self, relays: Callable[[ChunkedKV], bool]) -> None:
         """Before chunked layers lay their runs out anew, the checkpoints sharing them get copies of their
         chunks (the pool paid for them in :meth:`blocks_for`)."""
-        ids = self._window_layer_ids()
+        ids = self.window_layer_ids()
         moving = {slot for slot, i in enumerate(ids)
                   if isinstance(self.layers[i], ChunkedKV) and relays(self.layers[i])}  # type: ignore[arg-type]
         if not moving or not self.checkpoints:
@@ -219,7 +218,7 @@ class SequenceKV:
 
     def arrays(self) -> list[mx.array]:
         """Every array of the own layers (K/V and recurrent states), to evaluate after a pass."""
-        return [a for layer in self.layers for a in _arrays_of(layer)]
+        return [a for layer in self.layers for a in arrays_of(layer)]
 
     def checkpoint_bytes(self) -> int:
         """What the pool counts for the checkpoints (part of :attr:`nbytes`)."""
@@ -229,11 +228,11 @@ class SequenceKV:
     def array_bytes(self) -> int:
         """Bytes of the arrays themselves (own layers and checkpoints, each array once: a chunked layer's
         checkpoints may share its run; shared segments not included)."""
-        arrays = [a for layer in self.layers for a in _arrays_of(layer)]
+        arrays = [a for layer in self.layers for a in arrays_of(layer)]
         # (A chunked checkpoint sharing its layer's run adds no array: counted once, as the pool does.)
         own = [state for c in self.checkpoints for state, layer in zip(c.states, self._windows())
                if not (isinstance(layer, ChunkedKV) and layer.shares(state))]  # type: ignore[arg-type]
-        arrays += [a for state in own for a in _arrays_of(state)]
+        arrays += [a for state in own for a in arrays_of(state)]
         return sum(a.nbytes for a in arrays if a is not None)
 
     def caches(self) -> list[Any]:
@@ -349,7 +348,7 @@ class SequenceKV:
         return max(candidates, key=lambda c: c.offset) if candidates else None
 
     def _checkpoint_blocks(self, checkpoint: Checkpoint) -> dict[int, int]:
-        by_layer = dict(zip(self._window_layer_ids(), checkpoint.states))
+        by_layer = dict(zip(self.window_layer_ids(), checkpoint.states))
         return {
             g.index: _state_blocks(self._lead(g), by_layer[g.layers[0]], self.spec.block_tokens)
             * self.spec.group_units(g)
@@ -380,137 +379,6 @@ class SequenceKV:
         self.copied += copied
         return copied
 
-    def slices(self, n_tokens: int, full_from: int = 0) -> list[LayerSlice]:
-        """Every position the cache needs, cut on absolute block boundaries (copies), for the disk tier.
-
-        ``full_from``: full-attention layers start there (the positions before
-        it are in a shared prefix file).
-        """
-        out: list[LayerSlice] = []
-        for group in self.spec.groups:
-            layers = [self.layers[i] for i in group.layers]
-            if group.is_recurrent:
-                out += _states_at(group.index, n_tokens, [layer.state_now() for layer in layers])  # type: ignore[union-attr]
-                continue
-            start = n_tokens - min(n_tokens, _needed(layers[0], n_tokens))
-            if group.holds_every_position:
-                start = max(start, full_from)
-            out += _cut(group.index, layers, start, n_tokens, self.spec.block_tokens)
-        mx.eval([a for s in out for a in s.arrays])
-        return out
-
-    def prefix_slices(self, n_tokens: int) -> list[LayerSlice] | None:
-        """Positions ``[0, n_tokens)`` as a cache of their own (a shared prefix for the disk tier), as copies.
-
-        Window layers and recurrent states need their state at ``n_tokens``: the
-        cache's own when it ends there, else a checkpoint taken there; None when
-        there is neither.
-        """
-        states: dict[int, WindowState | ChunkState | StateSnapshot] = {}
-        if self.forgets:
-            checkpoint = next((c for c in self.checkpoints if c.offset == n_tokens), None)
-            if checkpoint is not None:
-                states = dict(zip(self._window_layer_ids(), checkpoint.states))
-            elif self.offset == n_tokens:
-                states = {i: self.layers[i].state_now() for i in self._window_layer_ids()}  # type: ignore[union-attr]
-            else:
-                return None
-        out: list[LayerSlice] = []
-        for group in self.spec.groups:
-            if group.holds_every_position:
-                out += _cut(group.index, [self.layers[i] for i in group.layers], 0, n_tokens, self.spec.block_tokens)
-                continue
-            if group.is_recurrent:
-                out += _states_at(group.index, n_tokens, [states[i] for i in group.layers])  # type: ignore[misc]
-                continue
-            rings = [_ring(self.layers[i], states[i]) for i in group.layers]  # type: ignore[arg-type]
-            start = n_tokens - min(rings[0].needed, n_tokens)
-            out += _cut(group.index, rings, start, n_tokens, self.spec.block_tokens)
-        mx.eval([a for s in out for a in s.arrays])
-        return out
-
-    def checkpoint_slices(self) -> tuple[list[dict[str, object]], list[LayerSlice]]:
-        """The checkpoints as the disk tier stores them: header entries, and each one's window
-        positions cut on block boundaries (``LayerSlice.checkpoint`` = its index in the entries)."""
-        entries: list[dict[str, object]] = []
-        out: list[LayerSlice] = []
-        for index, checkpoint in enumerate(sorted(self.checkpoints, key=lambda c: c.offset)):
-            entries.append({"offset": checkpoint.offset, "kind": checkpoint.kind.value})
-            states = dict(zip(self._window_layer_ids(), checkpoint.states))
-            for group in self.spec.sliding_groups:
-                if group.is_recurrent:
-                    snapshots = [states[i] for i in group.layers]
-                    out += _states_at(group.index, checkpoint.offset, snapshots, index)  # type: ignore[arg-type]
-                    continue
-                rings = [_ring(self.layers[i], states[i]) for i in group.layers]  # type: ignore[arg-type]
-                start = checkpoint.offset - min(rings[0].needed, checkpoint.offset)
-                cut = _cut(group.index, rings, start, checkpoint.offset, self.spec.block_tokens)
-                out += [LayerSlice(s.group, s.start, s.length, s.keys, s.values, index) for s in cut]
-        mx.eval([a for s in out for a in s.arrays])
-        return entries, out
-
-    def load_slices(self, n_tokens: int, slices: Sequence[LayerSlice],
-                    checkpoints: Sequence[dict[str, object]] = ()) -> None:
-        """Fill an empty cache from slices (capacity for ``n_tokens`` reserved by the caller).
-
-        Slices of checkpoints become checkpoints again; the caller pays for them.
-        """
-        own = [s for s in slices if s.checkpoint is None]
-        self._load_own(n_tokens, own)
-        for index, entry in enumerate(checkpoints):
-            parts = [s for s in slices if s.checkpoint == index]
-            self.checkpoints.append(self._checkpoint_from(int(entry["offset"]), CheckpointKind(entry["kind"]), parts))
-        mx.eval([a for c in self.checkpoints for state in c.states for a in _arrays_of(state)])
-
-    def _checkpoint_from(self, offset: int, kind: CheckpointKind, parts: list[LayerSlice]) -> Checkpoint:
-        states: list[WindowState | ChunkState | StateSnapshot] = []
-        for index in self._window_layer_ids():
-            layer = self.layers[index]
-            group = self.spec.group_of(index)
-            slot = group.layers.index(index)
-            mine = sorted((p for p in parts if p.group == group.index), key=lambda p: p.start)
-            if isinstance(layer, RecurrentState):
-                states.append(StateSnapshot(offset, tuple(mine[0].states[slot]) if mine else None))
-                continue
-            ring = layer.blank()
-            ring.reserve(offset)
-            if mine:
-                ring.load_from(mine[0].start, mx.concatenate([p.keys[slot] for p in mine], axis=2),
-                               mx.concatenate([p.values[slot] for p in mine], axis=2))
-            else:
-                ring.load_from(offset, None, None)
-            ring.shrink()
-            # (A chunked checkpoint keeps only its chunk so far: what it would own after a relayout.)
-            states.append(ring.compact(ring.state_now()) if isinstance(ring, ChunkedKV) else ring.state_now())
-        return Checkpoint(offset, tuple(states), kind)
-
-    def _load_own(self, n_tokens: int, slices: Sequence[LayerSlice]) -> None:
-        by_group: dict[int, list[LayerSlice]] = {}
-        for s in slices:
-            by_group.setdefault(s.group, []).append(s)
-        for group in self.spec.groups:
-            parts = sorted(by_group.get(group.index, []), key=lambda s: s.start)
-            if group.is_recurrent:
-                for slot, index in enumerate(group.layers):
-                    state = self.layers[index]
-                    assert isinstance(state, RecurrentState) and len(parts) == 1 and parts[0].start == n_tokens
-                    state.load(n_tokens, tuple(parts[0].states[slot]))
-                continue
-            if not parts:
-                if not group.holds_every_position:  # a chunked window at its boundary: nothing to hold yet
-                    for index in group.layers:
-                        self.layers[index].load_from(n_tokens, None, None)  # type: ignore[union-attr]
-                continue
-            for slot, index in enumerate(group.layers):
-                layer = self.layers[index]
-                keys = mx.concatenate([p.keys[slot] for p in parts], axis=2)
-                values = mx.concatenate([p.values[slot] for p in parts], axis=2)
-                if isinstance(layer, FullKV):
-                    layer.load(keys, values)
-                else:
-                    layer.load_from(parts[0].start, keys, values)
-        mx.eval([a for layer in self.layers for a in _arrays_of(layer)])
-
     # -- helpers -----------------------------------------------------------------------
     def _lead(self, group: LayerGroup) -> LayerKV:
         return self.layers[group.layers[0]]
@@ -522,7 +390,7 @@ class SequenceKV:
         """The layers that forget (windows and recurrent states), in layer order: a checkpoint's states."""
         return [layer for layer in self.layers if isinstance(layer, _FORGETTING)]
 
-    def _window_layer_ids(self) -> list[int]:
+    def window_layer_ids(self) -> list[int]:
         return [i for i, layer in enumerate(self.layers) if isinstance(layer, _FORGETTING)]
 
 
@@ -556,7 +424,7 @@ def _own_blocks(layer: LayerKV, block_tokens: int) -> int:
     return (layer.own_capacity if isinstance(layer, FullKV) else layer.capacity) // block_tokens
 
 
-def _arrays_of(holder: Any) -> list[mx.array]:
+def arrays_of(holder: Any) -> list[mx.array]:
     """The arrays a layer or a checkpoint's state holds."""
     if isinstance(holder, RecurrentState):
         return holder.arrays
@@ -567,51 +435,6 @@ def _arrays_of(holder: Any) -> list[mx.array]:
 
 def _round_up(n: int, step: int) -> int:
     return -(-n // step) * step
-
-
-def _needed(layer: LayerKV, n_tokens: int) -> int:
-    """How many of the latest positions a layer must keep to continue at ``n_tokens``."""
-    if isinstance(layer, FullKV):
-        return n_tokens
-    return min(layer.needed, n_tokens)
-
-
-def _positions(layer: LayerKV, start: int, end: int) -> tuple[mx.array, mx.array]:
-    """Copies of positions ``[start, end)``."""
-    keys, values = layer.positions(start, end) if isinstance(layer, FullKV) else layer.columns(start, end)
-    return mx.contiguous(keys), mx.contiguous(values)
-
-
-def _ring(layer: LayerKV, state: WindowState | ChunkState) -> WindowLike:
-    """A window layer of ``layer``'s kind, as it was in ``state``."""
-    assert isinstance(layer, (WindowKV, ChunkedKV))
-    ring = layer.blank()
-    ring.restore(state)  # type: ignore[arg-type]
-    return ring
-
-
-def _states_at(group: int, offset: int, snapshots: Sequence[StateSnapshot],
-               checkpoint: int | None = None) -> list[LayerSlice]:
-    """A recurrent group's layers at ``offset`` tokens as one state slice (none before any token). The
-    arrays are the state's own (values: a later pass replaces them, never writes into them), made
-    contiguous for the writer."""
-    assert all(s.offset == offset for s in snapshots), ([s.offset for s in snapshots], offset)
-    if offset == 0 or snapshots[0].arrays is None:
-        return []
-    states = tuple(tuple(mx.contiguous(a) for a in s.arrays or ()) for s in snapshots)
-    return [state_slice(group, offset, states, checkpoint)]
-
-
-def _cut(group: int, layers: Sequence[LayerKV], start: int, end: int, block: int) -> list[LayerSlice]:
-    """Positions ``[start, end)`` of ``layers`` as copies, one slice per absolute block."""
-    out: list[LayerSlice] = []
-    pos = start
-    while pos < end:
-        stop = min((pos // block + 1) * block, end)
-        keys, values = zip(*(_positions(layer, pos, stop) for layer in layers))
-        out.append(LayerSlice(group, pos, stop - pos, tuple(keys), tuple(values)))
-        pos = stop
-    return out
 
 
 def _copy_window(mine: Forgetting, state: WindowState | ChunkState | StateSnapshot, n_tokens: int) -> int:

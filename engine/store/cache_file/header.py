@@ -16,13 +16,13 @@ from typing import Any
 
 from engine.errors import CacheCorruptionError
 
-from engine.store.cache_format import (
-    _AFTER_CHECKSUM,
-    _BY_CODE,
-    _CHECKSUM_VALUE,
-    _CRC_DIGITS,
-    _LENGTH,
-    _PREFIX_KEY,
+from engine.store.cache_file.format import (
+    AFTER_CHECKSUM,
+    BY_CODE,
+    CHECKSUM_VALUE,
+    CRC_DIGITS,
+    LENGTH,
+    PREFIX_KEY,
     CHECKPOINT_KINDS,
     CHECKSUM_ALGORITHM,
     FORMAT_NAME,
@@ -31,8 +31,8 @@ from engine.store.cache_format import (
     QUANTIZED_FORMAT_VERSION,
     READABLE_VERSIONS,
     CacheHeader,
-    _Entry,
-    _short,
+    Entry,
+    short_quote,
 )
 
 
@@ -70,7 +70,7 @@ def _is_checkpoint(v: Any) -> bool:
 def _is_prefix(v: Any) -> bool:
     # Never null: a file without a prefix reference has no prefix field at all.
     return (type(v) is dict and set(v) == {"key", "n_tokens"}
-            and type(v["key"]) is str and _PREFIX_KEY.fullmatch(v["key"]) is not None
+            and type(v["key"]) is str and PREFIX_KEY.fullmatch(v["key"]) is not None
             and type(v["n_tokens"]) is int and v["n_tokens"] >= 1)
 
 
@@ -101,7 +101,7 @@ _OPTIONAL_FIELDS: dict[str, Callable[[], Any]] = {
 
 
 # -- encoding ----------------------------------------------------------------------------------
-def _encode_head(header: CacheHeader, entries: Sequence[_Entry]) -> tuple[bytes, int]:
+def encode_head(header: CacheHeader, entries: Sequence[Entry]) -> tuple[bytes, int]:
     """The length prefix and padded JSON header, and the file offset of the checksum digits."""
     table: dict[str, Any] = {
         e.name: {"dtype": e.dtype, "shape": list(e.shape), "data_offsets": [e.begin, e.end]}
@@ -111,15 +111,15 @@ def _encode_head(header: CacheHeader, entries: Sequence[_Entry]) -> tuple[bytes,
         name: getattr(header, name) for name in _HEADER_FIELDS
         if name != "checksum" and not _is_default(name, getattr(header, name))
     }
-    fields["checksum"] = header.checksum  # last: see _AFTER_CHECKSUM
+    fields["checksum"] = header.checksum  # last: see AFTER_CHECKSUM
     semantic = json.dumps(fields, allow_nan=False, separators=(",", ":"))
     _check_fields(json.loads(semantic))  # what the reader will see
     table["__metadata__"] = {"format": FORMAT_NAME, "semantic": semantic}
     text = json.dumps(table, separators=(",", ":")).encode("ascii")
     # Spaces pad the header so tensor data starts 8-byte aligned, as safetensors does.
-    padded = text + b" " * (-(_LENGTH.size + len(text)) % 8)
-    checksum_at = _LENGTH.size + len(text) - len(_AFTER_CHECKSUM) - _CRC_DIGITS
-    return _LENGTH.pack(len(padded)) + padded, checksum_at
+    padded = text + b" " * (-(LENGTH.size + len(text)) % 8)
+    checksum_at = LENGTH.size + len(text) - len(AFTER_CHECKSUM) - CRC_DIGITS
+    return LENGTH.pack(len(padded)) + padded, checksum_at
 
 
 def _is_default(name: str, value: Any) -> bool:
@@ -127,22 +127,22 @@ def _is_default(name: str, value: Any) -> bool:
 
 
 # -- parsing -----------------------------------------------------------------------------------
-def _parse_header(metadata: Any) -> CacheHeader:
+def parse_header(metadata: Any) -> CacheHeader:
     """The :class:`CacheHeader` in ``__metadata__``, token ids still empty."""
     if type(metadata) is not dict or "format" not in metadata:
         raise CacheCorruptionError("no format in the metadata: not a semantic agent cache")
     if metadata["format"] != FORMAT_NAME:
         raise CacheCorruptionError(
-            f"unknown format {_short(repr(metadata['format']))}, expected {FORMAT_NAME!r}")
+            f"unknown format {short_quote(repr(metadata['format']))}, expected {FORMAT_NAME!r}")
     if type(metadata.get("semantic")) is not str:
         raise CacheCorruptionError("no semantic header in the metadata")
-    fields = _parse_json(metadata["semantic"], "semantic header")
+    fields = parse_json(metadata["semantic"], "semantic header")
     if type(fields) is not dict:
         raise CacheCorruptionError("bad JSON semantic header: not an object")
     version = fields.get("format_version")
     if type(version) is not int or version not in READABLE_VERSIONS:
         raise CacheCorruptionError(
-            f"unsupported format_version {_short(repr(version))} "
+            f"unsupported format_version {short_quote(repr(version))} "
             f"(this build reads {', '.join(map(str, READABLE_VERSIONS))})")
     _check_fields(fields)
     fields["created_at"] = float(fields["created_at"])
@@ -154,11 +154,11 @@ def _check_fields(fields: dict[str, Any]) -> None:
     missing = sorted(set(_HEADER_FIELDS) - set(_OPTIONAL_FIELDS) - set(fields))
     unknown = sorted(set(fields) - set(_HEADER_FIELDS))
     if missing or unknown:
-        raise CacheCorruptionError(f"header fields missing {missing}, unknown {_short(unknown)}")
+        raise CacheCorruptionError(f"header fields missing {missing}, unknown {short_quote(unknown)}")
     for name, valid in _HEADER_FIELDS.items():
         if name in fields and not valid(fields[name]):
             raise CacheCorruptionError(
-                f"header field {name} has a bad value {_short(repr(fields[name]))}")
+                f"header field {name} has a bad value {short_quote(repr(fields[name]))}")
     _check_checkpoint_offsets(fields.get("checkpoints", []), fields["n_tokens"])
     _check_prefix(fields.get("prefix"), fields["n_tokens"], fields["spec"])
     quantized = "kv_quantization" in fields
@@ -166,9 +166,9 @@ def _check_fields(fields: dict[str, Any]) -> None:
         raise CacheCorruptionError(
             f"format_version {fields['format_version']} {'with' if quantized else 'without'} kv_quantization "
             f"(version {QUANTIZED_FORMAT_VERSION} files and only they are quantized)")
-    if not _CHECKSUM_VALUE.fullmatch(fields["checksum"]):
+    if not CHECKSUM_VALUE.fullmatch(fields["checksum"]):
         raise CacheCorruptionError(
-            f"unsupported checksum {_short(repr(fields['checksum']))}, "
+            f"unsupported checksum {short_quote(repr(fields['checksum']))}, "
             f"expected {CHECKSUM_ALGORITHM}")
 
 
@@ -177,7 +177,7 @@ def _check_checkpoint_offsets(checkpoints: list[dict[str, Any]], n_tokens: int) 
     offsets = [c["offset"] for c in checkpoints]
     if any(after <= before for before, after in pairwise(offsets)):
         raise CacheCorruptionError(
-            f"header field checkpoints has offsets {_short(offsets)}, not strictly increasing")
+            f"header field checkpoints has offsets {short_quote(offsets)}, not strictly increasing")
     outside = [o for o in offsets if not 1 <= o <= n_tokens]
     if outside:
         raise CacheCorruptionError(f"header field checkpoints has offset {outside[0]}, "
@@ -191,7 +191,7 @@ def _check_prefix(prefix: dict[str, Any] | None, n_tokens: int, spec: dict[str, 
     shared, block = prefix["n_tokens"], spec.get("block_tokens")
     if type(block) is not int or block < 1:
         raise CacheCorruptionError(f"header field prefix cannot be checked: the spec's "
-                                   f"block_tokens is {_short(repr(block))}")
+                                   f"block_tokens is {short_quote(repr(block))}")
     if shared % block:
         raise CacheCorruptionError(f"header field prefix has n_tokens {shared}, "
                                    f"not a multiple of the spec's {block}-token blocks")
@@ -200,40 +200,40 @@ def _check_prefix(prefix: dict[str, Any] | None, n_tokens: int, spec: dict[str, 
                                    f"more than the cache's {n_tokens} (n_tokens)")
 
 
-def _parse_entry(name: str, desc: Any) -> _Entry:
+def parse_entry(name: str, desc: Any) -> Entry:
     """One tensor's table entry, whose byte span must match its dtype and shape exactly."""
-    tensor = f"tensor {_short(repr(name))}"
+    tensor = f"tensor {short_quote(repr(name))}"
     if type(desc) is not dict or set(desc) != {"dtype", "shape", "data_offsets"}:
         raise CacheCorruptionError(f"{tensor} has a malformed entry")
     dtype, shape, offsets = desc["dtype"], desc["shape"], desc["data_offsets"]
-    if type(dtype) is not str or dtype not in _BY_CODE:
-        raise CacheCorruptionError(f"{tensor} has unexpected dtype {_short(repr(dtype))}")
+    if type(dtype) is not str or dtype not in BY_CODE:
+        raise CacheCorruptionError(f"{tensor} has unexpected dtype {short_quote(repr(dtype))}")
     if not _is_list_of(_is_count)(shape) or len(shape) > 8:
-        raise CacheCorruptionError(f"{tensor} has a bad shape {_short(shape)}")
+        raise CacheCorruptionError(f"{tensor} has a bad shape {short_quote(shape)}")
     if not _is_list_of(_is_count)(offsets) or len(offsets) != 2 or offsets[0] > offsets[1]:
-        raise CacheCorruptionError(f"{tensor} has bad data_offsets {_short(offsets)}")
-    needed, span = math.prod(shape) * _BY_CODE[dtype].itemsize, offsets[1] - offsets[0]
+        raise CacheCorruptionError(f"{tensor} has bad data_offsets {short_quote(offsets)}")
+    needed, span = math.prod(shape) * BY_CODE[dtype].itemsize, offsets[1] - offsets[0]
     if span != needed:
         raise CacheCorruptionError(
             f"{tensor}: {dtype} {shape} needs {needed} bytes, its data_offsets span {span}")
-    return _Entry(name, dtype, tuple(shape), offsets[0], offsets[1])
+    return Entry(name, dtype, tuple(shape), offsets[0], offsets[1])
 
 
-def _checksum_offset(head: bytes, checksum: str) -> int:
+def checksum_offset(head: bytes, checksum: str) -> int:
     """Where the checksum digits sit in ``head``; they must be the header's last bytes."""
     body = head.rstrip(b" ")
-    if not body.endswith(checksum.encode("ascii") + _AFTER_CHECKSUM):
+    if not body.endswith(checksum.encode("ascii") + AFTER_CHECKSUM):
         raise CacheCorruptionError("the checksum is not the header's last field")
-    return len(body) - len(_AFTER_CHECKSUM) - _CRC_DIGITS
+    return len(body) - len(AFTER_CHECKSUM) - CRC_DIGITS
 
 
-def _parse_json(text: bytes | str, what: str) -> Any:
+def parse_json(text: bytes | str, what: str) -> Any:
     try:
         if isinstance(text, bytes):
             text = text.decode("utf-8")
         return json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_reject_constant)
     except (ValueError, RecursionError) as err:
-        raise CacheCorruptionError(f"bad JSON {what}: {_short(err)}") from None
+        raise CacheCorruptionError(f"bad JSON {what}: {short_quote(err)}") from None
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

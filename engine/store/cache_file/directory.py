@@ -15,9 +15,9 @@ from pathlib import Path
 
 from engine.errors import CacheCorruptionError, CachePersistenceError
 
-from engine.store.cache_format import _TEMP_NAME, QUARANTINE_DIR, STALE_TEMP_SECONDS, SUFFIX, ScanResult
-from engine.store.cache_reader import read_header
-from engine.store.cache_writer import _remove_quietly
+from engine.store.cache_file.format import TEMP_NAME, QUARANTINE_DIR, STALE_TEMP_SECONDS, SUFFIX, ScanResult
+from engine.store.cache_file.reader import read_header
+from engine.store.cache_file.writer import remove_quietly
 from engine.store.private_dirs import make_private_dir
 from engine.store.temp_files import pid_alive
 
@@ -45,7 +45,7 @@ def scan_directory(directory: Path) -> ScanResult:
 def _remove_stale_temps(directory: Path, names: list[str]) -> None:
     now = time.time()
     for name in names:
-        match = _TEMP_NAME.fullmatch(name)
+        match = TEMP_NAME.fullmatch(name)
         if match is None:
             continue
         path = directory / name
@@ -67,7 +67,7 @@ def quarantine(path: Path, reason: str) -> Path | None:
         make_private_dir(target.parent)
         os.replace(path, target)
     except OSError:
-        _remove_quietly(path)
+        remove_quietly(path)
         return None
     with suppress(OSError):
         reason_file = target.with_name(target.name + ".reason.txt")

@@ -23,11 +23,11 @@ import numpy as np
 
 from engine.errors import CacheCorruptionError, CachePersistenceError
 
-from engine.store.cache_format import (
-    _CHECKSUM_PLACEHOLDER,
-    _KV_DTYPES,
-    _PACKED_DTYPE,
-    _TOKEN_DTYPE,
+from engine.store.cache_file.format import (
+    CHECKSUM_PLACEHOLDER,
+    KV_DTYPES,
+    PACKED_DTYPE,
+    TOKEN_DTYPE,
     FORMAT_VERSION,
     QUANTIZED_FORMAT_VERSION,
     SUFFIX,
@@ -36,12 +36,12 @@ from engine.store.cache_format import (
     PersistedBlock,
     QuantizedArray,
     WrittenFile,
-    _Dtype,
-    _Entry,
+    Dtype,
+    Entry,
 )
-from engine.store.cache_header import _encode_head
+from engine.store.cache_file.header import encode_head
 from engine.store.durable import sync_directory, sync_file
-from engine.store.cache_validation import _check_blocks, _geometry, _Geometry, _token_entry
+from engine.store.cache_file.validation import check_blocks, spec_geometry, Geometry, token_entry
 from engine.store.file_names import agent_file_stem
 from engine.store.private_dirs import make_private_dir
 
@@ -49,7 +49,7 @@ from engine.store.private_dirs import make_private_dir
 @dataclass(frozen=True, slots=True)
 class _Source:
     name: str
-    dtype: _Dtype
+    dtype: Dtype
     shape: tuple[int, ...]
     data: memoryview  # the tensor's bytes, cast to "B"
 
@@ -93,7 +93,7 @@ def write_cache_file_to(
         _write_temp(temp, plan, sync)
         os.replace(temp, final)
     except BaseException as err:
-        _remove_quietly(temp)
+        remove_quietly(temp)
         if isinstance(err, OSError):
             raise CachePersistenceError(f"cannot write cache file {final}: {err}") from err
         raise
@@ -123,7 +123,7 @@ def _write_temp(temp: Path, plan: _Plan, sync: bool) -> None:
             sync_file(out.fileno())
 
 
-def _remove_quietly(path: Path) -> None:
+def remove_quietly(path: Path) -> None:
     with suppress(OSError):
         path.unlink()
 
@@ -133,15 +133,15 @@ def _plan(record: CacheRecord) -> _Plan:
     """The file's head and tensor order, checked as the reader will check them."""
     header = record.header
     try:
-        geometry = _geometry(header.spec)
+        geometry = spec_geometry(header.spec)
         sources = [_token_source(header.token_ids), *_block_sources(record.blocks, geometry)]
         entries = _lay_out(sources)
         version = FORMAT_VERSION if header.kv_quantization is None else QUANTIZED_FORMAT_VERSION
-        header = replace(header, format_version=version, checksum=_CHECKSUM_PLACEHOLDER,
+        header = replace(header, format_version=version, checksum=CHECKSUM_PLACEHOLDER,
                          tensor_bytes=sum(e.end - e.begin for e in entries[1:]))
-        head, checksum_at = _encode_head(header, entries)  # checks the fields _check_blocks reads
-        _token_entry(_by_name(entries), header.n_tokens)
-        _check_blocks(geometry, _by_name(entries), header)
+        head, checksum_at = encode_head(header, entries)  # checks the fields check_blocks reads
+        token_entry(_by_name(entries), header.n_tokens)
+        check_blocks(geometry, _by_name(entries), header)
     except CacheCorruptionError as err:
         raise ValueError(f"refusing to write a cache that would not read back: {err}") from None
     return _Plan(head, checksum_at, tuple(sources), len(head) + entries[-1].end)
@@ -151,10 +151,10 @@ def _token_source(token_ids: Sequence[int]) -> _Source:
     tokens = np.asarray(token_ids, dtype=np.int64).reshape(-1)
     if tokens.size and (tokens.min() < 0 or tokens.max() >= 2**32):
         raise ValueError("token ids must fit uint32")
-    return _source(TOKENS, tokens.astype("<u4"), _TOKEN_DTYPE)
+    return _source(TOKENS, tokens.astype("<u4"), TOKEN_DTYPE)
 
 
-def _block_sources(blocks: Sequence[PersistedBlock], geometry: _Geometry) -> list[_Source]:
+def _block_sources(blocks: Sequence[PersistedBlock], geometry: Geometry) -> list[_Source]:
     sources, dtype = [], geometry.dtype
     for block in sorted(blocks, key=lambda b: b.file_order):
         checkpoint = "" if block.checkpoint is None else f"c{block.checkpoint}."
@@ -170,26 +170,26 @@ def _block_sources(blocks: Sequence[PersistedBlock], geometry: _Geometry) -> lis
     return sources
 
 
-def _state_sources(prefix: str, states: Sequence[Sequence[Any]], geometry: _Geometry, group: int) -> list[_Source]:
+def _state_sources(prefix: str, states: Sequence[Sequence[Any]], geometry: Geometry, group: int) -> list[_Source]:
     """A recurrent group's state: each layer slot's arrays, each in its own dtype (the spec's)."""
     facts = geometry.groups.get(group)
     if facts is None or facts.state is None:
         raise ValueError(f"{prefix}: group {group} keeps no recurrent state")
     if any(len(arrays) != len(facts.state) for arrays in states):
         raise ValueError(f"{prefix}: a state of {len(facts.state)} arrays per layer expected")
-    return [_source(f"{prefix}.l{slot}.a{j}", array, _KV_DTYPES[facts.state[j][1]])
+    return [_source(f"{prefix}.l{slot}.a{j}", array, KV_DTYPES[facts.state[j][1]])
             for slot, arrays in enumerate(states) for j, array in enumerate(arrays)]
 
 
-def _kv_sources(name: str, array: Any, dtype: _Dtype) -> list[_Source]:
+def _kv_sources(name: str, array: Any, dtype: Dtype) -> list[_Source]:
     """One K or V: its array, or a quantized one's packed words, scales and biases."""
     if not isinstance(array, QuantizedArray):
         return [_source(name, array, dtype)]
-    return [_source(name, array.packed, _PACKED_DTYPE), _source(f"{name}.scales", array.scales, dtype),
+    return [_source(name, array.packed, PACKED_DTYPE), _source(f"{name}.scales", array.scales, dtype),
             _source(f"{name}.biases", array.biases, dtype)]
 
 
-def _source(name: str, array: Any, dtype: _Dtype) -> _Source:
+def _source(name: str, array: Any, dtype: Dtype) -> _Source:
     view = memoryview(array)
     if view.format not in dtype.formats or view.itemsize != dtype.itemsize:
         raise ValueError(f"tensor {name}: buffer format {view.format!r} is not {dtype.name}")
@@ -198,16 +198,16 @@ def _source(name: str, array: Any, dtype: _Dtype) -> _Source:
     return _Source(name, dtype, tuple(view.shape), view.cast("B"))
 
 
-def _lay_out(sources: Sequence[_Source]) -> list[_Entry]:
+def _lay_out(sources: Sequence[_Source]) -> list[Entry]:
     entries, position = [], 0
     for source in sources:
         end = position + source.data.nbytes
-        entries.append(_Entry(source.name, source.dtype.code, source.shape, position, end))
+        entries.append(Entry(source.name, source.dtype.code, source.shape, position, end))
         position = end
     if len({e.name for e in entries}) != len(entries):
         raise ValueError("two blocks of one group (or checkpoint) start at the same position")
     return entries
 
 
-def _by_name(entries: Sequence[_Entry]) -> dict[str, _Entry]:
+def _by_name(entries: Sequence[Entry]) -> dict[str, Entry]:
     return {e.name: e for e in entries}

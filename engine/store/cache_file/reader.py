@@ -20,39 +20,39 @@ import numpy as np
 
 from engine.errors import CacheCorruptionError
 
-from engine.store.cache_format import (
-    _LENGTH,
-    _BY_CODE,
-    _PACKED_DTYPE,
-    _TOKEN_DTYPE,
+from engine.store.cache_file.format import (
+    LENGTH,
+    BY_CODE,
+    PACKED_DTYPE,
+    TOKEN_DTYPE,
     MAX_HEADER_BYTES,
     CacheHeader,
     CacheRecord,
     PersistedBlock,
     QuantizedArray,
-    _Dtype,
-    _Entry,
+    Dtype,
+    Entry,
 )
-from engine.store.cache_header import _checksum_offset, _parse_entry, _parse_header, _parse_json
-from engine.store.cache_validation import (
-    _BlockEntries,
-    _check_blocks,
-    _check_checksum,
-    _check_identity,
-    _check_offsets,
-    _geometry,
-    _Runs,
-    _token_entry,
+from engine.store.cache_file.header import checksum_offset, parse_entry, parse_header, parse_json
+from engine.store.cache_file.validation import (
+    BlockEntries,
+    check_blocks,
+    check_checksum,
+    check_identity,
+    check_offsets,
+    spec_geometry,
+    Runs,
+    token_entry,
 )
 
 
 @dataclass(frozen=True, slots=True)
 class _Layout:
     header: CacheHeader  # token_ids not read yet
-    entries: dict[str, _Entry]
+    entries: dict[str, Entry]
     head: bytes  # length prefix and JSON header as read: the checksum starts here
     checksum_at: int
-    tokens: _Entry
+    tokens: Entry
 
 
 def read_header(path: Path) -> CacheHeader:
@@ -76,29 +76,29 @@ def read_cache_file(
     with _reading(path), _open_regular(path) as (src, size):
         layout = _read_layout(src, size)
         header = layout.header
-        _check_identity(header, expect_model_digest, expect_spec_fingerprint, expect_model_name)
-        geometry = _geometry(header.spec)
-        runs = _check_blocks(geometry, layout.entries, header)
+        check_identity(header, expect_model_digest, expect_spec_fingerprint, expect_model_name)
+        geometry = spec_geometry(header.spec)
+        runs = check_blocks(geometry, layout.entries, header)
         data = _read_data(src, len(layout.head), size - len(layout.head))
-        _check_checksum(layout.head, layout.checksum_at, header.checksum, data)
+        check_checksum(layout.head, layout.checksum_at, header.checksum, data)
     data.flags.writeable = False  # blocks are immutable; every array below is a view of this
-    tokens = _view(data, layout.tokens, _TOKEN_DTYPE)
-    def array(entry: _Entry | QuantizedArray) -> np.ndarray | QuantizedArray:
+    tokens = _view(data, layout.tokens, TOKEN_DTYPE)
+    def array(entry: Entry | QuantizedArray) -> np.ndarray | QuantizedArray:
         if isinstance(entry, QuantizedArray):
-            return QuantizedArray(_view(data, entry.packed, _PACKED_DTYPE), _view(data, entry.scales, geometry.dtype),
+            return QuantizedArray(_view(data, entry.packed, PACKED_DTYPE), _view(data, entry.scales, geometry.dtype),
                                   _view(data, entry.biases, geometry.dtype))
         return _view(data, entry, geometry.dtype)
 
     blocks = tuple(
         PersistedBlock(b.group, b.start, b.length, tuple(array(e) for e in b.keys),
                        tuple(array(e) for e in b.values), b.checkpoint,
-                       tuple(tuple(_view(data, e, _BY_CODE[e.dtype]) for e in state) for state in b.states))
+                       tuple(tuple(_view(data, e, BY_CODE[e.dtype]) for e in state) for state in b.states))
         for b in _in_file_order(runs)
     )
     return CacheRecord(replace(header, token_ids=tokens.tolist()), blocks)
 
 
-def _in_file_order(runs: _Runs) -> Iterator[_BlockEntries]:
+def _in_file_order(runs: Runs) -> Iterator[BlockEntries]:
     """The cache's own blocks, then each checkpoint's; by group, then start."""
     for checkpoint in sorted(runs, key=lambda i: -1 if i is None else i):
         for group in sorted(runs[checkpoint]):
@@ -135,28 +135,28 @@ def _read_exact(src: BinaryIO, n: int, what: str) -> bytes:
 def _read_layout(src: BinaryIO, size: int) -> _Layout:
     """The parsed header and tensor table, checked against the file's size."""
     json_len = _header_length(src, size)
-    head = _LENGTH.pack(json_len) + _read_exact(src, json_len, "the header")
-    table = _parse_json(head[_LENGTH.size:], "header")
+    head = LENGTH.pack(json_len) + _read_exact(src, json_len, "the header")
+    table = parse_json(head[LENGTH.size:], "header")
     if type(table) is not dict:
         raise CacheCorruptionError("bad JSON header: not an object")
-    header = _parse_header(table.get("__metadata__"))
+    header = parse_header(table.get("__metadata__"))
     entries = {
-        name: _parse_entry(name, desc) for name, desc in table.items() if name != "__metadata__"
+        name: parse_entry(name, desc) for name, desc in table.items() if name != "__metadata__"
     }
-    _check_offsets(entries.values(), size - len(head))
-    checksum_at = _checksum_offset(head, header.checksum)
-    return _Layout(header, entries, head, checksum_at, _token_entry(entries, header.n_tokens))
+    check_offsets(entries.values(), size - len(head))
+    checksum_at = checksum_offset(head, header.checksum)
+    return _Layout(header, entries, head, checksum_at, token_entry(entries, header.n_tokens))
 
 
 def _header_length(src: BinaryIO, size: int) -> int:
-    if size < _LENGTH.size:
+    if size < LENGTH.size:
         raise CacheCorruptionError(f"truncated: {size} bytes, too short for the header length")
-    (n,) = _LENGTH.unpack(_read_exact(src, _LENGTH.size, "the header length"))
+    (n,) = LENGTH.unpack(_read_exact(src, LENGTH.size, "the header length"))
     if n < 2 or n > MAX_HEADER_BYTES:
         raise CacheCorruptionError(f"header length {n} is absurd")
-    if n > size - _LENGTH.size:
+    if n > size - LENGTH.size:
         raise CacheCorruptionError(
-            f"truncated: the header claims {n} bytes, {size - _LENGTH.size} follow")
+            f"truncated: the header claims {n} bytes, {size - LENGTH.size} follow")
     return n
 
 
@@ -174,5 +174,5 @@ def _read_data(src: BinaryIO, data_start: int, data_len: int) -> np.ndarray:
     return data
 
 
-def _view(data: np.ndarray, entry: _Entry, dtype: _Dtype) -> np.ndarray:
+def _view(data: np.ndarray, entry: Entry, dtype: Dtype) -> np.ndarray:
     return data[entry.begin : entry.end].view(dtype.numpy).reshape(entry.shape)

@@ -1,9 +1,11 @@
 """One agent's KV cache as one safetensors file, written and read without MLX.
 
-This module is the public face of the format; the work is done in
-``cache_format`` (constants, dtypes, records), ``cache_header`` (the JSON
-header), ``cache_validation`` (structural checks), ``cache_writer``,
-``cache_reader`` and ``cache_directory`` (scan and quarantine).
+This package's ``__init__`` is the format's public face: code outside the
+package imports from ``engine.store.cache_file`` only. Inside, the work is done
+in ``format`` (constants, dtypes, records), ``header`` (the JSON header),
+``validation`` (structural checks), ``writer``, ``reader`` and ``directory``
+(scan and quarantine), whose un-underscored names are the package's internal
+API; an underscored name stays in its own module.
 
 Layout (plain safetensors, so ``mx.load`` and ``safetensors.safe_open`` read it):
 an 8-byte little-endian header length, the JSON header padded with spaces so
@@ -90,10 +92,11 @@ files whose writer is gone, and :func:`quarantine` moves bad files into
 
 from __future__ import annotations
 
-from engine.store.cache_directory import quarantine, scan_directory
-from engine.store.cache_format import (
+from engine.store.cache_file.directory import quarantine, scan_directory
+from engine.store.cache_file.format import (
     CHECKPOINT_KINDS,
     CHECKSUM_ALGORITHM,
+    QUANTIZATION_GROUP_SIZES,
     FORMAT_NAME,
     FORMAT_VERSION,
     MAX_HEADER_BYTES,
@@ -103,19 +106,23 @@ from engine.store.cache_format import (
     TOKENS,
     CacheHeader,
     CacheRecord,
+    KVQuantization,
     PersistedBlock,
+    QuantizedArray,
     ScanResult,
     WrittenFile,
     cache_file_path,
     new_header,
     spec_fingerprint,
 )
-from engine.store.cache_reader import read_cache_file, read_header
-from engine.store.cache_writer import write_cache_file, write_cache_file_to
+from engine.store.cache_file.reader import read_cache_file, read_header
+from engine.store.cache_file.validation import full_attention_groups
+from engine.store.cache_file.writer import write_cache_file, write_cache_file_to
 
 __all__ = [
     "CHECKPOINT_KINDS",
     "CHECKSUM_ALGORITHM",
+    "QUANTIZATION_GROUP_SIZES",
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "MAX_HEADER_BYTES",
@@ -125,10 +132,13 @@ __all__ = [
     "TOKENS",
     "CacheHeader",
     "CacheRecord",
+    "KVQuantization",
     "PersistedBlock",
+    "QuantizedArray",
     "ScanResult",
     "WrittenFile",
     "cache_file_path",
+    "full_attention_groups",
     "new_header",
     "quarantine",
     "read_cache_file",

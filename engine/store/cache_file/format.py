@@ -39,28 +39,28 @@ MAX_HEADER_BYTES = 100_000_000  # the safetensors library's own limit
 TOKENS = "token_ids"
 CHECKPOINT_KINDS = ("turn", "prefix")
 
-_LENGTH = struct.Struct("<Q")
-_CRC_DIGITS = 8
-_CHECKSUM_PLACEHOLDER = f"{CHECKSUM_ALGORITHM}:{'0' * _CRC_DIGITS}"
+LENGTH = struct.Struct("<Q")
+CRC_DIGITS = 8
+CHECKSUM_PLACEHOLDER = f"{CHECKSUM_ALGORITHM}:{'0' * CRC_DIGITS}"
 # The checksum is the last field of the header JSON, which is the last value
 # of __metadata__, which is the table's last key: its digits always sit just
 # before these closing bytes, so the writer can patch them in place.
-_AFTER_CHECKSUM = b'\\"}"}}'
-_CHECKSUM_VALUE = re.compile(r"crc32:[0-9a-f]{8}")
+AFTER_CHECKSUM = b'\\"}"}}'
+CHECKSUM_VALUE = re.compile(r"crc32:[0-9a-f]{8}")
 # A prefix file's key: lowercase hex, so it is also a safe file name.
-_PREFIX_KEY = re.compile(r"[0-9a-f]{1,64}")
+PREFIX_KEY = re.compile(r"[0-9a-f]{1,64}")
 _INDEX = r"(0|[1-9][0-9]{0,17})"
 # A cache's own block "g{group}.b{start}.l{slot}.k", or a checkpoint's "c{i}.g...";
 # a quantized K or V adds ".scales" and ".biases" next to its packed words.
-_BLOCK_NAME = re.compile(rf"(?:c{_INDEX}\.)?g{_INDEX}\.b{_INDEX}\.l{_INDEX}\.([kv])(?:\.(scales|biases))?")
+BLOCK_NAME = re.compile(rf"(?:c{_INDEX}\.)?g{_INDEX}\.b{_INDEX}\.l{_INDEX}\.([kv])(?:\.(scales|biases))?")
 # A recurrent group's state at a token position "g{group}.s{offset}.l{slot}.a{j}" (a snapshot's: "c{i}.g...").
-_STATE_NAME = re.compile(rf"(?:c{_INDEX}\.)?g{_INDEX}\.s{_INDEX}\.l{_INDEX}\.a{_INDEX}")
+STATE_NAME = re.compile(rf"(?:c{_INDEX}\.)?g{_INDEX}\.s{_INDEX}\.l{_INDEX}\.a{_INDEX}")
 # The writer's temp files: ".{stem}.{pid}.{random hex}.tmp".
-_TEMP_NAME = re.compile(r"\.[A-Za-z0-9_-]+\.([1-9][0-9]{0,9})\.[0-9a-f]+\.tmp")
+TEMP_NAME = re.compile(r"\.[A-Za-z0-9_-]+\.([1-9][0-9]{0,9})\.[0-9a-f]+\.tmp")
 
 
 @dataclass(frozen=True, slots=True)
-class _Dtype:
+class Dtype:
     name: str
     code: str  # the safetensors spelling
     itemsize: int
@@ -68,15 +68,15 @@ class _Dtype:
     formats: frozenset[str]  # buffer-protocol formats the writer accepts
 
 
-_KV_DTYPES = {
-    "float32": _Dtype("float32", "F32", 4, "<f4", frozenset({"f", "<f"})),
-    "float16": _Dtype("float16", "F16", 2, "<f2", frozenset({"e", "<e"})),
+KV_DTYPES = {
+    "float32": Dtype("float32", "F32", 4, "<f4", frozenset({"f", "<f"})),
+    "float16": Dtype("float16", "F16", 2, "<f2", frozenset({"e", "<e"})),
     # "bfloat16" is MLX's buffer format; "H" the uint16 pattern a read record holds.
-    "bfloat16": _Dtype("bfloat16", "BF16", 2, "<u2", frozenset({"bfloat16", "H", "<H"})),
+    "bfloat16": Dtype("bfloat16", "BF16", 2, "<u2", frozenset({"bfloat16", "H", "<H"})),
 }
-_TOKEN_DTYPE = _Dtype("uint32", "U32", 4, "<u4", frozenset({"I", "<I"}))
-_PACKED_DTYPE = _TOKEN_DTYPE  # quantized K/V: mx.quantize's packed uint32 words
-_BY_CODE = {d.code: d for d in (*_KV_DTYPES.values(), _TOKEN_DTYPE)}
+TOKEN_DTYPE = Dtype("uint32", "U32", 4, "<u4", frozenset({"I", "<I"}))
+PACKED_DTYPE = TOKEN_DTYPE  # quantized K/V: mx.quantize's packed uint32 words
+BY_CODE = {d.code: d for d in (*KV_DTYPES.values(), TOKEN_DTYPE)}
 
 
 # -- records -------------------------------------------------------------------------------
@@ -184,7 +184,7 @@ class ScanResult:
 
 
 @dataclass(frozen=True, slots=True)
-class _Entry:
+class Entry:
     """One tensor of the safetensors table: the writer lays these out, the reader parses them."""
 
     name: str
@@ -227,10 +227,10 @@ def new_header(
 
 
 def spec_fingerprint(spec: ModelCacheSpec) -> str:
-    return _fingerprint(spec.describe())
+    return description_fingerprint(spec.describe())
 
 
-def _fingerprint(description: Any) -> str:
+def description_fingerprint(description: Any) -> str:
     canonical = json.dumps(description, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
@@ -239,7 +239,7 @@ def cache_file_path(directory: Path, agent_id: str) -> Path:
     return directory / f"{agent_file_stem(agent_id)}{SUFFIX}"
 
 
-def _short(value: object) -> str:
+def short_quote(value: object) -> str:
     """Error messages quote a corrupt file's values, but never more than a line of them."""
     text = str(value)
     return text if len(text) <= 80 else text[:77] + "..."

@@ -25,33 +25,33 @@ import numpy as np
 from engine.domain.block_layout import first_needed_position
 from engine.errors import CacheCorruptionError
 
-from engine.store.cache_format import (
-    _BLOCK_NAME,
-    _CRC_DIGITS,
-    _STATE_NAME,
-    _KV_DTYPES,
-    _PACKED_DTYPE,
-    _TOKEN_DTYPE,
+from engine.store.cache_file.format import (
+    BLOCK_NAME,
+    CRC_DIGITS,
+    STATE_NAME,
+    KV_DTYPES,
+    PACKED_DTYPE,
+    TOKEN_DTYPE,
     CHECKSUM_ALGORITHM,
     TOKENS,
     CacheHeader,
     KVQuantization,
     QuantizedArray,
-    _Dtype,
-    _Entry,
-    _fingerprint,
-    _short,
+    Dtype,
+    Entry,
+    description_fingerprint,
+    short_quote,
 )
 
 
 # -- the file as a whole -----------------------------------------------------------------------
-def _check_offsets(entries: Iterable[_Entry], data_len: int) -> None:
+def check_offsets(entries: Iterable[Entry], data_len: int) -> None:
     """Tensors must tile the data section exactly: no overlap, no gap, nothing past the end."""
     position = 0
     for entry in sorted(entries, key=lambda e: (e.begin, e.end)):
         if entry.begin < position:
             raise CacheCorruptionError(
-                f"tensor {_short(repr(entry.name))} at bytes [{entry.begin}, {entry.end}) "
+                f"tensor {short_quote(repr(entry.name))} at bytes [{entry.begin}, {entry.end}) "
                 f"overlaps the tensor ending at {position}")
         if entry.begin > position:
             raise CacheCorruptionError(
@@ -64,17 +64,17 @@ def _check_offsets(entries: Iterable[_Entry], data_len: int) -> None:
         raise CacheCorruptionError(f"{data_len - position} trailing bytes after the last tensor")
 
 
-def _token_entry(entries: dict[str, _Entry], n_tokens: int) -> _Entry:
+def token_entry(entries: dict[str, Entry], n_tokens: int) -> Entry:
     entry = entries.get(TOKENS)
     if entry is None:
         raise CacheCorruptionError("no token_ids tensor")
-    if entry.dtype != _TOKEN_DTYPE.code or entry.shape != (n_tokens,):
+    if entry.dtype != TOKEN_DTYPE.code or entry.shape != (n_tokens,):
         raise CacheCorruptionError(
             f"token_ids is {entry.dtype} {list(entry.shape)}, the header needs U32 [{n_tokens}]")
     return entry
 
 
-def _check_identity(
+def check_identity(
     header: CacheHeader, digest: str, fingerprint: str, model_name: str | None
 ) -> None:
     """The file was made by the loaded model, with the same cache layout."""
@@ -82,7 +82,7 @@ def _check_identity(
         made_by = f"{header.model_name}@{header.model_digest[:16]}"
         raise CacheCorruptionError(
             f"cache made by model {made_by}, loaded model is {model_name or ''}@{digest[:16]}")
-    if _fingerprint(header.spec) != header.spec_fingerprint:
+    if description_fingerprint(header.spec) != header.spec_fingerprint:
         raise CacheCorruptionError("the header's spec does not match its own fingerprint")
     if header.spec_fingerprint != fingerprint:
         raise CacheCorruptionError(
@@ -90,10 +90,10 @@ def _check_identity(
             f"loaded model {fingerprint[:16]} (block size, KV dtype or layer grouping changed)")
 
 
-def _check_checksum(head: bytes, checksum_at: int, expected: str, data: np.ndarray) -> None:
+def check_checksum(head: bytes, checksum_at: int, expected: str, data: np.ndarray) -> None:
     """crc32 over the head, its own digits read as ``0``, then the data: as the writer did."""
     zeroed = bytearray(head)
-    zeroed[checksum_at : checksum_at + _CRC_DIGITS] = b"0" * _CRC_DIGITS
+    zeroed[checksum_at : checksum_at + CRC_DIGITS] = b"0" * CRC_DIGITS
     actual = f"{CHECKSUM_ALGORITHM}:{zlib.crc32(data, zlib.crc32(zeroed)):08x}"
     if actual != expected:
         raise CacheCorruptionError(
@@ -125,9 +125,9 @@ class _Group:
 
 
 @dataclass(frozen=True, slots=True)
-class _Geometry:
+class Geometry:
     n_layers: int
-    dtype: _Dtype
+    dtype: Dtype
     block_tokens: int
     groups: dict[int, _Group]
 
@@ -138,14 +138,14 @@ class _Geometry:
 
 
 @dataclass(frozen=True, slots=True)
-class _BlockEntries:
+class BlockEntries:
     group: int
     start: int
     length: int
-    keys: tuple[_Entry | QuantizedArray, ...]  # QuantizedArrays of entries in a quantized file
-    values: tuple[_Entry | QuantizedArray, ...]
+    keys: tuple[Entry | QuantizedArray, ...]  # QuantizedArrays of entries in a quantized file
+    values: tuple[Entry | QuantizedArray, ...]
     checkpoint: int | None = None
-    states: tuple[tuple[_Entry, ...], ...] = ()  # a recurrent group's state: per layer slot its arrays
+    states: tuple[tuple[Entry, ...], ...] = ()  # a recurrent group's state: per layer slot its arrays
 
     @property
     def end(self) -> int:
@@ -153,29 +153,29 @@ class _BlockEntries:
 
 
 # Blocks by checkpoint (None: the cache's own), then by group, each run in token order.
-_Runs = dict[int | None, dict[int, list[_BlockEntries]]]
+Runs = dict[int | None, dict[int, list[BlockEntries]]]
 
 
 def full_attention_groups(spec: dict[str, Any]) -> set[int]:
     """The groups of a file's cache layout that hold every position (no window, no chunk)."""
-    return {index for index, group in _geometry(spec).groups.items() if not group.forgets}
+    return {index for index, group in spec_geometry(spec).groups.items() if not group.forgets}
 
 
-def _geometry(spec: dict[str, Any]) -> _Geometry:
+def spec_geometry(spec: dict[str, Any]) -> Geometry:
     """The shape facts of a ``ModelCacheSpec.describe()`` dict (a group's own geometry, where it has one)."""
     try:
         groups = {g["index"]: _group(g, g.get("geometry") or spec) for g in spec["groups"]}
-        return _Geometry(spec["n_layers"], _KV_DTYPES[spec["dtype"]], spec["block_tokens"], groups)
+        return Geometry(spec["n_layers"], KV_DTYPES[spec["dtype"]], spec["block_tokens"], groups)
     except (KeyError, TypeError, ValueError) as err:
         raise CacheCorruptionError(
-            f"spec is malformed or unsupported ({_short(repr(err))})") from None
+            f"spec is malformed or unsupported ({short_quote(repr(err))})") from None
 
 
 def _group(group: dict[str, Any], geometry: dict[str, Any]) -> _Group:
     kind = group["kind"]
     if kind == "recurrent":
         arrays = tuple((tuple(int(n) for n in shape), str(dtype)) for shape, dtype in group["state"]["arrays"])
-        if not arrays or any(dtype not in _KV_DTYPES or not shape for shape, dtype in arrays):
+        if not arrays or any(dtype not in KV_DTYPES or not shape for shape, dtype in arrays):
             raise ValueError(f"unsupported recurrent state {arrays!r}")
         return _Group(len(group["layers"]), None, None, geometry["n_kv_heads"], geometry["head_dim"],
                       geometry["v_head_dim"], arrays)
@@ -187,7 +187,7 @@ def _group(group: dict[str, Any], geometry: dict[str, Any]) -> _Group:
                   geometry["v_head_dim"])
 
 
-def _check_blocks(geometry: _Geometry, entries: dict[str, _Entry], header: CacheHeader) -> _Runs:
+def check_blocks(geometry: Geometry, entries: dict[str, Entry], header: CacheHeader) -> Runs:
     """Every tensor is a K or V of a whole block; the blocks cover the cache and its checkpoints.
 
     The header's fields must already have passed ``_check_fields``.
@@ -220,7 +220,7 @@ def _check_blocks(geometry: _Geometry, entries: dict[str, _Entry], header: Cache
     return runs
 
 
-def _check_quantization(geometry: _Geometry, quantization: KVQuantization) -> None:
+def _check_quantization(geometry: Geometry, quantization: KVQuantization) -> None:
     """The head dims split into whole groups, and a group into whole packed words."""
     for dim in geometry.head_dims:
         if dim % quantization.group_size or dim * quantization.bits % 32:
@@ -230,27 +230,27 @@ def _check_quantization(geometry: _Geometry, quantization: KVQuantization) -> No
 
 
 def _group_blocks(
-    geometry: _Geometry, entries: dict[str, _Entry], quantization: KVQuantization | None = None,
-) -> _Runs:
+    geometry: Geometry, entries: dict[str, Entry], quantization: KVQuantization | None = None,
+) -> Runs:
     """The K/V tensors gathered into blocks by name, each group's blocks in token order (a recurrent
     group's states, one per position, as blocks of no tokens)."""
-    found: dict[tuple[int, int, int], dict[tuple[int, str, str | None], _Entry]] = {}
-    states: dict[tuple[int, int, int], dict[tuple[int, int], _Entry]] = {}
+    found: dict[tuple[int, int, int], dict[tuple[int, str, str | None], Entry]] = {}
+    states: dict[tuple[int, int, int], dict[tuple[int, int], Entry]] = {}
     for name, entry in entries.items():
         if name == TOKENS:
             continue
-        match = _BLOCK_NAME.fullmatch(name)
+        match = BLOCK_NAME.fullmatch(name)
         if match is None:
-            state = _STATE_NAME.fullmatch(name)
+            state = STATE_NAME.fullmatch(name)
             if state is None:
-                raise CacheCorruptionError(f"unexpected tensor {_short(repr(name))}")
+                raise CacheCorruptionError(f"unexpected tensor {short_quote(repr(name))}")
             checkpoint = -1 if state[1] is None else int(state[1])
             states.setdefault((checkpoint, int(state[2]), int(state[3])), {})[(int(state[4]), int(state[5]))] = entry
             continue
         checkpoint = -1 if match[1] is None else int(match[1])  # -1 sorts the cache's own first
         group, start, slot = int(match[2]), int(match[3]), int(match[4])
         found.setdefault((checkpoint, group, start), {})[(slot, match[5], match[6])] = entry
-    runs: _Runs = {}
+    runs: Runs = {}
     for (checkpoint, group, start), tensors in sorted(found.items()):
         block = _block(geometry, None if checkpoint < 0 else checkpoint, group, start, tensors, quantization)
         runs.setdefault(block.checkpoint, {}).setdefault(group, []).append(block)
@@ -260,8 +260,8 @@ def _group_blocks(
     return runs
 
 
-def _state(geometry: _Geometry, checkpoint: int | None, group: int, offset: int,
-           arrays: dict[tuple[int, int], _Entry]) -> _BlockEntries:
+def _state(geometry: Geometry, checkpoint: int | None, group: int, offset: int,
+           arrays: dict[tuple[int, int], Entry]) -> BlockEntries:
     """A recurrent group's state at ``offset``: every layer's arrays, of the spec's shapes and dtypes
     (never quantized: a state is full precision at rest)."""
     name = ("" if checkpoint is None else f"c{checkpoint}.") + f"g{group}.s{offset}"
@@ -274,14 +274,14 @@ def _state(geometry: _Geometry, checkpoint: int | None, group: int, offset: int,
                                    f"({len(expected)} each) or has arrays the spec does not have")
     for (slot, j), entry in arrays.items():
         shape, dtype = expected[j]
-        if entry.dtype != _KV_DTYPES[dtype].code or entry.shape != (1, *shape):
+        if entry.dtype != KV_DTYPES[dtype].code or entry.shape != (1, *shape):
             raise CacheCorruptionError(f"tensor {entry.name} is {entry.dtype} {list(entry.shape)}, "
-                                       f"the spec's state needs {_KV_DTYPES[dtype].code} {[1, *shape]}")
+                                       f"the spec's state needs {KV_DTYPES[dtype].code} {[1, *shape]}")
     states = tuple(tuple(arrays[(slot, j)] for j in range(len(expected))) for slot in range(facts.layers))
-    return _BlockEntries(group, offset, 0, (), (), checkpoint, states)
+    return BlockEntries(group, offset, 0, (), (), checkpoint, states)
 
 
-def _check_state(what: str, run: list[_BlockEntries], offset: int) -> None:
+def _check_state(what: str, run: list[BlockEntries], offset: int) -> None:
     """A recurrent group holds exactly one state, at ``offset`` (none before any token)."""
     if offset == 0 and not run:
         return
@@ -294,9 +294,9 @@ _PARTS = (None, "scales", "biases")  # a quantized K or V: packed words, then it
 
 
 def _block(
-    geometry: _Geometry, checkpoint: int | None, group: int, start: int,
-    tensors: dict[tuple[int, str, str | None], _Entry], quantization: KVQuantization | None = None,
-) -> _BlockEntries:
+    geometry: Geometry, checkpoint: int | None, group: int, start: int,
+    tensors: dict[tuple[int, str, str | None], Entry], quantization: KVQuantization | None = None,
+) -> BlockEntries:
     name = ("" if checkpoint is None else f"c{checkpoint}.") + f"g{group}.b{start}"
     if group not in geometry.groups:
         raise CacheCorruptionError(
@@ -325,11 +325,11 @@ def _block(
     if len(lengths) != 1 or not 1 <= length <= room:
         raise CacheCorruptionError(f"block {name} holds {sorted(lengths)} tokens, "
                                    f"which does not fit one {geometry.block_tokens}-token block")
-    return _BlockEntries(group, start, length, keys, values, checkpoint)
+    return BlockEntries(group, start, length, keys, values, checkpoint)
 
 
-def _tensor_length(geometry: _Geometry, group: _Group, entry: _Entry, head_dim: int,
-                   dtype: _Dtype | None = None) -> int:
+def _tensor_length(geometry: Geometry, group: _Group, entry: Entry, head_dim: int,
+                   dtype: Dtype | None = None) -> int:
     stored_as = "the spec stores" if dtype is None else "quantized K/V are"
     dtype = dtype or geometry.dtype
     if entry.dtype != dtype.code:
@@ -343,10 +343,10 @@ def _tensor_length(geometry: _Geometry, group: _Group, entry: _Entry, head_dim: 
 
 
 def _quantized_length(
-    geometry: _Geometry, group: _Group, array: QuantizedArray, head_dim: int, quantization: KVQuantization,
+    geometry: Geometry, group: _Group, array: QuantizedArray, head_dim: int, quantization: KVQuantization,
 ) -> int:
     """Packed words [1, H, n, head_dim * bits / 32], scales and biases [1, H, n, head_dim / group]."""
-    lengths = {_tensor_length(geometry, group, array.packed, head_dim * quantization.bits // 32, _PACKED_DTYPE)}
+    lengths = {_tensor_length(geometry, group, array.packed, head_dim * quantization.bits // 32, PACKED_DTYPE)}
     for part in (array.scales, array.biases):
         lengths.add(_tensor_length(geometry, group, part, head_dim // quantization.group_size))
     if len(lengths) != 1:
@@ -356,7 +356,7 @@ def _quantized_length(
 
 
 def _check_run(
-    index: int, run: list[_BlockEntries], n_tokens: int, group: _Group, shared: int
+    index: int, run: list[BlockEntries], n_tokens: int, group: _Group, shared: int
 ) -> None:
     """A group's blocks are contiguous, end at the last token, and start where they must.
 
@@ -388,7 +388,7 @@ def _first_needed(n_tokens: int, group: _Group) -> int:
     return first_needed_position(n_tokens, group.window)
 
 
-def _check_global_start(index: int, run: list[_BlockEntries], shared: int) -> None:
+def _check_global_start(index: int, run: list[BlockEntries], shared: int) -> None:
     """Exactly from ``shared``: earlier would copy the prefix file, later would lose tokens."""
     if run and run[0].start != shared:
         held = f"a prefix reference of {shared} tokens" if shared else "no prefix reference"
@@ -396,14 +396,14 @@ def _check_global_start(index: int, run: list[_BlockEntries], shared: int) -> No
                                    f"but with {held} it must start at token {shared}")
 
 
-def _check_window_start(index: int, run: list[_BlockEntries], needed: int) -> None:
+def _check_window_start(index: int, run: list[BlockEntries], needed: int) -> None:
     """A window group may drop blocks before its window (or chunk), never one inside it."""
     if run and run[0].start > needed:
         raise CacheCorruptionError(
             f"group {index} starts at token {run[0].start}, but must hold token {needed} on")
 
 
-def _check_contiguous(what: str, run: list[_BlockEntries]) -> None:
+def _check_contiguous(what: str, run: list[BlockEntries]) -> None:
     for before, after in pairwise(run):
         if after.start != before.end:
             raise CacheCorruptionError(f"{what} is not contiguous: a block starts at "
@@ -411,7 +411,7 @@ def _check_contiguous(what: str, run: list[_BlockEntries]) -> None:
 
 
 def _check_checkpoint(
-    geometry: _Geometry, i: int, offset: int, runs: dict[int, list[_BlockEntries]]
+    geometry: Geometry, i: int, offset: int, runs: dict[int, list[BlockEntries]]
 ) -> None:
     """Checkpoint ``i`` holds each sliding-window group as it stood at ``offset``, and no more.
 
