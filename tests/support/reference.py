@@ -173,6 +173,7 @@ def _collect(steps, max_tokens: int, eos: set[int]) -> list[int]:
 # memory only, least recently used dropped past the bound; prompts shorter than one chunk never enter.
 SNAPSHOT_BYTES = 3 << 30
 _snapshots: OrderedDict[str, tuple[list[Any], int]] = OrderedDict()
+_snapshot_bytes = 0  # the bytes _snapshots holds
 
 
 def _prefilled(model, prompt: list[int]) -> tuple[list[Any], int]:
@@ -202,11 +203,13 @@ def _snapshot_key(model, head: list[int]) -> str:
 
 
 def _keep(key: str, cache: list[Any]) -> None:
+    global _snapshot_bytes
     saved = _copy(cache)
-    size = sum(a.nbytes for a in _arrays(saved))
+    size = sum(a.nbytes for c in saved for _, a in tree_flatten(c.state) if isinstance(a, mx.array))
     _snapshots[key] = (saved, size)
-    while sum(s for _, s in _snapshots.values()) > SNAPSHOT_BYTES and len(_snapshots) > 1:
-        _snapshots.popitem(last=False)
+    _snapshot_bytes += size
+    while _snapshot_bytes > SNAPSHOT_BYTES and len(_snapshots) > 1:
+        _snapshot_bytes -= _snapshots.popitem(last=False)[1][1]
 
 
 def _copy(value: Any) -> Any:
@@ -225,17 +228,6 @@ def _copy(value: Any) -> Any:
         fresh.__dict__.update({k: _copy(v) for k, v in value.__dict__.items()})
         return fresh
     return value
-
-
-def _arrays(value: Any):
-    if isinstance(value, mx.array):
-        yield value
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            yield from _arrays(v)
-    elif isinstance(value, dict) or (hasattr(value, "__dict__") and type(value).__module__.startswith("mlx_lm")):
-        for v in (value if isinstance(value, dict) else value.__dict__).values():
-            yield from _arrays(v)
 
 
 def reference_ruled(model, prompt: list[int], max_tokens: int, eos: set[int], fmt, budget: int | None,

@@ -88,6 +88,7 @@ def test_a_prompt_resumed_from_anothers_chunks_gets_the_answer_of_a_prefill_from
         else tiny_models.tiny_family(build, 11)
     monkeypatch.setattr(reference, "PREFILL_STEP", 8)
     monkeypatch.setattr(reference, "_snapshots", reference.OrderedDict())
+    monkeypatch.setattr(reference, "_snapshot_bytes", 0)
     head = [BOS, *b"a head of three whole chunks.."]  # 31 tokens: chunks end at 8, 16, 24
 
     def scratch(prompt: list[int]) -> list[int]:
