@@ -17,7 +17,7 @@ Two parts:
    repetition guard, the cap) from ``/v1/stats``; per sequential answer its
    wall time.
 2. **False positives.** The guard, exactly as the engine runs it
-   (``engine.runtime.scheduler.repetition.RepetitionGuard``), reads the first
+   (``engine.domain.repetition.RepetitionGuard``), reads the first
    ``--corpus-tokens`` tokens of every source and documentation file in this
    repository and in the installed mlx-lm, Textual, Rich, httpx, FastAPI and
    pydantic packages: legitimate text a model may be asked to write (tables,
@@ -47,7 +47,7 @@ from bench.results import BenchResult, recorded
 from bench.served import Batching, running, semantic_launch
 
 from engine.settings import Settings
-from engine.runtime.scheduler.repetition import MAX_PERIOD, SIMILARITY, RepetitionGuard
+from engine.domain.repetition import MAX_PERIOD, SIMILARITY, RepetitionGuard
 
 TRACE = Path(__file__).parent / "traces" / "claude_code_continue_runaway.jsonl"
 # (name, extra server flags): the server's defaults, and the generic fallback sampling for comparison.

@@ -128,6 +128,14 @@ class Settings(BaseSettings):
                     "to 128 tokens exactly, or whose last window repeats one with small changes (nine in ten of its tokens "
                     "equal to the token a cycle back, e.g. a numbered list of one sentence); 0 turns it off.",
     )
+    close_constrained_loops: bool = Field(
+        True,
+        description="A reply held to a JSON schema or a strict tool's arguments that loops (an array repeating its "
+                    "items, a string repeating itself, or what the repetition guard finds) is steered to the "
+                    "shortest end its schema allows, so it parses and validates, instead of running to max_tokens "
+                    "or being cut; the response says where (usage.semantic.loop_closed). Off: such a reply runs "
+                    "on, and the repetition guard cuts it as a truncated reply.",
+    )
     default_temperature: float | None = Field(
         None, ge=0, le=2,
         description="Temperature for requests that name none; default: the model folder's "
@@ -346,6 +354,7 @@ class TurnSettings:
     max_output_tokens: int = _default("max_output_tokens")
     max_output_seconds: float = _default("max_output_seconds")
     repetition_window: int = _default("repetition_window")
+    close_constrained_loops: bool = _default("close_constrained_loops")
     max_queued_requests: int = _default("max_queued_requests")
     request_timeout_s: float = _default("request_timeout_s")
     watchdog_s: float = _default("watchdog_s")

@@ -175,6 +175,7 @@ def cache_usage(usage: Usage) -> dict[str, Any]:
         "cache_outcome": usage.cache_outcome,
         "diverged_at": usage.diverged_at,
         "speculation": asdict(usage.speculation) if usage.speculation is not None else None,
+        "loop_closed": asdict(usage.loop_closed) if usage.loop_closed is not None else None,
     }
 
 

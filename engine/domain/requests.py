@@ -132,7 +132,7 @@ class FinishReason(str, enum.Enum):
     TIME_LIMIT = "time_limit"  # generating for max_output_seconds
     FORMAT_CUT = "format_cut"  # a constrained reply ended (stop string, loop, dead end) before its value was whole
     CAPACITY = "capacity"  # the pool could not grow the sequence any further
-    REPETITION = "repetition"  # a runaway loop: the last tokens repeat one short cycle (runtime/scheduler/repetition.py)
+    REPETITION = "repetition"  # a runaway loop: the last tokens repeat one short cycle (domain/repetition.py)
     CANCELLED = "cancelled"
     ERROR = "error"
 
@@ -178,6 +178,21 @@ class Usage:
     diverged_at: int | None = None
     # What speculative decoding did in this turn (None: the turn did not speculate).
     speculation: SpeculationTally | None = None
+    # A constrained reply that looped and was steered to its shortest valid end (grammar/loop_closing.py).
+    loop_closed: LoopClosed | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LoopClosed:
+    """Where a loop in a constrained reply was noticed and why; the reply was then steered closed."""
+
+    at_token: int  # answer tokens the reply held when the loop was noticed
+    why: str
+    tokens_left: int = 0  # of max_tokens, left unspent when the reply closed (what the loop would have run on)
+
+    def describe(self) -> str:
+        return (f"a loop in the reply's JSON was closed after {self.at_token} tokens ({self.why}); "
+                f"{self.tokens_left} of max_tokens left unspent")
 
 
 @dataclass(frozen=True, slots=True)

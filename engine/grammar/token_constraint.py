@@ -1,4 +1,5 @@
-"""One turn's constraint: which tokens may come next, as the turn's tokens are chosen."""
+"""One turn's constraint: which tokens may come next, as the turn's tokens are chosen, and the reply steered
+closed once it loops."""
 
 from __future__ import annotations
 
@@ -7,7 +8,20 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from engine.domain.repetition import RepetitionGuard
+from engine.domain.requests import LoopClosed
+from engine.grammar.json_shape import JsonShape
+from engine.grammar.loop_closing import ClosingTokens
+
 log = logging.getLogger(__name__)
+
+# The constrained reply's own exact-loop guard: a cycle repeated over half this many tokens. Tighter than the
+# server's (``repetition_window``, 512) so that a string repeating itself is closed well before a typical
+# ``max_tokens``; exact loops only (a near loop at this window fires on ordinary code, and strict tool
+# calls carry code in their strings). Measured over the repository's and its packages' source files written
+# as JSON strings (docs/structured-outputs.md): 3 of 1,187 reach it, all tables of one repeated box-drawing
+# character; at 64 tokens it was 12.
+EXACT_WINDOW = 128
 
 
 class TokenConstraint:
@@ -17,17 +31,50 @@ class TokenConstraint:
     once the JSON is complete; they are also the way out should the matcher
     ever allow nothing (it then logs why), so a turn never samples from an
     all-masked row.
+
+    ``closing``: the tokenizer's closing classes, when loops are closed (the
+    ``close_constrained_loops`` setting). The reply's JSON shape and an exact
+    loop guard then read every token; when either finds a loop (or the
+    server's own guard does: :meth:`close`) before the value is whole, the
+    mask from then on prefers the tokens that end it soonest.
     """
 
-    def __init__(self, matcher: Any, stop_tokens: Iterable[int]) -> None:
+    def __init__(self, matcher: Any, stop_tokens: Iterable[int], closing: ClosingTokens | None = None) -> None:
         self._matcher = matcher
         self._stop_tokens = tuple(stop_tokens)
         self.failed: str | None = None  # why the matcher refused a token (it should never: the mask forbids it)
+        self._closing = closing
+        self._shape = JsonShape() if closing is not None else None
+        self._guard = RepetitionGuard(EXACT_WINDOW, near=False) if closing is not None else None
+        self.consumed = 0  # answer tokens read
+        self.closed: LoopClosed | None = None  # set once a loop was noticed and the reply is being steered closed
 
     def consume(self, token: int) -> None:
+        self.consumed += 1
         if self.failed is None and not self._matcher.consume_token(token):
             self.failed = self._matcher.get_error() or f"token {token} was not allowed"
             log.warning("constrained turn: the grammar refused token %d: %s", token, self.failed)
+        if self._closing is None:
+            return
+        assert self._shape is not None and self._guard is not None
+        # (read on while the reply closes: whether it is inside a string decides what closes it)
+        repeated = self._shape.feed(self._closing.token_bytes[token] if token < len(self._closing.token_bytes)
+                                    else b"")
+        if self.closed is not None:
+            return
+        loop = self._guard.push(token)
+        if repeated is not None:
+            self.close(repeated.describe())
+        elif loop is not None:
+            self.close(loop.describe())
+
+    def close(self, why: str) -> bool:
+        """Steer the rest of the reply to its shortest valid end (a loop was found in it). False when loops are not
+        closed (the setting), the reply is already whole, or it is already being closed."""
+        if self._closing is None or self.closed is not None or self.complete or self.accepting:
+            return False
+        self.closed = LoopClosed(self.consumed, why)
+        return True
 
     @property
     def complete(self) -> bool:
@@ -47,4 +94,7 @@ class TokenConstraint:
             for token in self._stop_tokens:
                 if token // 32 < len(words):
                     words[token // 32] |= np.uint32(1 << (token % 32))
+        elif self.closed is not None:
+            assert self._closing is not None and self._shape is not None
+            words = self._closing.prefer(words, self._shape.in_string)
         return words

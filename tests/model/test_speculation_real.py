@@ -37,32 +37,45 @@ def loaded(request):
     return request.getfixturevalue(request.param)
 
 
-def test_speculation_keeps_greedy_tokens_alone_and_in_a_mixed_batch(loaded) -> None:
-    on, off = start_engine(loaded, budget_mb=256), start_engine(loaded, budget_mb=256, speculate="off")
+def test_speculation_alone_keeps_greedy_tokens_and_drafts_from_the_prompt(loaded) -> None:
+    # A fresh engine: the batch's step rates (step_rates.py) start fresh, so whether the copy drafts does not hang
+    # on how earlier speculative steps happened to time on a busy machine.
+    on = start_engine(loaded, budget_mb=256)
     try:
-        chosen = prompts(loaded)
-        # Alone first: the batch's step rates (step_rates.py) start fresh, so whether the copy drafts does not hang
-        # on how the mixed batch's speculative steps happened to time on a busy machine.
-        alone = run_turn(on, GenerationRequest("alone", chosen[0], MAX_TOKENS))
-        batched = run_turns(on, [GenerationRequest(f"mixed-{i}", p, MAX_TOKENS) for i, p in enumerate(chosen)]
-                            + [GenerationRequest("sampled", chosen[1], MAX_TOKENS, SamplingParams(temperature=0.7))])
-        plain = run_turns(off, [GenerationRequest(f"plain-{i}", p, MAX_TOKENS) for i, p in enumerate(chosen)])
-        expected = without_eos(loaded, reference_greedy(loaded.model, list(chosen[0]), MAX_TOKENS,
-                                                        set(loaded.eos_token_ids)))
-        assert alone.tokens == batched[0].tokens == plain[0].tokens == expected, loaded.tokenizer.decode(alone.tokens)
-        for i in range(1, len(chosen)):
-            assert batched[i].tokens == plain[i].tokens, (i, loaded.tokenizer.decode(batched[i].tokens))
+        copy_prompt = prompts(loaded)[0]
+        alone = run_turn(on, GenerationRequest("alone", copy_prompt, MAX_TOKENS))
+        assert alone.tokens == expected_copy(loaded), loaded.tokenizer.decode(alone.tokens)
         copy = alone.finish.usage.speculation
         assert copy is not None and copy.accepted > 0 and copy.tokens_per_step > 1, copy
-        assert batched[-1].finish.usage.speculation is not None  # the sampled row could speculate too
         # The cache holds exactly the prompt and every token of the answer.
         held = on.call(lambda e: (len(e.agents.get("alone").tokens), e.agents.get("alone").kv.offset)).result()
-        assert held == (len(chosen[0]) + alone.finish.usage.generated_tokens,) * 2
+        assert held == (len(copy_prompt) + alone.finish.usage.generated_tokens,) * 2
         view = on.fresh_snapshot()
         assert view.throughput.speculation.drafted >= copy.drafted
     finally:
         on.stop()
+
+
+def test_speculation_in_a_mixed_batch_keeps_every_rows_greedy_tokens(loaded) -> None:
+    on, off = start_engine(loaded, budget_mb=256), start_engine(loaded, budget_mb=256, speculate="off")
+    try:
+        chosen = prompts(loaded)
+        batched = run_turns(on, [GenerationRequest(f"mixed-{i}", p, MAX_TOKENS) for i, p in enumerate(chosen)]
+                            + [GenerationRequest("sampled", chosen[1], MAX_TOKENS, SamplingParams(temperature=0.7))])
+        plain = run_turns(off, [GenerationRequest(f"plain-{i}", p, MAX_TOKENS) for i, p in enumerate(chosen)])
+        assert batched[0].tokens == plain[0].tokens == expected_copy(loaded), loaded.tokenizer.decode(batched[0].tokens)
+        for i in range(1, len(chosen)):
+            assert batched[i].tokens == plain[i].tokens, (i, loaded.tokenizer.decode(batched[i].tokens))
+        assert batched[-1].finish.usage.speculation is not None  # the sampled row could speculate too
+    finally:
+        on.stop()
         off.stop()
+
+
+def expected_copy(loaded) -> list[int]:
+    """Plain mlx-lm's greedy answer to the copy request."""
+    return without_eos(loaded, reference_greedy(loaded.model, list(prompts(loaded)[0]), MAX_TOKENS,
+                                                set(loaded.eos_token_ids)))
 
 
 def test_a_draft_model_named_in_the_settings_drafts_for_smollm2_and_keeps_its_greedy_tokens(

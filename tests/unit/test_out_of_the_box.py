@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.models.sampling_defaults import FALLBACK, packaged_card_defaults, read_sampling_defaults
-from engine.runtime.scheduler.repetition import MAX_PERIOD, SIMILARITY, Loop, RepetitionGuard
+from engine.domain.repetition import MAX_PERIOD, SIMILARITY, Loop, RepetitionGuard
 from engine.domain.requests import FinishReason, GenerationRequest
 from engine.runtime.engine_thread.sync_client import run_turn
 from tests.unit.test_engine_batching import make_engine, prompt_for

@@ -9,7 +9,7 @@ import pytest
 from engine.domain.requests import FinishReason
 from engine.runtime.runner.routed_text import RoutedDelta
 from engine.runtime.runner.step_output import TokenOut
-from engine.runtime.scheduler.repetition import Loop
+from engine.domain.repetition import Loop
 from engine.runtime.scheduler.turn_end import turn_end
 
 pytestmark = pytest.mark.unit

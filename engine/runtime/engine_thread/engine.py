@@ -115,7 +115,8 @@ class Engine:
             sampling.default_temperature, sampling.default_top_p, sampling.default_top_k)
         self.scheduler: Scheduler | None = None
         # Structured outputs: the model's tokenizer table and compiled schemas (the API compiles, turns copy).
-        self.grammars = OutputGrammars(loaded.tokenizer, loaded.eos_token_ids)
+        self.grammars = OutputGrammars(loaded.tokenizer, loaded.eos_token_ids,
+                                       close_loops=settings.turns.close_constrained_loops)
         # Memory watermarks (runtime/memory_pressure.py) and what the engine does about them
         # (scheduler/memory_policy.py). Not under lockstep: every rank would have to give way at the same point
         # of its loop, and each reads its own machine.

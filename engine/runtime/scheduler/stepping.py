@@ -8,6 +8,7 @@ import logging
 import time
 
 from engine.domain.event_log import EventKind
+from engine.domain.repetition import Loop
 from engine.domain.requests import FinishReason, PrefillEvent, TokenEvent
 from engine.runtime import clock
 from engine.runtime.runner.step_output import PrefillProgress, StepOutput, TokenOut
@@ -75,6 +76,8 @@ class Stepping(SchedulerPart):
             self.delivery.emit(turn, TokenEvent(turn.request_id, out.token, delta.text, delta.reasoning,
                                                 tuple(delta.calls)))
         loop = turn.guard.push(out.token) if out.finish is None else None
+        if loop is not None and _steered_closed(turn, loop):
+            loop = None  # a constrained reply goes on, to its shortest valid end
         started = turn.first_token_tick
         ending = turn_end(turn, out, delta, loop, None if started is None else clock.now() - started,
                           self.turns.max_output_seconds)
@@ -121,6 +124,13 @@ def _merge(delta: RoutedDelta, more: RoutedDelta) -> None:
     delta.calls.extend(more.calls)
     delta.stop_sequence = delta.stop_sequence or more.stop_sequence
     delta.ends_turn = delta.ends_turn or more.ends_turn
+
+
+def _steered_closed(turn: Turn, loop: Loop) -> bool:
+    """The server's guard found a loop in a constrained reply that is not whole: steer it closed instead of cutting it
+    (once; a loop found again while it closes cuts it, as before)."""
+    constraint = turn.sequence.constraint if turn.sequence is not None else None
+    return constraint is not None and constraint.close(f"repetition guard: {loop.describe()}")
 
 
 def _ends_with_stop_token(out: TokenOut) -> bool:

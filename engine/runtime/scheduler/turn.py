@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import enum
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from engine.runtime.tiers.agents import AgentRecord
 from engine.runtime.runner.sequence import Sequence
 from engine.domain.forensics import TurnForensics
 from engine.runtime.tiers.hot import Holder, ReusePlan
-from engine.runtime.scheduler.repetition import RepetitionGuard
-from engine.domain.requests import EventSink, FinishEvent, FinishReason, GenerationRequest, Usage
+from engine.domain.repetition import RepetitionGuard
+from engine.domain.requests import EventSink, FinishEvent, FinishReason, GenerationRequest, LoopClosed, Usage
 from engine.runtime.runner.routed_text import RoutedText
 
 
@@ -131,7 +131,16 @@ class Turn:
             cache_outcome=self.forensics.outcome.value if self.forensics else "new_agent",
             diverged_at=self.forensics.divergence.token if self.forensics and self.forensics.divergence else None,
             speculation=self.sequence.speculation.tally if self.sequence and self.sequence.speculation else None,
+            loop_closed=self.loop_closed,
         )
+
+    @property
+    def loop_closed(self) -> LoopClosed | None:
+        """The loop its constrained reply was steered closed from, with the tokens that saved."""
+        constraint = self.sequence.constraint if self.sequence is not None else None
+        if constraint is None or constraint.closed is None:
+            return None
+        return replace(constraint.closed, tokens_left=max(0, self.request.max_tokens - self.generated))
 
     def finish_event(self, reason: FinishReason, **extra: object) -> FinishEvent:
         return FinishEvent(self.request_id, reason, self.usage(), **extra)  # type: ignore[arg-type]

@@ -8,6 +8,10 @@ and a client's cancel. Their order is the precedence: a constrained reply cut
 before its value is whole reports truncation whatever cut it; a stop string
 or a turn end in the text wins over the token's own finish, which it came
 with; then the batch's reason, a cancel, a loop, the time.
+
+A constrained reply found looping is not ended here but steered to its
+shortest valid end (stepping.py, grammar/loop_closing.py); the finish that
+completes it carries a note saying so.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from dataclasses import dataclass
 from engine.domain.requests import FinishReason
 from engine.runtime.runner.routed_text import RoutedDelta
 from engine.runtime.runner.step_output import TokenOut
-from engine.runtime.scheduler.repetition import Loop
+from engine.domain.repetition import Loop
 from engine.runtime.scheduler.turn import Turn
 
 
@@ -43,7 +47,8 @@ def turn_end(turn: Turn, out: TokenOut, delta: RoutedDelta, loop: Loop | None, g
     if delta.ends_turn:
         return Ending(FinishReason.TURN_END)
     if out.finish is not None:
-        return Ending(out.finish)
+        closed = turn.loop_closed if out.finish is FinishReason.COMPLETE else None
+        return Ending(out.finish, closed.describe() if closed is not None else None)
     if turn.cancel_reason is not None:
         return Ending(turn.cancel_reason)
     if loop is not None:

@@ -16,7 +16,7 @@ from engine.grammar.output_grammars import OutputGrammars
 from engine.runtime.runner.routed_text import RoutedText
 from engine.runtime.runner.sampling import build_sampler
 from engine.runtime.runner.sequence import Sequence
-from engine.runtime.scheduler.repetition import RepetitionGuard
+from engine.domain.repetition import RepetitionGuard
 from engine.runtime.scheduler.turn import Turn
 
 

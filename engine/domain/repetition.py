@@ -72,6 +72,7 @@ class RepetitionGuard:
     """
 
     window: int  # 0: off
+    near: bool = True  # False: exact loops only (what a constrained reply's own guard watches for)
     _tokens: list[int] = field(default_factory=list)
     # token -> its positions among the last MAX_PERIOD tokens (oldest first)
     _seen: dict[int, deque[int]] = field(default_factory=dict)
@@ -111,6 +112,6 @@ class RepetitionGuard:
             # and the cycle must show at least three times, or one long "cycle" would fill any window.
             if ends[p] == i and runs[p] >= max(exact_window - p, 2 * p):
                 return Loop(p, runs[p] + p)
-            if n >= window + p and matches[p] >= need:
+            if self.near and n >= window + p and matches[p] >= need:
                 return Loop(p, window, exact=False)
         return None

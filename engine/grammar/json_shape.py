@@ -1,0 +1,145 @@
+"""Where a JSON reply is as it is written, byte by byte: inside a string or not, and whether an array is
+repeating its items.
+
+Small models under a schema loop inside arrays: ``"tags": ["pets", "pets", "pets", ...`` or
+``["make-tea-steps-1.json", "make-tea-steps-2.json", ...`` until ``max_tokens``, greedy or sampled (SmolLM2
+did in 8 of 9 such requests, bench/bench_structured_outputs.py ``--schemas open``). A token guard sees the
+first only after hundreds of tokens, and the second never exactly; here an array's items are compared as
+whole values, the digits in their strings folded (so a counter that moves on does not make an item new). An array repeats when
+at least ``REPEATS`` of its items equal an earlier one and they are at least half its items: ``[0, 0, 255]``
+or ``["a", "b", "a"]`` do not, and scalars (numbers, booleans, null) are never compared, only strings,
+objects and arrays. Over the JSON files of this repository's installed packages the rule fires on none
+(bench/bench_structured_outputs.py ``--corpus``; the numbers are in docs/structured-outputs.md).
+
+The shape also says whether the next byte is inside a string, which is what steering a reply closed needs
+(grammar/loop_closing.py): a ``"`` closes the string there and opens one elsewhere. Text before the first
+``{`` or ``[`` (a tool-call format's markup, a preamble) is skipped.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+REPEATS = 3  # items equal to an earlier item of their array that make it a loop (with half its items)
+_DIGITS = re.compile(rb"[0-9]+")
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+
+
+@dataclass(frozen=True, slots=True)
+class RepeatedItems:
+    items: int  # items the array holds
+    repeats: int  # of them, equal to an earlier one (digits folded)
+    item: str  # the last one, as written (for the note)
+
+    def describe(self) -> str:
+        return f"an array repeating its items ({self.repeats} of {self.items} repeat an earlier one, e.g. {self.item})"
+
+
+@dataclass(slots=True)
+class _Container:
+    opener: int  # ord("[") or ord("{")
+    item_start: int = -1  # where the array's current item starts in the text (-1: between items)
+    items: int = 0
+    repeats: int = 0
+    seen: set[bytes] = field(default_factory=set)
+
+
+@dataclass(slots=True)
+class JsonShape:
+    _text: bytearray = field(default_factory=bytearray)
+    _open: list[_Container] = field(default_factory=list)
+    in_string: bool = False
+    _escaped: bool = False
+    _string_is_item: bool = False  # the open string is an array's item (its closing quote ends the item)
+    # Set once: the first array found repeating.
+    repeated: RepeatedItems | None = None
+
+    def feed(self, data: bytes) -> RepeatedItems | None:
+        """Read the reply's next bytes; the array that just became a loop, the first time one does."""
+        found = None
+        for byte in data:
+            position = len(self._text)
+            self._text.append(byte)
+            if self.in_string:
+                found = self._in_string(byte, position) or found
+            elif self._open or byte in b"[{":
+                found = self._structure(byte, position) or found
+        found = found or self._string_would_repeat()
+        if found is not None and self.repeated is None:
+            self.repeated = found
+            return found
+        return None
+
+    def _string_would_repeat(self) -> RepeatedItems | None:
+        """The string item being written, closed now, would make its array a loop: say so before its closing quote,
+        so that the quote can close the array too (``"]``) and no empty item has to follow a comma (a tokenizer
+        often writes ``",`` as one token)."""
+        if not (self.in_string and self._string_is_item) or self._escaped:
+            return None
+        array = self._open[-1]
+        item = bytes(self._text[array.item_start:]) + b'"'
+        if _folded(item) not in array.seen or not _loops(array.repeats + 1, array.items + 1):
+            return None
+        return RepeatedItems(array.items + 1, array.repeats + 1, item.decode("utf-8", "replace")[:60])
+
+    @property
+    def depth(self) -> int:
+        return len(self._open)
+
+    def _in_string(self, byte: int, position: int) -> RepeatedItems | None:
+        if self._escaped:
+            self._escaped = False
+        elif byte == 0x5C:  # backslash
+            self._escaped = True
+        elif byte == 0x22:  # the closing quote
+            self.in_string = False
+            if self._string_is_item:
+                self._string_is_item = False
+                return self._item_ends(position)
+        return None
+
+    def _structure(self, byte: int, position: int) -> RepeatedItems | None:
+        top = self._open[-1] if self._open else None
+        if byte in b" \t\r\n":
+            return None
+        if top is not None and top.opener == 0x5B and top.item_start < 0 and byte not in b",]":
+            top.item_start = position  # an array's item begins
+        if byte == 0x22:
+            self.in_string = True
+            self._string_is_item = top is not None and top.opener == 0x5B and top.item_start == position
+        elif byte in b"[{":
+            self._open.append(_Container(byte))
+        elif byte in b"]}":
+            if self._open:
+                self._open.pop()
+            parent = self._open[-1] if self._open else None
+            if parent is not None and parent.opener == 0x5B and parent.item_start >= 0:
+                return self._item_ends(position)  # the container was the parent array's item
+        elif byte == 0x2C and top is not None and top.opener == 0x5B:
+            top.item_start = -1  # a scalar item (never compared) or the separator after an ended item
+        return None
+
+    def _item_ends(self, position: int) -> RepeatedItems | None:
+        array = self._open[-1]
+        item = bytes(self._text[array.item_start:position + 1])
+        array.item_start = -2  # ended: the separator or the closing bracket comes next
+        array.items += 1
+        folded = _folded(item)
+        if folded in array.seen:
+            array.repeats += 1
+        else:
+            array.seen.add(folded)
+        if _loops(array.repeats, array.items):
+            return RepeatedItems(array.items, array.repeats, item.decode("utf-8", "replace")[:60])
+        return None
+
+
+def _loops(repeats: int, items: int) -> bool:
+    return repeats >= REPEATS and 2 * repeats >= items
+
+
+def _folded(item: bytes) -> bytes:
+    """What items are compared by: the digits inside its strings folded (``"step-7.json"`` is ``"step-0.json"``),
+    case ignored; numbers outside strings kept (``{"x": 1}`` and ``{"x": 2}`` are two points, not a loop)."""
+    return _STRING.sub(lambda m: _DIGITS.sub(b"0", m.group(0)), item.strip().lower())
