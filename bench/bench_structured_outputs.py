@@ -51,7 +51,7 @@ from bench.bench_vs_mlx_lm_server import model_folder
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-from tests.support.json_schemas import SCHEMAS  # noqa: E402
+from tests.support.json_schemas import OPEN_SCHEMAS, SCHEMAS  # noqa: E402
 
 AGENTS = 8
 # The name both servers answer with the model they were started on (mlx_lm.server loads any other name).
@@ -77,45 +77,53 @@ def client(url: str) -> openai.OpenAI:
     return openai.OpenAI(api_key="any", base_url=f"{url}/v1", max_retries=0, timeout=900)
 
 
-def validity(url: str, requests: int, max_tokens: int) -> dict[str, Any]:
-    """``requests`` schema-constrained requests, eight at a time: finished, valid, truncated, invalid."""
+def validity(url: str, requests: int, max_tokens: int, schemas: list = SCHEMAS,
+             temperature: float | None = None) -> dict[str, Any]:
+    """``requests`` schema-constrained requests, eight at a time: finished, valid, truncated, invalid, and how many
+    semantic closed from a loop (``usage.semantic.loop_closed``). ``temperature`` None: the model's defaults."""
     gpt = client(url)
 
-    def one(i: int) -> tuple[str, str, bool]:
-        key, prompt, schema = SCHEMAS[i % len(SCHEMAS)]
-        choice = gpt.chat.completions.create(
+    def one(i: int) -> tuple[str, str, bool, bool]:
+        key, prompt, schema = schemas[i % len(schemas)]
+        sampling = {} if temperature is None else {"temperature": temperature}
+        response = gpt.chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens,
-            extra_body={"session_id": f"schema-{i}"},  # one agent each (semantic's extension; the peer ignores it)
+            extra_body={"session_id": f"schema-{next(_runs)}"},  # one agent each (the peer ignores it)
             response_format={"type": "json_schema", "json_schema": {"name": key, "schema": schema, "strict": True}},
-        ).choices[0]
+            **sampling)
+        choice = response.choices[0]
         try:
             jsonschema.validate(json.loads(choice.message.content or ""), schema)
             valid = True
         except (ValueError, jsonschema.ValidationError):
             valid = False
-        return key, choice.finish_reason, valid
+        return key, choice.finish_reason, valid, _loop_closed(response)
 
     rows, seconds = _eight_at_a_time(one, requests)
     finished = [r for r in rows if r[1] == "stop"]
     return {"requests": requests, "finished": len(finished), "finished_valid": sum(r[2] for r in finished),
             "truncated": sum(r[1] == "length" for r in rows), "valid_any": sum(r[2] for r in rows),
-            "seconds": seconds,
-            "invalid_finished": [r[0] for r in finished if not r[2]]}
+            "loop_closed": sum(r[3] for r in rows), "seconds": seconds,
+            "invalid_finished": [r[0] for r in finished if not r[2]],
+            "truncated_schemas": [r[0] for r in rows if r[1] == "length"]}
 
 
-def tool_calls(url: str, requests: int, max_tokens: int) -> dict[str, Any]:
-    """``requests`` forced calls of one strict tool each (parameters: the ten schemas in turn), eight at a time:
+def tool_calls(url: str, requests: int, max_tokens: int, schemas: list = SCHEMAS,
+               temperature: float | None = None) -> dict[str, Any]:
+    """``requests`` forced calls of one strict tool each (parameters: the schemas in turn), eight at a time:
     how many came back as one call whose arguments validate."""
     gpt = client(url)
 
-    def one(i: int) -> tuple[str, str, bool]:
-        key, prompt, schema = SCHEMAS[i % len(SCHEMAS)]
+    def one(i: int) -> tuple[str, str, bool, bool]:
+        key, prompt, schema = schemas[i % len(schemas)]
         tool = {"type": "function", "function": {"name": f"record_{key}", "description": f"Record a {key}.",
                                                  "parameters": schema, "strict": True}}
-        choice = gpt.chat.completions.create(
+        sampling = {} if temperature is None else {"temperature": temperature}
+        response = gpt.chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": prompt.replace("as JSON", "with the tool")}],
             max_tokens=max_tokens, tools=[tool], tool_choice="required", parallel_tool_calls=False,
-            extra_body={"session_id": f"tool-{i}"}).choices[0]
+            extra_body={"session_id": f"tool-{next(_runs)}"}, **sampling)
+        choice = response.choices[0]
         calls = choice.message.tool_calls or []
         try:
             valid = len(calls) == 1 and calls[0].function.name == f"record_{key}"
@@ -123,13 +131,19 @@ def tool_calls(url: str, requests: int, max_tokens: int) -> dict[str, Any]:
                 jsonschema.validate(json.loads(calls[0].function.arguments), schema)
         except (ValueError, jsonschema.ValidationError):
             valid = False
-        return key, choice.finish_reason, valid
+        return key, choice.finish_reason, valid, _loop_closed(response)
 
     rows, seconds = _eight_at_a_time(one, requests)
     return {"requests": requests, "tool_calls": sum(r[1] == "tool_calls" for r in rows),
             "valid_calls": sum(r[2] for r in rows), "truncated": sum(r[1] == "length" for r in rows),
-            "seconds": seconds,
+            "loop_closed": sum(r[3] for r in rows), "seconds": seconds,
             "invalid": [r[0] for r in rows if not r[2]]}
+
+
+def _loop_closed(response: Any) -> bool:
+    """Whether semantic steered the reply closed from a loop (its usage extension; the peer has none)."""
+    usage = response.usage.model_extra if response.usage is not None else None
+    return bool(((usage or {}).get("semantic") or {}).get("loop_closed"))
 
 
 def _eight_at_a_time(one: Callable[[int], Any], requests: int) -> tuple[list[Any], float]:
@@ -170,6 +184,9 @@ def batch_rate(url: str, constrained: int, max_tokens: int, prompt: str = "story
     return sum(counts) / window, counts
 
 
+SAMPLINGS = {"greedy": 0.0, "default": None}  # None: the model's own defaults (no temperature sent)
+
+
 def main() -> None:
     parser = base_parser(__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, help="schema requests for validity (default 50; quick 10; 0: skip)")
@@ -180,6 +197,15 @@ def main() -> None:
     parser.add_argument("--batch-tokens", type=int, default=128, help="tokens each agent generates in the batch "
                                                                       "runs (default 128)")
     parser.add_argument("--max-tokens", type=int, default=200, help="max_tokens of the validity requests")
+    parser.add_argument("--schemas", choices=["bounded", "open"], default="bounded",
+                        help="bounded: tests/support/json_schemas.py SCHEMAS (maxLength, maxItems); open: "
+                             "OPEN_SCHEMAS (unbounded strings and arrays, where small models loop)")
+    parser.add_argument("--sampling", default="default",
+                        help="comma-separated: greedy (temperature 0), default (the model's own sampling); "
+                             "each runs the validity and tool-call requests (default: default)")
+    parser.add_argument("--closing", choices=["on", "off", "both"], default="on",
+                        help="semantic's close_constrained_loops: on (its default), off, or both (off first, "
+                             "then on, the same requests: the before and after)")
     parser.add_argument("--peer", action="store_true", help="also send the validity requests to mlx_lm.server")
     parser.add_argument("--batch-prompt", choices=sorted(BATCH_PROMPTS), default="story",
                         help="what each agent of the batch runs is asked for: story (a chat model) or numbers "
@@ -187,74 +213,92 @@ def main() -> None:
     args = parser.parse_args()
     requests = args.requests if args.requests is not None else (10 if args.quick else 50)
     repeats = args.repeats if args.repeats is not None else (1 if args.quick else 3)
+    samplings = [name.strip() for name in args.sampling.split(",") if name.strip()]
+    if unknown := [name for name in samplings if name not in SAMPLINGS]:
+        parser.error(f"--sampling: unknown {', '.join(unknown)} (choose from {', '.join(SAMPLINGS)})")
+    schemas = OPEN_SCHEMAS if args.schemas == "open" else SCHEMAS
+    closings = ["off", "on"] if args.closing == "both" else [args.closing]
     folder = model_folder(args.model, args.cache_dir)
     result = BenchResult("bench_structured_outputs", "Structured outputs: validity and cost in the batch",
                          args={"model": args.model, "requests": requests, "repeats": repeats,
                                "batch_tokens": args.batch_tokens, "batch_prompt": args.batch_prompt,
                                "max_tokens": args.max_tokens, "tool_calls": args.tool_calls,
+                               "schemas": args.schemas, "sampling": samplings, "closing": closings,
                                "agents": AGENTS, "constrained": CONSTRAINED, "quick": args.quick})
+    table: list[list[Any]] = []
+    free_rates: list[float] = []
+    mixed_rates: list[float] = []
     with recorded(result, args.json), tempfile.TemporaryDirectory() as scratch:
         logs = Path(scratch)
         batching = Batching(decode=16)
-        with serving(semantic_launch(folder, logs / "state", args.pool_mb, batching), logs) as url:
-            ours = validity(url, requests, args.max_tokens) if requests else None
-            print(f"# semantic validity: {ours}")
-            our_tools = tool_calls(url, args.tool_calls, args.max_tokens) if args.tool_calls else None
-            print(f"# semantic strict tool calls: {our_tools}")
-            free_rates: list[float] = []
-            mixed_rates: list[float] = []
-            for repeat in range(repeats):
-                order = [0, CONSTRAINED] if repeat % 2 == 0 else [CONSTRAINED, 0]
-                for constrained in order:
-                    rate, counts = batch_rate(url, constrained, args.batch_tokens, args.batch_prompt)
-                    (mixed_rates if constrained else free_rates).append(rate)
-                    print(f"# batch of {AGENTS}, {constrained} constrained: {rate:.1f} tok/s, tokens {counts}")
-                    if min(counts) < args.batch_tokens:
-                        result.notes.append(f"repeat {repeat}, {constrained} constrained: an agent ended early "
-                                            f"({counts}); the rate counts the tokens it made")
-        peer = peer_tools = None
+        for closing in closings:
+            flags = () if closing == "on" else ("--no-close-constrained-loops",)
+            with serving(semantic_launch(folder, logs / f"state-{closing}", args.pool_mb, batching, flags=flags),
+                         logs) as url:
+                for sampling in samplings:
+                    label = f"semantic, closing {closing}, {sampling}"
+                    ours = validity(url, requests, args.max_tokens, schemas, SAMPLINGS[sampling]) if requests else None
+                    tools = (tool_calls(url, args.tool_calls, args.max_tokens, schemas, SAMPLINGS[sampling])
+                             if args.tool_calls else None)
+                    print(f"# {label} validity: {ours}\n# {label} strict tool calls: {tools}")
+                    _record(result, table, label, ours, tools)
+                if closing == closings[-1]:
+                    _batch_runs(result, url, repeats, args, free_rates, mixed_rates)
         if args.peer and (requests or args.tool_calls):
             with serving(peer_launch(folder, batching, cache_entries=10), logs) as url:
-                peer = validity(url, requests, args.max_tokens) if requests else None
-                print(f"# mlx_lm.server validity: {peer}")
-                peer_tools = tool_calls(url, args.tool_calls, args.max_tokens) if args.tool_calls else None
-                print(f"# mlx_lm.server strict tool calls: {peer_tools}")
-        if ours is not None:
-            result.metric("validity", "semantic finished replies that validate", ours["finished_valid"], "replies")
-            result.metric("validity", "semantic finished replies", ours["finished"], "replies")
-            result.metric("validity", "semantic truncated at max_tokens", ours["truncated"], "replies",
-                          better="lower")
-            result.notes.append(f"semantic validity: {json.dumps(ours)}")
-        if peer is not None:
-            result.metric("validity", "mlx_lm.server replies that validate", peer["valid_any"], "replies")
-            result.notes.append(f"mlx_lm.server validity: {json.dumps(peer)}")
-        if our_tools is not None:
-            result.metric("tool calls", "semantic forced strict calls that validate", our_tools["valid_calls"],
-                          "calls")
-            result.notes.append(f"semantic strict tool calls: {json.dumps(our_tools)}")
-        if peer_tools is not None:
-            result.metric("tool calls", "mlx_lm.server forced calls that validate", peer_tools["valid_calls"],
-                          "calls")
-            result.notes.append(f"mlx_lm.server strict tool calls: {json.dumps(peer_tools)}")
+                for sampling in samplings:
+                    label = f"mlx_lm.server, {sampling}"
+                    peer = validity(url, requests, args.max_tokens, schemas, SAMPLINGS[sampling]) if requests else None
+                    peer_tools = (tool_calls(url, args.tool_calls, args.max_tokens, schemas, SAMPLINGS[sampling])
+                                  if args.tool_calls else None)
+                    print(f"# {label} validity: {peer}\n# {label} strict tool calls: {peer_tools}")
+                    _record(result, table, label, peer, peer_tools)
         if mixed_rates:
             result.comparisons.append(compare("batch of 8, 4 constrained", "decode throughput vs all free", "tok/s",
                                               mixed_rates, free_rates, better="higher", target=0.8))
     ratios = [m / f for m, f in zip(mixed_rates, free_rates)]
-    validity_rows = [["requests", requests], ["finished (stop)", ours["finished"]],
-                     ["finished and valid", ours["finished_valid"]], ["truncated (length)", ours["truncated"]]
-                     ] if ours is not None else []
-    tool_rows = [["strict tool calls valid", f"{our_tools['valid_calls']} of {args.tool_calls}"],
-                 *([["mlx_lm.server: calls valid", f"{peer_tools['valid_calls']} of {args.tool_calls}"]]
-                   if peer_tools else [])] if our_tools else []
-    batch_rows = [["free batch tok/s (median)", f"{statistics.median(free_rates):.1f}"],
-                  ["4 constrained tok/s (median)", f"{statistics.median(mixed_rates):.1f}"],
-                  ["ratio per repeat", ", ".join(f"{r:.2f}" for r in ratios)]] if mixed_rates else []
-    print_table(["measure", "value"], [
-        *validity_rows,
-        *([["mlx_lm.server: valid", f"{peer['valid_any']} of {requests}"]] if peer else []),
-        *tool_rows,
-        *batch_rows,
-    ])
+    if table:
+        print_table(["server, closing, sampling", "requests", "stop and valid", "ran to the cap", "loops closed",
+                     "tool calls valid", "tool calls at the cap", "tool loops closed"], table)
+    if mixed_rates:
+        print_table(["measure", "value"], [
+            ["free batch tok/s (median)", f"{statistics.median(free_rates):.1f}"],
+            ["4 constrained tok/s (median)", f"{statistics.median(mixed_rates):.1f}"],
+            ["ratio per repeat", ", ".join(f"{r:.2f}" for r in ratios)]])
+
+
+def _record(result: BenchResult, table: list[list[Any]], label: str, ours: dict[str, Any] | None,
+            tools: dict[str, Any] | None) -> None:
+    """One server configuration's validity and tool-call results: metrics, notes and a table row."""
+    if ours is not None:
+        result.metric("validity", f"{label}: finished replies that validate", ours["finished_valid"], "replies")
+        result.metric("validity", f"{label}: ran to max_tokens", ours["truncated"], "replies", better="lower")
+        result.metric("validity", f"{label}: loops closed", ours["loop_closed"], "replies")
+        result.notes.append(f"{label} validity: {json.dumps(ours)}")
+    if tools is not None:
+        result.metric("tool calls", f"{label}: forced strict calls that validate", tools["valid_calls"], "calls")
+        result.metric("tool calls", f"{label}: ran to max_tokens", tools["truncated"], "calls", better="lower")
+        result.notes.append(f"{label} strict tool calls: {json.dumps(tools)}")
+    table.append([label,
+                  ours["requests"] if ours else "-",
+                  ours["finished_valid"] if ours else "-", ours["truncated"] if ours else "-",
+                  ours["loop_closed"] if ours else "-",
+                  f"{tools['valid_calls']} of {tools['requests']}" if tools else "-",
+                  tools["truncated"] if tools else "-", tools["loop_closed"] if tools else "-"])
+
+
+def _batch_runs(result: BenchResult, url: str, repeats: int, args: Any, free_rates: list[float],
+                mixed_rates: list[float]) -> None:
+    """The batch of eight, all free and four constrained, alternating, ``repeats`` times each."""
+    for repeat in range(repeats):
+        order = [0, CONSTRAINED] if repeat % 2 == 0 else [CONSTRAINED, 0]
+        for constrained in order:
+            rate, counts = batch_rate(url, constrained, args.batch_tokens, args.batch_prompt)
+            (mixed_rates if constrained else free_rates).append(rate)
+            print(f"# batch of {AGENTS}, {constrained} constrained: {rate:.1f} tok/s, tokens {counts}")
+            if min(counts) < args.batch_tokens:
+                result.notes.append(f"repeat {repeat}, {constrained} constrained: an agent ended early "
+                                    f"({counts}); the rate counts the tokens it made")
 
 
 if __name__ == "__main__":

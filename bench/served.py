@@ -61,14 +61,16 @@ class Launch:
         return " ".join(self.argv[3:])
 
 
-def semantic_launch(folder: Path, state_dir: Path, pool_mb: float, batching: Batching, persist: bool = False) -> Launch:
+def semantic_launch(folder: Path, state_dir: Path, pool_mb: float, batching: Batching, persist: bool = False,
+                    flags: tuple[str, ...] = ()) -> Launch:
     """``persist``: write every hot agent to the disk tier on SIGTERM, as a user's server does, so a restart
-    resumes them; off where the state dir is thrown away after the run and the write would only slow the stop."""
+    resumes them; off where the state dir is thrown away after the run and the write would only slow the stop.
+    ``flags``: more of semantic's own flags (a setting the run compares)."""
     argv = (
         sys.executable, "-m", "semantic_cli", "--serve", "--model", str(folder), "--cache-dir", str(state_dir),
         "--pool-budget-mb", f"{pool_mb:.3f}", "--max-batch-size", str(batching.decode),
         "--prefill-step-size", str(batching.prefill_step),
-        "--persist-on-exit" if persist else "--no-persist-on-exit", "--log-level", "warning",
+        "--persist-on-exit" if persist else "--no-persist-on-exit", "--log-level", "warning", *flags,
     )
     return Launch("semantic", argv, "/health/ready", sends_session_id=True, state_dir=state_dir)
 

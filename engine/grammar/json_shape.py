@@ -79,8 +79,11 @@ class JsonShape:
             return None
         array = self._open[-1]
         item = bytes(self._text[array.item_start:]) + b'"'
-        if _folded(item) not in array.seen or not _loops(array.repeats + 1, array.items + 1):
+        folded = _folded(item)
+        if folded not in array.seen or not _loops(array.repeats + 1, array.items + 1):
             return None
+        if any(len(seen) > len(folded) and seen.startswith(folded[:-1]) for seen in array.seen):
+            return None  # it may yet become a longer item already seen ("a" on its way to "aa")
         return RepeatedItems(array.items + 1, array.repeats + 1, item.decode("utf-8", "replace")[:60])
 
     @property

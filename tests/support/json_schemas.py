@@ -68,3 +68,39 @@ SCHEMAS: list[tuple[str, str, dict[str, Any]]] = [
                        "confidence": {"type": "number", "minimum": 0, "maximum": 1}},
         "required": ["answer", "confidence"], "additionalProperties": False}),
 ]
+
+# Open schemas: unbounded arrays and strings, as most clients send them (a pydantic model's ``list[str]`` and
+# ``str``). A small model loops inside them (``"tags": ["pets", "pets", ...``) until max_tokens unless the server
+# closes the loop (engine/grammar/loop_closing.py): what issue 52's measurement and its tests ask for.
+TEXT = {"type": "string"}
+WORDS = {"type": "array", "items": TEXT}
+
+
+def _object(properties: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "object", "properties": properties, "required": list(properties), "additionalProperties": False}
+
+
+OPEN_SCHEMAS: list[tuple[str, str, dict[str, Any]]] = [
+    ("pet", "Describe a pet as JSON.", _object({
+        "name": TEXT, "kind": {"enum": ["dog", "cat", "bird"]}, "age": {"type": "integer", "minimum": 0, "maximum": 30},
+        "tags": WORDS})),
+    ("city", "Describe a city as JSON.", _object({
+        "city": TEXT, "country": TEXT, "population": {"type": "integer", "minimum": 0}, "landmarks": WORDS})),
+    ("steps", "List the steps to make tea, as JSON.", _object({"steps": WORDS})),
+    ("recipe", "Write a pancake recipe as JSON.", _object({
+        "title": TEXT, "servings": {"type": "integer", "minimum": 1, "maximum": 12},
+        "ingredients": {"type": "array", "items": _object({"name": TEXT, "amount": TEXT})}})),
+    ("story", "Write a very short story as JSON.", _object({"title": TEXT, "text": TEXT})),
+    ("team", "Describe a small software team as JSON.", _object({
+        "name": TEXT, "members": {"type": "array", "items": _object({
+            "name": TEXT, "role": {"enum": ["developer", "designer", "manager", "tester"]}})}})),
+    ("book", "Describe a famous book as JSON.", _object({
+        "title": TEXT, "author": TEXT, "year": {"type": "integer", "minimum": 1000, "maximum": 2100},
+        "genres": WORDS})),
+    ("todos", "Write my to-do list for today as JSON.", _object({
+        "todos": {"type": "array", "items": _object({"task": TEXT, "done": {"type": "boolean"}})}})),
+    ("review", "Review a movie you like, as JSON.", _object({
+        "title": TEXT, "stars": {"type": "integer", "minimum": 1, "maximum": 5}, "review": TEXT})),
+    ("quiz", "Write a quiz question about geography as JSON.", _object({
+        "question": TEXT, "options": WORDS, "answer": {"type": "integer", "minimum": 0, "maximum": 9}})),
+]

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from engine.domain.requests import FinishReason
+from engine.domain.requests import FinishReason, LoopClosed
 from engine.runtime.runner.routed_text import RoutedDelta
 from engine.runtime.runner.step_output import TokenOut
 from engine.domain.repetition import Loop
@@ -15,8 +15,9 @@ from engine.runtime.scheduler.turn_end import turn_end
 pytestmark = pytest.mark.unit
 
 
-def _turn(constraint=None, cancel=None):
-    return SimpleNamespace(sequence=SimpleNamespace(constraint=constraint), cancel_reason=cancel)
+def _turn(constraint=None, cancel=None, loop_closed=None):
+    return SimpleNamespace(sequence=SimpleNamespace(constraint=constraint), cancel_reason=cancel,
+                           loop_closed=loop_closed)
 
 
 WHOLE = SimpleNamespace(accepting=True)
@@ -31,6 +32,14 @@ def test_a_token_with_no_reason_to_end_goes_on() -> None:
 @pytest.mark.parametrize("finish", [FinishReason.STOP, FinishReason.COMPLETE, FinishReason.LENGTH])
 def test_the_batchs_own_reason_is_the_turns(finish: FinishReason) -> None:
     assert turn_end(_turn(WHOLE), TokenOut(1, 5, finish), RoutedDelta(), None, 0.1, 30.0).reason is finish
+
+
+def test_a_reply_steered_closed_from_a_loop_completes_with_a_note_saying_where() -> None:
+    closed = LoopClosed(at_token=40, why="an array repeating its items", tokens_left=180)
+    ending = turn_end(_turn(WHOLE, loop_closed=closed), TokenOut(1, 5, FinishReason.COMPLETE), RoutedDelta(), None,
+                      0.1, 30.0)
+    assert ending.reason is FinishReason.COMPLETE and ending.reason.outcome == "stop"
+    assert ending.note == closed.describe() and "after 40 tokens" in ending.note and "180 of max_tokens" in ending.note
 
 
 def test_a_stop_string_or_a_turn_end_in_the_text_wins_over_the_tokens_finish() -> None:
