@@ -3,9 +3,13 @@
 Two measurements against ``semantic --serve`` on one model folder, through the OpenAI chat API with the
 official SDK, as a client sends ``response_format``:
 
-- validity: ``--requests`` requests (default 50) over the ten schemas of ``tests/support/json_schemas.py``,
-  eight at a time, at the model's own sampling defaults (no temperature sent): how many finished, and whether
-  every finished reply parses and validates with ``jsonschema`` (the target: all of them). The same requests
+- validity: ``--requests`` requests (default 50) over ten schemas of ``tests/support/json_schemas.py``
+  (``--schemas bounded``: SCHEMAS, strings and arrays bounded; ``open``: OPEN_SCHEMAS, unbounded, where small
+  models loop), eight at a time, at each ``--sampling`` (the model's own defaults, no temperature sent; or
+  greedy): how many finished, whether every finished reply parses and validates with ``jsonschema`` (the
+  target: all of them), how many ran to ``max_tokens``, and how many semantic closed from a loop
+  (``usage.semantic.loop_closed``). ``--closing both`` asks the same of a server started with
+  ``--no-close-constrained-loops`` first: the before and after of closing loops inside the grammar. The same requests
   go to ``mlx_lm.server`` (``--peer``; its batching set equal to semantic's, as in the throughput
   comparison: a tuned peer, not its defaults), which has no constrained decoding: how many of its
   replies happen to validate.
@@ -23,7 +27,7 @@ official SDK, as a client sends ``response_format``:
   ``mlx_lm.server``.
 
 Run: ``LD_PRELOAD=... python -m bench.bench_structured_outputs [--model M] [--requests 50] [--repeats 3]
-[--tool-calls 20] [--peer] [--json PATH]``.
+[--tool-calls 20] [--schemas open] [--sampling greedy,default] [--closing both] [--peer] [--json PATH]``.
 """
 
 from __future__ import annotations

@@ -5,11 +5,13 @@ Small models under a schema loop inside arrays: ``"tags": ["pets", "pets", "pets
 ``["make-tea-steps-1.json", "make-tea-steps-2.json", ...`` until ``max_tokens``, greedy or sampled (SmolLM2
 did in 8 of 9 such requests, bench/bench_structured_outputs.py ``--schemas open``). A token guard sees the
 first only after hundreds of tokens, and the second never exactly; here an array's items are compared as
-whole values, the digits in their strings folded (so a counter that moves on does not make an item new). An array repeats when
-at least ``REPEATS`` of its items equal an earlier one and they are at least half its items: ``[0, 0, 255]``
-or ``["a", "b", "a"]`` do not, and scalars (numbers, booleans, null) are never compared, only strings,
-objects and arrays. Over the JSON files of this repository's installed packages the rule fires on none
-(bench/bench_structured_outputs.py ``--corpus``; the numbers are in docs/structured-outputs.md).
+whole values (case ignored). An array loops when at least half its items equal an earlier one, and either
+``REPEATS`` of them are equal as written or ``FOLDED_REPEATS`` are once the digits of string items with a few
+letters are folded (a counter that moves on: ``"step-7.json"``; but not ``"3.10"``, nor the numbers in
+objects). ``[0, 0, 255]`` or ``["a", "b", "a"]`` do not; scalars (numbers, booleans, null) are never
+compared. Over the JSON files of this repository and its installed packages the rule fires on 2 of 160: a
+model config's identical layers and a report's notes that differ only in their numbers
+(``python -m bench.loop_false_positives``, docs/structured-outputs.md).
 
 The shape also says whether the next byte is inside a string, which is what steering a reply closed needs
 (grammar/loop_closing.py): a ``"`` closes the string there and opens one elsewhere. Text before the first
@@ -22,8 +24,11 @@ import re
 from dataclasses import dataclass, field
 
 REPEATS = 3  # items equal to an earlier item of their array that make it a loop (with half its items)
+# ... when some are equal only once their digits are folded (a counter, or data: "Python 3.9", "Python 3.10")
+FOLDED_REPEATS = 4
+LETTERS_TO_FOLD = 3  # a string item's letters, at least, for its digits to be folded (not "3.10" or "v2")
 _DIGITS = re.compile(rb"[0-9]+")
-_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_LETTERS = re.compile(rb"[a-zA-Z]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,16 +38,35 @@ class RepeatedItems:
     item: str  # the last one, as written (for the note)
 
     def describe(self) -> str:
-        return f"an array repeating its items ({self.repeats} of {self.items} repeat an earlier one, e.g. {self.item})"
+        return f"an array repeating its items: {self.repeats} of {self.items} repeat an earlier one, e.g. {self.item}"
 
 
 @dataclass(slots=True)
 class _Container:
     opener: int  # ord("[") or ord("{")
-    item_start: int = -1  # where the array's current item starts in the text (-1: between items)
+    item_start: int = -1  # where the array's current item starts in the text (-1: between items; -2: one ended)
     items: int = 0
-    repeats: int = 0
+    repeats: int = 0  # items equal to an earlier one as written (case ignored)
+    folded_repeats: int = 0  # items equal to an earlier one only with their digits folded
     seen: set[bytes] = field(default_factory=set)
+    seen_folded: set[bytes] = field(default_factory=set)
+
+    def kind_of_repeat(self, item: bytes) -> tuple[bytes, bytes | None, int]:
+        """``item``'s keys (as written, folded or None) and how it repeats: 0 new, 1 as written, 2 folded only."""
+        exact = item.strip().lower()
+        folded = _folded(exact)
+        if exact in self.seen:
+            return exact, folded, 1
+        return exact, folded, 2 if folded is not None and folded in self.seen_folded else 0
+
+    def loops_with(self, repeat: int) -> bool:
+        """Whether the array, with one more item repeating as ``repeat`` says, has become a loop."""
+        repeats = self.repeats + (repeat == 1)
+        folded = self.folded_repeats + (repeat == 2)
+        items = self.items + 1
+        if 2 * (repeats + folded) < items:
+            return False
+        return repeats >= REPEATS or repeats + folded >= FOLDED_REPEATS
 
 
 @dataclass(slots=True)
@@ -79,12 +103,14 @@ class JsonShape:
             return None
         array = self._open[-1]
         item = bytes(self._text[array.item_start:]) + b'"'
-        folded = _folded(item)
-        if folded not in array.seen or not _loops(array.repeats + 1, array.items + 1):
+        exact, folded, repeat = array.kind_of_repeat(item)
+        if not repeat or not array.loops_with(repeat):
             return None
-        if any(len(seen) > len(folded) and seen.startswith(folded[:-1]) for seen in array.seen):
+        partial = exact[:-1]
+        if any(len(seen) > len(exact) and seen.startswith(partial) for seen in array.seen):
             return None  # it may yet become a longer item already seen ("a" on its way to "aa")
-        return RepeatedItems(array.items + 1, array.repeats + 1, item.decode("utf-8", "replace")[:60])
+        return RepeatedItems(array.items + 1, array.repeats + array.folded_repeats + 1,
+                             item.decode("utf-8", "replace")[:60])
 
     @property
     def depth(self) -> int:
@@ -127,22 +153,24 @@ class JsonShape:
         array = self._open[-1]
         item = bytes(self._text[array.item_start:position + 1])
         array.item_start = -2  # ended: the separator or the closing bracket comes next
+        exact, folded, repeat = array.kind_of_repeat(item)
+        loops = array.loops_with(repeat)
         array.items += 1
-        folded = _folded(item)
-        if folded in array.seen:
-            array.repeats += 1
-        else:
-            array.seen.add(folded)
-        if _loops(array.repeats, array.items):
-            return RepeatedItems(array.items, array.repeats, item.decode("utf-8", "replace")[:60])
+        array.repeats += repeat == 1
+        array.folded_repeats += repeat == 2
+        array.seen.add(exact)
+        if folded is not None:
+            array.seen_folded.add(folded)
+        if loops:
+            return RepeatedItems(array.items, array.repeats + array.folded_repeats,
+                                 item.decode("utf-8", "replace")[:60])
         return None
 
 
-def _loops(repeats: int, items: int) -> bool:
-    return repeats >= REPEATS and 2 * repeats >= items
-
-
-def _folded(item: bytes) -> bytes:
-    """What items are compared by: the digits inside its strings folded (``"step-7.json"`` is ``"step-0.json"``),
-    case ignored; numbers outside strings kept (``{"x": 1}`` and ``{"x": 2}`` are two points, not a loop)."""
-    return _STRING.sub(lambda m: _DIGITS.sub(b"0", m.group(0)), item.strip().lower())
+def _folded(item: bytes) -> bytes | None:
+    """A string item with its digits folded (``"step-7.json"`` is ``"step-0.json"``); None for one with too few
+    letters to tell a counter from data (``"3.10"``) and for objects and arrays, whose numbers are data
+    (``{"x": 1}`` and ``{"x": 2}`` are two points, not a loop)."""
+    if not item.startswith(b'"') or len(_LETTERS.findall(item)) < LETTERS_TO_FOLD:
+        return None
+    return _DIGITS.sub(b"0", item)

@@ -20,7 +20,9 @@ import pytest
 from pydantic import BaseModel, Field
 
 from tests.model.real_api import RealApi, running_api
-from tests.support.json_schemas import SCHEMAS
+import httpx
+
+from tests.support.json_schemas import OPEN_SCHEMAS, SCHEMAS
 
 pytestmark = pytest.mark.model
 
@@ -104,6 +106,38 @@ def test_smollm2_sdk_helpers_parse_unmodified(smollm2_api: RealApi) -> None:
     message = claude.messages.parse(model="claude-x", max_tokens=80, output_format=Verdict,
                                     messages=[{"role": "user", "content": "How do you feel today?"}])
     assert message.stop_reason == "end_turn" and isinstance(message.parsed_output, Verdict)
+
+
+def test_smollm2_greedy_loops_in_open_schemas_close_inside_the_grammar(smollm2_api: RealApi) -> None:
+    """Greedy SmolLM2 loops in unbounded arrays and strings (``"landmarks": [..., "The Statue of Liberty", "The
+    Statue of Liberty", ...``): before loops were closed, these three ran to max_tokens and did not parse. Now each
+    ends ``stop`` and validates, and the reply and its agent say where the loop was closed."""
+    gpt = client(smollm2_api)
+
+    def one(job: tuple[str, str, dict]):
+        key, prompt, schema = job
+        return gpt.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": prompt}], max_tokens=256, temperature=0,
+            response_format={"type": "json_schema", "json_schema": {"name": key, "schema": schema, "strict": True}},
+            extra_body={"session_id": f"open-{key}"})
+
+    jobs = OPEN_SCHEMAS[:3]
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        responses = list(pool.map(one, jobs))
+    closed = []
+    for (key, _, schema), response in zip(jobs, responses):
+        choice = response.choices[0]
+        assert choice.finish_reason == "stop", (key, choice.message.content)
+        jsonschema.validate(json.loads(choice.message.content), schema)
+        loop = response.usage.model_extra["semantic"]["loop_closed"]
+        if loop is not None:
+            closed.append(key)
+            assert 0 < loop["at_token"] < response.usage.completion_tokens, loop
+            assert loop["tokens_left"] == 256 - response.usage.completion_tokens and loop["why"], loop
+            agent = httpx.get(f"{smollm2_api.url}/v1/agents/{response.model_extra['agent_id']}", timeout=30).json()
+            assert agent["last_finish"] == "complete" and "loop in the reply's JSON was closed" in agent[
+                "last_finish_note"], agent
+    assert len(closed) >= 2, closed
 
 
 WEATHER_TOOL = {
