@@ -239,24 +239,12 @@ def main() -> None:
             flags = () if closing == "on" else ("--no-close-constrained-loops",)
             with serving(semantic_launch(folder, logs / f"state-{closing}", args.pool_mb, batching, flags=flags),
                          logs) as url:
-                for sampling in samplings:
-                    label = f"semantic, closing {closing}, {sampling}"
-                    ours = validity(url, requests, args.max_tokens, schemas, SAMPLINGS[sampling]) if requests else None
-                    tools = (tool_calls(url, args.tool_calls, args.max_tokens, schemas, SAMPLINGS[sampling])
-                             if args.tool_calls else None)
-                    print(f"# {label} validity: {ours}\n# {label} strict tool calls: {tools}")
-                    _record(result, table, label, ours, tools)
+                _ask_all(result, table, url, f"semantic, closing {closing}", samplings, schemas, requests, args)
                 if closing == closings[-1]:
                     _batch_runs(result, url, repeats, args, free_rates, mixed_rates)
         if args.peer and (requests or args.tool_calls):
             with serving(peer_launch(folder, batching, cache_entries=10), logs) as url:
-                for sampling in samplings:
-                    label = f"mlx_lm.server, {sampling}"
-                    peer = validity(url, requests, args.max_tokens, schemas, SAMPLINGS[sampling]) if requests else None
-                    peer_tools = (tool_calls(url, args.tool_calls, args.max_tokens, schemas, SAMPLINGS[sampling])
-                                  if args.tool_calls else None)
-                    print(f"# {label} validity: {peer}\n# {label} strict tool calls: {peer_tools}")
-                    _record(result, table, label, peer, peer_tools)
+                _ask_all(result, table, url, "mlx_lm.server", samplings, schemas, requests, args)
         if mixed_rates:
             result.comparisons.append(compare("batch of 8, 4 constrained", "decode throughput vs all free", "tok/s",
                                               mixed_rates, free_rates, better="higher", target=0.8))
@@ -269,6 +257,18 @@ def main() -> None:
             ["free batch tok/s (median)", f"{statistics.median(free_rates):.1f}"],
             ["4 constrained tok/s (median)", f"{statistics.median(mixed_rates):.1f}"],
             ["ratio per repeat", ", ".join(f"{r:.2f}" for r in ratios)]])
+
+
+def _ask_all(result: BenchResult, table: list[list[Any]], url: str, server: str, samplings: list[str],
+             schemas: list, requests: int, args: Any) -> None:
+    """The validity and tool-call requests at each sampling, against one running server."""
+    for sampling in samplings:
+        label = f"{server}, {sampling}"
+        temperature = SAMPLINGS[sampling]
+        ours = validity(url, requests, args.max_tokens, schemas, temperature) if requests else None
+        tools = tool_calls(url, args.tool_calls, args.max_tokens, schemas, temperature) if args.tool_calls else None
+        print(f"# {label} validity: {ours}\n# {label} strict tool calls: {tools}")
+        _record(result, table, label, ours, tools)
 
 
 def _record(result: BenchResult, table: list[list[Any]], label: str, ours: dict[str, Any] | None,

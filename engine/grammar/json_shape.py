@@ -6,9 +6,9 @@ Small models under a schema loop inside arrays: ``"tags": ["pets", "pets", "pets
 did in 8 of 9 such requests, bench/bench_structured_outputs.py ``--schemas open``). A token guard sees the
 first only after hundreds of tokens, and the second never exactly; here an array's items are compared as
 whole values (case ignored). An array loops when at least half its items equal an earlier one, and either
-``REPEATS`` of them are equal as written or ``FOLDED_REPEATS`` are once the digits of string items with a few
-letters are folded (a counter that moves on: ``"step-7.json"``; but not ``"3.10"``, nor the numbers in
-objects). ``[0, 0, 255]`` or ``["a", "b", "a"]`` do not; scalars (numbers, booleans, null) are never
+``REPEATS`` of them are equal as written or more are once the digits in their strings are folded (a counter
+that moves on: ``"step-7.json"``; but not ``"3.10"``, nor the numbers outside strings): four string items,
+six objects or arrays. ``[0, 0, 255]`` or ``["a", "b", "a"]`` do not; scalars (numbers, booleans, null) are never
 compared. Over the JSON files of this repository and its installed packages the rule fires on 2 of 160: a
 model config's identical layers and a report's notes that differ only in their numbers
 (``python -m bench.loop_false_positives``, docs/structured-outputs.md).
@@ -24,11 +24,16 @@ import re
 from dataclasses import dataclass, field
 
 REPEATS = 3  # items equal to an earlier item of their array that make it a loop (with half its items)
-# ... when some are equal only once their digits are folded (a counter, or data: "Python 3.9", "Python 3.10")
+# ... when some are equal only once the digits in their strings are folded (a counter, or data: "Python 3.9",
+# "Python 3.10"): string items, and objects and arrays, whose other fields make data likelier (a package's
+# classifiers, {"name": ..., "value": "Python :: 3.9"}, repeat 5 of 8 items folded; a model's
+# {"name": "Team7", "role": "manager"} loop goes on)
 FOLDED_REPEATS = 4
+FOLDED_CONTAINER_REPEATS = 6
 LETTERS_TO_FOLD = 3  # a string item's letters, at least, for its digits to be folded (not "3.10" or "v2")
 _DIGITS = re.compile(rb"[0-9]+")
 _LETTERS = re.compile(rb"[a-zA-Z]")
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,14 +64,15 @@ class _Container:
             return exact, folded, 1
         return exact, folded, 2 if folded is not None and folded in self.seen_folded else 0
 
-    def loops_with(self, repeat: int) -> bool:
-        """Whether the array, with one more item repeating as ``repeat`` says, has become a loop."""
+    def loops_with(self, item: bytes, repeat: int) -> bool:
+        """Whether the array, with one more ``item`` repeating as ``repeat`` says, has become a loop."""
         repeats = self.repeats + (repeat == 1)
         folded = self.folded_repeats + (repeat == 2)
         items = self.items + 1
         if 2 * (repeats + folded) < items:
             return False
-        return repeats >= REPEATS or repeats + folded >= FOLDED_REPEATS
+        enough = FOLDED_REPEATS if item.lstrip().startswith(b'"') else FOLDED_CONTAINER_REPEATS
+        return repeats >= REPEATS or repeats + folded >= enough
 
 
 @dataclass(slots=True)
@@ -89,24 +95,31 @@ class JsonShape:
                 found = self._in_string(byte, position) or found
             elif self._open or byte in b"[{":
                 found = self._structure(byte, position) or found
-        found = found or self._string_would_repeat()
+        found = found or self._item_would_repeat()
         if found is not None and self.repeated is None:
             self.repeated = found
             return found
         return None
 
-    def _string_would_repeat(self) -> RepeatedItems | None:
-        """The string item being written, closed now, would make its array a loop: say so before its closing quote,
-        so that the quote can close the array too (``"]``) and no empty item has to follow a comma (a tokenizer
-        often writes ``",`` as one token)."""
-        if not (self.in_string and self._string_is_item) or self._escaped:
+    def _item_would_repeat(self) -> RepeatedItems | None:
+        """The array item being written (a string, or an object at its last value), closed now, would make its array
+        a loop: say so before its closing quote or brace, so that the closing token can close the array too
+        (``"]``, ``"}]``) and no item has to follow a comma (a tokenizer often writes ``",`` or ``},`` as one
+        token)."""
+        if self._escaped:
             return None
-        array = self._open[-1]
-        item = bytes(self._text[array.item_start:]) + b'"'
+        if self.in_string and self._string_is_item:
+            array, suffix = self._open[-1], b'"'
+        elif (len(self._open) >= 2 and self._open[-1].opener == 0x7B and self._open[-2].opener == 0x5B
+              and self._open[-2].item_start >= 0):
+            array, suffix = self._open[-2], (b'"}' if self.in_string else b"}")
+        else:
+            return None
+        item = bytes(self._text[array.item_start:]) + suffix
         exact, folded, repeat = array.kind_of_repeat(item)
-        if not repeat or not array.loops_with(repeat):
+        if not repeat or not array.loops_with(item, repeat):
             return None
-        partial = exact[:-1]
+        partial = exact[:len(exact) - len(suffix)]
         if any(len(seen) > len(exact) and seen.startswith(partial) for seen in array.seen):
             return None  # it may yet become a longer item already seen ("a" on its way to "aa")
         return RepeatedItems(array.items + 1, array.repeats + array.folded_repeats + 1,
@@ -154,7 +167,7 @@ class JsonShape:
         item = bytes(self._text[array.item_start:position + 1])
         array.item_start = -2  # ended: the separator or the closing bracket comes next
         exact, folded, repeat = array.kind_of_repeat(item)
-        loops = array.loops_with(repeat)
+        loops = array.loops_with(item, repeat)
         array.items += 1
         array.repeats += repeat == 1
         array.folded_repeats += repeat == 2
@@ -168,9 +181,9 @@ class JsonShape:
 
 
 def _folded(item: bytes) -> bytes | None:
-    """A string item with its digits folded (``"step-7.json"`` is ``"step-0.json"``); None for one with too few
-    letters to tell a counter from data (``"3.10"``) and for objects and arrays, whose numbers are data
-    (``{"x": 1}`` and ``{"x": 2}`` are two points, not a loop)."""
-    if not item.startswith(b'"') or len(_LETTERS.findall(item)) < LETTERS_TO_FOLD:
-        return None
-    return _DIGITS.sub(b"0", item)
+    """An item with the digits in its strings folded (``"step-7.json"`` is ``"step-0.json"``); numbers outside
+    strings are kept (``{"x": 1}`` and ``{"x": 2}`` are two points, not a loop). None for a string item with too
+    few letters to tell a counter from data (``"3.10"``, ``"v2"``)."""
+    if item.startswith(b'"'):
+        return _DIGITS.sub(b"0", item) if len(_LETTERS.findall(item)) >= LETTERS_TO_FOLD else None
+    return _STRING.sub(lambda m: _DIGITS.sub(b"0", m.group(0)), item)

@@ -80,6 +80,23 @@ def test_items_whose_counter_moves_on_are_one_item_repeated() -> None:
     assert c.closed is not None
 
 
+def test_objects_whose_counter_moves_on_close_after_six_repeats_and_data_with_versions_does_not() -> None:
+    team = {"type": "object", "properties": {"members": {"type": "array", "items": {
+        "type": "object", "properties": {"name": {"type": "string"}, "role": {"enum": ["dev", "manager"]}},
+        "required": ["name", "role"], "additionalProperties": False}}}, "required": ["members"],
+        "additionalProperties": False}
+    c = constraint(team)
+    script = itertools.chain(b'{"members": [{"name": "Ann", "role": "dev"}, ', itertools.chain.from_iterable(
+        f'{{"name": "Team{i}", "role": "manager"}}, '.encode() for i in itertools.count(1)))
+    reply = json.loads(write(c, script, limit=2000))
+    # closed before the seventh repeat's brace: no item after it
+    assert [m["name"] for m in reply["members"]] == ["Ann", *(f"Team{i}" for i in range(1, 8))] and c.closed
+    classifiers = constraint({"type": "array", "items": {"type": "object"}})
+    versions = b"[" + b", ".join(f'{{"name": "classifier", "value": "Python :: 3.{v}"}}'.encode()
+                                for v in range(8, 13)) + b', {"name": "license", "value": "MIT"}]'
+    assert write(classifiers, versions, limit=len(versions)) == versions and classifiers.closed is None
+
+
 def test_a_string_repeating_itself_closes_once_its_cycle_fills_the_exact_window() -> None:
     c = constraint(NOTE)
     text = write(c, looping(b'{"note": "', b"la"), limit=600)
