@@ -87,7 +87,7 @@ def validity(url: str, requests: int, max_tokens: int, schemas: list = SCHEMAS,
     semantic closed from a loop (``usage.semantic.loop_closed``). ``temperature`` None: the model's defaults."""
     gpt = client(url)
 
-    def one(i: int) -> tuple[str, str, bool, bool]:
+    def one(i: int) -> tuple[str, str, bool, bool, str]:
         key, prompt, schema = schemas[i % len(schemas)]
         sampling = {} if temperature is None else {"temperature": temperature}
         response = gpt.chat.completions.create(
@@ -101,7 +101,7 @@ def validity(url: str, requests: int, max_tokens: int, schemas: list = SCHEMAS,
             valid = True
         except (ValueError, jsonschema.ValidationError):
             valid = False
-        return key, choice.finish_reason, valid, _loop_closed(response)
+        return key, choice.finish_reason, valid, _loop_closed(response), (choice.message.content or "")[-160:]
 
     rows, seconds = _eight_at_a_time(one, requests)
     finished = [r for r in rows if r[1] == "stop"]
@@ -109,7 +109,8 @@ def validity(url: str, requests: int, max_tokens: int, schemas: list = SCHEMAS,
             "truncated": sum(r[1] == "length" for r in rows), "valid_any": sum(r[2] for r in rows),
             "loop_closed": sum(r[3] for r in rows), "seconds": seconds,
             "invalid_finished": [r[0] for r in finished if not r[2]],
-            "truncated_schemas": [r[0] for r in rows if r[1] == "length"]}
+            "truncated_schemas": [r[0] for r in rows if r[1] == "length"],
+            "truncated_tails": [f"{r[0]}: ...{r[4]}" for r in rows if r[1] == "length"]}
 
 
 def tool_calls(url: str, requests: int, max_tokens: int, schemas: list = SCHEMAS,

@@ -7,8 +7,9 @@ did in 8 of 9 such requests, bench/bench_structured_outputs.py ``--schemas open`
 first only after hundreds of tokens, and the second never exactly; here an array's items are compared as
 whole values (case ignored). An array loops when at least half its items equal an earlier one, and either
 ``REPEATS`` of them are equal as written or more are once the digits in their strings are folded (a counter
-that moves on: ``"step-7.json"``; but not ``"3.10"``, nor the numbers outside strings): four string items,
-six objects or arrays. ``[0, 0, 255]`` or ``["a", "b", "a"]`` do not; scalars (numbers, booleans, null) are never
+that moves on: ``"step-7.json"``; never the numbers outside strings): four string items, six objects or
+arrays, sixteen strings with fewer than three letters (``"3.10"``, years: likelier data; but Gemma 3 counts
+``["1", "2", ...`` to ``max_tokens``). ``[0, 0, 255]`` or ``["a", "b", "a"]`` do not; scalars (numbers, booleans, null) are never
 compared. Over the JSON files of this repository and its installed packages the rule fires on 2 of 160: a
 model config's identical layers and a report's notes that differ only in their numbers
 (``python -m bench.loop_false_positives``, docs/structured-outputs.md).
@@ -30,7 +31,10 @@ REPEATS = 3  # items equal to an earlier item of their array that make it a loop
 # {"name": "Team7", "role": "manager"} loop goes on)
 FOLDED_REPEATS = 4
 FOLDED_CONTAINER_REPEATS = 6
-LETTERS_TO_FOLD = 3  # a string item's letters, at least, for its digits to be folded (not "3.10" or "v2")
+# ... and string items with fewer letters than LETTERS_TO_FOLD, which are likelier data ("3.10", "v2", years),
+# need many: Gemma 3 under an open schema counts ["1", "2", ..., "59", ... to max_tokens
+LETTERS_TO_FOLD = 3
+FOLDED_SHORT_REPEATS = 16
 _DIGITS = re.compile(rb"[0-9]+")
 _LETTERS = re.compile(rb"[a-zA-Z]")
 _STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
@@ -56,13 +60,13 @@ class _Container:
     seen: set[bytes] = field(default_factory=set)
     seen_folded: set[bytes] = field(default_factory=set)
 
-    def kind_of_repeat(self, item: bytes) -> tuple[bytes, bytes | None, int]:
-        """``item``'s keys (as written, folded or None) and how it repeats: 0 new, 1 as written, 2 folded only."""
+    def kind_of_repeat(self, item: bytes) -> tuple[bytes, bytes, int]:
+        """``item``'s keys (as written, folded) and how it repeats: 0 new, 1 as written, 2 folded only."""
         exact = item.strip().lower()
         folded = _folded(exact)
         if exact in self.seen:
             return exact, folded, 1
-        return exact, folded, 2 if folded is not None and folded in self.seen_folded else 0
+        return exact, folded, 2 if folded in self.seen_folded else 0
 
     def loops_with(self, item: bytes, repeat: int) -> bool:
         """Whether the array, with one more ``item`` repeating as ``repeat`` says, has become a loop."""
@@ -71,7 +75,10 @@ class _Container:
         items = self.items + 1
         if 2 * (repeats + folded) < items:
             return False
-        enough = FOLDED_REPEATS if item.lstrip().startswith(b'"') else FOLDED_CONTAINER_REPEATS
+        if not item.lstrip().startswith(b'"'):
+            enough = FOLDED_CONTAINER_REPEATS
+        else:
+            enough = FOLDED_REPEATS if len(_LETTERS.findall(item)) >= LETTERS_TO_FOLD else FOLDED_SHORT_REPEATS
         return repeats >= REPEATS or repeats + folded >= enough
 
 
@@ -172,18 +179,16 @@ class JsonShape:
         array.repeats += repeat == 1
         array.folded_repeats += repeat == 2
         array.seen.add(exact)
-        if folded is not None:
-            array.seen_folded.add(folded)
+        array.seen_folded.add(folded)
         if loops:
             return RepeatedItems(array.items, array.repeats + array.folded_repeats,
                                  item.decode("utf-8", "replace")[:60])
         return None
 
 
-def _folded(item: bytes) -> bytes | None:
+def _folded(item: bytes) -> bytes:
     """An item with the digits in its strings folded (``"step-7.json"`` is ``"step-0.json"``); numbers outside
-    strings are kept (``{"x": 1}`` and ``{"x": 2}`` are two points, not a loop). None for a string item with too
-    few letters to tell a counter from data (``"3.10"``, ``"v2"``)."""
+    strings are kept (``{"x": 1}`` and ``{"x": 2}`` are two points, not a loop)."""
     if item.startswith(b'"'):
-        return _DIGITS.sub(b"0", item) if len(_LETTERS.findall(item)) >= LETTERS_TO_FOLD else None
+        return _DIGITS.sub(b"0", item)
     return _STRING.sub(lambda m: _DIGITS.sub(b"0", m.group(0)), item)

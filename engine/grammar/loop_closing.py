@@ -5,9 +5,9 @@ steered, not cut: at every step the grammar's own mask is narrowed to the first 
 it allows, so the JSON parses and validates, and the model still chooses within the class:
 
 - inside a string: a quote that closes it, perhaps with brackets after it (``"``, ``"]``, ``"]}``);
-- elsewhere: brackets that close what is open (``]``, ``}}``); else the shortest values (``""``, ``[]``,
-  ``{}``, ``0``, ``false``, ``null``: where a required property or ``minItems`` still wants one); else a
-  separator (``,``: a number ends, the next required property comes);
+- elsewhere: brackets that close what is open (``]``, ``}}``); else a separator (``,``: a number ends, the next
+  required property comes); else the shortest values (``""``, ``[]``, ``{}``, ``0``, ``false``, ``null``: where
+  a required property or ``minItems`` still wants one);
 - else whatever the grammar allows (an enum's letters, a property's forced name).
 
 The grammar decides what is valid, so a class never lets an invalid token in; the classes only rank
@@ -53,7 +53,9 @@ class ClosingTokens:
 
     def prefer(self, allowed: np.ndarray, in_string: bool) -> np.ndarray:
         """``allowed`` (a grammar's bitmask) narrowed to the first class it shares tokens with."""
-        for tier in (self.string_close,) if in_string else (self.close, self.empty, self.separate):
+        # A separator before the shortest values: where both are allowed, the value is a number being written, and
+        # its next digit ("0") would only lengthen it.
+        for tier in (self.string_close,) if in_string else (self.close, self.separate, self.empty):
             chosen = np.zeros_like(allowed)  # (the grammar's mask may run a word past the table's tokens)
             n = min(len(allowed), len(tier))
             chosen[:n] = allowed[:n] & tier[:n]

@@ -97,6 +97,18 @@ def test_objects_whose_counter_moves_on_close_after_six_repeats_and_data_with_ve
     assert write(classifiers, versions, limit=len(versions)) == versions and classifiers.closed is None
 
 
+def test_short_strings_counting_need_sixteen_repeats_and_a_number_written_on_ends_at_a_separator() -> None:
+    c = constraint(TAGS)
+    script = itertools.chain(b'{"tags": [', itertools.chain.from_iterable(
+        f'"{i}", '.encode() for i in itertools.count(1)))
+    assert json.loads(write(c, script, limit=2000))["tags"] == [str(i) for i in range(1, 18)] and c.closed
+    count_first = {"type": "object", "properties": {"count": {"type": "integer"}, "name": {"type": "string"}},
+                   "required": ["count", "name"], "additionalProperties": False}
+    c = constraint(count_first)
+    reply = json.loads(write(c, looping(b'{"count": 1', b"0"), limit=400))
+    assert reply["name"] == "" and str(reply["count"]).startswith("10000") and c.closed  # not one more digit
+
+
 def test_a_string_repeating_itself_closes_once_its_cycle_fills_the_exact_window() -> None:
     c = constraint(NOTE)
     text = write(c, looping(b'{"note": "', b"la"), limit=600)
