@@ -40,6 +40,10 @@ def test_a_reply_steered_closed_from_a_loop_completes_with_a_note_saying_where()
                       0.1, 30.0)
     assert ending.reason is FinishReason.COMPLETE and ending.reason.outcome == "stop"
     assert ending.note == closed.describe() and "after 40 tokens" in ending.note and "180 of max_tokens" in ending.note
+    called = turn_end(_turn(WHOLE, loop_closed=closed), TokenOut(1, 5, FinishReason.STOP), RoutedDelta(), None, 0, 0)
+    assert called.note == closed.describe()  # a tool call whose grammar ends on the end-of-sequence token
+    capped = turn_end(_turn(OPEN, loop_closed=closed), TokenOut(1, 5, FinishReason.LENGTH), RoutedDelta(), None, 0, 0)
+    assert capped.reason is FinishReason.LENGTH and capped.note is None  # closing did not fit: length, as before
 
 
 def test_a_stop_string_or_a_turn_end_in_the_text_wins_over_the_tokens_finish() -> None:

@@ -47,7 +47,8 @@ def turn_end(turn: Turn, out: TokenOut, delta: RoutedDelta, loop: Loop | None, g
     if delta.ends_turn:
         return Ending(FinishReason.TURN_END)
     if out.finish is not None:
-        closed = turn.loop_closed if out.finish is FinishReason.COMPLETE else None
+        # (a tool call's grammar may end with the model's end-of-sequence token rather than complete)
+        closed = turn.loop_closed if out.finish in (FinishReason.COMPLETE, FinishReason.STOP) else None
         return Ending(out.finish, closed.describe() if closed is not None else None)
     if turn.cancel_reason is not None:
         return Ending(turn.cancel_reason)
