@@ -2,17 +2,17 @@
 repeating its items.
 
 Small models under a schema loop inside arrays: ``"tags": ["pets", "pets", "pets", ...`` or
-``["make-tea-steps-1.json", "make-tea-steps-2.json", ...`` until ``max_tokens``, greedy or sampled (SmolLM2
-did in 8 of 9 such requests, bench/bench_structured_outputs.py ``--schemas open``). A token guard sees the
-first only after hundreds of tokens, and the second never exactly; here an array's items are compared as
+``["make-tea-steps-1.json", "make-tea-steps-2.json", ...`` until ``max_tokens``, greedy or sampled (greedy
+SmolLM2 ran 40 of 50 open-schema requests to the cap, report 2026-12-02-cpu-2core-s30). A token guard sees
+the first only after hundreds of tokens, and the second never exactly; here an array's items are compared as
 whole values (case ignored). An array loops when at least half its items equal an earlier one, and either
 ``REPEATS`` of them are equal as written or more are once the digits in their strings are folded (a counter
 that moves on: ``"step-7.json"``; never the numbers outside strings): four string items, six objects or
 arrays, sixteen strings with fewer than three letters (``"3.10"``, years: likelier data; but Gemma 3 counts
-``["1", "2", ...`` to ``max_tokens``). ``[0, 0, 255]`` or ``["a", "b", "a"]`` do not; scalars (numbers, booleans, null) are never
-compared. Over the JSON files of this repository and its installed packages the rule fires on 2 of 160: a
-model config's identical layers and a report's notes that differ only in their numbers
-(``python -m bench.loop_false_positives``, docs/structured-outputs.md).
+``["1", "2", ...`` to ``max_tokens``). ``[0, 0, 255]`` or ``["a", "b", "a"]`` do not; scalars (numbers,
+booleans, null) are never compared. Over the 163 JSON files of this repository and its installed packages
+the rule fires on 2: a model config's identical layers and a report's notes that differ only in their
+numbers (``python -m bench.loop_false_positives``, docs/structured-outputs.md).
 
 The shape also says whether the next byte is inside a string, which is what steering a reply closed needs
 (grammar/loop_closing.py): a ``"`` closes the string there and opens one elsewhere. Text before the first
