@@ -122,6 +122,8 @@ class JsonShape:
             array, suffix = self._open[-2], (b'"}' if self.in_string else b"}")
         else:
             return None
+        if not array.seen:
+            return None  # nothing to repeat yet (and no copy of a long first item on every token)
         item = bytes(self._text[array.item_start:]) + suffix
         exact, folded, repeat = array.kind_of_repeat(item)
         if not repeat or not array.loops_with(item, repeat):
