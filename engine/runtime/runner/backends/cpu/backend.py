@@ -16,7 +16,8 @@ measured in its module's docstring):
   (``host_forward.py``);
 * sampling's top-k pass over the vocabulary in numpy (``host_top_k.py``);
 * a gated-delta hybrid's prefill recurrence in one compiled loop per head
-  (``host_gated_delta.py``);
+  (``host_gated_delta.py``), and a hybrid's short depthwise convolution over
+  a prefill chunk in one compiled loop (``host_conv.py``);
 * a long prefill chunk's softmax in compiled rows across both cores
   (``host_softmax.py``, chosen per call in ``host_attention.py``).
 
@@ -39,7 +40,8 @@ from typing import Any, Sequence
 import mlx.core as mx
 
 from engine.domain.cache_spec import ModelCacheSpec
-from engine.runtime.runner.backends.cpu import host_decode, host_forward, host_gated_delta, host_linear, host_softmax
+from engine.runtime.runner.backends.cpu import (host_conv, host_decode, host_forward, host_gated_delta, host_linear,
+                                               host_softmax)
 from engine.runtime.runner.backends.cpu.hooks import ActivationHooks
 from engine.runtime.runner.backends.cpu.host_kv import (HOST_KINDS, HOST_KINDS_BESIDE_RECURRENT, HostFullKV,
                                                        HostRaggedLayerCache)
@@ -62,6 +64,7 @@ class CpuOptions:
     host_step: bool = True  # a Llama-family decode step whole on the host
     host_top_k: bool = True  # sampling's top-k pass in numpy
     recurrence: bool = True  # a gated-delta hybrid's prefill steps in a compiled loop
+    depthwise_conv: bool = True  # a hybrid's short convolution over a prefill chunk in a compiled loop
     # A long prefill chunk's softmax in compiled rows. The kernel is one per process: once any CPU backend has
     # loaded it, every CPU backend's caches use it (False here only keeps this one from loading it).
     prefill_softmax: bool = True
@@ -80,6 +83,7 @@ class CpuBackend(MlxBackend):
         self._loops_ok = options.decode_loops and compiler
         self._linear_ok = options.linear_pass and compiler
         self._recurrence_ok = options.recurrence and compiler
+        self._conv_ok = options.depthwise_conv and compiler
         self._softmax_ok = options.prefill_softmax and compiler
         self._forward_thread: int | None = None
         self._hooks: dict[int, ActivationHooks] = {}
@@ -105,6 +109,8 @@ class CpuBackend(MlxBackend):
             hooks.install(model)
         if self._recurrence_ok:
             hooks.install_gated_delta(model, lambda: self._recurrence_ok)
+        if self._conv_ok:
+            hooks.install_depthwise_conv(model, lambda: self._conv_ok)
         if self.options.linear_pass:
             host_linear.swap_in(model, self)
         self._host_step[key] = self.options.host_step and host_forward.supports(model)
@@ -138,6 +144,10 @@ class CpuBackend(MlxBackend):
             threading.Thread(target=self._load, args=(host_gated_delta.warm_up, "_recurrence_ok",
                                                       "the gated-delta prefill steps"),
                              name="semantic-recurrence-warmup", daemon=True).start()
+        if self._conv_ok:
+            threading.Thread(target=self._load, args=(host_conv.warm_up, "_conv_ok",
+                                                      "the recurrent layers' prefill convolutions"),
+                             name="semantic-conv-warmup", daemon=True).start()
         if self._softmax_ok and not host_softmax.ROW_SOFTMAX.ready:
             threading.Thread(target=self._load, args=(host_softmax.warm_up, "_softmax_ok",
                                                       "long prefill chunks' softmax"),
@@ -230,6 +240,7 @@ class CpuBackend(MlxBackend):
         return super().describe() | {
             "host_paths": asdict(self.options) | {"decode_loops": self._loops_ok, "linear_pass": self._linear_ok,
                                                   "recurrence": self._recurrence_ok,
+                                                  "depthwise_conv": self._conv_ok,
                                                   "prefill_softmax": host_softmax.ROW_SOFTMAX.ready},
         }
 

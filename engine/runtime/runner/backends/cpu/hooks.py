@@ -14,18 +14,22 @@ model family) stack: each passes on what it does not take.
 A gated-delta hybrid's recurrence (``mlx_lm.models.gated_delta``'s
 ``gated_delta_ops``, which every such family reaches through
 ``gated_delta_update`` off Metal) is wrapped the same way: a prefill chunk
-runs in ``host_gated_delta``'s compiled loop once it has loaded.
+runs in ``host_gated_delta``'s compiled loop once it has loaded. The short
+depthwise convolution before such a recurrence (``nn.Conv1d``, which every
+hybrid calls through the layer it holds) is wrapped on the class: its
+``__call__`` takes the layer, and ``host_conv`` computes a chunk's.
 """
 
 from __future__ import annotations
 
 import sys
+import types
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import mlx.nn as nn
 
-from engine.runtime.runner.backends.cpu import cpu_math, host_gated_delta
+from engine.runtime.runner.backends.cpu import cpu_math, host_conv, host_gated_delta
 
 SWIGLU = "swiglu"
 # Gemma 4's MLP calls its own ``geglu``, compiled shapeless around ``nn.gelu_approx``: a compiled function
@@ -60,6 +64,10 @@ class _Wrapper:
             if out is not None:
                 return out
         return self.previous(first, *rest)
+
+    def __get__(self, instance: Any, owner: Any = None) -> Any:
+        """On a class (``nn.Conv1d.__call__``) it binds like the method it wraps: the instance comes first."""
+        return self if instance is None else types.MethodType(self, instance)
 
 
 @dataclass(slots=True)
@@ -97,6 +105,19 @@ class ActivationHooks:
             return host_gated_delta.steps(q, *rest) if ready() else None
 
         self._wrap(steps, GATED_DELTA_OPS, fast, applies=host_gated_delta.long_enough)
+        return True
+
+    def install_depthwise_conv(self, model: Any, ready: Callable[[], bool]) -> bool:
+        """Route ``model``'s depthwise ``nn.Conv1d`` prefill chunks through the compiled loop once ``ready``;
+        False when the model has no such layer."""
+        convs = [m for _, m in model.named_modules() if isinstance(m, nn.Conv1d)]
+        if not any(m.groups == m.weight.shape[0] > 1 for m in convs):
+            return False
+
+        def fast(conv: Any, x: Any) -> Any:
+            return host_conv.depthwise(conv, x) if ready() else None
+
+        self._wrap(nn.Conv1d, "__call__", fast, applies=lambda conv: True)
         return True
 
     def uninstall(self) -> None:
