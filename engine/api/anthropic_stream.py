@@ -38,7 +38,7 @@ from .admission import failed, finish_error
 from .errors import ApiError, internal_error, stream_error_payload
 from .retention import usage_split
 from .reasoning_signature import sign
-from .tool_calls import Piece, ReasoningPiece, TextPiece, ToolPiece
+from .tool_calls import Piece, ReasoningPiece, TextPiece, ToolArgumentsPiece, ToolPiece, ToolStartPiece
 from .turns import OutputAssembler, ended_by
 
 STOP_REASONS = {"stop": "end_turn", "tool_use": "tool_use", "stop_sequence": "stop_sequence", "length": "max_tokens"}
@@ -59,12 +59,14 @@ class ContentBlocks:
     Reasoning is a ``thinking`` block, closed by a ``signature_delta`` whose
     signature carries the reasoning (reasoning_signature.py); with ``omitted``
     (the request's ``display: "omitted"``) its text is withheld, the signature
-    still carries it.
+    still carries it. A tool call that streams opens its ``tool_use`` block at
+    its start and sends each part of its arguments as an ``input_json_delta``
+    as the model writes it; the block's ``input`` is those parts joined, parsed.
     """
 
     omitted: bool = False
     content: list[Payload] = field(default_factory=list)
-    _open: str | None = None  # the type of the block open now: "text", "thinking" or None
+    _open: str | None = None  # the type of the block open now: "text", "thinking", "tool_use" or None
     _held: str = ""
     _reasoning: str = ""
 
@@ -75,6 +77,11 @@ class ContentBlocks:
                 out += self._text(piece.text)
             elif isinstance(piece, ReasoningPiece):
                 out += self._thinking(piece.text)
+            elif isinstance(piece, ToolStartPiece):
+                out += self._tool_start(piece)
+            elif isinstance(piece, ToolArgumentsPiece):
+                out.append(_block_delta(len(self.content) - 1,
+                                        {"type": "input_json_delta", "partial_json": piece.text}))
             elif isinstance(piece, ToolPiece):
                 out += self._tool(piece.call)
         return out
@@ -120,7 +127,18 @@ class ContentBlocks:
             out.append(_block_delta(len(self.content) - 1, {"type": "thinking_delta", "thinking": text}))
         return out
 
+    def _tool_start(self, start: ToolStartPiece) -> list[Payload]:
+        out = self.close()
+        self.content.append({"type": "tool_use", "id": start.id, "name": start.name, "input": {}})
+        self._open = "tool_use"
+        return out + [_block_start(len(self.content) - 1, {"type": "tool_use", "id": start.id, "name": start.name,
+                                                             "input": {}})]
+
     def _tool(self, call: ToolCall) -> list[Payload]:
+        if self._open == "tool_use" and self.content[-1]["id"] == call.id:  # it streamed: its block ends here
+            self.content[-1]["input"] = call.arguments
+            self._open = None
+            return [{"type": "content_block_stop", "index": len(self.content) - 1}]
         out = self.close()
         index = len(self.content)
         self.content.append({"type": "tool_use", "id": call.id, "name": call.name, "input": call.arguments})

@@ -19,7 +19,7 @@ from .admission import KEEP_ALIVE, failed, finish_error, replay
 from .async_turn import AsyncTurn
 from .errors import error_body, internal_error
 from .openai_translate import CompletionMeta, finish_reason, tool_call_body, usage_body
-from .tool_calls import Piece, ReasoningPiece, TextPiece, ToolPiece
+from .tool_calls import Piece, ReasoningPiece, TextPiece, ToolArgumentsPiece, ToolPiece, ToolStartPiece
 from .turns import OutputAssembler
 
 DONE = "data: [DONE]\n\n"
@@ -102,17 +102,24 @@ class ChatStream:
                 frames.append(self.writer.delta({"content": piece.text}))
             elif isinstance(piece, ReasoningPiece):
                 frames.append(self.writer.delta({"reasoning_content": piece.text, "reasoning": piece.text}))
-            elif isinstance(piece, ToolPiece):
-                frames.extend(self._tool_call(piece))
+            elif isinstance(piece, ToolStartPiece):
+                frames.append(self._tool_header(piece.id, piece.name))
+            elif isinstance(piece, ToolArgumentsPiece):
+                frames.append(self._tool_arguments(piece.text))
+            elif isinstance(piece, ToolPiece) and piece.arguments_text is None:  # (one that streamed is sent)
+                body = tool_call_body(piece.call)
+                frames += [self._tool_header(piece.call.id, piece.call.name),
+                           self._tool_arguments(body["function"]["arguments"])]
         return frames
 
-    def _tool_call(self, piece: ToolPiece) -> list[str]:
-        body = tool_call_body(piece.call)
-        index, self.tool_index = self.tool_index, self.tool_index + 1
-        header = {"index": index, "id": body["id"], "type": "function",
-                  "function": {"name": body["function"]["name"], "arguments": ""}}
-        arguments = {"index": index, "function": {"arguments": body["function"]["arguments"]}}
-        return [self.writer.delta({"tool_calls": [header]}), self.writer.delta({"tool_calls": [arguments]})]
+    def _tool_header(self, call_id: str, name: str) -> str:
+        """A call's first delta: its index, id and name (its arguments follow in deltas of their own)."""
+        self.tool_index += 1
+        return self.writer.delta({"tool_calls": [{"index": self.tool_index - 1, "id": call_id, "type": "function",
+                                                  "function": {"name": name, "arguments": ""}}]})
+
+    def _tool_arguments(self, text: str) -> str:
+        return self.writer.delta({"tool_calls": [{"index": self.tool_index - 1, "function": {"arguments": text}}]})
 
     def _ending(self, finish: FinishEvent) -> list[str]:
         if failed(finish):

@@ -38,7 +38,7 @@ from .errors import ApiError, from_domain, internal_error
 from .reasoning_signature import sign
 from .responses_items import Item, function_call_item, message_item, new_id
 from .responses_translate import ResponseMeta, outcome
-from .tool_calls import Piece, ReasoningPiece, TextPiece, ToolPiece
+from .tool_calls import Piece, ReasoningPiece, TextPiece, ToolArgumentsPiece, ToolPiece, ToolStartPiece
 from .turns import OutputAssembler
 
 
@@ -143,9 +143,14 @@ class ResponseStream:
             frames.extend(self._close_reasoning())
             if isinstance(piece, TextPiece):
                 frames.extend(self._text(piece.text))
+            elif isinstance(piece, ToolStartPiece):
+                frames.extend(self._close_message())
+                frames.extend(self._function_call_start(piece))
+            elif isinstance(piece, ToolArgumentsPiece):
+                frames.extend(self._function_call_arguments(piece.text))
             elif isinstance(piece, ToolPiece):
                 frames.extend(self._close_message())
-                frames.extend(self._function_call(piece.call))
+                frames.extend(self._function_call(piece))
         return frames
 
     def _reasoning_text(self, text: str) -> list[str]:
@@ -207,15 +212,36 @@ class ResponseStream:
         assert self._message is not None
         return {"item_id": self._message["id"], "output_index": len(self.output) - 1, "content_index": 0}
 
-    def _function_call(self, call: ToolCall) -> list[str]:
-        item = function_call_item(new_id("fc"), call)
+    def _function_call_start(self, start: ToolStartPiece) -> list[str]:
+        """A call that streams: its item now, in progress; its arguments in deltas as they are written."""
+        item = function_call_item(new_id("fc"), ToolCall(start.id, start.name, {}), "in_progress")
+        item["arguments"] = ""
         self.output.append(item)
-        index = len(self.output) - 1
-        return [
-            self.writer.event("response.output_item.added", output_index=index,
-                              item={**item, "arguments": "", "status": "in_progress"}),
-            self.writer.event("response.function_call_arguments.delta", item_id=item["id"], output_index=index,
-                              delta=item["arguments"]),
+        return [self.writer.event("response.output_item.added", output_index=len(self.output) - 1, item=dict(item))]
+
+    def _function_call_arguments(self, text: str) -> list[str]:
+        item = self.output[-1]
+        item["arguments"] += text
+        return [self.writer.event("response.function_call_arguments.delta", item_id=item["id"],
+                                  output_index=len(self.output) - 1, delta=text)]
+
+    def _function_call(self, piece: ToolPiece) -> list[str]:
+        frames: list[str] = []
+        last = self.output[-1] if self.output else None
+        if piece.arguments_text is not None and last is not None and last.get("call_id") == piece.call.id:
+            item, index = last, len(self.output) - 1  # it streamed: its item ends here, its arguments as sent
+            item["status"] = "completed" if piece.complete else "incomplete"
+        else:
+            item = function_call_item(new_id("fc"), piece.call)
+            self.output.append(item)
+            index = len(self.output) - 1
+            frames += [
+                self.writer.event("response.output_item.added", output_index=index,
+                                  item={**item, "arguments": "", "status": "in_progress"}),
+                self.writer.event("response.function_call_arguments.delta", item_id=item["id"], output_index=index,
+                                  delta=item["arguments"]),
+            ]
+        return frames + [
             self.writer.event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
                               name=item["name"], arguments=item["arguments"]),
             self.writer.event("response.output_item.done", output_index=index, item=item),

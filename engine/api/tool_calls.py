@@ -5,6 +5,11 @@ function: mlx-lm's tool parser for templates it recognises, else the JSON
 (Hermes) format of the rendering fallback. Text that might be the start of
 a marker is held back until it is decided, so no client ever sees half a
 marker as text.
+
+A call in a JSON format streams as it is written (``tool_arguments.py``): a
+:class:`ToolStartPiece` once its name is known, :class:`ToolArgumentsPiece`
+with each new part of its arguments' text, then the :class:`ToolPiece` when
+it closes. Other formats give the ``ToolPiece`` alone, at the call's end.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ from typing import Any, Callable
 from engine.domain.chat import ToolCall
 from engine.domain.reasoning import HarmonyFormat, ReasoningFormat
 
+from .tool_arguments import JsonCallScanner, XmlFunctionScanner, partial_arguments
+
 ParseFn = Callable[[str, Any], Any]
 
 
@@ -29,19 +36,24 @@ class ToolFormat:
     # The call between the markers is ``{"name": ..., "arguments": ...}`` JSON: strict tools can be
     # constrained to it (tool_constraints.py); other formats (pythonic, XML-ish) cannot, yet.
     json_body: bool = False
+    # How a call's arguments stream while it is written (tool_arguments.py): "json" (a JSON body), "qwen3_xml"
+    # (Qwen3-Coder's XML), or None: the call comes whole when it closes.
+    streams: str | None = None
 
 
 def _parse_json_call(text: str, tools: Any = None) -> dict[str, Any]:
     return json.loads(text.strip())
 
 
-FALLBACK = ToolFormat("<tool_call>", "</tool_call>", _parse_json_call, json_body=True)
+FALLBACK = ToolFormat("<tool_call>", "</tool_call>", _parse_json_call, json_body=True, streams="json")
 # gpt-oss writes calls on a channel of their own (harmony's ``to=functions.NAME`` header), which the engine routes
 # apart from the answer (domain/reasoning_tracker.py): there are no markers in the answer text to look for, and
 # nothing a grammar over the answer could constrain.
 HARMONY_CALLS = ToolFormat("<|start|>assistant to=functions.", "<|call|>", _parse_json_call)
 # mlx-lm's parser of JSON calls between <tool_call> markers (Qwen's and Hermes' templates).
 JSON_TOOLS_PARSER = "mlx_lm.tool_parsers.json_tools"
+# Its parser of Qwen3-Coder's XML calls (Qwen3.5's and Qwen3-Next's templates too).
+QWEN3_XML_PARSER = "mlx_lm.tool_parsers.qwen3_coder"
 
 
 def tool_format_for(tokenizer: Any, reasoning: ReasoningFormat | None = None) -> ToolFormat:
@@ -51,8 +63,10 @@ def tool_format_for(tokenizer: Any, reasoning: ReasoningFormat | None = None) ->
     if getattr(tokenizer, "has_tool_calling", False) and tokenizer.tool_parser is not None:
         parse = tokenizer.tool_parser
         end = tokenizer.tool_call_end or ""
-        json_body = getattr(parse, "__module__", None) == JSON_TOOLS_PARSER and bool(end)
-        return ToolFormat(tokenizer.tool_call_start, end, parse, json_body)
+        module = getattr(parse, "__module__", None)
+        json_body = module == JSON_TOOLS_PARSER and bool(end)
+        streams = "json" if json_body else "qwen3_xml" if module == QWEN3_XML_PARSER and end else None
+        return ToolFormat(tokenizer.tool_call_start, end, parse, json_body, streams)
     return FALLBACK
 
 
@@ -62,8 +76,32 @@ class TextPiece:
 
 
 @dataclass(frozen=True, slots=True)
+class ToolStartPiece:
+    """A call whose arguments will stream: its id and name, before any of its arguments."""
+
+    id: str
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolArgumentsPiece:
+    """The next part of a started call's arguments, as the model wrote it."""
+
+    id: str
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
 class ToolPiece:
+    """A whole call. ``arguments_text``: for a call that streamed, its arguments' text as streamed (the
+    pieces joined), which ``call.arguments`` parses from; None for a call given whole. ``complete`` False: a
+    call that streamed and then never closed, or closed arguments that do not parse (the reply ran to its cap):
+    the client saw it begin, so it ends as a call with what its arguments hold, but it is no call to run and
+    the reply's ending says why it stopped."""
+
     call: ToolCall
+    arguments_text: str | None = None
+    complete: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +119,7 @@ class ReasoningPiece:
     text: str
 
 
-Piece = TextPiece | ToolPiece | BadToolPiece | ReasoningPiece
+Piece = TextPiece | ToolStartPiece | ToolArgumentsPiece | ToolPiece | BadToolPiece | ReasoningPiece
 _counter = itertools.count(1)
 
 
@@ -96,53 +134,63 @@ class ToolCallStream:
         self.id_prefix = id_prefix
         self._buffer = ""
         self._in_call = False
+        self._arguments: StreamedArguments | None = None  # the open call's, in a JSON format
         self.calls: list[ToolCall] = []
 
     def feed(self, text: str) -> list[Piece]:
         self._buffer += text
         pieces: list[Piece] = []
         while True:
-            piece = self._next_piece()
-            if piece is None:
+            more = self._next_pieces()
+            if more is None:
                 return pieces
-            pieces.append(piece)
+            pieces += more
 
     def finish(self) -> list[Piece]:
-        """End of generation: an unterminated call is parsed if it can be, else returned as text."""
+        """End of generation: an unterminated call is parsed if it can be, else returned as text (a call that
+        streamed stays a call, with the arguments it got)."""
         pieces = self.feed("")
         rest, self._buffer = self._buffer, ""
         if self._in_call:
             self._in_call = False
+            if self._arguments is not None:
+                pieces += self._arguments.take(rest, len(rest))
             pieces.append(self._parsed(rest, self.fmt.start + rest))
         elif rest:
             pieces.append(TextPiece(rest))
         return pieces
 
-    def _next_piece(self) -> Piece | None:
+    def _next_pieces(self) -> list[Piece] | None:
         if self._in_call:
             return self._close_call()
         at = self._buffer.find(self.fmt.start)
         if at >= 0:
             text, self._buffer = self._buffer[:at], self._buffer[at + len(self.fmt.start):]
             self._in_call = True
-            return TextPiece(text) if text else self._next_piece()
+            self._arguments = StreamedArguments.of(self.fmt, self.tools, self.id_prefix)
+            return [TextPiece(text)] if text else []
         safe = len(self._buffer) - _partial_suffix(self._buffer, self.fmt.start)
         if safe <= 0:
             return None
         text, self._buffer = self._buffer[:safe], self._buffer[safe:]
-        return TextPiece(text)
+        return [TextPiece(text)]
 
-    def _close_call(self) -> Piece | None:
+    def _close_call(self) -> list[Piece] | None:
         if not self.fmt.end:
             return None  # formats without an end marker run to the end of generation
         at = self._buffer.find(self.fmt.end)
-        if at < 0:
-            return None
+        if at < 0:  # still open: what is surely before the end marker may stream
+            if self._arguments is None:
+                return None
+            return self._arguments.take(self._buffer, len(self._buffer) - _partial_suffix(self._buffer, self.fmt.end)
+                                        ) or None
         body, self._buffer = self._buffer[:at], self._buffer[at + len(self.fmt.end):]
         self._in_call = False
-        return self._parsed(body, f"{self.fmt.start}{body}{self.fmt.end}")
+        pieces = self._arguments.take(body, len(body)) if self._arguments is not None else []
+        return pieces + [self._parsed(body, f"{self.fmt.start}{body}{self.fmt.end}")]
 
     def _parsed(self, body: str, raw: str) -> Piece:
+        streamed, self._arguments = self._arguments, None
         try:
             parsed = self.fmt.parse(body, self.tools)
             first = parsed[0] if isinstance(parsed, list) else parsed
@@ -151,9 +199,61 @@ class ToolCallStream:
                 arguments = json.loads(arguments)
             call = ToolCall(new_tool_id(self.id_prefix), str(first["name"]), dict(arguments))
         except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
-            return BadToolPiece(raw, f"{type(exc).__name__}: {exc}")
-        self.calls.append(call)
-        return ToolPiece(call)
+            if streamed is None or streamed.started is None:
+                return BadToolPiece(raw, f"{type(exc).__name__}: {exc}")
+            call = None  # a call the client has seen begin stays one: with the arguments it got
+        piece = streamed.ended(call) if streamed is not None and streamed.started is not None else ToolPiece(call)
+        if piece.complete:
+            self.calls.append(piece.call)
+        return piece
+
+
+class StreamedArguments:
+    """One call's arguments streaming: its format's scanner (tool_arguments.py) over its body as it grows."""
+
+    def __init__(self, id_prefix: str, scanner: JsonCallScanner | XmlFunctionScanner) -> None:
+        self.id_prefix = id_prefix
+        self.scanner = scanner
+        self.started: ToolStartPiece | None = None
+        self.text = ""  # the arguments' text streamed so far
+        self._read = 0  # how much of the body the scanner has read
+
+    @classmethod
+    def of(cls, fmt: ToolFormat, tools: Any, id_prefix: str) -> "StreamedArguments | None":
+        """For a call of ``fmt`` (None: its format does not stream)."""
+        if fmt.streams == "json":
+            return cls(id_prefix, JsonCallScanner())
+        if fmt.streams == "qwen3_xml":
+            return cls(id_prefix, XmlFunctionScanner(tools))
+        return None
+
+    def take(self, body: str, upto: int) -> list[Piece]:
+        """Pieces for the body's text up to ``upto`` not read before."""
+        if upto <= self._read:
+            return []
+        fresh = self.scanner.feed(body[self._read:upto])
+        self._read = upto
+        pieces: list[Piece] = []
+        if fresh and self.started is None:
+            self.started = ToolStartPiece(new_tool_id(self.id_prefix), str(self.scanner.name))
+            pieces.append(self.started)
+        if fresh:
+            self.text += fresh
+            pieces.append(ToolArgumentsPiece(self.started.id, fresh))
+        return pieces
+
+    def ended(self, parsed: ToolCall | None) -> ToolPiece:
+        """The started call, whole: its arguments are what streamed (equal to the parsed call's, which the
+        body as a whole gave; a call that never closed has what its text holds so far)."""
+        assert self.started is not None
+        try:
+            arguments = json.loads(self.text) if parsed is not None and self.scanner.done else None
+        except ValueError:
+            arguments = None
+        if not isinstance(arguments, dict):
+            return ToolPiece(ToolCall(self.started.id, self.started.name, partial_arguments(self.text)), self.text,
+                             complete=False)
+        return ToolPiece(ToolCall(self.started.id, self.started.name, arguments), self.text)
 
 
 def channel_call(name: str, arguments: str, id_prefix: str) -> Piece:

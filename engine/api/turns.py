@@ -27,11 +27,15 @@ from .tool_calls import (
     Piece,
     ReasoningPiece,
     TextPiece,
+    ToolArgumentsPiece,
     ToolCallStream,
     ToolPiece,
+    ToolStartPiece,
     channel_call,
+    new_tool_id,
     tool_format_for,
 )
+from .tool_arguments import partial_arguments
 from .tool_constraints import compile_reply_format, reply_format
 
 
@@ -183,7 +187,7 @@ class OutputAssembler:
     text: str = ""
     reasoning: str = ""
     calls: list[ToolCall] = field(default_factory=list)
-    _channel_call: list[Any] = field(default_factory=list)  # [index, name, arguments so far] while one is open
+    _channel_call: list[Any] = field(default_factory=list)  # [index, start piece, arguments so far] while open
 
     @classmethod
     def for_turn(cls, service: EngineService, conversation: Conversation, id_prefix: str,
@@ -217,19 +221,26 @@ class OutputAssembler:
 
     def _channel_text(self, call: CallText) -> list[Piece]:
         open_call = self._channel_call
-        if open_call and open_call[0] == call.index:
-            open_call[2] += call.text
-            return []
-        pieces = self._close_channel_call()
-        self._channel_call = [call.index, call.name, call.text]
-        return pieces
+        pieces: list[Piece] = []
+        if not open_call or open_call[0] != call.index:
+            pieces += self._close_channel_call()
+            start = ToolStartPiece(new_tool_id(self.id_prefix), call.name)
+            self._channel_call = open_call = [call.index, start, ""]
+            pieces.append(start)
+        open_call[2] += call.text
+        return pieces + ([ToolArgumentsPiece(open_call[1].id, call.text)] if call.text else [])
 
     def _close_channel_call(self) -> list[Piece]:
         if not self._channel_call:
             return []
-        _, name, arguments = self._channel_call
+        _, start, arguments = self._channel_call
         self._channel_call = []
-        return [channel_call(name, arguments, self.id_prefix)]
+        piece = channel_call(start.name, arguments, self.id_prefix)
+        # The client saw the call begin: it stays one, under its id (arguments that do not parse: what they hold,
+        # and no call to run).
+        if isinstance(piece, ToolPiece):
+            return [ToolPiece(ToolCall(start.id, start.name, piece.call.arguments), arguments)]
+        return [ToolPiece(ToolCall(start.id, start.name, partial_arguments(arguments)), arguments, complete=False)]
 
     def _note(self, pieces: list[Piece]) -> list[Piece]:
         out: list[Piece] = []
@@ -242,7 +253,7 @@ class OutputAssembler:
                 self.text += piece.text
             elif isinstance(piece, ReasoningPiece):
                 self.reasoning += piece.text
-            elif isinstance(piece, ToolPiece):
+            elif isinstance(piece, ToolPiece) and piece.complete:
                 self.calls.append(piece.call)
             out.append(piece)
         return out

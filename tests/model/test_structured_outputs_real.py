@@ -150,16 +150,20 @@ WEATHER_TOOL = {
 @pytest.mark.parametrize("which", ["smollm2", "gemma3"])
 def test_strict_tool_calls_validate_on_the_real_models(which: str, request: pytest.FixtureRequest) -> None:
     """SmolLM2 (ChatML, the Hermes fallback's tool prompt) and Gemma 3 (base, plain format) called through the
-    Anthropic SDK as Claude Code's kind of client sends a strict tool: forced, the call validates; offered, the
-    reply is text or a call that validates."""
+    Anthropic SDK as Claude Code's kind of client sends a strict tool: forced (streamed), the call's arguments
+    arrive as written and validate; offered, the reply is text or a call that validates."""
     api: RealApi = request.getfixturevalue(f"{which}_api")
     claude = anthropic.Anthropic(api_key="any", base_url=api.url, max_retries=0, timeout=300)
     ask = [{"role": "user", "content": "What is the weather like in Lisbon right now?"}]
-    forced = claude.messages.create(model="claude-x", max_tokens=120, messages=ask, tools=[WEATHER_TOOL],
-                                    tool_choice={"type": "any", "disable_parallel_tool_use": True})
+    with claude.messages.stream(model="claude-x", max_tokens=120, messages=ask, tools=[WEATHER_TOOL],
+                                tool_choice={"type": "any", "disable_parallel_tool_use": True}) as stream:
+        parts = [event.partial_json for event in stream if event.type == "input_json"]
+        forced = stream.get_final_message()
     assert forced.stop_reason == "tool_use", forced.content
     (call,) = [block for block in forced.content if block.type == "tool_use"]
     jsonschema.validate(call.input, WEATHER_TOOL["input_schema"])
+    # The arguments streamed as the model wrote them (a token's text at a time), and they are the input.
+    assert len(parts) > 3 and json.loads("".join(parts)) == call.input, parts
     offered = claude.messages.create(model="claude-x", max_tokens=120, messages=ask, tools=[WEATHER_TOOL])
     for block in offered.content:
         if block.type == "tool_use":

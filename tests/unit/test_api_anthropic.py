@@ -160,7 +160,7 @@ async def test_non_streaming_tool_call(make):
 
 @pytest.mark.parametrize("stream", [False, True])
 async def test_malformed_tool_call_comes_back_as_text(make, stream):
-    output = 'Trying.<tool_call>\n{"name": "get_weather", "arguments": {"city": \n</tool_call>'
+    output = 'Trying.<tool_call>\n{"name": get_weather, "arguments": {"city": \n</tool_call>'
     app, _ = make(ScriptedEngine(script=lambda r: output))
     response = await post(app, body("Weather?", tools=[WEATHER_TOOL], stream=stream))
     if stream:
@@ -170,6 +170,25 @@ async def test_malformed_tool_call_comes_back_as_text(make, stream):
     else:
         content, stop = response.json()["content"], response.json()
     assert content == [{"type": "text", "text": output}] and stop["stop_reason"] == "end_turn"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_call_that_began_streaming_and_never_closed_ends_as_a_call_that_is_not_run(make, stream):
+    """Its block began as the model wrote it; when the reply then hits its cap, the block holds what the
+    arguments had and the reply says max_tokens, not tool_use: no client runs half a call."""
+    output = 'Checking.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    app, _ = make(ScriptedEngine(script=lambda r: output))
+    cap = output.index("ris")  # a character a token: the reply stops inside "Paris"
+    response = await post(app, body("Weather?", tools=[WEATHER_TOOL], stream=stream, max_tokens=cap))
+    if stream:
+        events = sse_events(response.text)
+        assert_well_formed(events)
+        content, stop = streamed_content(events), [d for n, d in events if n == "message_delta"][0]["delta"]
+    else:
+        content, stop = response.json()["content"], response.json()
+    assert content[0] == {"type": "text", "text": "Checking."}
+    assert (content[1]["type"], content[1]["input"]) == ("tool_use", {"city": "Pa"})
+    assert stop["stop_reason"] == "max_tokens"
 
 
 async def test_tool_markup_is_text_when_no_tools_were_offered(make):

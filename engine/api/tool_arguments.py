@@ -1,0 +1,298 @@
+"""A tool call's arguments as the model writes them: the JSON object's text, piece by piece.
+
+The JSON call formats (Hermes' and Qwen's ``{"name": ..., "arguments": {...}}``
+between ``<tool_call>`` markers, and semantic's fallback of the same shape)
+name the tool, then write its arguments as a JSON object. :class:`JsonCallScanner`
+reads the call's body as it grows and says the name once its string is
+closed, then hands out the arguments object's own text as written (from its
+``{`` to the matching ``}``), so a client sees a long ``Write`` take shape
+instead of waiting for the call's end. Concatenated, the pieces are that
+object's text, which parses to the call's arguments.
+
+A call it cannot stream that way (the arguments before the name, or written
+as a string holding JSON) is left whole: the call streams once it closes,
+as before.
+
+:func:`partial_arguments` reads what a call that never closed (the reply
+ran to its cap) had streamed, as the SDKs' own partial parsers read it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import pydantic_core
+
+ARGUMENT_KEYS = ("arguments", "parameters")
+
+
+@dataclass(slots=True)
+class JsonCallScanner:
+    """Reads ``{"name": ..., "arguments": {...}}`` text; :meth:`feed` returns the new part of the arguments'
+    text, once the name is known (``name``); ``streaming`` while they are being written; ``refused`` once the
+    call turned out not to stream (the caller then waits for its end)."""
+
+    name: str | None = None
+    streaming: bool = False
+    refused: bool = False
+    done: bool = False  # the arguments object closed
+    _depth: int = 0
+    _in_string: bool = False
+    _escaped: bool = False
+    _string: list[str] = field(default_factory=list)  # a depth-1 string being read (a key or the name's value)
+    _key: str | None = None  # the depth-1 key whose value comes next
+    _after_colon: bool = False
+    _reading: str | None = None  # "key" or "name" while a depth-1 string is read
+
+    def feed(self, text: str) -> str:
+        out: list[str] = []
+        for char in text:
+            if self.refused or self.done:
+                break
+            if self.streaming:
+                out.append(char)
+                self._lex_inside(char)
+                if self._depth == 1:
+                    self.streaming, self.done = False, True
+                continue
+            self._outer(char)
+            if self.streaming:
+                out.append(char)
+        return "".join(out)
+
+    # The call object itself (depth 0 and 1): its keys, the name's value, where the arguments begin.
+    def _outer(self, char: str) -> None:
+        if self._reading is not None:
+            self._read_string(char)
+            return
+        if char.isspace():
+            return
+        if self._depth == 0:
+            if char == "{":
+                self._depth = 1
+            else:
+                self.refused = True  # not a JSON object: the whole call is parsed at its end
+            return
+        if self._key is None:
+            if char == '"':
+                self._reading, self._string = "key", []
+            elif char not in ",}":
+                self.refused = True
+            return
+        if not self._after_colon:
+            self._after_colon = char == ":"
+            self.refused = not self._after_colon
+            return
+        self._value_starts(char)
+
+    def _value_starts(self, char: str) -> None:
+        key, self._key, self._after_colon = self._key, None, False
+        if key == "name" and char == '"' and self.name is None:
+            self._reading, self._string = "name", []
+        elif key in ARGUMENT_KEYS and char == "{" and self.name is not None:
+            self.streaming, self._depth = True, 2
+        else:
+            self.refused = True  # another key first, arguments before the name, or arguments as a string
+
+    def _read_string(self, char: str) -> None:
+        if self._escaped:
+            self._escaped = False
+            self._string.append(char)
+        elif char == "\\":
+            self._escaped = True
+            self._string.append(char)
+        elif char == '"':
+            value = json.loads('"' + "".join(self._string) + '"')
+            if self._reading == "key":
+                self._key = value
+            else:
+                self.name = value
+            self._reading = None
+        else:
+            self._string.append(char)
+
+    # Inside the arguments object: only where it ends matters (strings may hold braces).
+    def _lex_inside(self, char: str) -> None:
+        if self._in_string:
+            if self._escaped:
+                self._escaped = False
+            elif char == "\\":
+                self._escaped = True
+            elif char == '"':
+                self._in_string = False
+        elif char == '"':
+            self._in_string = True
+        elif char in "{[":
+            self._depth += 1
+        elif char in "}]":
+            self._depth -= 1
+
+
+def partial_arguments(text: str) -> dict[str, Any]:
+    """What an unfinished arguments object holds so far (an unclosed string counts as written), as the
+    Anthropic SDK's partial parser reads ``input_json_delta``s; ``{}`` when nothing of it reads."""
+    try:
+        value = pydantic_core.from_json(text, allow_partial="trailing-strings") if text.strip() else {}
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+class XmlFunctionScanner:
+    """Reads Qwen3-Coder's XML call (mlx-lm's ``qwen3_coder`` parser; Qwen3.5 and Qwen3-Next write it):
+
+        <function=NAME>
+        <parameter=KEY>
+        VALUE
+        </parameter>
+        ...
+        </function>
+
+    and writes the arguments as the JSON object the parser makes of it, as it goes: ``{`` once the name is
+    known, each parameter's key when it begins, a string parameter's text (JSON-escaped) as it is written, a
+    typed one (a number, a boolean, an object) once it closes, through the parser's own conversion, and ``}``
+    at ``</function>``. Held back only what may still change: a possible end tag, the one newline the parser
+    trims from a value's end, and a value that may yet be exactly ``null`` (which the parser reads as None).
+    """
+
+    FUNCTION, PARAMETER, PARAMETER_END, FUNCTION_END = "<function=", "<parameter=", "</parameter>", "</function>"
+
+    def __init__(self, tools: Any = None) -> None:
+        from mlx_lm.tool_parsers import qwen3_coder  # (the parser whose reading this follows)
+
+        self._parser = qwen3_coder
+        self._tools = tools
+        self._config: dict[str, Any] = {}
+        self.name: str | None = None
+        self.streaming = False
+        self.refused = False
+        self.done = False
+        self._buffer = ""
+        self._state = "head"
+        self._key: str | None = None
+        self._value = ""  # the open parameter's raw value so far (its first newline dropped)
+        self._opened = False  # its string's opening quote (and key) sent
+        self._fresh = False  # nothing of its value read yet (its first newline is dropped)
+        self._first = True  # no parameter sent yet
+
+    def feed(self, text: str) -> str:
+        self._buffer += text
+        out: list[str] = []
+        while not (self.refused or self.done):
+            step = {"head": self._head, "parameters": self._parameters, "value": self._value_text}[self._state]()
+            if step is None:
+                break
+            out.append(step)
+        return "".join(out)
+
+    def _head(self) -> str | None:
+        text = self._buffer.lstrip()
+        if not text.startswith(self.FUNCTION):
+            self.refused = not self.FUNCTION.startswith(text)
+            return None
+        rest = text[len(self.FUNCTION):]
+        if not any(c in rest for c in "<>\n"):
+            return None  # the name is still being written
+        match = self._parser._name_regex.match(rest)
+        if match is None:
+            self.refused = True
+            return None
+        self.name, self._buffer = match.group(1), rest[match.end():]
+        self._config = self._parser._get_arguments_config(self.name, self._tools)
+        self.streaming, self._state = True, "parameters"
+        return "{"
+
+    def _parameters(self) -> str | None:
+        at = self._buffer.find("<")
+        if at < 0:
+            self._buffer = ""  # text between parameters is not read by the parser either
+            return None
+        self._buffer = self._buffer[at:]
+        if self._buffer.startswith(self.FUNCTION_END):
+            self._buffer, self.done, self.streaming = self._buffer[len(self.FUNCTION_END):], True, False
+            return "}"
+        if self._buffer.startswith(self.PARAMETER):
+            rest = self._buffer[len(self.PARAMETER):]
+            if not any(c in rest for c in "<>\n"):
+                return None
+            match = self._parser._name_regex.match(rest)
+            if match is None:
+                self._buffer = rest
+                return ""
+            self._key, self._buffer = match.group(1), rest[match.end():]
+            self._value, self._opened, self._fresh, self._state = "", False, True, "value"
+            return ""
+        if self.PARAMETER.startswith(self._buffer) or self.FUNCTION_END.startswith(self._buffer):
+            return None  # a tag still being written
+        self._buffer = self._buffer[1:]
+        return ""
+
+    def _value_text(self) -> str | None:
+        if self._fresh:
+            if not self._buffer:
+                return None
+            self._fresh = False
+            if self._buffer.startswith("\n"):
+                self._buffer = self._buffer[1:]  # the parser drops a value's first newline
+        end = self._buffer.find(self.PARAMETER_END)
+        if end >= 0:
+            self._value += self._buffer[:end]
+            self._buffer = self._buffer[end + len(self.PARAMETER_END):]
+            self._state = "parameters"
+            return self._closed_value()
+        held = _partial_suffix(self._buffer, self.PARAMETER_END)
+        self._value += self._buffer[:len(self._buffer) - held]
+        self._buffer = self._buffer[len(self._buffer) - held:]
+        if not self._streams_as_string():
+            return None
+        sendable = self._value[:-1] if self._value.endswith("\n") else self._value  # may be the trimmed newline
+        if "null".startswith(sendable.lower()):
+            return None  # may yet be exactly "null"
+        out = self._open_string() + _escaped(sendable)
+        self._value = self._value[len(sendable):]
+        return out or None
+
+    def _closed_value(self) -> str:
+        value = self._value[:-1] if self._value.endswith("\n") else self._value
+        key, self._key = self._key, None
+        if self._opened:
+            return _escaped(value) + '"'
+        try:
+            converted = self._parser._convert_param_value(value, key, self._config)
+        except (ValueError, SyntaxError):
+            self.refused = True  # the parser fails the whole call on it: what streamed ends incomplete
+            return ""
+        return self._separator() + json.dumps(key, ensure_ascii=False) + ": " + json.dumps(converted,
+                                                                                         ensure_ascii=False)
+
+    def _streams_as_string(self) -> bool:
+        """Whether the parser keeps this parameter's value as the text written (its schema says a string, or
+        the tool does not describe it)."""
+        param = self._config.get(self._key)
+        if not param:
+            return True
+        return "type" in param and str(param["type"]).strip().lower() in self._parser._string_types
+
+    def _open_string(self) -> str:
+        if self._opened:
+            return ""
+        self._opened = True
+        return self._separator() + json.dumps(self._key, ensure_ascii=False) + ': "'
+
+    def _separator(self) -> str:
+        first, self._first = self._first, False
+        return "" if first else ", "
+
+
+def _escaped(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)[1:-1]
+
+
+def _partial_suffix(text: str, marker: str) -> int:
+    """Length of the longest suffix of ``text`` that is a proper prefix of ``marker``."""
+    for n in range(min(len(marker) - 1, len(text)), 0, -1):
+        if text.endswith(marker[:n]):
+            return n
+    return 0
