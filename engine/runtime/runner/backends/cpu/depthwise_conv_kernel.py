@@ -1,7 +1,7 @@
 """A recurrent layer's short causal convolution over a prefill chunk, in one compiled loop (numba).
 
-Qwen3.5, Qwen3-Next, Mamba 2, Nemotron-H, Falcon-H1 and the other hybrids
-run a depthwise ``nn.Conv1d`` (one filter of 4 taps per channel) before
+Qwen3.5, Qwen3-Next, Kimi Linear, Mamba, Nemotron-H, Falcon-H1, LFM2 and the
+other hybrids run a depthwise ``nn.Conv1d`` (one filter of 4 taps per channel) before
 their recurrence. MLX's CPU convolution loops over the channels one group at
 a time: on the Qwen3.5-0.8B-shaped bench model (6,144 channels), a
 512-token chunk's convolution took 75.6 ms a layer, here 3.9 ms (the 2-core
