@@ -92,11 +92,19 @@ def start_engine(settings: Settings, progress: Callable[[ImportProgress], None] 
     First the temporary files of writers that died (a crash, a kill) go: nothing needs cleaning by hand."""
     sweep_dead_temps(settings.cache_dir)
     engine = build_engine(settings, load_configured_model(settings, progress, world=world), events, world=world)
+    await_warm_up(engine, progress)
     engine.start(timeout_s=None if world is not None else 120.0)
     if world is not None:
         StallGuard(lambda: engine.heartbeat, lambda: engine.is_running, settings.rank_timeout_s, world.label,
                    world.peers_described()).start()
     return engine
+
+
+def await_warm_up(engine: Engine, progress: Callable[[ImportProgress], None] | None) -> None:
+    """What the backend loads in the background (the CPU's compiled loops; compiled on a fresh install) is
+    loaded before the engine says ready, each stage reported as the model's load stages are."""
+    report = (lambda what, done, total: progress(ImportProgress(what, done, total))) if progress else None
+    engine.backend.await_warm_up(report)
 
 
 def release_mlx() -> None:
@@ -118,6 +126,7 @@ def engine_builder(settings: Settings, events: EventLog) -> Callable[..., Engine
 
     def build(ref: str, progress: Callable[[ImportProgress], None], seeds: Iterable[AgentView]) -> Engine:
         engine = build_engine(settings, load_configured_model(settings, progress, ref=ref), events, seeds)
+        await_warm_up(engine, progress)
         engine.start()
         return engine
 

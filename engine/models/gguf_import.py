@@ -52,7 +52,8 @@ class ImportProgress:
     """One progress report.
 
     Stages in order: hashing (done/total in bytes), reading, tensors (done/total in tensors),
-    tokenizer, writing; the last three report 0/1 then 1/1.
+    tokenizer, writing; the last three report 0/1 then 1/1. Starting an engine adds loading (the
+    weights) and, on the CPU, compiling (its compiled loops loaded, of all; runner/backends/cpu).
     """
 
     stage: str

@@ -16,6 +16,7 @@ STAGES = {
     "tokenizer": "Building the tokenizer",
     "writing": "Writing the MLX model folder",
     "loading": "Loading weights",
+    "compiling": "Loading the CPU's compiled loops (the first start after an install compiles them)",
 }
 
 

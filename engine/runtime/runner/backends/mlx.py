@@ -15,7 +15,7 @@ One backend object serves one engine and its model; it is chosen once, in
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import mlx.core as mx
 
@@ -59,6 +59,11 @@ class MlxBackend:
 
     def close(self) -> None:
         """The engine is done with this backend (threads of its own, where it has any, stop)."""
+
+    def await_warm_up(self, progress: Callable[[str, int, int], None] | None = None) -> None:
+        """Return once what the backend loads in the background for the attached models is loaded, reporting
+        ``progress(stage, done, total)`` as a load stage: before the engine says ready, so its first request
+        does not wait for it. MLX's own kernels load with MLX: nothing to wait for here."""
 
     def batched_attention(self, model: Any) -> bool:
         return self.attach(model)
