@@ -158,17 +158,21 @@ async def test_non_streaming_tool_call(make):
     assert (tool["type"], tool["name"], tool["input"]) == ("tool_use", "get_weather", {"city": "Paris"})
 
 
+async def content_and_stop(app, payload, stream: bool):
+    """The reply's content (rebuilt from the deltas when streamed) and what carries its stop_reason."""
+    response = await post(app, payload)
+    if not stream:
+        return response.json()["content"], response.json()
+    events = sse_events(response.text)
+    assert_well_formed(events)
+    return streamed_content(events), [d for n, d in events if n == "message_delta"][0]["delta"]
+
+
 @pytest.mark.parametrize("stream", [False, True])
 async def test_malformed_tool_call_comes_back_as_text(make, stream):
     output = 'Trying.<tool_call>\n{"name": get_weather, "arguments": {"city": \n</tool_call>'
     app, _ = make(ScriptedEngine(script=lambda r: output))
-    response = await post(app, body("Weather?", tools=[WEATHER_TOOL], stream=stream))
-    if stream:
-        events = sse_events(response.text)
-        assert_well_formed(events)
-        content, stop = streamed_content(events), [d for n, d in events if n == "message_delta"][0]["delta"]
-    else:
-        content, stop = response.json()["content"], response.json()
+    content, stop = await content_and_stop(app, body("Weather?", tools=[WEATHER_TOOL], stream=stream), stream)
     assert content == [{"type": "text", "text": output}] and stop["stop_reason"] == "end_turn"
 
 
@@ -179,13 +183,8 @@ async def test_a_call_that_began_streaming_and_never_closed_ends_as_a_call_that_
     output = 'Checking.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
     app, _ = make(ScriptedEngine(script=lambda r: output))
     cap = output.index("ris")  # a character a token: the reply stops inside "Paris"
-    response = await post(app, body("Weather?", tools=[WEATHER_TOOL], stream=stream, max_tokens=cap))
-    if stream:
-        events = sse_events(response.text)
-        assert_well_formed(events)
-        content, stop = streamed_content(events), [d for n, d in events if n == "message_delta"][0]["delta"]
-    else:
-        content, stop = response.json()["content"], response.json()
+    content, stop = await content_and_stop(app, body("Weather?", tools=[WEATHER_TOOL], stream=stream, max_tokens=cap),
+                                           stream)
     assert content[0] == {"type": "text", "text": "Checking."}
     assert (content[1]["type"], content[1]["input"]) == ("tool_use", {"city": "Pa"})
     assert stop["stop_reason"] == "max_tokens"
