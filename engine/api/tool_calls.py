@@ -134,7 +134,7 @@ class ToolCallStream:
         self.id_prefix = id_prefix
         self._buffer = ""
         self._in_call = False
-        self._arguments: StreamedArguments | None = None  # the open call's, in a JSON format
+        self._arguments: StreamedArguments | None = None  # the open call's, in a format that streams
         self.calls: list[ToolCall] = []
 
     def feed(self, text: str) -> list[Piece]:
