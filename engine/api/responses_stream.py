@@ -214,8 +214,7 @@ class ResponseStream:
 
     def _function_call_start(self, start: ToolStartPiece) -> list[str]:
         """A call that streams: its item now, in progress; its arguments in deltas as they are written."""
-        item = function_call_item(new_id("fc"), ToolCall(start.id, start.name, {}), "in_progress")
-        item["arguments"] = ""
+        item = function_call_item(new_id("fc"), ToolCall(start.id, start.name, {}), "in_progress") | {"arguments": ""}
         self.output.append(item)
         return [self.writer.event("response.output_item.added", output_index=len(self.output) - 1, item=dict(item))]
 

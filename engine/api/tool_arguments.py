@@ -7,7 +7,9 @@ reads the call's body as it grows and says the name once its string is
 closed, then hands out the arguments object's own text as written (from its
 ``{`` to the matching ``}``), so a client sees a long ``Write`` take shape
 instead of waiting for the call's end. Concatenated, the pieces are that
-object's text, which parses to the call's arguments.
+object's text, which parses to the call's arguments. :class:`XmlFunctionScanner`
+does the same for Qwen3-Coder's XML calls, writing the JSON object mlx-lm's
+parser makes of them.
 
 A call it cannot stream that way (the arguments before the name, or written
 as a string holding JSON) is left whole: the call streams once it closes,
@@ -242,7 +244,7 @@ class XmlFunctionScanner:
             self._buffer = self._buffer[end + len(self.PARAMETER_END):]
             self._state = "parameters"
             return self._closed_value()
-        held = _partial_suffix(self._buffer, self.PARAMETER_END)
+        held = partial_suffix(self._buffer, self.PARAMETER_END)
         self._value += self._buffer[:len(self._buffer) - held]
         self._buffer = self._buffer[len(self._buffer) - held:]
         if not self._streams_as_string():
@@ -290,7 +292,7 @@ def _escaped(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)[1:-1]
 
 
-def _partial_suffix(text: str, marker: str) -> int:
+def partial_suffix(text: str, marker: str) -> int:
     """Length of the longest suffix of ``text`` that is a proper prefix of ``marker``."""
     for n in range(min(len(marker) - 1, len(text)), 0, -1):
         if text.endswith(marker[:n]):

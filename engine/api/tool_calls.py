@@ -23,7 +23,7 @@ from typing import Any, Callable
 from engine.domain.chat import ToolCall
 from engine.domain.reasoning import HarmonyFormat, ReasoningFormat
 
-from .tool_arguments import JsonCallScanner, XmlFunctionScanner, partial_arguments
+from .tool_arguments import JsonCallScanner, XmlFunctionScanner, partial_arguments, partial_suffix
 
 ParseFn = Callable[[str, Any], Any]
 
@@ -169,7 +169,7 @@ class ToolCallStream:
             self._in_call = True
             self._arguments = StreamedArguments.of(self.fmt, self.tools, self.id_prefix)
             return [TextPiece(text)] if text else []
-        safe = len(self._buffer) - _partial_suffix(self._buffer, self.fmt.start)
+        safe = len(self._buffer) - partial_suffix(self._buffer, self.fmt.start)
         if safe <= 0:
             return None
         text, self._buffer = self._buffer[:safe], self._buffer[safe:]
@@ -182,8 +182,8 @@ class ToolCallStream:
         if at < 0:  # still open: what is surely before the end marker may stream
             if self._arguments is None:
                 return None
-            return self._arguments.take(self._buffer, len(self._buffer) - _partial_suffix(self._buffer, self.fmt.end)
-                                        ) or None
+            sure = len(self._buffer) - partial_suffix(self._buffer, self.fmt.end)
+            return self._arguments.take(self._buffer, sure) or None
         body, self._buffer = self._buffer[:at], self._buffer[at + len(self.fmt.end):]
         self._in_call = False
         pieces = self._arguments.take(body, len(body)) if self._arguments is not None else []
@@ -266,11 +266,3 @@ def channel_call(name: str, arguments: str, id_prefix: str) -> Piece:
     except (ValueError, TypeError) as exc:
         return BadToolPiece(arguments, f"{type(exc).__name__}: {exc}")
     return ToolPiece(ToolCall(new_tool_id(id_prefix), name, parsed))
-
-
-def _partial_suffix(text: str, marker: str) -> int:
-    """Length of the longest suffix of ``text`` that is a proper prefix of ``marker``."""
-    for n in range(min(len(marker) - 1, len(text)), 0, -1):
-        if text.endswith(marker[:n]):
-            return n
-    return 0
