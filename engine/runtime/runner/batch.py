@@ -411,13 +411,12 @@ class SequenceBatch:
             if sequence.done:
                 continue
             decision = sequence.decide(token)
-            finish = decision.finish
             if id(sequence) in current:
                 sequence.fed.append(token)  # the launch just made fed it to the cache
             else:
                 sequence.next_input = token  # it goes in with the next launch, as a known int
-            out.tokens.append(TokenOut(sequence.uid, token, finish, decision.released))
-            if finish is not None:
+            out.tokens.append(TokenOut(sequence.uid, token, decision.stop, decision.released))
+            if decision.stop is not None:
                 self.remove(sequence.uid)
             elif self.speculative is not None:
                 self.speculative.observe(sequence, token)

@@ -8,7 +8,6 @@ from typing import Sequence as Tokens
 
 from engine.domain.reasoning import Channel, Route
 from engine.domain.reasoning_tracker import ReasoningTracker
-from engine.domain.requests import FinishReason
 from engine.grammar.token_constraint import TokenConstraint
 from engine.runtime.runner.kv.sequence_kv import SequenceKV
 from engine.runtime.runner.sampling import RowSampler
@@ -18,6 +17,16 @@ from engine.runtime.runner.token_masks import Allow, Only, RowMask, Without
 # Tokens whose routes a choice decided (a reasoning model's): each with where its text goes. None: the one token,
 # answer text (no reasoning format).
 Released = tuple[tuple[int, Route], ...] | None
+
+
+class RowStop(enum.Enum):
+    """What the token a row just chose settles on its own, so the batch launches the row no further: facts of the
+    row, not a turn's finish. Why the turn ends is decided in one place (scheduler/turn_end.py), which also weighs
+    what the batch cannot see (a stop string in the text, a format cut short, the server's guards)."""
+
+    END_TOKEN = "end_token"  # an end-of-sequence token (not text)
+    FORMAT_WHOLE = "format_whole"  # the reply's output format (a schema, a forced call) is whole with it
+    TOKEN_LIMIT = "token_limit"  # the turn's max_tokens-th token
 
 
 class Phase(enum.Enum):
@@ -62,7 +71,7 @@ class Sequence:
     # is reported once a pass has fed it (with ``held_finish`` when it ends the sequence), so every token reported
     # is in the cache, as with pipelined steps.
     held_token: int | None = None
-    held_finish: FinishReason | None = None
+    held_stop: RowStop | None = None
     held_released: Released = None
     # The output format the reply must follow (structured outputs): which tokens may come next. None: any.
     constraint: TokenConstraint | None = None
@@ -83,19 +92,19 @@ class Sequence:
         return self.phase is Phase.DONE
 
     def decide(self, token: int) -> "Decision":
-        """Count ``token``, chosen as this sequence's next one, route it, and say why the sequence ends with it, if it
-        does: an end-of-sequence token, a reply its output format says is complete, or ``max_tokens``."""
+        """Count ``token``, chosen as this sequence's next one, route it, and say whether the row stops with it
+        (RowStop: an end-of-sequence token, a reply its output format says is whole, ``max_tokens``)."""
         self.generated += 1
         if token in self.stop_tokens:  # not text, nor markup: what a marker's first tokens held back is text
-            return Decision(FinishReason.STOP, tuple(self.reasoning.flush()) if self.reasoning is not None else None)
+            return Decision(RowStop.END_TOKEN, tuple(self.reasoning.flush()) if self.reasoning is not None else None)
         released = tuple(self.reasoning.feed(token)) if self.reasoning is not None else None
         if self.constraint is not None:
             for t in _answer_tokens(token, released):
                 self.constraint.consume(t)
             if self.constraint.complete:
-                return Decision(FinishReason.COMPLETE, released)
+                return Decision(RowStop.FORMAT_WHOLE, released)
         if self.generated >= self.max_tokens:
-            return Decision(FinishReason.LENGTH, released)  # max_tokens
+            return Decision(RowStop.TOKEN_LIMIT, released)  # max_tokens
         return Decision(None, released)
 
     def mask(self) -> RowMask | None:
@@ -120,7 +129,7 @@ class Sequence:
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    finish: FinishReason | None
+    stop: RowStop | None
     released: Released = None
 
 

@@ -96,7 +96,7 @@ class SpeculativeSteps:
     def draft_bound(self, sequence: Sequence) -> int:
         """At most how many tokens ``sequence`` drafts in the coming step (the room the batch asks for it; no
         side effects, unlike the draft length's ``next``)."""
-        if not self.rates.allowed() or sequence.held_finish is not None:
+        if not self.rates.allowed() or sequence.held_stop is not None:
             return 0
         speculation = sequence.speculation
         if speculation is None:  # it starts decoding within the step: ``start`` gives it a fresh draft length
@@ -176,7 +176,7 @@ class SpeculativeSteps:
         start = 0
         for s, fed in zip(rows, inputs):
             width = len(fed)
-            if s.held_finish is not None:  # it drafted nothing: the held token that ends it is all it fed
+            if s.held_stop is not None:  # it drafted nothing: the held token that ends it is all it fed
                 start += width
                 s.kv.advanced(1)
                 s.fed.append(fed[0])
@@ -199,7 +199,7 @@ class SpeculativeSteps:
         """The ruled rows' masks, at their logits' rows (one each: a ruled row feeds one token, no drafts)."""
         masks, start = [], 0
         for s, fed in zip(rows, inputs):
-            mask = s.mask() if s.held_finish is None else None
+            mask = s.mask() if s.held_stop is None else None
             if mask is not None:
                 masks.append((start, mask))
             start += len(fed)
@@ -230,7 +230,7 @@ class SpeculativeSteps:
         """How many tokens ``sequence`` may draft this step: its draft length, within its ``max_tokens`` and what
         its cache can take back (0: none)."""
         speculation = sequence.speculation
-        if speculation is None or sequence.held_finish is not None or not self.rates.allowed():
+        if speculation is None or sequence.held_stop is not None or not self.rates.allowed():
             return 0
         k = min(speculation.length.next(), sequence.max_tokens - sequence.generated - 1, _reasoning_room(sequence))
         while k > 0 and not sequence.kv.can_take_back(1 + k):
@@ -247,10 +247,10 @@ class SpeculativeSteps:
         """A pass just fed ``s``'s held token: report it. True when that ended the sequence (it is removed)."""
         if s.held_token is None:
             return False
-        token, finish, released = s.held_token, s.held_finish, s.held_released
-        s.held_token, s.held_finish, s.held_released = None, None, None
-        out.tokens.append(TokenOut(s.uid, token, finish, released))
-        if finish is None:
+        token, stop, released = s.held_token, s.held_stop, s.held_released
+        s.held_token, s.held_stop, s.held_released = None, None, None
+        out.tokens.append(TokenOut(s.uid, token, stop, released))
+        if stop is None:
             return False
         self.batch.remove(s.uid)
         return True
@@ -260,17 +260,15 @@ class SpeculativeSteps:
         """Keep what the model would have produced: report the kept drafts (in the cache) up to a finish, cut the
         cache back to the fed tokens kept, and hold the model's own token as the next input."""
         accepted = len(emitted) - 1
-        finish = None
         decided = 0
         for token in emitted:
             decided += 1
             decision = s.decide(token)
-            finish = decision.finish
             if decided > accepted:  # the model's own token: reported once the next pass feeds it
-                s.held_token, s.held_finish, s.held_released = token, finish, decision.released
+                s.held_token, s.held_stop, s.held_released = token, decision.stop, decision.released
                 break
-            out.tokens.append(TokenOut(s.uid, token, finish, decision.released))
-            if finish is not None:
+            out.tokens.append(TokenOut(s.uid, token, decision.stop, decision.released))
+            if decision.stop is not None:
                 break
         keep = 1 + min(decided, accepted)  # the last token fed, and the drafts kept up to a finish
         s.kv.take_back(len(fed) - keep, in_place, undo)

@@ -1,4 +1,4 @@
-"""What one batch step produced: prefill progress, tokens (with their finishes), rows that found no room,
+"""What one batch step produced: prefill progress, tokens (with the rows they stop), rows that found no room,
 and checkpoints taken (for the scheduler to pay for, or drop).
 
 Plain data, apart from the batch that fills it: the speculative step adds to
@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.domain.requests import FinishReason
-from engine.runtime.runner.sequence import Released
+from engine.runtime.runner.sequence import Released, RowStop
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,7 +24,7 @@ class PrefillProgress:
 class TokenOut:
     uid: int
     token: int
-    finish: FinishReason | None = None
+    stop: RowStop | None = None  # the row stops with this token (why the turn ends: scheduler/turn_end.py)
     # A reasoning model's token: the tokens whose routes it decided (sequence.Released). None: answer text.
     released: Released = None
 

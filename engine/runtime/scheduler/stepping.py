@@ -9,15 +9,16 @@ import time
 
 from engine.domain.event_log import EventKind
 from engine.domain.repetition import Loop
-from engine.domain.requests import FinishReason, PrefillEvent, TokenEvent
+from engine.domain.requests import PrefillEvent, TokenEvent
 from engine.runtime import clock
 from engine.runtime.runner.step_output import PrefillProgress, StepOutput, TokenOut
 from engine.domain.reasoning import ANSWER
 from engine.runtime.runner.routed_text import RoutedDelta
+from engine.runtime.runner.sequence import RowStop
 from engine.runtime.scheduler.completion import Completion
 from engine.runtime.scheduler.parts import SchedulerPart, SchedulerState
 from engine.runtime.scheduler.turn import Turn, TurnPhase
-from engine.runtime.scheduler.turn_end import turn_end
+from engine.runtime.scheduler.turn_end import Ending, out_of_room, turn_end
 from engine.runtime.tiers.agents import AgentState
 from engine.settings import TurnSettings
 
@@ -35,7 +36,7 @@ class Stepping(SchedulerPart):
         for uid in out.out_of_room:
             turn = self.queues.running(uid)
             if turn is not None:
-                self.completion.complete(turn, FinishReason.CAPACITY, note=turn.room_note)
+                self._end(turn, out_of_room(turn))
         for token in out.tokens:
             self._on_token(token)
 
@@ -75,14 +76,16 @@ class Stepping(SchedulerPart):
         if not _ends_with_stop_token(out) or not delta.empty:
             self.delivery.emit(turn, TokenEvent(turn.request_id, out.token, delta.text, delta.reasoning,
                                                 tuple(delta.calls)))
-        loop = turn.guard.push(out.token) if out.finish is None else None
+        loop = turn.guard.push(out.token) if out.stop is None else None
         if loop is not None and _steered_closed(turn, loop):
             loop = None  # a constrained reply goes on, to its shortest valid end
         started = turn.first_token_tick
         ending = turn_end(turn, out, delta, loop, None if started is None else clock.now() - started,
                           self.turns.max_output_seconds)
-        if ending is None:
-            return
+        if ending is not None:
+            self._end(turn, ending)
+
+    def _end(self, turn: Turn, ending: Ending) -> None:
         if ending.note is not None:  # the server, not the model or the request, ended it: log why
             self.events.emit(EventKind.FINISH, f"{turn.request.agent_id}: {ending.note}", turn.request.agent_id,
                              logging.WARNING)
@@ -110,7 +113,7 @@ class Stepping(SchedulerPart):
         else:  # no reasoning format: every token is the answer's, but the end-of-sequence token is not text
             released = () if _ends_with_stop_token(out) else ((out.token, ANSWER),)
         delta = turn.text.push(released)
-        if out.finish is not None and delta.stop_sequence is None and not delta.ends_turn:
+        if out.stop is not None and delta.stop_sequence is None and not delta.ends_turn:
             reasoning = turn.sequence.reasoning if turn.sequence is not None else None
             if reasoning is not None:
                 _merge(delta, turn.text.push(reasoning.flush()))
@@ -135,4 +138,4 @@ def _steered_closed(turn: Turn, loop: Loop) -> bool:
 
 def _ends_with_stop_token(out: TokenOut) -> bool:
     """The token is an end-of-sequence token: not text. (The token that completes a constrained reply is.)"""
-    return out.finish is FinishReason.STOP
+    return out.stop is RowStop.END_TOKEN
