@@ -68,7 +68,7 @@ class Sequence:
     # Drafting and its tally, while the batch speculates (None: it does not, or not for this sequence).
     speculation: Speculation | None = None
     # The token a speculative step chose after the drafts it kept: not in the cache yet. It is the next input, and
-    # is reported once a pass has fed it (with ``held_finish`` when it ends the sequence), so every token reported
+    # is reported once a pass has fed it (with ``held_stop`` when the row stops with it), so every token reported
     # is in the cache, as with pipelined steps.
     held_token: int | None = None
     held_stop: RowStop | None = None
