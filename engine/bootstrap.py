@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import logging
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 import mlx.core as mx
 
 from engine.distributed.lockstep import Lockstep
 from engine.distributed.stall_guard import StallGuard
 from engine.distributed.world import World
-from engine.errors import ModelLoadError
+from engine.errors import ModelLoadError, SemanticError
+from engine.domain.model_slots import ModelSlot
 from engine.models.gguf_import import ImportProgress
 from engine.models.loaded import LoadedModel
 from engine.models.loader import load_model
+from engine.runtime.engine_thread.device_turns import DeviceTurns
 from engine.runtime.engine_thread.engine import Engine
 from engine.domain.event_log import EventKind, EventLog
 from engine.runtime.engine_thread.snapshot import AgentView
@@ -21,6 +23,9 @@ from engine.settings import EngineSettings, Settings
 from engine.store.temp_files import sweep_dead_temps
 from engine.store.warm_store import WarmStore
 from engine.store.stored_model import stored_model
+
+if TYPE_CHECKING:
+    from engine.resident_models import ResidentModels
 
 log = logging.getLogger("semantic")
 
@@ -71,14 +76,14 @@ def with_draft_model(settings: Settings, loaded: LoadedModel, world: "World | No
 
 def build_engine(
     settings: Settings, loaded: LoadedModel, events: EventLog | None = None, seed_agents: Iterable[AgentView] = (),
-    world: "World | None" = None,
+    world: "World | None" = None, device_turns: DeviceTurns | None = None,
 ) -> Engine:
     events = events or EventLog()
     store = WarmStore(settings.agents_dir, stored_model(loaded), settings.disk_budget_bytes, events,
                       kv_bits_at_rest=settings.kv_bits)
     lockstep = Lockstep(world) if world is not None else None
     engine = Engine(loaded, EngineSettings.of(settings), store=store, events=events, seed_agents=seed_agents,
-                    lockstep=lockstep)
+                    lockstep=lockstep, device_turns=device_turns)
     events.emit(EventKind.LOAD, f"loaded {loaded.model_id} ({loaded.architecture}, context {loaded.context_length})")
     if loaded.draft is not None and settings.speculate == "draft":
         events.emit(EventKind.LOAD, f"draft model {loaded.draft.model_id} drafts for {loaded.model_id}")
@@ -91,7 +96,13 @@ def start_engine(settings: Settings, progress: Callable[[ImportProgress], None] 
 
     First the temporary files of writers that died (a crash, a kill) go: nothing needs cleaning by hand."""
     sweep_dead_temps(settings.cache_dir)
-    engine = build_engine(settings, load_configured_model(settings, progress, world=world), events, world=world)
+    if settings.extra_models and world is not None and world.size > 1:
+        raise ModelLoadError("--extra-model is not available with ranks (mlx.launch): every rank holds a shard "
+                             "of one model")
+    # Several resident models take turns on the device (engine_thread/device_turns.py).
+    turns = DeviceTurns() if settings.extra_models else None
+    engine = build_engine(settings, load_configured_model(settings, progress, world=world), events, world=world,
+                          device_turns=turns)
     await_warm_up(engine, progress)
     engine.start(timeout_s=None if world is not None else 120.0)
     if world is not None:
@@ -121,13 +132,68 @@ def release_mlx() -> None:
     mx.synchronize()
 
 
-def engine_builder(settings: Settings, events: EventLog) -> Callable[..., Engine]:
+def engine_builder(settings: Settings, events: EventLog, device_turns: DeviceTurns | None = None
+                   ) -> Callable[..., Engine]:
     """What a model swap calls to bring up the next engine (blocking; swap thread)."""
 
     def build(ref: str, progress: Callable[[ImportProgress], None], seeds: Iterable[AgentView]) -> Engine:
-        engine = build_engine(settings, load_configured_model(settings, progress, ref=ref), events, seeds)
+        engine = build_engine(settings, load_configured_model(settings, progress, ref=ref), events, seeds,
+                              device_turns=device_turns)
         await_warm_up(engine, progress)
         engine.start()
         return engine
 
     return build
+
+
+def slot_settings(settings: Settings, slot: ModelSlot) -> Settings:
+    """The settings an extra model's engine runs with: its source, its pool; it drafts by lookup (a draft
+    model is the default model's)."""
+    update: dict[str, object] = {"model": slot.source, "draft_model": None,
+                                 "speculate": "lookup" if settings.speculate == "draft" else settings.speculate}
+    if slot.pool_mb is not None:
+        update["pool_budget_mb"] = slot.pool_mb
+    return settings.model_copy(update=update)
+
+
+def slot_engine_builder(settings: Settings, events: EventLog, device_turns: DeviceTurns | None
+                        ) -> Callable[[ModelSlot], Engine]:
+    """What the resident set calls to bring up an extra model's engine (blocking; a worker thread)."""
+
+    def build(slot: ModelSlot) -> Engine:
+        own = slot_settings(settings, slot)
+        engine = build_engine(own, load_configured_model(own), events, device_turns=device_turns)
+        await_warm_up(engine, None)
+        engine.start()
+        return engine
+
+    return build
+
+
+def resident_models(settings: Settings, default_engine: Callable[[], Engine | None], events: EventLog,
+                    device_turns: DeviceTurns | None) -> "ResidentModels | None":
+    """The extra models of ``--extra-model`` (None without any): not loaded yet but the pinned ones, on
+    ``load_pinned``."""
+    if not settings.extra_models:
+        return None
+    from engine.domain.model_slots import ModelRoutes, model_slots
+    from engine.platform.memory import read_memory
+    from engine.resident_models import ResidentModels
+
+    slots = model_slots(settings.model, settings.extra_models)
+    routes = ModelRoutes.of(slots, settings.model_routes)
+    budget_mb = settings.models_budget_mb
+    budget = int(budget_mb * 2**20) if budget_mb is not None else int(read_memory().system_total * 0.85)
+    return ResidentModels(routes, budget, slot_engine_builder(settings, events, device_turns), default_engine,
+                          events, settings.swap_grace_s, estimate_bytes=lambda slot: _folder_bytes(settings, slot))
+
+
+def _folder_bytes(settings: Settings, slot: ModelSlot) -> int:
+    """Before a model loads: its weights' bytes on disk, as the registry knows them (0 when unknown)."""
+    from engine.models.registry import ModelRegistry
+
+    try:
+        entry = ModelRegistry(settings.models_dir).find(slot.source) or ModelRegistry(settings.models_dir).add(slot.source)
+    except SemanticError:
+        return 0
+    return entry.size_bytes or 0

@@ -90,6 +90,11 @@ class EngineUnavailableError(SemanticError):
         self.retry_after_s = retry_after_s
 
 
+class ModelsBudgetError(EngineUnavailableError):
+    """A model a request needs does not fit beside the resident ones (their weights and KV pools count against
+    models_budget_mb): the message says what is resident and how much each holds (503, retry-after)."""
+
+
 class MemoryPressureError(SemanticError):
     """The machine's memory is past the hard watermark: new requests are refused until it falls (Anthropic 529
     overloaded_error, OpenAI 503, with retry-after)."""

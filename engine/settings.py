@@ -57,6 +57,30 @@ class Settings(BaseSettings):
         DEFAULT_MODEL,
         description="Model to load: a registry alias (smollm2-135m, gemma3-270m), an MLX model folder, a .gguf file or a hub id.",
     )
+    extra_models: tuple[str, ...] = Field(
+        (),
+        description="More models to keep resident beside --model, each served to the requests that name it "
+                    "(repeat the flag; TOML: extra_models = [...]). Each is ALIAS=SOURCE[,OPTION...]: SOURCE takes "
+                    "--model's forms; options: pinned (loaded at start, never unloaded), side (Claude Code's haiku "
+                    "tier and its side requests go to it), idle=SECONDS (unloaded after that long unused), pool=MiB "
+                    "(its KV pool; default --pool-budget-mb). e.g. --extra-model small=smollm2-135m,side,pinned. "
+                    "Weights and KV pools of every resident model count against --models-budget-mb; the least "
+                    "recently used unpinned model without a running turn is unloaded (its agents to the warm "
+                    "tier) when another needs the room.",
+    )
+    models_budget_mb: float | None = Field(
+        None, gt=0,
+        description="Memory the resident models may hold together (each one's weights plus its KV pool budget), "
+                    "in MiB. A model that does not fit after unloading what may go is refused with what is resident "
+                    "and how much each holds. Default: the machine's memory less 15 percent of it.",
+    )
+    model_routes: tuple[str, ...] = Field(
+        (),
+        description="Which model serves a request by its model field, as PATTERN=ALIAS (shell-style, case "
+                    "insensitive; first match wins; repeat the flag), after exact names (an alias, a folder name, "
+                    "a model id). e.g. --model-route 'gpt-5*=coder'. Built in after these: *haiku* to the side "
+                    "model when one is set; every other name (claude-*, unknown ones) to --model.",
+    )
     cache_dir: Path = Field(default_factory=default_cache_dir, description="Root for imported models and the warm cache tier.")
     weights_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="dtype of imported GGUF weights; auto = float32 on CPU, bfloat16 on GPU backends."
@@ -252,6 +276,17 @@ class Settings(BaseSettings):
         if self.speculate == "draft" and not self.draft_model:
             raise ValueError("speculate is 'draft' but no draft_model is named: pass --draft-model REF "
                              "(SEMANTIC_DRAFT_MODEL), or --speculate lookup")
+        return self
+
+    @model_validator(mode="after")
+    def _models_parse(self) -> "Settings":
+        # A bad --extra-model or --model-route is refused at start, before any model loads.
+        from engine.domain.model_slots import ModelRoutes, ModelSlotError, model_slots
+
+        try:
+            ModelRoutes.of(model_slots(self.model, self.extra_models), self.model_routes)
+        except ModelSlotError as exc:
+            raise ValueError(str(exc)) from None
         return self
 
     @model_validator(mode="after")

@@ -44,6 +44,10 @@ def _add_flag(group: Any, name: str, annotation: Any, description: str, default:
     if base is bool:
         group.add_argument(flag, action=argparse.BooleanOptionalAction, **kwargs)
         return
+    if typing.get_origin(base) is tuple:  # a list setting: the flag is repeated, one value each time
+        kwargs.update(action="append", metavar="TEXT")
+        group.add_argument(flag, flag.removesuffix("s"), **kwargs)  # --extra-models or --extra-model
+        return
     if typing.get_origin(base) is Literal:
         kwargs["choices"] = list(typing.get_args(base))
     else:

@@ -30,10 +30,10 @@ def real_engine_factory(settings: Settings, events: EventLog, progress: Callable
     return start_engine(settings, progress, world=world, events=events)
 
 
-def _real_swap_builder(settings: Settings, events: EventLog) -> Any:
+def _real_swap_builder(settings: Settings, events: EventLog, device_turns: Any = None) -> Any:
     from engine.bootstrap import engine_builder
 
-    return engine_builder(settings, events)
+    return engine_builder(settings, events, device_turns)
 
 
 @dataclass(slots=True)
@@ -70,7 +70,9 @@ class WorkbenchBackend:
             raise
         self.service.attach(engine)
         if getattr(engine.loaded, "shard", None) is None:  # a sharded model's ranks would all have to swap
-            self.service.enable_swaps(self._swap_builder or _real_swap_builder(self.settings, self.events))
+            turns = getattr(engine, "device_turns", None)
+            self.service.enable_swaps(self._swap_builder or _real_swap_builder(self.settings, self.events, turns))
+            self.service.serve_extra_models(engine)
         return engine
 
     @property
@@ -78,6 +80,8 @@ class WorkbenchBackend:
         return self.service._engine
 
     def stop_engine(self) -> None:
+        if self.service.models is not None:
+            self.service.models.stop_all()
         engine = self.engine
         if engine is not None and engine.is_running:
             engine.stop(self.settings.shutdown_grace_s)

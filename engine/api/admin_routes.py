@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections import Counter
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from fastapi import APIRouter, Body, Query, Request
 from pydantic import BaseModel, Field
@@ -29,7 +29,11 @@ from engine.runtime.engine_thread.engine_ops import engine_op
 from engine.runtime.memory_pressure import SAMPLE_INTERVAL_S, Watermarks
 from engine.errors import EngineUnavailableError, InvalidRequestError
 
+from .errors import ApiError
 from .service import EngineService
+
+if TYPE_CHECKING:
+    from engine.resident_models import ResidentModels
 
 router = APIRouter(tags=["admin"])
 
@@ -99,6 +103,12 @@ class Stats(BaseModel):
                                   "first, with each rank's MLX memory; empty when one process holds the model")
     memory: MemoryStats | None = Field(None, description="Memory against the watermarks; null where they are off "
                                        "(a rank of a sharded model)")
+    models: list[dict[str, object]] = Field(
+        default_factory=list, description="With --extra-model: every configured model (the default first), its "
+        "state, weights and KV pool bytes, agents, requests routed to it and time waited for the device; the rest "
+        "of this snapshot is the default model's")
+    models_budget: dict[str, int] | None = Field(None, description="With --extra-model: models_budget_mb and "
+                                                 "what the resident models hold of it, in bytes")
 
 
 class MemoryStats(BaseModel):
@@ -195,7 +205,39 @@ def build_stats(service: EngineService, with_blocks: bool = False) -> Stats:
         backend={**snapshot.backend, **_blas()},
         ranks=list(snapshot.ranks),
         memory=MemoryStats(**snapshot.memory) if snapshot.memory else None,
+        models=service.models.describe() if service.models is not None else [],
+        models_budget=service.models.budget() if service.models is not None else None,
     )
+
+
+@router.post("/v1/admin/models/{alias}/load", summary="Load a configured model now (--extra-model)",
+             responses={404: _error_doc("No such configured model"), 503: _error_doc("It does not fit")})
+async def load_model_now(alias: str, request: Request) -> dict[str, object]:
+    service: EngineService = request.app.state.service
+    models = _configured_models(service, alias)
+    await service.in_thread(models.engine_for, alias)
+    return next(row for row in models.describe() if row["alias"] == alias)
+
+
+@router.post("/v1/admin/models/{alias}/unload", summary="Unload a configured model now; its agents go to disk",
+             responses={404: _error_doc("No such configured model"), 409: _error_doc("Serving, or the default")})
+async def unload_model_now(alias: str, request: Request) -> dict[str, object]:
+    service: EngineService = request.app.state.service
+    models = _configured_models(service, alias)
+    if alias == models.routes.default.alias:
+        raise InvalidRequestError("the default model is not unloaded here: swap it (POST /v1/admin/swap) or set "
+                                  "idle_unload_s", field="alias")
+    if not await service.in_thread(models.unload, alias, "asked by the admin API"):
+        raise ApiError(409, f"model {alias} is not resident, or is serving a turn; try again when it is idle")
+    return next(row for row in models.describe() if row["alias"] == alias)
+
+
+def _configured_models(service: EngineService, alias: str) -> "ResidentModels":
+    models = service.models
+    known = [slot.alias for slot in models.routes.slots] if models is not None else []
+    if models is None or alias not in known:
+        raise ApiError(404, f"no configured model {alias!r}; configured: {', '.join(known) or 'only --model'}")
+    return models
 
 
 @router.get("/v1/stats", response_model=Stats, summary="Engine snapshot: model, pool, tiers, throughput, agents")

@@ -48,6 +48,7 @@ async def start_turn(service: EngineService, conversation: AgentConversation, bo
         prompt_tokens=await context_prompt(service, conversation, body.content),
         output_format=openai_response_format(body.response_format),
         reasoning=reasoning,
+        model=body.model,
     )
     return service.start_turn(await prepare(service, spec))
 

@@ -29,6 +29,8 @@ class PinBody(_Body):
 
 class MessageBody(_Body):
     content: str = Field(min_length=1, description="The user message.")
+    model: str | None = Field(None, description="Which resident model answers (an alias of --model or "
+                                                "--extra-model, or a name --model-route maps); absent: the default")
     max_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0, le=2, description="Absent: the model's default (see /v1/stats)")
     stop: str | list[str] | None = None

@@ -81,7 +81,7 @@ async def create_message(body: MessagesRequest, request: Request) -> Response:
     try:
         spec = turn_spec(body, request.headers)
         prepared = await prepare(service, spec)
-        assembler = OutputAssembler.for_turn(service, spec.conversation, "toolu_", spec.identity.agent_id)
+        assembler = OutputAssembler.for_turn(service, prepared, spec.conversation, "toolu_", spec.identity.agent_id)
         turn = service.start_turn(prepared)
     except (ApiError, SemanticError):
         record(None, "rejected")

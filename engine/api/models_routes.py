@@ -52,6 +52,18 @@ class ModelEntry(BaseModel):
     architecture: str | None = None
     cache_spec: dict | None = Field(None, description="KV layout: exact for the loaded model, estimated from config.json otherwise.")
     aliases: list[str] = Field(default_factory=list)
+    # With several resident models (--extra-model): each configured one, under its alias.
+    state: str | None = Field(None, description="resident, loading, unloading, unloaded or failed (configured "
+                                                "models only)")
+    role: str | None = Field(None, description="main, or side (Claude Code's haiku tier and side requests)")
+    default: bool | None = Field(None, description="Requests that name no resident model go to it")
+    pinned: bool | None = None
+    source: str | None = Field(None, description="What the model was configured as (--model, --extra-model)")
+    weights_bytes: int | None = Field(None, description="Its weights' bytes while resident")
+    kv_pool_bytes: int | None = Field(None, description="Its KV pool's budget while resident")
+    kv_used_bytes: int | None = Field(None, description="Of the pool, what agents' caches hold now")
+    requests_routed: int | None = None
+    error: str | None = Field(None, description="Why its last load failed")
 
 
 class ModelList(BaseModel):
@@ -82,10 +94,26 @@ def _entry(item: RegistryEntry, engine: Engine | None) -> ModelEntry:
 
 
 def model_entries(service: EngineService) -> list[ModelEntry]:
-    """Every registry entry, the loaded model first."""
+    """Every registry entry, the loaded model first; with extra models, every configured model first."""
     engine = _running_engine(service)
     entries = [_entry(item, engine) for item in service.registry.entries()]
+    if service.models is not None:
+        configured = [_configured(row) for row in service.models.describe()]
+        names = {e.id for e in configured} | {e.source for e in configured}
+        return configured + [e for e in entries if e.id not in names and not e.loaded]
     return sorted(entries, key=lambda e: not e.loaded)
+
+
+def _configured(row: dict) -> ModelEntry:
+    resident = row["state"] == "resident"
+    return ModelEntry(
+        id=row["alias"], display_name=row["model_id"] or row["alias"], loaded=resident,
+        identity=row["identity"], kind="configured", present=True, state=row["state"], role=row["role"],
+        default=row["default"], pinned=row["pinned"], source=row["source"],
+        weights_bytes=row["weights_bytes"] if resident else None, kv_pool_bytes=row["pool_bytes"] if resident else None,
+        kv_used_bytes=row["kv_used_bytes"] if resident else None, requests_routed=row["requests_routed"],
+        error=row["error"], aliases=[row["source"]] if row["source"] != row["alias"] else [],
+    )
 
 
 def _running_engine(service: EngineService) -> Engine | None:

@@ -227,7 +227,8 @@ class HeadlessRun:
         self.service.events = engine.events
         self.service.attach(engine)
         if engine.loaded.shard is None:  # a sharded model's ranks would all have to swap together
-            self.service.enable_swaps(engine_builder(self.settings, engine.events))
+            self.service.enable_swaps(engine_builder(self.settings, engine.events, getattr(engine, "device_turns", None)))
+            self.service.serve_extra_models(engine)
         self._watch_failure(engine)
         return engine
 
@@ -256,6 +257,8 @@ class HeadlessRun:
 
     async def _stop_engine(self) -> None:
         """Cancel what still runs and persist hot caches; a no-op once stopped."""
+        if self.service.models is not None:
+            await asyncio.to_thread(self.service.models.stop_all)
         if self.service.is_ready:
             engine = self.service.engine
             log.info("stopping the engine (hot caches go to the warm tier)")

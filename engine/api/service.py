@@ -10,7 +10,8 @@ import asyncio
 import logging
 import threading
 import time
-from typing import Any, Callable, TypeVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from engine.errors import EngineUnavailableError
 from engine.models.loaded import LoadedModel
@@ -22,6 +23,9 @@ from engine.runtime.engine_thread.snapshot import EngineSnapshot
 from engine.settings import Settings
 from engine.swap import EngineBuilder, ModelSwapper
 
+if TYPE_CHECKING:
+    from engine.resident_models import ResidentModels
+
 from .async_turn import AsyncTurn
 from .reasoning_recall import ReasoningRecall
 from .rendered_heads import RenderedHeads
@@ -29,6 +33,19 @@ from .rendering import PromptRenderer
 
 T = TypeVar("T")
 GATE_POLL_S = 0.05  # how often a request waiting out a swap looks again
+
+
+@dataclass(frozen=True, slots=True)
+class ServedModel:
+    """The model a request was routed to (engine/models/model_slots.py): its engine, under which alias, why."""
+
+    engine: Engine
+    alias: str
+    why: str = "default"
+
+    @property
+    def loaded(self) -> LoadedModel:
+        return self.engine.loaded
 
 
 class EngineService:
@@ -50,8 +67,11 @@ class EngineService:
         self._gate.set()
         # Recent replies' reasoning, for clients that send a reply back without it (reasoning_recall.py).
         self.reasoning_recall = ReasoningRecall()
-        # The loaded model's prompt renderer and its rendered heads: a swap brings a new tokenizer.
-        self._rendering: tuple[LoadedModel, PromptRenderer, RenderedHeads] | None = None
+        # Each served model's prompt renderer and its rendered heads, by its weights' identity: a swap brings
+        # a new tokenizer, and extra models have their own.
+        self._rendering: dict[str, tuple[LoadedModel, PromptRenderer, RenderedHeads]] = {}
+        # The models beside the default one (--extra-model; engine/resident_models.py), None without any.
+        self.models: "ResidentModels | None" = None
         if engine is not None:
             self.attach(engine)
 
@@ -71,7 +91,8 @@ class EngineService:
     def detach(self) -> None:
         """Forget the engine (a swap released it); cached renderers go with it."""
         self._engine = None
-        self._rendering = None
+        self._rendering = {key: value for key, value in self._rendering.items()
+                           if self.models is not None and self.models.engine_with_key(key) is not None}
 
     def detachable_engine(self) -> Engine | None:
         return self._engine
@@ -87,22 +108,62 @@ class EngineService:
     def loaded(self) -> LoadedModel:
         return self.engine.loaded
 
-    def renderer(self) -> PromptRenderer:
-        """The loaded model's prompt renderer (one per model)."""
-        return self._rendering_for_loaded()[1]
+    def renderer(self, engine: Engine | None = None) -> PromptRenderer:
+        """A served model's prompt renderer (one per model; default: the default model's)."""
+        return self._rendering_for(engine or self.engine)[1]
 
-    def rendered_heads(self) -> RenderedHeads:
-        """Recent conversations' rendered system prompts and tools, for the loaded model."""
-        return self._rendering_for_loaded()[2]
+    def rendered_heads(self, engine: Engine | None = None) -> RenderedHeads:
+        """Recent conversations' rendered system prompts and tools, for a served model."""
+        return self._rendering_for(engine or self.engine)[2]
 
-    def _rendering_for_loaded(self) -> tuple[LoadedModel, PromptRenderer, RenderedHeads]:
-        loaded = self.loaded
-        if self._rendering is None or self._rendering[0] is not loaded:
-            self._rendering = (loaded, PromptRenderer(loaded.tokenizer), RenderedHeads())
-        return self._rendering
+    def _rendering_for(self, engine: Engine) -> tuple[LoadedModel, PromptRenderer, RenderedHeads]:
+        loaded = engine.loaded
+        key = loaded.identity.key
+        cached = self._rendering.get(key)
+        if cached is None or cached[0].tokenizer is not loaded.tokenizer:
+            cached = self._rendering[key] = (loaded, PromptRenderer(loaded.tokenizer), RenderedHeads())
+        return cached
+
+    # -- which model serves a request ------------------------------------------------------------------
+    async def served(self, name: str | None, auxiliary: bool = False) -> ServedModel:
+        """The model a request naming ``name`` goes to, ready to take its turn (loaded first when it must be).
+
+        Without extra models every request goes to the loaded model, as ever (a registry model's name may swap
+        to it, with allow_model_swap_by_request)."""
+        models = self.models
+        if models is not None:
+            slot, why = models.route(name, auxiliary)
+            if not slot.is_default:
+                return ServedModel(await self.in_thread(models.engine_for, slot.alias), slot.alias, why)
+        elif name and self.settings.allow_model_swap_by_request:
+            await self.ensure_model(name)
+            why = "default"
+        else:
+            why = "default"
+        await self.wait_ready()
+        return ServedModel(self.engine, models.routes.default.alias if models is not None else self.settings.model,
+                           why)
+
+    def engine_for(self, request: GenerationRequest) -> Engine:
+        """The engine a prepared request was rendered for (its ``model_id``); the default one otherwise."""
+        if self.models is not None and request.model_id:
+            engine = self.models.engine_with_key(request.model_id)
+            if engine is not None:
+                return engine
+        return self.engine
 
     def snapshot(self) -> EngineSnapshot | None:
         return self._engine.snapshot() if self._engine is not None else None
+
+    def serve_extra_models(self, engine: Engine) -> None:
+        """The models of --extra-model beside ``engine`` (the default one); the pinned ones load behind it,
+        so the default model serves from the start."""
+        from engine.bootstrap import resident_models
+
+        self.models = resident_models(self.settings, self.detachable_engine, self.events,
+                                      getattr(engine, "device_turns", None))
+        if self.models is not None:
+            threading.Thread(target=self.models.load_pinned, name="semantic-pinned-models", daemon=True).start()
 
     # -- model swaps --------------------------------------------------------------------------
     def enable_swaps(self, build_engine: EngineBuilder) -> ModelSwapper:
@@ -185,7 +246,12 @@ class EngineService:
 
     # -- work --------------------------------------------------------------------------------
     def start_turn(self, request: GenerationRequest) -> AsyncTurn:
-        return AsyncTurn(self.engine, request)
+        engine = self.engine_for(request)
+        try:
+            return AsyncTurn(engine, request)
+        finally:
+            if self.models is not None:
+                self.models.release_lease(request.model_id or "")
 
     async def call(self, fn: Callable[[Engine], T], timeout_s: float = 30.0) -> T:
         """Run ``fn(engine)`` on the engine thread and await its result."""

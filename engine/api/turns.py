@@ -14,6 +14,8 @@ from engine.domain.reasoning import CallText
 from engine.domain.reasoning_tracker import opened_at
 from engine.domain.requests import FinishEvent, GenerationRequest, SamplingParams, TokenEvent
 
+from engine.runtime.engine_thread.engine import Engine
+
 from .async_turn import AsyncTurn
 from engine.domain.chat import Conversation, ToolCall
 from .identity import AgentIdentity
@@ -70,7 +72,8 @@ class TurnSpec:
     max_tokens: int
     sampling: SamplingAsked = SamplingAsked()
     stop: tuple[str, ...] = ()
-    # The request's model field: only consulted when allow_model_swap_by_request is on.
+    # The request's model field: which resident model serves it (model_slots.py); without extra models it
+    # swaps models only when allow_model_swap_by_request is on.
     model: str | None = None
     # Anthropic cache_control breakpoints (retention.py).
     retention: Retention | None = None
@@ -83,17 +86,18 @@ class TurnSpec:
     reasoning: ReasoningAsk = DEFAULT_REASONING
 
 
-def renderer_for(service: EngineService) -> PromptRenderer:
-    """The loaded model's renderer (``EngineService.renderer``: one per model, a swap brings a new tokenizer)."""
-    return service.renderer()
+def renderer_for(service: EngineService, engine: Engine | None = None) -> PromptRenderer:
+    """A served model's renderer (``EngineService.renderer``: one per model; default: the default model's)."""
+    return service.renderer(engine)
 
 
-async def render_tokens(service: EngineService, conversation: Conversation) -> list[int]:
-    renderer = renderer_for(service)
+async def render_tokens(service: EngineService, conversation: Conversation, engine: Engine | None = None) -> list[int]:
+    renderer = renderer_for(service, engine)
     return await service.in_thread(renderer.render, conversation)
 
 
-async def head_length(service: EngineService, conversation: Conversation, tokens: list[int]) -> int:
+async def head_length(service: EngineService, conversation: Conversation, tokens: list[int],
+                      engine: Engine | None = None) -> int:
     """How many leading tokens of ``tokens`` the conversation's system prompt and tools account for.
 
     That is where sessions of one tool part ways, so the engine keeps (and
@@ -104,36 +108,45 @@ async def head_length(service: EngineService, conversation: Conversation, tokens
     head = conversation.head()
     if head is None:
         return 0
-    heads = service.rendered_heads()
+    heads = service.rendered_heads(engine)
     key = hashlib.sha256(repr(head).encode("utf-8", "surrogatepass")).hexdigest()
     rendered = heads.get(key)
     if rendered is None:
-        rendered = heads.put(key, await service.in_thread(renderer_for(service).render_head, head))
+        rendered = heads.put(key, await service.in_thread(renderer_for(service, engine).render_head, head))
     return common_prefix_length(tokens, rendered)
 
 
 async def prepare(service: EngineService, spec: TurnSpec) -> GenerationRequest:
-    """Render and validate; raises PromptTooLongError and friends before any 200 is sent.
+    """Render and validate for the model the request is routed to; raises PromptTooLongError and friends before
+    any 200 is sent.
 
-    Waits out a model swap first (or answers 503 after ``swap_wait_s``).
+    Waits out a model swap or an extra model's load first (or answers 503 after ``swap_wait_s``).
     """
-    if spec.model and service.settings.allow_model_swap_by_request:
-        await service.ensure_model(spec.model)
-    await service.wait_ready()
+    served = await service.served(spec.model, spec.identity.auxiliary)
+    try:
+        return await _prepared_for(service, served.engine, spec)
+    except BaseException:
+        if service.models is not None:
+            service.models.release_lease(served.loaded.identity.key)
+        raise
+
+
+async def _prepared_for(service: EngineService, engine: Engine, spec: TurnSpec) -> GenerationRequest:
+    loaded = engine.loaded
     if spec.prompt_tokens is not None:
         tokens, head = list(spec.prompt_tokens), 0
     else:
         conversation = spec.conversation
-        if service.loaded.reasoning is not None:  # replies sent back without their reasoning get it again
+        if loaded.reasoning is not None:  # replies sent back without their reasoning get it again
             conversation = service.reasoning_recall.restore(spec.identity.agent_id, conversation)
-        tokens = await render_tokens(service, conversation)
-        head = await head_length(service, conversation, tokens)
-    renderer = renderer_for(service)
-    tool_format = tool_format_for(service.loaded.tokenizer, service.loaded.reasoning)
+        tokens = await render_tokens(service, conversation, engine)
+        head = await head_length(service, conversation, tokens, engine)
+    renderer = renderer_for(service, engine)
+    tool_format = tool_format_for(loaded.tokenizer, loaded.reasoning)
     output_format = reply_format(spec.conversation, spec.output_format, tool_format,
                                  renderer.turn_end_strings + spec.stop)
     if output_format is not None:  # compiled here, in a worker thread: a bad schema is a 400 before any 200
-        await service.in_thread(compile_reply_format, service.engine.grammars, output_format, spec.conversation,
+        await service.in_thread(compile_reply_format, engine.grammars, output_format, spec.conversation,
                                 spec.output_format, spec.output_field)
     # Short prompts are not worth a stored prefix of their own.
     hint = head if len(tokens) >= 2 * service.settings.block_tokens else 0
@@ -141,7 +154,7 @@ async def prepare(service: EngineService, spec: TurnSpec) -> GenerationRequest:
         agent_id=spec.identity.agent_id,
         prompt_tokens=tuple(tokens),
         max_tokens=spec.max_tokens,  # clamped once, by the engine (Engine.validate)
-        sampling=spec.sampling.resolve(service.engine.sampling_defaults),
+        sampling=spec.sampling.resolve(engine.sampling_defaults),
         prefix_hint=hint,
         head_tokens=head,
         retain_s=spec.retention.ttl_s if spec.retention else 0.0,
@@ -151,25 +164,28 @@ async def prepare(service: EngineService, spec: TurnSpec) -> GenerationRequest:
         source=spec.identity.source,
         display_name=spec.identity.display_name,
         auxiliary=spec.identity.auxiliary,
-        model_id=service.loaded.identity.key,
+        model_id=loaded.identity.key,
         output_format=output_format,
         reasoning_budget=spec.reasoning.engine_budget,
-        reply_start=opened_at(service.loaded.reasoning, tokens),
+        reply_start=opened_at(loaded.reasoning, tokens),
     )
-    request = service.engine.validate(request)
+    request = engine.validate(request)
     if request.asked_max_tokens is not None:
         service.note_output_cap(request)
     return request
 
 
 CAP_HEADER = "x-semantic-max-tokens"
+MODEL_HEADER = "x-semantic-model"
 
 
 def cap_headers(request: GenerationRequest) -> dict[str, str]:
-    """Tells the client that the server's output cap clamped the max_tokens it asked for."""
+    """Which model served the turn (its weights' identity, name@digest), and whether the server's output cap
+    clamped the max_tokens the client asked for."""
+    headers = {MODEL_HEADER: request.model_id} if request.model_id else {}
     if request.asked_max_tokens is None:
-        return {}
-    return {CAP_HEADER: f"{request.max_tokens}; asked={request.asked_max_tokens}; setting=max_output_tokens"}
+        return headers
+    return {**headers, CAP_HEADER: f"{request.max_tokens}; asked={request.asked_max_tokens}; setting=max_output_tokens"}
 
 
 @dataclass(slots=True)
@@ -190,14 +206,16 @@ class OutputAssembler:
     _channel_call: list[Any] = field(default_factory=list)  # [index, start piece, arguments so far] while open
 
     @classmethod
-    def for_turn(cls, service: EngineService, conversation: Conversation, id_prefix: str,
-                 agent_id: str | None = None) -> "OutputAssembler":
-        """``agent_id``: whose reply this is, to recall its reasoning when a client sends it back without it."""
-        recall = service.reasoning_recall if agent_id is not None and service.loaded.reasoning is not None else None
+    def for_turn(cls, service: EngineService, request: GenerationRequest, conversation: Conversation,
+                 id_prefix: str, agent_id: str | None = None) -> "OutputAssembler":
+        """For the model ``request`` was prepared for. ``agent_id``: whose reply this is, to recall its
+        reasoning when a client sends it back without it."""
+        loaded = service.engine_for(request).loaded
+        recall = service.reasoning_recall if agent_id is not None and loaded.reasoning is not None else None
         if not conversation.tools or conversation.tool_choice == "none":
             return cls(None, id_prefix, recall, agent_id or "")
         schemas = [{"type": "function", "function": {"name": t.name, "parameters": t.parameters}} for t in conversation.tools]
-        tool_format = tool_format_for(service.loaded.tokenizer, service.loaded.reasoning)
+        tool_format = tool_format_for(loaded.tokenizer, loaded.reasoning)
         return cls(ToolCallStream(tool_format, schemas, id_prefix), id_prefix, recall, agent_id or "")
 
     def feed(self, event: Any) -> list[Piece]:
@@ -272,6 +290,7 @@ def ended_by(finish: FinishEvent, made_tool_calls: bool) -> str:
 __all__ = [
     "AsyncTurn",
     "CAP_HEADER",
+    "MODEL_HEADER",
     "cap_headers",
     "GREEDY",
     "OutputAssembler",

@@ -36,7 +36,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("engine.runtime.tiers",),
     ("engine.runtime.scheduler",),
     ("engine.runtime.engine_thread",),
-    ("engine.logging_setup", "engine.bootstrap", "engine.follower", "engine.swap"),
+    ("engine.logging_setup", "engine.bootstrap", "engine.follower", "engine.swap", "engine.resident_models"),
     ("engine.api",),
     ("semantic_tui",),
     ("semantic_cli",),

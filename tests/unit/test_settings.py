@@ -94,6 +94,18 @@ def test_flags_override_only_what_was_passed(monkeypatch: pytest.MonkeyPatch) ->
     assert settings.port == 9000 and settings.pool_budget_mb == 64 and settings.prefix_sharing is False
 
 
+def test_a_list_setting_is_a_repeated_flag() -> None:
+    args = build_parser().parse_args(["--extra-model", "small=smollm2-135m,side", "--extra-model", "g=gemma3-270m",
+                                      "--model-route", "gpt-5*=g", "models"])
+    settings = load_settings(**overrides_from(args))
+    assert settings.extra_models == ("small=smollm2-135m,side", "g=gemma3-270m")
+    assert settings.model_routes == ("gpt-5*=g",)
+    with pytest.raises(ValueError, match="option 'fast'"):
+        load_settings(extra_models=("a=b,fast",))
+    with pytest.raises(ValueError, match="ALIAS one of"):
+        load_settings(extra_models=("a=b",), model_routes=("x*=nobody",))
+
+
 def test_cli_reports_invalid_settings_with_exit_status_2(capsys: pytest.CaptureFixture[str]) -> None:
     from semantic_cli.main import main
 

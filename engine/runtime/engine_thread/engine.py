@@ -14,6 +14,7 @@ import queue
 import threading
 import time
 from concurrent.futures import Future
+from contextlib import nullcontext
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeVar
 
@@ -34,11 +35,12 @@ from engine.runtime.runner.backends import MlxBackend, choose_backend
 from engine.runtime.scheduler.parts import SchedulerState
 from engine.runtime.scheduler.scheduler import BatchHooks, GeneratorFactory, Scheduler, sequence_batch_factory
 from engine.runtime.engine_thread.agent_ops import AgentOps
+from engine.runtime.engine_thread.device_turns import DeviceTurns
 from engine.runtime.engine_thread.engine_ops import EngineOp
 from engine.runtime.engine_thread.replica import Replica
 from engine.domain.event_log import EventKind, EventLog
 from engine.runtime.tiers.hot import HotCache
-from engine.domain.requests import EventSink, FinishReason, GenerationRequest, clamped
+from engine.domain.requests import EventSink, FinishEvent, FinishReason, GenerationRequest, clamped
 from engine.runtime.engine_thread.snapshot import AgentView, EngineSnapshot
 from engine.runtime.engine_thread.snapshot_builder import SnapshotSources, build_snapshot
 from engine.runtime.tiers.manager import TierManager
@@ -74,8 +76,11 @@ class Engine:
         lockstep: "Lockstep | None" = None,
         backend: MlxBackend | None = None,
         memory: MemoryWatch | None = None,
+        device_turns: DeviceTurns | None = None,
     ) -> None:
         self.loaded = loaded
+        # Several resident models: their engines take turns on the device, a step each (device_turns.py).
+        self.device_turns = device_turns
         # How the model is computed (runner/backends/): given, else chosen for this device and the settings.
         self.backend = backend if backend is not None else choose_backend(settings.fast_cpu_math)
         # Why the engine thread ended on its own (a rank lost, ranks diverged); None while it runs
@@ -97,6 +102,9 @@ class Engine:
         # either refused or queued before the last drain, never left in a queue nobody reads.
         self._door = threading.Lock()
         self._closed = False
+        # Turns submitted and not finished (turns_in_flight), counted on the client's thread and the engine's.
+        self._in_flight = 0
+        self._in_flight_lock = threading.Lock()
         # The watchdog's evidence, written by the engine thread and read by anyone (floats and bools
         # are replaced atomically): when the loop last finished a pass, and whether work was waiting.
         self._beat = time.monotonic()
@@ -171,7 +179,6 @@ class Engine:
         """Queue a turn; events for it go to ``sink`` (called on the engine thread: keep it cheap)."""
         request = self.validate(request)
         request = self._replica.seeded(request) if self._replica is not None else request
-        turn = Turn(request, sink)
         self.memory_policy.refuse_under_hard_pressure()
         queued = len(self.scheduler.waiting) + self._commands.qsize() if self.scheduler is not None else 0
         limit = self.settings.turns.max_queued_requests
@@ -181,8 +188,30 @@ class Engine:
         with self._door:
             if self._closed or self._stop.is_set() or not self.is_running:
                 raise EngineUnavailableError("engine is not running", retry_after_s=5)
+            turn = Turn(request, self._counted(sink))
             self._commands.put(lambda: self._submit(turn))
         return request.request_id
+
+    def _counted(self, sink: EventSink) -> EventSink:
+        """``sink``, counting the turn in flight from now (it is queued) until its finish event."""
+        with self._in_flight_lock:
+            self._in_flight += 1
+        settled = False
+
+        def counted(event: Any) -> None:
+            nonlocal settled
+            if isinstance(event, FinishEvent) and not settled:
+                settled = True
+                with self._in_flight_lock:
+                    self._in_flight -= 1
+            sink(event)
+
+        return counted
+
+    @property
+    def turns_in_flight(self) -> int:
+        """Turns submitted and not yet finished (any thread): a model with any may not be unloaded."""
+        return self._in_flight
 
     def set_memory_watermarks(self, watermarks: Watermarks) -> None:
         """New watermarks from now on (any thread); judged at the engine's next sample."""
@@ -439,6 +468,13 @@ class Engine:
         return False
 
     def _step_once(self, scheduler: Scheduler) -> None:
+        turns = self.device_turns
+        with turns.turn(self.loaded.model_id) if turns is not None and scheduler.has_work else nullcontext():
+            self._admit_and_step(scheduler)
+        if self._replica is not None:
+            self._replica.after_step(scheduler, self._pool.used_blocks)
+
+    def _admit_and_step(self, scheduler: Scheduler) -> None:
         try:
             scheduler.admit()
             scheduler.step()
@@ -449,8 +485,6 @@ class Engine:
             log.exception("engine step failed")
             self.events.emit(EventKind.ERROR, f"engine step failed: {type(exc).__name__}: {exc}", level=logging.ERROR)
             scheduler.fail_all(exc)
-        if self._replica is not None:
-            self._replica.after_step(scheduler, self._pool.used_blocks)
 
     def _idle_wait(self, scheduler: Scheduler) -> float:
         return 0.005 if scheduler.waiting else IDLE_WAIT_S

@@ -1,0 +1,208 @@
+"""Several models resident under one budget, each request served by the model it names (--extra-model).
+
+Three tiny random-weight models of different families (Gemma 4 as the
+default, DeepSeek V3's latent-attention MoE as the side model, the Qwen3.5
+gated-delta hybrid), saved as model folders with SmolLM2's tokenizer, served
+by the real app the way ``semantic --serve --extra-model ...`` serves them.
+Requests go to a model by alias, folder name, pattern, Claude Code's haiku
+tier and by default; every reply is what plain mlx-lm's greedy decoding of
+that model says; a budget that holds two of the three unloads the least
+recently used extra model (its agents to disk, back with it); a pinned one
+is never unloaded; a model that cannot fit is a 503 that says what is resident.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import pytest
+
+from engine.api.app import create_app
+from engine.api.rendering import PromptRenderer
+from engine.api.service import EngineService
+from engine.api.turns import MODEL_HEADER
+from engine.bootstrap import start_engine
+from engine.domain.chat import ChatMessage, Conversation
+from engine.settings import Settings
+from tests.model.engine_fixtures import load_folder
+from tests.support.reference import reference_greedy
+from tests.support.router_app import LiveServer
+from tests.support.tiny_models import family_config, recurrent_family_config, vary
+
+from bench.random_model import write_model_folder
+
+pytestmark = pytest.mark.model
+
+REPLY = 12
+POOL_MB = 16  # each model's KV pool; the budgets below are counted in these
+
+
+@pytest.fixture(scope="module")
+def folders(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    vocab = len(PromptRenderer(load_folder(smollm2_path, tmp_path_factory.mktemp("tok")).tokenizer).tokenizer.vocab)
+    configs = {"gemma4": family_config("gemma4_text", vocab), "deepseek": family_config("deepseek_v3", vocab),
+               "qwen35": recurrent_family_config("qwen3_5", vocab)}
+    return {name: write_model_folder(config, tmp_path_factory.mktemp(name) / f"{name}-tiny", smollm2_path, "float32",
+                                     seed=0, transform=vary)
+            for name, config in configs.items()}
+
+
+@pytest.fixture(scope="module")
+def references(folders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory):
+    """Each model loaded alone, for plain mlx-lm's greedy reference."""
+    return {name: load_folder(folder, tmp_path_factory.mktemp(f"{name}-ref")) for name, folder in folders.items()}
+
+
+@contextlib.contextmanager
+def serving(default: Path, cache_dir: Path, extra: tuple[str, ...], **settings) -> Iterator[tuple[str, EngineService]]:
+    config = Settings(cache_dir=cache_dir, model=str(default), extra_models=extra,
+                      **{"pool_budget_mb": POOL_MB, "max_batch_size": 8, "api_key": None, "swap_grace_s": 0.0,
+                         **settings})
+    engine = start_engine(config)
+    service = EngineService(config, engine)
+    service.serve_extra_models(engine)
+    try:
+        with LiveServer(create_app(service)) as server:
+            yield server.url, service
+    finally:
+        if service.models is not None:
+            service.models.stop_all()
+        engine.stop(0.0)
+
+
+def budget_for_two(folders: dict[str, Path]) -> float:
+    """MiB that hold the default model and either extra one (weights and pool), never both extras."""
+    weights = {name: (folder / "model.safetensors").stat().st_size for name, folder in folders.items()}
+    pool = POOL_MB * 2**20
+    held = weights["gemma4"] + pool + max(weights["deepseek"], weights["qwen35"]) + pool
+    return (held + min(pool, min(weights["deepseek"], weights["qwen35"]) + pool) // 2) / 2**20
+
+
+def expected(loaded, messages: list[dict[str, str]]) -> str:
+    prompt = PromptRenderer(loaded.tokenizer).render(
+        Conversation(tuple(ChatMessage(m["role"], m["content"]) for m in messages)))
+    eos = set(loaded.eos_token_ids)
+    detokenizer = loaded.tokenizer.detokenizer
+    detokenizer.reset()
+    for token in (t for t in reference_greedy(loaded.model, list(prompt), REPLY, eos) if t not in eos):
+        detokenizer.add_token(token)
+    detokenizer.finalize()
+    return detokenizer.text
+
+
+def chat(url: str, model: str, session: str, messages: list[dict[str, str]]) -> httpx.Response:
+    return httpx.post(f"{url}/v1/chat/completions", timeout=120, json={
+        "model": model, "messages": messages, "max_tokens": REPLY, "temperature": 0, "session_id": session})
+
+
+def message(url: str, model: str, session: str, text: str) -> httpx.Response:
+    return httpx.post(f"{url}/v1/messages", timeout=120, headers={"anthropic-version": "2023-06-01",
+                                                                    "x-claude-code-session-id": session},
+                      json={"model": model, "max_tokens": REPLY, "temperature": 0,
+                            "messages": [{"role": "user", "content": text}]})
+
+
+def models_listing(url: str) -> dict[str, dict]:
+    return {m["id"]: m for m in httpx.get(f"{url}/v1/models", timeout=30).json()["data"]}
+
+
+def test_each_request_is_served_by_the_model_it_names_token_for_token(folders, references, tmp_path: Path) -> None:
+    extra = (f"deep={folders['deepseek']},side", f"qwen={folders['qwen35']}")
+    messages = [{"role": "user", "content": "Name a sorting algorithm."}]
+    with serving(folders["gemma4"], tmp_path / "cache", extra) as (url, service):
+        identity = {name: loaded.identity.key for name, loaded in references.items()}
+        cases = [  # (model field, which model serves it)
+            ("deep", "deepseek"),                      # an alias
+            ("qwen35-tiny", "qwen35"),                 # its folder's name
+            ("claude-haiku-4-5-20251001", "deepseek"),  # Claude Code's haiku tier: the side model
+            ("claude-opus-4-8", "gemma4"),              # any other Claude name: the default
+            ("no-such-model", "gemma4"),                # unknown names: the default, never a 404
+            (str(folders["qwen35"]), "qwen35"),         # its source as configured
+        ]
+        for index, (model, served_by) in enumerate(cases):
+            reply = chat(url, model, f"route-{index}", messages)
+            assert reply.status_code == 200, reply.text
+            assert reply.headers[MODEL_HEADER] == identity[served_by], model
+            assert reply.json()["choices"][0]["message"]["content"] == expected(references[served_by], messages), model
+        # The Anthropic endpoint routes alike, and names the model the client asked for in its reply.
+        reply = message(url, "claude-3-5-haiku-latest", "cc-session", "Name a sorting algorithm.")
+        assert reply.status_code == 200, reply.text
+        assert reply.headers[MODEL_HEADER] == identity["deepseek"]
+        assert reply.json()["model"] == "claude-3-5-haiku-latest"
+
+        listing = models_listing(url)
+        assert {listing[a]["state"] for a in ("deep", "qwen")} == {"resident"}
+        assert listing["deep"]["role"] == "side" and listing[str(folders["gemma4"])]["default"] is True
+        assert listing["qwen"]["requests_routed"] == 2
+        stats = httpx.get(f"{url}/v1/stats", timeout=30).json()
+        rows = {row["alias"]: row for row in stats["models"]}
+        # Each model's pool is its own, and what it holds is counted there; the budget sums them all.
+        pools = {slot.alias: engine.pool.total_bytes for slot, engine in service.models.engines()}
+        for alias, row in rows.items():
+            assert row["pool_bytes"] == pools[alias] and 0.9 < row["pool_bytes"] / (POOL_MB * 2**20) < 1.1
+            assert row["weights_bytes"] > 0
+            assert 0 < row["kv_used_bytes"] <= row["pool_bytes"]
+        assert stats["models_budget"]["held_bytes"] == sum(r["pool_bytes"] + r["weights_bytes"] for r in rows.values())
+
+
+def test_a_budget_for_two_unloads_the_least_recently_used_and_its_agents_come_back(folders, references,
+                                                                                    tmp_path: Path) -> None:
+    extra = (f"deep={folders['deepseek']}", f"qwen={folders['qwen35']}")
+    messages = [{"role": "user", "content": "Write a haiku about caches."}]
+    with serving(folders["gemma4"], tmp_path / "cache", extra, models_budget_mb=budget_for_two(folders)) as (url, service):
+        first = chat(url, "deep", "deep-agent", messages)
+        assert first.status_code == 200, first.text
+        reply = chat(url, "qwen", "qwen-agent", messages)
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["choices"][0]["message"]["content"] == expected(references["qwen35"], messages)
+        listing = models_listing(url)
+        assert listing["deep"]["state"] == "unloaded" and listing["qwen"]["state"] == "resident"
+        # DeepSeek comes back (Qwen goes): its agent's cache was written to disk and is read back, not prefilled.
+        again = chat(url, "deep", "deep-agent", messages)
+        assert again.status_code == 200, again.text
+        assert again.json()["choices"][0]["message"]["content"] == first.json()["choices"][0]["message"]["content"]
+        assert again.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+        assert models_listing(url)["qwen"]["state"] == "unloaded"
+        events = [e.message for e in service.events.since(0)]
+        assert any("model qwen unloaded (making room for deep)" in m for m in events), events
+    # A restart: each model's agents are on disk, and come back when their model loads.
+    with serving(folders["gemma4"], tmp_path / "cache", extra, models_budget_mb=budget_for_two(folders)) as (url, _):
+        for model, session in (("qwen", "qwen-agent"), ("deep", "deep-agent")):
+            reply = chat(url, model, session, messages)
+            assert reply.status_code == 200, reply.text
+            assert reply.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0, model
+
+
+def test_a_pinned_model_is_never_unloaded_and_what_cannot_fit_says_why(folders, tmp_path: Path) -> None:
+    extra = (f"deep={folders['deepseek']}", f"qwen={folders['qwen35']},pinned")
+    with serving(folders["gemma4"], tmp_path / "cache", extra, models_budget_mb=budget_for_two(folders)) as (url, service):
+        assert service.models is not None
+        service.models.engine_for("qwen")  # (loaded at start in the background; waited for here)
+        reply = chat(url, "deep", "deep-agent", [{"role": "user", "content": "hello"}])
+        assert reply.status_code == 503, reply.text
+        text = json.dumps(reply.json())
+        assert "model deep needs about" in text and "qwen" in text and "models_budget_mb" in text
+        assert reply.headers.get("retry-after")
+        assert models_listing(url)["qwen"]["state"] == "resident"
+        # The default model goes on serving.
+        assert chat(url, "anything", "default-agent", [{"role": "user", "content": "hello"}]).status_code == 200
+
+
+def test_smollm2_serves_claude_codes_main_turns_and_gemma_3_its_haiku_tier(smollm2_path, gemma3_path, smollm2,
+                                                                           gemma3, tmp_path: Path) -> None:
+    """The real models: Gemma 3 270M as the side model beside SmolLM2, each token for token as alone."""
+    messages = [{"role": "user", "content": "What is a KV cache? One sentence."}]
+    with serving(smollm2_path, tmp_path / "cache", (f"gemma={gemma3_path},side",), pool_budget_mb=128) as (url, _):
+        for model, loaded in (("claude-haiku-4-5-20251001", gemma3), ("claude-opus-4-8", smollm2)):
+            reply = chat(url, model, f"real-{loaded.model_id}", messages)
+            assert reply.status_code == 200, reply.text
+            assert reply.headers[MODEL_HEADER] == loaded.identity.key
+            assert reply.json()["choices"][0]["message"]["content"] == expected(loaded, messages)
+            again = chat(url, model, f"real-{loaded.model_id}", messages)  # each model's agent reuses its cache
+            assert again.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+        side = message(url, "claude-haiku-4-5-20251001", "cc-real", "Reply with a title for this chat: caches")
+        assert side.status_code == 200 and side.headers[MODEL_HEADER] == gemma3.identity.key
