@@ -106,6 +106,7 @@ class ResidentModels:
         self._residents = {slot.alias: Resident(slot) for slot in routes.slots if not slot.is_default}
         self._default_weights: tuple[int, int] | None = None  # (id of the engine, its weights' bytes)
         self._stopped = False
+        self._default_requests = 0
         if any(r.slot.idle_unload_s for r in self._residents.values()):
             threading.Thread(target=self._watch_idle, name="semantic-model-idle", daemon=True).start()
 
@@ -114,7 +115,10 @@ class ResidentModels:
         default = self._default_engine()
         if default is not None:  # (a swap may have changed it)
             self.routes.model_ids[self.routes.default.alias] = default.loaded.model_id
-        return self.routes.route(name, auxiliary)
+        slot, why = self.routes.route(name, auxiliary)
+        if slot.is_default:
+            self._default_requests += 1  # (the extra models count theirs when their engine is handed out)
+        return slot, why
 
     def engine_for(self, alias: str) -> Engine:
         """The running engine of an extra model, loaded (room made first) when it is not; blocks while it loads.
@@ -315,7 +319,7 @@ class ResidentModels:
         default = self._default_engine()
         now = time.monotonic()
         rows: list[dict[str, object]] = [self._row(self.routes.default, "resident" if default else "unloaded",
-                                                   default, weights, pool, None, None, 0, 0)]
+                                                   default, weights, pool, None, None, self._default_requests, 1)]
         for r in list(self._residents.values()):
             idle = now - r.last_used if r.last_used else None
             rows.append(self._row(r.slot, r.state.value, r.engine, r.weights_bytes, r.pool_bytes, r.error, idle,

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
@@ -25,6 +25,7 @@ from engine.domain.forensics import TurnForensics
 from engine.domain.requests import AgentSource, FinishEvent
 from engine.domain.speculation_tally import SpeculationTally
 from engine.runtime.engine_thread.snapshot import AgentView, EngineSnapshot
+from engine.runtime.engine_thread.engine import Engine
 from engine.runtime.engine_thread.engine_ops import engine_op
 
 from .admission import SSE_HEADERS, await_admission
@@ -65,7 +66,7 @@ def conversations(request: Request) -> ConversationStore:
     return store
 
 
-async def fresh_snapshot(service: EngineService) -> EngineSnapshot | None:
+async def fresh_snapshot(service: EngineService, engine: Engine | None = None) -> EngineSnapshot | None:
     """A snapshot that reflects every change made so far, after a change this request made.
 
     Awaited, not waited for on a thread: the engine publishes it between two of its steps. The change is
@@ -74,6 +75,11 @@ async def fresh_snapshot(service: EngineService) -> EngineSnapshot | None:
     rewind or an eviction that already happened (the crash harness found a rewind reported as 503 and
     done, and a client that then lost track of the conversation).
     """
+    if engine is not None:  # one of several resident models'
+        try:
+            return await service.call_on(engine, lambda e: e.publish_now())
+        except (EngineUnavailableError, asyncio.TimeoutError):
+            return engine.snapshot()
     last = service.snapshot()
     if not service.is_ready:
         return last
@@ -130,6 +136,42 @@ async def _current(request: Request, agent_id: str, fresh: bool = False) -> dict
     return agent_body(*await _find(request, agent_id, fresh))
 
 
+@dataclass(frozen=True, slots=True)
+class Located:
+    """An agent found among the serving models: its view in the model that holds its cache, if any."""
+
+    view: AgentView | None
+    conversation: AgentConversation | None
+    model: str | None
+    engine: Engine | None
+
+    def body(self) -> dict[str, Any]:
+        return {**agent_body(self.view, self.conversation), "model": self.model}
+
+
+async def _locate(request: Request, agent_id: str, model: str | None, fresh_in: Engine | None = None) -> Located:
+    """The agent in the first serving model that holds it (``model``: in that one only; ``fresh_in``: that
+    engine's state as it is after this request's change)."""
+    service: EngineService = request.app.state.service
+    engines = [(alias, engine) for alias, engine in service.served_engines() if model is None or alias == model]
+    if model is not None and not engines:
+        raise ApiError(404, f"no model {model!r} is serving; GET /v1/models lists them")
+    conversation = conversations(request).get(agent_id)
+    for alias, engine in engines:
+        snapshot = await fresh_snapshot(service, engine) if engine is fresh_in else engine.snapshot()
+        view = snapshot.agent(agent_id) if snapshot is not None else None
+        if view is not None:
+            return Located(view, conversation, alias, engine)
+    if conversation is None:
+        raise AgentNotFoundError(agent_id)
+    alias, engine = engines[0] if engines else (None, None)
+    return Located(None, conversation, alias, engine)
+
+
+MODEL_QUERY = Query(None, description="With several resident models: the alias of the model whose cache of the "
+                                      "agent is meant (absent: the first that holds one, the default first)")
+
+
 # -- catalogue --------------------------------------------------------------------------------
 @router.post("/v1/agents", status_code=201, summary="Create an agent with an optional system prompt",
              response_model=AgentOut, responses=errors(400, 409))
@@ -146,19 +188,24 @@ async def create_agent(body: CreateAgentBody, request: Request) -> JSONResponse:
 @router.get("/v1/agents", summary="Every agent: the engine's and those with only a stored conversation",
             response_model=AgentList)
 async def list_agents(request: Request) -> dict[str, Any]:
-    snapshot = request.app.state.service.snapshot()
-    views = {a.agent_id: a for a in snapshot.agents} if snapshot is not None else {}
+    service: EngineService = request.app.state.service
     stored = {c.agent_id: c for c in await conversations(request).aall()}
-    ids = list(views) + [agent_id for agent_id in stored if agent_id not in views]
-    return {"object": "list", "data": [agent_body(views.get(i), stored.get(i)) for i in ids]}
+    data, seen = [], set()
+    for alias, engine in service.served_engines():
+        for view in engine.snapshot().agents:
+            data.append({**agent_body(view, stored.get(view.agent_id)), "model": alias})
+            seen.add(view.agent_id)
+    data += [agent_body(None, stored[i]) for i in stored if i not in seen]
+    return {"object": "list", "data": data}
 
 
 @router.get("/v1/agents/{agent_id}", summary="One agent, with how its last turns met its cache",
             response_model=AgentDetailOut, responses=errors(400, 404))
-async def get_agent(request: Request, agent_id: str = Depends(path_agent_id)) -> dict[str, Any]:
-    view, conversation = await _find(request, agent_id)
-    body = agent_body(view, conversation)
-    body["cache_history"] = [turn_json(t) for t in view.history] if view is not None else []
+async def get_agent(request: Request, agent_id: str = Depends(path_agent_id),
+                    model: str | None = MODEL_QUERY) -> dict[str, Any]:
+    found = await _locate(request, agent_id, model)
+    body = found.body()
+    body["cache_history"] = [turn_json(t) for t in found.view.history] if found.view is not None else []
     return body
 
 
@@ -172,14 +219,15 @@ def turn_json(turn: TurnForensics) -> dict[str, Any]:
 
 @router.delete("/v1/agents/{agent_id}", summary="Delete an agent: its KV blocks, disk cache and conversation",
                response_model=Deleted, responses=errors(400, 404, 409, 503))
-async def delete_agent(request: Request, agent_id: str = Depends(path_agent_id)) -> dict[str, Any]:
-    view, _ = await _find(request, agent_id)
+async def delete_agent(request: Request, agent_id: str = Depends(path_agent_id),
+                       model: str | None = MODEL_QUERY) -> dict[str, Any]:
+    found = await _locate(request, agent_id, model)
     store = conversations(request)
     if store.is_busy(agent_id):
         raise busy_error(agent_id)
-    if view is not None:
+    if found.view is not None and found.engine is not None:
         try:
-            await request.app.state.service.call(engine_op("delete_agent", agent_id))
+            await request.app.state.service.call_on(found.engine, engine_op("delete_agent", agent_id))
         except AgentNotFoundError:
             pass  # gone between the snapshot and the call: the goal is met
     await store.adelete(agent_id)
@@ -191,23 +239,25 @@ async def delete_agent(request: Request, agent_id: str = Depends(path_agent_id))
              response_model=AgentOut, responses=errors(400, 404, 503))
 async def evict_agent(
     request: Request, body: EvictBody | None = None, agent_id: str = Depends(path_agent_id),
+    model: str | None = MODEL_QUERY,
 ) -> dict[str, Any]:
-    view, _ = await _find(request, agent_id)
+    found = await _locate(request, agent_id, model)
     tier = Tier((body or EvictBody()).tier)
     # An agent that never ran has no cache to move; answering with it unchanged is the truth.
-    if view is not None:
-        await request.app.state.service.call(engine_op("evict_agent", agent_id, tier))
-    return await _current(request, agent_id, fresh=True)
+    if found.view is not None and found.engine is not None:
+        await request.app.state.service.call_on(found.engine, engine_op("evict_agent", agent_id, tier))
+    return (await _locate(request, agent_id, found.model, fresh_in=found.engine)).body()
 
 
 @router.post("/v1/agents/{agent_id}/pin", summary="Pin (never evict) or unpin an agent's cache",
              response_model=AgentOut, responses=errors(400, 404, 409, 503))
-async def pin_agent(body: PinBody, request: Request, agent_id: str = Depends(path_agent_id)) -> dict[str, Any]:
-    view, _ = await _find(request, agent_id)
-    if view is None:
+async def pin_agent(body: PinBody, request: Request, agent_id: str = Depends(path_agent_id),
+                    model: str | None = MODEL_QUERY) -> dict[str, Any]:
+    found = await _locate(request, agent_id, model)
+    if found.view is None or found.engine is None:
         raise ApiError(409, f"agent {agent_id!r} has no cache yet; pin it after its first turn")
-    await request.app.state.service.call(engine_op("pin_agent", agent_id, body.pinned))
-    return await _current(request, agent_id, fresh=True)
+    await request.app.state.service.call_on(found.engine, engine_op("pin_agent", agent_id, body.pinned))
+    return (await _locate(request, agent_id, found.model, fresh_in=found.engine)).body()
 
 
 # -- conversation -----------------------------------------------------------------------------

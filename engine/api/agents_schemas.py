@@ -70,6 +70,8 @@ class CacheTurnOut(BaseModel):
 
 class AgentOut(BaseModel):
     agent_id: str
+    model: str | None = Field(None, description="The model whose cache this is: its alias (--model, --extra-model); "
+                                                "an agent of two models is listed once under each")
     display_name: str | None
     source: str
     state: str

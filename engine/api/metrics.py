@@ -7,7 +7,7 @@ never share or double-register metrics.
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Any, Iterator
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -77,6 +77,8 @@ class SnapshotCollector:
                                 value=stalled or 0.0)
         yield CounterMetricFamily("semantic_engine_stalls", "Engine stalls seen by the watchdog",
                                   value=self.service.stalls_total)
+        if self.service.models is not None:
+            yield from _models(self.service.models.describe(), self.service.models.budget())
         if snapshot is None or snapshot.pool is None:
             return
         yield from _pool_and_agents(snapshot)
@@ -155,6 +157,31 @@ def _memory_and_ranks(snapshot: EngineSnapshot) -> Metrics:
     if snapshot.ranks:  # a sharded model (mlx.launch): each rank's MLX memory, as of the last tick
         yield _labelled_gauge("semantic_rank_memory_bytes", "MLX memory in use on each rank of a sharded model",
                               "rank", {str(r.rank): r.active_bytes for r in snapshot.ranks})
+
+
+def _models(rows: list[dict[str, Any]], budget: dict[str, int]) -> Metrics:
+    """With --extra-model: each configured model by alias (the families above are the default model's)."""
+    resident = GaugeMetricFamily("semantic_model_resident", "1 while the model is loaded and serving",
+                                 labels=["model", "role"])
+    for row in rows:
+        resident.add_metric([row["alias"], row["role"]], 1.0 if row["state"] == "resident" else 0.0)
+    yield resident
+    for name, key, doc in (("semantic_model_weights_bytes", "weights_bytes", "Bytes of the model's weights"),
+                           ("semantic_model_kv_pool_bytes", "pool_bytes", "Bytes of the model's KV pool budget"),
+                           ("semantic_model_kv_used_bytes", "kv_used_bytes", "Bytes its agents' caches hold"),
+                           ("semantic_model_active_requests", "active_requests", "Requests it is serving")):
+        yield _labelled_gauge(name, doc, "model", {row["alias"]: float(row[key]) for row in rows})
+    routed = CounterMetricFamily("semantic_model_requests_routed", "Requests routed to the model", labels=["model"])
+    waited = CounterMetricFamily("semantic_model_device_wait_seconds", "Seconds its engine waited for the device "
+                                 "while another model's step ran", labels=["model"])
+    for row in rows:
+        routed.add_metric([row["alias"]], float(row["requests_routed"]))
+        waited.add_metric([row["alias"]], float(row["device_wait_s"]))
+    yield routed
+    yield waited
+    yield GaugeMetricFamily("semantic_models_budget_bytes", "models_budget_mb in bytes", value=budget["budget_bytes"])
+    yield GaugeMetricFamily("semantic_models_held_bytes", "What the resident models hold of it (weights and KV "
+                            "pools)", value=budget["held_bytes"])
 
 
 def _labelled_gauge(name: str, doc: str, label: str, values: dict[str, float]) -> GaugeMetricFamily:

@@ -254,9 +254,19 @@ class EngineService:
                 self.models.release_lease(request.model_id or "")
 
     async def call(self, fn: Callable[[Engine], T], timeout_s: float = 30.0) -> T:
-        """Run ``fn(engine)`` on the engine thread and await its result."""
-        future = self.engine.call(fn)
+        """Run ``fn(engine)`` on the default model's engine thread and await its result."""
+        return await self.call_on(self.engine, fn, timeout_s)
+
+    async def call_on(self, engine: Engine, fn: Callable[[Engine], T], timeout_s: float = 30.0) -> T:
+        """Run ``fn(engine)`` on that engine's thread (one of the resident models') and await its result."""
+        future = engine.call(fn)
         return await asyncio.wait_for(asyncio.wrap_future(future), timeout_s)
+
+    def served_engines(self) -> list[tuple[str, Engine]]:
+        """(alias, engine) of every model serving now, the default first (one entry without extra models)."""
+        if self.models is not None:
+            return [(slot.alias, engine) for slot, engine in self.models.engines()]
+        return [(self.settings.model, self._engine)] if self._engine is not None else []
 
     async def in_thread(self, fn: Callable[..., T], *args: Any) -> T:
         """CPU work that must not block the event loop (tokenizing a long prompt)."""

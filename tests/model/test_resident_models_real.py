@@ -148,6 +148,24 @@ def test_each_request_is_served_by_the_model_it_names_token_for_token(folders, r
             assert 0 < row["kv_used_bytes"] <= row["pool_bytes"]
         assert stats["models_budget"]["held_bytes"] == sum(r["pool_bytes"] + r["weights_bytes"] for r in rows.values())
 
+        metrics = httpx.get(f"{url}/metrics", timeout=30).text
+        assert 'semantic_model_resident{model="deep",role="side"} 1.0' in metrics
+        assert 'semantic_model_requests_routed_total{model="qwen"} 2.0' in metrics
+        default_routed = [line for line in metrics.splitlines()
+                          if line.startswith("semantic_model_requests_routed_total") and "gemma4-tiny" in line]
+        assert default_routed and default_routed[0].endswith(" 2.0")  # claude-opus-4-8 and no-such-model
+
+        # Agents belong to a model: listed under it, and acted on there.
+        agents = httpx.get(f"{url}/v1/agents", timeout=30).json()["data"]
+        by_model = {(a["agent_id"], a["model"]) for a in agents}
+        assert {("oa-route-0", "deep"), ("oa-route-1", "qwen"), ("oa-route-3", str(folders["gemma4"]))} <= by_model
+        evicted = httpx.post(f"{url}/v1/agents/oa-route-0/evict?model=deep", json={"tier": "warm"}, timeout=60)
+        assert evicted.status_code == 200, evicted.text
+        assert evicted.json()["model"] == "deep" and evicted.json()["tier"] == "warm"
+        assert httpx.get(f"{url}/v1/agents/oa-route-0?model=qwen", timeout=30).status_code == 404
+        again = chat(url, "deep", "route-0", messages)  # back from disk in its own model
+        assert again.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+
 
 def test_a_budget_for_two_unloads_the_least_recently_used_and_its_agents_come_back(folders, references,
                                                                                     tmp_path: Path) -> None:
@@ -175,6 +193,38 @@ def test_a_budget_for_two_unloads_the_least_recently_used_and_its_agents_come_ba
             reply = chat(url, model, session, messages)
             assert reply.status_code == 200, reply.text
             assert reply.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0, model
+
+
+def test_a_model_loading_holds_its_own_requests_and_no_one_elses(folders, tmp_path: Path) -> None:
+    import threading
+
+    extra = (f"qwen={folders['qwen35']}",)
+    with serving(folders["gemma4"], tmp_path / "cache", extra) as (url, service):
+        assert service.models is not None
+        release, building = threading.Event(), threading.Event()
+        build = service.models._build
+
+        def held_build(slot):  # the load takes as long as the test says
+            building.set()
+            release.wait(60)
+            return build(slot)
+
+        service.models._build = held_build
+        replies: list[httpx.Response] = []
+        waiting = [threading.Thread(target=lambda i=i: replies.append(
+            chat(url, "qwen", f"qwen-{i}", [{"role": "user", "content": "hi"}]))) for i in range(2)]
+        for thread in waiting:
+            thread.start()
+        assert building.wait(30)
+        assert models_listing(url)["qwen"]["state"] == "loading"
+        # The default model answers while the other loads.
+        assert chat(url, "other", "default-agent", [{"role": "user", "content": "hi"}]).status_code == 200
+        assert not replies
+        release.set()
+        for thread in waiting:
+            thread.join(60)
+        assert [r.status_code for r in replies] == [200, 200]
+        assert [row["loads"] for row in service.models.describe() if row["alias"] == "qwen"] == [1]
 
 
 def test_a_pinned_model_is_never_unloaded_and_what_cannot_fit_says_why(folders, tmp_path: Path) -> None:
