@@ -196,6 +196,8 @@ class ResidentModels:
         try:
             engine = self._build(slot)
         except BaseException as exc:
+            log.warning("model %s did not load", slot.alias, exc_info=True)
+            self._note(EventKind.ERROR, f"model {slot.alias} did not load: {exc}", logging.ERROR)
             with self._lock:
                 resident.state, resident.error = ModelState.FAILED, str(exc)
                 resident.weights_bytes = resident.pool_bytes = 0

@@ -39,6 +39,7 @@ from .widgets.agents_table import AgentsTable
 from .widgets.chat_area import ChatArea
 from .widgets.chat_pane import ChatPane
 from .widgets.event_log import EventLogView
+from .widgets.models_panel import ModelsPanel
 from .widgets.pool_map import PoolMap
 from .widgets.status_bar import StatusBar
 from .widgets.throughput_panel import ThroughputPanel
@@ -106,6 +107,7 @@ class SemanticApp(App[None]):
                 yield AgentsTable(id="agents")
                 yield AgentsHint(id="agents-hint")
             with Vertical(id="side"):
+                yield ModelsPanel(id="models", classes="panel")
                 yield PoolMap(id="pool", classes="panel")
                 yield TiersPanel(id="tiers", classes="panel")
                 yield ThroughputPanel(id="throughput", classes="panel")
@@ -117,6 +119,7 @@ class SemanticApp(App[None]):
     def on_mount(self) -> None:
         self._apply_preferences()
         self.main.query_one("#agents-panel").border_title = "Agents"
+        self.main.query_one("#models").border_title = "Models"
         self.main.query_one("#pool").border_title = "Block pool"
         self.main.query_one("#tiers").border_title = "Cache tiers"
         self.main.query_one("#throughput").border_title = "Throughput"
@@ -208,6 +211,11 @@ class SemanticApp(App[None]):
         if snapshot is None or snapshot.pool is None:
             return
         self.main.query_one(StatusBar).update_snapshot(snapshot)
+        models = self.backend.service.models
+        if models is not None:  # several resident models: the rest of the panes are the default model's
+            panel = self.main.query_one(ModelsPanel)
+            panel.add_class("configured")
+            panel.update_models(models.describe(), models.budget())
         self.main.query_one(AgentsTable).update_snapshot(snapshot, force=force)
         self.main.query_one(AgentsHint).display = not snapshot.agents
         self.main.query_one(PoolMap).update_snapshot(snapshot)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import threading
 from functools import partial
 from typing import Any
 
 from engine.errors import SemanticError
 from engine.models.registry import RegistryEntry
-from engine.swap import SwapPhase, SwapStatus
+from engine.swap import SwapPhase, SwapStatus, release_thread_streams
 
 from .screens.dialogs import ConfirmDialog, ErrorDialog
 from .screens.model_picker import ModelPicker, SwapProgressScreen, describe, swap_plan
@@ -24,14 +25,57 @@ class ModelSwapFlow:
         return self.app.backend.service
 
     def palette_commands(self) -> list[tuple[str, str, Any]]:
-        """``model: swap to X`` for every registry model that is not loaded."""
+        """``model: swap to X`` for every registry model that is not loaded; with --extra-model, ``model: load
+        X`` / ``model: unload X`` for each extra model."""
+        commands = self._resident_commands()
         if self.service.swapper is None:
-            return []
-        return [
+            return commands
+        return commands + [
             (f"model: swap to {entry.model_id}", describe(entry), partial(self.confirm, entry))
             for entry in self.service.registry.entries()
             if not entry.loaded
         ]
+
+    def _resident_commands(self) -> list[tuple[str, str, Any]]:
+        models = self.service.models
+        if models is None:
+            return []
+        commands = []
+        for row in models.describe():
+            alias = str(row["alias"])
+            if row["default"]:
+                continue
+            if row["state"] == "resident":
+                commands.append((f"model: unload {alias}", "Unload it now; its agents go to the warm tier and come "
+                                 "back with it", partial(self._in_worker, self._unload, alias)))
+            elif row["state"] in ("unloaded", "failed"):
+                commands.append((f"model: load {alias}", f"Load {row['source']} now (least recently used models "
+                                 "make room)", partial(self._in_worker, self._load, alias)))
+        return commands
+
+    def _in_worker(self, job: Any, alias: str) -> None:
+        # A thread of its own, ended with its MLX streams released: a pooled worker thread that ran an
+        # earlier load has had its streams cleared, and MLX then fails on it ("no Stream(cpu, 0) in current
+        # thread").
+        threading.Thread(target=job, args=(alias,), name=f"semantic-model-{alias}", daemon=True).start()
+
+    def _load(self, alias: str) -> None:
+        models = self.service.models
+        try:
+            engine = models.engine_for(alias)
+            models.release_lease(engine.loaded.identity.key)
+            message, severity = f"Model {alias} is resident", "information"
+        except SemanticError as exc:
+            message, severity = str(exc), "error"
+        finally:
+            release_thread_streams()  # this worker thread ends here; MLX needs its cleanup before that
+        self.app.call_from_thread(self.app.notify, message, severity=severity)
+
+    def _unload(self, alias: str) -> None:
+        done = self.service.models.unload(alias, "asked in the workbench")
+        release_thread_streams()
+        message = f"Model {alias} unloaded" if done else f"Model {alias} is serving a turn; try again when it is idle"
+        self.app.call_from_thread(self.app.notify, message, severity="information" if done else "warning")
 
     def pick(self) -> None:
         if self.service.swapper is None:

@@ -94,8 +94,10 @@ _VIEW_FIELDS = ("agent_id", "display_name", "source", "state", "tier", "pinned",
                 "last_finish_note", "retained_s", "checkpoint_bytes", "state_bytes", "speculation", "last_reasoning_tokens")
 
 
-def agent_body(view: AgentView | None, conversation: AgentConversation | None) -> dict[str, Any]:
-    """One agent as JSON, from the engine's view when it has one."""
+def agent_body(view: AgentView | None, conversation: AgentConversation | None,
+               model: str | None = None) -> dict[str, Any]:
+    """One agent as JSON, from the engine's view when it has one; ``model``: the alias of the model whose
+    cache it is."""
     if view is not None:
         body = {name: getattr(view, name) for name in _VIEW_FIELDS}
     else:
@@ -106,6 +108,7 @@ def agent_body(view: AgentView | None, conversation: AgentConversation | None) -
         body["display_name"] = conversation.display_name
     body["messages"] = len(conversation.messages) if conversation else 0
     body["has_conversation"] = conversation is not None
+    body["model"] = model
     return body
 
 
@@ -146,19 +149,26 @@ class Located:
     engine: Engine | None
 
     def body(self) -> dict[str, Any]:
-        return {**agent_body(self.view, self.conversation), "model": self.model}
+        return agent_body(self.view, self.conversation, self.model)
 
 
-async def _locate(request: Request, agent_id: str, model: str | None, fresh_in: Engine | None = None) -> Located:
-    """The agent in the first serving model that holds it (``model``: in that one only; ``fresh_in``: that
-    engine's state as it is after this request's change)."""
+async def _after_change(request: Request, agent_id: str, found: Located) -> Located:
+    """The agent as its engine has it after this request's change (what it last published, where that engine
+    cannot answer now: the change is made)."""
+    snapshot = await fresh_snapshot(request.app.state.service, found.engine) if found.engine is not None else None
+    view = snapshot.agent(agent_id) if snapshot is not None else None
+    return Located(view, conversations(request).get(agent_id), found.model, found.engine)
+
+
+async def _locate(request: Request, agent_id: str, model: str | None) -> Located:
+    """The agent in the first serving model that holds it (``model``: in that one only)."""
     service: EngineService = request.app.state.service
     engines = [(alias, engine) for alias, engine in service.served_engines() if model is None or alias == model]
     if model is not None and not engines:
         raise ApiError(404, f"no model {model!r} is serving; GET /v1/models lists them")
     conversation = conversations(request).get(agent_id)
     for alias, engine in engines:
-        snapshot = await fresh_snapshot(service, engine) if engine is fresh_in else engine.snapshot()
+        snapshot = engine.snapshot()
         view = snapshot.agent(agent_id) if snapshot is not None else None
         if view is not None:
             return Located(view, conversation, alias, engine)
@@ -193,7 +203,7 @@ async def list_agents(request: Request) -> dict[str, Any]:
     data, seen = [], set()
     for alias, engine in service.served_engines():
         for view in engine.snapshot().agents:
-            data.append({**agent_body(view, stored.get(view.agent_id)), "model": alias})
+            data.append(agent_body(view, stored.get(view.agent_id), alias))
             seen.add(view.agent_id)
     data += [agent_body(None, stored[i]) for i in stored if i not in seen]
     return {"object": "list", "data": data}
@@ -246,7 +256,7 @@ async def evict_agent(
     # An agent that never ran has no cache to move; answering with it unchanged is the truth.
     if found.view is not None and found.engine is not None:
         await request.app.state.service.call_on(found.engine, engine_op("evict_agent", agent_id, tier))
-    return (await _locate(request, agent_id, found.model, fresh_in=found.engine)).body()
+    return (await _after_change(request, agent_id, found)).body()
 
 
 @router.post("/v1/agents/{agent_id}/pin", summary="Pin (never evict) or unpin an agent's cache",
@@ -257,7 +267,7 @@ async def pin_agent(body: PinBody, request: Request, agent_id: str = Depends(pat
     if found.view is None or found.engine is None:
         raise ApiError(409, f"agent {agent_id!r} has no cache yet; pin it after its first turn")
     await request.app.state.service.call_on(found.engine, engine_op("pin_agent", agent_id, body.pinned))
-    return (await _locate(request, agent_id, found.model, fresh_in=found.engine)).body()
+    return (await _after_change(request, agent_id, found)).body()
 
 
 # -- conversation -----------------------------------------------------------------------------

@@ -256,3 +256,39 @@ def test_smollm2_serves_claude_codes_main_turns_and_gemma_3_its_haiku_tier(smoll
             assert again.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
         side = message(url, "claude-haiku-4-5-20251001", "cc-real", "Reply with a title for this chat: caches")
         assert side.status_code == 200 and side.headers[MODEL_HEADER] == gemma3.identity.key
+
+
+async def test_the_workbench_shows_every_model_and_loads_one_from_the_palette(folders, tmp_path: Path) -> None:
+    import asyncio
+
+    from semantic_tui.app import SemanticApp
+    from semantic_tui.backend import WorkbenchBackend
+    from semantic_tui.preferences import load_preferences
+    from semantic_tui.widgets.models_panel import ModelsPanel
+
+    config = Settings(cache_dir=tmp_path / "cache", model=str(folders["gemma4"]), port=0, api_key=None,
+                      extra_models=(f"qwen={folders['qwen35']}",), pool_budget_mb=POOL_MB)
+    app = SemanticApp(WorkbenchBackend(config), load_preferences(tmp_path / "workbench.json"), poll_interval_s=0.1)
+
+    async def until(condition, what: str, timeout_s: float = 30.0) -> None:
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while not condition():
+            assert asyncio.get_running_loop().time() < deadline, what
+            await pilot.pause(0.1)
+
+    async with app.run_test(size=(160, 48)) as pilot:
+        await until(lambda: app.backend.service.is_ready and app.screen is app.main, "the workbench ready")
+        panel = app.main.query_one(ModelsPanel)
+        text = lambda: str(panel.render())  # noqa: E731
+        await until(lambda: "qwen" in text() and "unloaded" in text(), "the models panel")
+        assert panel.display and "gemma4-tiny" in text() and "budget" in text()
+        commands = {label: run for label, _, run in app.model_commands()}
+        commands["model: load qwen"]()
+        await until(lambda: "unloaded" not in text() and text().count("resident") == 2,
+                    f"qwen resident: {text()!r} {app.backend.service.models.describe()}")
+        assert "model: unload qwen" in {label for label, _, _ in app.model_commands()}
+        models = app.backend.service.models
+        await app.action_quit()
+        # Quitting stops every model's engine (their agents to the warm tier) before the app exits.
+        await until(lambda: not app.backend.service.is_ready and all(r["state"] == "unloaded"
+                                                                      for r in models.describe()[1:]), "stopped")
