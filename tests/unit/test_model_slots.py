@@ -46,7 +46,7 @@ def test_requests_route_by_name_then_pattern_then_the_side_tier_then_the_default
         ModelRoutes.of(plain.slots, ("gpt*=nobody",))
 
 
-def test_two_engines_with_work_alternate_their_steps_on_the_device() -> None:
+def test_two_engines_with_steps_of_one_length_take_turns_on_the_device() -> None:
     turns = DeviceTurns()
     order: list[str] = []
     start = threading.Barrier(2)
@@ -56,14 +56,76 @@ def test_two_engines_with_work_alternate_their_steps_on_the_device() -> None:
         for _ in range(20):
             with turns.turn(name):
                 order.append(name)
-                time.sleep(0.002)  # a step's work, on the device
+                time.sleep(0.005)  # a step's work, on the device
 
     threads = [threading.Thread(target=steps, args=(name,)) for name in ("big", "small")]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    # First come, first served: after the first few steps neither runs two in a row while the other waits.
-    middle = order[4:-4]
-    assert sum(a == b for a, b in zip(middle, middle[1:])) <= 2, order
+    # Equal shares of time: neither runs more than a few steps in a row while the other waits (steps of one
+    # length differ by the sleep's jitter, so two in a row happen).
+    middle = "".join("b" if name == "big" else "s" for name in order[4:-4])
+    assert "bbbbb" not in middle and "sssss" not in middle, order
     assert turns.turns == {"big": 20, "small": 20} and turns.waited_s["small"] > 0
+
+
+def test_turns_share_the_devices_time_so_short_steps_go_on_beside_long_ones() -> None:
+    turns = DeviceTurns()
+    steps = {"prefill": 0, "decode": 0}
+    stop = threading.Event()
+    start = threading.Barrier(2)
+
+    def run(name: str, step_s: float) -> None:
+        start.wait()
+        while not stop.is_set():
+            with turns.turn(name):
+                steps[name] += 1
+                time.sleep(step_s)
+
+    threads = [threading.Thread(target=run, args=("prefill", 0.1)), threading.Thread(target=run, args=("decode", 0.005))]
+    for thread in threads:
+        thread.start()
+    time.sleep(1.0)
+    stop.set()
+    for thread in threads:
+        thread.join()
+    # By time: each had about half the device; by steps the decoder would have had one step per prefill step.
+    share = turns.held_s["decode"] / (turns.held_s["decode"] + turns.held_s["prefill"])
+    assert 0.3 < share < 0.7, turns.held_s
+    assert steps["decode"] > 5 * steps["prefill"], steps
+
+
+def test_an_engine_back_from_idle_gets_no_credit_for_its_idle_time() -> None:
+    turns = DeviceTurns()
+    with turns.turn("busy"):
+        time.sleep(0.05)
+    with turns.turn("busy"):
+        time.sleep(0.05)
+    with turns.turn("idle"):  # it had used nothing; it starts at the clock of the last turn, not at zero
+        pass
+    assert turns._used["idle"] >= 0.05
+
+
+def test_an_engine_is_contended_while_another_waits_or_has_just_stepped() -> None:
+    turns = DeviceTurns()
+    assert not turns.contended("big")
+    with turns.turn("small"):
+        pass
+    assert turns.contended("big") and not turns.contended("small")  # small just stepped: it will again
+    time.sleep(0.02)
+    assert not turns.contended("big")  # it went idle
+    holding, asked = threading.Event(), threading.Event()
+
+    def other() -> None:
+        asked.set()
+        with turns.turn("small"):
+            pass
+
+    with turns.turn("big"):
+        thread = threading.Thread(target=other)
+        thread.start()
+        asked.wait()
+        time.sleep(0.01)
+        assert turns.contended("big")  # small waits for the device
+    thread.join()

@@ -14,7 +14,6 @@ import queue
 import threading
 import time
 from concurrent.futures import Future
-from contextlib import nullcontext
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeVar
 
@@ -35,7 +34,7 @@ from engine.runtime.runner.backends import MlxBackend, choose_backend
 from engine.runtime.scheduler.parts import SchedulerState
 from engine.runtime.scheduler.scheduler import BatchHooks, GeneratorFactory, Scheduler, sequence_batch_factory
 from engine.runtime.engine_thread.agent_ops import AgentOps
-from engine.runtime.engine_thread.device_turns import DeviceTurns
+from engine.runtime.engine_thread.device_turns import CONTENDED_PREFILL_TOKENS, DeviceTurns
 from engine.runtime.engine_thread.engine_ops import EngineOp
 from engine.runtime.engine_thread.replica import Replica
 from engine.domain.event_log import EventKind, EventLog
@@ -469,8 +468,15 @@ class Engine:
 
     def _step_once(self, scheduler: Scheduler) -> None:
         turns = self.device_turns
-        with turns.turn(self.loaded.model_id) if turns is not None and scheduler.has_work else nullcontext():
+        if turns is None or not scheduler.has_work:
             self._admit_and_step(scheduler)
+        else:
+            with turns.turn(self.loaded.model_id):
+                # Another model waiting: prefill in short slices, so its tokens keep coming (device_turns.py).
+                contended = turns.contended(self.loaded.model_id)
+                scheduler.limit_prefill(min(CONTENDED_PREFILL_TOKENS, self.settings.batch.prefill_step_size)
+                                        if contended else self.settings.batch.prefill_step_size)
+                self._admit_and_step(scheduler)
         if self._replica is not None:
             self._replica.after_step(scheduler, self._pool.used_blocks)
 

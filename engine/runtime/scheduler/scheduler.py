@@ -102,6 +102,12 @@ class Scheduler(SchedulerPart):
     def has_work(self) -> bool:
         return bool(self.queues.waiting or self.queues.by_uid)
 
+    def limit_prefill(self, tokens: int) -> None:
+        """Prompt tokens the next steps may prefill (the engine lowers it while another model waits for the
+        device, engine_thread/device_turns.py; a generator without chunked prefill ignores it)."""
+        if hasattr(self._generator, "prefill_step_size"):
+            self._generator.prefill_step_size = tokens
+
     @property
     def batch_size(self) -> int:
         return len(self.queues.by_uid)
