@@ -120,15 +120,17 @@ class ResidentModels:
             self._default_requests += 1  # (the extra models count theirs when their engine is handed out)
         return slot, why
 
-    def engine_for(self, alias: str) -> Engine:
+    def engine_for(self, alias: str, request: bool = True) -> Engine:
         """The running engine of an extra model, loaded (room made first) when it is not; blocks while it loads.
+        ``request``: a request was routed to it (counted, and it holds the model until its turn is queued);
+        False for a load asked for itself (at start, from the admin API or the workbench).
 
         Raises ModelsBudgetError when it cannot fit, and what its load raised when it fails."""
         resident = self._residents[alias]
         while True:
             with self._lock:
                 if resident.state is ModelState.RESIDENT and resident.engine is not None and resident.engine.is_running:
-                    self._touch(resident)
+                    self._touch(resident, request)
                     return resident.engine
                 if resident.state is ModelState.LOADING or resident.state is ModelState.UNLOADING:
                     wait_for = resident.loaded_event
@@ -149,7 +151,7 @@ class ResidentModels:
                 if resident.state is ModelState.FAILED:
                     raise EngineUnavailableError(f"model {alias} failed to load: {resident.error}", retry_after_s=30)
                 continue
-            return self._load(resident)
+            return self._load(resident, request)
 
     def engine_with_key(self, key: str) -> Engine | None:
         """The running engine whose weights' identity is ``key`` (a request names it), of any model here."""
@@ -184,12 +186,12 @@ class ResidentModels:
         for resident in self._residents.values():
             if resident.slot.pinned:
                 try:
-                    self.engine_for(resident.slot.alias)
+                    self.engine_for(resident.slot.alias, request=False)
                 except SemanticError as exc:
                     self._note(EventKind.ERROR, f"pinned model {resident.slot.alias} did not load: {exc}",
                                logging.ERROR)
 
-    def _load(self, resident: Resident) -> Engine:
+    def _load(self, resident: Resident, request: bool) -> Engine:
         slot = resident.slot
         self._note(EventKind.LOAD, f"loading model {slot.alias} ({slot.source})")
         start = time.monotonic()
@@ -211,7 +213,7 @@ class ResidentModels:
             resident.state = ModelState.RESIDENT
             resident.loads += 1
             self.routes.model_ids[slot.alias] = engine.loaded.model_id  # a request may name it so from now on
-            self._touch(resident)
+            self._touch(resident, request)
             resident.loaded_event.set()
         self._note(EventKind.LOAD, f"model {slot.alias} resident in {time.monotonic() - start:.1f} s: weights "
                                    f"{_mib(resident.weights_bytes)}, KV pool {_mib(resident.pool_bytes)}; "
@@ -238,11 +240,7 @@ class ResidentModels:
                                  if r is not wanted and r.state is ModelState.RESIDENT and not r.slot.pinned
                                  and not self._busy(r)), key=lambda r: r.last_used)
             if not candidates:
-                raise ModelsBudgetError(
-                    f"model {wanted.slot.alias} needs about {_mib(need)} (weights and KV pool) and the resident "
-                    f"models hold {_mib(self._held())} of the {_mib(self.budget_bytes)} budget "
-                    f"(models_budget_mb), with none that may be unloaded now (pinned or serving): "
-                    f"{self._summary()}", retry_after_s=30)
+                raise ModelsBudgetError(self._no_room(wanted, need), retry_after_s=30)
             victim = candidates[0]
             victim.state = ModelState.UNLOADING
             victim.loaded_event.clear()
@@ -252,6 +250,16 @@ class ResidentModels:
             finally:
                 self._lock.acquire()
         wanted.reserved_bytes = need  # counted while it loads, so another load makes room for it too
+
+    def _no_room(self, wanted: Resident, need: int) -> str:
+        staying = sum(self.default_bytes()) + sum(r.held_bytes for r in self._residents.values()
+                                                  if r is not wanted and r.slot.pinned)
+        head = (f"model {wanted.slot.alias} needs about {_mib(need)} (weights and KV pool) and the resident "
+                f"models hold {_mib(self._held())} of the {_mib(self.budget_bytes)} budget (models_budget_mb)")
+        if staying + need > self.budget_bytes:
+            return (f"{head}; it does not fit even beside the default and pinned models alone ({_mib(staying)}): "
+                    f"raise models_budget_mb or give it a smaller pool (pool=MiB). {self._summary()}")
+        return f"{head}, with none that may be unloaded now (serving a turn): {self._summary()}"
 
     def _stop(self, resident: Resident, reason: str) -> None:
         engine = resident.engine
@@ -284,11 +292,12 @@ class ResidentModels:
                     self.unload(resident.slot.alias, f"idle for {now - resident.last_used:.0f} s")
 
     # -- accounting ---------------------------------------------------------------------------------
-    def _touch(self, resident: Resident) -> None:
+    def _touch(self, resident: Resident, request: bool) -> None:
         now = time.monotonic()
         resident.last_used = now
-        resident.leased_until = now + LEASE_S
-        resident.requests += 1
+        if request:
+            resident.leased_until = now + LEASE_S
+            resident.requests += 1
 
     def _busy(self, resident: Resident) -> bool:
         engine = resident.engine

@@ -62,8 +62,7 @@ class ModelSwapFlow:
     def _load(self, alias: str) -> None:
         models = self.service.models
         try:
-            engine = models.engine_for(alias)
-            models.release_lease(engine.loaded.identity.key)
+            models.engine_for(alias, request=False)
             message, severity = f"Model {alias} is resident", "information"
         except SemanticError as exc:
             message, severity = str(exc), "error"

@@ -215,7 +215,7 @@ def build_stats(service: EngineService, with_blocks: bool = False) -> Stats:
 async def load_model_now(alias: str, request: Request) -> dict[str, object]:
     service: EngineService = request.app.state.service
     models = _configured_models(service, alias)
-    await service.in_thread(models.engine_for, alias)
+    await service.in_thread(models.engine_for, alias, False)
     return next(row for row in models.describe() if row["alias"] == alias)
 
 

@@ -69,7 +69,7 @@ def test_the_least_recently_used_idle_model_makes_room_and_a_busy_or_pinned_one_
     assert built["b"].stopped
     # a has a turn in flight and c is pinned: nothing may go for b, and the refusal says what is resident.
     built["a"].turns_in_flight = 1
-    with pytest.raises(ModelsBudgetError, match=r"model b needs about 10 MiB .* resident: main 10 MiB, a 10 MiB, c 10 MiB"):
+    with pytest.raises(ModelsBudgetError, match=r"model b needs about 10 MiB .*serving a turn.* resident: main 10 MiB, a 10 MiB, c 10 MiB"):
         models.engine_for("b")
     assert states(models)["b"] == "unloaded"
     built["a"].turns_in_flight = 0
@@ -98,3 +98,11 @@ def test_requests_for_a_model_that_is_loading_wait_for_that_one_load() -> None:
     for thread in threads:
         thread.join()
     assert loads == ["a"] and len(got) == 4 and len({id(e) for e in got}) == 1
+
+
+def test_a_model_too_big_for_the_budget_beside_the_pinned_ones_says_so() -> None:
+    models, _ = resident_set(("a=a,pinned", "big=b,pool=40"), 45)
+    models.engine_for("a", request=False)
+    with pytest.raises(ModelsBudgetError, match="does not fit even beside the default and pinned models alone"):
+        models.engine_for("big")
+    assert [row["requests_routed"] for row in models.describe() if row["alias"] == "a"] == [0]  # a load, not a request
