@@ -19,7 +19,7 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import ContentSwitcher, Footer
 from textual.worker import Worker, WorkerState
 
-from engine.errors import SemanticError
+from engine.errors import EngineUnavailableError, SemanticError
 from engine.platform import slow_blas
 from engine.runtime.tiers.agents import Tier
 from engine.settings import Settings
@@ -35,7 +35,7 @@ from .branch_flow import BranchFlow
 from .swap_flow import ModelSwapFlow
 from .screens.loading import LoadingScreen
 from .widgets.agents_hint import AgentsHint
-from .widgets.agents_table import AgentsTable
+from .widgets.agents_table import AgentsTable, split_key
 from .widgets.chat_area import ChatArea
 from .widgets.chat_pane import ChatPane
 from .widgets.event_log import EventLogView
@@ -212,11 +212,16 @@ class SemanticApp(App[None]):
             return
         self.main.query_one(StatusBar).update_snapshot(snapshot)
         models = self.backend.service.models
-        if models is not None:  # several resident models: the rest of the panes are the default model's
+        table = self.main.query_one(AgentsTable)
+        others: tuple = ()
+        if models is not None:  # several resident models: the pool, tiers and throughput are the default model's
             panel = self.main.query_one(ModelsPanel)
             panel.add_class("configured")
             panel.update_models(models.describe(), models.budget())
-        self.main.query_one(AgentsTable).update_snapshot(snapshot, force=force)
+            table.default_model = models.routes.default.alias
+            others = tuple((alias, view) for alias, engine in self.backend.service.served_engines()[1:]
+                           for view in engine.snapshot().agents)
+        table.update_snapshot(snapshot, force=force, others=others)
         self.main.query_one(AgentsHint).display = not snapshot.agents
         self.main.query_one(PoolMap).update_snapshot(snapshot)
         self.main.query_one(TiersPanel).update_snapshot(snapshot)
@@ -224,26 +229,62 @@ class SemanticApp(App[None]):
         self.main.query_one(ChatArea).set_batch_size(snapshot.throughput.batch_size)
 
     # -- agent actions --------------------------------------------------------------------------
+    def selected_row(self) -> tuple[str | None, str] | None:
+        """(the extra model's alias, or None for the default model's; the agent id) of the selected row."""
+        key = self.main.query_one(AgentsTable).selected_agent
+        return split_key(key) if key is not None else None
+
     def selected_agent(self) -> str | None:
-        return self.main.query_one(AgentsTable).selected_agent
+        """The selected agent of the default model: what chats, forks, rewinds, exports and the cache history act
+        on. An extra model's agent says so and gives None."""
+        row = self.selected_row()
+        if row is None:
+            return None
+        model, agent_id = row
+        if model is not None:
+            self.notify(f"{agent_id} is an agent of the model {model}: chats, forks, rewinds, exports and the cache "
+                        "history act on the default model's agents; evict, drop, pin and delete work here, and "
+                        "every API serves it", severity="warning")
+            return None
+        return agent_id
 
     def selected_agent_label(self) -> str | None:
-        agent_id = self.selected_agent()
-        snapshot = self.backend.service.snapshot()
-        view = snapshot.agent(agent_id) if (snapshot and agent_id) else None
-        return view.label if view else agent_id
+        row = self.selected_row()
+        if row is None:
+            return None
+        model, agent_id = row
+        view = self._view(model, agent_id)
+        label = view.label if view else agent_id
+        return label if model is None else f"{label} of {model}"
+
+    def _view(self, model: str | None, agent_id: str) -> Any:
+        engine = self._engine_of(model)
+        snapshot = engine.snapshot() if engine is not None else self.backend.service.snapshot()
+        return snapshot.agent(agent_id) if snapshot else None
+
+    def _engine_of(self, model: str | None) -> Any:
+        """The engine of an extra model by alias (None: the default model's, through the service)."""
+        if model is None:
+            return None
+        return dict(self.backend.service.served_engines()).get(model)
 
     async def _engine_action(self, verb: str, op: str, *args: Any) -> None:
-        agent_id = self.selected_agent()
-        if agent_id is None:
+        row = self.selected_row()
+        if row is None:
             self.notify("Select an agent in the table first", severity="warning")
             return
+        model, agent_id = row
+        service = self.backend.service
         try:
-            await self.backend.service.call(engine_op(op, agent_id, *args))
+            engine = self._engine_of(model)
+            if model is not None and engine is None:
+                raise EngineUnavailableError(f"the model {model} is not loaded now")
+            call = engine_op(op, agent_id, *args)
+            await (service.call_on(engine, call) if engine is not None else service.call(call))
         except SemanticError as exc:
             self.notify(f"{verb} {agent_id}: {exc}", severity="error")
             return
-        self.notify(f"{verb}: {agent_id}")
+        self.notify(f"{verb}: {agent_id}" + (f" ({model})" if model else ""))
         self.refresh_panes(force=True)
 
     async def action_fork(self) -> None:
@@ -268,9 +309,9 @@ class SemanticApp(App[None]):
         await self._engine_action("Deleted", "delete_agent")
 
     async def action_toggle_pin(self) -> None:
-        snapshot = self.backend.service.snapshot()
-        agent_id = self.selected_agent()
-        pinned = bool(snapshot and agent_id and snapshot.agent(agent_id) and snapshot.agent(agent_id).pinned)
+        row = self.selected_row()
+        view = self._view(*row) if row is not None else None
+        pinned = bool(view and view.pinned)
         await self._engine_action("Unpinned" if pinned else "Pinned", "pin_agent", not pinned)
 
     async def action_evict_idle(self) -> None:
@@ -297,15 +338,19 @@ class SemanticApp(App[None]):
         self.push_screen(CacheHistoryScreen(agent_id, self.backend.service.snapshot))
 
     async def action_open_chat(self) -> None:
+        row = self.selected_row()
         agent_id = self.selected_agent()
         if agent_id is None:
-            await self.action_new_chat()
+            if row is None:  # (an extra model's agent was selected: it said why there is no chat)
+                await self.action_new_chat()
             return
         await self._open_chat(agent_id)
 
     @on(AgentsTable.OpenRequested)
     async def _open_requested(self, message: AgentsTable.OpenRequested) -> None:
-        await self._open_chat(message.agent_id)
+        agent_id = self.selected_agent() if split_key(message.agent_id)[0] is not None else message.agent_id
+        if agent_id is not None:
+            await self._open_chat(agent_id)
 
     async def _open_chat(self, agent_id: str) -> None:
         snapshot = self.backend.service.snapshot()

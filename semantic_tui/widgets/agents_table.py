@@ -37,6 +37,21 @@ MEDIUM_COLUMNS = ("agent", "source", "state", "tier", "tokens", "reuse", "rate",
 MEDIUM_AGENT_WIDTH = 24
 COMPACT_COLUMNS = ("agent", "state", "tier", "tokens", "reuse")
 CELL_PADDING = 2  # DataTable pads every cell by one column on each side
+# With several resident models (--extra-model): which model's cache each row is, after the agent's name.
+MODEL_COLUMN = ("model", "Model", 12)
+# An extra model's agent is keyed "<model alias><MODEL_KEY_SEP><agent id>" (the same id may live in two models);
+# the default model's agents keep their plain ids.
+MODEL_KEY_SEP = "\x1f"
+
+
+def row_key(model: str | None, agent_id: str) -> str:
+    return agent_id if model is None else f"{model}{MODEL_KEY_SEP}{agent_id}"
+
+
+def split_key(key: str) -> tuple[str | None, str]:
+    """(the extra model's alias, or None for the default model's agent; the agent id)."""
+    model, sep, agent_id = key.partition(MODEL_KEY_SEP)
+    return (model, agent_id) if sep else (None, key)
 # The table redraws every visible cell when any cell changes; once a second is enough.
 MIN_REFRESH_S = 1.0
 SOURCE_LABELS = {"claude-code": "Claude Code", "codex": "Codex CLI", "tui": "workbench", "openai": "OpenAI", "anthropic": "Anthropic", "api": "API", "bench": "bench"}
@@ -60,18 +75,27 @@ class AgentsTable(DataTable):
         self._rows: dict[str, tuple] = {}
         self._columns: tuple[tuple[str, str, int], ...] = ()
         self._last: EngineSnapshot | None = None
+        self._others: tuple[tuple[str, AgentView], ...] = ()
         self._updated = 0.0
+        # Set by the app with several resident models: a Model column, and other models' agents as rows.
+        self.default_model: str | None = None
         self.now = time.time  # injectable clock for deterministic snapshots
 
     def on_mount(self) -> None:
-        self._set_columns(COLUMNS)
+        self._set_columns(COLUMNS if self.default_model is None else self._wanted_columns())
 
     def on_resize(self) -> None:
-        wanted = _columns_for(self.size.width)
+        wanted = self._wanted_columns()
         if wanted != self._columns:
             self._set_columns(wanted)
             if self._last is not None:
-                self.update_snapshot(self._last, force=True)
+                self.update_snapshot(self._last, force=True, others=self._others)
+
+    def _wanted_columns(self) -> tuple[tuple[str, str, int], ...]:
+        if self.default_model is None:
+            return _columns_for(self.size.width)
+        columns = _columns_for(max(0, self.size.width - MODEL_COLUMN[2] - CELL_PADDING))
+        return (columns[0], MODEL_COLUMN, *columns[1:])
 
     def _set_columns(self, columns: tuple[tuple[str, str, int], ...]) -> None:
         selected = self.selected_agent if self.row_count else None
@@ -89,34 +113,40 @@ class AgentsTable(DataTable):
         row_key, _ = self.coordinate_to_cell_key(self.cursor_coordinate)
         return row_key.value
 
-    def update_snapshot(self, snapshot: EngineSnapshot, force: bool = False) -> None:
-        self._last = snapshot
+    def update_snapshot(self, snapshot: EngineSnapshot, force: bool = False,
+                        others: tuple[tuple[str, AgentView], ...] = ()) -> None:
+        """``others``: (model alias, agent) of the other resident models' agents (with ``default_model`` set)."""
+        self._last, self._others = snapshot, others
+        if self.default_model is not None and not any(k == "model" for k, _, _ in self._columns):
+            self._set_columns(self._wanted_columns())
+        rows = [(None, a) for a in snapshot.agents] + list(others)
         known = set(self._rows)
-        fresh = {a.agent_id for a in snapshot.agents}
+        fresh = {row_key(model, a.agent_id) for model, a in rows}
         if not force and fresh == known and time.monotonic() - self._updated < MIN_REFRESH_S:
             return
         self._updated = time.monotonic()
-        agents = sorted(snapshot.agents, key=lambda a: -a.last_used)
-        live = {a.agent_id for a in agents}
-        for gone in [k for k in self._rows if k not in live]:
+        rows.sort(key=lambda row: -row[1].last_used)
+        for gone in [k for k in self._rows if k not in fresh]:
             self.remove_row(gone)
             del self._rows[gone]
-        for agent in agents:
-            self._upsert(agent)
+        for model, agent in rows:
+            self._upsert(model, agent)
 
-    def _upsert(self, agent: AgentView) -> None:
+    def _upsert(self, model: str | None, agent: AgentView) -> None:
         all_cells = dict(zip((key for key, _, _ in COLUMNS), self._cells(agent)))
+        all_cells["model"] = _model_label(model or self.default_model or "")
         cells = tuple(all_cells[key] for key, _, _ in self._columns)
-        previous = self._rows.get(agent.agent_id)
+        key = row_key(model, agent.agent_id)
+        previous = self._rows.get(key)
         if previous is None:
-            self.add_row(*cells, key=agent.agent_id)
-            if getattr(self, "_reselect", None) == agent.agent_id:
-                self.move_cursor(row=self.get_row_index(agent.agent_id))
+            self.add_row(*cells, key=key)
+            if getattr(self, "_reselect", None) == key:
+                self.move_cursor(row=self.get_row_index(key))
         else:
-            for (key, _, _), old, new in zip(self._columns, previous, cells):
+            for (column, _, _), old, new in zip(self._columns, previous, cells):
                 if str(old) != str(new):
-                    self.update_cell(agent.agent_id, key, new)
-        self._rows[agent.agent_id] = cells
+                    self.update_cell(key, column, new)
+        self._rows[key] = cells
 
     def _cells(self, a: AgentView) -> tuple:
         pin = "* " if a.pinned else ""
@@ -146,6 +176,13 @@ class AgentsTable(DataTable):
 
 # An idle agent whose last turn the server ended says so, until its next turn.
 ENDED_BY_SERVER = {"repetition": "loop cut", "capacity": "pool full", "error": "failed"}
+
+
+def _model_label(alias: str) -> str:
+    """A model's alias as the column shows it: a folder's name, cut to the column."""
+    name = alias.rstrip("/").rsplit("/", 1)[-1]
+    width = MODEL_COLUMN[2]
+    return name if len(name) <= width else name[: width - 1] + "…"
 
 
 def _drafts(a: AgentView) -> str:

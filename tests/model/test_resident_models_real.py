@@ -287,6 +287,23 @@ async def test_the_workbench_shows_every_model_and_loads_one_from_the_palette(fo
         await until(lambda: "unloaded" not in text() and text().count("resident") == 2,
                     f"qwen resident: {text()!r} {app.backend.service.models.describe()}")
         assert "model: unload qwen" in {label for label, _, _ in app.model_commands()}
+
+        # The agents table lists each model's agents with a Model column; evict acts on the agent's own model.
+        from semantic_tui.widgets.agents_table import AgentsTable, row_key
+
+        url = app.backend.listener.url
+        for model, session in (("qwen", "wb-qwen"), ("anything", "wb-default")):
+            reply = await asyncio.to_thread(chat, url, model, session, [{"role": "user", "content": "hi"}])
+            assert reply.status_code == 200, reply.text
+        table = app.main.query_one(AgentsTable)
+        keys = lambda: [table.coordinate_to_cell_key((r, 0)).row_key.value for r in range(table.row_count)]  # noqa: E731
+        await until(lambda: {"oa-wb-default", row_key("qwen", "oa-wb-qwen")} <= set(keys()), f"both rows: {keys()}")
+        assert "model" in [c.key.value for c in table.columns.values()]
+        table.move_cursor(row=keys().index(row_key("qwen", "oa-wb-qwen")))
+        await app.action_evict_warm()
+        qwen = dict(app.backend.service.served_engines())["qwen"]
+        await until(lambda: qwen.snapshot().agent("oa-wb-qwen").tier == "warm", "evicted in qwen")
+        assert app.backend.service.snapshot().agent("oa-wb-default").tier == "hot"
         models = app.backend.service.models
         await app.action_quit()
         # Quitting stops every model's engine (their agents to the warm tier) before the app exits.
