@@ -30,6 +30,7 @@ from .openai_translate import stops_of
 from .output_formats import openai_response_format
 from .reasoning_ask import from_effort
 from .service import EngineService
+from engine.runtime.engine_thread.engine import Engine
 from engine.domain.chat import ChatMessage
 from .turns import SamplingAsked, TurnSpec, ended_by, prepare, renderer_for, text_of
 
@@ -53,14 +54,16 @@ async def start_turn(service: EngineService, conversation: AgentConversation, bo
     return service.start_turn(await prepare(service, spec))
 
 
-async def context_prompt(service: EngineService, conversation: AgentConversation, text: str) -> tuple[int, ...] | None:
+async def context_prompt(service: EngineService, conversation: AgentConversation, text: str,
+                         engine: Engine | None = None) -> tuple[int, ...] | None:
     """The prompt of a conversation that continues another client's context (a fork): those
-    tokens, then its own messages and ``text`` as the template continues a conversation; None
-    for an ordinary conversation (rendered whole by ``prepare``)."""
+    tokens, then its own messages and ``text`` as the template continues a conversation, in the
+    template of ``engine``'s model (default: the default model's); None for an ordinary
+    conversation (rendered whole by ``prepare``)."""
     if conversation.context_tokens is None:
         return None
     messages = (*conversation.messages, ChatMessage("user", text))
-    tail = await service.in_thread(renderer_for(service).continuation, messages)
+    tail = await service.in_thread(renderer_for(service, engine).continuation, messages)
     return (*conversation.context_tokens, *tail)
 
 

@@ -165,6 +165,12 @@ def test_each_request_is_served_by_the_model_it_names_token_for_token(folders, r
         assert httpx.get(f"{url}/v1/agents/oa-route-0?model=qwen", timeout=30).status_code == 404
         again = chat(url, "deep", "route-0", messages)  # back from disk in its own model
         assert again.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+        # A fork stays within its model: it shares the agent's cache there.
+        fork = httpx.post(f"{url}/v1/agents/oa-route-0/fork?model=deep", json={"name": "deep-fork"}, timeout=60)
+        assert fork.status_code == 201, fork.text
+        assert fork.json()["agent"]["model"] == "deep" and fork.json()["cached_tokens"] > 0
+        assert ("deep-fork", "deep") in {(a["agent_id"], a["model"])
+                                         for a in httpx.get(f"{url}/v1/agents", timeout=30).json()["data"]}
 
 
 def test_a_budget_for_two_unloads_the_least_recently_used_and_its_agents_come_back(folders, references,
