@@ -35,10 +35,11 @@ from engine.store.agents_on_disk import ModelKey
 from engine.store.temp_files import temp_prefix
 from engine.runtime.engine_thread.engine_ops import engine_op
 
-from .agents_routes import _current, conversations, path_agent_id
+from .agents_routes import MODEL_QUERY, _current, _locate, conversations, path_agent_id
 from .agents_schemas import ImportedOut, errors
 from engine.domain.agent_ids import validate_agent_id
 from .service import EngineService
+from engine.models.loaded import LoadedModel
 
 router = APIRouter(tags=["agents"])
 
@@ -46,8 +47,7 @@ MEDIA_TYPE = "application/octet-stream"
 SUFFIX = ".agent.safetensors"
 
 
-def _model_key(service: EngineService) -> ModelKey:
-    loaded = service.loaded
+def _model_key(loaded: LoadedModel) -> ModelKey:
     return ModelKey.of_model(loaded.identity, loaded.spec)
 
 
@@ -55,12 +55,16 @@ def _model_key(service: EngineService) -> ModelKey:
             summary="The agent as one file: its cache blocks, tokens, conversation, model identity and checksum",
             responses={200: {"content": {MEDIA_TYPE: {}}, "description": "The agent file"},
                        **errors(400, 404, 503)})
-async def export(request: Request, agent_id: str = Depends(path_agent_id)) -> FileResponse:
+async def export(request: Request, agent_id: str = Depends(path_agent_id),
+                 model: str | None = MODEL_QUERY) -> FileResponse:
     service: EngineService = request.app.state.service
-    write = await service.call(engine_op("write_agent", agent_id))
+    found = await _locate(request, agent_id, model)  # the model that holds its cache (the default first)
+    engine = found.engine if found.engine is not None else service.engine
+    write = await service.call_on(engine, engine_op("write_agent", agent_id))
     if write is not None:
         await asyncio.wrap_future(write)  # the store's I/O thread writes the warm file
-    summary = await asyncio.to_thread(_export_to_temp, service.settings.cache_dir, agent_id, _model_key(service))
+    summary = await asyncio.to_thread(_export_to_temp, service.settings.cache_dir, agent_id,
+                                      _model_key(engine.loaded))
     return FileResponse(summary.path, media_type=MEDIA_TYPE, filename=f"{agent_id}{SUFFIX}",
                         headers={"x-semantic-tokens": str(summary.n_tokens)},
                         background=BackgroundTask(asyncio.to_thread, summary.path.unlink, missing_ok=True))
@@ -96,7 +100,7 @@ async def import_file(
         target = new_id or await asyncio.to_thread(_agent_id_in, upload)
         await service.call(engine_op("check_import", target, replace))
         summary = await asyncio.to_thread(import_agent, service.settings.cache_dir, upload, new_id,
-                                          _model_key(service), replace_existing=replace)
+                                          _model_key(service.loaded), replace_existing=replace)
     finally:
         await asyncio.to_thread(upload.unlink, missing_ok=True)
     conversations(request).forget_loaded(summary.agent_id)  # the file on disk is the new truth

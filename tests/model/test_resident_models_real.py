@@ -171,6 +171,11 @@ def test_each_request_is_served_by_the_model_it_names_token_for_token(folders, r
         assert fork.json()["agent"]["model"] == "deep" and fork.json()["cached_tokens"] > 0
         assert ("deep-fork", "deep") in {(a["agent_id"], a["model"])
                                          for a in httpx.get(f"{url}/v1/agents", timeout=30).json()["data"]}
+        # An export is of the model that holds the agent: the file names DeepSeek's weights.
+        exported = httpx.get(f"{url}/v1/agents/oa-route-0/export?model=deep", timeout=60)
+        assert exported.status_code == 200, exported.text
+        assert int(exported.headers["x-semantic-tokens"]) > 0
+        assert identity["deepseek"].split("@")[1].encode() in exported.content[:100_000]
 
 
 def test_a_budget_for_two_unloads_the_least_recently_used_and_its_agents_come_back(folders, references,
