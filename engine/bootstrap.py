@@ -193,7 +193,8 @@ def _folder_bytes(settings: Settings, slot: ModelSlot) -> int:
     from engine.models.registry import ModelRegistry
 
     try:
-        entry = ModelRegistry(settings.models_dir).find(slot.source) or ModelRegistry(settings.models_dir).add(slot.source)
+        registry = ModelRegistry(settings.models_dir)
+        entry = registry.find(slot.source) or registry.add(slot.source)
     except SemanticError:
         return 0
     return entry.size_bytes or 0

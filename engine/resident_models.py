@@ -20,20 +20,19 @@ All of it runs off the event loop: ``engine_for`` blocks while a model loads
 from __future__ import annotations
 
 import enum
-import gc
 import logging
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from engine.domain.event_log import EventKind, EventLog
 from engine.errors import EngineUnavailableError, ModelsBudgetError, SemanticError
 from engine.domain.model_slots import ModelRoutes, ModelSlot
 from engine.runtime.engine_thread.engine import Engine
+from engine.swap import release_memory
 
 log = logging.getLogger("semantic.models")
 
@@ -204,7 +203,7 @@ class ResidentModels:
                 resident.state, resident.error = ModelState.FAILED, str(exc)
                 resident.weights_bytes = resident.pool_bytes = 0
                 resident.loaded_event.set()
-            _release_memory()
+            release_memory()
             raise
         with self._lock:
             resident.engine = engine
@@ -272,7 +271,7 @@ class ResidentModels:
             resident.unloads += 1
             resident.loaded_event.set()
         del engine
-        _release_memory()
+        release_memory()
         self._note(EventKind.SWAP, f"model {resident.slot.alias} unloaded ({reason}); its agents stay on disk")
 
     def stop_all(self) -> None:
@@ -375,9 +374,4 @@ class ResidentModels:
 def _mib(n: int) -> str:
     return f"{n / 2**20:.0f} MiB"
 
-
-def _release_memory() -> None:
-    gc.collect()
-    mx.synchronize()
-    mx.clear_cache()
 

@@ -169,7 +169,7 @@ class ModelSwapper:
         self._set(replace(self._status, cancelled_requests=cancelled, memory={"before": memory_reading()["mlx_active"]}))
         self.service.detach()
         del engine
-        self._timed(SwapPhase.UNLOADING, _release_memory)
+        self._timed(SwapPhase.UNLOADING, release_memory)
         self._record_memory("after_unload")
         return tuple(seeds)
 
@@ -196,7 +196,7 @@ class ModelSwapper:
         message = f"{type(error).__name__}: {error}" if not isinstance(error, SemanticError) else str(error)
         self.service.note(EventKind.ERROR, f"swap to {self._status.to_model} failed: {message}; reloading {old_ref}", logging.ERROR)
         self._set(replace(self._status, phase=SwapPhase.ROLLING_BACK, error=message))
-        _release_memory()  # whatever the failed load allocated
+        release_memory()  # whatever the failed load allocated
         try:
             self._load(old_ref, seeds)
         except Exception as again:
@@ -237,7 +237,7 @@ def release_thread_streams() -> None:
     mx.clear_streams()
 
 
-def _release_memory() -> None:
+def release_memory() -> None:
     """Drop the old model's arrays now: collect cycles, then return MLX's cached buffers."""
     gc.collect()
     mx.synchronize()
