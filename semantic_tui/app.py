@@ -19,7 +19,7 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import ContentSwitcher, Footer
 from textual.worker import Worker, WorkerState
 
-from engine.errors import EngineUnavailableError, SemanticError
+from engine.errors import SemanticError
 from engine.platform import slow_blas
 from engine.runtime.tiers.agents import Tier
 from engine.settings import Settings
@@ -29,6 +29,7 @@ from engine.runtime.engine_thread.engine_ops import engine_op
 from .backend import WorkbenchBackend
 from .messages import EngineStopped, LoadProgress, ModelFailed, ModelReady
 from .palette import WorkbenchCommands
+from .agent_target import ModelTarget, model_target
 from .screens.cache_history import CacheHistoryScreen
 from .screens.dialogs import ErrorDialog
 from .branch_flow import BranchFlow
@@ -214,19 +215,36 @@ class SemanticApp(App[None]):
         models = self.backend.service.models
         table = self.main.query_one(AgentsTable)
         others: tuple = ()
-        if models is not None:  # several resident models: the pool, tiers and throughput are the default model's
+        shown = snapshot
+        if models is not None:
             panel = self.main.query_one(ModelsPanel)
             panel.add_class("configured")
-            panel.update_models(models.describe(), models.budget())
             table.default_model = models.routes.default.alias
-            others = tuple((alias, view) for alias, engine in self.backend.service.served_engines()[1:]
-                           for view in engine.snapshot().agents)
+            extra = self.backend.service.served_engines()[1:]
+            others = tuple((alias, view) for alias, engine in extra for view in engine.snapshot().agents)
+            shown, shown_alias = self._shown_model(snapshot, dict(extra), table.default_model)
+            panel.update_models(models.describe(), models.budget(), shown_alias)
+            self._title_side_panes(shown_alias)
         table.update_snapshot(snapshot, force=force, others=others)
         self.main.query_one(AgentsHint).display = not snapshot.agents
-        self.main.query_one(PoolMap).update_snapshot(snapshot)
-        self.main.query_one(TiersPanel).update_snapshot(snapshot)
-        self.main.query_one(ThroughputPanel).update_snapshot(snapshot)
+        # With several models the pool map, tiers and throughput are the selected agent's model's.
+        self.main.query_one(PoolMap).update_snapshot(shown)
+        self.main.query_one(TiersPanel).update_snapshot(shown)
+        self.main.query_one(ThroughputPanel).update_snapshot(shown)
         self.main.query_one(ChatArea).set_batch_size(snapshot.throughput.batch_size)
+
+    def _shown_model(self, default: Any, extra: dict[str, Any], default_alias: str) -> tuple[Any, str]:
+        """(the snapshot the side panes show, its model's alias): the selected row's model while it serves."""
+        row = self.selected_row()
+        engine = extra.get(row[0]) if row is not None and row[0] is not None else None
+        shown = engine.snapshot() if engine is not None else None
+        if shown is None or shown.pool is None:
+            return default, default_alias
+        return shown, row[0]
+
+    def _title_side_panes(self, alias: str) -> None:
+        for pane_id, title in (("#pool", "Block pool"), ("#tiers", "Cache tiers"), ("#throughput", "Throughput")):
+            self.main.query_one(pane_id).border_title = f"{title} · {alias}"
 
     # -- agent actions --------------------------------------------------------------------------
     def selected_row(self) -> tuple[str | None, str] | None:
@@ -234,19 +252,23 @@ class SemanticApp(App[None]):
         key = self.main.query_one(AgentsTable).selected_agent
         return split_key(key) if key is not None else None
 
-    def selected_agent(self) -> str | None:
-        """The selected agent of the default model: what chats, forks, rewinds, exports and the cache history act
-        on. An extra model's agent says so and gives None."""
+    def selected_target(self) -> tuple[ModelTarget, str] | None:
+        """(the model holding the selected agent's cache, the agent id); None, with a notice, when no row is
+        selected or its model was unloaded since the table was drawn."""
         row = self.selected_row()
         if row is None:
+            self.notify("Select an agent in the table first", severity="warning")
             return None
         model, agent_id = row
-        if model is not None:
-            self.notify(f"{agent_id} is an agent of the model {model}: chats, forks, rewinds, exports and the cache "
-                        "history act on the default model's agents; evict, drop, pin and delete work here, and "
-                        "every API serves it", severity="warning")
+        try:
+            return model_target(self.backend.service, model), agent_id
+        except SemanticError as exc:
+            self.notify(f"{agent_id}: {exc}", severity="error")
             return None
-        return agent_id
+
+    def selected_agent(self) -> str | None:
+        row = self.selected_row()
+        return row[1] if row is not None else None
 
     def selected_agent_label(self) -> str | None:
         row = self.selected_row()
@@ -258,33 +280,23 @@ class SemanticApp(App[None]):
         return label if model is None else f"{label} of {model}"
 
     def _view(self, model: str | None, agent_id: str) -> Any:
-        engine = self._engine_of(model)
-        snapshot = engine.snapshot() if engine is not None else self.backend.service.snapshot()
+        try:
+            snapshot = model_target(self.backend.service, model).snapshot(self.backend.service)
+        except SemanticError:
+            return None
         return snapshot.agent(agent_id) if snapshot else None
 
-    def _engine_of(self, model: str | None) -> Any:
-        """The engine of an extra model by alias (None: the default model's, through the service)."""
-        if model is None:
-            return None
-        return dict(self.backend.service.served_engines()).get(model)
-
     async def _engine_action(self, verb: str, op: str, *args: Any) -> None:
-        row = self.selected_row()
-        if row is None:
-            self.notify("Select an agent in the table first", severity="warning")
+        selected = self.selected_target()
+        if selected is None:
             return
-        model, agent_id = row
-        service = self.backend.service
+        target, agent_id = selected
         try:
-            engine = self._engine_of(model)
-            if model is not None and engine is None:
-                raise EngineUnavailableError(f"the model {model} is not loaded now")
-            call = engine_op(op, agent_id, *args)
-            await (service.call_on(engine, call) if engine is not None else service.call(call))
+            await target.call(self.backend.service, engine_op(op, agent_id, *args))
         except SemanticError as exc:
             self.notify(f"{verb} {agent_id}: {exc}", severity="error")
             return
-        self.notify(f"{verb}: {agent_id}" + (f" ({model})" if model else ""))
+        self.notify(f"{verb}: {agent_id}{target.suffix}")
         self.refresh_panes(force=True)
 
     async def action_fork(self) -> None:
@@ -331,50 +343,56 @@ class SemanticApp(App[None]):
 
     # -- chats -------------------------------------------------------------------------------------
     def action_cache_history(self) -> None:
-        agent_id = self.selected_agent()
-        if agent_id is None:
-            self.notify("Select an agent in the table first", severity="warning")
-            return
-        self.push_screen(CacheHistoryScreen(agent_id, self.backend.service.snapshot))
+        selected = self.selected_target()
+        if selected is not None:
+            target, agent_id = selected
+            self.push_screen(CacheHistoryScreen(agent_id, lambda: target.snapshot(self.backend.service)))
 
     async def action_open_chat(self) -> None:
-        row = self.selected_row()
-        agent_id = self.selected_agent()
-        if agent_id is None:
-            if row is None:  # (an extra model's agent was selected: it said why there is no chat)
-                await self.action_new_chat()
+        if self.selected_row() is None:
+            await self.action_new_chat()
             return
-        await self._open_chat(agent_id)
+        await self._open_selected()
 
     @on(AgentsTable.OpenRequested)
     async def _open_requested(self, message: AgentsTable.OpenRequested) -> None:
-        agent_id = self.selected_agent() if split_key(message.agent_id)[0] is not None else message.agent_id
-        if agent_id is not None:
-            await self._open_chat(agent_id)
+        await self._open_selected()
 
-    async def _open_chat(self, agent_id: str) -> None:
-        snapshot = self.backend.service.snapshot()
+    async def _open_selected(self) -> None:
+        selected = self.selected_target()
+        if selected is None:
+            return
+        target, agent_id = selected
+        snapshot = target.snapshot(self.backend.service)
         view = snapshot.agent(agent_id) if snapshot else None
         source = view.source if view else "tui"
         label = view.label if view else agent_id
         self._show_bottom("chats")
-        await self.main.query_one(ChatArea).open_chat(agent_id, label, source)
+        await self.main.query_one(ChatArea).open_chat(agent_id, label, source, model=target.model)
 
     async def action_new_chat(self) -> None:
-        existing = {a.agent_id for a in (self.backend.service.snapshot() or _NoSnapshot()).agents}
-        existing |= {pane.agent_id for pane in self.main.query_one(ChatArea).panes}
+        await self._new_chat(None)
+
+    def new_chat_on(self, model: str | None) -> None:
+        self.run_worker(self._new_chat(model), exclusive=False)
+
+    async def _new_chat(self, model: str | None) -> None:
+        service, area = self.backend.service, self.main.query_one(ChatArea)
+        existing = {pane.agent_id for pane in area.panes}
+        for _alias, engine in service.served_engines():
+            existing |= {a.agent_id for a in (engine.snapshot() or _NoSnapshot()).agents}
         self._new_chats += 1
         while f"chat-{self._new_chats}" in existing:
             self._new_chats += 1
         agent_id = f"chat-{self._new_chats}"
         self._show_bottom("chats")
-        await self.main.query_one(ChatArea).open_chat(agent_id, agent_id, "tui")
+        await area.open_chat(agent_id, agent_id, "tui", model=model)
 
     async def action_close_chat(self) -> None:
         area = self.main.query_one(ChatArea)
         pane = self._focused_pane()
         if pane is not None:
-            await area.close_chat(pane.agent_id)
+            await area.close_chat(pane.agent_id, pane.model)
         if area.pane_count == 0:
             self._show_bottom("log")
 

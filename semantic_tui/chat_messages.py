@@ -41,9 +41,10 @@ class TurnFinished(Message, namespace="chat_pane"):
 class CloseRequested(Message, namespace="chat_pane"):
     """The user asked to close the pane; the area that holds it decides."""
 
-    def __init__(self, agent_id: str) -> None:
+    def __init__(self, agent_id: str, model: str | None = None) -> None:
         super().__init__()
         self.agent_id = agent_id
+        self.model = model
 
 
 class ChatAreaChanged(Message):

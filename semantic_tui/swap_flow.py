@@ -26,7 +26,7 @@ class ModelSwapFlow:
 
     def palette_commands(self) -> list[tuple[str, str, Any]]:
         """``model: swap to X`` for every registry model that is not loaded; with --extra-model, ``model: load
-        X`` / ``model: unload X`` for each extra model."""
+        X`` / ``model: unload X`` and ``chat: new on X`` for each extra model."""
         commands = self._resident_commands()
         if self.service.swapper is None:
             return commands
@@ -45,6 +45,8 @@ class ModelSwapFlow:
             alias = str(row["alias"])
             if row["default"]:
                 continue
+            commands.append((f"chat: new on {alias}", f"A workbench chat whose turns {alias} serves (it loads on "
+                             "the first message when it is not resident)", partial(self.app.new_chat_on, alias)))
             if row["state"] == "resident":
                 commands.append((f"model: unload {alias}", "Unload it now; its agents go to the warm tier and come "
                                  "back with it", partial(self._in_worker, self._unload, alias)))

@@ -24,6 +24,7 @@ from engine.settings import Settings
 from engine.swap import EngineBuilder, ModelSwapper
 
 if TYPE_CHECKING:
+    from engine.store.agents_on_disk import ModelKey
     from engine.resident_models import ResidentModels
 
 from .async_turn import AsyncTurn
@@ -151,6 +152,23 @@ class EngineService:
             if engine is not None:
                 return engine
         return self.engine
+
+    def import_target(self, made_by: ModelKey, model: str | None = None) -> tuple[str, Engine]:
+        """(alias, engine) an agent file made by ``made_by`` is imported into: the serving model ``model``
+        names, else the serving model whose weights made it, else the default model (whose check then
+        refuses a foreign file, naming both models)."""
+        served = self.served_engines()
+        if model is not None:
+            for alias, engine in served:
+                if alias == model:
+                    return alias, engine
+            raise EngineUnavailableError(f"no model {model!r} is serving now; GET /v1/models lists the models "
+                                         "and POST /v1/admin/models/{alias}/load loads one", retry_after_s=5)
+        for alias, engine in served:
+            identity = engine.loaded.identity
+            if identity.digest == made_by.digest and identity.name == made_by.name:
+                return alias, engine
+        return (served[0][0] if served else self.settings.model), self.engine
 
     def snapshot(self) -> EngineSnapshot | None:
         return self._engine.snapshot() if self._engine is not None else None

@@ -31,11 +31,12 @@ from starlette.background import BackgroundTask
 from engine.errors import CacheCorruptionError, InvalidAgentFileError
 from engine.store.agent_export import ExportSummary, export_agent, import_agent
 from engine.store.cache_file import read_header
+from engine.store.cache_file.format import CacheHeader
 from engine.store.agents_on_disk import ModelKey
 from engine.store.temp_files import temp_prefix
 from engine.runtime.engine_thread.engine_ops import engine_op
 
-from .agents_routes import MODEL_QUERY, _current, _locate, conversations, path_agent_id
+from .agents_routes import MODEL_QUERY, _current, _locate, agent_body, conversations, fresh_snapshot, path_agent_id
 from .agents_schemas import ImportedOut, errors
 from engine.domain.agent_ids import validate_agent_id
 from .service import EngineService
@@ -92,27 +93,37 @@ async def import_file(
     request: Request,
     as_id: str | None = Query(None, alias="as", description="Install under this agent id instead of the file's"),
     replace: bool = Query(False, description="Replace an idle agent of the same id"),
+    model: str | None = Query(None, description="With several resident models: the alias of the model to install "
+                                                "it into (absent: the serving model whose weights made the file, "
+                                                "else the default model)"),
 ) -> dict[str, Any]:
     service: EngineService = request.app.state.service
     new_id = validate_agent_id(as_id, "as") if as_id is not None else None
     upload = await _receive(request, service.settings.cache_dir)
     try:
-        target = new_id or await asyncio.to_thread(_agent_id_in, upload)
-        await service.call(engine_op("check_import", target, replace))
+        header = await asyncio.to_thread(_header_of, upload)
+        alias, engine = service.import_target(ModelKey.of_header(header), model)
+        target = new_id or header.agent_id
+        await service.call_on(engine, engine_op("check_import", target, replace))
         summary = await asyncio.to_thread(import_agent, service.settings.cache_dir, upload, new_id,
-                                          _model_key(service.loaded), replace_existing=replace)
+                                          _model_key(engine.loaded), replace_existing=replace)
     finally:
         await asyncio.to_thread(upload.unlink, missing_ok=True)
     conversations(request).forget_loaded(summary.agent_id)  # the file on disk is the new truth
-    await service.call(engine_op("adopt_agent", summary.path))
-    agent = await _current(request, summary.agent_id, fresh=True)
+    await service.call_on(engine, engine_op("adopt_agent", summary.path))
+    if engine is service.engine:
+        agent = await _current(request, summary.agent_id, fresh=True)
+    else:  # an extra model's: its own snapshot, after the adoption
+        snapshot = await fresh_snapshot(service, engine)
+        agent = agent_body(snapshot.agent(summary.agent_id) if snapshot is not None else None,
+                           conversations(request).get(summary.agent_id), alias)
     return {"agent": agent, "tokens": summary.n_tokens, "bytes": summary.nbytes, "model": summary.model,
             "conversation_turns": summary.conversation_turns, "replaced": summary.replaced}
 
 
-def _agent_id_in(path: Path) -> str:
+def _header_of(path: Path) -> CacheHeader:
     try:
-        return read_header(path).agent_id
+        return read_header(path)
     except CacheCorruptionError as exc:
         raise InvalidAgentFileError(f"not an agent file: {exc}") from None
 

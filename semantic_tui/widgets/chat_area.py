@@ -52,19 +52,21 @@ class ChatArea(Horizontal):
     def pane_count(self) -> int:
         return len(self.panes)
 
-    def pane_for(self, agent_id: str) -> ChatPane | None:
-        return next((pane for pane in self.panes if pane.agent_id == agent_id), None)
+    def pane_for(self, agent_id: str, model: str | None = None) -> ChatPane | None:
+        """The pane of ``agent_id`` of the model ``model`` (an extra model's alias; None: the default's)."""
+        return next((pane for pane in self.panes if pane.agent_id == agent_id and pane.model == model), None)
 
     # -- opening and closing ------------------------------------------------------------------
     async def open_chat(
         self, agent_id: str, label: str | None = None, source: str = AgentSource.TUI.value,
-        read_only: bool | None = None,
+        read_only: bool | None = None, model: str | None = None,
     ) -> ChatPane | None:
         """Open (or focus) the pane of ``agent_id``; None when four panes are already open.
 
-        ``read_only`` defaults to "driven by another client" (any source but the workbench's).
+        ``read_only`` defaults to "driven by another client" (any source but the workbench's); ``model``:
+        the extra model the agent belongs to (None: the default model).
         """
-        existing = self.pane_for(agent_id)
+        existing = self.pane_for(agent_id, model)
         if existing is not None:
             existing.focus_input()
             return existing
@@ -72,7 +74,7 @@ class ChatArea(Horizontal):
             self.notify(f"At most {self.MAX_PANES} chats side by side: close one first (ctrl+w).",
                         title="Chats", severity="warning")
             return None
-        pane = ChatPane(self.service, agent_id, label, source, read_only=read_only)
+        pane = ChatPane(self.service, agent_id, label, source, read_only=read_only, model=model)
         pane.batch_size = self.batch_size
         await self.mount(pane)
         self._relayout()
@@ -80,8 +82,8 @@ class ChatArea(Horizontal):
         self._changed()
         return pane
 
-    async def close_chat(self, agent_id: str) -> bool:
-        pane = self.pane_for(agent_id)
+    async def close_chat(self, agent_id: str, model: str | None = None) -> bool:
+        pane = self.pane_for(agent_id, model)
         if pane is None:
             return False
         neighbours = [p for p in self.panes if p is not pane]
@@ -113,7 +115,7 @@ class ChatArea(Horizontal):
     @on(CloseRequested)
     async def _close_requested(self, event: CloseRequested) -> None:
         event.stop()
-        await self.close_chat(event.agent_id)
+        await self.close_chat(event.agent_id, event.model)
 
     def on_resize(self, event: Resize) -> None:
         self._relayout()

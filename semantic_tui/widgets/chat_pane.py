@@ -82,11 +82,14 @@ class ChatPane(Vertical):
         *,
         read_only: bool | None = None,
         max_tokens: int | None = None,
+        model: str | None = None,
         id: str | None = None,
     ) -> None:
         super().__init__(id=id)
         self.service = service
         self.agent_id = agent_id
+        # An extra model's alias (--extra-model): its turns are routed there by name; None: the default model.
+        self.model = model
         self.label = label or agent_id
         self.source = source
         # Another client's turns are that client's conversation: sending ours would fork it.
@@ -177,7 +180,7 @@ class ChatPane(Vertical):
     async def _start(self, user: ChatMessage) -> AsyncTurn:
         identity = AgentIdentity(self.agent_id, AgentSource.TUI, self.label)
         conversation = Conversation(tuple(self.history) + (user,))
-        spec = turns.TurnSpec(conversation, identity, max_tokens=self.max_tokens)
+        spec = turns.TurnSpec(conversation, identity, max_tokens=self.max_tokens, model=self.model)
         return self.service.start_turn(await turns.prepare(self.service, spec))
 
     async def _follow(self, turn: AsyncTurn) -> tuple[LiveReply, FinishEvent]:
@@ -228,7 +231,10 @@ class ChatPane(Vertical):
     def _start_watching(self) -> None:
         if not self.service.is_ready:
             return
-        feed, engine = EventFeed(WATCH_UPDATES_PER_S), self.service.engine
+        engine = self.service.engine if self.model is None else dict(self.service.served_engines()).get(self.model)
+        if engine is None:
+            return
+        feed = EventFeed(WATCH_UPDATES_PER_S)
         self._watching = (engine, feed.threadsafe_sink(asyncio.get_running_loop()))
         engine.watch(self.agent_id, self._watching[1])
         self.run_worker(self._observe(feed), group=f"watch-{self.agent_id}", exclusive=True,
@@ -267,7 +273,7 @@ class ChatPane(Vertical):
             self._turn.cancel()
 
     def action_close_pane(self) -> None:
-        self.post_message(CloseRequested(self.agent_id))
+        self.post_message(CloseRequested(self.agent_id, self.model))
 
     # -- state and header -------------------------------------------------------------------
     def _set_busy(self, state: PaneState) -> None:
@@ -309,6 +315,7 @@ class ChatPane(Vertical):
 
     def _refresh_header(self) -> None:
         # A query, not query_one: the area sets batch_size before the pane has composed.
-        text = header_text(self.label, self.source, self.state, self.prefill, self.batch_size)
+        label = self.label if self.model is None else f"{self.label} · {self.model}"
+        text = header_text(label, self.source, self.state, self.prefill, self.batch_size)
         for header in self.query("#chat-header").results(Static):
             header.update(text)

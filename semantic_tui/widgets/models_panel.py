@@ -19,14 +19,16 @@ STATE_STYLES = {"resident": "bold green", "loading": "yellow", "unloading": "yel
 ALIAS_WIDTH = 12
 
 
-def model_lines(rows: list[dict[str, Any]], budget: dict[str, int]) -> Text:
-    """One line per configured model (default first), then the budget."""
+def model_lines(rows: list[dict[str, Any]], budget: dict[str, int], shown: str | None = None) -> Text:
+    """One line per configured model (default first), then the budget. ``shown``: the alias whose pool, tiers
+    and throughput the side panes show (marked with a bar)."""
     text = Text()
     for row in rows:
         alias = str(row["alias"]).rstrip("/").rsplit("/", 1)[-1]  # a folder: its name
         alias = alias if len(alias) <= ALIAS_WIDTH else alias[: ALIAS_WIDTH - 1] + "…"
         marks = ("*" if row["default"] else "") + ("P" if row["pinned"] and not row["default"] else "") + \
             ("s" if row["role"] == "side" else "")
+        text.append("▌" if row["alias"] == shown else " ", style="bold")
         text.append(f"{alias:<{ALIAS_WIDTH}} {marks:<2} ")
         state = str(row["state"])
         text.append(f"{state:<9}", style=STATE_STYLES.get(state, ""))
@@ -42,7 +44,7 @@ def model_lines(rows: list[dict[str, Any]], budget: dict[str, int]) -> Text:
     style = PRESSURE_CRITICAL_STYLE if share >= PRESSURE_CRITICAL else PRESSURE_HIGH_STYLE if share >= PRESSURE_HIGH else ""
     text.append("budget ")
     text.append(f"{human_bytes(held)} of {human_bytes(total)}", style=style)
-    text.append("  (* default, P pinned, s side)", style=FREE_STYLE)
+    text.append("  (* default, P pinned, s side; ▌ in the panes below)", style=FREE_STYLE)
     return text
 
 
@@ -51,5 +53,5 @@ class ModelsPanel(Static):
     ModelsPanel { height: auto; max-height: 8; }
     """
 
-    def update_models(self, rows: list[dict[str, Any]], budget: dict[str, int]) -> None:
-        self.update(model_lines(rows, budget))
+    def update_models(self, rows: list[dict[str, Any]], budget: dict[str, int], shown: str | None = None) -> None:
+        self.update(model_lines(rows, budget, shown))

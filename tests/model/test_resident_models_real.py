@@ -176,6 +176,18 @@ def test_each_request_is_served_by_the_model_it_names_token_for_token(folders, r
         assert exported.status_code == 200, exported.text
         assert int(exported.headers["x-semantic-tokens"]) > 0
         assert identity["deepseek"].split("@")[1].encode() in exported.content[:100_000]
+        # An import goes back to the model whose weights made the file, without being told which.
+        assert httpx.delete(f"{url}/v1/agents/oa-route-0?model=deep", timeout=60).status_code in (200, 204)
+        imported = httpx.post(f"{url}/v1/agents/import", content=exported.content, timeout=60,
+                              headers={"content-type": "application/octet-stream"})
+        assert imported.status_code == 201, imported.text
+        assert imported.json()["agent"]["model"] == "deep" and imported.json()["agent"]["tier"] == "warm"
+        # ?model= names another one: that model refuses a file of other weights, naming both.
+        foreign = httpx.post(f"{url}/v1/agents/import?model=qwen&as=deep-copy", content=exported.content, timeout=60,
+                              headers={"content-type": "application/octet-stream"})
+        assert foreign.status_code == 409 and "qwen" in foreign.text.lower(), foreign.text
+        resumed = chat(url, "deep", "route-0", messages)
+        assert resumed.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
 
 
 def test_a_budget_for_two_unloads_the_least_recently_used_and_its_agents_come_back(folders, references,
@@ -315,6 +327,30 @@ async def test_the_workbench_shows_every_model_and_loads_one_from_the_palette(fo
         qwen = dict(app.backend.service.served_engines())["qwen"]
         await until(lambda: qwen.snapshot().agent("oa-wb-qwen").tier == "warm", "evicted in qwen")
         assert app.backend.service.snapshot().agent("oa-wb-default").tier == "hot"
+
+        # The side panes follow the selected row's model: qwen's pool, tiers and throughput.
+        await until(lambda: app.main.query_one("#pool").border_title == "Block pool · qwen", "qwen's pool shown")
+        assert "▌qwen" in text()
+        # A new chat on qwen (palette) is served by qwen: its agent is qwen's, its reply qwen's.
+        from semantic_tui.widgets.chat_area import ChatArea
+
+        {label: run for label, _, run in app.model_commands()}["chat: new on qwen"]()
+        area = app.main.query_one(ChatArea)
+        await until(lambda: area.pane_count == 1, "the chat pane")
+        pane = area.panes[0]
+        assert pane.model == "qwen"
+        pane.send("hello there")
+        await until(lambda: qwen.snapshot().agent(pane.agent_id) is not None and not pane.busy, "qwen's chat turn")
+        assert app.backend.service.snapshot().agent(pane.agent_id) is None
+        assert len(pane.history) == 2
+        # A fork of it from the workbench stays in qwen, and its pane chats there.
+        await until(lambda: row_key("qwen", pane.agent_id) in keys(), "the chat's row")
+        table.move_cursor(row=keys().index(row_key("qwen", pane.agent_id)))
+        await app.action_fork()
+        fork_id = f"{pane.agent_id}-fork-1"
+        await until(lambda: qwen.snapshot().agent(fork_id) is not None, "the fork in qwen")
+        assert app.backend.service.snapshot().agent(fork_id) is None
+        assert area.pane_for(fork_id, "qwen") is not None and len(area.pane_for(fork_id, "qwen").history) == 2
         models = app.backend.service.models
         await app.action_quit()
         # Quitting stops every model's engine (their agents to the warm tier) before the app exits.
