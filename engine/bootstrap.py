@@ -69,9 +69,19 @@ def with_draft_model(settings: Settings, loaded: LoadedModel, world: "World | No
         raise ModelLoadError("a draft model (--draft-model) is not available with ranks: each rank holds a "
                              "shard of the served model; use --speculate lookup")
     assert settings.draft_model is not None
-    draft = load_draft_model(settings.draft_model, loaded, settings.cache_dir, settings.weights_dtype,
+    draft = load_draft_model(draft_source(settings), loaded, settings.cache_dir, settings.weights_dtype,
                              settings.trust_remote_code)
     return replace(loaded, draft=draft)  # (build_engine's event says which model drafts for which)
+
+
+def draft_source(settings: Settings) -> str:
+    """What ``--draft-model`` loads: an extra model's source when it names one by alias (that model then
+    serves with the draft's weights), else the reference as given."""
+    from engine.domain.model_slots import model_slots
+
+    slot = next((s for s in model_slots(settings.model, settings.extra_models)[1:]
+                 if s.alias == settings.draft_model), None) if settings.extra_models else None
+    return slot.source if slot is not None else str(settings.draft_model)
 
 
 def build_engine(
@@ -156,13 +166,19 @@ def slot_settings(settings: Settings, slot: ModelSlot) -> Settings:
     return settings.model_copy(update=update)
 
 
-def slot_engine_builder(settings: Settings, events: EventLog, device_turns: DeviceTurns | None
-                        ) -> Callable[[ModelSlot], Engine]:
-    """What the resident set calls to bring up an extra model's engine (blocking; a worker thread)."""
+def slot_engine_builder(settings: Settings, events: EventLog, device_turns: DeviceTurns | None,
+                        default_engine: Callable[[], Engine | None] = lambda: None) -> Callable[[ModelSlot], Engine]:
+    """What the resident set calls to bring up an extra model's engine (blocking; a worker thread).
+
+    The extra model ``--draft-model`` names by alias serves with the default model's draft's weights: one
+    copy in memory, drafting for the default model and serving its own requests."""
 
     def build(slot: ModelSlot) -> Engine:
         own = slot_settings(settings, slot)
-        engine = build_engine(own, load_configured_model(own), events, device_turns=device_turns)
+        default = default_engine()
+        draft = default.loaded.draft if default is not None and settings.draft_model == slot.alias else None
+        loaded = draft.loaded if draft is not None and draft.loaded is not None else load_configured_model(own)
+        engine = build_engine(own, loaded, events, device_turns=device_turns)
         await_warm_up(engine, None)
         engine.start()
         return engine
@@ -184,7 +200,8 @@ def resident_models(settings: Settings, default_engine: Callable[[], Engine | No
     routes = ModelRoutes.of(slots, settings.model_routes)
     budget_mb = settings.models_budget_mb
     budget = int(budget_mb * 2**20) if budget_mb is not None else int(read_memory().system_total * 0.85)
-    return ResidentModels(routes, budget, slot_engine_builder(settings, events, device_turns), default_engine,
+    return ResidentModels(routes, budget, slot_engine_builder(settings, events, device_turns, default_engine),
+                          default_engine,
                           events, settings.swap_grace_s, estimate_bytes=lambda slot: _folder_bytes(settings, slot))
 
 

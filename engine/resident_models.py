@@ -207,7 +207,7 @@ class ResidentModels:
             raise
         with self._lock:
             resident.engine = engine
-            resident.weights_bytes = weights_nbytes(engine)
+            resident.weights_bytes = self._own_weights(engine)
             resident.pool_bytes = engine.pool.total_bytes
             resident.state = ModelState.RESIDENT
             resident.loads += 1
@@ -218,6 +218,15 @@ class ResidentModels:
                                    f"{_mib(resident.weights_bytes)}, KV pool {_mib(resident.pool_bytes)}; "
                                    f"{self._summary()}")
         return engine
+
+    def _own_weights(self, engine: Engine) -> int:
+        """Its weights' bytes, or 0 when they are the default model's draft (--draft-model ALIAS): those are
+        counted once, in the default model's row."""
+        default = self._default_engine()
+        draft = getattr(default.loaded, "draft", None) if default is not None else None
+        if draft is not None and draft.model is engine.loaded.model:
+            return 0
+        return weights_nbytes(engine)
 
     def unload(self, alias: str, reason: str) -> bool:
         """Unload one extra model now (its agents to the warm tier); False when it may not go now."""
@@ -341,6 +350,9 @@ class ResidentModels:
         snapshot = engine.snapshot() if engine is not None else None
         turns = engine.device_turns if engine is not None else None
         label = engine.loaded.model_id if engine is not None else None
+        default = self._default_engine()
+        draft = getattr(default.loaded, "draft", None) if default is not None and not slot.is_default else None
+        shares = draft is not None and engine is not None and draft.model is engine.loaded.model
         return {
             "alias": slot.alias, "source": slot.source, "state": state, "default": slot.is_default,
             "role": slot.role, "pinned": slot.pinned, "idle_unload_s": slot.idle_unload_s,
@@ -351,6 +363,8 @@ class ResidentModels:
             "active_requests": snapshot.throughput.active_requests if snapshot is not None else 0,
             "requests_routed": requests, "loads": loads, "idle_s": idle_s, "error": error,
             "device_wait_s": turns.waited_s.get(label, 0.0) if turns is not None and label else 0.0,
+            # Its weights are the default model's draft (--draft-model ALIAS): held once, in that row.
+            "drafts_for": self.routes.default.alias if shares else None,
         }
 
     def budget(self) -> dict[str, int]:

@@ -45,7 +45,7 @@ def load_draft_model(ref: str, target: LoadedModel, cache_dir: Path, dtype: str 
 
     loaded = load_model(ref, cache_dir, target.spec.block_tokens, dtype=dtype, trust_remote_code=trust_remote_code)
     check_draft_fits(loaded.model_id, loaded.model, loaded.tokenizer, target)
-    return DraftModel(loaded.model_id, loaded.model)
+    return DraftModel(loaded.model_id, loaded.model, loaded)
 
 
 def check_draft_fits(draft_id: str, model: Any, tokenizer: Any, target: LoadedModel) -> None:

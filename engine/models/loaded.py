@@ -34,6 +34,9 @@ class DraftModel:
 
     model_id: str
     model: Any  # mlx.nn.Module with the served model's token numbering
+    # The whole load it came from, when an extra model (--extra-model) is the draft: that model's engine
+    # serves with these very weights, so they are held once (bootstrap.slot_engine_builder).
+    loaded: "LoadedModel | None" = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -281,6 +281,33 @@ def test_smollm2_serves_claude_codes_main_turns_and_gemma_3_its_haiku_tier(smoll
         assert side.status_code == 200 and side.headers[MODEL_HEADER] == gemma3.identity.key
 
 
+def test_the_draft_model_is_a_resident_model_sharing_its_weights(folders, references, smollm2_path, smollm2,
+                                                               tmp_path: Path) -> None:
+    """--draft-model names an extra model by alias: SmolLM2 drafts for the Gemma 4 folder (same tokenizer) and
+    serves its own requests with the same weights, held once in the budget."""
+    messages = [{"role": "user", "content": "Count from one to ten, please."}]
+    with serving(folders["gemma4"], tmp_path / "cache", (f"small={smollm2_path}",), draft_model="small",
+                 speculate="draft") as (url, service):
+        draft = service.engine.loaded.draft
+        assert draft is not None and draft.loaded is not None and draft.loaded.path == smollm2.path
+        for model, loaded in (("anything", references["gemma4"]), ("small", smollm2)):
+            reply = chat(url, model, f"draft-{model}", messages)
+            assert reply.status_code == 200, reply.text
+            assert reply.json()["choices"][0]["message"]["content"] == expected(loaded, messages)
+        assert service.snapshot().model.speculation == f"draft model {draft.model_id}"
+        small = dict(service.served_engines())["small"]
+        assert small.loaded.model is draft.model  # one copy of SmolLM2's weights
+        stats = httpx.get(f"{url}/v1/stats", timeout=30).json()
+        rows = {row["alias"]: row for row in stats["models"]}
+        assert rows["small"]["weights_bytes"] == 0 and rows["small"]["drafts_for"] == str(folders["gemma4"])
+        from engine.resident_models import weights_nbytes
+
+        assert rows[str(folders["gemma4"])]["weights_bytes"] == weights_nbytes(service.engine)  # the draft is there
+        assert weights_nbytes(service.engine) > weights_nbytes(small)
+        assert stats["models_budget"]["held_bytes"] == sum(r["pool_bytes"] + r["weights_bytes"]
+                                                           for r in stats["models"])
+
+
 async def test_the_workbench_shows_every_model_and_loads_one_from_the_palette(folders, tmp_path: Path) -> None:
     import asyncio
 
