@@ -40,13 +40,15 @@ async def start_turn(service: EngineService, conversation: AgentConversation, bo
     identity = AgentIdentity(conversation.agent_id, AgentSource.API, conversation.display_name or conversation.agent_id)
     max_tokens = body.max_tokens or service.settings.default_max_tokens
     reasoning = from_effort(body.reasoning_effort, "reasoning_effort", max_tokens)
+    # A fork of another client's context continues in the template of the model the turn is routed to.
+    engine = (await service.served(body.model)).engine if conversation.context_tokens is not None else None
     spec = TurnSpec(
         replace(conversation.with_user_message(body.content), template_kwargs=reasoning.kwargs()),
         identity,
         max_tokens,
         SamplingAsked(temperature=body.temperature),
         stops_of(body.stop),
-        prompt_tokens=await context_prompt(service, conversation, body.content),
+        prompt_tokens=await context_prompt(service, conversation, body.content, engine),
         output_format=openai_response_format(body.response_format),
         reasoning=reasoning,
         model=body.model,

@@ -269,7 +269,8 @@ def test_smollm2_serves_claude_codes_main_turns_and_gemma_3_its_haiku_tier(smoll
                                                                            gemma3, tmp_path: Path) -> None:
     """The real models: Gemma 3 270M as the side model beside SmolLM2, each token for token as alone."""
     messages = [{"role": "user", "content": "What is a KV cache? One sentence."}]
-    with serving(smollm2_path, tmp_path / "cache", (f"gemma={gemma3_path},side",), pool_budget_mb=128) as (url, _):
+    with serving(smollm2_path, tmp_path / "cache", (f"gemma={gemma3_path},side",), pool_budget_mb=128) as (url,
+                                                                                                        service):
         for model, loaded in (("claude-haiku-4-5-20251001", gemma3), ("claude-opus-4-8", smollm2)):
             reply = chat(url, model, f"real-{loaded.model_id}", messages)
             assert reply.status_code == 200, reply.text
@@ -279,6 +280,24 @@ def test_smollm2_serves_claude_codes_main_turns_and_gemma_3_its_haiku_tier(smoll
             assert again.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
         side = message(url, "claude-haiku-4-5-20251001", "cc-real", "Reply with a title for this chat: caches")
         assert side.status_code == 200 and side.headers[MODEL_HEADER] == gemma3.identity.key
+        # A direct agent forked from that context continues it in Gemma's template, not SmolLM2's.
+        side_agent = next(a["agent_id"] for a in httpx.get(f"{url}/v1/agents", timeout=30).json()["data"]
+                          if a["model"] == "gemma" and "cc-real" in a["agent_id"])
+        fork = httpx.post(f"{url}/v1/agents/{side_agent}/fork?model=gemma", json={"name": "cc-fork"}, timeout=60)
+        assert fork.status_code == 201, fork.text
+        engine = dict(service.served_engines())["gemma"]
+        context = engine.call(lambda e: list(e.agents.get("cc-fork").tokens)).result(30)
+        text = "And a shorter one?"
+        turn = httpx.post(f"{url}/v1/agents/cc-fork/messages", timeout=120, json={
+            "content": text, "model": "gemma", "max_tokens": REPLY, "temperature": 0})
+        assert turn.status_code == 200, turn.text
+        prompt = context + list(PromptRenderer(gemma3.tokenizer).continuation((ChatMessage("user", text),)))
+        eos = set(gemma3.eos_token_ids)
+        want = [t for t in reference_greedy(gemma3.model, prompt, REPLY, eos) if t not in eos]
+        # (The server ends the reply where the model starts writing the user's next turn; plain greedy goes on.)
+        content = turn.json()["content"]
+        assert len(content) > 8 and gemma3.tokenizer.decode(want).startswith(content), (turn.json(), want)
+        assert turn.json()["usage"]["reused_tokens"] >= len(context) - engine.loaded.spec.block_tokens
 
 
 def test_the_draft_model_is_a_resident_model_sharing_its_weights(folders, references, smollm2_path, smollm2,
