@@ -176,6 +176,7 @@ def cache_usage(usage: Usage) -> dict[str, Any]:
         "diverged_at": usage.diverged_at,
         "speculation": asdict(usage.speculation) if usage.speculation is not None else None,
         "loop_closed": asdict(usage.loop_closed) if usage.loop_closed is not None else None,
+        "model": usage.model,  # the weights that served it (x-semantic-model says the same)
     }
 
 

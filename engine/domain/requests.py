@@ -180,6 +180,8 @@ class Usage:
     speculation: SpeculationTally | None = None
     # A constrained reply that looped and was steered to its shortest valid end (grammar/loop_closing.py).
     loop_closed: LoopClosed | None = None
+    # The weights that served the turn (name@digest; several resident models: the one it was routed to).
+    model: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -274,7 +274,7 @@ def test_smollm2_serves_claude_codes_main_turns_and_gemma_3_its_haiku_tier(smoll
         for model, loaded in (("claude-haiku-4-5-20251001", gemma3), ("claude-opus-4-8", smollm2)):
             reply = chat(url, model, f"real-{loaded.model_id}", messages)
             assert reply.status_code == 200, reply.text
-            assert reply.headers[MODEL_HEADER] == loaded.identity.key
+            assert reply.headers[MODEL_HEADER] == loaded.identity.key == reply.json()["usage"]["semantic"]["model"]
             assert reply.json()["choices"][0]["message"]["content"] == expected(loaded, messages)
             again = chat(url, model, f"real-{loaded.model_id}", messages)  # each model's agent reuses its cache
             assert again.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0

@@ -132,6 +132,7 @@ class Turn:
             diverged_at=self.forensics.divergence.token if self.forensics and self.forensics.divergence else None,
             speculation=self.sequence.speculation.tally if self.sequence and self.sequence.speculation else None,
             loop_closed=self.loop_closed,
+            model=self.request.model_id or None,
         )
 
     @property
