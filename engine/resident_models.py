@@ -23,7 +23,7 @@ import enum
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from mlx.utils import tree_flatten
@@ -228,6 +228,14 @@ class ResidentModels:
             return 0
         return weights_nbytes(engine)
 
+    def set_pinned(self, alias: str, pinned: bool) -> None:
+        """Pin an extra model (never unloaded to make room, nor when idle) or unpin it, from now on; it is not
+        loaded here (a pinned model that is not resident loads on first use, or with load)."""
+        with self._lock:
+            resident = self._residents[alias]
+            resident.slot = replace(resident.slot, pinned=pinned)
+        self._note(EventKind.INFO, f"model {alias} {'pinned' if pinned else 'unpinned'}")
+
     def unload(self, alias: str, reason: str) -> bool:
         """Unload one extra model now (its agents to the warm tier); False when it may not go now."""
         resident = self._residents[alias]
@@ -296,7 +304,8 @@ class ResidentModels:
             now = time.monotonic()
             for resident in list(self._residents.values()):
                 limit = resident.slot.idle_unload_s
-                if limit and resident.state is ModelState.RESIDENT and now - resident.last_used > limit:
+                if (limit and not resident.slot.pinned and resident.state is ModelState.RESIDENT
+                        and now - resident.last_used > limit):
                     self.unload(resident.slot.alias, f"idle for {now - resident.last_used:.0f} s")
 
     # -- accounting ---------------------------------------------------------------------------------

@@ -26,7 +26,8 @@ class ModelSwapFlow:
 
     def palette_commands(self) -> list[tuple[str, str, Any]]:
         """``model: swap to X`` for every registry model that is not loaded; with --extra-model, ``model: load
-        X`` / ``model: unload X`` and ``chat: new on X`` for each extra model."""
+        X`` / ``model: unload X``, ``model: pin X`` / ``unpin X`` and ``chat: new on X`` for each extra
+        model."""
         commands = self._resident_commands()
         if self.service.swapper is None:
             return commands
@@ -45,6 +46,10 @@ class ModelSwapFlow:
             alias = str(row["alias"])
             if row["default"]:
                 continue
+            verb = "unpin" if row["pinned"] else "pin"
+            commands.append((f"model: {verb} {alias}", "Never unload it to make room or when idle" if verb == "pin"
+                             else "Let it be unloaded again when the budget needs room",
+                             partial(self._set_pinned, alias, verb == "pin")))
             commands.append((f"chat: new on {alias}", f"A workbench chat whose turns {alias} serves (it loads on "
                              "the first message when it is not resident)", partial(self.app.new_chat_on, alias)))
             if row["state"] == "resident":
@@ -54,6 +59,10 @@ class ModelSwapFlow:
                 commands.append((f"model: load {alias}", f"Load {row['source']} now (least recently used models "
                                  "make room)", partial(self._in_worker, self._load, alias)))
         return commands
+
+    def _set_pinned(self, alias: str, pinned: bool) -> None:
+        self.service.models.set_pinned(alias, pinned)
+        self.app.notify(f"Model {alias} {'pinned' if pinned else 'unpinned'}")
 
     def _in_worker(self, job: Any, alias: str) -> None:
         # A thread of its own, ended with its MLX streams released: a pooled worker thread that ran an

@@ -232,6 +232,19 @@ async def unload_model_now(alias: str, request: Request) -> dict[str, object]:
     return next(row for row in models.describe() if row["alias"] == alias)
 
 
+@router.post("/v1/admin/models/{alias}/pin", summary="Pin a configured model (never unloaded) or unpin it",
+             responses={400: _error_doc("The default model"), 404: _error_doc("No such configured model")})
+async def pin_model(alias: str, request: Request,
+                    pinned: bool = Query(True, description="false unpins it")) -> dict[str, object]:
+    service: EngineService = request.app.state.service
+    models = _configured_models(service, alias)
+    if alias == models.routes.default.alias:
+        raise InvalidRequestError("the default model is always resident; it is not pinned or unpinned",
+                                  field="alias")
+    models.set_pinned(alias, pinned)
+    return next(row for row in models.describe() if row["alias"] == alias)
+
+
 def _configured_models(service: EngineService, alias: str) -> "ResidentModels":
     models = service.models
     known = [slot.alias for slot in models.routes.slots] if models is not None else []

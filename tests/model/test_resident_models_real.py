@@ -254,7 +254,7 @@ def test_a_pinned_model_is_never_unloaded_and_what_cannot_fit_says_why(folders, 
     extra = (f"deep={folders['deepseek']}", f"qwen={folders['qwen35']},pinned")
     with serving(folders["gemma4"], tmp_path / "cache", extra, models_budget_mb=budget_for_two(folders)) as (url, service):
         assert service.models is not None
-        service.models.engine_for("qwen")  # (loaded at start in the background; waited for here)
+        service.models.engine_for("qwen", request=False)  # (loaded at start in the background; waited for here)
         reply = chat(url, "deep", "deep-agent", [{"role": "user", "content": "hello"}])
         assert reply.status_code == 503, reply.text
         text = json.dumps(reply.json())
@@ -263,6 +263,13 @@ def test_a_pinned_model_is_never_unloaded_and_what_cannot_fit_says_why(folders, 
         assert models_listing(url)["qwen"]["state"] == "resident"
         # The default model goes on serving.
         assert chat(url, "anything", "default-agent", [{"role": "user", "content": "hello"}]).status_code == 200
+        # Unpinned through the admin API, qwen makes room for deep (least recently used).
+        unpinned = httpx.post(f"{url}/v1/admin/models/qwen/pin?pinned=false", timeout=30)
+        assert unpinned.status_code == 200 and unpinned.json()["pinned"] is False, unpinned.text
+        assert chat(url, "deep", "deep-agent", [{"role": "user", "content": "hello"}]).status_code == 200
+        assert models_listing(url)["qwen"]["state"] == "unloaded"
+        refused = httpx.post(f"{url}/v1/admin/models/{folders['gemma4']}/pin", timeout=30)
+        assert refused.status_code in (400, 404), refused.text
 
 
 def test_smollm2_serves_claude_codes_main_turns_and_gemma_3_its_haiku_tier(smollm2_path, gemma3_path, smollm2,

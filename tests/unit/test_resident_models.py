@@ -106,3 +106,17 @@ def test_a_model_too_big_for_the_budget_beside_the_pinned_ones_says_so() -> None
     with pytest.raises(ModelsBudgetError, match="does not fit even beside the default and pinned models alone"):
         models.engine_for("big")
     assert [row["requests_routed"] for row in models.describe() if row["alias"] == "a"] == [0]  # a load, not a request
+
+
+def test_a_model_pinned_at_run_time_stays_and_unpinned_it_makes_room_again() -> None:
+    models, built = resident_set(("a=a", "b=b"), 25)
+    models.engine_for("a")
+    models.release_lease("a@0")
+    models.set_pinned("a", True)
+    assert next(r for r in models.describe() if r["alias"] == "a")["pinned"] is True
+    with pytest.raises(ModelsBudgetError, match="pinned"):
+        models.engine_for("b")
+    assert states(models)["a"] == "resident" and not built["a"].stopped
+    models.set_pinned("a", False)
+    models.engine_for("b")
+    assert states(models) == {"main": "resident", "a": "unloaded", "b": "resident"}
