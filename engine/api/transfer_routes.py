@@ -30,8 +30,7 @@ from starlette.background import BackgroundTask
 
 from engine.errors import CacheCorruptionError, InvalidAgentFileError
 from engine.store.agent_export import ExportSummary, export_agent, import_agent
-from engine.store.cache_file import read_header
-from engine.store.cache_file.format import CacheHeader
+from engine.store.cache_file import CacheHeader, read_header
 from engine.store.agents_on_disk import ModelKey
 from engine.store.temp_files import temp_prefix
 from engine.runtime.engine_thread.engine_ops import engine_op

@@ -362,7 +362,8 @@ async def test_the_workbench_shows_every_model_and_loads_one_from_the_palette(fo
         commands["model: load qwen"]()
         await until(lambda: "unloaded" not in text() and text().count("resident") == 2,
                     f"qwen resident: {text()!r} {app.backend.service.models.describe()}")
-        assert "model: unload qwen" in {label for label, _, _ in app.model_commands()}
+        assert {"model: unload qwen", "model: pin qwen", "chat: new on qwen"} <= {label for label, _, _ in
+                                                                                  app.model_commands()}
 
         # The agents table lists each model's agents with a Model column; evict acts on the agent's own model.
         from semantic_tui.widgets.agents_table import AgentsTable, row_key
