@@ -222,11 +222,13 @@ class ResidentModels:
     def _own_weights(self, engine: Engine) -> int:
         """Its weights' bytes, or 0 when they are the default model's draft (--draft-model ALIAS): those are
         counted once, in the default model's row."""
+        return 0 if self._is_default_draft(engine) else weights_nbytes(engine)
+
+    def _is_default_draft(self, engine: Engine | None) -> bool:
+        """Whether ``engine`` serves with the default model's draft's weights (--draft-model ALIAS)."""
         default = self._default_engine()
         draft = getattr(default.loaded, "draft", None) if default is not None else None
-        if draft is not None and draft.model is engine.loaded.model:
-            return 0
-        return weights_nbytes(engine)
+        return draft is not None and engine is not None and engine is not default and draft.model is engine.loaded.model
 
     def set_pinned(self, alias: str, pinned: bool) -> None:
         """Pin an extra model (never unloaded to make room, nor when idle) or unpin it, from now on; it is not
@@ -359,9 +361,7 @@ class ResidentModels:
         snapshot = engine.snapshot() if engine is not None else None
         turns = engine.device_turns if engine is not None else None
         label = engine.loaded.model_id if engine is not None else None
-        default = self._default_engine()
-        draft = getattr(default.loaded, "draft", None) if default is not None and not slot.is_default else None
-        shares = draft is not None and engine is not None and draft.model is engine.loaded.model
+        shares = not slot.is_default and self._is_default_draft(engine)
         return {
             "alias": slot.alias, "source": slot.source, "state": state, "default": slot.is_default,
             "role": slot.role, "pinned": slot.pinned, "idle_unload_s": slot.idle_unload_s,
