@@ -140,6 +140,28 @@ class InlineExecutor:
         pass
 
 
+class IOThread:
+    """The store's one I/O thread, and the caller's thread once that one is gone.
+
+    At interpreter exit Python stops every ThreadPoolExecutor (concurrent.futures' exit hook runs before
+    ``atexit``'s) while an engine still running then persists its agents from its own ``atexit`` stop: a
+    submit would raise and the agents' hot caches would be lost with the process. They are written inline
+    instead, each as atomically as on the thread."""
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="semantic-io")
+        self._inline = InlineExecutor()
+
+    def submit(self, fn: Any, *args: Any) -> "Future[Any]":
+        try:
+            return self._pool.submit(fn, *args)
+        except RuntimeError:  # the interpreter is exiting, or close() ran: the queue is drained either way
+            return self._inline.submit(fn, *args)
+
+    def shutdown(self, wait: bool = True) -> None:
+        self._pool.shutdown(wait=wait)
+
+
 def token_hash(tokens: list[int]) -> str:
     return hashlib.blake2b(repr(tokens).encode(), digest_size=16).hexdigest()
 
@@ -161,8 +183,7 @@ class WarmStore:
         self._reads: dict[str, tuple[Future[CacheRecord], float]] = {}
         # Finished reads not yet installed (the pool had no room): kept, never read twice.
         self._ready: dict[str, Loaded] = {}
-        self._io: Any = (InlineExecutor() if model.shard is not None
-                         else ThreadPoolExecutor(max_workers=1, thread_name_prefix="semantic-io"))
+        self._io: Any = InlineExecutor() if model.shard is not None else IOThread()
         self.usable = self._prepare_directory()
         # Shared prefixes live beside the agents, on the same I/O thread and disk budget.
         self.prefixes = PrefixStore(self.directory / "prefixes", model, self.fingerprint, events, self._io)

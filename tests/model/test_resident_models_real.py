@@ -343,7 +343,8 @@ async def test_the_workbench_shows_every_model_and_loads_one_from_the_palette(fo
     from semantic_tui.widgets.models_panel import ModelsPanel
 
     config = Settings(cache_dir=tmp_path / "cache", model=str(folders["gemma4"]), port=0, api_key=None,
-                      extra_models=(f"qwen={folders['qwen35']}",), pool_budget_mb=POOL_MB)
+                      extra_models=(f"qwen={folders['qwen35']}",), pool_budget_mb=POOL_MB,
+                      default_max_tokens=48)  # a chat pane's turn names no limit; random weights never stop
     app = SemanticApp(WorkbenchBackend(config), load_preferences(tmp_path / "workbench.json"), poll_interval_s=0.1)
 
     async def until(condition, what: str, timeout_s: float = 30.0) -> None:

@@ -258,3 +258,31 @@ def test_unwritable_cache_directory_disables_the_warm_tier(tmp_path: Path) -> No
         assert engine.fresh_snapshot().agent("u").tier == "cold"
     finally:
         engine.stop()
+
+
+LEFT_RUNNING = """
+import sys
+from pathlib import Path
+from engine.domain.requests import GenerationRequest
+from engine.runtime.engine_thread.sync_client import run_turn
+from tests.unit.test_engine_batching import prompt_for
+from tests.unit.test_warm_tier import engine_with_store
+engine = engine_with_store(Path(sys.argv[1]))
+run_turn(engine, GenerationRequest("left", prompt_for(2, 3), 8))
+# The interpreter exits with the engine still running: its atexit stop persists the hot agent after Python
+# has stopped every thread pool (found in CI: the write raised, the engine thread died, MLX aborted).
+"""
+
+
+def test_an_engine_left_running_at_exit_still_writes_its_agents(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", LEFT_RUNNING, str(tmp_path)], capture_output=True, text=True,
+                          timeout=120, cwd=Path(__file__).parents[2])
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    engine = engine_with_store(tmp_path)
+    try:
+        assert engine.fresh_snapshot().agent("left").tier == "warm"
+    finally:
+        engine.stop()
