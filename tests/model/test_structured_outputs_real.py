@@ -66,11 +66,14 @@ def ask_all(api: RealApi, schemas: list[tuple[str, str, dict]], free: int) -> li
                            if schema is not None else None)
         extra = {"response_format": response_format} if response_format else {}
         # Greedy, so the test is the same every run (the bench samples at the models' defaults, 50 requests).
+        # The free rows only share the batch: as many tokens as the longest constrained reply here (52).
         return schema, gpt.chat.completions.create(
-            model="m", messages=[{"role": "user", "content": prompt}], max_tokens=120, temperature=0,
-            **extra).choices[0]
+            model="m", messages=[{"role": "user", "content": prompt}], max_tokens=120 if schema else 56,
+            temperature=0, **extra).choices[0]
 
-    jobs = [*schemas, *[("free", "Tell me a short story.", None)] * free]
+    # Distinct prompts: identical ones without a session id are one agent's turns, served one after another.
+    jobs = [*schemas, *[("free", f"Tell me a short story about {topic}.", None)
+                        for topic in ("a fox", "the sea", "a clock")[:free]]]
     with ThreadPoolExecutor(len(jobs)) as pool:
         return list(pool.map(one, jobs))
 
