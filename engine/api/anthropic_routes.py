@@ -90,7 +90,7 @@ async def create_message(body: MessagesRequest, request: Request) -> Response:
     head = MessageHead(f"msg_{secrets.token_hex(12)}", model, len(prepared.prompt_tokens), prepared.retain_tokens,
                        omit_thinking=spec.reasoning.omitted)
     if wants_diagnostics(request.headers, body.diagnostics):
-        head = _diagnosed(request, body, head, spec.identity.agent_id, prepared.prompt_tokens)
+        head = _diagnosed(request, body, head, prepared.agent_id, prepared.prompt_tokens)
     if body.stream:
         return await _streamed(service, turn, assembler, head, record)
     return await _complete(request, turn, assembler, head, record)

@@ -7,20 +7,30 @@ each event to the event loop, so no request ever blocks the loop on MLX work.
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncIterator, Awaitable, Callable
+from typing import AsyncIterator, Awaitable, Callable, Optional
 
 from engine.runtime.engine_thread.engine import Engine
 from engine.domain.requests import EngineEvent, FinishEvent, FinishReason, GenerationRequest
 
 
 class AsyncTurn:
-    def __init__(self, engine: Engine, request: GenerationRequest) -> None:
+    def __init__(self, engine: Engine, request: GenerationRequest,
+                 on_finish: Optional[Callable[[], None]] = None) -> None:
+        """``on_finish``: called on the event loop when the engine ends the turn, whether or not anyone
+        still reads its events (a client gone mid-stream)."""
         self.engine = engine
         self.request = request
         self.finish: FinishEvent | None = None
         self._queue: asyncio.Queue[EngineEvent] = asyncio.Queue()
+        self._on_finish = on_finish
         loop = asyncio.get_running_loop()
-        engine.submit(request, lambda event: loop.call_soon_threadsafe(self._queue.put_nowait, event))
+        engine.submit(request, lambda event: loop.call_soon_threadsafe(self._arrived, event))
+
+    def _arrived(self, event: EngineEvent) -> None:
+        self._queue.put_nowait(event)
+        if isinstance(event, FinishEvent) and self._on_finish is not None:
+            on_finish, self._on_finish = self._on_finish, None
+            on_finish()
 
     @property
     def request_id(self) -> str:

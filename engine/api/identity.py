@@ -38,6 +38,9 @@ class AgentIdentity:
     source: AgentSource
     display_name: str
     auxiliary: bool = False
+    # Named by a hash of the prompt's prefix, not by the client: concurrent requests take sibling lanes
+    # (agent_lanes.py) instead of waiting for one another.
+    derived: bool = False
 
 
 def _session(value: str | None, field: str) -> str | None:
@@ -95,7 +98,8 @@ def anthropic_identity(
     if meta_session is not None:
         return AgentIdentity(f"cc-{meta_session}-{prefix[:8]}", AgentSource.CLAUDE_CODE,
                              _labelled(f"Claude Code {meta_session[:8]}", aux), aux)
-    return AgentIdentity(f"anthropic-{prefix}", AgentSource.ANTHROPIC, f"Anthropic client {prefix[:8]}", aux)
+    return AgentIdentity(f"anthropic-{prefix}", AgentSource.ANTHROPIC, f"Anthropic client {prefix[:8]}", aux,
+                         derived=True)
 
 
 def openai_identity(headers: Mapping[str, str], body_session: str | None, conversation: Conversation) -> AgentIdentity:
@@ -103,7 +107,7 @@ def openai_identity(headers: Mapping[str, str], body_session: str | None, conver
     if session is not None:
         return AgentIdentity(f"oa-{session}", AgentSource.OPENAI, f"OpenAI session {session[:24]}")
     prefix = prefix_hash(conversation)
-    return AgentIdentity(f"openai-{prefix}", AgentSource.OPENAI, f"OpenAI client {prefix[:8]}")
+    return AgentIdentity(f"openai-{prefix}", AgentSource.OPENAI, f"OpenAI client {prefix[:8]}", derived=True)
 
 
 def responses_identity(
@@ -126,8 +130,8 @@ def responses_identity(
         return AgentIdentity(f"rs-{key}", source, f"Responses client {key[:24]}")
     prefix = prefix_hash(conversation)
     if codex:
-        return AgentIdentity(f"codex-{prefix}", source, f"Codex {prefix[:8]}")
-    return AgentIdentity(f"responses-{prefix}", source, f"Responses client {prefix[:8]}")
+        return AgentIdentity(f"codex-{prefix}", source, f"Codex {prefix[:8]}", derived=True)
+    return AgentIdentity(f"responses-{prefix}", source, f"Responses client {prefix[:8]}", derived=True)
 
 
 def is_codex(headers: Mapping[str, str]) -> bool:

@@ -50,7 +50,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     try:
         spec = to_turn_spec(body, request.headers, service.settings)
         generation = await prepare(service, spec)
-        meta = CompletionMeta.new(body.model or service.engine_for(generation).loaded.model_id, spec.identity.agent_id)
+        meta = CompletionMeta.new(body.model or service.engine_for(generation).loaded.model_id, generation.agent_id)
         assembler = OutputAssembler.for_turn(service, generation, spec.conversation, "call_", spec.identity.agent_id)
         turn = service.start_turn(generation)
     except SemanticError:

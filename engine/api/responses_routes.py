@@ -105,7 +105,7 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
             metrics.observe(PROTOCOL, None, outcome="rejected")
             return StreamingResponse(failed_before_start(meta, from_domain(exc)), media_type="text/event-stream",
                                      headers={**SSE_HEADERS, AGENT_HEADER: meta.agent_id})
-        meta = ResponseMeta.new(body, service.engine_for(generation).loaded.model_id, spec.identity.agent_id)
+        meta = ResponseMeta.new(body, service.engine_for(generation).loaded.model_id, generation.agent_id)
         assembler = OutputAssembler.for_turn(service, generation, spec.conversation, "call_", spec.identity.agent_id)
         turn = service.start_turn(generation)
     except (SemanticError, ApiError):

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from engine.store.agents_on_disk import ModelKey
     from engine.resident_models import ResidentModels
 
+from .agent_lanes import AgentLanes
 from .async_turn import AsyncTurn
 from .reasoning_recall import ReasoningRecall
 from .rendered_heads import RenderedHeads
@@ -68,6 +69,8 @@ class EngineService:
         self._gate.set()
         # Recent replies' reasoning, for clients that send a reply back without it (reasoning_recall.py).
         self.reasoning_recall = ReasoningRecall()
+        # Sibling agents for concurrent requests no client named (agent_lanes.py).
+        self.lanes = AgentLanes(settings.max_batch_size)
         # Each served model's prompt renderer and its rendered heads, by its weights' identity: a swap brings
         # a new tokenizer, and extra models have their own.
         self._rendering: dict[str, tuple[LoadedModel, PromptRenderer, RenderedHeads]] = {}
@@ -266,7 +269,10 @@ class EngineService:
     def start_turn(self, request: GenerationRequest) -> AsyncTurn:
         engine = self.engine_for(request)
         try:
-            return AsyncTurn(engine, request)
+            return AsyncTurn(engine, request, on_finish=lambda: self.lanes.release(request.request_id))
+        except BaseException:
+            self.lanes.release(request.request_id)
+            raise
         finally:
             if self.models is not None:
                 self.models.release_lease(request.model_id or "")

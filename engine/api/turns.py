@@ -12,7 +12,7 @@ from engine.domain.output_format import OutputFormat
 from engine.models.sampling_defaults import SamplingDefaults
 from engine.domain.reasoning import CallText
 from engine.domain.reasoning_tracker import opened_at
-from engine.domain.requests import FinishEvent, GenerationRequest, SamplingParams, TokenEvent
+from engine.domain.requests import FinishEvent, GenerationRequest, SamplingParams, TokenEvent, next_request_id
 
 from engine.runtime.engine_thread.engine import Engine
 
@@ -123,15 +123,21 @@ async def prepare(service: EngineService, spec: TurnSpec) -> GenerationRequest:
     Waits out a model swap or an extra model's load first (or answers 503 after ``swap_wait_s``).
     """
     served = await service.served(spec.model, spec.identity.auxiliary)
+    request_id = next_request_id()
+    agent_id = spec.identity.agent_id
+    if spec.identity.derived:
+        agent_id = service.lanes.claim(served.loaded.identity.key, agent_id, request_id)
     try:
-        return await _prepared_for(service, served.engine, spec)
+        return await _prepared_for(service, served.engine, spec, agent_id, request_id)
     except BaseException:
+        service.lanes.release(request_id)
         if service.models is not None:
             service.models.release_lease(served.loaded.identity.key)
         raise
 
 
-async def _prepared_for(service: EngineService, engine: Engine, spec: TurnSpec) -> GenerationRequest:
+async def _prepared_for(service: EngineService, engine: Engine, spec: TurnSpec, agent_id: str,
+                        request_id: str) -> GenerationRequest:
     loaded = engine.loaded
     if spec.prompt_tokens is not None:
         tokens, head = list(spec.prompt_tokens), 0
@@ -151,7 +157,8 @@ async def _prepared_for(service: EngineService, engine: Engine, spec: TurnSpec) 
     # Short prompts are not worth a stored prefix of their own.
     hint = head if len(tokens) >= 2 * service.settings.block_tokens else 0
     request = GenerationRequest(
-        agent_id=spec.identity.agent_id,
+        agent_id=agent_id,  # the identity's, or a sibling lane of it (agent_lanes.py)
+        request_id=request_id,
         prompt_tokens=tuple(tokens),
         max_tokens=spec.max_tokens,  # clamped once, by the engine (Engine.validate)
         sampling=spec.sampling.resolve(engine.sampling_defaults),
@@ -162,7 +169,8 @@ async def _prepared_for(service: EngineService, engine: Engine, spec: TurnSpec) 
         stop_strings=spec.stop,
         turn_end_strings=renderer.turn_end_strings,
         source=spec.identity.source,
-        display_name=spec.identity.display_name,
+        display_name=(spec.identity.display_name if agent_id == spec.identity.agent_id
+                      else f"{spec.identity.display_name} (lane {agent_id.rsplit('-', 1)[-1]})"),
         auxiliary=spec.identity.auxiliary,
         model_id=loaded.identity.key,
         output_format=output_format,

@@ -159,6 +159,44 @@ def test_openai_session_id_reuses_the_first_turn(gpt: openai.OpenAI) -> None:
     assert details is not None and details.cached_tokens >= first.usage.prompt_tokens
 
 
+def test_concurrent_requests_without_a_session_run_side_by_side_on_sibling_lanes(gpt: openai.OpenAI,
+                                                                               api: RealApi) -> None:
+    """A script that names no session sends the same prompt from three threads: one agent (the prompt's prefix
+    hash) ran them one after another; now they share the batch on lanes of that agent, answer alike (greedy),
+    and the lanes are free again afterwards."""
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    question = [{"role": "system", "content": f"Lanes {uuid.uuid4().hex[:8]}."}, *ask("Count to twenty.")]
+    first_token: list[float] = []
+    lock = threading.Lock()
+
+    def one(_: int) -> tuple[str, str, float]:
+        stream = gpt.chat.completions.with_raw_response.create(model="gpt-4o", max_tokens=32, temperature=0,
+                                                               messages=question, stream=True)
+        text = ""
+        for chunk in stream.parse():
+            if chunk.choices and chunk.choices[0].delta.content:
+                if not text:
+                    with lock:
+                        first_token.append(time.monotonic())
+                text += chunk.choices[0].delta.content
+        return stream.headers["x-semantic-agent-id"], text, time.monotonic()
+
+    with ThreadPoolExecutor(3) as pool:
+        replies = list(pool.map(one, range(3)))
+    agents = sorted(agent for agent, _, _ in replies)
+    assert len(set(agents)) == 3 and agents[1:] == [f"{agents[0]}-2", f"{agents[0]}-3"], agents
+    assert len({text for _, text, _ in replies}) == 1 and replies[0][1]
+    # Side by side: every reply had begun before the first one ended (one after another, none had).
+    assert max(first_token) < min(ended for _, _, ended in replies), (first_token, replies)
+    assert api.app.state.service.lanes.held == 0
+    again = gpt.chat.completions.with_raw_response.create(model="gpt-4o", max_tokens=32, temperature=0,
+                                                          messages=question)
+    assert again.headers["x-semantic-agent-id"] == agents[0]
+
+
 def test_openai_invalid_field_is_a_bad_request(gpt: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
         gpt.chat.completions.create(model="gpt-4o", max_tokens=MAX_TOKENS, messages=ask(QUESTION), temperature=7)
