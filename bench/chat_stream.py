@@ -68,8 +68,11 @@ class _StreamState:
 class ChatClient:
     """Streams chat turns to one server; ``session_id`` is sent only where the server understands it."""
 
-    def __init__(self, base_url: str, sends_session_id: bool, timeout_s: float = 3600.0) -> None:
+    def __init__(self, base_url: str, sends_session_id: bool, timeout_s: float = 3600.0,
+                 model: str | None = None) -> None:
+        """``model``: the body's model field (which of a server's models serves the turns; None: none sent)."""
         self.sends_session_id = sends_session_id
+        self.model = model
         # Up to 16 streams at once, plus room for the connections the peer closes after each answer.
         limits = httpx.Limits(max_connections=64, max_keepalive_connections=32)
         self._http = httpx.AsyncClient(base_url=base_url, timeout=timeout_s, limits=limits)
@@ -98,6 +101,8 @@ class ChatClient:
         }
         if self.sends_session_id:
             body["session_id"] = agent
+        if self.model is not None:
+            body["model"] = self.model
         sent_at = time.perf_counter()
         state = _StreamState()
         for _ in range(RETRY_LIMIT):

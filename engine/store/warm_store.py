@@ -128,10 +128,10 @@ class InlineExecutor:
     """Runs each job at once on the caller's thread: a sharded model's ranks must see every read
     and write finish at the same point of the engine loop (engine/distributed/lockstep.py)."""
 
-    def submit(self, fn: Any, *args: Any) -> "Future[Any]":
+    def submit(self, fn: Any, *args: Any, **kwargs: Any) -> "Future[Any]":
         future: Future[Any] = Future()
         try:
-            future.set_result(fn(*args))
+            future.set_result(fn(*args, **kwargs))
         except BaseException as exc:
             future.set_exception(exc)
         return future
@@ -152,11 +152,11 @@ class IOThread:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="semantic-io")
         self._inline = InlineExecutor()
 
-    def submit(self, fn: Any, *args: Any) -> "Future[Any]":
+    def submit(self, fn: Any, *args: Any, **kwargs: Any) -> "Future[Any]":
         try:
-            return self._pool.submit(fn, *args)
+            return self._pool.submit(fn, *args, **kwargs)
         except RuntimeError:  # the interpreter is exiting, or close() ran: the queue is drained either way
-            return self._inline.submit(fn, *args)
+            return self._inline.submit(fn, *args, **kwargs)
 
     def shutdown(self, wait: bool = True) -> None:
         self._pool.shutdown(wait=wait)

@@ -286,3 +286,13 @@ def test_an_engine_left_running_at_exit_still_writes_its_agents(tmp_path: Path) 
         assert engine.fresh_snapshot().agent("left").tier == "warm"
     finally:
         engine.stop()
+
+
+def test_both_io_executors_pass_keyword_arguments_and_the_thread_runs_inline_once_stopped() -> None:
+    from engine.store.warm_store import InlineExecutor, IOThread
+
+    io = IOThread()
+    for executor in (InlineExecutor(), io):
+        assert executor.submit(lambda a, b=0: a + b, 1, b=2).result(5) == 3
+    io.shutdown()
+    assert io.submit(lambda a, b=0: a * b, 3, b=4).result(0) == 12
