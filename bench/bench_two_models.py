@@ -17,6 +17,15 @@ on both models before the clock starts; ``--repeats`` runs each, the order
 alternating. Target (issue 51): at least 1.5x the peers' wall time, and
 less memory than their sum.
 
+``--workloads trace`` replays Claude Code as it runs with a side model: the
+recorded ``--bare`` session (bench/traces/claude_code_bare.jsonl, two main
+turns) and three recorded haiku-tier requests (``claude --bare --model haiku
+-p ...``, claude_code_haiku_side.jsonl), all sessions at once, back to back.
+Against semantic with Gemma 3 alone (every request on it) and with SmolLM2
+beside it as the ``side`` model (``--extra-model small=...,side``: the haiku
+requests go there): each main turn's TTFT and each side request's whole
+latency, both servers started fresh and warmed, order alternating.
+
 Gemma 3 270M ships without a chat template: semantic renders its plain
 ``User:``/``Assistant:`` format, mlx_lm.server its own fallback (``USER:``),
 so the two see slightly different prompt tokens for the same messages.
@@ -27,6 +36,7 @@ Run: ``LD_PRELOAD=... python -m bench.bench_two_models [--quick] [--json PATH]``
 from __future__ import annotations
 
 import asyncio
+import statistics
 import sys
 import tempfile
 import time
@@ -43,7 +53,9 @@ from bench.common import base_parser
 from bench.comparison import paired, print_comparisons, ttft_percentile
 from bench.peer_runs import Conversation, load_average
 from bench.results import BenchResult
+from bench.replay import ReplayTurn, replay
 from bench.served import Launch, PeakRss, peer_defaults_launch, running
+from bench.trace_format import load_trace
 from bench.workload_text import shared_system_prompt, tool_result
 
 SMALL_ALIAS = "small"
@@ -114,10 +126,11 @@ class Script:
             return Run(time.perf_counter() - started, {"small": small_turns, "large": large_turns})
 
 
-def semantic_launch_two(large: Path, small: Path, state_dir: Path) -> Launch:
-    argv = (sys.executable, "-m", "semantic_cli", "--serve", "--model", str(large),
-            "--extra-model", f"{SMALL_ALIAS}={small}", "--cache-dir", str(state_dir), "--no-persist-on-exit",
-            "--log-level", "warning")
+def semantic_launch_two(large: Path, small: Path | None, state_dir: Path, options: str = "") -> Launch:
+    """``semantic --serve --model LARGE [--extra-model small=SMALL[,OPTIONS]]`` at its default budgets."""
+    extra = ("--extra-model", f"{SMALL_ALIAS}={small}{options}") if small is not None else ()
+    argv = (sys.executable, "-m", "semantic_cli", "--serve", "--model", str(large), *extra,
+            "--cache-dir", str(state_dir), "--no-persist-on-exit", "--log-level", "warning")
     return Launch("semantic", argv, "/health/ready", sends_session_id=True, state_dir=state_dir)
 
 
@@ -155,12 +168,72 @@ def run_once(name: str, script: Script, large: Path, small: Path, work: Path) ->
     return run
 
 
+TRACES = Path(__file__).parent / "traces"
+TRACE_MAX_TOKENS = 64
+
+
+def trace_workload(result: BenchResult, large: Path, small: Path, repeats: int) -> None:
+    """The Claude Code trace with its side requests on a second model, against one model serving all of it."""
+    requests = load_trace(TRACES / "claude_code_bare.jsonl") + load_trace(TRACES / "claude_code_haiku_side.jsonl")
+    runs: dict[str, list[list[ReplayTurn]]] = {"two models": [], "one model": []}
+    with tempfile.TemporaryDirectory(prefix="bench-two-models-trace-") as work:
+        for repeat in range(repeats):
+            for name in ("two models", "one model") if repeat % 2 == 0 else ("one model", "two models"):
+                print(f"# trace run {repeat + 1}/{repeats}, {name} ({load_average()})", flush=True)
+                launch = semantic_launch_two(large, small if name == "two models" else None,
+                                             Path(work) / "state", ",side")
+                with running(launch, Path(work)) as server:
+                    if name == "two models":  # the side model loads on first use: warm it like the default
+                        asyncio.run(_warm(server.url, SMALL_ALIAS))
+                    turns = asyncio.run(replay(server.url, requests, "anthropic", TRACE_MAX_TOKENS, 0.0,
+                                               verbose=False))
+                if errors := [t for t in turns if not t.ok]:
+                    raise RuntimeError(f"{name}: {len(errors)} requests failed: {errors[0].error}")
+                runs[name].append(turns)
+                main, side = _main_turns(turns), _side_turns(turns)
+                print(f"#   {name}: main TTFT {', '.join(f'{t.ttft_s:.2f}' for t in main)} s; side latency "
+                      f"{', '.join(f'{t.total_s:.2f}' for t in side)} s", flush=True)
+    ours, theirs = runs["two models"], runs["one model"]
+    workload = "Claude Code trace, side requests on a second model vs one model for all"
+    for index in range(len(_main_turns(ours[0]))):
+        paired(result, workload, f"main turn {index + 1} TTFT", "s",
+               lambda r, i=index: _main_turns(r)[i].ttft_s, ours, theirs)
+    paired(result, workload, "side requests: median latency", "s",
+           lambda r: statistics.median(t.total_s for t in _side_turns(r)), ours, theirs)
+    paired(result, workload, "side requests: slowest", "s", lambda r: max(t.total_s for t in _side_turns(r)),
+           ours, theirs)
+    result.notes.append(f"trace: ratios are one model / two models (above 1: the side model helped); max_tokens "
+                        f"capped at {TRACE_MAX_TOKENS}; every session at once, back to back")
+
+
+def _main_turns(turns: list[ReplayTurn]) -> list[ReplayTurn]:
+    return [t for t in turns if t.session == "s1"]  # the bare trace's session comes first in the file
+
+
+def _side_turns(turns: list[ReplayTurn]) -> list[ReplayTurn]:
+    return [t for t in turns if t.session != "s1"]
+
+
+async def _warm(url: str, model: str) -> None:
+    async with ChatClient(url, sends_session_id=True, model=model) as client:
+        await client.turn("warmup-side", 0, [{"role": "user", "content": "Say hi."}], 4)
+
+
+WORKLOADS = ("agents", "trace")
+
+
 def main() -> None:
     parser = base_parser(__doc__.splitlines()[0])
-    parser.set_defaults(model="smollm2-135m")
+    parser._option_string_actions["--model"].help = "the small model, served as extra model 'small' (default: smollm2-135m)"
+    parser._option_string_actions["--pool-mb"].help = "unused: semantic runs at its default budgets here"
     parser.add_argument("--large", default="gemma3-270m", help="the default model (default: gemma3-270m)")
     parser.add_argument("--repeats", type=int, help="runs per server set (default: 1 quick, 2 full)")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS),
+                        help=f"comma-separated, any of {', '.join(WORKLOADS)} (default: all)")
     args = parser.parse_args()
+    chosen = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    if unknown := [w for w in chosen if w not in WORKLOADS]:
+        parser.error(f"unknown workload(s) {', '.join(unknown)}; choose from {', '.join(WORKLOADS)}")
     sizes = QUICK if args.quick else FULL
     if args.repeats:
         sizes = Sizes(**{**{f: getattr(sizes, f) for f in Sizes.__dataclass_fields__}, "repeats": args.repeats})
@@ -169,10 +242,23 @@ def main() -> None:
                   for name, folder in (("small", small), ("large", large))}
     print(f"# small model {small}\n# large (default) model {large}\n# {'quick' if args.quick else 'full'}: {sizes}")
     result = BenchResult("bench_two_models", "Two models, many agents: semantic against one mlx_lm.server per model",
-                         args={"model": args.model, "large": args.large, "quick": args.quick, "sizes": str(sizes)})
-    script = Script(tokenizers, sizes)
-    runs: dict[str, list[Run]] = {"semantic": [], "peers": []}
+                         args={"model": args.model, "large": args.large, "quick": args.quick, "sizes": str(sizes),
+                               "workloads": chosen})
     started = time.perf_counter()
+    if "trace" in chosen:
+        trace_workload(result, large, small, sizes.repeats)
+        result.duration_s = time.perf_counter() - started
+        result.write(args.json)  # kept if the next workload fails
+    if "agents" in chosen:
+        agents_workload(result, Script(tokenizers, sizes), large, small, sizes)
+    print_comparisons(result.comparisons)
+    result.duration_s = time.perf_counter() - started
+    result.write(args.json)
+    print(f"# finished in {result.duration_s:.0f} s")
+
+
+def agents_workload(result: BenchResult, script: Script, large: Path, small: Path, sizes: Sizes) -> None:
+    runs: dict[str, list[Run]] = {"semantic": [], "peers": []}
     with tempfile.TemporaryDirectory(prefix="bench-two-models-") as work:
         for repeat in range(sizes.repeats):
             for name in ("semantic", "peers") if repeat % 2 == 0 else ("peers", "semantic"):
@@ -189,12 +275,8 @@ def main() -> None:
                lambda r, m=model: ttft_percentile(r.turns[m], 50), ours, theirs)
     paired(result, workload, "peak memory (semantic's process; the sum of both peers' peaks)", "MiB",
            lambda r: r.peak_bytes / 2**20, ours, theirs, target=1.0)
-    print_comparisons(result.comparisons)
-    result.notes.append(f"small model {args.model} (model field '{SMALL_ALIAS}'), large {args.large}; greedy; "
-                        f"peers: two `mlx_lm.server --model FOLDER` at their defaults, one per model, run together")
-    result.duration_s = time.perf_counter() - started
-    result.write(args.json)
-    print(f"# finished in {result.duration_s:.0f} s")
+    result.notes.append(f"agents: small model {small.name} (model field '{SMALL_ALIAS}'), large {large.name}; "
+                        "greedy; peers: two `mlx_lm.server --model FOLDER` at their defaults, one per model, together")
 
 
 if __name__ == "__main__":

@@ -259,6 +259,9 @@ def main() -> None:
     parser.add_argument("--prompt", default=None, help="what the user types (default: 'Name one colour.', or "
                                                        "with --tool-turns a request to read the project's files)")
     parser.add_argument("--bare", action="store_true", help="record a --bare run instead")
+    parser.add_argument("--model", default=None,
+                        help="claude --model MODEL (e.g. haiku: a session on Claude Code's haiku tier, the side "
+                             "requests bench_two_models_trace routes to a second model)")
     parser.add_argument("--tool-turns", action="store_true",
                         help="script Read calls of the project's two files before the answer (requests with tool "
                              "results)")
@@ -282,7 +285,8 @@ def main() -> None:
                 target = Path(project).resolve() / source.name
                 target.write_text(text, encoding="utf-8")
                 Recorder.write_target = (target, old)
-                failures += _run_cli(binary, server, Path(project), write_turn_prompt(source.name, old), args.bare)
+                failures += _run_cli(binary, server, Path(project), write_turn_prompt(source.name, old), args.bare,
+                                     args.model)
     else:
         prompt = args.prompt or (TOOL_TURNS_PROMPT if args.tool_turns else "Name one colour.")
         with tempfile.TemporaryDirectory() as project:
@@ -290,7 +294,7 @@ def main() -> None:
                 Recorder.project = Path(project).resolve()
                 for name, text in PROJECT_FILES.items():
                     (Path(project) / name).write_text(text)
-            failures += _run_cli(binary, server, Path(project), prompt, args.bare)
+            failures += _run_cli(binary, server, Path(project), prompt, args.bare, args.model)
     server.shutdown()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with args.out.open("w") as out:
@@ -301,14 +305,15 @@ def main() -> None:
           f"{failures} CLI run(s) exited non-zero")
 
 
-def _run_cli(binary: Path, server: ThreadingHTTPServer, project: Path, prompt: str, bare: bool) -> int:
+def _run_cli(binary: Path, server: ThreadingHTTPServer, project: Path, prompt: str, bare: bool,
+             model: str | None = None) -> int:
     """One ``claude -p PROMPT`` in ``project`` against the capture server, with only the base URL and a key set;
     1 when it exited non-zero (its output printed), else 0."""
     with tempfile.TemporaryDirectory() as home:
         env = {"PATH": os.environ.get("PATH", ""), "HOME": home, "LANG": "C.UTF-8",
                "ANTHROPIC_BASE_URL": f"http://127.0.0.1:{server.server_port}", "ANTHROPIC_API_KEY": "any",
                "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
-        argv = [str(binary), *(["--bare"] if bare else []), "-p", prompt]
+        argv = [str(binary), *(["--bare"] if bare else []), *(["--model", model] if model else []), "-p", prompt]
         done = subprocess.run(argv, cwd=project, env=env, capture_output=True, text=True, timeout=300,
                               stdin=subprocess.DEVNULL)
     print(f"claude -p {prompt!r}: exited {done.returncode}")

@@ -26,10 +26,27 @@ def expected(loaded, prompt: tuple[int, ...], n: int) -> list[int]:
     return tokens[:-1] if tokens and tokens[-1] == EOS else tokens
 
 
+# How close two logits may be for rounding to pick either: a resumed recurrent state and a whole prefill add
+# the same terms in another order. Seen: granitemoehybrid's fourth turn, token 9 on one 2-core box (8.2253
+# against 8.2147; CI's box picked the reference's). A wrong cache is off by whole units, not this.
+NEAR_TIE = 0.05
+
+
 def check(loaded, result: TurnResult) -> None:
-    """The turn ended without error and said what plain mlx-lm says."""
+    """The turn ended without error and said what plain mlx-lm says: every token, up to a near tie where
+    plain mlx-lm's own logits put the engine's token within ``NEAR_TIE`` of its choice (the rest of the turn
+    then follows that token, so it is not compared)."""
     assert result.finish.error is None, result.finish.error
-    assert result.tokens == expected(loaded, result.request.prompt_tokens, result.request.max_tokens)
+    want = expected(loaded, result.request.prompt_tokens, result.request.max_tokens)
+    if result.tokens == want:
+        return
+    at = next((i for i, (a, b) in enumerate(zip(result.tokens, want)) if a != b), min(len(result.tokens), len(want)))
+    assert at < min(len(result.tokens), len(want)), (result.tokens, want)  # one stopped early: not a tie
+    import mlx.core as mx
+
+    logits = loaded.model(mx.array([*result.request.prompt_tokens, *want[:at]])[None])[0, -1].astype(mx.float32)
+    gap = float(logits[want[at]] - logits[result.tokens[at]])
+    assert gap < NEAR_TIE, f"token {at}: engine {result.tokens[at]}, mlx-lm {want[at]} by {gap:.4f}: {result.tokens} {want}"
 
 
 def accounts_agree(engine: Engine) -> None:
