@@ -144,19 +144,23 @@ def growth_blocks(tokens: int, block_tokens: int) -> int:
 def pool_account(stats: dict[str, Any]) -> PoolAccount:
     pool, spec = stats["pool"], stats["model"]["cache_spec"]
     block_tokens, groups = spec["block_tokens"], spec["groups"]
-    held = Counter(zip(pool["block_map"]["owners"], pool["block_map"]["groups"]))
+    block_map = pool["block_map"]
+    # Every holder of every block: a prefix block that agents share counts in each one's cache.
+    holders = block_map.get("holders") or [[o] if o is not None else [] for o in block_map["owners"]]
+    held = Counter((agent, group) for ids, group in zip(holders, block_map["groups"]) for agent in ids)
     hot = {a["agent_id"]: a for a in stats["agents"] if a["tier"] == "hot"}
     problems = _owner_problems(held, hot, block_tokens, groups)
-    mapped = sum(n for (owner, _), n in held.items() if owner is not None)
+    mapped = sum(1 for ids in holders if ids)
     if mapped != pool["used_blocks"]:
         problems.append(f"block map shows {mapped} used blocks, the pool counts {pool['used_blocks']}")
-    if pool["shared_blocks"]:
-        problems.append(f"{pool['shared_blocks']} shared blocks: the per-block owner map is not exact")
+    if sum(1 for ids in holders if len(ids) > 1) != pool["shared_blocks"]:
+        problems.append(f"the block map shows {sum(1 for ids in holders if len(ids) > 1)} shared blocks, the pool "
+                        f"counts {pool['shared_blocks']}")
     tiers = stats["tiers"]
     if tiers["hot_array_bytes"] != pool["used_bytes"]:
         problems.append(f"the hot caches' arrays measure {tiers['hot_array_bytes']} bytes, the pool counts "
                         f"{pool['used_bytes']}")
-    expected = sum(n for (owner, _), n in held.items() if owner in hot)
+    expected = sum(1 for ids in holders if any(agent in hot for agent in ids))  # each block once
     throughput = stats["throughput"]
     return PoolAccount(
         at=time.monotonic(), used_blocks=pool["used_blocks"], total_blocks=pool["total_blocks"],

@@ -56,6 +56,8 @@ class BlockMap(BaseModel):
 
     owners: list[str | None]
     groups: list[int | None]
+    holders: list[list[str]] = Field(default_factory=list, description="Every agent holding each block: a prefix "
+                                     "block agents share (a fork, a shared system prompt) has several")
 
 
 class GroupStats(BaseModel):
@@ -164,7 +166,8 @@ def _model_stats(view: ModelView) -> ModelStats:
 
 
 def _pool_stats(pool: PoolSnapshot, with_blocks: bool, spec: dict | None = None, cool_bytes: int = 0) -> PoolStats:
-    block_map = BlockMap(owners=list(pool.block_owner), groups=list(pool.block_group)) if with_blocks else None
+    block_map = (BlockMap(owners=list(pool.block_owner), groups=list(pool.block_group),
+                          holders=[list(h) for h in pool.block_holder_ids]) if with_blocks else None)
     return PoolStats(
         total_blocks=pool.total_blocks, used_blocks=pool.used_blocks, free_blocks=pool.free_blocks,
         shared_blocks=pool.shared_blocks, block_bytes=pool.block_bytes, n_groups=pool.n_groups,

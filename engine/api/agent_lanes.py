@@ -11,41 +11,64 @@ takes the first lane of its agent that has no turn: ``openai-<hash>``, then
 from the prefix the others cached (prefix sharing), and a stateless client's
 next turn finds the conversation on whichever lane is free.
 
+A lane whose turns all belong to clients that have gone (a client that gave
+up and sends its request again at once) counts as free: the new turn queues
+behind the one being cancelled, on the agent that holds its conversation,
+rather than starting another agent.
+
 Claimed and released on the event loop only, so no lock: the claim before the
 turn is rendered, the release when its finish arrives (or its start fails).
 """
 
 from __future__ import annotations
 
-from collections import Counter
+from typing import Awaitable, Callable, Optional
+
+ClientGone = Callable[[], Awaitable[bool]]
 
 
 class AgentLanes:
     def __init__(self, most: int) -> None:
         self.most = most  # lanes per agent: more could not run at once (max_batch_size)
-        self._running: Counter[tuple[str, str]] = Counter()  # (model key, agent id) -> turns claimed
+        self._holders: dict[tuple[str, str], list[str]] = {}  # (model key, agent id) -> request ids
         self._claims: dict[str, tuple[str, str]] = {}  # request id -> (model key, agent id)
+        self._gone: dict[str, Optional[ClientGone]] = {}  # request id -> its client's disconnect check
 
-    def claim(self, model_key: str, base: str, request_id: str) -> str:
-        """The first lane of ``base`` without a turn (``base`` itself first), held for ``request_id``; past
-        ``most`` lanes, ``base`` (the turn queues behind its running one, as before)."""
-        agent_id = next((lane for lane in self._lanes(base) if not self._running[(model_key, lane)]), base)
-        self._running[(model_key, agent_id)] += 1
+    async def claim(self, model_key: str, base: str, request_id: str,
+                    client_gone: Optional[ClientGone] = None) -> str:
+        """The first lane of ``base`` without a live turn (``base`` itself first), held for ``request_id``;
+        past ``most`` lanes, ``base`` (the turn queues behind its running one, as before)."""
+        agent_id = base
+        for lane in self._lanes(base):
+            if await self._free(model_key, lane):
+                agent_id = lane
+                break
+        self._holders.setdefault((model_key, agent_id), []).append(request_id)
         self._claims[request_id] = (model_key, agent_id)
+        self._gone[request_id] = client_gone
         return agent_id
 
     def release(self, request_id: str) -> None:
         """The turn of ``request_id`` finished, or never started (a request that claimed nothing: no-op)."""
         claim = self._claims.pop(request_id, None)
+        self._gone.pop(request_id, None)
         if claim is None:
             return
-        self._running[claim] -= 1
-        if self._running[claim] <= 0:
-            del self._running[claim]
+        holders = self._holders[claim]
+        holders.remove(request_id)
+        if not holders:
+            del self._holders[claim]
 
     @property
     def held(self) -> int:
         return len(self._claims)
+
+    async def _free(self, model_key: str, agent_id: str) -> bool:
+        for request_id in list(self._holders.get((model_key, agent_id), ())):
+            gone = self._gone.get(request_id)
+            if gone is None or not await gone():
+                return False
+        return True
 
     def _lanes(self, base: str) -> list[str]:
         return [base, *(f"{base}-{lane}" for lane in range(2, self.most + 1))]

@@ -80,7 +80,7 @@ async def create_message(body: MessagesRequest, request: Request) -> Response:
     service, record = _service(request), _recorder(request)
     try:
         spec = turn_spec(body, request.headers)
-        prepared = await prepare(service, spec)
+        prepared = await prepare(service, spec, request.is_disconnected)
         assembler = OutputAssembler.for_turn(service, prepared, spec.conversation, "toolu_", spec.identity.agent_id)
         turn = service.start_turn(prepared)
     except (ApiError, SemanticError):

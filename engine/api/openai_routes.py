@@ -49,7 +49,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     metrics: MetricsRecorder = request.app.state.metrics
     try:
         spec = to_turn_spec(body, request.headers, service.settings)
-        generation = await prepare(service, spec)
+        generation = await prepare(service, spec, request.is_disconnected)
         meta = CompletionMeta.new(body.model or service.engine_for(generation).loaded.model_id, generation.agent_id)
         assembler = OutputAssembler.for_turn(service, generation, spec.conversation, "call_", spec.identity.agent_id)
         turn = service.start_turn(generation)

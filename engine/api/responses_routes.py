@@ -97,7 +97,7 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
             previous = await _stored(request, body.previous_response_id, "previous_response_id")
         spec = to_turn_spec(body, items, previous, request.headers, service.settings)
         try:
-            generation = await prepare(service, spec)
+            generation = await prepare(service, spec, request.is_disconnected)
         except PromptTooLongError as exc:
             if not body.stream:
                 raise

@@ -16,6 +16,7 @@ from engine.domain.requests import FinishEvent, GenerationRequest, SamplingParam
 
 from engine.runtime.engine_thread.engine import Engine
 
+from .agent_lanes import ClientGone
 from .async_turn import AsyncTurn
 from engine.domain.chat import Conversation, ToolCall
 from .identity import AgentIdentity
@@ -116,17 +117,18 @@ async def head_length(service: EngineService, conversation: Conversation, tokens
     return common_prefix_length(tokens, rendered)
 
 
-async def prepare(service: EngineService, spec: TurnSpec) -> GenerationRequest:
+async def prepare(service: EngineService, spec: TurnSpec, client_gone: ClientGone | None = None) -> GenerationRequest:
     """Render and validate for the model the request is routed to; raises PromptTooLongError and friends before
     any 200 is sent.
 
     Waits out a model swap or an extra model's load first (or answers 503 after ``swap_wait_s``).
+    ``client_gone``: the HTTP request's disconnect check, for a lane whose client went away (agent_lanes.py).
     """
     served = await service.served(spec.model, spec.identity.auxiliary)
     request_id = next_request_id()
     agent_id = spec.identity.agent_id
     if spec.identity.derived:
-        agent_id = service.lanes.claim(served.loaded.identity.key, agent_id, request_id)
+        agent_id = await service.lanes.claim(served.loaded.identity.key, agent_id, request_id, client_gone)
     try:
         return await _prepared_for(service, served.engine, spec, agent_id, request_id)
     except BaseException:

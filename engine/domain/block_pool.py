@@ -43,6 +43,7 @@ class PoolSnapshot:
     block_owner: tuple[str | None, ...]  # the first holder of each block
     block_group: tuple[int | None, ...]
     block_holders: tuple[int, ...] = ()  # holders of each block: above 1, a shared prefix block
+    block_holder_ids: tuple[tuple[str, ...], ...] = ()  # who holds each block (the first is block_owner)
 
     @property
     def free_blocks(self) -> int:
@@ -281,6 +282,7 @@ class BlockPool:
                 block_owner=tuple([h[0] if h else None for h in self._holders]),
                 block_group=tuple(self._group),
                 block_holders=tuple([len(h) for h in self._holders]),
+                block_holder_ids=tuple([tuple(h) for h in self._holders]),
             )
 
     # -- model swap -----------------------------------------------------------------------

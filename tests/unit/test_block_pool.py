@@ -216,6 +216,7 @@ def test_snapshot_values() -> None:
         block_owner=("a", "a", "a", "b", None, None),
         block_group=(0, 0, 1, 1, None, None),
         block_holders=(2, 1, 1, 1, 0, 0),
+        block_holder_ids=(("a", "b"), ("a",), ("a",), ("b",), (), ()),
     )
     assert (snap.free_blocks, snap.used_bytes, snap.free_bytes, snap.total_bytes) == (2, 40, 20, 60)
     assert snap.pressure == pytest.approx(4 / 6)
