@@ -86,6 +86,11 @@ def outgoing(request: Recorded, protocol: str, max_tokens: int, api_key: str) ->
         headers = {**request.headers, "authorization": f"Bearer {api_key}"}
         return request.path, headers, body
     body["max_tokens"] = min(int(body.get("max_tokens") or max_tokens), max_tokens)
+    thinking = body.get("thinking")
+    if isinstance(thinking, dict) and thinking.get("type") == "enabled" \
+            and int(thinking.get("budget_tokens") or 0) >= body["max_tokens"]:
+        # Claude Code asks for 31,999 of its 32,000 tokens; the budget must stay below the capped max_tokens.
+        body["thinking"] = {**thinking, "budget_tokens": body["max_tokens"] - 1}
     if protocol == "openai":
         body.pop("max_completion_tokens", None)
         if body.get("stream"):
