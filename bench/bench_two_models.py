@@ -41,7 +41,7 @@ import sys
 import tempfile
 import time
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterator
 
@@ -236,7 +236,7 @@ def main() -> None:
         parser.error(f"unknown workload(s) {', '.join(unknown)}; choose from {', '.join(WORKLOADS)}")
     sizes = QUICK if args.quick else FULL
     if args.repeats:
-        sizes = Sizes(**{**{f: getattr(sizes, f) for f in Sizes.__dataclass_fields__}, "repeats": args.repeats})
+        sizes = replace(sizes, repeats=args.repeats)
     small, large = model_folder(args.model, args.cache_dir), model_folder(args.large, args.cache_dir)
     tokenizers = {name: Tokenizer.from_file(str(folder / "tokenizer.json"))
                   for name, folder in (("small", small), ("large", large))}
