@@ -160,9 +160,7 @@ def run_once(name: str, script: Script, large: Path, small: Path, work: Path) ->
     server_set = semantic_set if name == "semantic" else peer_set
     with server_set(large, small, work) as (served, peaks):
         run = asyncio.run(script.run(served))
-        for peak in peaks:
-            peak.close()
-        run.peak_bytes = sum(peak.bytes for peak in peaks)
+    run.peak_bytes = sum(peak.bytes for peak in peaks)  # the samplers stopped with their servers
     print(f"#   {name}: wall {run.wall_s:.1f} s, TTFT p50 {ttft_percentile(run.all_turns, 50):.2f} s, "
           f"p95 {ttft_percentile(run.all_turns, 95):.2f} s, peak memory {run.peak_bytes / 2**20:.0f} MiB", flush=True)
     return run

@@ -261,7 +261,7 @@ def main() -> None:
     parser.add_argument("--bare", action="store_true", help="record a --bare run instead")
     parser.add_argument("--model", default=None,
                         help="claude --model MODEL (e.g. haiku: a session on Claude Code's haiku tier, the side "
-                             "requests bench_two_models_trace routes to a second model)")
+                             "requests bench_two_models' trace workload routes to a second model)")
     parser.add_argument("--tool-turns", action="store_true",
                         help="script Read calls of the project's two files before the answer (requests with tool "
                              "results)")

@@ -22,7 +22,7 @@ turn is rendered, the release when its finish arrives (or its start fails).
 
 from __future__ import annotations
 
-from typing import Awaitable, Callable, Optional
+from typing import Awaitable, Callable
 
 ClientGone = Callable[[], Awaitable[bool]]
 
@@ -32,10 +32,10 @@ class AgentLanes:
         self.most = most  # lanes per agent: more could not run at once (max_batch_size)
         self._holders: dict[tuple[str, str], list[str]] = {}  # (model key, agent id) -> request ids
         self._claims: dict[str, tuple[str, str]] = {}  # request id -> (model key, agent id)
-        self._gone: dict[str, Optional[ClientGone]] = {}  # request id -> its client's disconnect check
+        self._gone: dict[str, ClientGone | None] = {}  # request id -> its client's disconnect check
 
     async def claim(self, model_key: str, base: str, request_id: str,
-                    client_gone: Optional[ClientGone] = None) -> str:
+                    client_gone: ClientGone | None = None) -> str:
         """The first lane of ``base`` without a live turn (``base`` itself first), held for ``request_id``;
         past ``most`` lanes, ``base`` (the turn queues behind its running one, as before)."""
         agent_id = base

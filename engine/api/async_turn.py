@@ -7,7 +7,7 @@ each event to the event loop, so no request ever blocks the loop on MLX work.
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncIterator, Awaitable, Callable, Optional
+from typing import AsyncIterator, Awaitable, Callable
 
 from engine.runtime.engine_thread.engine import Engine
 from engine.domain.requests import EngineEvent, FinishEvent, FinishReason, GenerationRequest
@@ -15,7 +15,7 @@ from engine.domain.requests import EngineEvent, FinishEvent, FinishReason, Gener
 
 class AsyncTurn:
     def __init__(self, engine: Engine, request: GenerationRequest,
-                 on_finish: Optional[Callable[[], None]] = None) -> None:
+                 on_finish: Callable[[], None] | None = None) -> None:
         """``on_finish``: called on the event loop when the engine ends the turn, whether or not anyone
         still reads its events (a client gone mid-stream)."""
         self.engine = engine
