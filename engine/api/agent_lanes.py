@@ -14,7 +14,15 @@ next turn finds the conversation on whichever lane is free.
 A lane whose turns all belong to clients that have gone (a client that gave
 up and sends its request again at once) counts as free: the new turn queues
 behind the one being cancelled, on the agent that holds its conversation,
-rather than starting another agent.
+rather than starting another agent. Seeing that a client went is not
+immediate: uvicorn stops reading a connection once its request body is in,
+so the first disconnect check only resumes reading and says "still there";
+the close is seen an event-loop turn or two later. A claim that would start
+a sibling lane therefore waits ``SETTLE_S`` once and looks again (measured:
+the soak's clients that drop a request and send the next at once got a
+lane of their own in 1 of 3 half-minute runs without it). A request whose
+own client has already gone takes its base agent: it will only be
+cancelled, and a lane started for it would hold blocks nobody uses.
 
 Claimed and released on the event loop only, so no lock: the claim before the
 turn is rendered, the release when its finish arrives (or its start fails).
@@ -22,9 +30,14 @@ turn is rendered, the release when its finish arrives (or its start fails).
 
 from __future__ import annotations
 
+import asyncio
 from typing import Awaitable, Callable
 
 ClientGone = Callable[[], Awaitable[bool]]
+
+# Long enough for the event loop to read a closed connection's end once reading resumed (a few loop turns),
+# short against any turn: it is paid only by a claim that finds its first lane busy.
+SETTLE_S = 0.01
 
 
 class AgentLanes:
@@ -38,14 +51,23 @@ class AgentLanes:
                     client_gone: ClientGone | None = None) -> str:
         """The first lane of ``base`` without a live turn (``base`` itself first), held for ``request_id``;
         past ``most`` lanes, ``base`` (the turn queues behind its running one, as before)."""
-        agent_id = base
-        for lane in self._lanes(base):
-            if await self._free(model_key, lane):
-                agent_id = lane
-                break
-        self._holders.setdefault((model_key, agent_id), []).append(request_id)
-        self._claims[request_id] = (model_key, agent_id)
-        self._gone[request_id] = client_gone
+        if client_gone is not None and await client_gone():
+            self._hold(model_key, base, request_id, client_gone)
+            return base
+        lanes = self._lanes(base)
+        agent_id = await self._first_free(model_key, lanes)
+        self._hold(model_key, agent_id, request_id, client_gone)  # held while it waits: no other claim takes it
+        if agent_id != base:  # a busy lane's client may have gone unseen: look again once it could be seen
+            try:
+                await asyncio.sleep(SETTLE_S)
+                earlier = await self._first_free(model_key, lanes[:lanes.index(agent_id)], default=agent_id)
+            except BaseException:  # the request was cancelled while it waited: it holds nothing
+                self.release(request_id)
+                raise
+            if earlier != agent_id:
+                self.release(request_id)
+                self._hold(model_key, earlier, request_id, client_gone)
+                agent_id = earlier
         return agent_id
 
     def release(self, request_id: str) -> None:
@@ -62,6 +84,18 @@ class AgentLanes:
     @property
     def held(self) -> int:
         return len(self._claims)
+
+    def _hold(self, model_key: str, agent_id: str, request_id: str, client_gone: ClientGone | None) -> None:
+        self._holders.setdefault((model_key, agent_id), []).append(request_id)
+        self._claims[request_id] = (model_key, agent_id)
+        self._gone[request_id] = client_gone
+
+    async def _first_free(self, model_key: str, lanes: list[str], default: str | None = None) -> str:
+        """The first of ``lanes`` without a live turn; ``default`` (the first lane) when every one has one."""
+        for lane in lanes:
+            if await self._free(model_key, lane):
+                return lane
+        return lanes[0] if default is None else default
 
     async def _free(self, model_key: str, agent_id: str) -> bool:
         for request_id in list(self._holders.get((model_key, agent_id), ())):

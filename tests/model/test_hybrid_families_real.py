@@ -38,6 +38,12 @@ pytestmark = pytest.mark.model
 
 FAMILIES = ["qwen3_5", "qwen3_5_moe", "qwen3_next", "nemotron_h", "granitemoehybrid", "lfm2", "falcon_h1", "mamba2",
             "kimi_linear", "rwkv7"]
+# Restart, export, fork and rewind over HTTP on one family of each kind of recurrent layer: gated delta net
+# (Qwen3.5), Mamba2 mixer beside attention in one layer (Falcon-H1), short convolution (LFM2), Kimi delta
+# attention, RWKV-7. With the engine-level tests' five (tests/unit/test_hybrid_families.py: Qwen3-Next,
+# Nemotron-H, LFM2, Mamba2, RWKV-7) every family but Qwen3.5-MoE and Granite-H (the states of Qwen3.5 and
+# Nemotron-H) runs them; the four-turn and shared-prefix tests here run on all ten. Saved ~50 s.
+LAYER_KINDS = ["qwen3_5", "falcon_h1", "lfm2", "kimi_linear", "rwkv7"]
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -106,6 +112,7 @@ def test_a_second_session_starts_from_the_first_ones_system_prompt(family, api: 
     pool_holds_what_it_counts(api)
 
 
+@pytest.mark.parametrize("family", LAYER_KINDS, indirect=True)
 def test_an_agent_evicted_to_disk_comes_back_after_a_restart_and_exports(family, tmp_path: Path) -> None:
     """The state and its snapshots go to the agent's file with its attention blocks; after a restart the next
     turn reads them and computes only what is new; the agent exports as a file of its own."""
@@ -139,6 +146,7 @@ def as_streamed(text: str) -> str:
     return text[1:] if text.startswith(" ") else text
 
 
+@pytest.mark.parametrize("family", LAYER_KINDS, indirect=True)
 def test_fork_rewind_and_a_mixed_batch_through_the_agent_api(family, api: RealApi) -> None:
     """The direct agent API on a model with recurrent layers: a fork's first turn continues from its parent's
     state and snapshots; a rewind to the first turn's end resumes from the snapshot kept there; then three

@@ -272,6 +272,8 @@ def test_a_pinned_model_is_never_unloaded_and_what_cannot_fit_says_why(folders, 
         assert refused.status_code in (400, 404), refused.text
 
 
+@pytest.mark.slow(reason="both real models in one server, five turns and a fork, three plain mlx-lm references: "
+                          "59 s here, past 60 on a slower box")
 def test_smollm2_serves_claude_codes_main_turns_and_gemma_3_its_haiku_tier(smollm2_path, gemma3_path, smollm2,
                                                                            gemma3, tmp_path: Path) -> None:
     """The real models: Gemma 3 270M as the side model beside SmolLM2, each token for token as alone."""
