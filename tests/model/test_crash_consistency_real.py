@@ -12,7 +12,7 @@ Two rounds, not ten: each round runs every action (turns, fork, rewind, export, 
 check, and the second sweeps the files planted after the first, which is what the suite must prove; finding a
 rare race needs hundreds of rounds, which is the harness's own job (``python -m bench.crash --rounds 200``,
 kept in bench/reports/). The faults its long runs found have their own regression tests
-(tests/unit/test_cache_file_crash.py, test_temp_files.py, test_warm_tier.py). Two rounds took 47 s here
+(tests/unit/test_cache_file_crash.py, test_temp_files.py, test_warm_tier.py). Two rounds took 40 s here
 (2026-12-03), four 83 s.
 """
 
@@ -42,7 +42,7 @@ def _dead_pid() -> int:
     return child.pid
 
 
-@pytest.mark.slow(reason="two kill-restart-check rounds, each a server start on the real model (~45 s here)")
+@pytest.mark.slow(reason="two kill-restart-check rounds, each a server start on the real model (~40 s here)")
 def test_kills_at_random_moments_lose_nothing(smollm2_path: Path, tmp_path: Path) -> None:
     seed = random.randrange(2**31)
     planted: list[Path] = []
