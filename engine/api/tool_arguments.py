@@ -40,9 +40,9 @@ class JsonCallScanner:
     streaming: bool = False
     refused: bool = False
     done: bool = False  # the arguments object closed
-    _depth: int = 0
-    _in_string: bool = False
+    _depth: int = 0  # of the call object: 0 before its "{", then 1
     _escaped: bool = False
+    _object: "JsonObjectEnd" = field(default_factory=lambda: JsonObjectEnd())
     _string: list[str] = field(default_factory=list)  # a depth-1 string being read (a key or the name's value)
     _key: str | None = None  # the depth-1 key whose value comes next
     _after_colon: bool = False
@@ -50,19 +50,25 @@ class JsonCallScanner:
 
     def feed(self, text: str) -> str:
         out: list[str] = []
-        for char in text:
-            if self.refused or self.done:
-                break
+        at = 0
+        while at < len(text) and not (self.refused or self.done):
             if self.streaming:
-                out.append(char)
-                self._lex_inside(char)
-                if self._depth == 1:
+                piece = self._object.take(text[at:])
+                out.append(piece)
+                at += len(piece)
+                if self._object.closed:
                     self.streaming, self.done = False, True
                 continue
+            char = text[at]
+            at += 1
             self._outer(char)
             if self.streaming:
-                out.append(char)
+                out.append(self._object.take(char))  # the arguments' "{"
         return "".join(out)
+
+    def close(self) -> str:
+        """The call's body ended; the arguments' own ``}`` already said where they end."""
+        return ""
 
     # The call object itself (depth 0 and 1): its keys, the name's value, where the arguments begin.
     def _outer(self, char: str) -> None:
@@ -94,7 +100,7 @@ class JsonCallScanner:
         if key == "name" and char == '"' and self.name is None:
             self._reading, self._string = "name", []
         elif key in ARGUMENT_KEYS and char == "{" and self.name is not None:
-            self.streaming, self._depth = True, 2
+            self.streaming, self._object = True, JsonObjectEnd()
         else:
             self.refused = True  # another key first, arguments before the name, or arguments as a string
 
@@ -115,21 +121,36 @@ class JsonCallScanner:
         else:
             self._string.append(char)
 
-    # Inside the arguments object: only where it ends matters (strings may hold braces).
-    def _lex_inside(self, char: str) -> None:
-        if self._in_string:
-            if self._escaped:
-                self._escaped = False
-            elif char == "\\":
-                self._escaped = True
+class JsonObjectEnd:
+    """Where a JSON object written piece by piece ends: :meth:`take` returns the part of the text that belongs
+    to it (all of it, or up to its closing brace, then ``closed``). Only the nesting matters, and strings may
+    hold braces."""
+
+    def __init__(self) -> None:
+        self.closed = False
+        self._depth = 0
+        self._in_string = False
+        self._escaped = False
+
+    def take(self, text: str) -> str:
+        for at, char in enumerate(text):
+            if self.closed:
+                return text[:at]
+            if self._in_string:
+                if self._escaped:
+                    self._escaped = False
+                elif char == "\\":
+                    self._escaped = True
+                elif char == '"':
+                    self._in_string = False
             elif char == '"':
-                self._in_string = False
-        elif char == '"':
-            self._in_string = True
-        elif char in "{[":
-            self._depth += 1
-        elif char in "}]":
-            self._depth -= 1
+                self._in_string = True
+            elif char in "{[":
+                self._depth += 1
+            elif char in "}]":
+                self._depth -= 1
+                self.closed = self._depth == 0
+        return text
 
 
 def partial_arguments(text: str) -> dict[str, Any]:
@@ -177,7 +198,7 @@ class XmlFunctionScanner:
         self._value = ""  # the open parameter's raw value so far (its first newline dropped)
         self._opened = False  # its string's opening quote (and key) sent
         self._fresh = False  # nothing of its value read yet (its first newline is dropped)
-        self._first = True  # no parameter sent yet
+        self._members = ObjectMembers()
 
     def feed(self, text: str) -> str:
         self._buffer += text
@@ -188,6 +209,10 @@ class XmlFunctionScanner:
                 break
             out.append(step)
         return "".join(out)
+
+    def close(self) -> str:
+        """The call's body ended; ``</function>`` already closed the object (else the call ends incomplete)."""
+        return ""
 
     def _head(self) -> str | None:
         text = self._buffer.lstrip()
@@ -252,7 +277,7 @@ class XmlFunctionScanner:
         sendable = self._value[:-1] if self._value.endswith("\n") else self._value  # may be the trimmed newline
         if "null".startswith(sendable.lower()):
             return None  # may yet be exactly "null"
-        out = self._open_string() + _escaped(sendable)
+        out = self._open_string() + escaped(sendable)
         self._value = self._value[len(sendable):]
         return out or None
 
@@ -260,14 +285,13 @@ class XmlFunctionScanner:
         value = self._value[:-1] if self._value.endswith("\n") else self._value
         key, self._key = self._key, None
         if self._opened:
-            return _escaped(value) + '"'
+            return escaped(value) + '"'
         try:
             converted = self._parser._convert_param_value(value, key, self._config)
         except (ValueError, SyntaxError):
             self.refused = True  # the parser fails the whole call on it: what streamed ends incomplete
             return ""
-        return self._separator() + json.dumps(key, ensure_ascii=False) + ": " + json.dumps(converted,
-                                                                                         ensure_ascii=False)
+        return self._members.key(key) + json.dumps(converted, ensure_ascii=False)
 
     def _streams_as_string(self) -> bool:
         """Whether the parser keeps this parameter's value as the text written (its schema says a string, or
@@ -281,14 +305,22 @@ class XmlFunctionScanner:
         if self._opened:
             return ""
         self._opened = True
-        return self._separator() + json.dumps(self._key, ensure_ascii=False) + ': "'
+        return self._members.key(self._key) + '"'
 
-    def _separator(self) -> str:
+
+class ObjectMembers:
+    """The members of a JSON object written one by one: each key after a comma but the first's."""
+
+    def __init__(self) -> None:
+        self._first = True
+
+    def key(self, key: str | None) -> str:
         first, self._first = self._first, False
-        return "" if first else ", "
+        return ("" if first else ", ") + json.dumps(key, ensure_ascii=False) + ": "
 
 
-def _escaped(text: str) -> str:
+def escaped(text: str) -> str:
+    """``text`` as it stands inside a JSON string."""
     return json.dumps(text, ensure_ascii=False)[1:-1]
 
 

@@ -24,6 +24,8 @@ from engine.domain.chat import ToolCall
 from engine.domain.reasoning import HarmonyFormat, ReasoningFormat
 
 from .tool_arguments import JsonCallScanner, XmlFunctionScanner, partial_arguments, partial_suffix
+from .tool_arguments_glm import GlmCallScanner
+from .tool_arguments_headed import HeadedJsonScanner, kimi_header, mistral_header
 
 ParseFn = Callable[[str, Any], Any]
 
@@ -36,8 +38,9 @@ class ToolFormat:
     # The call between the markers is ``{"name": ..., "arguments": ...}`` JSON: strict tools can be
     # constrained to it (tool_constraints.py); other formats (pythonic, XML-ish) cannot, yet.
     json_body: bool = False
-    # How a call's arguments stream while it is written (tool_arguments.py): "json" (a JSON body), "qwen3_xml"
-    # (Qwen3-Coder's XML), or None: the call comes whole when it closes.
+    # How a call's arguments stream while it is written (StreamedArguments.of): "json" (a JSON body),
+    # "qwen3_xml" (Qwen3-Coder's XML), "glm47" (GLM's keys and values), "mistral" or "kimi" (a header, then the
+    # arguments' JSON), or None: the call comes whole when it closes.
     streams: str | None = None
 
 
@@ -54,6 +57,10 @@ HARMONY_CALLS = ToolFormat("<|start|>assistant to=functions.", "<|call|>", _pars
 JSON_TOOLS_PARSER = "mlx_lm.tool_parsers.json_tools"
 # Its parser of Qwen3-Coder's XML calls (Qwen3.5's and Qwen3-Next's templates too).
 QWEN3_XML_PARSER = "mlx_lm.tool_parsers.qwen3_coder"
+# Its parsers whose calls stream in a format of their own, by module (the call's end marker, where the format
+# has one, is the tokenizer's): GLM-4.5/4.7's, Mistral's (no end marker) and Kimi K2's.
+STREAMING_PARSERS = {"mlx_lm.tool_parsers.glm47": "glm47", "mlx_lm.tool_parsers.mistral": "mistral",
+                     "mlx_lm.tool_parsers.kimi_k2": "kimi"}
 
 
 def tool_format_for(tokenizer: Any, reasoning: ReasoningFormat | None = None) -> ToolFormat:
@@ -65,7 +72,8 @@ def tool_format_for(tokenizer: Any, reasoning: ReasoningFormat | None = None) ->
         end = tokenizer.tool_call_end or ""
         module = getattr(parse, "__module__", None)
         json_body = module == JSON_TOOLS_PARSER and bool(end)
-        streams = "json" if json_body else "qwen3_xml" if module == QWEN3_XML_PARSER and end else None
+        streams = ("json" if json_body else "qwen3_xml" if module == QWEN3_XML_PARSER and end
+                   else STREAMING_PARSERS.get(module or ""))
         return ToolFormat(tokenizer.tool_call_start, end, parse, json_body, streams)
     return FALLBACK
 
@@ -153,8 +161,8 @@ class ToolCallStream:
         rest, self._buffer = self._buffer, ""
         if self._in_call:
             self._in_call = False
-            if self._arguments is not None:
-                pieces += self._arguments.take(rest, len(rest))
+            if self._arguments is not None:  # a format without an end marker ends here; another's was cut short
+                pieces += self._arguments.take(rest, len(rest), ended=not self.fmt.end)
             pieces.append(self._parsed(rest, self.fmt.start + rest))
         elif rest:
             pieces.append(TextPiece(rest))
@@ -176,8 +184,8 @@ class ToolCallStream:
         return [TextPiece(text)]
 
     def _close_call(self) -> list[Piece] | None:
-        if not self.fmt.end:
-            return None  # formats without an end marker run to the end of generation
+        if not self.fmt.end:  # formats without an end marker run to the end of generation, streaming as they go
+            return self._arguments.take(self._buffer, len(self._buffer)) or None if self._arguments else None
         at = self._buffer.find(self.fmt.end)
         if at < 0:  # still open: what is surely before the end marker may stream
             if self._arguments is None:
@@ -186,7 +194,7 @@ class ToolCallStream:
             return self._arguments.take(self._buffer, sure) or None
         body, self._buffer = self._buffer[:at], self._buffer[at + len(self.fmt.end):]
         self._in_call = False
-        pieces = self._arguments.take(body, len(body)) if self._arguments is not None else []
+        pieces = self._arguments.take(body, len(body), ended=True) if self._arguments is not None else []
         return pieces + [self._parsed(body, f"{self.fmt.start}{body}{self.fmt.end}")]
 
     def _parsed(self, body: str, raw: str) -> Piece:
@@ -208,10 +216,13 @@ class ToolCallStream:
         return piece
 
 
+ArgumentScanner = JsonCallScanner | XmlFunctionScanner | GlmCallScanner | HeadedJsonScanner
+
+
 class StreamedArguments:
     """One call's arguments streaming: its format's scanner (tool_arguments.py) over its body as it grows."""
 
-    def __init__(self, id_prefix: str, scanner: JsonCallScanner | XmlFunctionScanner) -> None:
+    def __init__(self, id_prefix: str, scanner: ArgumentScanner) -> None:
         self.id_prefix = id_prefix
         self.scanner = scanner
         self.started: ToolStartPiece | None = None
@@ -221,18 +232,19 @@ class StreamedArguments:
     @classmethod
     def of(cls, fmt: ToolFormat, tools: Any, id_prefix: str) -> "StreamedArguments | None":
         """For a call of ``fmt`` (None: its format does not stream)."""
-        if fmt.streams == "json":
-            return cls(id_prefix, JsonCallScanner())
-        if fmt.streams == "qwen3_xml":
-            return cls(id_prefix, XmlFunctionScanner(tools))
-        return None
+        scanners: dict[str, Callable[[], ArgumentScanner]] = {
+            "json": JsonCallScanner, "qwen3_xml": lambda: XmlFunctionScanner(tools),
+            "glm47": lambda: GlmCallScanner(tools), "mistral": lambda: HeadedJsonScanner(mistral_header),
+            "kimi": lambda: HeadedJsonScanner(kimi_header)}
+        make = scanners.get(fmt.streams or "")
+        return cls(id_prefix, make()) if make is not None else None
 
-    def take(self, body: str, upto: int) -> list[Piece]:
-        """Pieces for the body's text up to ``upto`` not read before."""
-        if upto <= self._read:
-            return []
-        fresh = self.scanner.feed(body[self._read:upto])
-        self._read = upto
+    def take(self, body: str, upto: int, ended: bool = False) -> list[Piece]:
+        """Pieces for the body's text up to ``upto`` not read before; ``ended``: that is the whole body."""
+        fresh = self.scanner.feed(body[self._read:upto]) if upto > self._read else ""
+        self._read = max(self._read, upto)
+        if ended:
+            fresh += self.scanner.close()
         pieces: list[Piece] = []
         if fresh and self.started is None:
             self.started = ToolStartPiece(new_tool_id(self.id_prefix), str(self.scanner.name))

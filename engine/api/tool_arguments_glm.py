@@ -1,0 +1,154 @@
+"""GLM-4.5/4.7's tool calls, streamed as the JSON object mlx-lm's ``glm47`` parser makes of them.
+
+GLM writes a call between ``<tool_call>`` markers as the tool's name, then
+each argument as a key and a value::
+
+    NAME<arg_key>KEY</arg_key>
+    <arg_value>VALUE</arg_value>
+    ...
+
+The parser strips the name, keys and values; keeps a value as text when the
+tool's schema says the parameter is a string; and reads any other value as
+JSON, else as a Python literal, else as the text. :class:`GlmCallScanner`
+writes that object as it goes: ``{`` once the name is known, a string
+parameter's key and text (JSON-escaped) as it is written, any other
+parameter once its value closes (through the parser's own reading), and
+``}`` when the call's body ends. Held back only what may still change: a
+possible end tag and trailing whitespace (which the parser strips).
+
+A body in another shape (GLM's JSON or ``name key=value`` fallbacks) never
+finds an ``<arg_key>``: it never starts streaming, and the call comes whole
+when it ends, as before.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .tool_arguments import ObjectMembers, escaped, partial_suffix
+
+ARG_KEY, ARG_KEY_END, ARG_VALUE, ARG_VALUE_END = "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"
+
+
+class GlmCallScanner:
+    def __init__(self, tools: Any = None) -> None:
+        from mlx_lm.tool_parsers import glm47  # (the parser whose reading this follows)
+
+        self._parser = glm47
+        self._tools = tools
+        self._strings: set[str] = set()
+        self.name: str | None = None
+        self.streaming = False
+        self.refused = False
+        self.done = False
+        self._buffer = ""
+        self._state = "name"
+        self._key: str | None = None
+        self._value = ""  # the open value's text read so far and not yet sent (a string's) or kept (another's)
+        self._opened = False  # the open string value's key and opening quote sent
+        self._members = ObjectMembers()
+
+    def feed(self, text: str) -> str:
+        self._buffer += text
+        out: list[str] = []
+        while not (self.refused or self.done):
+            step = {"name": self._name, "key": self._key_text, "between": self._between, "value": self._value_text,
+                    "arguments": self._arguments}[self._state]()
+            if step is None:
+                break
+            out.append(step)
+        return "".join(out)
+
+    def close(self) -> str:
+        """The call's body ended (its ``</tool_call>``): the object closes, unless a value was left open (the
+        parser drops that argument, which has partly streamed: the call ends incomplete)."""
+        if not self.streaming:
+            return ""
+        self.streaming = False
+        if self._state == "value" and self._opened:
+            self.refused = True
+            return ""
+        self.done = True
+        return "}"
+
+    def _name(self) -> str | None:
+        at = self._buffer.find(ARG_KEY)
+        if at < 0:
+            return None
+        self.name, self._buffer = self._buffer[:at].strip(), self._buffer[at + len(ARG_KEY):]
+        self._strings = self._parser._get_string_arg_names(self.name, self._tools)
+        self.streaming, self._state = True, "key"
+        return "{"
+
+    def _key_text(self) -> str | None:
+        at = self._buffer.find(ARG_KEY_END)
+        if at < 0:
+            return None
+        self._key, self._buffer = self._buffer[:at].strip(), self._buffer[at + len(ARG_KEY_END):]
+        self._state = "between"
+        return ""
+
+    def _between(self) -> str | None:
+        """After a key, only whitespace (or a written ``\\n``) before its value, as the parser's pattern allows."""
+        text = self._buffer
+        while text[:1].isspace() or text.startswith("\\n"):
+            text = text[2:] if text.startswith("\\n") else text[1:]
+        self._buffer = text
+        if text.startswith(ARG_VALUE):
+            self._buffer, self._value, self._opened, self._state = text[len(ARG_VALUE):], "", False, "value"
+            return ""
+        if not text or ARG_VALUE.startswith(text) or text == "\\":
+            return None
+        self.refused = True  # the parser skips such a key; what streamed cannot be taken back
+        return None
+
+    def _value_text(self) -> str | None:
+        end = self._buffer.find(ARG_VALUE_END)
+        if end >= 0:
+            self._value += self._buffer[:end]
+            self._buffer, self._state = self._buffer[end + len(ARG_VALUE_END):], "arguments"
+            return self._closed_value()
+        held = partial_suffix(self._buffer, ARG_VALUE_END)
+        self._value += self._buffer[:len(self._buffer) - held]
+        self._buffer = self._buffer[len(self._buffer) - held:]
+        if self._key not in self._strings:
+            return None  # read whole when it closes
+        if not self._opened:
+            self._value = self._value.lstrip()
+        sendable = self._value.rstrip()  # trailing whitespace may be the end the parser strips
+        if not sendable:
+            return None
+        self._value = self._value[len(sendable):]
+        return self._open_string() + escaped(sendable)
+
+    def _closed_value(self) -> str:
+        key = self._key
+        if key in self._strings:  # the rest of its text, stripped as the parser strips it
+            rest = self._value.rstrip() if self._opened else self._value.strip()
+            text = self._open_string() + escaped(rest) + '"'
+            self._key = None
+            return text
+        self._key = None
+        value: Any = self._parser._deserialize(self._value.strip())
+        try:
+            text = json.dumps(value, ensure_ascii=False)
+        except (TypeError, ValueError):
+            self.refused = True  # a literal JSON cannot hold (a set, bytes): the parser's call ends incomplete
+            return ""
+        return self._members.key(key) + text
+
+    def _arguments(self) -> str | None:
+        """Between two arguments: the parser looks for the next ``<arg_key>`` and skips anything else."""
+        at = self._buffer.find(ARG_KEY)
+        if at < 0:
+            self._buffer = self._buffer[len(self._buffer) - partial_suffix(self._buffer, ARG_KEY):]
+            return None
+        self._buffer, self._state = self._buffer[at + len(ARG_KEY):], "key"
+        return ""
+
+    def _open_string(self) -> str:
+        if self._opened:
+            return ""
+        self._opened = True
+        return self._members.key(self._key) + '"'

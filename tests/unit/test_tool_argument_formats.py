@@ -1,0 +1,203 @@
+"""Tool arguments stream as written in GLM's, Mistral's and Kimi K2's call formats: each scanner against mlx-lm's
+own parser however the tokens cut the text, and the Anthropic and OpenAI streams through the official SDKs'
+helpers on a scripted model (one character a token) whose tokenizer has that format's parser."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import anthropic
+import openai
+import pytest
+from hypothesis import given, settings, strategies as st
+from mlx_lm.tool_parsers import glm47, kimi_k2, mistral
+
+from engine.api.tool_arguments_headed import HeadedJsonScanner, kimi_header, mistral_header
+from engine.api.tool_calls import (TextPiece, ToolArgumentsPiece, ToolCallStream, ToolFormat, ToolPiece,
+                                   ToolStartPiece, tool_format_for)
+from tests.support.byte_tokenizer import ByteTokenizer
+from tests.support.router_app import LiveServer, build_app, make_service
+from tests.support.scripted_engine import ScriptedEngine, scripted_loaded
+
+pytestmark = pytest.mark.unit
+
+CONTENT = 'def f(x):\n    return {"a": [x, "}"]}  # </arg_value is not the end\n\tpath = "C:\\\\tmp"'
+ARGUMENTS = {"file_path": "/project/src/app.py", "content": CONTENT, "mode": {"append": False, "lines": [1, 2]}}
+TOOLS = [{"type": "function", "function": {"name": "Write", "parameters": {"type": "object", "properties": {
+    "file_path": {"type": "string"}, "content": {"type": "string"}, "line": {"type": "integer"},
+    "mode": {"type": "object"}}}}}]
+
+# GLM: strings as written (stripped), anything else read as JSON, a Python literal, or the text.
+GLM_BODY = ("Write\n<arg_key>file_path</arg_key>\n<arg_value>/project/src/app.py</arg_value>\n"
+            f"<arg_key>content</arg_key>\n<arg_value>\n{CONTENT}\n  \n</arg_value>\n"
+            "<arg_key>line</arg_key>\\n<arg_value> 42 </arg_value>\n"
+            '<arg_key>mode</arg_key>\n<arg_value>{"append": false, "lines": [1, 2]}</arg_value>\n'
+            "<arg_key>undescribed</arg_key>\n<arg_value>None</arg_value>"
+            "<arg_key>plain</arg_key><arg_value>some words</arg_value>\n")
+MISTRAL_BODY = "Write[ARGS]" + json.dumps(ARGUMENTS, indent=1)
+KIMI_BODY = ("<|tool_call_begin|>functions.Write:0<|tool_call_argument_begin|>" + json.dumps(ARGUMENTS)
+             + "<|tool_call_end|>")
+FORMATS = {
+    "glm47": (ToolFormat(glm47.tool_call_start, glm47.tool_call_end, glm47.parse_tool_call, streams="glm47"),
+              GLM_BODY),
+    "mistral": (ToolFormat(mistral.tool_call_start, "", mistral.parse_tool_call, streams="mistral"), MISTRAL_BODY),
+    "kimi": (ToolFormat(kimi_k2.tool_call_start, kimi_k2.tool_call_end, kimi_k2.parse_tool_call, streams="kimi"),
+             KIMI_BODY),
+}
+
+
+def call_text(kind: str) -> str:
+    fmt, body = FORMATS[kind]
+    return fmt.start + body + fmt.end
+
+
+def parsed_arguments(kind: str) -> dict:
+    fmt, body = FORMATS[kind]
+    parsed = fmt.parse(body, TOOLS)
+    return (parsed[0] if isinstance(parsed, list) else parsed)["arguments"]
+
+
+def fed(stream: ToolCallStream, text: str, cuts: list[int]) -> list:
+    pieces, at = [], 0
+    for cut in sorted(set(c for c in cuts if c <= len(text))) + [len(text)]:
+        pieces += stream.feed(text[at:cut])
+        at = cut
+    return pieces + stream.finish()
+
+
+def test_the_parsers_read_what_the_tests_expect() -> None:
+    glm = parsed_arguments("glm47")
+    assert glm["content"] == CONTENT and glm["line"] == 42 and glm["mode"] == ARGUMENTS["mode"]
+    assert glm["undescribed"] is None and glm["plain"] == "some words"
+    assert parsed_arguments("mistral") == parsed_arguments("kimi") == ARGUMENTS
+
+
+@pytest.mark.parametrize("kind", sorted(FORMATS))
+@settings(max_examples=40, deadline=None)
+@given(cuts=st.lists(st.integers(0, 400), max_size=60))
+def test_a_call_streams_the_json_its_parser_makes_however_the_tokens_cut_it(kind: str, cuts: list[int]) -> None:
+    text = "Writing it." + call_text(kind)
+    pieces = fed(ToolCallStream(FORMATS[kind][0], TOOLS), text, cuts)
+    kinds = [type(p) for p in pieces]
+    start = kinds.index(ToolStartPiece)
+    assert "".join(p.text for p in pieces[:start] if isinstance(p, TextPiece)) == "Writing it."
+    assert pieces[start].name == "Write" and kinds[-1] is ToolPiece
+    assert set(kinds[start + 1:-1]) == {ToolArgumentsPiece}
+    streamed = "".join(p.text for p in pieces if isinstance(p, ToolArgumentsPiece))
+    assert json.loads(streamed) == parsed_arguments(kind) == pieces[-1].call.arguments
+    assert pieces[-1].complete and pieces[-1].arguments_text == streamed
+
+
+@pytest.mark.parametrize("kind", sorted(FORMATS))
+def test_a_string_argument_streams_while_it_is_written(kind: str) -> None:
+    text = call_text(kind)
+    head = text[:text.index("return")]
+    stream = ToolCallStream(FORMATS[kind][0], TOOLS)
+    streamed = "".join(p.text for p in stream.feed(head) if isinstance(p, ToolArgumentsPiece))
+    # GLM's parser strips a value, so whitespace after the last word waits for the next one.
+    tail = '"content": "def f(x):' if kind == "glm47" else '"content": "def f(x):\\n    '
+    assert streamed.endswith(tail), streamed
+
+
+def test_a_glm_value_held_back_is_only_what_the_parser_would_strip() -> None:
+    stream = ToolCallStream(FORMATS["glm47"][0], TOOLS)
+    pieces = stream.feed("<tool_call>Write<arg_key>content</arg_key><arg_value>  two words  \n")
+    assert "".join(p.text for p in pieces if isinstance(p, ToolArgumentsPiece)) == '{"content": "two words'
+    pieces = stream.feed("and more</arg_value></tool_call>")
+    assert "".join(p.text for p in pieces if isinstance(p, ToolArgumentsPiece)) == '  \\nand more"}'
+    assert pieces[-1].call.arguments == {"content": "two words  \nand more"}
+
+
+@pytest.mark.parametrize("kind, body", [
+    ("mistral", '[{"name": "Write", "arguments": {"file_path": "a"}}]'),  # the JSON list form
+    ("mistral", "Write[ARGS][1, 2]"),  # arguments that are not an object
+    ("kimi", "<|tool_call_begin|>Write<|tool_call_argument_begin|>{}<|tool_call_end|>"),  # an id without :N
+    ("glm47", '{"name": "Write", "arguments": {"file_path": "a"}}'),  # GLM's JSON fallback
+])
+def test_a_body_in_another_shape_comes_whole_when_the_call_ends(kind: str, body: str) -> None:
+    """As the call came before it streamed: the same pieces as the format without a scanner gives."""
+    fmt = FORMATS[kind][0]
+    text = fmt.start + body + fmt.end
+    pieces = fed(ToolCallStream(fmt, TOOLS), text, [3, 9, 17])
+    whole = fed(ToolCallStream(dataclasses.replace(fmt, streams=None), TOOLS), text, [])
+    assert not any(isinstance(p, (ToolStartPiece, ToolArgumentsPiece)) for p in pieces)
+    assert [type(p) for p in pieces] == [type(p) for p in whole]
+    if isinstance(whole[-1], ToolPiece):
+        assert pieces[-1].call.arguments == whole[-1].call.arguments and pieces[-1].call.name == whole[-1].call.name
+
+
+def test_the_headers_say_when_they_are_whole() -> None:
+    assert mistral_header("Wri") is None and mistral_header("Write[AR") is None
+    assert mistral_header(" Write [ARGS]{") == ("Write", len(" Write [ARGS]"))
+    assert kimi_header("<|tool_call_be") is None and kimi_header("<|tool_call_begin|>functions.Wr") is None
+    assert kimi_header("functions.Write:3<|tool_call_argument_begin|>")[0] == "Write"
+    for bad in ("Write x[ARGS]", "{"):
+        scanner = HeadedJsonScanner(mistral_header)
+        assert scanner.feed(bad) == "" and scanner.refused
+
+
+def test_a_call_cut_by_the_cap_stays_a_call_with_what_it_holds() -> None:
+    fmt = FORMATS["glm47"][0]
+    text = call_text("glm47")
+    pieces = fed(ToolCallStream(fmt, TOOLS), text[:text.index("return")], [])
+    assert isinstance(pieces[-1], ToolPiece) and not pieces[-1].complete
+    assert pieces[-1].call.arguments["file_path"] == "/project/src/app.py"
+
+
+def test_the_tool_formats_of_these_tokenizers_stream() -> None:
+    for parser, streams in ((glm47, "glm47"), (mistral, "mistral"), (kimi_k2, "kimi")):
+        fmt = tool_format_for(ToolTokenizer(parser))
+        assert fmt.streams == streams and fmt.start == parser.tool_call_start and fmt.end == parser.tool_call_end
+
+
+# -- through the official SDKs' stream helpers -----------------------------------------------------------
+class ToolTokenizer(ByteTokenizer):
+    """The byte tokenizer with a tool parser, as mlx-lm's TokenizerWrapper has for a model whose template calls
+    tools."""
+
+    has_tool_calling = True
+
+    def __init__(self, parser) -> None:
+        super().__init__()
+        self.tool_parser = parser.parse_tool_call
+        self.tool_call_start, self.tool_call_end = parser.tool_call_start, parser.tool_call_end
+
+
+PARSERS = {"glm47": glm47, "mistral": mistral, "kimi": kimi_k2}
+
+
+@pytest.fixture(scope="module", params=sorted(FORMATS))
+def server(request, tmp_path_factory):
+    kind = request.param
+    engine = ScriptedEngine(script=lambda _: "I will write it." + call_text(kind),
+                            loaded=scripted_loaded(tokenizer=ToolTokenizer(PARSERS[kind])))
+    with LiveServer(build_app(make_service(tmp_path_factory.mktemp(f"formats-{kind}"), engine))) as live:
+        yield kind, live
+
+
+def test_anthropic_input_json_events_join_to_the_final_input(server) -> None:
+    kind, live = server
+    tool = {"name": "Write", "input_schema": TOOLS[0]["function"]["parameters"]}
+    with anthropic.Anthropic(base_url=live.url, api_key="sk-local", max_retries=0) as client:
+        with client.messages.stream(model="claude-opus-5-5", max_tokens=4000, tools=[tool],
+                                    messages=[{"role": "user", "content": "Write app.py"}]) as stream:
+            parts = [event.partial_json for event in stream if event.type == "input_json"]
+            final = stream.get_final_message()
+    assert len(parts) > 30  # as written (a character a token here), not in one piece at the end
+    used = next(block for block in final.content if block.type == "tool_use")
+    assert used.name == "Write" and used.input == json.loads("".join(parts)) == parsed_arguments(kind)
+    assert final.stop_reason == "tool_use"
+
+
+def test_openai_chat_argument_deltas_join_to_the_call(server) -> None:
+    kind, live = server
+    client = openai.OpenAI(base_url=f"{live.url}/v1", api_key="x", max_retries=0)
+    with client.chat.completions.stream(model="local", tools=TOOLS,
+                                        messages=[{"role": "user", "content": "Write app.py"}]) as stream:
+        deltas = [event.arguments_delta for event in stream if event.type == "tool_calls.function.arguments.delta"]
+        final = stream.get_final_completion()
+    call = final.choices[0].message.tool_calls[0]
+    assert len(deltas) > 30 and "".join(deltas) == call.function.arguments
+    assert call.function.name == "Write" and json.loads(call.function.arguments) == parsed_arguments(kind)
+    assert final.choices[0].finish_reason == "tool_calls"
