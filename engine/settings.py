@@ -157,8 +157,9 @@ class Settings(BaseSettings):
         description="A reply held to a JSON schema or a strict tool's arguments that loops (an array repeating its "
                     "items, a string repeating itself, or what the repetition guard finds) is steered to the "
                     "shortest end its schema allows, so it parses and validates, instead of running to max_tokens "
-                    "or being cut; the response says where (usage.semantic.loop_closed). Off: such a reply runs "
-                    "on, and the repetition guard cuts it as a truncated reply.",
+                    "or being cut, and so is one about to run to max_tokens unclosed; the response says where "
+                    "(usage.semantic.loop_closed). Off: such a reply runs on, and the repetition guard or "
+                    "max_tokens cuts it as a truncated reply.",
     )
     default_temperature: float | None = Field(
         None, ge=0, le=2,

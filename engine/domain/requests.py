@@ -186,13 +186,18 @@ class Usage:
 
 @dataclass(frozen=True, slots=True)
 class LoopClosed:
-    """Where a loop in a constrained reply was noticed and why; the reply was then steered closed."""
+    """Where a constrained reply began to be steered closed and why: a loop was noticed in it (``kind``
+    "loop"), or ``max_tokens`` was about to cut it unclosed ("token_limit")."""
 
-    at_token: int  # answer tokens the reply held when the loop was noticed
+    at_token: int  # answer tokens the reply held when the closing began
     why: str
     tokens_left: int = 0  # of max_tokens, left unspent when the reply closed (what the loop would have run on)
+    kind: str = "loop"
 
     def describe(self) -> str:
+        if self.kind == "token_limit":
+            return (f"the reply's JSON was closed after {self.at_token} tokens, before max_tokens cut it "
+                    f"({self.why}); {self.tokens_left} of max_tokens left unspent")
         return (f"a loop in the reply's JSON was closed after {self.at_token} tokens ({self.why}); "
                 f"{self.tokens_left} of max_tokens left unspent")
 

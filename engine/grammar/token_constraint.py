@@ -23,6 +23,12 @@ log = logging.getLogger(__name__)
 # at this window it fires on none; at 64 tokens on 10, at 96 on 5 (tables, regular expressions, repeated
 # arguments).
 EXACT_WINDOW = 128
+# The tokens a reply is left to close in before max_tokens, past one per open bracket or string (each closes in
+# a token, or several in one): a required property still to come needs its name and an empty value. A reply
+# that runs this close to max_tokens unclosed (a loop with varying items, which no guard matches, or an
+# answer that is simply long) is steered closed rather than cut: sampled SmolLM2 and Gemma 3 replies ran to
+# their cap so 2 and 7 times in 50 (report 2026-12-03-cpu-2core-s36).
+CLOSE_MARGIN = 16
 
 
 class TokenConstraint:
@@ -69,13 +75,20 @@ class TokenConstraint:
         elif loop is not None:
             self.close(loop.describe())
 
-    def close(self, why: str) -> bool:
+    def close(self, why: str, kind: str = "loop") -> bool:
         """Steer the rest of the reply to its shortest valid end (a loop was found in it). False when loops are not
         closed (the setting), the reply is already whole, or it is already being closed."""
         if self._closing is None or self.closed is not None or self.complete or self.accepting:
             return False
-        self.closed = LoopClosed(self.consumed, why)
+        self.closed = LoopClosed(self.consumed, why, kind=kind)
         return True
+
+    def near_limit(self, tokens_left: int) -> bool:
+        """Steer the reply closed if ``tokens_left`` (of max_tokens) is about what its shortest end needs; whether
+        it now is being closed for that."""
+        if self._shape is None or self.closed is not None or tokens_left > CLOSE_MARGIN + self._shape.depth + self._shape.in_string:
+            return False
+        return self.close(f"{tokens_left} tokens were left", kind="token_limit")
 
     @property
     def complete(self) -> bool:

@@ -143,6 +143,23 @@ def test_smollm2_greedy_loops_in_open_schemas_close_inside_the_grammar(smollm2_a
     assert len(closed) >= 2, closed
 
 
+def test_smollm2_a_long_string_about_to_run_to_max_tokens_closes_before_it(smollm2_api: RealApi) -> None:
+    """Greedy SmolLM2 writing a story into a string, with room for 48 tokens: no loop to find in so few, and
+    before it ran to the cap unclosed (``length``, JSON that does not parse). Now it is steered closed before the
+    cap: ``stop``, valid, and the usage says the token limit closed it."""
+    key, prompt, schema = next(job for job in OPEN_SCHEMAS if job[0] == "story")
+    response = client(smollm2_api).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": prompt}], max_tokens=48, temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": key, "schema": schema, "strict": True}},
+        extra_body={"session_id": "near-the-cap"})
+    choice = response.choices[0]
+    assert choice.finish_reason == "stop", choice.message.content
+    jsonschema.validate(json.loads(choice.message.content), schema)
+    closed = response.usage.model_extra["semantic"]["loop_closed"]
+    assert closed is not None and closed["kind"] == "token_limit" and "tokens were left" in closed["why"], closed
+    assert response.usage.completion_tokens <= 48 and closed["tokens_left"] == 48 - response.usage.completion_tokens
+
+
 WEATHER_TOOL = {
     "name": "get_weather", "description": "Get the current weather in a city.", "strict": True,
     "input_schema": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40},

@@ -37,9 +37,10 @@ def constraint(schema: dict, close_loops: bool = True) -> TokenConstraint:
     return grammars.start(OutputFormat.from_schema(schema))
 
 
-def write(c: TokenConstraint, script: Iterable[int], limit: int) -> bytes:
+def write(c: TokenConstraint, script: Iterable[int], limit: int, budget: bool = False) -> bytes:
     """Generate under ``c`` until it is complete or ``limit`` tokens: the script's next byte where allowed, else the
-    allowed byte the script ranks first (its bytes in order of first use), else the lowest allowed."""
+    allowed byte the script ranks first (its bytes in order of first use), else the lowest allowed. ``budget``:
+    ``limit`` is the turn's max_tokens, told to the constraint after each token as the engine's sequence does."""
     wants: Iterator[int] = iter(script)
     ranked: list[int] = []
     out = bytearray()
@@ -54,6 +55,8 @@ def write(c: TokenConstraint, script: Iterable[int], limit: int) -> bytes:
         out.append(token)
         if c.complete or len(out) >= limit:
             break
+        if budget:
+            c.near_limit(limit - len(out))
     return bytes(out)
 
 
@@ -134,6 +137,39 @@ def test_a_reply_that_cannot_close_in_the_tokens_left_stays_open() -> None:
     text = write(c, looping(b'{"note": "', b"la"), limit=200)
     assert len(text) == 200 and c.closed is not None and not c.complete  # the engine reports it as length
     assert not c.accepting
+
+
+def words_never_repeating() -> Iterator[int]:
+    """An array of items no guard matches (each a new word), written on and on: a sampled model's near loop."""
+    yield from b'{"tags": ['
+    for i in itertools.count():
+        yield from f'"{chr(97 + i % 26) * (1 + i % 5)}{chr(97 + (i * 7) % 26)}{i * 37 % 101}", '.encode()
+
+
+def test_a_reply_that_would_run_to_max_tokens_unclosed_closes_before_the_cap() -> None:
+    c = constraint(TAGS)
+    text = write(c, words_never_repeating(), limit=160, budget=True)
+    reply = json.loads(text)
+    jsonschema.validate(reply, TAGS)
+    assert c.complete and len(text) < 160 and len(reply["tags"]) > 5
+    assert c.closed is not None and c.closed.kind == "token_limit" and "tokens were left" in c.closed.why
+    assert "before max_tokens cut it" in c.closed.describe()
+
+
+def test_without_the_budget_the_same_reply_runs_to_the_cap() -> None:
+    c = constraint(TAGS)
+    text = write(c, words_never_repeating(), limit=160)
+    assert len(text) == 160 and c.closed is None and not c.complete
+
+
+def test_a_reply_whose_end_cannot_fit_before_the_cap_still_ends_there() -> None:
+    long_note = {"type": "object", "properties": {"note": {"type": "string", "minLength": 300}},
+                 "required": ["note"], "additionalProperties": False}
+    c = constraint(long_note)
+    counting = itertools.chain.from_iterable(str(i).encode() for i in itertools.count())  # no cycle to find
+    text = write(c, itertools.chain(b'{"note": "', counting), limit=200, budget=True)
+    assert len(text) == 200 and not c.complete  # the engine reports it as length, as before
+    assert c.closed is not None and c.closed.kind == "token_limit"
 
 
 def test_with_closing_off_the_loop_runs_on() -> None:

@@ -103,6 +103,8 @@ class Sequence:
                 self.constraint.consume(t)
             if self.constraint.complete:
                 return Decision(RowStop.FORMAT_WHOLE, released)
+            if self.reasoning is None or self.reasoning.answering:
+                self.constraint.near_limit(self.max_tokens - self.generated)
         if self.generated >= self.max_tokens:
             return Decision(RowStop.TOKEN_LIMIT, released)  # max_tokens
         return Decision(None, released)
