@@ -163,7 +163,70 @@ def partial_arguments(text: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-class XmlFunctionScanner:
+class TaggedCallScanner:
+    """What the scanners of calls written in tags share (Qwen3-Coder's XML here, GLM's and MiniMax's in their
+    own modules): the body read as it grows by a state machine (``STEPS``: each state's method returns the
+    arguments' text it writes, "" to go on, or None to wait for more), and the object's members written one
+    by one, a string's key and opening quote once its text begins."""
+
+    STEPS: dict[str, str] = {}  # state -> method name; the first is where a call starts
+
+    def __init__(self, tools: Any = None) -> None:
+        self._tools = tools
+        self.name: str | None = None
+        self.streaming = False
+        self.refused = False
+        self.done = False
+        self._buffer = ""
+        self._state = next(iter(self.STEPS))
+        self._key: str | None = None  # the open value's
+        self._value = ""  # the open value's text read so far and not yet sent (a string's) or kept (another's)
+        self._opened = False  # the open string value's key and opening quote sent
+        self._members = ObjectMembers()
+
+    def feed(self, text: str) -> str:
+        self._buffer += text
+        out: list[str] = []
+        while not (self.refused or self.done):
+            step = getattr(self, self.STEPS[self._state])()
+            if step is None:
+                break
+            out.append(step)
+        return "".join(out)
+
+    def close(self) -> str:
+        """The call's body ended; its own end tag already closed the object (else the call ends incomplete)."""
+        return ""
+
+    def _open_string(self) -> str:
+        if self._opened:
+            return ""
+        self._opened = True
+        return self._members.key(self._key) + '"'
+
+    def _stripped_text(self) -> str | None:
+        """The open string value's text that is sure, for a parser that strips its values: leading whitespace
+        dropped before the string opens, trailing whitespace held back (it may be the end)."""
+        if not self._opened:
+            self._value = self._value.lstrip()
+        sendable = self._value.rstrip()
+        if not sendable:
+            return None
+        self._value = self._value[len(sendable):]
+        return self._open_string() + escaped(sendable)
+
+    def _member(self, key: str | None, value: Any) -> str:
+        """A closed value as its member of the object; a value JSON cannot hold (a set, bytes, which a parser's
+        literal reading may give) refuses the call: the parser's call ends incomplete."""
+        try:
+            text = json.dumps(value, ensure_ascii=False)
+        except (TypeError, ValueError):
+            self.refused = True
+            return ""
+        return self._members.key(key) + text
+
+
+class XmlFunctionScanner(TaggedCallScanner):
     """Reads Qwen3-Coder's XML call (mlx-lm's ``qwen3_coder`` parser; Qwen3.5 and Qwen3-Next write it):
 
         <function=NAME>
@@ -182,37 +245,15 @@ class XmlFunctionScanner:
 
     FUNCTION, PARAMETER, PARAMETER_END, FUNCTION_END = "<function=", "<parameter=", "</parameter>", "</function>"
 
+    STEPS = {"head": "_head", "parameters": "_parameters", "value": "_value_text"}
+
     def __init__(self, tools: Any = None) -> None:
         from mlx_lm.tool_parsers import qwen3_coder  # (the parser whose reading this follows)
 
+        super().__init__(tools)
         self._parser = qwen3_coder
-        self._tools = tools
         self._config: dict[str, Any] = {}
-        self.name: str | None = None
-        self.streaming = False
-        self.refused = False
-        self.done = False
-        self._buffer = ""
-        self._state = "head"
-        self._key: str | None = None
-        self._value = ""  # the open parameter's raw value so far (its first newline dropped)
-        self._opened = False  # its string's opening quote (and key) sent
         self._fresh = False  # nothing of its value read yet (its first newline is dropped)
-        self._members = ObjectMembers()
-
-    def feed(self, text: str) -> str:
-        self._buffer += text
-        out: list[str] = []
-        while not (self.refused or self.done):
-            step = {"head": self._head, "parameters": self._parameters, "value": self._value_text}[self._state]()
-            if step is None:
-                break
-            out.append(step)
-        return "".join(out)
-
-    def close(self) -> str:
-        """The call's body ended; ``</function>`` already closed the object (else the call ends incomplete)."""
-        return ""
 
     def _head(self) -> str | None:
         text = self._buffer.lstrip()
@@ -300,13 +341,6 @@ class XmlFunctionScanner:
         if not param:
             return True
         return "type" in param and str(param["type"]).strip().lower() in self._parser._string_types
-
-    def _open_string(self) -> str:
-        if self._opened:
-            return ""
-        self._opened = True
-        return self._members.key(self._key) + '"'
-
 
 class ObjectMembers:
     """The members of a JSON object written one by one: each key after a comma but the first's."""

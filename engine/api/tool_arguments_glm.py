@@ -23,42 +23,23 @@ when it ends, as before.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from .tool_arguments import ObjectMembers, escaped, partial_suffix
+from .tool_arguments import TaggedCallScanner, escaped, partial_suffix
 
 ARG_KEY, ARG_KEY_END, ARG_VALUE, ARG_VALUE_END = "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"
 
 
-class GlmCallScanner:
+class GlmCallScanner(TaggedCallScanner):
+    STEPS = {"name": "_name", "key": "_key_text", "between": "_between", "value": "_value_text",
+             "arguments": "_arguments"}
+
     def __init__(self, tools: Any = None) -> None:
         from mlx_lm.tool_parsers import glm47  # (the parser whose reading this follows)
 
+        super().__init__(tools)
         self._parser = glm47
-        self._tools = tools
         self._strings: set[str] = set()
-        self.name: str | None = None
-        self.streaming = False
-        self.refused = False
-        self.done = False
-        self._buffer = ""
-        self._state = "name"
-        self._key: str | None = None
-        self._value = ""  # the open value's text read so far and not yet sent (a string's) or kept (another's)
-        self._opened = False  # the open string value's key and opening quote sent
-        self._members = ObjectMembers()
-
-    def feed(self, text: str) -> str:
-        self._buffer += text
-        out: list[str] = []
-        while not (self.refused or self.done):
-            step = {"name": self._name, "key": self._key_text, "between": self._between, "value": self._value_text,
-                    "arguments": self._arguments}[self._state]()
-            if step is None:
-                break
-            out.append(step)
-        return "".join(out)
 
     def close(self) -> str:
         """The call's body ended (its ``</tool_call>``): the object closes, unless a value was left open (the
@@ -114,13 +95,7 @@ class GlmCallScanner:
         self._buffer = self._buffer[len(self._buffer) - held:]
         if self._key not in self._strings:
             return None  # read whole when it closes
-        if not self._opened:
-            self._value = self._value.lstrip()
-        sendable = self._value.rstrip()  # trailing whitespace may be the end the parser strips
-        if not sendable:
-            return None
-        self._value = self._value[len(sendable):]
-        return self._open_string() + escaped(sendable)
+        return self._stripped_text()
 
     def _closed_value(self) -> str:
         key = self._key
@@ -130,13 +105,7 @@ class GlmCallScanner:
             self._key = None
             return text
         self._key = None
-        value: Any = self._parser._deserialize(self._value.strip())
-        try:
-            text = json.dumps(value, ensure_ascii=False)
-        except (TypeError, ValueError):
-            self.refused = True  # a literal JSON cannot hold (a set, bytes): the parser's call ends incomplete
-            return ""
-        return self._members.key(key) + text
+        return self._member(key, self._parser._deserialize(self._value.strip()))
 
     def _arguments(self) -> str | None:
         """Between two arguments: the parser looks for the next ``<arg_key>`` and skips anything else."""
@@ -146,9 +115,3 @@ class GlmCallScanner:
             return None
         self._buffer, self._state = self._buffer[at + len(ARG_KEY):], "key"
         return ""
-
-    def _open_string(self) -> str:
-        if self._opened:
-            return ""
-        self._opened = True
-        return self._members.key(self._key) + '"'

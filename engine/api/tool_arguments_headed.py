@@ -10,8 +10,8 @@ hands out the object's own text as written, from ``{`` to its matching ``}``;
 concatenated, the pieces parse to what the parser reads. A body in another
 shape (Mistral's JSON list of calls, arguments that are not an object, text
 before the name) is refused: that call comes whole when it ends, as before.
-Only the first call of a body streams, as only the first is kept
-(tool_calls.py).
+Only the first call of a body streams; the others come whole when the
+body ends (tool_calls.py).
 """
 
 from __future__ import annotations

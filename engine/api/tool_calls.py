@@ -26,6 +26,7 @@ from engine.domain.reasoning import HarmonyFormat, ReasoningFormat
 from .tool_arguments import JsonCallScanner, XmlFunctionScanner, partial_arguments, partial_suffix
 from .tool_arguments_glm import GlmCallScanner
 from .tool_arguments_headed import HeadedJsonScanner, kimi_header, mistral_header
+from .tool_arguments_minimax import MiniMaxCallScanner
 
 ParseFn = Callable[[str, Any], Any]
 
@@ -39,8 +40,9 @@ class ToolFormat:
     # constrained to it (tool_constraints.py); other formats (pythonic, XML-ish) cannot, yet.
     json_body: bool = False
     # How a call's arguments stream while it is written (StreamedArguments.of): "json" (a JSON body),
-    # "qwen3_xml" (Qwen3-Coder's XML), "glm47" (GLM's keys and values), "mistral" or "kimi" (a header, then the
-    # arguments' JSON), or None: the call comes whole when it closes.
+    # "qwen3_xml" (Qwen3-Coder's XML), "glm47" (GLM's keys and values), "minimax_m2" (MiniMax's invoke and
+    # parameters), "mistral" or "kimi" (a header, then the arguments' JSON), or None: the call comes whole when it
+    # closes.
     streams: str | None = None
 
 
@@ -58,9 +60,9 @@ JSON_TOOLS_PARSER = "mlx_lm.tool_parsers.json_tools"
 # Its parser of Qwen3-Coder's XML calls (Qwen3.5's and Qwen3-Next's templates too).
 QWEN3_XML_PARSER = "mlx_lm.tool_parsers.qwen3_coder"
 # Its parsers whose calls stream in a format of their own, by module (the call's end marker, where the format
-# has one, is the tokenizer's): GLM-4.5/4.7's, Mistral's (no end marker) and Kimi K2's.
-STREAMING_PARSERS = {"mlx_lm.tool_parsers.glm47": "glm47", "mlx_lm.tool_parsers.mistral": "mistral",
-                     "mlx_lm.tool_parsers.kimi_k2": "kimi"}
+# has one, is the tokenizer's): GLM-4.5/4.7's, MiniMax-M2's, Mistral's (no end marker) and Kimi K2's.
+STREAMING_PARSERS = {"mlx_lm.tool_parsers.glm47": "glm47", "mlx_lm.tool_parsers.minimax_m2": "minimax_m2",
+                     "mlx_lm.tool_parsers.mistral": "mistral", "mlx_lm.tool_parsers.kimi_k2": "kimi"}
 
 
 def tool_format_for(tokenizer: Any, reasoning: ReasoningFormat | None = None) -> ToolFormat:
@@ -163,7 +165,7 @@ class ToolCallStream:
             self._in_call = False
             if self._arguments is not None:  # a format without an end marker ends here; another's was cut short
                 pieces += self._arguments.take(rest, len(rest), ended=not self.fmt.end)
-            pieces.append(self._parsed(rest, self.fmt.start + rest))
+            pieces += self._parsed(rest, self.fmt.start + rest)
         elif rest:
             pieces.append(TextPiece(rest))
         return pieces
@@ -195,28 +197,35 @@ class ToolCallStream:
         body, self._buffer = self._buffer[:at], self._buffer[at + len(self.fmt.end):]
         self._in_call = False
         pieces = self._arguments.take(body, len(body), ended=True) if self._arguments is not None else []
-        return pieces + [self._parsed(body, f"{self.fmt.start}{body}{self.fmt.end}")]
+        return pieces + self._parsed(body, f"{self.fmt.start}{body}{self.fmt.end}")
 
-    def _parsed(self, body: str, raw: str) -> Piece:
+    def _parsed(self, body: str, raw: str) -> list[Piece]:
+        """The calls the body holds: the first (the one that streamed, if it did), then any further ones whole
+        (a Kimi or MiniMax section, or Mistral's run of calls, may hold several)."""
         streamed, self._arguments = self._arguments, None
         try:
             parsed = self.fmt.parse(body, self.tools)
-            first = parsed[0] if isinstance(parsed, list) else parsed
-            arguments = first.get("arguments", first.get("parameters", {}))
-            if isinstance(arguments, str):
-                arguments = json.loads(arguments)
-            call = ToolCall(new_tool_id(self.id_prefix), str(first["name"]), dict(arguments))
+            calls = [self._call(one) for one in (parsed if isinstance(parsed, list) else [parsed])]
+            if not calls:
+                raise ValueError("no call")
         except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
             if streamed is None or streamed.started is None:
-                return BadToolPiece(raw, f"{type(exc).__name__}: {exc}")
-            call = None  # a call the client has seen begin stays one: with the arguments it got
-        piece = streamed.ended(call) if streamed is not None and streamed.started is not None else ToolPiece(call)
-        if piece.complete:
-            self.calls.append(piece.call)
-        return piece
+                return [BadToolPiece(raw, f"{type(exc).__name__}: {exc}")]
+            calls = [None]  # a call the client has seen begin stays one: with the arguments it got
+        first = (streamed.ended(calls[0]) if streamed is not None and streamed.started is not None
+                 else ToolPiece(calls[0]))
+        pieces: list[Piece] = [first, *(ToolPiece(call) for call in calls[1:] if call is not None)]
+        self.calls += [piece.call for piece in pieces if isinstance(piece, ToolPiece) and piece.complete]
+        return pieces
+
+    def _call(self, parsed: Any) -> ToolCall:
+        arguments = parsed.get("arguments", parsed.get("parameters", {}))
+        if isinstance(arguments, str):
+            arguments = json.loads(arguments)
+        return ToolCall(new_tool_id(self.id_prefix), str(parsed["name"]), dict(arguments))
 
 
-ArgumentScanner = JsonCallScanner | XmlFunctionScanner | GlmCallScanner | HeadedJsonScanner
+ArgumentScanner = JsonCallScanner | XmlFunctionScanner | GlmCallScanner | MiniMaxCallScanner | HeadedJsonScanner
 
 
 class StreamedArguments:
@@ -234,7 +243,7 @@ class StreamedArguments:
         """For a call of ``fmt`` (None: its format does not stream)."""
         scanners: dict[str, Callable[[], ArgumentScanner]] = {
             "json": JsonCallScanner, "qwen3_xml": lambda: XmlFunctionScanner(tools),
-            "glm47": lambda: GlmCallScanner(tools), "mistral": lambda: HeadedJsonScanner(mistral_header),
+            "glm47": lambda: GlmCallScanner(tools), "minimax_m2": lambda: MiniMaxCallScanner(tools), "mistral": lambda: HeadedJsonScanner(mistral_header),
             "kimi": lambda: HeadedJsonScanner(kimi_header)}
         make = scanners.get(fmt.streams or "")
         return cls(id_prefix, make()) if make is not None else None

@@ -1,4 +1,4 @@
-"""GLM's, Kimi K2's and Mistral's tool calls on a real tokenizer: mlx-lm picks the format's parser from the chat
+"""GLM's, MiniMax-M2's, Kimi K2's and Mistral's tool calls on a real tokenizer: mlx-lm picks the format's parser from the chat
 template, the server's tool format streams it, and a call cut where the real tokenizer cuts it streams its
 arguments token by token to the JSON the parser reads.
 
@@ -21,12 +21,15 @@ from engine.api.tool_calls import ToolArgumentsPiece, ToolCallStream, ToolPiece,
 
 pytestmark = pytest.mark.model
 
-ARGUMENTS = {"file_path": "src/app.py", "content": 'print("hi")\nx = {"a": [1, 2]}'}  # (GLM strips a value)
+ARGUMENTS = {"file_path": "src/app.py", "content": 'print("hi")\nx = {"a": [1, 2]}'}  # (GLM and MiniMax strip a value)
 TOOLS = [{"type": "function", "function": {"name": "Write", "parameters": {"type": "object", "properties": {
     "file_path": {"type": "string"}, "content": {"type": "string"}}}}}]
 CALLS = {
     "glm47": ("<arg_key>", "<tool_call>Write\n<arg_key>file_path</arg_key>\n<arg_value>src/app.py</arg_value>\n"
               "<arg_key>content</arg_key>\n<arg_value>" + ARGUMENTS["content"] + "</arg_value>\n</tool_call>"),
+    "minimax_m2": ("<minimax:tool_call>", '<minimax:tool_call><invoke name="Write">\n<parameter name="file_path">'
+                   "src/app.py</parameter>\n<parameter name=\"content\">" + ARGUMENTS["content"]
+                   + "</parameter>\n</invoke></minimax:tool_call>"),
     "kimi": ("<|tool_calls_section_begin|>",
              "<|tool_calls_section_begin|><|tool_call_begin|>functions.Write:0<|tool_call_argument_begin|>"
              + json.dumps(ARGUMENTS) + "<|tool_call_end|><|tool_calls_section_end|>"),

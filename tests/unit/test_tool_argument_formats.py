@@ -1,4 +1,4 @@
-"""Tool arguments stream as written in GLM's, Mistral's and Kimi K2's call formats: each scanner against mlx-lm's
+"""Tool arguments stream as written in GLM's, MiniMax-M2's, Mistral's and Kimi K2's call formats: each scanner against mlx-lm's
 own parser however the tokens cut the text, and the Anthropic and OpenAI streams through the official SDKs'
 helpers on a scripted model (one character a token) whose tokenizer has that format's parser."""
 
@@ -11,7 +11,7 @@ import anthropic
 import openai
 import pytest
 from hypothesis import given, settings, strategies as st
-from mlx_lm.tool_parsers import glm47, kimi_k2, mistral
+from mlx_lm.tool_parsers import glm47, kimi_k2, minimax_m2, mistral
 
 from engine.api.tool_arguments_headed import HeadedJsonScanner, kimi_header, mistral_header
 from engine.api.tool_calls import (TextPiece, ToolArgumentsPiece, ToolCallStream, ToolFormat, ToolPiece,
@@ -22,7 +22,7 @@ from tests.support.scripted_engine import ScriptedEngine, scripted_loaded
 
 pytestmark = pytest.mark.unit
 
-CONTENT = 'def f(x):\n    return {"a": [x, "}"]}  # </arg_value is not the end\n\tpath = "C:\\\\tmp"'
+CONTENT = 'def f(x):\n    return {"a": [x, "}"]}  # </arg_value and </param are not the end\n\tpath = "C:\\\\tmp"'
 ARGUMENTS = {"file_path": "/project/src/app.py", "content": CONTENT, "mode": {"append": False, "lines": [1, 2]}}
 TOOLS = [{"type": "function", "function": {"name": "Write", "parameters": {"type": "object", "properties": {
     "file_path": {"type": "string"}, "content": {"type": "string"}, "line": {"type": "integer"},
@@ -35,12 +35,20 @@ GLM_BODY = ("Write\n<arg_key>file_path</arg_key>\n<arg_value>/project/src/app.py
             '<arg_key>mode</arg_key>\n<arg_value>{"append": false, "lines": [1, 2]}</arg_value>\n'
             "<arg_key>undescribed</arg_key>\n<arg_value>None</arg_value>"
             "<arg_key>plain</arg_key><arg_value>some words</arg_value>\n")
+# MiniMax: values stripped and converted by the schema's types; one it does not describe is a string, "null" None.
+MINIMAX_BODY = ('\n<invoke name="Write">\n<parameter name="file_path">/project/src/app.py</parameter>\n'
+                f'<parameter name="content">\n{CONTENT}\n  </parameter>\n<parameter name="line"> 42 </parameter>\n'
+                '<parameter name="mode">{"append": false, "lines": [1, 2]}</parameter>\n'
+                '<parameter name="undescribed">null</parameter><parameter name="plain">some words</parameter>\n'
+                '</invoke>\n')
 MISTRAL_BODY = "Write[ARGS]" + json.dumps(ARGUMENTS, indent=1)
 KIMI_BODY = ("<|tool_call_begin|>functions.Write:0<|tool_call_argument_begin|>" + json.dumps(ARGUMENTS)
              + "<|tool_call_end|>")
 FORMATS = {
     "glm47": (ToolFormat(glm47.tool_call_start, glm47.tool_call_end, glm47.parse_tool_call, streams="glm47"),
               GLM_BODY),
+    "minimax_m2": (ToolFormat(minimax_m2.tool_call_start, minimax_m2.tool_call_end, minimax_m2.parse_tool_call,
+                              streams="minimax_m2"), MINIMAX_BODY),
     "mistral": (ToolFormat(mistral.tool_call_start, "", mistral.parse_tool_call, streams="mistral"), MISTRAL_BODY),
     "kimi": (ToolFormat(kimi_k2.tool_call_start, kimi_k2.tool_call_end, kimi_k2.parse_tool_call, streams="kimi"),
              KIMI_BODY),
@@ -67,9 +75,10 @@ def fed(stream: ToolCallStream, text: str, cuts: list[int]) -> list:
 
 
 def test_the_parsers_read_what_the_tests_expect() -> None:
-    glm = parsed_arguments("glm47")
-    assert glm["content"] == CONTENT and glm["line"] == 42 and glm["mode"] == ARGUMENTS["mode"]
-    assert glm["undescribed"] is None and glm["plain"] == "some words"
+    for kind in ("glm47", "minimax_m2"):
+        tagged = parsed_arguments(kind)
+        assert tagged["content"] == CONTENT and tagged["line"] == 42 and tagged["mode"] == ARGUMENTS["mode"]
+        assert tagged["undescribed"] is None and tagged["plain"] == "some words"
     assert parsed_arguments("mistral") == parsed_arguments("kimi") == ARGUMENTS
 
 
@@ -95,8 +104,8 @@ def test_a_string_argument_streams_while_it_is_written(kind: str) -> None:
     head = text[:text.index("return")]
     stream = ToolCallStream(FORMATS[kind][0], TOOLS)
     streamed = "".join(p.text for p in stream.feed(head) if isinstance(p, ToolArgumentsPiece))
-    # GLM's parser strips a value, so whitespace after the last word waits for the next one.
-    tail = '"content": "def f(x):' if kind == "glm47" else '"content": "def f(x):\\n    '
+    # GLM's and MiniMax's parsers strip a value, so whitespace after the last word waits for the next one.
+    tail = '"content": "def f(x):' if kind in ("glm47", "minimax_m2") else '"content": "def f(x):\\n    '
     assert streamed.endswith(tail), streamed
 
 
@@ -114,6 +123,7 @@ def test_a_glm_value_held_back_is_only_what_the_parser_would_strip() -> None:
     ("mistral", "Write[ARGS][1, 2]"),  # arguments that are not an object
     ("kimi", "<|tool_call_begin|>Write<|tool_call_argument_begin|>{}<|tool_call_end|>"),  # an id without :N
     ("glm47", '{"name": "Write", "arguments": {"file_path": "a"}}'),  # GLM's JSON fallback
+    ("minimax_m2", '<function name="Write"></function>'),  # no invoke: text, as the parser refuses it
 ])
 def test_a_body_in_another_shape_comes_whole_when_the_call_ends(kind: str, body: str) -> None:
     """As the call came before it streamed: the same pieces as the format without a scanner gives."""
@@ -137,6 +147,29 @@ def test_the_headers_say_when_they_are_whole() -> None:
         assert scanner.feed(bad) == "" and scanner.refused
 
 
+def test_a_minimax_value_that_may_be_null_waits_and_one_that_is_not_streams() -> None:
+    stream = ToolCallStream(FORMATS["minimax_m2"][0], TOOLS)
+    head = '<minimax:tool_call><invoke name="Write"><parameter name="plain"> nu'
+    assert "".join(p.text for p in stream.feed(head) if isinstance(p, ToolArgumentsPiece)) == "{"
+    pieces = stream.feed('ll and more</parameter></invoke></minimax:tool_call>')
+    assert pieces[-1].call.arguments == {"plain": "null and more"} and pieces[-1].complete
+
+
+@pytest.mark.parametrize("kind, body", [
+    ("kimi", KIMI_BODY + KIMI_BODY.replace("Write:0", "Write:1").replace("app.py", "test.py")),
+    ("minimax_m2", MINIMAX_BODY + MINIMAX_BODY.replace("app.py", "test.py")),
+    ("mistral", MISTRAL_BODY + MISTRAL_BODY.replace("app.py", "test.py")),
+])
+def test_every_call_of_a_section_is_kept_the_first_as_it_streamed(kind: str, body: str) -> None:
+    fmt = FORMATS[kind][0]
+    stream = ToolCallStream(fmt, TOOLS)
+    pieces = fed(stream, fmt.start + body + fmt.end, [40, 90])
+    calls = [p for p in pieces if isinstance(p, ToolPiece)]
+    assert [c.call.arguments["file_path"] for c in calls] == ["/project/src/app.py", "/project/src/test.py"]
+    assert calls[0].arguments_text is not None and calls[1].arguments_text is None  # streamed, then whole
+    assert stream.calls == [c.call for c in calls] and calls[0].call.id != calls[1].call.id
+
+
 def test_a_call_cut_by_the_cap_stays_a_call_with_what_it_holds() -> None:
     fmt = FORMATS["glm47"][0]
     text = call_text("glm47")
@@ -146,7 +179,7 @@ def test_a_call_cut_by_the_cap_stays_a_call_with_what_it_holds() -> None:
 
 
 def test_the_tool_formats_of_these_tokenizers_stream() -> None:
-    for parser, streams in ((glm47, "glm47"), (mistral, "mistral"), (kimi_k2, "kimi")):
+    for parser, streams in ((glm47, "glm47"), (minimax_m2, "minimax_m2"), (mistral, "mistral"), (kimi_k2, "kimi")):
         fmt = tool_format_for(ToolTokenizer(parser))
         assert fmt.streams == streams and fmt.start == parser.tool_call_start and fmt.end == parser.tool_call_end
 
@@ -164,7 +197,7 @@ class ToolTokenizer(ByteTokenizer):
         self.tool_call_start, self.tool_call_end = parser.tool_call_start, parser.tool_call_end
 
 
-PARSERS = {"glm47": glm47, "mistral": mistral, "kimi": kimi_k2}
+PARSERS = {"glm47": glm47, "minimax_m2": minimax_m2, "mistral": mistral, "kimi": kimi_k2}
 
 
 @pytest.fixture(scope="module", params=sorted(FORMATS))
