@@ -24,6 +24,7 @@ from engine.domain.chat import ToolCall
 from engine.domain.reasoning import HarmonyFormat, ReasoningFormat
 
 from .tool_arguments import JsonCallScanner, XmlFunctionScanner, partial_arguments, partial_suffix
+from .tool_arguments_gemma4 import Gemma4CallScanner
 from .tool_arguments_glm import GlmCallScanner
 from .tool_arguments_headed import HeadedJsonScanner, kimi_header, mistral_header
 from .tool_arguments_minimax import MiniMaxCallScanner
@@ -41,8 +42,8 @@ class ToolFormat:
     json_body: bool = False
     # How a call's arguments stream while it is written (StreamedArguments.of): "json" (a JSON body),
     # "qwen3_xml" (Qwen3-Coder's XML), "glm47" (GLM's keys and values), "minimax_m2" (MiniMax's invoke and
-    # parameters), "mistral" or "kimi" (a header, then the arguments' JSON), or None: the call comes whole when it
-    # closes.
+    # parameters), "gemma4" (Gemma 4's bare-keyed JSON), "mistral" or "kimi" (a header, then the arguments' JSON),
+    # or None: the call comes whole when it closes.
     streams: str | None = None
 
 
@@ -60,9 +61,10 @@ JSON_TOOLS_PARSER = "mlx_lm.tool_parsers.json_tools"
 # Its parser of Qwen3-Coder's XML calls (Qwen3.5's and Qwen3-Next's templates too).
 QWEN3_XML_PARSER = "mlx_lm.tool_parsers.qwen3_coder"
 # Its parsers whose calls stream in a format of their own, by module (the call's end marker, where the format
-# has one, is the tokenizer's): GLM-4.5/4.7's, MiniMax-M2's, Mistral's (no end marker) and Kimi K2's.
+# has one, is the tokenizer's): GLM-4.5/4.7's, MiniMax-M2's, Gemma 4's, Mistral's (no end marker) and Kimi K2's.
 STREAMING_PARSERS = {"mlx_lm.tool_parsers.glm47": "glm47", "mlx_lm.tool_parsers.minimax_m2": "minimax_m2",
-                     "mlx_lm.tool_parsers.mistral": "mistral", "mlx_lm.tool_parsers.kimi_k2": "kimi"}
+                     "mlx_lm.tool_parsers.gemma4": "gemma4", "mlx_lm.tool_parsers.mistral": "mistral",
+                     "mlx_lm.tool_parsers.kimi_k2": "kimi"}
 
 
 def tool_format_for(tokenizer: Any, reasoning: ReasoningFormat | None = None) -> ToolFormat:
@@ -225,7 +227,8 @@ class ToolCallStream:
         return ToolCall(new_tool_id(self.id_prefix), str(parsed["name"]), dict(arguments))
 
 
-ArgumentScanner = JsonCallScanner | XmlFunctionScanner | GlmCallScanner | MiniMaxCallScanner | HeadedJsonScanner
+ArgumentScanner = (JsonCallScanner | XmlFunctionScanner | GlmCallScanner | MiniMaxCallScanner | Gemma4CallScanner
+                   | HeadedJsonScanner)
 
 
 class StreamedArguments:
@@ -243,7 +246,8 @@ class StreamedArguments:
         """For a call of ``fmt`` (None: its format does not stream)."""
         scanners: dict[str, Callable[[], ArgumentScanner]] = {
             "json": JsonCallScanner, "qwen3_xml": lambda: XmlFunctionScanner(tools),
-            "glm47": lambda: GlmCallScanner(tools), "minimax_m2": lambda: MiniMaxCallScanner(tools), "mistral": lambda: HeadedJsonScanner(mistral_header),
+            "glm47": lambda: GlmCallScanner(tools), "minimax_m2": lambda: MiniMaxCallScanner(tools),
+            "gemma4": Gemma4CallScanner, "mistral": lambda: HeadedJsonScanner(mistral_header),
             "kimi": lambda: HeadedJsonScanner(kimi_header)}
         make = scanners.get(fmt.streams or "")
         return cls(id_prefix, make()) if make is not None else None

@@ -1,4 +1,4 @@
-"""GLM's, MiniMax-M2's, Kimi K2's and Mistral's tool calls on a real tokenizer: mlx-lm picks the format's parser from the chat
+"""GLM's, MiniMax-M2's, Gemma 4's, Kimi K2's and Mistral's tool calls on a real tokenizer: mlx-lm picks the format's parser from the chat
 template, the server's tool format streams it, and a call cut where the real tokenizer cuts it streams its
 arguments token by token to the JSON the parser reads.
 
@@ -30,6 +30,8 @@ CALLS = {
     "minimax_m2": ("<minimax:tool_call>", '<minimax:tool_call><invoke name="Write">\n<parameter name="file_path">'
                    "src/app.py</parameter>\n<parameter name=\"content\">" + ARGUMENTS["content"]
                    + "</parameter>\n</invoke></minimax:tool_call>"),
+    "gemma4": ("<|tool_call> and <tool_call|>", '<|tool_call>call:Write{file_path:<|"|>src/app.py<|"|>,content:<|"|>'
+               + ARGUMENTS["content"] + '<|"|>}<tool_call|>'),
     "kimi": ("<|tool_calls_section_begin|>",
              "<|tool_calls_section_begin|><|tool_call_begin|>functions.Write:0<|tool_call_argument_begin|>"
              + json.dumps(ARGUMENTS) + "<|tool_call_end|><|tool_calls_section_end|>"),

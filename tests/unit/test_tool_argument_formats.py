@@ -1,4 +1,4 @@
-"""Tool arguments stream as written in GLM's, MiniMax-M2's, Mistral's and Kimi K2's call formats: each scanner against mlx-lm's
+"""Tool arguments stream as written in GLM's, MiniMax-M2's, Gemma 4's, Mistral's and Kimi K2's call formats: each scanner against mlx-lm's
 own parser however the tokens cut the text, and the Anthropic and OpenAI streams through the official SDKs'
 helpers on a scripted model (one character a token) whose tokenizer has that format's parser."""
 
@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 import anthropic
 import openai
 import pytest
 from hypothesis import given, settings, strategies as st
-from mlx_lm.tool_parsers import glm47, kimi_k2, minimax_m2, mistral
+from mlx_lm.tool_parsers import gemma4, glm47, kimi_k2, minimax_m2, mistral
 
 from engine.api.tool_arguments_headed import HeadedJsonScanner, kimi_header, mistral_header
 from engine.api.tool_calls import (TextPiece, ToolArgumentsPiece, ToolCallStream, ToolFormat, ToolPiece,
@@ -41,6 +42,9 @@ MINIMAX_BODY = ('\n<invoke name="Write">\n<parameter name="file_path">/project/s
                 '<parameter name="mode">{"append": false, "lines": [1, 2]}</parameter>\n'
                 '<parameter name="undescribed">null</parameter><parameter name="plain">some words</parameter>\n'
                 '</invoke>\n')
+# Gemma 4: bare keys (quoted only right after "{" or ","), <|"|> around strings.
+GEMMA4_BODY = ('call:Write{file_path:<|"|>/project/src/app.py<|"|>,content:<|"|>' + CONTENT
+               + '<|"|>,mode:{append:false,lines:[1,2]},note:<|"|>a: b, c:<|"|>}')
 MISTRAL_BODY = "Write[ARGS]" + json.dumps(ARGUMENTS, indent=1)
 KIMI_BODY = ("<|tool_call_begin|>functions.Write:0<|tool_call_argument_begin|>" + json.dumps(ARGUMENTS)
              + "<|tool_call_end|>")
@@ -49,6 +53,8 @@ FORMATS = {
               GLM_BODY),
     "minimax_m2": (ToolFormat(minimax_m2.tool_call_start, minimax_m2.tool_call_end, minimax_m2.parse_tool_call,
                               streams="minimax_m2"), MINIMAX_BODY),
+    "gemma4": (ToolFormat(gemma4.tool_call_start, gemma4.tool_call_end, gemma4.parse_tool_call, streams="gemma4"),
+               GEMMA4_BODY),
     "mistral": (ToolFormat(mistral.tool_call_start, "", mistral.parse_tool_call, streams="mistral"), MISTRAL_BODY),
     "kimi": (ToolFormat(kimi_k2.tool_call_start, kimi_k2.tool_call_end, kimi_k2.parse_tool_call, streams="kimi"),
              KIMI_BODY),
@@ -80,6 +86,7 @@ def test_the_parsers_read_what_the_tests_expect() -> None:
         assert tagged["content"] == CONTENT and tagged["line"] == 42 and tagged["mode"] == ARGUMENTS["mode"]
         assert tagged["undescribed"] is None and tagged["plain"] == "some words"
     assert parsed_arguments("mistral") == parsed_arguments("kimi") == ARGUMENTS
+    assert parsed_arguments("gemma4") == {**ARGUMENTS, "note": "a: b, c:"}
 
 
 @pytest.mark.parametrize("kind", sorted(FORMATS))
@@ -105,8 +112,8 @@ def test_a_string_argument_streams_while_it_is_written(kind: str) -> None:
     stream = ToolCallStream(FORMATS[kind][0], TOOLS)
     streamed = "".join(p.text for p in stream.feed(head) if isinstance(p, ToolArgumentsPiece))
     # GLM's and MiniMax's parsers strip a value, so whitespace after the last word waits for the next one.
-    tail = '"content": "def f(x):' if kind in ("glm47", "minimax_m2") else '"content": "def f(x):\\n    '
-    assert streamed.endswith(tail), streamed
+    tail = 'def f(x):' if kind in ("glm47", "minimax_m2") else 'def f(x):\\n    '
+    assert re.search(r'"content": ?"' + re.escape(tail) + "$", streamed), streamed
 
 
 def test_a_glm_value_held_back_is_only_what_the_parser_would_strip() -> None:
@@ -124,6 +131,7 @@ def test_a_glm_value_held_back_is_only_what_the_parser_would_strip() -> None:
     ("kimi", "<|tool_call_begin|>Write<|tool_call_argument_begin|>{}<|tool_call_end|>"),  # an id without :N
     ("glm47", '{"name": "Write", "arguments": {"file_path": "a"}}'),  # GLM's JSON fallback
     ("minimax_m2", '<function name="Write"></function>'),  # no invoke: text, as the parser refuses it
+    ("gemma4", 'Write{file_path:<|"|>a<|"|>}'),  # no call: before the name
 ])
 def test_a_body_in_another_shape_comes_whole_when_the_call_ends(kind: str, body: str) -> None:
     """As the call came before it streamed: the same pieces as the format without a scanner gives."""
@@ -159,6 +167,7 @@ def test_a_minimax_value_that_may_be_null_waits_and_one_that_is_not_streams() ->
     ("kimi", KIMI_BODY + KIMI_BODY.replace("Write:0", "Write:1").replace("app.py", "test.py")),
     ("minimax_m2", MINIMAX_BODY + MINIMAX_BODY.replace("app.py", "test.py")),
     ("mistral", MISTRAL_BODY + MISTRAL_BODY.replace("app.py", "test.py")),
+    ("gemma4", GEMMA4_BODY + GEMMA4_BODY.replace("app.py", "test.py")),
 ])
 def test_every_call_of_a_section_is_kept_the_first_as_it_streamed(kind: str, body: str) -> None:
     fmt = FORMATS[kind][0]
@@ -179,7 +188,8 @@ def test_a_call_cut_by_the_cap_stays_a_call_with_what_it_holds() -> None:
 
 
 def test_the_tool_formats_of_these_tokenizers_stream() -> None:
-    for parser, streams in ((glm47, "glm47"), (minimax_m2, "minimax_m2"), (mistral, "mistral"), (kimi_k2, "kimi")):
+    for parser, streams in ((glm47, "glm47"), (minimax_m2, "minimax_m2"), (gemma4, "gemma4"), (mistral, "mistral"),
+                            (kimi_k2, "kimi")):
         fmt = tool_format_for(ToolTokenizer(parser))
         assert fmt.streams == streams and fmt.start == parser.tool_call_start and fmt.end == parser.tool_call_end
 
@@ -197,7 +207,7 @@ class ToolTokenizer(ByteTokenizer):
         self.tool_call_start, self.tool_call_end = parser.tool_call_start, parser.tool_call_end
 
 
-PARSERS = {"glm47": glm47, "minimax_m2": minimax_m2, "mistral": mistral, "kimi": kimi_k2}
+PARSERS = {"glm47": glm47, "minimax_m2": minimax_m2, "gemma4": gemma4, "mistral": mistral, "kimi": kimi_k2}
 
 
 @pytest.fixture(scope="module", params=sorted(FORMATS))
