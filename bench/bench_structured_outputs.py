@@ -107,7 +107,8 @@ def validity(url: str, requests: int, max_tokens: int, schemas: list = SCHEMAS,
     finished = [r for r in rows if r[1] == "stop"]
     return {"requests": requests, "finished": len(finished), "finished_valid": sum(r[2] for r in finished),
             "truncated": sum(r[1] == "length" for r in rows), "valid_any": sum(r[2] for r in rows),
-            "loop_closed": sum(r[3] for r in rows), "seconds": seconds,
+            "loop_closed": sum(r[3] is not None for r in rows),
+            "closed_at_limit": sum(r[3] == "token_limit" for r in rows), "seconds": seconds,
             "invalid_finished": [r[0] for r in finished if not r[2]],
             "truncated_schemas": [r[0] for r in rows if r[1] == "length"],
             "truncated_tails": [f"{r[0]}: ...{r[4]}" for r in rows if r[1] == "length"]}
@@ -141,14 +142,17 @@ def tool_calls(url: str, requests: int, max_tokens: int, schemas: list = SCHEMAS
     rows, seconds = _eight_at_a_time(one, requests)
     return {"requests": requests, "tool_calls": sum(r[1] == "tool_calls" for r in rows),
             "valid_calls": sum(r[2] for r in rows), "truncated": sum(r[1] == "length" for r in rows),
-            "loop_closed": sum(r[3] for r in rows), "seconds": seconds,
+            "loop_closed": sum(r[3] is not None for r in rows),
+            "closed_at_limit": sum(r[3] == "token_limit" for r in rows), "seconds": seconds,
             "invalid": [r[0] for r in rows if not r[2]]}
 
 
-def _loop_closed(response: Any) -> bool:
-    """Whether semantic steered the reply closed from a loop (its usage extension; the peer has none)."""
+def _loop_closed(response: Any) -> str | None:
+    """Why semantic steered the reply closed (its usage extension's ``loop_closed.kind``: "loop", or
+    "token_limit" when max_tokens was about to cut it); None when it did not (and for the peer, which has none)."""
     usage = response.usage.model_extra if response.usage is not None else None
-    return bool(((usage or {}).get("semantic") or {}).get("loop_closed"))
+    closed = ((usage or {}).get("semantic") or {}).get("loop_closed")
+    return (closed.get("kind") or "loop") if closed else None
 
 
 def _eight_at_a_time(one: Callable[[int], Any], requests: int) -> tuple[list[Any], float]:
@@ -251,8 +255,9 @@ def main() -> None:
                                               mixed_rates, free_rates, better="higher", target=0.8))
     ratios = [m / f for m, f in zip(mixed_rates, free_rates)]
     if table:
-        print_table(["server, closing, sampling", "requests", "stop and valid", "ran to the cap", "loops closed",
-                     "tool calls valid", "tool calls at the cap", "tool loops closed"], table)
+        print_table(["server, closing, sampling", "requests", "stop and valid", "ran to the cap",
+                     "closed (loops, limit)", "tool calls valid", "tool calls at the cap", "tool loops closed"],
+                    table)
     if mixed_rates:
         print_table(["measure", "value"], [
             ["free batch tok/s (median)", f"{statistics.median(free_rates):.1f}"],
@@ -279,6 +284,7 @@ def _record(result: BenchResult, table: list[list[Any]], label: str, ours: dict[
         result.metric("validity", f"{label}: finished replies that validate", ours["finished_valid"], "replies")
         result.metric("validity", f"{label}: ran to max_tokens", ours["truncated"], "replies", better="lower")
         result.metric("validity", f"{label}: loops closed", ours["loop_closed"], "replies")
+        result.metric("validity", f"{label}: of them closed before max_tokens", ours["closed_at_limit"], "replies")
         result.notes.append(f"{label} validity: {json.dumps(ours)}")
     if tools is not None:
         result.metric("tool calls", f"{label}: forced strict calls that validate", tools["valid_calls"], "calls")
@@ -287,9 +293,10 @@ def _record(result: BenchResult, table: list[list[Any]], label: str, ours: dict[
     table.append([label,
                   ours["requests"] if ours else "-",
                   ours["finished_valid"] if ours else "-", ours["truncated"] if ours else "-",
-                  ours["loop_closed"] if ours else "-",
+                  f"{ours['loop_closed']} ({ours['closed_at_limit']} at the limit)" if ours else "-",
                   f"{tools['valid_calls']} of {tools['requests']}" if tools else "-",
-                  tools["truncated"] if tools else "-", tools["loop_closed"] if tools else "-"])
+                  tools["truncated"] if tools else "-",
+                  f"{tools['loop_closed']} ({tools['closed_at_limit']} at the limit)" if tools else "-"])
 
 
 def _batch_runs(result: BenchResult, url: str, repeats: int, args: Any, free_rates: list[float],

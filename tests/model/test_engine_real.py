@@ -31,9 +31,9 @@ GEMMA_PROMPTS = [
     "In 1969, the first man on the moon was",
 ]
 MAX_TOKENS = 16
-# The padded-prefill test's answers: padding that leaked into a row shows in its first tokens, and each
-# Gemma 3 token of a plain mlx-lm reference costs ~0.35 s on a 2-core CPU (eight references).
-PADDED_TOKENS = 8
+# The prefill-pass tests' answers: a row that a shared pass (or padding) mixed up shows in its first tokens,
+# and each Gemma 3 token of a plain mlx-lm reference costs ~0.35 s on a 2-core CPU (eight references a test).
+PASS_TOKENS = 8
 
 
 def chat_prompt(loaded, question: str, history: list[dict] | None = None) -> tuple[int, ...]:
@@ -81,9 +81,9 @@ def test_equal_length_prompts_prefilled_in_one_pass_equal_single_stream(engine) 
     prompts = prompts_for(loaded, 8)
     length = min(len(p) for p in prompts)
     prompts = [p[:length] for p in prompts]
-    results = run_turns(engine, [GenerationRequest(f"together-{i}", p, MAX_TOKENS) for i, p in enumerate(prompts)])
+    results = run_turns(engine, [GenerationRequest(f"together-{i}", p, PASS_TOKENS) for i, p in enumerate(prompts)])
     for result, prompt in zip(results, prompts):
-        expected = reference_greedy(loaded.model, list(prompt), MAX_TOKENS, set(loaded.eos_token_ids))
+        expected = reference_greedy(loaded.model, list(prompt), PASS_TOKENS, set(loaded.eos_token_ids))
         assert result.tokens == without_eos(loaded, expected), loaded.tokenizer.decode(result.tokens)
 
 
@@ -102,13 +102,13 @@ def test_prompts_of_different_lengths_prefilled_padded_in_one_pass_equal_single_
     else:
         prompts = [raw_prompt(loaded, f"Notes. {p}") for p in GEMMA_PROMPTS]
     assert len({len(p) for p in prompts}) > 1
-    requests = [GenerationRequest(f"padded-{i}", p, PADDED_TOKENS) for i, p in enumerate(prompts)]
+    requests = [GenerationRequest(f"padded-{i}", p, PASS_TOKENS) for i, p in enumerate(prompts)]
     results = run_turns(engine, requests)
     assert groups, "no prefill pass ran"
     padded = [sizes for sizes, n in groups if len(sizes) > 1 and min(sizes) < n]
     assert bool(padded) == (loaded.architecture == "llama"), groups
     for result, prompt in zip(results, prompts):
-        expected = reference_greedy(loaded.model, list(prompt), PADDED_TOKENS, set(loaded.eos_token_ids))
+        expected = reference_greedy(loaded.model, list(prompt), PASS_TOKENS, set(loaded.eos_token_ids))
         assert result.tokens == without_eos(loaded, expected), loaded.tokenizer.decode(result.tokens)
     held = engine.call(lambda e: [(len(e.agents.get(r.agent_id).tokens), e.agents.get(r.agent_id).kv.offset)
                                   for r in requests]).result()
