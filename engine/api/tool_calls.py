@@ -189,7 +189,9 @@ class ToolCallStream:
 
     def _close_call(self) -> list[Piece] | None:
         if not self.fmt.end:  # formats without an end marker run to the end of generation, streaming as they go
-            return self._arguments.take(self._buffer, len(self._buffer)) or None if self._arguments else None
+            if self._arguments is None:
+                return None
+            return self._arguments.take(self._buffer, len(self._buffer)) or None
         at = self._buffer.find(self.fmt.end)
         if at < 0:  # still open: what is surely before the end marker may stream
             if self._arguments is None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import itertools
 from dataclasses import dataclass, field, replace
-from typing import Callable
+from typing import Callable, Literal
 
 from engine.domain.output_format import OutputFormat
 from engine.domain.reasoning import CallText
@@ -192,7 +192,7 @@ class LoopClosed:
     at_token: int  # answer tokens the reply held when the closing began
     why: str
     tokens_left: int = 0  # of max_tokens, left unspent when the reply closed (what the loop would have run on)
-    kind: str = "loop"
+    kind: Literal["loop", "token_limit"] = "loop"
 
     def describe(self) -> str:
         if self.kind == "token_limit":

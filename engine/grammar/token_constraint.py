@@ -4,7 +4,7 @@ closed once it loops."""
 from __future__ import annotations
 
 import logging
-from typing import Any, Iterable
+from typing import Any, Iterable, Literal
 
 import numpy as np
 
@@ -26,8 +26,9 @@ EXACT_WINDOW = 128
 # The tokens a reply is left to close in before max_tokens, past one per open bracket or string (each closes in
 # a token, or several in one): a required property still to come needs its name and an empty value. A reply
 # that runs this close to max_tokens unclosed (a loop with varying items, which no guard matches, or an
-# answer that is simply long) is steered closed rather than cut: sampled SmolLM2 and Gemma 3 replies ran to
-# their cap so 2 and 7 times in 50 (report 2026-12-03-cpu-2core-s36).
+# answer that is simply long) is steered closed rather than cut: sampled SmolLM2 and Gemma 3 replies to open
+# schemas ran to their cap 2 and 7 times in 50 without it (report 2026-12-02-cpu-2core-s30), none with it
+# (2026-12-03-cpu-2core-s36).
 CLOSE_MARGIN = 16
 
 
@@ -42,7 +43,8 @@ class TokenConstraint:
     ``closing``: the tokenizer's closing classes, when loops are closed (the
     ``close_constrained_loops`` setting). The reply's JSON shape and an exact
     loop guard then read every token; when either finds a loop (or the
-    server's own guard does: :meth:`close`) before the value is whole, the
+    server's own guard does: :meth:`close`) before the value is whole, or
+    the turn's sequence says max_tokens is near (:meth:`near_limit`), the
     mask from then on prefers the tokens that end it soonest.
     """
 
@@ -75,7 +77,7 @@ class TokenConstraint:
         elif loop is not None:
             self.close(loop.describe())
 
-    def close(self, why: str, kind: str = "loop") -> bool:
+    def close(self, why: str, kind: Literal["loop", "token_limit"] = "loop") -> bool:
         """Steer the rest of the reply to its shortest valid end (a loop was found in it). False when loops are not
         closed (the setting), the reply is already whole, or it is already being closed."""
         if self._closing is None or self.closed is not None or self.complete or self.accepting:
@@ -86,7 +88,9 @@ class TokenConstraint:
     def near_limit(self, tokens_left: int) -> bool:
         """Steer the reply closed if ``tokens_left`` (of max_tokens) is about what its shortest end needs; whether
         it now is being closed for that."""
-        if self._shape is None or self.closed is not None or tokens_left > CLOSE_MARGIN + self._shape.depth + self._shape.in_string:
+        if self._shape is None or self.closed is not None:
+            return False
+        if tokens_left > CLOSE_MARGIN + self._shape.depth + int(self._shape.in_string):
             return False
         return self.close(f"{tokens_left} tokens were left", kind="token_limit")
 
