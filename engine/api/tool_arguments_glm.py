@@ -19,6 +19,10 @@ possible end tag and trailing whitespace (which the parser strips).
 A body in another shape (GLM's JSON or ``name key=value`` fallbacks) never
 finds an ``<arg_key>``: it never starts streaming, and the call comes whole
 when it ends, as before.
+
+LongCat writes the same shape with ``<longcat_arg_key>`` tags (mlx-lm's
+``longcat`` parser, which asks the schema argument by argument):
+:class:`LongcatCallScanner`.
 """
 
 from __future__ import annotations
@@ -27,19 +31,19 @@ from typing import Any
 
 from .tool_arguments import TaggedCallScanner, escaped, partial_suffix
 
-ARG_KEY, ARG_KEY_END, ARG_VALUE, ARG_VALUE_END = "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"
-
-
 class GlmCallScanner(TaggedCallScanner):
     STEPS = {"name": "_name", "key": "_key_text", "between": "_between", "value": "_value_text",
              "arguments": "_arguments"}
+    TAG = "arg"  # the tags' stem: <arg_key>, </arg_key>, <arg_value>, </arg_value>
 
     def __init__(self, tools: Any = None) -> None:
         from mlx_lm.tool_parsers import glm47  # (the parser whose reading this follows)
 
         super().__init__(tools)
-        self._parser = glm47
+        self._parser: Any = glm47
         self._strings: set[str] = set()
+        self._key_open, self._key_close = f"<{self.TAG}_key>", f"</{self.TAG}_key>"
+        self._value_open, self._value_close = f"<{self.TAG}_value>", f"</{self.TAG}_value>"
 
     def close(self) -> str:
         """The call's body ended (its ``</tool_call>``): the object closes, unless a value was left open (the
@@ -53,20 +57,27 @@ class GlmCallScanner(TaggedCallScanner):
         self.done = True
         return "}"
 
+    def _is_string(self, key: str | None) -> bool:
+        """Whether the parser keeps this argument's value as the text written (the tool's schema says string)."""
+        return key in self._strings
+
+    def _string_arguments(self, name: str) -> set[str]:
+        return self._parser._get_string_arg_names(name, self._tools)
+
     def _name(self) -> str | None:
-        at = self._buffer.find(ARG_KEY)
+        at = self._buffer.find(self._key_open)
         if at < 0:
             return None
-        self.name, self._buffer = self._buffer[:at].strip(), self._buffer[at + len(ARG_KEY):]
-        self._strings = self._parser._get_string_arg_names(self.name, self._tools)
+        self.name, self._buffer = self._buffer[:at].strip(), self._buffer[at + len(self._key_open):]
+        self._strings = self._string_arguments(self.name)
         self.streaming, self._state = True, "key"
         return "{"
 
     def _key_text(self) -> str | None:
-        at = self._buffer.find(ARG_KEY_END)
+        at = self._buffer.find(self._key_close)
         if at < 0:
             return None
-        self._key, self._buffer = self._buffer[:at].strip(), self._buffer[at + len(ARG_KEY_END):]
+        self._key, self._buffer = self._buffer[:at].strip(), self._buffer[at + len(self._key_close):]
         self._state = "between"
         return ""
 
@@ -76,30 +87,31 @@ class GlmCallScanner(TaggedCallScanner):
         while text[:1].isspace() or text.startswith("\\n"):
             text = text[2:] if text.startswith("\\n") else text[1:]
         self._buffer = text
-        if text.startswith(ARG_VALUE):
-            self._buffer, self._value, self._opened, self._state = text[len(ARG_VALUE):], "", False, "value"
+        if text.startswith(self._value_open):
+            self._buffer, self._value, self._opened = text[len(self._value_open):], "", False
+            self._state = "value"
             return ""
-        if not text or ARG_VALUE.startswith(text) or text == "\\":
+        if not text or self._value_open.startswith(text) or text == "\\":
             return None
         self.refused = True  # the parser skips such a key; what streamed cannot be taken back
         return None
 
     def _value_text(self) -> str | None:
-        end = self._buffer.find(ARG_VALUE_END)
+        end = self._buffer.find(self._value_close)
         if end >= 0:
             self._value += self._buffer[:end]
-            self._buffer, self._state = self._buffer[end + len(ARG_VALUE_END):], "arguments"
+            self._buffer, self._state = self._buffer[end + len(self._value_close):], "arguments"
             return self._closed_value()
-        held = partial_suffix(self._buffer, ARG_VALUE_END)
+        held = partial_suffix(self._buffer, self._value_close)
         self._value += self._buffer[:len(self._buffer) - held]
         self._buffer = self._buffer[len(self._buffer) - held:]
-        if self._key not in self._strings:
+        if not self._is_string(self._key):
             return None  # read whole when it closes
         return self._stripped_text()
 
     def _closed_value(self) -> str:
         key = self._key
-        if key in self._strings:  # the rest of its text, stripped as the parser strips it
+        if self._is_string(key):  # the rest of its text, stripped as the parser strips it
             rest = self._value.rstrip() if self._opened else self._value.strip()
             text = self._open_string() + escaped(rest) + '"'
             self._key = None
@@ -108,10 +120,30 @@ class GlmCallScanner(TaggedCallScanner):
         return self._member(key, self._parser._deserialize(self._value.strip()))
 
     def _arguments(self) -> str | None:
-        """Between two arguments: the parser looks for the next ``<arg_key>`` and skips anything else."""
-        at = self._buffer.find(ARG_KEY)
+        """Between two arguments: the parser looks for the next key's tag and skips anything else."""
+        at = self._buffer.find(self._key_open)
         if at < 0:
-            self._buffer = self._buffer[len(self._buffer) - partial_suffix(self._buffer, ARG_KEY):]
+            self._buffer = self._buffer[len(self._buffer) - partial_suffix(self._buffer, self._key_open):]
             return None
-        self._buffer, self._state = self._buffer[at + len(ARG_KEY):], "key"
+        self._buffer, self._state = self._buffer[at + len(self._key_open):], "key"
         return ""
+
+
+class LongcatCallScanner(GlmCallScanner):
+    """LongCat's calls: GLM's shape with ``<longcat_arg_key>`` tags; a value is text when the tool's schema types
+    that argument a string (asked argument by argument), else read as JSON, a Python literal, or the text."""
+
+    TAG = "longcat_arg"
+
+    def __init__(self, tools: Any = None) -> None:
+        from mlx_lm.tool_parsers import longcat  # (the parser whose reading this follows)
+
+        super().__init__(tools)
+        self._parser = longcat
+
+    def _string_arguments(self, name: str) -> set[str]:
+        return set()  # asked argument by argument (_is_string)
+
+    def _is_string(self, key: str | None) -> bool:
+        return self.name is not None and key is not None and self._parser._is_string_type(self.name, key,
+                                                                                              self._tools)

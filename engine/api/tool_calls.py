@@ -15,6 +15,7 @@ it closes. Other formats give the ``ToolPiece`` alone, at the call's end.
 from __future__ import annotations
 
 import itertools
+import logging
 import json
 import secrets
 from dataclasses import dataclass
@@ -25,11 +26,12 @@ from engine.domain.reasoning import HarmonyFormat, ReasoningFormat
 
 from .tool_arguments import JsonCallScanner, XmlFunctionScanner, partial_arguments, partial_suffix
 from .tool_arguments_gemma4 import Gemma4CallScanner
-from .tool_arguments_glm import GlmCallScanner
+from .tool_arguments_glm import GlmCallScanner, LongcatCallScanner
 from .tool_arguments_headed import HeadedJsonScanner, kimi_header, mistral_header
 from .tool_arguments_minimax import MiniMaxCallScanner
 
 ParseFn = Callable[[str, Any], Any]
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +43,7 @@ class ToolFormat:
     # constrained to it (tool_constraints.py); other formats (pythonic, XML-ish) cannot, yet.
     json_body: bool = False
     # How a call's arguments stream while it is written (StreamedArguments.of): "json" (a JSON body),
-    # "qwen3_xml" (Qwen3-Coder's XML), "glm47" (GLM's keys and values), "minimax_m2" (MiniMax's invoke and
+    # "qwen3_xml" (Qwen3-Coder's XML), "glm47" or "longcat" (GLM's or LongCat's keys and values), "minimax_m2" (MiniMax's invoke and
     # parameters), "gemma4" (Gemma 4's bare-keyed JSON), "mistral" or "kimi" (a header, then the arguments' JSON),
     # or None: the call comes whole when it closes.
     streams: str | None = None
@@ -61,8 +63,10 @@ JSON_TOOLS_PARSER = "mlx_lm.tool_parsers.json_tools"
 # Its parser of Qwen3-Coder's XML calls (Qwen3.5's and Qwen3-Next's templates too).
 QWEN3_XML_PARSER = "mlx_lm.tool_parsers.qwen3_coder"
 # Its parsers whose calls stream in a format of their own, by module (the call's end marker, where the format
-# has one, is the tokenizer's): GLM-4.5/4.7's, MiniMax-M2's, Gemma 4's, Mistral's (no end marker) and Kimi K2's.
-STREAMING_PARSERS = {"mlx_lm.tool_parsers.glm47": "glm47", "mlx_lm.tool_parsers.minimax_m2": "minimax_m2",
+# has one, is the tokenizer's): GLM-4.5/4.7's (and Laguna's, the same parser), LongCat's, MiniMax-M2's, Gemma 4's,
+# Mistral's (no end marker) and Kimi K2's.
+STREAMING_PARSERS = {"mlx_lm.tool_parsers.glm47": "glm47", "mlx_lm.tool_parsers.longcat": "longcat",
+                     "mlx_lm.tool_parsers.minimax_m2": "minimax_m2",
                      "mlx_lm.tool_parsers.gemma4": "gemma4", "mlx_lm.tool_parsers.mistral": "mistral",
                      "mlx_lm.tool_parsers.kimi_k2": "kimi"}
 
@@ -248,18 +252,23 @@ class StreamedArguments:
         """For a call of ``fmt`` (None: its format does not stream)."""
         scanners: dict[str, Callable[[], ArgumentScanner]] = {
             "json": JsonCallScanner, "qwen3_xml": lambda: XmlFunctionScanner(tools),
-            "glm47": lambda: GlmCallScanner(tools), "minimax_m2": lambda: MiniMaxCallScanner(tools),
-            "gemma4": Gemma4CallScanner, "mistral": lambda: HeadedJsonScanner(mistral_header),
-            "kimi": lambda: HeadedJsonScanner(kimi_header)}
+            "glm47": lambda: GlmCallScanner(tools), "longcat": lambda: LongcatCallScanner(tools),
+            "minimax_m2": lambda: MiniMaxCallScanner(tools), "gemma4": Gemma4CallScanner,
+            "mistral": lambda: HeadedJsonScanner(mistral_header), "kimi": lambda: HeadedJsonScanner(kimi_header)}
         make = scanners.get(fmt.streams or "")
         return cls(id_prefix, make()) if make is not None else None
 
     def take(self, body: str, upto: int, ended: bool = False) -> list[Piece]:
         """Pieces for the body's text up to ``upto`` not read before; ``ended``: that is the whole body."""
-        fresh = self.scanner.feed(body[self._read:upto]) if upto > self._read else ""
+        try:
+            fresh = self.scanner.feed(body[self._read:upto]) if upto > self._read else ""
+            if ended:
+                fresh += self.scanner.close()
+        except Exception:  # a scanner's fault must not end the reply: a call not begun comes whole from its parser
+            log.warning("tool-call arguments stopped streaming: %s failed on the model's text",
+                        type(self.scanner).__name__, exc_info=True)
+            self.scanner.refused, fresh = True, ""
         self._read = max(self._read, upto)
-        if ended:
-            fresh += self.scanner.close()
         pieces: list[Piece] = []
         if fresh and self.started is None:
             self.started = ToolStartPiece(new_tool_id(self.id_prefix), str(self.scanner.name))

@@ -1,4 +1,4 @@
-"""Tool arguments stream as written in GLM's, MiniMax-M2's, Gemma 4's, Mistral's and Kimi K2's call formats: each scanner against mlx-lm's
+"""Tool arguments stream as written in GLM's, LongCat's, MiniMax-M2's, Gemma 4's, Mistral's and Kimi K2's call formats: each scanner against mlx-lm's
 own parser however the tokens cut the text, and the Anthropic and OpenAI streams through the official SDKs'
 helpers on a scripted model (one character a token) whose tokenizer has that format's parser."""
 
@@ -12,7 +12,7 @@ import anthropic
 import openai
 import pytest
 from hypothesis import given, settings, strategies as st
-from mlx_lm.tool_parsers import gemma4, glm47, kimi_k2, minimax_m2, mistral
+from mlx_lm.tool_parsers import gemma4, glm47, kimi_k2, laguna, longcat, minimax_m2, mistral
 
 from engine.api.tool_arguments_headed import HeadedJsonScanner, kimi_header, mistral_header
 from engine.api.tool_calls import (TextPiece, ToolArgumentsPiece, ToolCallStream, ToolFormat, ToolPiece,
@@ -45,6 +45,7 @@ MINIMAX_BODY = ('\n<invoke name="Write">\n<parameter name="file_path">/project/s
 # Gemma 4: bare keys (quoted only right after "{" or ","), <|"|> around strings.
 GEMMA4_BODY = ('call:Write{file_path:<|"|>/project/src/app.py<|"|>,content:<|"|>' + CONTENT
                + '<|"|>,mode:{append:false,lines:[1,2]},note:<|"|>a: b, c:<|"|>}')
+LONGCAT_BODY = GLM_BODY.replace("arg_key>", "longcat_arg_key>").replace("arg_value>", "longcat_arg_value>")
 MISTRAL_BODY = "Write[ARGS]" + json.dumps(ARGUMENTS, indent=1)
 KIMI_BODY = ("<|tool_call_begin|>functions.Write:0<|tool_call_argument_begin|>" + json.dumps(ARGUMENTS)
              + "<|tool_call_end|>")
@@ -53,6 +54,8 @@ FORMATS = {
               GLM_BODY),
     "minimax_m2": (ToolFormat(minimax_m2.tool_call_start, minimax_m2.tool_call_end, minimax_m2.parse_tool_call,
                               streams="minimax_m2"), MINIMAX_BODY),
+    "longcat": (ToolFormat(longcat.tool_call_start, longcat.tool_call_end, longcat.parse_tool_call, streams="longcat"),
+                LONGCAT_BODY),
     "gemma4": (ToolFormat(gemma4.tool_call_start, gemma4.tool_call_end, gemma4.parse_tool_call, streams="gemma4"),
                GEMMA4_BODY),
     "mistral": (ToolFormat(mistral.tool_call_start, "", mistral.parse_tool_call, streams="mistral"), MISTRAL_BODY),
@@ -81,7 +84,7 @@ def fed(stream: ToolCallStream, text: str, cuts: list[int]) -> list:
 
 
 def test_the_parsers_read_what_the_tests_expect() -> None:
-    for kind in ("glm47", "minimax_m2"):
+    for kind in ("glm47", "longcat", "minimax_m2"):
         tagged = parsed_arguments(kind)
         assert tagged["content"] == CONTENT and tagged["line"] == 42 and tagged["mode"] == ARGUMENTS["mode"]
         assert tagged["undescribed"] is None and tagged["plain"] == "some words"
@@ -112,7 +115,7 @@ def test_a_string_argument_streams_while_it_is_written(kind: str) -> None:
     stream = ToolCallStream(FORMATS[kind][0], TOOLS)
     streamed = "".join(p.text for p in stream.feed(head) if isinstance(p, ToolArgumentsPiece))
     # GLM's and MiniMax's parsers strip a value, so whitespace after the last word waits for the next one.
-    tail = 'def f(x):' if kind in ("glm47", "minimax_m2") else 'def f(x):\\n    '
+    tail = 'def f(x):' if kind in ("glm47", "longcat", "minimax_m2") else 'def f(x):\\n    '
     assert re.search(r'"content": ?"' + re.escape(tail) + "$", streamed), streamed
 
 
@@ -179,6 +182,17 @@ def test_every_call_of_a_section_is_kept_the_first_as_it_streamed(kind: str, bod
     assert stream.calls == [c.call for c in calls] and calls[0].call.id != calls[1].call.id
 
 
+def test_a_scanner_that_fails_leaves_the_call_to_its_parser(monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine.api.tool_arguments_glm import GlmCallScanner
+
+    def broken(self, text: str) -> str:
+        raise KeyError("function")
+
+    monkeypatch.setattr(GlmCallScanner, "feed", broken)
+    pieces = fed(ToolCallStream(FORMATS["glm47"][0], TOOLS), call_text("glm47"), [10, 50])
+    assert [type(p) for p in pieces] == [ToolPiece] and pieces[0].call.arguments == parsed_arguments("glm47")
+
+
 def test_a_call_cut_by_the_cap_stays_a_call_with_what_it_holds() -> None:
     fmt = FORMATS["glm47"][0]
     text = call_text("glm47")
@@ -188,8 +202,8 @@ def test_a_call_cut_by_the_cap_stays_a_call_with_what_it_holds() -> None:
 
 
 def test_the_tool_formats_of_these_tokenizers_stream() -> None:
-    for parser, streams in ((glm47, "glm47"), (minimax_m2, "minimax_m2"), (gemma4, "gemma4"), (mistral, "mistral"),
-                            (kimi_k2, "kimi")):
+    for parser, streams in ((glm47, "glm47"), (laguna, "glm47"), (longcat, "longcat"), (minimax_m2, "minimax_m2"),
+                            (gemma4, "gemma4"), (mistral, "mistral"), (kimi_k2, "kimi")):
         fmt = tool_format_for(ToolTokenizer(parser))
         assert fmt.streams == streams and fmt.start == parser.tool_call_start and fmt.end == parser.tool_call_end
 
@@ -207,7 +221,7 @@ class ToolTokenizer(ByteTokenizer):
         self.tool_call_start, self.tool_call_end = parser.tool_call_start, parser.tool_call_end
 
 
-PARSERS = {"glm47": glm47, "minimax_m2": minimax_m2, "gemma4": gemma4, "mistral": mistral, "kimi": kimi_k2}
+PARSERS = {"glm47": glm47, "longcat": longcat, "minimax_m2": minimax_m2, "gemma4": gemma4, "mistral": mistral, "kimi": kimi_k2}
 
 
 @pytest.fixture(scope="module", params=sorted(FORMATS))
