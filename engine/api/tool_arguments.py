@@ -15,6 +15,13 @@ A call it cannot stream that way (the arguments before the name, or written
 as a string holding JSON) is left whole: the call streams once it closes,
 as before.
 
+The other formats' scanners live beside this module, one per format, each
+following its mlx-lm parser: ``tool_arguments_glm`` (GLM, LongCat),
+``tool_arguments_minimax``, ``tool_arguments_gemma4`` and
+``tool_arguments_headed`` (Mistral, Kimi K2); the tag-written ones share
+:class:`TaggedCallScanner` here, every one :func:`partial_suffix` and
+:func:`escaped`.
+
 :func:`partial_arguments` reads what a call that never closed (the reply
 ran to its cap) had streamed, as the SDKs' own partial parsers read it.
 """
