@@ -170,7 +170,22 @@ def partial_arguments(text: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-class TaggedCallScanner:
+class ScannerState:
+    """What every arguments scanner says about its call: ``name`` once known, ``streaming`` while the arguments
+    are being written, ``done`` once they closed, ``refused`` once the call turned out not to stream."""
+
+    def __init__(self) -> None:
+        self.name: str | None = None
+        self.streaming = False
+        self.refused = False
+        self.done = False
+
+    def close(self) -> str:
+        """The call's body ended; its own end already closed the object (else the call ends incomplete)."""
+        return ""
+
+
+class TaggedCallScanner(ScannerState):
     """What the scanners of calls written in tags share (Qwen3-Coder's XML here, GLM's and MiniMax's in their
     own modules): the body read as it grows by a state machine (``STEPS``: each state's method returns the
     arguments' text it writes, "" to go on, or None to wait for more), and the object's members written one
@@ -179,11 +194,8 @@ class TaggedCallScanner:
     STEPS: dict[str, str] = {}  # state -> method name; the first is where a call starts
 
     def __init__(self, tools: Any = None) -> None:
+        super().__init__()
         self._tools = tools
-        self.name: str | None = None
-        self.streaming = False
-        self.refused = False
-        self.done = False
         self._buffer = ""
         self._state = next(iter(self.STEPS))
         self._key: str | None = None  # the open value's
@@ -200,10 +212,6 @@ class TaggedCallScanner:
                 break
             out.append(step)
         return "".join(out)
-
-    def close(self) -> str:
-        """The call's body ended; its own end tag already closed the object (else the call ends incomplete)."""
-        return ""
 
     def _open_string(self) -> str:
         if self._opened:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import re
 
-from .tool_arguments import escaped, partial_suffix
+from .tool_arguments import ScannerState, escaped, partial_suffix
 
 QUOTE = '<|"|>'
 _HEAD = re.compile(r"\s*call:([\w-]+)\{")
@@ -28,12 +28,9 @@ def _word_char(char: str) -> bool:
     return char.isalnum() or char == "_"
 
 
-class Gemma4CallScanner:
+class Gemma4CallScanner(ScannerState):
     def __init__(self) -> None:
-        self.name: str | None = None
-        self.streaming = False
-        self.refused = False
-        self.done = False
+        super().__init__()
         self._buffer = ""
         self._depth = 0
         self._in_string = False
@@ -55,10 +52,6 @@ class Gemma4CallScanner:
                 break
             out.append(piece)
         return "".join(out)
-
-    def close(self) -> str:
-        """The body ended; the object's own ``}`` already said where it ends."""
-        return ""
 
     def _head(self) -> bool:
         match = _HEAD.match(self._buffer)

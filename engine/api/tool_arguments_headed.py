@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from typing import Callable
 
-from .tool_arguments import JsonObjectEnd
+from .tool_arguments import JsonObjectEnd, ScannerState
 
 # (buffer) -> (name, header length) once the header is whole; None while it may still become one; raises
 # NotAHeader when it cannot.
@@ -73,17 +73,14 @@ def kimi_header(buffer: str) -> tuple[str, int] | None:
     return match.group(1), skipped + at + len(_KIMI_ARGUMENTS)
 
 
-class HeadedJsonScanner:
+class HeadedJsonScanner(ScannerState):
     """Reads a header (``read_header``) and the JSON object after it; :meth:`feed` returns the new part of the
     object's text once the name is known (``name``); ``streaming`` while it is written, ``done`` once it closed,
     ``refused`` when the body turned out not to stream."""
 
     def __init__(self, read_header: HeaderReader) -> None:
+        super().__init__()
         self._read_header = read_header
-        self.name: str | None = None
-        self.streaming = False
-        self.refused = False
-        self.done = False
         self._head = ""  # the text before the object, while the header is read
         self._end = JsonObjectEnd()
 
@@ -98,10 +95,6 @@ class HeadedJsonScanner:
         if self._end.closed:
             self.streaming, self.done = False, True
         return out
-
-    def close(self) -> str:
-        """The body ended; the object's own ``}`` already said where it ends."""
-        return ""
 
     def _through_header(self, text: str) -> str:
         """Reads ``text`` into the header; once the object's ``{`` comes, the text from it on (else "")."""
