@@ -2,6 +2,7 @@
 
     semantic                      the workbench (TUI) with the HTTP API inside
     semantic --serve              the same engine and API, headless
+    semantic attach [URL]         the workbench on a running server (quitting leaves the server running)
     semantic models [FOLDER...]   packaged and imported models, and how their layers are cached
     semantic import MODEL         import a packaged model or .gguf file now
     semantic generate PROMPT      one turn through the engine, streamed to stdout
@@ -24,6 +25,7 @@ from engine.settings import Settings, load_settings
 from engine.store.private_dirs import prepare_cache_root
 
 from semantic_cli.agents import add_agents_command
+from semantic_cli.attach import add_attach_command
 from semantic_cli.args import overrides_from, settings_parser
 
 log = logging.getLogger("semantic.cli")
@@ -56,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("doctor", parents=[shared], help="check the compute backend, the BLAS under MLX's matmul "
                         "and its measured rate; prints the command that fixes a slow BLAS (exit 1 while it stands)")
     add_agents_command(commands, shared)
+    add_attach_command(commands)
     return parser
 
 
@@ -71,11 +74,11 @@ def main(argv: list[str] | None = None) -> int:
     from engine.logging_setup import configure_logging
 
     # The workbench draws on the terminal: its logs go to a file (the log pane shows engine events).
-    workbench = args.command is None and not args.serve and not _headless_rank()
+    workbench = args.command == "attach" or (args.command is None and not args.serve and not _headless_rank())
     log_file = settings.cache_dir / "logs" / "workbench.log" if workbench else None
     configure_logging(settings.log_level, json_lines=settings.log_json or (args.serve and not sys.stderr.isatty()),
                       file=log_file)
-    if entry_point:
+    if entry_point and args.command != "attach":  # an attached workbench runs no MLX
         _maybe_reexec(settings)
     prepare_cache_root(settings.cache_dir)
     try:
@@ -127,6 +130,10 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
         from semantic_cli.doctor import doctor
 
         return doctor(settings)
+    if args.command == "attach":
+        from semantic_cli.attach import attach
+
+        return attach(settings, args)
     if args.command == "agents":
         from semantic_cli.agents import run_agents
 

@@ -1,8 +1,11 @@
 """The workbench: live panes over one engine, chats, eviction controls, the HTTP API inside.
 
-The engine runs in its own thread; the UI polls its immutable snapshot a few
-times a second and never calls into MLX. Model loading runs in a thread
-worker that posts progress messages.
+Embedded (``semantic``), the engine runs in its own thread of this process;
+attached (``semantic attach``), it is a running server's. Either way the UI
+reads the engine through one :class:`WorkbenchClient` (an immutable state a few
+times a second, never a call into MLX) and steers its agents through the same
+client, so both workbenches draw and act alike. Embedded, model loading runs in
+a thread worker that posts progress messages.
 """
 
 from __future__ import annotations
@@ -21,12 +24,12 @@ from textual.worker import Worker, WorkerState
 
 from engine.errors import SemanticError
 from engine.platform import slow_blas
-from engine.runtime.tiers.agents import Tier
 from engine.settings import Settings
 from engine.swap import release_thread_streams
-from engine.runtime.engine_thread.engine_ops import engine_op
 
 from .backend import WorkbenchBackend
+from .local_client import LocalClient
+from .workbench_client import AgentAction, WorkbenchClient, WorkbenchState
 from .messages import EngineStopped, LoadProgress, ModelFailed, ModelReady
 from .palette import WorkbenchCommands
 from .agent_target import ModelTarget, model_target
@@ -89,9 +92,14 @@ class SemanticApp(App[None]):
         Binding("ctrl+n", "next_pane", "Next chat", show=False, id="chat.next", tooltip="Focus the next chat pane"),
     ]
 
-    def __init__(self, backend: WorkbenchBackend, preferences: Any = None, poll_interval_s: float = 0.5) -> None:
+    def __init__(self, engine: WorkbenchBackend | WorkbenchClient, preferences: Any = None,
+                 poll_interval_s: float = 0.5) -> None:
+        """``engine``: the backend of the engine this process runs (embedded), or the client of a running
+        server (attached)."""
         super().__init__()
-        self.backend = backend
+        # Embedded only: chats, swaps, forks and exports still reach the engine in this process.
+        self.backend = engine if isinstance(engine, WorkbenchBackend) else None
+        self.client: WorkbenchClient = LocalClient(engine) if self.backend is not None else engine
         self.preferences = preferences
         self.poll_interval_s = poll_interval_s
         self._bottom = 1
@@ -102,7 +110,9 @@ class SemanticApp(App[None]):
 
     # -- layout -----------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
-        yield StatusBar(id="status", blas_warning=SLOW_BLAS_WARNING if slow_blas() else None)
+        # This process's BLAS is the engine's only when the engine runs here.
+        slow = self.backend is not None and slow_blas()
+        yield StatusBar(id="status", blas_warning=SLOW_BLAS_WARNING if slow else None)
         with Horizontal(id="top"):
             with Vertical(id="agents-panel", classes="panel"):
                 yield AgentsTable(id="agents")
@@ -114,7 +124,7 @@ class SemanticApp(App[None]):
                 yield ThroughputPanel(id="throughput", classes="panel")
         with ContentSwitcher(id="bottom", initial="log"):
             yield EventLogView(id="log")
-            yield ChatArea(self.backend.service, id="chats")
+            yield ChatArea(self.backend.service if self.backend is not None else None, id="chats")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -127,6 +137,11 @@ class SemanticApp(App[None]):
         self.main.query_one("#bottom").border_title = "Log"
         self._apply_size()
         self.set_interval(self.poll_interval_s, self.refresh_panes)
+        if self.backend is None:
+            self.client.start()
+            self.main.query_one(StatusBar).url = self.client.address
+            self.main.query_one(AgentsHint).url = self.client.address
+            return
         self.push_screen(LoadingScreen(self.backend.settings.model))
         self.load_model()
 
@@ -199,33 +214,31 @@ class SemanticApp(App[None]):
     def _refresh_panes(self, force: bool) -> None:
         if not self.screen_stack:
             return
-        snapshot = self.backend.service.snapshot()
-        # The engine publishes no snapshot while it is stuck: the watchdog reading is taken here.
-        self.main.query_one(StatusBar).stalled_s = self.backend.service.stalled_for()
+        state = self.client.state()
+        status = self.main.query_one(StatusBar)
+        # The engine publishes no snapshot while it is stuck: the watchdog reading comes beside it.
+        status.stalled_s = state.stalled_s
+        status.link = state.link
         log_view = self.main.query_one(EventLogView)
         if log_view.display:  # a hidden log catches up when shown: rendering lines nobody sees costs CPU
-            log_view.pull(self.backend.events)
-        swapper = self.backend.service.swapper
-        if swapper is not None and swapper.status.running:
-            self.main.query_one(StatusBar).phase = f"swap: {swapper.status.phase.value}"
+            log_view.pull(self.client.events)
+        if state.swap_phase is not None:
+            status.phase = f"swap: {state.swap_phase}"
             return
+        snapshot = state.snapshot
         if snapshot is None or snapshot.pool is None:
             return
-        self.main.query_one(StatusBar).update_snapshot(snapshot)
-        models = self.backend.service.models
+        status.update_snapshot(snapshot)
         table = self.main.query_one(AgentsTable)
-        others: tuple = ()
         shown = snapshot
-        if models is not None:
+        if state.models is not None:
             panel = self.main.query_one(ModelsPanel)
             panel.add_class("configured")
-            table.default_model = models.routes.default.alias
-            extra = self.backend.service.served_engines()[1:]
-            others = tuple((alias, view) for alias, engine in extra for view in engine.snapshot().agents)
-            shown, shown_alias = self._shown_model(snapshot, dict(extra), table.default_model)
-            panel.update_models(models.describe(), models.budget(), shown_alias)
+            table.default_model = state.models.default_alias
+            shown, shown_alias = self._shown_model(state)
+            panel.update_models(list(state.models.rows), state.models.budget, shown_alias)
             self._title_side_panes(shown_alias)
-        table.update_snapshot(snapshot, force=force, others=others)
+        table.update_snapshot(snapshot, force=force, others=state.other_agents)
         self.main.query_one(AgentsHint).display = not snapshot.agents
         # With several models the pool map, tiers and throughput are the selected agent's model's.
         self.main.query_one(PoolMap).update_snapshot(shown)
@@ -233,13 +246,12 @@ class SemanticApp(App[None]):
         self.main.query_one(ThroughputPanel).update_snapshot(shown)
         self.main.query_one(ChatArea).set_batch_size(snapshot.throughput.batch_size)
 
-    def _shown_model(self, default: Any, extra: dict[str, Any], default_alias: str) -> tuple[Any, str]:
+    def _shown_model(self, state: WorkbenchState) -> tuple[Any, str]:
         """(the snapshot the side panes show, its model's alias): the selected row's model while it serves."""
         row = self.selected_row()
-        engine = extra.get(row[0]) if row is not None and row[0] is not None else None
-        shown = engine.snapshot() if engine is not None else None
+        shown = state.snapshot_of(row[0]) if row is not None and row[0] is not None else None
         if shown is None or shown.pool is None:
-            return default, default_alias
+            return state.snapshot, state.models.default_alias
         return shown, row[0]
 
     def _title_side_panes(self, alias: str) -> None:
@@ -252,12 +264,25 @@ class SemanticApp(App[None]):
         key = self.main.query_one(AgentsTable).selected_agent
         return split_key(key) if key is not None else None
 
-    def selected_target(self) -> tuple[ModelTarget, str] | None:
-        """(the model holding the selected agent's cache, the agent id); None, with a notice, when no row is
-        selected or its model was unloaded since the table was drawn."""
+    def _chosen_row(self) -> tuple[str | None, str] | None:
+        """The selected row, or None with a notice asking for one."""
         row = self.selected_row()
         if row is None:
             self.notify("Select an agent in the table first", severity="warning")
+        return row
+
+    def embedded_only(self, what: str) -> bool:
+        """True when this workbench runs the engine; attached, a notice says ``what`` is not offered yet."""
+        if self.backend is None:
+            self.notify(f"{what}: not offered in an attached workbench yet (use the server's API)",
+                        severity="warning")
+        return self.backend is not None
+
+    def selected_target(self) -> tuple[ModelTarget, str] | None:
+        """(the model holding the selected agent's cache, the agent id) of the engine in this process; None,
+        with a notice, when no row is selected or its model was unloaded since the table was drawn."""
+        row = self._chosen_row()
+        if row is None:
             return None
         model, agent_id = row
         try:
@@ -280,75 +305,78 @@ class SemanticApp(App[None]):
         return label if model is None else f"{label} of {model}"
 
     def _view(self, model: str | None, agent_id: str) -> Any:
-        try:
-            snapshot = model_target(self.backend.service, model).snapshot(self.backend.service)
-        except SemanticError:
-            return None
+        snapshot = self.client.state().snapshot_of(model)
         return snapshot.agent(agent_id) if snapshot else None
 
-    async def _engine_action(self, verb: str, op: str, *args: Any) -> None:
-        selected = self.selected_target()
-        if selected is None:
+    async def _agent_action(self, verb: str, action: AgentAction) -> None:
+        row = self._chosen_row()
+        if row is None:
             return
-        target, agent_id = selected
+        model, agent_id = row
         try:
-            await target.call(self.backend.service, engine_op(op, agent_id, *args))
+            await self.client.agent_action(model, agent_id, action)
         except SemanticError as exc:
             self.notify(f"{verb} {agent_id}: {exc}", severity="error")
             return
-        self.notify(f"{verb}: {agent_id}{target.suffix}")
+        self.notify(f"{verb}: {agent_id}" + (f" ({model})" if model is not None else ""))
         self.refresh_panes(force=True)
 
     async def action_fork(self) -> None:
-        await self.branching.fork()
+        if self.embedded_only("Fork"):
+            await self.branching.fork()
 
     def action_rewind(self) -> None:
-        self.branching.rewind()
+        if self.embedded_only("Rewind"):
+            self.branching.rewind()
 
     def action_export_agent(self) -> None:
-        self.branching.export()
+        if self.embedded_only("Export"):
+            self.branching.export()
 
     def action_import_agent(self) -> None:
-        self.branching.import_()
+        if self.embedded_only("Import"):
+            self.branching.import_()
 
     async def action_evict_warm(self) -> None:
-        await self._engine_action("Evicted to disk", "evict_agent", Tier.WARM)
+        await self._agent_action("Evicted to disk", AgentAction.EVICT)
 
     async def action_drop(self) -> None:
-        await self._engine_action("Dropped", "evict_agent", Tier.COLD)
+        await self._agent_action("Dropped", AgentAction.DROP)
 
     async def action_delete_agent(self) -> None:
-        await self._engine_action("Deleted", "delete_agent")
+        await self._agent_action("Deleted", AgentAction.DELETE)
 
     async def action_toggle_pin(self) -> None:
         row = self.selected_row()
         view = self._view(*row) if row is not None else None
         pinned = bool(view and view.pinned)
-        await self._engine_action("Unpinned" if pinned else "Pinned", "pin_agent", not pinned)
+        await self._agent_action("Unpinned" if pinned else "Pinned", AgentAction.UNPIN if pinned else AgentAction.PIN)
 
     async def action_evict_idle(self) -> None:
-        await self._evict_idle(Tier.WARM)
+        await self._evict_idle(to_disk=True)
 
     async def action_drop_idle(self) -> None:
-        await self._evict_idle(Tier.COLD)
+        await self._evict_idle(to_disk=False)
 
-    async def _evict_idle(self, tier: Tier) -> None:
+    async def _evict_idle(self, to_disk: bool) -> None:
         try:
-            count = await self.backend.service.call(engine_op("evict_idle", tier))
+            count = await self.client.evict_idle(to_disk)
         except SemanticError as exc:
             self.notify(str(exc), severity="error")
             return
-        self.notify(f"{count} idle agents moved to {tier.value}")
+        self.notify(f"{count} idle agents moved to {'warm' if to_disk else 'cold'}")
         self.refresh_panes(force=True)
 
     # -- chats -------------------------------------------------------------------------------------
     def action_cache_history(self) -> None:
-        selected = self.selected_target()
-        if selected is not None:
-            target, agent_id = selected
-            self.push_screen(CacheHistoryScreen(agent_id, lambda: target.snapshot(self.backend.service)))
+        row = self._chosen_row()
+        if row is not None:
+            model, agent_id = row
+            self.push_screen(CacheHistoryScreen(agent_id, lambda: self.client.state().snapshot_of(model)))
 
     async def action_open_chat(self) -> None:
+        if not self.embedded_only("Chats"):
+            return
         if self.selected_row() is None:
             await self.action_new_chat()
             return
@@ -371,7 +399,8 @@ class SemanticApp(App[None]):
         await self.main.query_one(ChatArea).open_chat(agent_id, label, source, model=target.model)
 
     async def action_new_chat(self) -> None:
-        await self._new_chat(None)
+        if self.embedded_only("Chats"):
+            await self._new_chat(None)
 
     def new_chat_on(self, model: str | None) -> None:
         self.run_worker(self._new_chat(model), exclusive=False)
@@ -457,12 +486,12 @@ class SemanticApp(App[None]):
         self.main.query_one("#bottom").styles.height = f"{BOTTOM_SIZES[self._bottom]}%"
 
     def action_copy_address(self) -> None:
-        listener = self.backend.listener
-        if listener is None:
+        address = self.client.address
+        if address is None:
             self.notify("The HTTP API is not listening yet", severity="warning")
             return
-        self.copy_to_clipboard(listener.url)
-        self.notify(f"Copied {listener.url}")
+        self.copy_to_clipboard(address)
+        self.notify(f"Copied {address}")
 
     # -- themes and preferences ----------------------------------------------------------------------
     def _apply_preferences(self) -> None:
@@ -498,15 +527,20 @@ class SemanticApp(App[None]):
 
     # -- model swaps ----------------------------------------------------------------------------------
     def model_commands(self) -> list[tuple[str, str, Any]]:
-        return self.swap_flow.palette_commands()
+        return self.swap_flow.palette_commands() if self.backend is not None else []
 
     def action_pick_model(self) -> None:
-        self.swap_flow.pick()
+        if self.embedded_only("Model swaps"):
+            self.swap_flow.pick()
 
     # -- shutdown -------------------------------------------------------------------------------------
     async def action_quit(self) -> None:
+        if self.backend is None:  # attached: the server keeps running
+            await self.client.close()
+            self.exit()
+            return
         self.notify("Saving agent caches…", timeout=30)
-        await self.backend.stop_http()
+        await self.client.close()
         self.stop_engine()
 
     @work(thread=True, exclusive=True, group="shutdown", exit_on_error=False, description="stop engine")

@@ -6,10 +6,12 @@ and tests can swap the engine for a scripted one.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from engine.api.listener_file import remove_listener, write_listener
 from engine.api.service import EngineService
 from engine.errors import SemanticError
 from engine.models.gguf_import import ImportProgress
@@ -96,6 +98,7 @@ class WorkbenchBackend:
         )
         port = await self._server.start()
         self.listener = ListenerInfo(self.settings.host, port)
+        await asyncio.to_thread(write_listener, self.settings.cache_dir, self.listener.url)  # for `semantic attach`
         self.events.emit(EventKind.INFO, f"HTTP API listening on {self.listener.url}")
         return self.listener
 
@@ -103,3 +106,4 @@ class WorkbenchBackend:
         if self._server is not None:
             await self._server.stop()
             self._server = None
+            await asyncio.to_thread(remove_listener, self.settings.cache_dir)

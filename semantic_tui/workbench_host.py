@@ -14,7 +14,7 @@ from .backend import WorkbenchBackend
 
 
 class WorkbenchHost(Protocol):
-    backend: WorkbenchBackend
+    backend: WorkbenchBackend | None  # None in an attached workbench, whose flows are not offered yet
 
     @property
     def main(self) -> Screen:

@@ -1,5 +1,5 @@
 """The top line: model, HTTP address (for ANTHROPIC_BASE_URL), engine status, memory against its watermarks,
-and a slow BLAS while it lasts."""
+a slow BLAS while it lasts, and (attached) a lost link to the server while it lasts."""
 
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ class StatusBar(Static):
     url: reactive[str | None] = reactive(None)
     phase: reactive[str] = reactive("loading model")
     stalled_s: reactive[float | None] = reactive(None)
+    link: reactive[str | None] = reactive(None)  # attached: why the picture is not live
 
     def __init__(self, *, id: str | None = None, blas_warning: str | None = None) -> None:
         super().__init__(id=id)
@@ -47,7 +48,9 @@ class StatusBar(Static):
         if snap is not None and snap.model is not None:
             parts.append((model_part(snap.model), "bold"))
         parts.append((self.url or "HTTP starting…", "underline" if self.url else "dim"))
-        if self.stalled_s is not None:
+        if self.link is not None:
+            parts.append((self.link, "bold reverse yellow"))
+        elif self.stalled_s is not None:
             parts.append((f"ENGINE STALLED {self.stalled_s:.0f} s", "bold reverse red"))
         else:
             parts.append((self.phase, "green" if self.phase == "ready" else "yellow"))
