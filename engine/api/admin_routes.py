@@ -111,6 +111,8 @@ class Stats(BaseModel):
         "of this snapshot is the default model's")
     models_budget: dict[str, int] | None = Field(None, description="With --extra-model: models_budget_mb and "
                                                  "what the resident models hold of it, in bytes")
+    stalled_s: float | None = Field(None, description="The watchdog: seconds the engine has made no step while "
+                                    "work waits (the snapshot above is then that old); null while it steps")
 
 
 class MemoryStats(BaseModel):
@@ -210,6 +212,7 @@ def build_stats(service: EngineService, with_blocks: bool = False) -> Stats:
         memory=MemoryStats(**snapshot.memory) if snapshot.memory else None,
         models=service.models.describe() if service.models is not None else [],
         models_budget=service.models.budget() if service.models is not None else None,
+        stalled_s=service.stalled_for(),
     )
 
 
