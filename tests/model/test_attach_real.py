@@ -1,0 +1,76 @@
+"""`semantic --serve` in one tmux window and `semantic attach` in another, driven as a person would.
+
+The real SmolLM2 serves headless; the attached workbench finds it through the
+cache dir's record (no URL typed), shows an HTTP client's agent as it arrives,
+evicts it with `e`, and quits with `q` while the server keeps serving.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from engine.api.listener_file import recorded_listener
+from tests.support.terminal import TmuxTerminal, isolated_env, poll, semantic_command, tmux_available
+
+pytestmark = [pytest.mark.skipif(not tmux_available(), reason="needs tmux (apt-get install tmux)"),
+              pytest.mark.solo(reason="two terminal apps in tmux whose screens are read against time limits")]
+
+READY_TIMEOUT_S = 180  # a busy 2-core box: loading and compiling can take long
+TURN_TIMEOUT_S = 120
+UI_TIMEOUT_S = 60
+SESSION = "attach-real-5c1d"
+AGENT = f"oa-{SESSION}"
+
+
+def test_serve_in_one_window_attach_in_another(smollm2_path: Path, tmp_path: Path) -> None:
+    cache_dir = tmp_path / "cache"
+    env = isolated_env(tmp_path / "home")
+    serve_argv = [*semantic_command(), "--serve", "--model", str(smollm2_path), "--cache-dir", str(cache_dir),
+                  "--port", "0"]
+    with TmuxTerminal(tmp_path / "serve-tty", name="serve") as server, server.dump_on_failure():
+        server.start(serve_argv, env, cwd=tmp_path)
+        url = poll(lambda: recorded_listener(cache_dir), READY_TIMEOUT_S)
+        assert url, "the server never recorded its address in the cache dir"
+        wait_ready(url)
+        with TmuxTerminal(tmp_path / "attach-tty", name="attach") as attached, attached.dump_on_failure():
+            attached.start([*semantic_command(), "attach", "--cache-dir", str(cache_dir)], env, cwd=tmp_path)
+            attached.wait_for_text(rf"{url}.*ready", "the server's address and state on the top line", UI_TIMEOUT_S)
+
+            one_turn(url)
+            attached.wait_for_text(rf"│ OpenAI session {SESSION[:7]}\S*\s+OpenAI\s+idle\s+hot\b",
+                                   "the HTTP client's agent, hot", UI_TIMEOUT_S)
+            attached.press("e")  # the only row is selected
+            attached.wait_for_text(rf"│ OpenAI session {SESSION[:7]}\S*\s+OpenAI\s+idle\s+warm\b",
+                                   "the agent evicted to disk", UI_TIMEOUT_S)
+            assert agent_tier(url) == "warm"
+            attached.wait_for_text(r"evict\s", "the server's eviction in the log pane", UI_TIMEOUT_S)
+
+            attached.press("q")
+            assert attached.wait_exit(UI_TIMEOUT_S) == 0
+        assert httpx.get(f"{url}/health/ready", timeout=10).status_code == 200  # quitting left it serving
+        assert one_turn(url)["usage"]["prompt_tokens_details"]["cached_tokens"] > 0  # back from disk
+
+
+def wait_ready(url: str) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while httpx.get(f"{url}/health/ready", timeout=10).status_code != 200:
+        assert time.monotonic() < deadline, "the server never became ready"
+        time.sleep(0.2)
+
+
+def one_turn(url: str) -> dict:
+    body = {"messages": [{"role": "user", "content": "Name three colours."}], "max_tokens": 8,
+            "temperature": 0, "session_id": SESSION}
+    reply = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=TURN_TIMEOUT_S)
+    assert reply.status_code == 200, reply.text
+    return reply.json()
+
+
+def agent_tier(url: str) -> str:
+    agents = {a["agent_id"]: a for a in httpx.get(f"{url}/v1/stats", timeout=10).json()["agents"]}
+    return agents[AGENT]["tier"]
