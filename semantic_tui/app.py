@@ -322,8 +322,7 @@ class SemanticApp(App[None]):
         self.refresh_panes(force=True)
 
     async def action_fork(self) -> None:
-        if self.embedded_only("Fork"):
-            await self.branching.fork()
+        await self.branching.fork()
 
     def action_rewind(self) -> None:
         if self.embedded_only("Rewind"):

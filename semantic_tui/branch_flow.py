@@ -63,30 +63,39 @@ class BranchFlow:
 
     # -- fork ------------------------------------------------------------------------------
     async def fork(self) -> None:
-        selected = self._selected()
-        if selected is None:
+        """Fork the selected agent through the workbench's client (embedded or attached); embedded, a chat
+        opens on the fork."""
+        row = self.app.selected_row()
+        snapshot = self.app.client.state().snapshot_of(row[0]) if row is not None else None
+        view = snapshot.agent(row[1]) if snapshot is not None else None
+        if view is None:
+            self.app.notify("Select an agent its model still knows first", severity="warning")
             return
-        target, view = selected
-        existing = {a.agent_id for a in target.snapshot(self.service).agents}
+        model, suffix = row[0], f" ({row[0]})" if row[0] is not None else ""
+        existing = {a.agent_id for a in snapshot.agents}
         self._forks += 1
         while f"{view.agent_id}-fork-{self._forks}" in existing:
             self._forks += 1
         new_id = f"{view.agent_id}-fork-{self._forks}"
         try:
-            branch = await target.call(self.service,
-                                       engine_op("fork_agent", view.agent_id, new_id, None, None, f"fork of {view.label}"))
+            forked = await self.app.client.fork(model, view.agent_id, new_id, f"fork of {view.label}")
         except SemanticError as exc:
             self._fail("Fork", view.agent_id, exc)
             return
+        if self.app.backend is not None:
+            await self._chat_on_fork(view, forked.agent_id, model)
+        self.app.notify(f"{forked.agent_id}: {forked.tokens:,} tokens from {view.agent_id}, "
+                        f"{forked.shared_tokens:,} of them shared by reference{suffix}", title="Forked")
+        self.app.refresh_panes(force=True)
+
+    async def _chat_on_fork(self, view: AgentView, new_id: str, model: str | None) -> None:
         area = self.app.main.query_one(ChatArea)
-        source_pane = area.pane_for(view.agent_id, target.model)
+        source_pane = area.pane_for(view.agent_id, model)
         self.app.show_chats()
         pane = await area.open_chat(new_id, f"fork of {view.label}", AgentSource.TUI.value, read_only=False,
-                                    model=target.model)
+                                    model=model)
         if pane is not None and source_pane is not None and view.source == AgentSource.TUI.value:
             pane.history = list(source_pane.history)
-        self.app.notify(f"{new_id}: {branch.tokens:,} tokens from {view.agent_id}, "
-                        f"{branch.shared_tokens:,} of them shared by reference{target.suffix}", title="Forked")
 
     # -- rewind ----------------------------------------------------------------------------
     def rewind(self) -> None:

@@ -7,7 +7,7 @@ from engine.runtime.tiers.agents import Tier
 
 from .agent_target import model_target
 from .backend import WorkbenchBackend
-from .workbench_client import AgentAction, EventSource, ModelsView, WorkbenchState
+from .workbench_client import AgentAction, EventSource, Forked, ModelsView, WorkbenchState
 
 # Each action as the engine op it runs and that op's arguments after the agent id.
 ENGINE_OPS = {
@@ -51,6 +51,12 @@ class LocalClient:
     async def agent_action(self, model: str | None, agent_id: str, action: AgentAction) -> None:
         op, args = ENGINE_OPS[action]
         await model_target(self.backend.service, model).call(self.backend.service, engine_op(op, agent_id, *args))
+
+    async def fork(self, model: str | None, agent_id: str, new_id: str, display_name: str) -> Forked:
+        service = self.backend.service
+        branch = await model_target(service, model).call(
+            service, engine_op("fork_agent", agent_id, new_id, None, None, display_name))
+        return Forked(branch.agent_id, branch.tokens, branch.shared_tokens)
 
     async def evict_idle(self, to_disk: bool) -> int:
         return await self.backend.service.call(engine_op("evict_idle", Tier.WARM if to_disk else Tier.COLD))

@@ -23,7 +23,7 @@ from engine.domain.event_log import EventKind, LogEvent
 from engine.errors import SemanticError
 
 from .stats_snapshot import snapshot_from_stats
-from .workbench_client import AgentAction, ModelsView, WorkbenchState
+from .workbench_client import AgentAction, Forked, ModelsView, WorkbenchState
 
 log = logging.getLogger("semantic.tui")
 
@@ -178,6 +178,12 @@ class RemoteClient:
         else:
             tier = "warm" if action is AgentAction.EVICT else "cold"
             await self._call("POST", f"{path}/evict", params=params, json={"tier": tier})
+
+    async def fork(self, model: str | None, agent_id: str, new_id: str, display_name: str) -> Forked:
+        params = {"model": model} if model is not None else {}
+        body = await self._call("POST", f"/v1/agents/{agent_id}/fork", params=params,
+                                json={"name": new_id, "display_name": display_name})
+        return Forked(body["agent"]["agent_id"], body["cached_tokens"], body["shared_tokens"])
 
     async def evict_idle(self, to_disk: bool) -> int:
         body = await self._call("POST", "/v1/admin/evict-idle", json={"tier": "warm" if to_disk else "cold"})

@@ -30,6 +30,15 @@ class AgentAction(str, enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
+class Forked:
+    """What a fork left: the new agent and its cached tokens, how many of them in blocks shared by reference."""
+
+    agent_id: str
+    tokens: int
+    shared_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
 class ModelsView:
     """The resident models (``--extra-model``): ``/v1/stats``'s ``models`` rows and ``models_budget``."""
 
@@ -78,6 +87,9 @@ class WorkbenchClient(Protocol):
 
     async def agent_action(self, model: str | None, agent_id: str, action: AgentAction) -> None:
         """Apply ``action`` to ``agent_id`` of ``model``; SemanticError (with the server's message) when refused."""
+
+    async def fork(self, model: str | None, agent_id: str, new_id: str, display_name: str) -> Forked:
+        """A new agent ``new_id`` starting from ``agent_id``'s whole cache, sharing its blocks."""
 
     async def evict_idle(self, to_disk: bool) -> int:
         """Send every idle, unpinned hot agent of the default model to disk (or drop them); how many moved."""

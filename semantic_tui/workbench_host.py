@@ -11,6 +11,7 @@ from typing import Any, Callable, Protocol
 from textual.screen import Screen
 
 from .backend import WorkbenchBackend
+from .workbench_client import WorkbenchClient
 
 
 class WorkbenchHost(Protocol):
@@ -19,6 +20,11 @@ class WorkbenchHost(Protocol):
     @property
     def main(self) -> Screen:
         """The dashboard screen, whatever modal is on top of it."""
+
+    client: WorkbenchClient
+
+    def selected_row(self) -> tuple[str | None, str] | None:
+        """(the extra model's alias or None, the agent id) of the selected row; None when none is."""
 
     def selected_agent(self) -> str | None:
         """The agent selected in the agents table."""

@@ -96,9 +96,13 @@ async def test_controls_act_on_the_server_and_quitting_leaves_it_running(server,
         await pilot.press("E")
         await wait_for(pilot, lambda: engine.agents["go"].tier.value == "warm", "evict idle on the server")
         assert engine.agents["keep"].tier.value == "hot"
-        await pilot.press("f")  # fork is the embedded workbench's: a notice, and the server is untouched
+        table.move_cursor(row=table.get_row_index("keep"))
+        await pilot.press("f")
+        await wait_for(pilot, lambda: "keep-fork-1" in engine.agents, "the fork made on the server")
+        await wait_for(pilot, lambda: "keep-fork-1" in table_ids(app), "the fork listed")
+        await pilot.press("r")  # rewind is the embedded workbench's: a notice, and the server is untouched
         await pilot.pause(0.2)
-        assert set(engine.agents) == {"keep", "go", "victim"}
+        assert set(engine.agents) == {"keep", "go", "victim", "keep-fork-1"}
         await pilot.press("q")
         await wait_for(pilot, lambda: not app.is_running, "the attached workbench quits")
     assert service.is_ready and engine.is_running
