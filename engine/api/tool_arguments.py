@@ -17,9 +17,12 @@ as before.
 
 The other formats' scanners live beside this module, one per format, each
 following its mlx-lm parser: ``tool_arguments_glm`` (GLM, LongCat),
-``tool_arguments_minimax``, ``tool_arguments_gemma4`` and
-``tool_arguments_headed`` (Mistral, Kimi K2); the tag-written ones share
-:class:`TaggedCallScanner` here, every one :func:`partial_suffix` and
+``tool_arguments_minimax``, ``tool_arguments_gemma4``,
+``tool_arguments_headed`` (Mistral, Kimi K2), ``tool_arguments_pythonic``
+(LFM2), ``tool_arguments_function_gemma``, ``tool_arguments_minicpm5``,
+``tool_arguments_kimi_k3`` and ``tool_arguments_muse_spark``; the
+tag-written ones share :class:`TaggedCallScanner` here (the last five
+:class:`CheckedCallScanner`), every one :func:`partial_suffix` and
 :func:`escaped`.
 
 :func:`partial_arguments` reads what a call that never closed (the reply
@@ -30,7 +33,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import pydantic_core
 
@@ -241,6 +244,44 @@ class TaggedCallScanner(ScannerState):
         return self._members.key(key) + text
 
 
+class CheckedCallScanner(TaggedCallScanner):
+    """A tagged scanner that keeps the call's text (``_written``) and what it sent, and checks the object against
+    its parser's own reading of the call when the object closes: the parsers it serves read a call by more than
+    each value's own text (LFM2's falls back to a regex when the whole is not Python; Kimi K3's lets a JSON block
+    anywhere in the call win), so a call the scanner could not foresee ends incomplete, never wrong."""
+
+    def __init__(self, tools: Any = None) -> None:
+        super().__init__(tools)
+        self._written = ""
+        self._sent: list[str] = []
+
+    def feed(self, text: str) -> str:
+        self._written += text
+        self._buffer += text
+        start = len(self._sent)
+        while not (self.refused or self.done):
+            step = getattr(self, self.STEPS[self._state])()
+            if step is None:
+                break
+            self._sent.append(step)
+        return "".join(self._sent[start:])
+
+    def _checked(self, closing: str, read: Callable[[], Any]) -> str:
+        """``closing`` (the object's last text, not yet sent) if the object it ends is the arguments of the first
+        call ``read`` gives (the parser on the call's text), under this call's name; else the call is refused."""
+        try:
+            parsed = read()
+            call = parsed[0] if isinstance(parsed, list) else parsed
+            agrees = call["name"] == self.name and same_arguments("".join(self._sent) + closing, call["arguments"])
+        except (ValueError, TypeError, KeyError, IndexError, SyntaxError):
+            agrees = False
+        if not agrees:
+            self.refused = True
+            return ""
+        self.streaming, self.done = False, True
+        return closing
+
+
 class XmlFunctionScanner(TaggedCallScanner):
     """Reads Qwen3-Coder's XML call (mlx-lm's ``qwen3_coder`` parser; Qwen3.5 and Qwen3-Next write it):
 
@@ -371,6 +412,15 @@ class ObjectMembers:
 def escaped(text: str) -> str:
     """``text`` as it stands inside a JSON string."""
     return json.dumps(text, ensure_ascii=False)[1:-1]
+
+
+def same_arguments(sent: str, arguments: Any) -> bool:
+    """Whether the arguments' text sent parses to ``arguments`` as JSON carries them (a tuple as a list, NaN as
+    NaN): what a client holds once it joins the pieces."""
+    try:
+        return json.dumps(json.loads(sent), sort_keys=True) == json.dumps(arguments, sort_keys=True)
+    except (TypeError, ValueError):
+        return False
 
 
 def partial_suffix(text: str, marker: str) -> int:

@@ -28,7 +28,12 @@ from .tool_arguments import JsonCallScanner, XmlFunctionScanner, partial_argumen
 from .tool_arguments_gemma4 import Gemma4CallScanner
 from .tool_arguments_glm import GlmCallScanner, LongcatCallScanner
 from .tool_arguments_headed import HeadedJsonScanner, kimi_header, mistral_header
+from .tool_arguments_function_gemma import FunctionGemmaCallScanner
+from .tool_arguments_kimi_k3 import KimiK3CallScanner
+from .tool_arguments_minicpm5 import MiniCpm5CallScanner
 from .tool_arguments_minimax import MiniMaxCallScanner
+from .tool_arguments_muse_spark import MuseSparkCallScanner
+from .tool_arguments_pythonic import PythonicCallScanner
 
 ParseFn = Callable[[str, Any], Any]
 log = logging.getLogger(__name__)
@@ -64,11 +69,11 @@ JSON_TOOLS_PARSER = "mlx_lm.tool_parsers.json_tools"
 QWEN3_XML_PARSER = "mlx_lm.tool_parsers.qwen3_coder"
 # Its parsers whose calls stream in a format of their own, by module (the call's end marker, where the format
 # has one, is the tokenizer's): GLM-4.5/4.7's (and Laguna's, the same parser), LongCat's, MiniMax-M2's, Gemma 4's,
-# Mistral's (no end marker) and Kimi K2's.
-STREAMING_PARSERS = {"mlx_lm.tool_parsers.glm47": "glm47", "mlx_lm.tool_parsers.longcat": "longcat",
-                     "mlx_lm.tool_parsers.minimax_m2": "minimax_m2",
-                     "mlx_lm.tool_parsers.gemma4": "gemma4", "mlx_lm.tool_parsers.mistral": "mistral",
-                     "mlx_lm.tool_parsers.kimi_k2": "kimi"}
+# Mistral's (no end marker), Kimi K2's and K3's, LFM2's pythonic calls, FunctionGemma's, MiniCPM5's and Muse Spark's.
+STREAMING_PARSERS = {f"mlx_lm.tool_parsers.{module}": streams for module, streams in (
+    ("glm47", "glm47"), ("longcat", "longcat"), ("minimax_m2", "minimax_m2"), ("gemma4", "gemma4"),
+    ("mistral", "mistral"), ("kimi_k2", "kimi"), ("kimi_k3", "kimi_k3"), ("pythonic", "pythonic"),
+    ("function_gemma", "function_gemma"), ("minicpm5", "minicpm5"), ("muse_spark", "muse_spark"))}
 
 
 def tool_format_for(tokenizer: Any, reasoning: ReasoningFormat | None = None) -> ToolFormat:
@@ -234,7 +239,8 @@ class ToolCallStream:
 
 
 ArgumentScanner = (JsonCallScanner | XmlFunctionScanner | GlmCallScanner | MiniMaxCallScanner | Gemma4CallScanner
-                   | HeadedJsonScanner)
+                   | HeadedJsonScanner | PythonicCallScanner | FunctionGemmaCallScanner | MiniCpm5CallScanner
+                   | KimiK3CallScanner | MuseSparkCallScanner)
 
 
 class StreamedArguments:
@@ -254,7 +260,10 @@ class StreamedArguments:
             "json": JsonCallScanner, "qwen3_xml": lambda: XmlFunctionScanner(tools),
             "glm47": lambda: GlmCallScanner(tools), "longcat": lambda: LongcatCallScanner(tools),
             "minimax_m2": lambda: MiniMaxCallScanner(tools), "gemma4": Gemma4CallScanner,
-            "mistral": lambda: HeadedJsonScanner(mistral_header), "kimi": lambda: HeadedJsonScanner(kimi_header)}
+            "mistral": lambda: HeadedJsonScanner(mistral_header), "kimi": lambda: HeadedJsonScanner(kimi_header),
+            "kimi_k3": lambda: KimiK3CallScanner(tools), "pythonic": lambda: PythonicCallScanner(tools),
+            "function_gemma": lambda: FunctionGemmaCallScanner(tools), "minicpm5": lambda: MiniCpm5CallScanner(tools),
+            "muse_spark": lambda: MuseSparkCallScanner(tools)}
         make = scanners.get(fmt.streams or "")
         return cls(id_prefix, make()) if make is not None else None
 

@@ -1,5 +1,6 @@
-"""Tool arguments stream as written in GLM's, LongCat's, MiniMax-M2's, Gemma 4's, Mistral's and Kimi K2's call formats: each scanner against mlx-lm's
-own parser however the tokens cut the text, and the Anthropic and OpenAI streams through the official SDKs'
+"""Tool arguments stream as written in GLM's, LongCat's, MiniMax-M2's, Gemma 4's, Mistral's, Kimi K2's and K3's,
+LFM2's pythonic, FunctionGemma's, MiniCPM5's and Muse Spark's call formats: each scanner against mlx-lm's own
+parser however the tokens cut the text, and the Anthropic and OpenAI streams through the official SDKs'
 helpers on a scripted model (one character a token) whose tokenizer has that format's parser."""
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import anthropic
 import openai
 import pytest
 from hypothesis import given, settings, strategies as st
-from mlx_lm.tool_parsers import gemma4, glm47, kimi_k2, laguna, longcat, minimax_m2, mistral
+from mlx_lm.tool_parsers import (function_gemma, gemma4, glm47, kimi_k2, kimi_k3, laguna, longcat, minicpm5, minimax_m2,
+                                 mistral, muse_spark, pythonic)
 
 from engine.api.tool_arguments_headed import HeadedJsonScanner, kimi_header, mistral_header
 from engine.api.tool_calls import (TextPiece, ToolArgumentsPiece, ToolCallStream, ToolFormat, ToolPiece,
@@ -49,6 +51,38 @@ LONGCAT_BODY = GLM_BODY.replace("arg_key>", "longcat_arg_key>").replace("arg_val
 MISTRAL_BODY = "Write[ARGS]" + json.dumps(ARGUMENTS, indent=1)
 KIMI_BODY = ("<|tool_call_begin|>functions.Write:0<|tool_call_argument_begin|>" + json.dumps(ARGUMENTS)
              + "<|tool_call_end|>")
+# LFM2: a Python list of calls, keyword arguments as Python literals (JSON's true/false/null read as Python's).
+PYTHONIC_BODY = (f'[Write(file_path="/project/src/app.py", content={CONTENT!r}, line=42,\n'
+                 ' mode={"append": false, "lines": [1, 2]}, note="joined " \'across\' "literals")]')
+# FunctionGemma: <escape> around strings, other values to the next "," read as JSON or kept; no "}" anywhere
+# in the arguments (the parser's end), so its content has none.
+GEMMA_CONTENT = 'def f(x):\n    return [x, "a: b"]  # <escape is not the end\n\tpath = "C:\\\\tmp"'
+FUNCTION_GEMMA_BODY = (f"call:Write{{file_path:<escape>/project/src/app.py<escape>,content:<escape>{GEMMA_CONTENT}"
+                       "<escape>,line:42,plain:some words,flag:true}")
+# MiniCPM5: <param> tags, a value with "<" or a newline in CDATA (as written), others stripped and typed by the
+# tool's schema, as MiniMax's are.
+MINICPM5_BODY = ('"Write"><param name="file_path">/project/src/app.py</param>\n'
+                 f'<param name="content"><![CDATA[{CONTENT}]]></param><param name="line"> 42 </param>\n'
+                 '<param name="mode">{"append": false, "lines": [1, 2]}</param>'
+                 '<param name="undescribed">null</param><param name="plain"> some words </param>\n')
+# Kimi K3: XTML tags in a tools section; a string argument as written, any other type read as JSON.
+KIMI_K3_BODY = ('\n<|open|>call tool="Write" index="1"<|sep|>\n'
+                '<|open|>argument key="file_path" type="string"<|sep|>/project/src/app.py<|close|>argument<|sep|>\n'
+                f'<|open|>argument key="content"<|sep|>{CONTENT}<|close|>argument<|sep|>\n'
+                '<|open|>argument key="mode" type="object"<|sep|>{"append": false, "lines": [1, 2]}'
+                '<|close|>argument<|sep|>\n<|close|>call<|sep|>\n')
+# Muse Spark: <atem:parameter> tags, a value read as JSON or else kept stripped.
+MUSE_SPARK_BODY = ('\n<atem:invoke name="Write">\n<atem:parameter name="file_path">/project/src/app.py</atem:parameter>\n'
+                   f'<atem:parameter name="content">{CONTENT}\n</atem:parameter>\n'
+                   '<atem:parameter name="line"> 42 </atem:parameter>\n'
+                   '<atem:parameter name="mode">{"append": false, "lines": [1, 2]}</atem:parameter>\n'
+                   '<atem:parameter name="plain"> some words </atem:parameter>\n</atem:invoke>\n')
+
+
+def parser_format(parser, streams: str) -> ToolFormat:
+    return ToolFormat(parser.tool_call_start, parser.tool_call_end, parser.parse_tool_call, streams=streams)
+
+
 FORMATS = {
     "glm47": (ToolFormat(glm47.tool_call_start, glm47.tool_call_end, glm47.parse_tool_call, streams="glm47"),
               GLM_BODY),
@@ -61,7 +95,14 @@ FORMATS = {
     "mistral": (ToolFormat(mistral.tool_call_start, "", mistral.parse_tool_call, streams="mistral"), MISTRAL_BODY),
     "kimi": (ToolFormat(kimi_k2.tool_call_start, kimi_k2.tool_call_end, kimi_k2.parse_tool_call, streams="kimi"),
              KIMI_BODY),
+    "pythonic": (parser_format(pythonic, "pythonic"), PYTHONIC_BODY),
+    "function_gemma": (parser_format(function_gemma, "function_gemma"), FUNCTION_GEMMA_BODY),
+    "minicpm5": (parser_format(minicpm5, "minicpm5"), MINICPM5_BODY),
+    "kimi_k3": (parser_format(kimi_k3, "kimi_k3"), KIMI_K3_BODY),
+    "muse_spark": (parser_format(muse_spark, "muse_spark"), MUSE_SPARK_BODY),
 }
+# The formats whose parsers strip a value, so whitespace after its last word waits for the next one.
+STRIPPED = ("glm47", "longcat", "minimax_m2", "muse_spark")
 
 
 def call_text(kind: str) -> str:
@@ -90,6 +131,12 @@ def test_the_parsers_read_what_the_tests_expect() -> None:
         assert tagged["undescribed"] is None and tagged["plain"] == "some words"
     assert parsed_arguments("mistral") == parsed_arguments("kimi") == ARGUMENTS
     assert parsed_arguments("gemma4") == {**ARGUMENTS, "note": "a: b, c:"}
+    assert parsed_arguments("pythonic") == {**ARGUMENTS, "line": 42, "note": "joined acrossliterals"}
+    assert parsed_arguments("function_gemma") == {"file_path": "/project/src/app.py", "content": GEMMA_CONTENT,
+                                                  "line": 42, "plain": "some words", "flag": True}
+    assert parsed_arguments("minicpm5") == {**ARGUMENTS, "line": 42, "undescribed": None, "plain": "some words"}
+    assert parsed_arguments("kimi_k3") == ARGUMENTS
+    assert parsed_arguments("muse_spark") == {**ARGUMENTS, "line": 42, "plain": "some words"}
 
 
 @pytest.mark.parametrize("kind", sorted(FORMATS))
@@ -109,13 +156,22 @@ def test_a_call_streams_the_json_its_parser_makes_however_the_tokens_cut_it(kind
 
 
 @pytest.mark.parametrize("kind", sorted(FORMATS))
+def test_a_call_written_a_character_at_a_time_streams_to_the_same_json(kind: str) -> None:
+    """The finest cut (a tag's \\b or a literal's quote still being written at every step) never refuses a call."""
+    text = call_text(kind)
+    pieces = fed(ToolCallStream(FORMATS[kind][0], TOOLS), text, list(range(len(text))))
+    streamed = [p.text for p in pieces if isinstance(p, ToolArgumentsPiece)]
+    assert len(streamed) > 30 and json.loads("".join(streamed)) == parsed_arguments(kind)
+    assert pieces[-1].complete
+
+
+@pytest.mark.parametrize("kind", sorted(FORMATS))
 def test_a_string_argument_streams_while_it_is_written(kind: str) -> None:
     text = call_text(kind)
     head = text[:text.index("return")]
     stream = ToolCallStream(FORMATS[kind][0], TOOLS)
     streamed = "".join(p.text for p in stream.feed(head) if isinstance(p, ToolArgumentsPiece))
-    # GLM's and MiniMax's parsers strip a value, so whitespace after the last word waits for the next one.
-    tail = 'def f(x):' if kind in ("glm47", "longcat", "minimax_m2") else 'def f(x):\\n    '
+    tail = 'def f(x):' if kind in STRIPPED else 'def f(x):\\n    '
     assert re.search(r'"content": ?"' + re.escape(tail) + "$", streamed), streamed
 
 
@@ -135,6 +191,13 @@ def test_a_glm_value_held_back_is_only_what_the_parser_would_strip() -> None:
     ("glm47", '{"name": "Write", "arguments": {"file_path": "a"}}'),  # GLM's JSON fallback
     ("minimax_m2", '<function name="Write"></function>'),  # no invoke: text, as the parser refuses it
     ("gemma4", 'Write{file_path:<|"|>a<|"|>}'),  # no call: before the name
+    ("pythonic", 'Write(file_path="a")'),  # no list around the call: the parser's regex finds none
+    ("pythonic", '[Write("a", content="b")]'),  # a positional argument: the parser's regex reads it
+    ("pythonic", '[Write(**extra, file_path="a")]'),  # **kwargs first
+    ("function_gemma", "Write{file_path:a}"),  # no call: before the name
+    ("function_gemma", "call:Write{just text}"),  # no key
+    ("kimi_k3", '<|open|>call index="1"<|sep|><|close|>call<|sep|>'),  # no tool name: the parser skips it
+    ("muse_spark", '<atem:invoke tool="Write"><atem:parameter name="a">1</atem:parameter></atem:invoke>'),
 ])
 def test_a_body_in_another_shape_comes_whole_when_the_call_ends(kind: str, body: str) -> None:
     """As the call came before it streamed: the same pieces as the format without a scanner gives."""
@@ -171,6 +234,9 @@ def test_a_minimax_value_that_may_be_null_waits_and_one_that_is_not_streams() ->
     ("minimax_m2", MINIMAX_BODY + MINIMAX_BODY.replace("app.py", "test.py")),
     ("mistral", MISTRAL_BODY + MISTRAL_BODY.replace("app.py", "test.py")),
     ("gemma4", GEMMA4_BODY + GEMMA4_BODY.replace("app.py", "test.py")),
+    ("pythonic", PYTHONIC_BODY[:-1] + ", " + PYTHONIC_BODY[1:].replace("app.py", "test.py")),
+    ("kimi_k3", KIMI_K3_BODY + KIMI_K3_BODY.replace("app.py", "test.py")),
+    ("muse_spark", MUSE_SPARK_BODY + MUSE_SPARK_BODY.replace("app.py", "test.py")),
 ])
 def test_every_call_of_a_section_is_kept_the_first_as_it_streamed(kind: str, body: str) -> None:
     fmt = FORMATS[kind][0]
@@ -203,7 +269,9 @@ def test_a_call_cut_by_the_cap_stays_a_call_with_what_it_holds() -> None:
 
 def test_the_tool_formats_of_these_tokenizers_stream() -> None:
     for parser, streams in ((glm47, "glm47"), (laguna, "glm47"), (longcat, "longcat"), (minimax_m2, "minimax_m2"),
-                            (gemma4, "gemma4"), (mistral, "mistral"), (kimi_k2, "kimi")):
+                            (gemma4, "gemma4"), (mistral, "mistral"), (kimi_k2, "kimi"), (kimi_k3, "kimi_k3"),
+                            (pythonic, "pythonic"), (function_gemma, "function_gemma"), (minicpm5, "minicpm5"),
+                            (muse_spark, "muse_spark")):
         fmt = tool_format_for(ToolTokenizer(parser))
         assert fmt.streams == streams and fmt.start == parser.tool_call_start and fmt.end == parser.tool_call_end
 
@@ -221,7 +289,9 @@ class ToolTokenizer(ByteTokenizer):
         self.tool_call_start, self.tool_call_end = parser.tool_call_start, parser.tool_call_end
 
 
-PARSERS = {"glm47": glm47, "longcat": longcat, "minimax_m2": minimax_m2, "gemma4": gemma4, "mistral": mistral, "kimi": kimi_k2}
+PARSERS = {"glm47": glm47, "longcat": longcat, "minimax_m2": minimax_m2, "gemma4": gemma4, "mistral": mistral,
+           "kimi": kimi_k2, "kimi_k3": kimi_k3, "pythonic": pythonic, "function_gemma": function_gemma,
+           "minicpm5": minicpm5, "muse_spark": muse_spark}
 
 
 @pytest.fixture(scope="module", params=sorted(FORMATS))
