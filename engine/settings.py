@@ -220,6 +220,10 @@ class Settings(BaseSettings):
     max_queued_requests: int = Field(
         256, ge=1, description="Most requests waiting for the engine; beyond it new ones get 429 with retry-after."
     )
+    stream_max_clients: int = Field(
+        64, ge=1, le=4096,
+        description="Most clients of the live stream (GET /v1/stream) at once; beyond it new ones get 429.",
+    )
     watchdog_s: float = Field(
         60.0, gt=0,
         description="An engine that completes no step for this long while work is pending is reported stalled "

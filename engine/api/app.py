@@ -55,14 +55,18 @@ def _include_routers(app: FastAPI, service: EngineService) -> None:
         models_routes,
         openai_routes,
         responses_routes,
+        stream_routes,
         swap_routes,
         transfer_routes,
     )
+    from .live_stream import StreamHub
 
     recorder = metrics.MetricsRecorder(service)
     app.state.metrics = recorder
+    app.state.stream_hub = StreamHub(service, service.settings.stream_max_clients)
+    recorder.registry.register(metrics.StreamCollector(app.state.stream_hub))
     for module in (anthropic_routes, openai_routes, responses_routes, models_routes, transfer_routes, agents_routes, branch_routes,
-                   admin_routes, swap_routes, health_routes):
+                   admin_routes, stream_routes, swap_routes, health_routes):
         app.include_router(module.router)
     app.include_router(metrics.router)
 

@@ -20,6 +20,7 @@ from engine.domain.speculation_tally import SpeculationTally
 from engine.runtime.engine_thread.snapshot import EngineSnapshot, TierView
 
 from .admin_routes import group_stats
+from .live_stream import StreamHub
 from .service import EngineService
 
 router = APIRouter(tags=["observability"])
@@ -85,6 +86,26 @@ class SnapshotCollector:
         yield from _speculation(snapshot.throughput.speculation)
         yield from _caches(snapshot.tiers)
         yield from _memory_and_ranks(snapshot)
+
+
+class StreamCollector:
+    """The live stream (GET /v1/stream): its clients, and what slow ones were not sent."""
+
+    def __init__(self, hub: StreamHub) -> None:
+        self.hub = hub
+
+    def collect(self) -> Metrics:
+        totals = self.hub.totals
+        yield GaugeMetricFamily("semantic_stream_clients", "Clients of the live stream now", value=self.hub.subscribers)
+        yield CounterMetricFamily("semantic_stream_stats_frames_built", "Stats frames built (once per tick for "
+                                  "every client due)", value=totals.stats_built)
+        dropped = CounterMetricFamily("semantic_stream_dropped_frames", "Frames a slow client never got: stats "
+                                      "replaced by a newer one unsent, log events past its buffer", labels=["kind"])
+        dropped.add_metric(["stats"], totals.stats_dropped)
+        dropped.add_metric(["log"], totals.log_dropped)
+        yield dropped
+        yield CounterMetricFamily("semantic_stream_refused", "Stream clients refused at stream_max_clients",
+                                  value=totals.refused)
 
 
 def _pool_and_agents(snapshot: EngineSnapshot) -> Metrics:

@@ -25,6 +25,7 @@ from engine.bootstrap import engine_builder, release_mlx
 from engine.distributed.launcher_watch import STOP_SIGNALS, launcher_pid, watch_launcher
 from engine.settings import Settings
 
+from .listener_file import remove_listener, write_listener
 from .service import EngineService
 
 log = logging.getLogger("semantic.serve")
@@ -117,6 +118,9 @@ class EmbeddedServer:
         if self._task is None:
             return
         self._server.should_exit = True
+        hub = getattr(getattr(self._config.app, "state", None), "stream_hub", None)
+        if hub is not None:  # live streams never end by themselves: they would hold the exit to its deadline
+            hub.close()
         done, _ = await asyncio.wait({self._task}, timeout=self.grace_s)
         if not done:
             log.warning("%d request(s) still running after %.1f s; cancelling them", self.in_flight, self.grace_s)
@@ -198,12 +202,14 @@ class HeadlessRun:
             log.error("cannot listen on %s:%s: %s", self.settings.host, self.settings.port, exc)
             return 1
         log.info("listening on %s", self.server.url, extra={"url": self.server.url, "port": self.server.port})
+        await asyncio.to_thread(write_listener, self.settings.cache_dir, self.server.url)
         with self._signals(), self._launcher_watched():
             engine = await self._load()
             if engine is not None and not self.exit_requested.is_set():
                 self._announce(engine)
                 await self.exit_requested.wait()
             await self.server.stop()
+            await asyncio.to_thread(remove_listener, self.settings.cache_dir)
             await self._stop_engine()
         return 0 if engine is not None and self.failure is None else 1
 

@@ -104,3 +104,34 @@ async def test_eight_concurrent_streams_are_well_formed_and_batched(api: RealApi
     agents = await asyncio.to_thread(wait_for, lambda: agents_by_session(api, results), 30, "8 agents in /v1/stats")
     assert [a["turns"] for a in agents] == [1] * 8
     assert [a["source"] for a in agents] == ["claude-code", "openai"] * 4
+
+
+async def test_a_turn_shows_in_the_live_stream_as_log_events_and_in_the_next_stats(api: RealApi) -> None:
+    """GET /v1/stream on the real engine (this module's server): a turn's admit and finish arrive as log
+    frames, and the stats frame after the finish lists its agent with the turn counted."""
+    from tests.support.live_stream_client import frames, next_frame
+
+    session = f"live-stream-{uuid.uuid4().hex[:8]}"
+    body = {"model": "gpt-4o", "max_tokens": 8, "messages": story("a kite"), "session_id": session}
+    async with httpx.AsyncClient(base_url=api.url, timeout=STREAM_TIMEOUT) as client:
+        async with client.stream("GET", "/v1/stream", params={"interval": 0.2}) as response:
+            assert response.status_code == 200
+            stream = frames(response)
+            hello = await next_frame(stream, "hello")
+            turn = asyncio.create_task(client.post("/v1/chat/completions", json=body))
+            mine = []
+            async with asyncio.timeout(120):
+                while not any(f.data["kind"] == "finish" for f in mine):
+                    frame = await next_frame(stream, "log")
+                    if frame.data["agent_id"] and session in frame.data["agent_id"]:
+                        mine.append(frame)
+                agent = None
+                while agent is None or agent["turns"] < 1:
+                    stats = (await next_frame(stream, "stats")).data
+                    agent = next((a for a in stats["agents"] if session in a["agent_id"]), None)
+            assert (await turn).status_code == 200
+    assert hello.data["model"] == api.engine.loaded.model_id
+    assert [f.data["kind"] for f in mine][0] == "admit" and mine[-1].data["kind"] == "finish"
+    seqs = [f.data["seq"] for f in mine]
+    assert seqs == sorted(seqs) and seqs[0] > hello.data["log_seq"]
+    assert stats["models"] == [] and stats["pool"]["block_map"] is not None

@@ -59,10 +59,14 @@ def _module(name: str) -> ModuleType | None:
 class LiveServer:
     """uvicorn in a background thread on an ephemeral port."""
 
-    def __init__(self, app: FastAPI, port: int = 0) -> None:
-        """``port``: 0 for an ephemeral one; a port an earlier server used, to stand in for its restart."""
+    def __init__(self, app: FastAPI, port: int = 0, send_buffer: int | None = None) -> None:
+        """``port``: 0 for an ephemeral one; a port an earlier server used, to stand in for its restart.
+        ``send_buffer``: SO_SNDBUF of every connection (Linux hands the listening socket's to them), so a
+        client that stops reading blocks the server's writes after kilobytes rather than megabytes."""
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if send_buffer is not None:
+            self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)
         self._socket.bind(("127.0.0.1", port))
         self.port = self._socket.getsockname()[1]
         config = uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=1)

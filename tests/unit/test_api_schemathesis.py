@@ -29,7 +29,9 @@ from tests.support.scripted_engine import ScriptedEngine
 # store writes to) lives for the module; each run starts from an empty one.
 CACHE_DIR = Path(tempfile.mkdtemp(prefix="semantic-schemathesis-"))
 app = create_app(make_service(CACHE_DIR, ScriptedEngine()))
-schema = schemathesis.openapi.from_asgi("/openapi.json", app)
+# GET /v1/stream never ends, so its response cannot be read to the end; its parameters, frames and errors are
+# tested in test_live_stream.py.
+schema = schemathesis.openapi.from_asgi("/openapi.json", app).exclude(path="/v1/stream")
 
 CHECKS = [not_a_server_error, response_schema_conformance, content_type_conformance]
 
