@@ -20,9 +20,10 @@ def add_attach_command(commands: Any) -> None:
     attach = commands.add_parser(
         "attach", help="open the workbench on a running server (semantic --serve, or another workbench)",
         description="Open the workbench on a server that is already running: every pane live from its "
-        "/v1/stream, agent controls (evict, drop, pin, delete, evict idle) through its API. Chats, forks, "
-        "rewinds, exports and model swaps are offered only in the workbench that runs the engine. Quitting "
-        "never stops the server; when the server restarts the workbench reconnects.")
+        "/v1/stream, every control through its API (chat, new, evict, drop, pin, delete, fork, rewind, export "
+        "and import to files on this machine, evict idle, model swap). Chats are direct-API agents of the "
+        "server, which keeps their conversations; another client's turns show in the log, not token by token. "
+        "Quitting never stops the server; when the server restarts the workbench reconnects.")
     attach.add_argument("url", nargs="?", metavar="URL",
                         help="the server's address, e.g. http://127.0.0.1:8642 (default: the server recorded in "
                         "the cache dir's listener.json while it runs, else --host and --port's defaults)")

@@ -32,7 +32,6 @@ from .local_client import LocalClient
 from .workbench_client import AgentAction, WorkbenchClient, WorkbenchState
 from .messages import EngineStopped, LoadProgress, ModelFailed, ModelReady
 from .palette import WorkbenchCommands
-from .agent_target import ModelTarget, model_target
 from .screens.cache_history import CacheHistoryScreen
 from .screens.dialogs import ErrorDialog
 from .branch_flow import BranchFlow
@@ -124,7 +123,7 @@ class SemanticApp(App[None]):
                 yield ThroughputPanel(id="throughput", classes="panel")
         with ContentSwitcher(id="bottom", initial="log"):
             yield EventLogView(id="log")
-            yield ChatArea(self.backend.service if self.backend is not None else None, id="chats")
+            yield ChatArea(self.client.chat, id="chats")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -271,26 +270,6 @@ class SemanticApp(App[None]):
             self.notify("Select an agent in the table first", severity="warning")
         return row
 
-    def embedded_only(self, what: str) -> bool:
-        """True when this workbench runs the engine; attached, a notice says ``what`` is not offered yet."""
-        if self.backend is None:
-            self.notify(f"{what}: not offered in an attached workbench yet (use the server's API)",
-                        severity="warning")
-        return self.backend is not None
-
-    def selected_target(self) -> tuple[ModelTarget, str] | None:
-        """(the model holding the selected agent's cache, the agent id) of the engine in this process; None,
-        with a notice, when no row is selected or its model was unloaded since the table was drawn."""
-        row = self._chosen_row()
-        if row is None:
-            return None
-        model, agent_id = row
-        try:
-            return model_target(self.backend.service, model), agent_id
-        except SemanticError as exc:
-            self.notify(f"{agent_id}: {exc}", severity="error")
-            return None
-
     def selected_agent(self) -> str | None:
         row = self.selected_row()
         return row[1] if row is not None else None
@@ -325,16 +304,13 @@ class SemanticApp(App[None]):
         await self.branching.fork()
 
     def action_rewind(self) -> None:
-        if self.embedded_only("Rewind"):
-            self.branching.rewind()
+        self.branching.rewind()
 
     def action_export_agent(self) -> None:
-        if self.embedded_only("Export"):
-            self.branching.export()
+        self.branching.export()
 
     def action_import_agent(self) -> None:
-        if self.embedded_only("Import"):
-            self.branching.import_()
+        self.branching.import_()
 
     async def action_evict_warm(self) -> None:
         await self._agent_action("Evicted to disk", AgentAction.EVICT)
@@ -374,8 +350,6 @@ class SemanticApp(App[None]):
             self.push_screen(CacheHistoryScreen(agent_id, lambda: self.client.state().snapshot_of(model)))
 
     async def action_open_chat(self) -> None:
-        if not self.embedded_only("Chats"):
-            return
         if self.selected_row() is None:
             await self.action_new_chat()
             return
@@ -386,35 +360,43 @@ class SemanticApp(App[None]):
         await self._open_selected()
 
     async def _open_selected(self) -> None:
-        selected = self.selected_target()
-        if selected is None:
+        row = self._chosen_row()
+        if row is None:
             return
-        target, agent_id = selected
-        snapshot = target.snapshot(self.backend.service)
-        view = snapshot.agent(agent_id) if snapshot else None
+        model, agent_id = row
+        if model is not None and self.client.state().snapshot_of(model) is None:
+            self.notify(f"{agent_id}: the model {model} is not loaded now", severity="error")
+            return
+        view = self._view(model, agent_id)
         source = view.source if view else "tui"
         label = view.label if view else agent_id
         self._show_bottom("chats")
-        await self.main.query_one(ChatArea).open_chat(agent_id, label, source, model=target.model)
+        await self.main.query_one(ChatArea).open_chat(agent_id, label, source, model=model)
 
     async def action_new_chat(self) -> None:
-        if self.embedded_only("Chats"):
-            await self._new_chat(None)
+        await self._new_chat(None)
 
     def new_chat_on(self, model: str | None) -> None:
         self.run_worker(self._new_chat(model), exclusive=False)
 
     async def _new_chat(self, model: str | None) -> None:
-        service, area = self.backend.service, self.main.query_one(ChatArea)
+        area, state = self.main.query_one(ChatArea), self.client.state()
         existing = {pane.agent_id for pane in area.panes}
-        for _alias, engine in service.served_engines():
-            existing |= {a.agent_id for a in (engine.snapshot() or _NoSnapshot()).agents}
+        for snapshot in (state.snapshot, *state.extra.values()):
+            existing |= {a.agent_id for a in (snapshot or _NoSnapshot()).agents}
         self._new_chats += 1
         while f"chat-{self._new_chats}" in existing:
             self._new_chats += 1
-        agent_id = f"chat-{self._new_chats}"
+        try:
+            agent_id = await self.client.chat.create(f"chat-{self._new_chats}", f"chat-{self._new_chats}")
+        except SemanticError as exc:
+            self.notify(f"New chat: {exc}", severity="error")
+            return
         self._show_bottom("chats")
-        await area.open_chat(agent_id, agent_id, "tui", model=model)
+        # The workbench drives the chats it opens: in this process as a workbench agent, attached as a
+        # direct-API agent of the server.
+        await area.open_chat(agent_id, agent_id, "tui" if self.client.embedded else "api", read_only=False,
+                             model=model)
 
     async def action_close_chat(self) -> None:
         area = self.main.query_one(ChatArea)
@@ -529,8 +511,7 @@ class SemanticApp(App[None]):
         return self.swap_flow.palette_commands() if self.backend is not None else []
 
     def action_pick_model(self) -> None:
-        if self.embedded_only("Model swaps"):
-            self.swap_flow.pick()
+        self.swap_flow.pick()
 
     # -- shutdown -------------------------------------------------------------------------------------
     async def action_quit(self) -> None:

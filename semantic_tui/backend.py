@@ -97,10 +97,12 @@ class WorkbenchBackend:
             create_app(self.service), self.settings.host, self.settings.port, grace_s=self.settings.shutdown_grace_s
         )
         port = await self._server.start()
-        self.listener = ListenerInfo(self.settings.host, port)
-        await asyncio.to_thread(write_listener, self.settings.cache_dir, self.listener.url)  # for `semantic attach`
-        self.events.emit(EventKind.INFO, f"HTTP API listening on {self.listener.url}")
-        return self.listener
+        listener = ListenerInfo(self.settings.host, port)
+        await asyncio.to_thread(write_listener, self.settings.cache_dir, listener.url)  # for `semantic attach`
+        # Set last, after the await: the app shows the address in the same step as the listener appears.
+        self.listener = listener
+        self.events.emit(EventKind.INFO, f"HTTP API listening on {listener.url}")
+        return listener
 
     async def stop_http(self) -> None:
         if self._server is not None:

@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from engine.errors import SemanticError
+from engine.store.agent_export import export_agent, import_agent
+from engine.store.agents_on_disk import ModelKey
+from engine.store.cache_file import read_header
+from engine.models.registry import RegistryEntry
 from engine.runtime.engine_thread.engine_ops import engine_op
 from engine.runtime.tiers.agents import Tier
 
-from .agent_target import model_target
+from .agent_target import ModelTarget, model_target
 from .backend import WorkbenchBackend
-from .workbench_client import AgentAction, EventSource, Forked, ModelsView, WorkbenchState
+from .chat_link import LocalChatLink
+from .workbench_client import (AgentAction, EventSource, Forked, ModelsView, SwapWatch, Transferred,
+                               WorkbenchState)
 
 # Each action as the engine op it runs and that op's arguments after the agent id.
 ENGINE_OPS = {
@@ -24,6 +35,7 @@ class LocalClient:
 
     def __init__(self, backend: WorkbenchBackend) -> None:
         self.backend = backend
+        self.chat = LocalChatLink(backend.service)
 
     @property
     def address(self) -> str | None:
@@ -58,8 +70,58 @@ class LocalClient:
             service, engine_op("fork_agent", agent_id, new_id, None, None, display_name))
         return Forked(branch.agent_id, branch.tokens, branch.shared_tokens)
 
+    async def rewind(self, model: str | None, agent_id: str, turn: int) -> int:
+        service = self.backend.service
+        branch = await model_target(service, model).call(service, engine_op("rewind_agent", agent_id, turn))
+        return branch.tokens
+
+    async def export_agent(self, model: str | None, agent_id: str, path: Path) -> Transferred:
+        service = self.backend.service
+        target = model_target(service, model)
+        write = await target.call(service, engine_op("write_agent", agent_id))
+        if write is not None:
+            await asyncio.wrap_future(write)  # the store's I/O thread writes the warm file first
+        key = model_key(target.running_engine(service).loaded)
+        summary = await asyncio.to_thread(export_agent, service.settings.cache_dir, agent_id, path, key)
+        return Transferred(agent_id, summary.n_tokens, summary.nbytes, summary.path, model)
+
+    async def import_agent(self, path: Path) -> Transferred:
+        """Into the serving model whose weights made the file (the default model when none did: its check
+        then says which model the file wants)."""
+        service = self.backend.service
+        header = await asyncio.to_thread(read_header, path)
+        alias, engine = service.import_target(ModelKey.of_header(header))
+        target = ModelTarget(None if engine is service.engine else alias, engine)
+        await target.call(service, engine_op("check_import", header.agent_id, False))
+        summary = await asyncio.to_thread(import_agent, service.settings.cache_dir, path, None,
+                                          model_key(engine.loaded))
+        await target.call(service, engine_op("adopt_agent", summary.path))
+        return Transferred(summary.agent_id, summary.n_tokens, summary.nbytes, None, target.model)
+
+    async def swap_choices(self) -> list[RegistryEntry]:
+        service = self.backend.service
+        if service.swapper is None:
+            shard = service.engine.loaded.shard if service.is_ready else None
+            if shard is not None:
+                raise SemanticError(f"model swaps are not available while the model is sharded across {shard[1]} "
+                                    "ranks: restart the ranks with the other model")
+            raise SemanticError("model swaps start once the first model has loaded")
+        return await asyncio.to_thread(service.registry.entries)  # may read the models folder
+
+    async def start_swap(self, entry: RegistryEntry) -> SwapWatch:
+        swapper = self.backend.service.swapper
+        if swapper is None:
+            raise SemanticError("model swaps start once the first model has loaded")
+        swapper.request(entry.location, self.backend.settings.swap_grace_s)
+        return swapper
+
     async def evict_idle(self, to_disk: bool) -> int:
         return await self.backend.service.call(engine_op("evict_idle", Tier.WARM if to_disk else Tier.COLD))
 
     async def close(self) -> None:
         await self.backend.stop_http()
+
+
+def model_key(loaded: Any) -> ModelKey:
+    """The model and cache layout an agent file is tied to."""
+    return ModelKey.of_model(loaded.identity, loaded.spec)

@@ -14,16 +14,21 @@ import asyncio
 import json
 import logging
 from collections import deque
-from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from pathlib import Path
+from typing import Any
 
 import httpx
 
 from engine.domain.event_log import EventKind, LogEvent
+from engine.models.registry import RegistryEntry
 from engine.errors import SemanticError
 
+from .remote_chat import RemoteChatLink
+from .sse_client import error_message, sse_frames
 from .stats_snapshot import snapshot_from_stats
-from .workbench_client import AgentAction, Forked, ModelsView, WorkbenchState
+from .remote_swap import RemoteSwap, registry_entry, swap_status
+from .remote_transfer import AGENT_FILE_TYPE, download, file_chunks
+from .workbench_client import AgentAction, Forked, ModelsView, SwapWatch, Transferred, WorkbenchState
 
 log = logging.getLogger("semantic.tui")
 
@@ -50,46 +55,6 @@ class RemoteEvents:
         return self._events[-1].seq if self._events else 0
 
 
-@dataclass(slots=True)
-class SseFrame:
-    event: str
-    data: str
-    id: str | None = None
-
-
-async def sse_frames(lines: AsyncIterator[str]) -> AsyncIterator[SseFrame]:
-    """Server-sent events from a response's lines (comments, the keep-alives, skipped)."""
-    event, data, frame_id = "message", [], None
-    async for line in lines:
-        if not line:
-            if data:
-                yield SseFrame(event, "\n".join(data), frame_id)
-            event, data, frame_id = "message", [], None
-        elif line.startswith(":"):
-            continue
-        else:
-            name, _, value = line.partition(":")
-            value = value.removeprefix(" ")
-            if name == "event":
-                event = value
-            elif name == "data":
-                data.append(value)
-            elif name == "id":
-                frame_id = value
-
-
-def error_message(response: httpx.Response) -> str:
-    """The message of an error answer in either of the API's shapes (Anthropic's or OpenAI's)."""
-    try:
-        body = response.json()
-    except ValueError:
-        return f"HTTP {response.status_code}: {response.text[:200]}"
-    error = body.get("error") if isinstance(body, dict) else None
-    if isinstance(error, dict) and error.get("message"):
-        return str(error["message"])
-    return f"HTTP {response.status_code}"
-
-
 class RemoteClient:
     embedded = False
 
@@ -101,6 +66,7 @@ class RemoteClient:
         self._http = httpx.AsyncClient(base_url=self.address, headers=headers, transport=transport,
                                        timeout=httpx.Timeout(30.0, read=None))
         self.events = RemoteEvents()
+        self.chat = RemoteChatLink(self._http)
         self._state = WorkbenchState(None, link=f"connecting to {self.address}")
         self._task: asyncio.Task | None = None
         self.connections = 0  # streams opened so far: a reconnect makes it 2
@@ -183,7 +149,57 @@ class RemoteClient:
         params = {"model": model} if model is not None else {}
         body = await self._call("POST", f"/v1/agents/{agent_id}/fork", params=params,
                                 json={"name": new_id, "display_name": display_name})
-        return Forked(body["agent"]["agent_id"], body["cached_tokens"], body["shared_tokens"])
+        return Forked(body["agent"]["agent_id"], body["cached_tokens"], body["shared_tokens"], body["messages"] > 0)
+
+    async def rewind(self, model: str | None, agent_id: str, turn: int) -> int:
+        params = {"model": model} if model is not None else {}
+        body = await self._call("POST", f"/v1/agents/{agent_id}/rewind", params=params, json={"turn": turn})
+        return int(body["cached_tokens"])
+
+    async def export_agent(self, model: str | None, agent_id: str, path: Path) -> Transferred:
+        """GET /v1/agents/{id}/export, written to ``path`` as it arrives (atomically: a temp file beside it)."""
+        params = {"model": model} if model is not None else {}
+        request = self._http.build_request("GET", f"/v1/agents/{agent_id}/export", params=params)
+        response = await self._send(request)
+        try:
+            nbytes = await download(response, path)
+        finally:
+            await response.aclose()
+        return Transferred(agent_id, int(response.headers.get("x-semantic-tokens", 0)), nbytes, path, model)
+
+    async def import_agent(self, path: Path) -> Transferred:
+        """POST /v1/agents/import with the file as the body, read from the disk a chunk at a time."""
+        request = self._http.build_request("POST", "/v1/agents/import", content=file_chunks(path),
+                                           headers={"content-type": AGENT_FILE_TYPE})
+        response = await self._send(request)
+        body = await response.aread()
+        await response.aclose()
+        out = json.loads(body)
+        model, models = out["agent"].get("model"), self._state.models  # an extra model's alias, or the default
+        extra = model if models is not None and model != models.default else None
+        return Transferred(out["agent"]["agent_id"], int(out["tokens"]), int(out["bytes"]), None, extra)
+
+    async def _send(self, request: httpx.Request) -> httpx.Response:
+        """A streamed request; SemanticError with the server's message when it refuses."""
+        try:
+            response = await self._http.send(request, stream=True)
+        except httpx.HTTPError as exc:
+            raise SemanticError(f"cannot reach {self.address} ({type(exc).__name__})") from exc
+        if response.status_code >= 400:
+            await response.aread()
+            await response.aclose()
+            raise SemanticError(error_message(response))
+        return response
+
+    async def swap_choices(self) -> list[RegistryEntry]:
+        body = await self._call("GET", "/v1/models")
+        return [registry_entry(model) for model in body["data"]]
+
+    async def start_swap(self, entry: RegistryEntry) -> SwapWatch:
+        """POST /v1/admin/swap, then GET its progress every few tenths of a second until it ends."""
+        watch = RemoteSwap(swap_status(await self._call("POST", "/v1/admin/swap", json={"model": entry.location})))
+        watch.follow(self._call)
+        return watch
 
     async def evict_idle(self, to_disk: bool) -> int:
         body = await self._call("POST", "/v1/admin/evict-idle", json={"tier": "warm" if to_disk else "cold"})

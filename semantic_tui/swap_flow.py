@@ -88,30 +88,33 @@ class ModelSwapFlow:
         self.app.call_from_thread(self.app.notify, message, severity="information" if done else "warning")
 
     def pick(self) -> None:
-        if self.service.swapper is None:
-            shard = self.service.engine.loaded.shard if self.service.is_ready else None
-            if shard is not None:
-                self.app.notify(f"Model swaps are not available while the model is sharded across {shard[1]} "
-                                "ranks: restart the ranks with the other model", severity="warning")
-            else:
-                self.app.notify("Model swaps start once the first model has loaded", severity="warning")
+        """The picker of the models the workbench's client can swap to (embedded: this process's registry;
+        attached: the server's /v1/models), then the confirmation and the progress."""
+        self.app.run_worker(self._pick(), exclusive=True, group="model-swap")
+
+    async def _pick(self) -> None:
+        try:
+            entries = await self.app.client.swap_choices()
+        except SemanticError as exc:
+            self.app.notify(f"Model swaps: {exc}", severity="warning")
             return
-        entries = self.service.registry.entries()
         self.app.push_screen(ModelPicker(entries), lambda entry: self.confirm(entry) if entry else None)
 
     def confirm(self, entry: RegistryEntry) -> None:
-        plan = swap_plan(entry, self.service.snapshot())
+        plan = swap_plan(entry, self.app.client.state().snapshot)
         dialog = ConfirmDialog(f"Swap to {entry.model_id}?", plan, confirm="Swap")
         self.app.push_screen(dialog, lambda ok: self.start(entry) if ok else None)
 
     def start(self, entry: RegistryEntry) -> None:
-        swapper = self.service.swapper
+        self.app.run_worker(self._start(entry), exclusive=True, group="model-swap")
+
+    async def _start(self, entry: RegistryEntry) -> None:
         try:
-            swapper.request(entry.location, self.app.backend.settings.swap_grace_s)
+            watch = await self.app.client.start_swap(entry)
         except SemanticError as exc:
             self.app.notify(str(exc), severity="error")
             return
-        self.app.push_screen(SwapProgressScreen(swapper), self.finished)
+        self.app.push_screen(SwapProgressScreen(watch), self.finished)
 
     def finished(self, status: SwapStatus | None) -> None:
         if status is None:

@@ -4,7 +4,8 @@ Two clients stand behind this one interface: :class:`~.local_client.LocalClient`
 over the engine this process runs (the embedded workbench), and
 :class:`~.remote_client.RemoteClient` over a running server's HTTP API (``semantic
 attach``). The app draws every pane from :meth:`WorkbenchClient.state` and sends
-every agent control through :meth:`WorkbenchClient.agent_action`, so the two
+every agent control through :meth:`WorkbenchClient.agent_action` and every chat
+through its ``chat`` link (chat_link.py), so the two
 workbenches cannot drift: a pane or control that works embedded works attached,
 because it is the same code reading the same types.
 """
@@ -13,10 +14,17 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 from engine.domain.event_log import LogEvent
+from engine.models.registry import RegistryEntry
 from engine.runtime.engine_thread.snapshot import AgentView, EngineSnapshot
+
+if TYPE_CHECKING:
+    from engine.swap import SwapStatus
+
+    from .chat_link import ChatLink
 
 
 class AgentAction(str, enum.Enum):
@@ -31,11 +39,26 @@ class AgentAction(str, enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Forked:
-    """What a fork left: the new agent and its cached tokens, how many of them in blocks shared by reference."""
+    """What a fork left: the new agent and its cached tokens, how many of them in blocks shared by reference;
+    ``conversation``: the server copied a stored conversation into it (a direct-API agent's), so a chat can go
+    on from it."""
 
     agent_id: str
     tokens: int
     shared_tokens: int
+    conversation: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Transferred:
+    """An agent file written (export: ``path`` is the file) or installed (import: ``model`` is the extra model's
+    alias it went to, None for the default model)."""
+
+    agent_id: str
+    tokens: int
+    nbytes: int
+    path: Path | None = None
+    model: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,12 +96,20 @@ class EventSource(Protocol):
         """The engine's events after ``seq``, oldest first."""
 
 
+class SwapWatch(Protocol):
+    """A swap in progress: its status as last known (the progress screen polls it)."""
+
+    @property
+    def status(self) -> SwapStatus: ...
+
+
 class WorkbenchClient(Protocol):
     """The engine as the workbench reaches it. ``state`` and ``events`` never wait on the engine."""
 
     embedded: bool  # True: this process runs the engine (the workbench loads it, and quitting stops it)
     address: str | None  # the HTTP API's base URL, once known
     events: EventSource
+    chat: ChatLink  # how chat panes send turns (and watch other clients' turns)
 
     def start(self) -> None:
         """Begin following the engine (attached: open the live stream; call on the app's event loop)."""
@@ -90,6 +121,22 @@ class WorkbenchClient(Protocol):
 
     async def fork(self, model: str | None, agent_id: str, new_id: str, display_name: str) -> Forked:
         """A new agent ``new_id`` starting from ``agent_id``'s whole cache, sharing its blocks."""
+
+    async def rewind(self, model: str | None, agent_id: str, turn: int) -> int:
+        """Cut ``agent_id``'s cache (and a direct agent's conversation) back to the end of ``turn``; the tokens
+        its cache holds after."""
+
+    async def export_agent(self, model: str | None, agent_id: str, path: Path) -> Transferred:
+        """Write ``agent_id`` as one agent file at ``path`` on this machine (atomically)."""
+
+    async def import_agent(self, path: Path) -> Transferred:
+        """Install the agent file at ``path`` (on this machine) into the engine as a warm agent."""
+
+    async def swap_choices(self) -> list[RegistryEntry]:
+        """The models a swap may go to (the loaded one marked); SemanticError saying why when swaps are off."""
+
+    async def start_swap(self, entry: RegistryEntry) -> SwapWatch:
+        """Start swapping to ``entry``; what to follow its progress by."""
 
     async def evict_idle(self, to_disk: bool) -> int:
         """Send every idle, unpinned hot agent of the default model to disk (or drop them); how many moved."""

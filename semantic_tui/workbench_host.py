@@ -29,9 +29,6 @@ class WorkbenchHost(Protocol):
     def selected_agent(self) -> str | None:
         """The agent selected in the agents table."""
 
-    def selected_target(self) -> Any:
-        """(the ModelTarget holding the selected agent, its id), or None with a notice (agent_target.py)."""
-
     def new_chat_on(self, model: str | None) -> None:
         """Open a new workbench chat whose turns ``model`` serves (an extra model's alias; None: the default)."""
 

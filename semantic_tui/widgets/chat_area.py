@@ -8,9 +8,9 @@ from textual.containers import Horizontal
 from textual.events import Resize
 from textual.widgets import Static
 
-from engine.api.service import EngineService
 from engine.domain.requests import AgentSource
 
+from ..chat_link import ChatLink
 from ..chat_messages import ChatAreaChanged, CloseRequested
 from .chat_pane import ChatPane
 
@@ -35,9 +35,9 @@ class ChatArea(Horizontal):
     }
     """
 
-    def __init__(self, service: EngineService, *, id: str | None = None, classes: str | None = None) -> None:
+    def __init__(self, link: ChatLink, *, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(id=id, classes=classes)
-        self.service = service
+        self.link = link
         self.batch_size = 1
 
     def compose(self) -> ComposeResult:
@@ -63,7 +63,7 @@ class ChatArea(Horizontal):
     ) -> ChatPane | None:
         """Open (or focus) the pane of ``agent_id``; None when four panes are already open.
 
-        ``read_only`` defaults to "driven by another client" (any source but the workbench's); ``model``:
+        ``read_only`` defaults to "driven by another client" (a source the link does not drive); ``model``:
         the extra model the agent belongs to (None: the default model).
         """
         existing = self.pane_for(agent_id, model)
@@ -74,7 +74,7 @@ class ChatArea(Horizontal):
             self.notify(f"At most {self.MAX_PANES} chats side by side: close one first (ctrl+w).",
                         title="Chats", severity="warning")
             return None
-        pane = ChatPane(self.service, agent_id, label, source, read_only=read_only, model=model)
+        pane = ChatPane(self.link, agent_id, label, source, read_only=read_only, model=model)
         pane.batch_size = self.batch_size
         await self.mount(pane)
         self._relayout()

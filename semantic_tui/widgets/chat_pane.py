@@ -12,14 +12,11 @@ from textual.reactive import var
 from textual.widgets import Input, ProgressBar, Static
 from textual.worker import Worker
 
-from engine.api import turns
-from engine.api.async_turn import AsyncTurn
-from engine.domain.chat import ChatMessage, Conversation
-from engine.api.identity import AgentIdentity
-from engine.api.service import EngineService
+from typing import Callable
+
+from engine.domain.chat import ChatMessage
 from engine.errors import SemanticError
-from engine.runtime.engine_thread.engine import Engine
-from engine.domain.requests import AgentSource, EventSink, FinishEvent, FinishReason
+from engine.domain.requests import AgentSource, FinishEvent, FinishReason
 
 from ..chat_events import (
     WATCH_UPDATES_PER_S,
@@ -29,18 +26,24 @@ from ..chat_events import (
     TurnBatch,
     ending_text,
     header_text,
-    pump,
     read_only_hint,
     request_line,
     split_batch,
     usage_line,
 )
+from ..chat_link import ChatLink, ChatTarget, ChatTurn
 from ..chat_messages import CloseRequested, TurnFinished, TurnStarted
 from .chat_transcript import ChatTranscript, LiveReply
 
 
+# A read-only pane whose link cannot watch (an attached workbench: the tokens of another client's turns stay on
+# the server).
+UNWATCHED = "this client's turns are not streamed to an attached workbench: the log shows when they run and end"
+
+
 class ChatPane(Vertical):
-    """Bound to one agent id; read-only (watching) when another client drives that agent."""
+    """Bound to one agent id; read-only (watching) when another client drives that agent. ``link``: how turns
+    reach the engine (chat_link.py): in this process, or a server the workbench is attached to."""
 
     TurnStarted = TurnStarted
     TurnFinished = TurnFinished
@@ -75,7 +78,7 @@ class ChatPane(Vertical):
 
     def __init__(
         self,
-        service: EngineService,
+        link: ChatLink,
         agent_id: str,
         label: str | None = None,
         source: str = AgentSource.TUI.value,
@@ -86,19 +89,18 @@ class ChatPane(Vertical):
         id: str | None = None,
     ) -> None:
         super().__init__(id=id)
-        self.service = service
+        self.link = link
         self.agent_id = agent_id
         # An extra model's alias (--extra-model): its turns are routed there by name; None: the default model.
         self.model = model
         self.label = label or agent_id
         self.source = source
         # Another client's turns are that client's conversation: sending ours would fork it.
-        self.read_only = source != AgentSource.TUI.value if read_only is None else read_only
-        self.max_tokens = max_tokens or service.settings.default_max_tokens
+        self.read_only = not link.drives(source) if read_only is None else read_only
+        self.max_tokens = max_tokens
         self.history: list[ChatMessage] = []
-        self._turn: AsyncTurn | None = None
-        # The engine the sink was given to: a model swap may have replaced the service's since.
-        self._watching: tuple[Engine, EventSink] | None = None
+        self._turn: ChatTurn | None = None
+        self._unwatch: Callable[[], None] | None = None  # stops watching another client's turns
         self._observed: dict[str, LiveReply] = {}
 
     def compose(self) -> ComposeResult:
@@ -115,9 +117,8 @@ class ChatPane(Vertical):
         self._refresh_header()
 
     def on_unmount(self) -> None:
-        if self._watching is not None:
-            engine, sink = self._watching
-            engine.unwatch(self.agent_id, sink)
+        if self._unwatch is not None:
+            self._unwatch()
         if self._turn is not None:
             self._turn.cancel()
 
@@ -177,15 +178,13 @@ class ChatPane(Vertical):
             self.history += [user, ChatMessage("assistant", reply.text, reasoning=reply.reasoning)]
         await self._show_finish(finish)
 
-    async def _start(self, user: ChatMessage) -> AsyncTurn:
-        identity = AgentIdentity(self.agent_id, AgentSource.TUI, self.label)
-        conversation = Conversation(tuple(self.history) + (user,))
-        spec = turns.TurnSpec(conversation, identity, max_tokens=self.max_tokens, model=self.model)
-        return self.service.start_turn(await turns.prepare(self.service, spec))
+    async def _start(self, user: ChatMessage) -> ChatTurn:
+        target = ChatTarget(self.agent_id, self.label, self.model, self.max_tokens)
+        return await self.link.start(target, tuple(self.history), user)
 
-    async def _follow(self, turn: AsyncTurn) -> tuple[LiveReply, FinishEvent]:
+    async def _follow(self, turn: ChatTurn) -> tuple[LiveReply, FinishEvent]:
         feed, reply = EventFeed(), LiveReply(self.transcript)
-        pumping = asyncio.create_task(pump(turn, feed))
+        pumping = asyncio.create_task(turn.run(feed))
         finish: FinishEvent | None = None
         try:
             while finish is None:
@@ -229,14 +228,11 @@ class ChatPane(Vertical):
 
     # -- watching another client's turns -------------------------------------------------------
     def _start_watching(self) -> None:
-        if not self.service.is_ready:
-            return
-        engine = self.service.engine if self.model is None else dict(self.service.served_engines()).get(self.model)
-        if engine is None:
-            return
         feed = EventFeed(WATCH_UPDATES_PER_S)
-        self._watching = (engine, feed.threadsafe_sink(asyncio.get_running_loop()))
-        engine.watch(self.agent_id, self._watching[1])
+        self._unwatch = self.link.watch(self.agent_id, self.model, feed.threadsafe_sink(asyncio.get_running_loop()))
+        if self._unwatch is None:
+            self.run_worker(self.transcript.add_note(UNWATCHED), exit_on_error=False)
+            return
         self.run_worker(self._observe(feed), group=f"watch-{self.agent_id}", exclusive=True,
                         exit_on_error=False, description=f"watching {self.agent_id}")
 

@@ -2,7 +2,8 @@
 
 The real SmolLM2 serves headless; the attached workbench finds it through the
 cache dir's record (no URL typed), shows an HTTP client's agent as it arrives,
-evicts it with `e`, and quits with `q` while the server keeps serving.
+evicts it with `e`, lists a Claude Code session, answers in a chat of its own
+(a direct-API agent of the server), and quits while the server keeps serving.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ TURN_TIMEOUT_S = 120
 UI_TIMEOUT_S = 60
 SESSION = "attach-real-5c1d"
 AGENT = f"oa-{SESSION}"
+CC_SESSION = "3f2a9c1e-attach-test"
 
 
 def test_serve_in_one_window_attach_in_another(smollm2_path: Path, tmp_path: Path) -> None:
@@ -50,7 +52,20 @@ def test_serve_in_one_window_attach_in_another(smollm2_path: Path, tmp_path: Pat
             assert agent_tier(url) == "warm"
             attached.wait_for_text(r"evict\s", "the server's eviction in the log pane", UI_TIMEOUT_S)
 
-            attached.press("q")
+            claude_code_turn(url)
+            attached.wait_for_text(rf"│ Claude Code {CC_SESSION[:8]}\S*\s+Claude Code\s+idle\s+hot\b",
+                                   "the Claude Code session's agent", UI_TIMEOUT_S)
+
+            attached.press("n")  # a chat of the attached workbench: a direct-API agent of the server
+            attached.wait_for_text(r"chat-1", "the new chat pane", UI_TIMEOUT_S)
+            attached.type_text("Reply with the single word: yes")
+            attached.press("Enter")
+            attached.wait_for_text(r"reused \d+ · prefilled \d+ · generated \d+", "the chat's reply and usage line",
+                                   TURN_TIMEOUT_S)
+            chat = httpx.get(f"{url}/v1/agents/chat-1", timeout=10).json()
+            assert chat["source"] == "api" and chat["turns"] == 1 and chat["messages"] == 2
+
+            attached.press("C-q")  # the chat's input has the focus: ctrl+q quits from there
             assert attached.wait_exit(UI_TIMEOUT_S) == 0
         assert httpx.get(f"{url}/health/ready", timeout=10).status_code == 200  # quitting left it serving
         assert one_turn(url)["usage"]["prompt_tokens_details"]["cached_tokens"] > 0  # back from disk
@@ -69,6 +84,15 @@ def one_turn(url: str) -> dict:
     reply = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=TURN_TIMEOUT_S)
     assert reply.status_code == 200, reply.text
     return reply.json()
+
+
+def claude_code_turn(url: str) -> None:
+    """A turn as Claude Code sends it: Anthropic Messages with its session header."""
+    body = {"model": "claude-sonnet-4-5", "max_tokens": 64, "temperature": 0,
+            "messages": [{"role": "user", "content": "Say hello."}]}
+    reply = httpx.post(f"{url}/v1/messages", json=body, timeout=TURN_TIMEOUT_S,
+                       headers={"x-claude-code-session-id": CC_SESSION, "anthropic-version": "2023-06-01"})
+    assert reply.status_code == 200, reply.text
 
 
 def agent_tier(url: str) -> str:

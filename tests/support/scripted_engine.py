@@ -103,6 +103,7 @@ class FakeAgent:
     last_used: float = field(default_factory=time.time)
     history: list[TurnForensics] = field(default_factory=list)
     retained_until: float = 0.0
+    turn_ends: list[int] = field(default_factory=list)  # tokens cached at the end of each turn, as the engine's
 
 
 class ScriptedEngine:
@@ -243,22 +244,26 @@ class ScriptedEngine:
         n = self._cut(source, turn, prompt)
         kind = source_kind.value if source_kind is not None else source.source
         self.agents[new_id] = FakeAgent(new_id, kind, display_name, tokens=source.tokens[:n],
-                                        tier=Tier.HOT if n else Tier.EMPTY)
+                                        tier=Tier.HOT if n else Tier.EMPTY,
+                                        turn_ends=[end for end in source.turn_ends if end <= n])
         return Branch(new_id, n, 0, 0, n)
 
     def rewind_agent(self, agent_id: str, turn: int | None = None, prompt: tuple[int, ...] | None = None) -> Branch:
         agent = self._agent(agent_id)
         n = self._cut(agent, turn, prompt)
         agent.tokens = agent.tokens[:n]
+        agent.turn_ends = [end for end in agent.turn_ends if end <= n]
         return Branch(agent_id, n, 0, 0, n)
 
     def _cut(self, agent: FakeAgent, turn: int | None, prompt: tuple[int, ...] | None) -> int:
         if prompt is not None:
             return min(common_prefix_length(agent.tokens, prompt), len(agent.tokens))
-        if turn is not None and turn > 0:
-            raise InvalidRequestError(f"turn {turn} is out of range: the scripted engine keeps no turn ends",
-                                      field="turn")
-        return len(agent.tokens) if turn is None else 0
+        if turn is not None and turn > len(agent.turn_ends):
+            raise InvalidRequestError(f"turn {turn} is out of range: {agent.agent_id} has "
+                                      f"{len(agent.turn_ends)} turns", field="turn")
+        if turn is None:
+            return len(agent.tokens)
+        return agent.turn_ends[turn - 1] if turn > 0 else 0
 
     def write_agent(self, agent_id: str) -> None:
         self._agent(agent_id)
@@ -398,6 +403,7 @@ class ScriptedEngine:
 
     def _settle(self, agent: FakeAgent, request: GenerationRequest, reused: int, generated: int) -> None:
         agent.state, agent.turns = "idle", agent.turns + 1
+        agent.turn_ends.append(len(agent.tokens))
         agent.prompt_total += len(request.prompt_tokens)
         agent.reused_total += reused
         agent.last_ttft_s, agent.last_tok_s = 0.001, 100.0
@@ -440,7 +446,7 @@ class ScriptedEngine:
             a.agent_id, a.display_name, a.source, a.state, a.tier.value, a.pinned, self.loaded.identity.key,
             len(a.tokens), blocks, blocks * self.pool.block_bytes, a.turns,
             a.reused_total / a.prompt_total if a.prompt_total else 0.0, a.last_ttft_s, a.last_tok_s, 0, 0,
-            a.last_used, a.created_at, history=tuple(a.history),
+            a.last_used, a.created_at, history=tuple(a.history), turn_ends=tuple(a.turn_ends),
             retained_s=max(0.0, a.retained_until - time.monotonic()),
         )
 

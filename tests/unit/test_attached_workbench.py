@@ -14,20 +14,27 @@ import httpx
 import pytest
 
 from engine.api.listener_file import recorded_listener, remove_listener, write_listener
-from engine.domain.requests import GenerationRequest
+from engine.domain.requests import AgentSource, GenerationRequest
 from engine.errors import SemanticError
 from semantic_cli.attach import server_address
 from engine.settings import load_settings
 from semantic_tui.app import SemanticApp
 from semantic_tui.preferences import load_preferences
-from semantic_tui.remote_client import RemoteClient, sse_frames
+from semantic_tui.remote_client import RemoteClient
+from semantic_tui.sse_client import sse_frames
+from semantic_tui.chat_events import PaneState
+from semantic_tui.screens.branching import TurnPicker
+from semantic_tui.screens.dialogs import ConfirmDialog
+from semantic_tui.screens.model_picker import ModelPicker, SwapProgressScreen
 from semantic_tui.widgets.agents_table import AgentsTable
+from semantic_tui.widgets.chat_area import ChatArea
 from semantic_tui.widgets.event_log import EventLogView
 from semantic_tui.widgets.pool_map import PoolMap
 from semantic_tui.widgets.status_bar import StatusBar
 from semantic_tui.workbench_client import AgentAction
 from tests.support.router_app import LiveServer, build_app, make_service
 from tests.support.scripted_engine import ScriptedEngine
+from tests.support.workbench import workbench
 
 
 async def wait_for(pilot, condition, what: str, timeout_s: float = 8.0) -> None:
@@ -100,13 +107,123 @@ async def test_controls_act_on_the_server_and_quitting_leaves_it_running(server,
         await pilot.press("f")
         await wait_for(pilot, lambda: "keep-fork-1" in engine.agents, "the fork made on the server")
         await wait_for(pilot, lambda: "keep-fork-1" in table_ids(app), "the fork listed")
-        await pilot.press("r")  # rewind is the embedded workbench's: a notice, and the server is untouched
-        await pilot.pause(0.2)
         assert set(engine.agents) == {"keep", "go", "victim", "keep-fork-1"}
         await pilot.press("q")
         await wait_for(pilot, lambda: not app.is_running, "the attached workbench quits")
     assert service.is_ready and engine.is_running
     assert httpx.get(f"{live.url}/health/ready").status_code == 200
+
+
+async def test_an_attached_chat_is_a_direct_agent_of_the_server_and_rewinds_there(server, tmp_path: Path) -> None:
+    """n opens a chat whose turns go through POST /v1/agents/{id}/messages: the reply streams into the pane
+    with its usage line, the server keeps the conversation, and r takes it back a turn on the server."""
+    engine, _service, live = server
+    app = attached(live.url, tmp_path)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await wait_for(pilot, lambda: app.client.state().snapshot is not None, "the first stream")
+        await pilot.press("n")
+        area = app.query_one(ChatArea)
+        await wait_for(pilot, lambda: area.pane_count == 1, "a chat pane")
+        pane = area.panes[0]
+        assert pane.agent_id == "chat-1" and not pane.read_only
+        for text in ("Name a colour.", "Another one."):
+            pane.input.value = text
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: pane.state is PaneState.IDLE and "generated" in transcript(pane),
+                           "the reply and its usage line")
+            await wait_for(pilot, lambda: transcript(pane).count("generated") == (1 if text[0] == "N" else 2),
+                           "one usage line a turn")
+        conversation = httpx.get(f"{live.url}/v1/agents/chat-1").json()
+        assert conversation["source"] == "api" and conversation["turns"] == 2
+        await wait_for(pilot, lambda: "chat-1" in table_ids(app), "the chat's agent listed")
+        await wait_for(pilot, lambda: len(app.client.state().snapshot.agent("chat-1").turn_ends) == 2,
+                       "both turns in the stats")
+        table = app.query_one(AgentsTable)
+        table.focus()
+        table.move_cursor(row=table.get_row_index("chat-1"))
+        await pilot.press("r")
+        await wait_for(pilot, lambda: isinstance(app.screen, TurnPicker), "the turn picker")
+        await pilot.press("down", "enter")  # newest first: turn 2 (now), then turn 1
+        await wait_for(pilot, lambda: len(engine.agents["chat-1"].turn_ends) == 1, "rewound on the server")
+        assert httpx.get(f"{live.url}/v1/agents/chat-1").json()["messages"] == 2  # its conversation with it
+
+
+async def test_esc_in_an_attached_chat_stops_the_turn_on_the_server(tmp_path: Path) -> None:
+    engine = ScriptedEngine(lambda r: "word " * 400, token_delay_s=0.01)
+    service = make_service(tmp_path / "cache", engine)
+    with LiveServer(build_app(service)) as live:
+        app = attached(live.url, tmp_path)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_for(pilot, lambda: app.client.state().snapshot is not None, "the first stream")
+            await pilot.press("n")
+            area = app.query_one(ChatArea)
+            await wait_for(pilot, lambda: area.pane_count == 1, "a chat pane")
+            pane = area.panes[0]
+            pane.input.value = "Talk for a while."
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: pane.state is PaneState.GENERATING, "the reply streaming")
+            await pilot.press("escape")
+            await wait_for(pilot, lambda: pane.state is PaneState.IDLE and "stopped" in transcript(pane),
+                           "the turn stopped")
+            await wait_for(pilot, lambda: engine.cancelled, "the server cancelled it (the connection closed)")
+            assert engine.agents["chat-1"].state == "idle" and len(engine.agents["chat-1"].tokens) < 2000
+
+
+async def test_a_workbench_attached_to_another_swaps_its_model(tmp_path: Path) -> None:
+    """Attached to an embedded workbench's listener: m lists the server's models (GET /v1/models), the swap runs
+    on the server (POST /v1/admin/swap) with its progress screen fed from GET /v1/admin/swap, and the panes
+    follow the new model."""
+    engine = ScriptedEngine()
+    host = workbench(tmp_path / "host", engine, model="scripted")
+    async with host.run_test(size=(120, 40)) as host_pilot:
+        await wait_for(host_pilot, lambda: host.backend.service.is_ready and host.backend.listener is not None,
+                       "the host workbench's listener")
+        engine.submit(GenerationRequest("keeper", tuple(b"k" * 40), 4), lambda e: None)
+        app = attached(host.backend.listener.url, tmp_path)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_for(pilot, lambda: "keeper" in table_ids(app), "the host's agent")
+            await pilot.press("m")
+            await wait_for(pilot, lambda: isinstance(app.screen, ModelPicker), "the picker")
+            picker = app.screen
+            target = next(entry for entry in picker.entries if not entry.loaded)
+            assert any(entry.loaded and entry.model_id == "scripted" for entry in picker.entries)
+            picker.dismiss(target)
+            await wait_for(pilot, lambda: isinstance(app.screen, ConfirmDialog), "the confirmation")
+            assert "Spill 1 hot agents" in app.screen.body
+            await pilot.press("enter")
+            swapper = host.backend.service.swapper
+            await wait_for(pilot, lambda: not swapper.status.running and swapper.status.phase.value == "done",
+                           "the swap done on the server", timeout_s=15)
+            # The progress screen (fed by GET /v1/admin/swap) saw it end: it closed with the swap's result.
+            notices = lambda: [n.message for n in app._notifications]  # noqa: E731
+            await wait_for(pilot, lambda: any(m.startswith(f"Now serving {target.model_id}") for m in notices()),
+                           "the progress screen's ending")
+            assert not isinstance(app.screen, SwapProgressScreen)
+            await wait_for(pilot, lambda: app.client.state().snapshot is not None and
+                           app.client.state().snapshot.model.model_id == target.model_id, "the new model's panes")
+            await wait_for(pilot, lambda: "keeper" in table_ids(app), "the agent kept across the swap")
+
+
+async def test_another_clients_agent_opens_read_only_and_says_where_its_turns_show(server, tmp_path: Path) -> None:
+    engine, _service, live = server
+    engine.submit(GenerationRequest("cc-session", tuple(b"c" * 40), 4, source=AgentSource.CLAUDE_CODE,
+                                    display_name="Claude Code 7f3a9c1e"), lambda e: None)
+    app = attached(live.url, tmp_path)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await wait_for(pilot, lambda: "cc-session" in table_ids(app), "the Claude Code session listed")
+        table = app.query_one(AgentsTable)
+        table.focus()
+        table.move_cursor(row=table.get_row_index("cc-session"))
+        await pilot.press("c")
+        area = app.query_one(ChatArea)
+        await wait_for(pilot, lambda: area.pane_count == 1, "its pane")
+        pane = area.panes[0]
+        assert pane.read_only and pane.input.disabled
+        await wait_for(pilot, lambda: "not streamed to an attached workbench" in transcript(pane), "the note")
+
+
+def transcript(pane) -> str:
+    return "\n".join(str(widget.render()) for widget in pane.transcript.query("Static"))
 
 
 async def test_a_refused_control_says_the_servers_reason(server, tmp_path: Path) -> None:

@@ -114,3 +114,34 @@ def test_cache_history_screen(snap_compare, tmp_path: Path) -> None:
         await pilot.pause(0.2)
 
     assert snap_compare(app, terminal_size=(120, 36), run_before=open_history)
+
+
+async def settle_attached(pilot) -> None:
+    """The attached workbench once its stream has brought the server's three agents."""
+    app = pilot.app
+    while app.client.state().snapshot is None or len(app.client.state().snapshot.agents) < 3:
+        await pilot.pause(0.05)
+    app.query_one(AgentsTable).now = lambda: FIXED_NOW
+    log = app.query_one(EventLogView)
+    log.show_clock = False
+    log.clear()
+    log._seen = 10**9
+    app.refresh_panes(force=True)
+    await pilot.pause(0.3)
+    app.refresh_panes(force=True)
+    await pilot.pause(0.1)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (160, 48)], ids=["80x24", "160x48"])
+def test_attached_main_screen(snap_compare, tmp_path: Path, size: tuple[int, int]) -> None:
+    """`semantic attach` on a server with the same three agents: the same panes, drawn from its /v1/stream."""
+    from semantic_tui.app import SemanticApp
+    from semantic_tui.preferences import load_preferences
+    from semantic_tui.remote_client import RemoteClient
+    from tests.support.router_app import LiveServer, build_app, make_service
+
+    with LiveServer(build_app(make_service(tmp_path / "cache", populated_engine()))) as live:
+        client = RemoteClient(live.url, interval_s=0.1)
+        client.address = "http://127.0.0.1:8642"  # shown on the top line; the server's port is ephemeral
+        app = SemanticApp(client, load_preferences(tmp_path / "workbench.json"), poll_interval_s=0.1)
+        assert snap_compare(app, terminal_size=size, run_before=settle_attached)

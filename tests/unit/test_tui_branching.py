@@ -98,3 +98,41 @@ async def _drive(app: SemanticApp, engine: Engine, tmp_path: Path) -> None:
         await pilot.press("enter")
         await wait_for(pilot, lambda: "planner" in table_ids(app), timeout_s=10)
         assert engine.snapshot().agent("planner").tier == "warm"
+
+
+async def test_an_attached_workbench_exports_and_imports_through_the_server(tmp_path: Path) -> None:
+    """x in a workbench attached to another's listener downloads the agent file to this machine
+    (GET /v1/agents/{id}/export), X uploads it back (POST /v1/agents/import): the real engine's files."""
+    from semantic_tui.remote_client import RemoteClient
+
+    host, engine = tiny_workbench(tmp_path / "host")
+    try:
+        async with host.run_test(size=(120, 40)) as host_pilot:
+            await wait_for(host_pilot, lambda: ready(host), timeout_s=30)
+            prompt = (BOS, *b"The archivist kept every note it was given. " * 3)
+            await asyncio.to_thread(run_turn, engine, GenerationRequest("archivist", prompt, 6))
+            app = SemanticApp(RemoteClient(host.backend.listener.url, interval_s=0.1),
+                              load_preferences(tmp_path / "attached.json"), poll_interval_s=0.1)
+            async with app.run_test(size=(140, 44)) as pilot:
+                await wait_for(pilot, lambda: "archivist" in table_ids(app), timeout_s=10)
+                cached = engine.snapshot().agent("archivist").cached_tokens
+                out = tmp_path / "exports" / "archivist.agent.safetensors"
+                out.parent.mkdir()
+                select(app, "archivist")
+                await pilot.press("x")
+                await wait_for(pilot, lambda: isinstance(app.screen, PathPrompt))
+                app.screen.query_one("Input").value = str(out)
+                await pilot.press("enter")
+                await wait_for(pilot, lambda: out.exists(), timeout_s=10)
+                assert [p.name for p in out.parent.iterdir()] == [out.name]  # no temp file left beside it
+                engine.call(lambda e: e.ops.delete_agent("archivist")).result()
+                await wait_for(pilot, lambda: "archivist" not in table_ids(app), timeout_s=10)
+                await pilot.press("X")
+                await wait_for(pilot, lambda: isinstance(app.screen, PathPrompt))
+                app.screen.query_one("Input").value = str(out)
+                await pilot.press("enter")
+                await wait_for(pilot, lambda: "archivist" in table_ids(app), timeout_s=10)
+                view = engine.snapshot().agent("archivist")
+                assert view.tier == "warm" and view.cached_tokens == cached
+    finally:
+        await asyncio.to_thread(engine.stop, 0.0)

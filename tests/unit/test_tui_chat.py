@@ -25,6 +25,7 @@ from engine.domain.requests import (
     Usage,
 )
 from engine.settings import Settings
+from semantic_tui.chat_link import LocalChatLink
 from semantic_tui.chat_messages import ChatAreaChanged, TurnFinished, TurnStarted
 from semantic_tui.widgets.chat_area import ChatArea
 from semantic_tui.chat_events import EventFeed, PaneState, request_line, split_batch
@@ -44,7 +45,7 @@ class ChatTestApp(App):
         self.seen: list[Message] = []
 
     def compose(self) -> ComposeResult:
-        yield ChatArea(self.service)
+        yield ChatArea(LocalChatLink(self.service))
 
     @property
     def area(self) -> ChatArea:
