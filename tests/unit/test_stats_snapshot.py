@@ -10,6 +10,7 @@ workbenches cannot drift apart unnoticed.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import fields, replace
 from pathlib import Path
 
@@ -44,13 +45,23 @@ def turn(url: str, agent: str, text: str, history: list[dict]) -> list[dict]:
     return [*messages, reply["choices"][0]["message"]]
 
 
+def published_with(service, agents: set[str], timeout_s: float = 30.0):
+    """The engine's published snapshot once it lists ``agents`` (it publishes after a reply has gone out)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        snapshot = service.snapshot()
+        if snapshot is not None and {a.agent_id for a in snapshot.agents} >= agents:
+            return snapshot
+        assert time.monotonic() < deadline, f"the engine never published a snapshot with {sorted(agents)}"
+        time.sleep(0.02)
+
+
 def test_a_live_engines_snapshot_survives_the_stats_round_trip(served, monkeypatch) -> None:
     service, url = served
     history = turn(url, "rt-one", "Count from one to five.", [])
     turn(url, "rt-one", "And back down to one.", history)
     turn(url, "rt-two", "Name a colour.", [])
-    published = service.snapshot()
-    assert {a.agent_id for a in published.agents} >= {"oa-rt-one", "oa-rt-two"}
+    published = published_with(service, {"oa-rt-one", "oa-rt-two"})
     assert published.agent("oa-rt-one").history and published.pool.used_blocks > 0
     monkeypatch.setattr(service, "snapshot", lambda: published)  # the engine may publish again meanwhile
 
