@@ -24,7 +24,7 @@ from engine.models.registry import RegistryEntry
 from engine.errors import SemanticError
 
 from .remote_chat import RemoteChatLink
-from .sse_client import error_message, sse_frames
+from .sse_client import SseFrame, error_message, sse_frames
 from .stats_snapshot import snapshot_from_stats
 from .remote_swap import RemoteSwap, registry_entry, swap_status
 from .remote_transfer import AGENT_FILE_TYPE, download, file_chunks

@@ -10,7 +10,6 @@ server keeps serving.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import httpx

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import fields, replace
-from pathlib import Path
 
 import httpx
 import pytest
