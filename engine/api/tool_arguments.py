@@ -22,7 +22,8 @@ following its mlx-lm parser: ``tool_arguments_glm`` (GLM, LongCat),
 (LFM2), ``tool_arguments_function_gemma``, ``tool_arguments_minicpm5``,
 ``tool_arguments_kimi_k3`` and ``tool_arguments_muse_spark``; the
 tag-written ones share :class:`TaggedCallScanner` here (the last five
-:class:`CheckedCallScanner`), every one :func:`partial_suffix` and
+:class:`CheckedCallScanner`, MiniCPM5's and Muse Spark's its
+:class:`TaggedValueScanner`), every one :func:`partial_suffix` and
 :func:`escaped`.
 
 :func:`partial_arguments` reads what a call that never closed (the reply
@@ -266,6 +267,14 @@ class CheckedCallScanner(TaggedCallScanner):
             self._sent.append(step)
         return "".join(self._sent[start:])
 
+    def _head_match(self, pattern: Any) -> Any:
+        """``pattern`` (a ``regex`` pattern) matched whole at the start of the text; None while it may still
+        match (more text to come) or never can (the call is then refused: it comes whole from its parser)."""
+        match = pattern.match(self._buffer, partial=True)
+        if match is None:
+            self.refused = True
+        return match if match is not None and not match.partial else None
+
     def _checked(self, closing: str, read: Callable[[], Any]) -> str:
         """``closing`` (the object's last text, not yet sent) if the object it ends is the arguments of the first
         call ``read`` gives (the parser on the call's text), under this call's name; else the call is refused."""
@@ -280,6 +289,69 @@ class CheckedCallScanner(TaggedCallScanner):
             return ""
         self.streaming, self.done = False, True
         return closing
+
+
+class TaggedValueScanner(CheckedCallScanner):
+    """A checked scanner of calls whose every value runs to an end tag (``VALUE_END``: MiniCPM5's
+    ``</param>``, Muse Spark's ``</atem:parameter>``), read by the parser whole once it closes: a value that
+    can only be a string streams (its key and text, JSON-escaped) while it is written, any other goes once
+    it closes; the object closes when the call's body ends. A subclass says which text of an open value is
+    surely its string (:meth:`_sure_text`), what the parser makes of a closed one (:meth:`_read_value`) and
+    of the whole call (:meth:`_read_call`)."""
+
+    VALUE_END = ""
+
+    def __init__(self, tools: Any = None) -> None:
+        super().__init__(tools)
+        self._sent_value = ""  # the open string value's text sent so far
+
+    def close(self) -> str:
+        """The call's body ended: the object closes, unless a value was left open (the parser drops that
+        parameter, which has partly streamed: the call ends incomplete)."""
+        if not self.streaming:
+            return ""
+        if self._state == "value" and self._opened:
+            self.refused = True
+            return ""
+        return self._checked("}", self._read_call)
+
+    def _begin_value(self, key: str, rest: str) -> str:
+        self._key, self._buffer, self._state = key, rest, "value"
+        self._value, self._opened, self._sent_value = "", False, ""
+        return ""
+
+    def _value_text(self) -> str | None:
+        end = self._buffer.find(self.VALUE_END)
+        if end >= 0:
+            self._value += self._buffer[:end]
+            self._buffer, self._state = self._buffer[end + len(self.VALUE_END):], "parameters"
+            return self._closed_value()
+        sure = len(self._buffer) - partial_suffix(self._buffer, self.VALUE_END)
+        self._value, self._buffer = self._value + self._buffer[:sure], self._buffer[sure:]
+        text = self._sure_text()
+        if text is None or text == self._sent_value:
+            return None
+        fresh, self._sent_value = text[len(self._sent_value):], text
+        return self._open_string() + escaped(fresh)
+
+    def _closed_value(self) -> str:
+        key, self._key = self._key, None
+        value = self._read_value(key)
+        if not self._opened:
+            return self._member(key, value)
+        if isinstance(value, str) and value.startswith(self._sent_value):
+            return escaped(value[len(self._sent_value):]) + '"'
+        self.refused = True  # the parser read the value as other than the text that streamed
+        return ""
+
+    def _sure_text(self) -> str | None:
+        raise NotImplementedError
+
+    def _read_value(self, key: str | None) -> Any:
+        raise NotImplementedError
+
+    def _read_call(self) -> Any:
+        raise NotImplementedError
 
 
 class XmlFunctionScanner(TaggedCallScanner):

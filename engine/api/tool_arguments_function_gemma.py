@@ -41,11 +41,8 @@ class FunctionGemmaCallScanner(CheckedCallScanner):
         self._parser = function_gemma
 
     def _head(self) -> str | None:
-        match = _HEAD.match(self._buffer, partial=True)
+        match = self._head_match(_HEAD)
         if match is None:
-            self.refused = True
-            return None
-        if match.partial:
             return None
         self.name, self._buffer, self._state = match.group(1), self._buffer[match.end():], "key"
         return ""

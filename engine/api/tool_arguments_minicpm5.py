@@ -23,7 +23,7 @@ from typing import Any
 
 import regex
 
-from .tool_arguments import CheckedCallScanner, escaped, partial_suffix
+from .tool_arguments import TaggedValueScanner, partial_suffix
 
 PARAMETER, PARAMETER_END, CDATA_END = "<param", "</param>", "]]>"
 _NAME = r"(?P<name>\"[^\"]*\"|'[^']*'|[^\s\"'<>]+)"
@@ -35,8 +35,9 @@ _CDATA_TAIL = regex.compile(r"\]\]>\s*$")  # where the parser's CDATA text ends,
 STRING_TYPES = {"string", "str", "text"}
 
 
-class MiniCpm5CallScanner(CheckedCallScanner):
+class MiniCpm5CallScanner(TaggedValueScanner):
     STEPS = {"head": "_head", "parameters": "_parameters", "value": "_value_text"}
+    VALUE_END = PARAMETER_END
 
     def __init__(self, tools: Any = None) -> None:
         from mlx_lm.tool_parsers import minicpm5, minimax_m2  # (the parser whose reading this follows, and its helpers)
@@ -44,24 +45,13 @@ class MiniCpm5CallScanner(CheckedCallScanner):
         super().__init__(tools)
         self._parser, self._helpers = minicpm5, minimax_m2
         self._config: dict[str, Any] = {}
-        self._sent_value = ""  # the open string value's text sent so far
 
-    def close(self) -> str:
-        """The call's body ended: the object closes, unless a value was left open (the parser drops that
-        parameter, which has partly streamed: the call ends incomplete)."""
-        if not self.streaming:
-            return ""
-        if self._state == "value" and self._opened:
-            self.refused = True
-            return ""
-        return self._checked("}", lambda: self._parser.parse_tool_call(self._written, self._tools))
+    def _read_call(self) -> Any:
+        return self._parser.parse_tool_call(self._written, self._tools)
 
     def _head(self) -> str | None:
-        match = _HEAD.match(self._buffer, partial=True)
+        match = self._head_match(_HEAD)
         if match is None:
-            self.refused = True
-            return None
-        if match.partial:
             return None
         self.name = self._helpers._extract_name(match.group("name"))
         self._buffer, self._config = self._buffer[match.end():], self._parameters_of(self.name)
@@ -81,24 +71,7 @@ class MiniCpm5CallScanner(CheckedCallScanner):
         if match.partial:
             self._buffer = self._buffer[at:]
             return None
-        self._key = self._helpers._extract_name(match.group("name"))
-        self._buffer, self._state = self._buffer[match.end():], "value"
-        self._value, self._opened, self._sent_value = "", False, ""
-        return ""
-
-    def _value_text(self) -> str | None:
-        end = self._buffer.find(PARAMETER_END)
-        if end >= 0:
-            self._value += self._buffer[:end]
-            self._buffer, self._state = self._buffer[end + len(PARAMETER_END):], "parameters"
-            return self._closed_value()
-        sure = len(self._buffer) - partial_suffix(self._buffer, PARAMETER_END)
-        self._value, self._buffer = self._value + self._buffer[:sure], self._buffer[sure:]
-        text = self._sure_text()
-        if text is None or text == self._sent_value:
-            return None
-        fresh, self._sent_value = text[len(self._sent_value):], text
-        return self._open_string() + escaped(fresh)
+        return self._begin_value(self._helpers._extract_name(match.group("name")), self._buffer[match.end():])
 
     def _sure_text(self) -> str | None:
         """The open value's text that will be its string whatever comes next, or None (not surely a string)."""
@@ -118,16 +91,11 @@ class MiniCpm5CallScanner(CheckedCallScanner):
             return None  # may yet be exactly "null" (None)
         return text
 
-    def _closed_value(self) -> str:
-        key, self._key = self._key, None
+    def _read_value(self, key: str | None) -> Any:
+        """Stripped (CDATA as written), then converted by the schema's types; a CDATA block that did not end
+        as one is read as the whole text, which differs from what streamed (the call ends incomplete)."""
         types = self._helpers._get_param_types_from_config(key, self._config)
-        value = self._helpers._convert_param_value_with_types(self._parser._param_value(self._value), types)
-        if not self._opened:
-            return self._member(key, value)
-        if isinstance(value, str) and value.startswith(self._sent_value):
-            return escaped(value[len(self._sent_value):]) + '"'
-        self.refused = True  # a CDATA block that did not end as one: the parser reads the text whole
-        return ""
+        return self._helpers._convert_param_value_with_types(self._parser._param_value(self._value), types)
 
     def _parameters_of(self, name: str) -> dict[str, Any]:
         """The tool's parameters' schemas by name, as the parser reads them from the request's tools."""

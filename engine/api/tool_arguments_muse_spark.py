@@ -28,7 +28,7 @@ from typing import Any
 
 import regex
 
-from .tool_arguments import CheckedCallScanner, escaped, partial_suffix
+from .tool_arguments import TaggedValueScanner, partial_suffix
 
 INVOKE, PARAMETER, PARAMETER_END, INVOKE_END = "<atem:invoke", "<atem:parameter", "</atem:parameter>", "</atem:invoke>"
 # The parser's own tags.
@@ -39,28 +39,18 @@ JSON_STARTS = '{["-0123456789'
 JSON_WORDS = ("true", "false", "null", "NaN", "Infinity")
 
 
-class MuseSparkCallScanner(CheckedCallScanner):
+class MuseSparkCallScanner(TaggedValueScanner):
     STEPS = {"invoke": "_invoke", "parameters": "_parameters", "value": "_value_text"}
+    VALUE_END = PARAMETER_END
 
     def __init__(self, tools: Any = None) -> None:
         from mlx_lm.tool_parsers import muse_spark  # (the parser whose reading this follows)
 
         super().__init__(tools)
         self._parser = muse_spark
-        self._sent_value = ""  # the open string value's text sent so far
 
-    def close(self) -> str:
-        """The call's body ended (so did the invoke): the object closes, unless a value was left open (the
-        parser drops that parameter, which has partly streamed: the call ends incomplete)."""
-        if not self.streaming:
-            return ""
-        if self._state == "value" and self._opened:
-            self.refused = True
-            return ""
-        return self._finish("}")
-
-    def _finish(self, closing: str) -> str:
-        return self._checked(closing, lambda: self._parser.parse_tool_call(self._written))
+    def _read_call(self) -> Any:
+        return self._parser.parse_tool_call(self._written)
 
     def _invoke(self) -> str | None:
         at = self._buffer.find(INVOKE)
@@ -83,7 +73,7 @@ class MuseSparkCallScanner(CheckedCallScanner):
         at, end = self._buffer.find(PARAMETER), self._buffer.find(INVOKE_END)
         if end >= 0 and (at < 0 or end < at):
             self._buffer = self._buffer[end + len(INVOKE_END):]
-            return self._finish("}")
+            return self._checked("}", self._read_call)
         if at < 0:
             held = max(partial_suffix(self._buffer, PARAMETER), partial_suffix(self._buffer, INVOKE_END))
             self._buffer = self._buffer[len(self._buffer) - held:]
@@ -102,25 +92,11 @@ class MuseSparkCallScanner(CheckedCallScanner):
         if match.partial:
             self._buffer = self._buffer[at:]
             return None
-        self._key, self._buffer, self._state = match.group("name"), self._buffer[match.end():], "value"
-        self._value, self._opened, self._sent_value = "", False, ""
-        return ""
+        return self._begin_value(match.group("name"), self._buffer[match.end():])
 
-    def _value_text(self) -> str | None:
-        end = self._buffer.find(PARAMETER_END)
-        if end >= 0:
-            self._value += self._buffer[:end]
-            self._buffer, self._state = self._buffer[end + len(PARAMETER_END):], "parameters"
-            return self._closed_value()
-        sure = len(self._buffer) - partial_suffix(self._buffer, PARAMETER_END)
-        self._value, self._buffer = self._value + self._buffer[:sure], self._buffer[sure:]
-        if self._may_be_json():
-            return None
-        text = self._value.strip()
-        if text == self._sent_value:
-            return None
-        fresh, self._sent_value = text[len(self._sent_value):], text
-        return self._open_string() + escaped(fresh)
+    def _sure_text(self) -> str | None:
+        """The open value, stripped, once it can no longer be JSON (else the close decides)."""
+        return None if self._may_be_json() else self._value.strip()
 
     def _may_be_json(self) -> bool:
         """Whether the open value may still read as JSON when it closes (else the parser keeps it as text)."""
@@ -130,12 +106,5 @@ class MuseSparkCallScanner(CheckedCallScanner):
         word = start.rstrip()
         return any(json_word.startswith(word) for json_word in JSON_WORDS)
 
-    def _closed_value(self) -> str:
-        key, self._key = self._key, None
-        value = self._parser._param_value(self._value)
-        if not self._opened:
-            return self._member(key, value)
-        if isinstance(value, str) and value.startswith(self._sent_value):
-            return escaped(value[len(self._sent_value):]) + '"'
-        self.refused = True
-        return ""
+    def _read_value(self, key: str | None) -> Any:
+        return self._parser._param_value(self._value)

@@ -79,11 +79,8 @@ class PythonicCallScanner(CheckedCallScanner):
         return self._checked("", lambda: self._parser._parse_pythonic_tool_call(self._written))
 
     def _head(self) -> str | None:
-        match = _HEAD.match(self._buffer, partial=True)
+        match = self._head_match(_HEAD)
         if match is None:
-            self.refused = True
-            return None
-        if match.partial:
             return None
         parts = [_identifier(part) for part in match.group("name").split(".")]
         if None in parts:
