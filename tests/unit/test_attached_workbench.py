@@ -55,6 +55,22 @@ def table_ids(app: SemanticApp) -> list[str]:
     return [table.coordinate_to_cell_key((row, 0)).row_key.value for row in range(table.row_count)]
 
 
+def select(app: SemanticApp, agent_id: str) -> AgentsTable:
+    table = app.query_one(AgentsTable)
+    table.focus()
+    table.move_cursor(row=table.get_row_index(agent_id))
+    return table
+
+
+async def new_chat(pilot, app: SemanticApp):
+    """n, once the first stream has come: the new chat's pane."""
+    await wait_for(pilot, lambda: app.client.state().snapshot is not None, "the first stream")
+    await pilot.press("n")
+    area = app.query_one(ChatArea)
+    await wait_for(pilot, lambda: area.pane_count == 1, "a chat pane")
+    return area.panes[0]
+
+
 def status_text(app: SemanticApp) -> str:
     return str(app.query_one(StatusBar).render())
 
@@ -91,9 +107,7 @@ async def test_controls_act_on_the_server_and_quitting_leaves_it_running(server,
     app = attached(live.url, tmp_path)
     async with app.run_test(size=(160, 48)) as pilot:
         await wait_for(pilot, lambda: {"keep", "go", "victim"} <= set(table_ids(app)), "three agents listed")
-        table = app.query_one(AgentsTable)
-        table.focus()
-        table.move_cursor(row=table.get_row_index("victim"))
+        table = select(app, "victim")
         await pilot.press("e")
         await wait_for(pilot, lambda: engine.agents["victim"].tier.value == "warm", "evicted on the server")
         table.move_cursor(row=table.get_row_index("keep"))
@@ -120,11 +134,7 @@ async def test_an_attached_chat_is_a_direct_agent_of_the_server_and_rewinds_ther
     engine, _service, live = server
     app = attached(live.url, tmp_path)
     async with app.run_test(size=(160, 48)) as pilot:
-        await wait_for(pilot, lambda: app.client.state().snapshot is not None, "the first stream")
-        await pilot.press("n")
-        area = app.query_one(ChatArea)
-        await wait_for(pilot, lambda: area.pane_count == 1, "a chat pane")
-        pane = area.panes[0]
+        pane = await new_chat(pilot, app)
         assert pane.agent_id == "chat-1" and not pane.read_only
         for text in ("Name a colour.", "Another one."):
             pane.input.value = text
@@ -138,9 +148,7 @@ async def test_an_attached_chat_is_a_direct_agent_of_the_server_and_rewinds_ther
         await wait_for(pilot, lambda: "chat-1" in table_ids(app), "the chat's agent listed")
         await wait_for(pilot, lambda: len(app.client.state().snapshot.agent("chat-1").turn_ends) == 2,
                        "both turns in the stats")
-        table = app.query_one(AgentsTable)
-        table.focus()
-        table.move_cursor(row=table.get_row_index("chat-1"))
+        select(app, "chat-1")
         await pilot.press("r")
         await wait_for(pilot, lambda: isinstance(app.screen, TurnPicker), "the turn picker")
         await pilot.press("down", "enter")  # newest first: turn 2 (now), then turn 1
@@ -154,11 +162,7 @@ async def test_esc_in_an_attached_chat_stops_the_turn_on_the_server(tmp_path: Pa
     with LiveServer(build_app(service)) as live:
         app = attached(live.url, tmp_path)
         async with app.run_test(size=(120, 40)) as pilot:
-            await wait_for(pilot, lambda: app.client.state().snapshot is not None, "the first stream")
-            await pilot.press("n")
-            area = app.query_one(ChatArea)
-            await wait_for(pilot, lambda: area.pane_count == 1, "a chat pane")
-            pane = area.panes[0]
+            pane = await new_chat(pilot, app)
             pane.input.value = "Talk for a while."
             await pilot.press("enter")
             await wait_for(pilot, lambda: pane.state is PaneState.GENERATING, "the reply streaming")
@@ -211,9 +215,7 @@ async def test_another_clients_agent_opens_read_only_and_says_where_its_turns_sh
     app = attached(live.url, tmp_path)
     async with app.run_test(size=(160, 48)) as pilot:
         await wait_for(pilot, lambda: "cc-session" in table_ids(app), "the Claude Code session listed")
-        table = app.query_one(AgentsTable)
-        table.focus()
-        table.move_cursor(row=table.get_row_index("cc-session"))
+        select(app, "cc-session")
         await pilot.press("c")
         area = app.query_one(ChatArea)
         await wait_for(pilot, lambda: area.pane_count == 1, "its pane")
