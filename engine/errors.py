@@ -24,6 +24,10 @@ class PromptTooLongError(InvalidRequestError):
         self.limit = limit
 
 
+class ImageTooLargeError(InvalidRequestError):
+    """An image over the server's byte limit (413, naming the field)."""
+
+
 class AgentNotFoundError(SemanticError):
     def __init__(self, agent_id: str, detail: str | None = None) -> None:
         super().__init__(detail or f"agent {agent_id!r} does not exist")

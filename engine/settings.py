@@ -212,6 +212,14 @@ class Settings(BaseSettings):
     api_key: SecretStr | None = Field(None, description="When set, requests must carry it as x-api-key or Bearer token.")
     max_body_mb: float = Field(32.0, gt=0, description="Largest accepted request body in MiB (413 above).")
     ping_interval_s: float = Field(10.0, gt=0, description="Seconds between SSE ping events while a prompt is prefilled.")
+    max_image_mb: float = Field(20.0, gt=0, description="Largest image a request may carry, in MiB of encoded bytes (413 above, naming the field).")
+    max_images_per_request: int = Field(100, ge=0, description="Most images one request may carry, its history included (400 above).")
+    max_image_pixels: int = Field(50_000_000, ge=1, description="Most pixels an image may have, read from its header before any decoding (a decompression bomb is a 400).")
+    allow_image_urls: bool = Field(False, description="Fetch images that requests name by http(s) URL (off: such an image is a 400; a local server fetching URLs a client names is a risk).")
+    text_model_images: Literal["refuse", "placeholder"] = Field(
+        "refuse", description="An image sent to a model without vision: refuse (a 400 that says the model has no vision) "
+                              "or placeholder (the model reads a short note in its place).")
+    image_feature_cache: int = Field(64, ge=0, description="Images whose vision-tower output is kept, so another agent sending the same image computes no vision tower (0: none).")
     request_timeout_s: float = Field(
         1800.0, gt=0,
         description="Longest a request may wait in the queue for a free slot; after it the request is refused "
@@ -343,6 +351,10 @@ class Settings(BaseSettings):
     def max_body_bytes(self) -> int:
         return int(self.max_body_mb * 1024 * 1024)
 
+    @property
+    def max_image_bytes(self) -> int:
+        return int(self.max_image_mb * 1024 * 1024)
+
 
 def _toml_path(init_kwargs: dict[str, Any]) -> Path | None:
     explicit = init_kwargs.get("config_file") or os.environ.get("SEMANTIC_CONFIG") or os.environ.get("SEMANTIC_CONFIG_FILE")
@@ -380,6 +392,7 @@ class BatchSettings:
     snapshot_budget_mb: float = _default("snapshot_budget_mb")
     speculate: str = _default("speculate")
     speculate_max_draft: int = _default("speculate_max_draft")
+    image_feature_cache: int = _default("image_feature_cache")
 
     @property
     def max_draft(self) -> int:

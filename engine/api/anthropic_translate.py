@@ -11,8 +11,13 @@ Decisions that differ from Anthropic's hosted API, on purpose:
 * ``system`` blocks whose text starts with ``x-anthropic-`` (Claude Code's
   billing/attribution line, which changes between sessions) are dropped, or
   every session would get a different prompt prefix and no cache reuse.
-* Images and non-text documents become a short placeholder text; blocks of
-  unknown types are rendered as nothing.
+* Images (``image`` blocks, in a user message or inside a ``tool_result``, as
+  Claude Code's Read tool returns a picture) are decoded here and kept in the
+  message's parts; a vision model reads them, and a model without vision
+  refuses them unless the server allows a placeholder (turns.py). ``url``
+  sources are fetched only where the server allows it (image_inputs.py).
+  Non-text documents become a short placeholder text; blocks of unknown types
+  are rendered as nothing.
 * Thinking blocks are the assistant turn's reasoning, given to the chat
   template (which decides whether it renders): the text their signature
   carries when it is one of this server's (reasoning_signature.py), so
@@ -49,8 +54,9 @@ from .anthropic_schemas import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from engine.domain.chat import ChatMessage, Conversation, ToolCall, ToolSpec
+from engine.domain.chat import ChatMessage, Conversation, ImagePart, Part, ToolCall, ToolSpec
 from .identity import anthropic_identity
+from .image_inputs import IMAGE_PLACEHOLDER, from_base64, from_url, image_text
 from .retention import retention_of
 from .output_formats import anthropic_output_format
 from .reasoning_ask import ReasoningAsk, anthropic_reasoning
@@ -59,7 +65,6 @@ from .turns import GREEDY, SamplingAsked, TurnSpec
 
 log = logging.getLogger("semantic.api.anthropic")
 
-IMAGE_PLACEHOLDER = "[image omitted: this model cannot read images]"
 DOCUMENT_PLACEHOLDER = "[document omitted: this model can only read plain-text documents]"
 ATTRIBUTION_PREFIX = "x-anthropic-"
 PART_SEPARATOR = "\n\n"
@@ -91,9 +96,43 @@ def joined_text(blocks: Iterable[ContentBlock]) -> str:
     return PART_SEPARATOR.join(p for p in parts if p)
 
 
-def tool_result_text(block: ToolResultBlock) -> str:
-    text = joined_text(block.content or [])
-    return f"Error: {text}" if block.is_error else text
+def image_of(block: ImageBlock, field: str) -> ImagePart:
+    source = block.source
+    kind = source.get("type")
+    if kind == "base64":
+        data = source.get("data")
+        if not isinstance(data, str):
+            raise InvalidRequestError(f"{field}.source.data: a base64 image needs its data as a string",
+                                      field=f"{field}.source.data")
+        return from_base64(data, str(source.get("media_type") or ""), f"{field}.source.data")
+    if kind == "url" and isinstance(source.get("url"), str):
+        return from_url(source["url"], f"{field}.source.url")
+    raise InvalidRequestError(f"{field}.source: an image source must be base64 or url (got {kind!r})",
+                              field=f"{field}.source")
+
+
+def content_of(blocks: Iterable[tuple[int, ContentBlock]], field: str) -> tuple[str, tuple[Part, ...]]:
+    """Blocks' text (an image a placeholder) and, when they hold images, their parts in order; each block with
+    its index in ``field``."""
+    parts: list[Part] = []
+    for at, block in blocks:
+        if isinstance(block, ImageBlock):
+            parts.append(image_of(block, f"{field}.{at}"))
+        else:
+            text = block_text(block)
+            if text:
+                parts.append(text)
+    return image_text(parts)
+
+
+def _tool_result(block: ToolResultBlock, field: str, tool_names: dict[str, str]) -> ChatMessage:
+    text, parts = content_of(enumerate(block.content or []), f"{field}.content")
+    if block.is_error:
+        text = f"Error: {text}"
+        if parts:
+            parts = ((f"Error: {parts[0]}", *parts[1:]) if isinstance(parts[0], str) else ("Error: ", *parts))
+    return ChatMessage("tool", text, tool_call_id=block.tool_use_id, name=tool_names.get(block.tool_use_id),
+                       parts=parts)
 
 
 def system_message(blocks: list[ContentBlock] | None) -> ChatMessage | None:
@@ -110,7 +149,7 @@ def chat_messages(message: InputMessage, index: int, tool_names: dict[str, str])
     if message.role == "system":
         _reject(message, index, ToolResultBlock, "tool_result blocks belong in user messages")
         return [ChatMessage("system", joined_text(message.content))]
-    return _user(message, tool_names)
+    return _user(message, index, tool_names)
 
 
 def _assistant(message: InputMessage, index: int, tool_names: dict[str, str]) -> ChatMessage:
@@ -131,22 +170,27 @@ def reasoning_text(message: InputMessage) -> str:
     return PART_SEPARATOR.join(p for p in parts if p)
 
 
-def _user(message: InputMessage, tool_names: dict[str, str]) -> list[ChatMessage]:
+def _user(message: InputMessage, index: int, tool_names: dict[str, str]) -> list[ChatMessage]:
     """Text and tool results in their order: each tool result is its own tool message."""
     out: list[ChatMessage] = []
-    pending: list[ContentBlock] = []
-    for block in message.content:
+    pending: list[tuple[int, ContentBlock]] = []
+    field = f"messages.{index}.content"
+    for at, block in enumerate(message.content):
         if not isinstance(block, ToolResultBlock):
-            pending.append(block)
+            pending.append((at, block))
             continue
         if pending:
-            out.append(ChatMessage("user", joined_text(pending)))
+            out.append(_user_message(pending, field))
             pending = []
-        out.append(ChatMessage("tool", tool_result_text(block), tool_call_id=block.tool_use_id,
-                               name=tool_names.get(block.tool_use_id)))
+        out.append(_tool_result(block, f"{field}.{at}", tool_names))
     if pending or not out:
-        out.append(ChatMessage("user", joined_text(pending)))
+        out.append(_user_message(pending, field))
     return out
+
+
+def _user_message(blocks: list[tuple[int, ContentBlock]], field: str) -> ChatMessage:
+    text, parts = content_of(blocks, field)
+    return ChatMessage("user", text, parts=parts)
 
 
 def _reject(message: InputMessage, index: int, kind: type, reason: str) -> None:

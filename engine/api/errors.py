@@ -16,6 +16,7 @@ from engine.errors import (
     CachePersistenceError,
     EngineUnavailableError,
     MemoryPressureError,
+    ImageTooLargeError,
     InvalidRequestError,
     ModelLoadError,
     PromptTooLongError,
@@ -69,6 +70,8 @@ def from_domain(exc: SemanticError) -> ApiError:
     """The HTTP status and message for a domain error."""
     if isinstance(exc, PromptTooLongError):
         return ApiError(400, str(exc), param=exc.field, code="context_length_exceeded")
+    if isinstance(exc, ImageTooLargeError):
+        return ApiError(413, str(exc), param=exc.field)
     if isinstance(exc, InvalidRequestError):
         return ApiError(400, str(exc), param=exc.field)
     if isinstance(exc, AgentNotFoundError):

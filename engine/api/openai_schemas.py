@@ -23,6 +23,8 @@ class ContentPart(_Lenient):
 
     type: str
     text: str | None = None
+    # ``image_url``: {"url": "data:image/png;base64,..." or "https://...", "detail": ...} (a bare string is taken too).
+    image_url: dict[str, Any] | str | None = None
 
 
 class FunctionCallIn(_Lenient):

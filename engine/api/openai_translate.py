@@ -9,8 +9,11 @@ Decisions worth knowing:
   reproducible greedy output.
 * ``developer`` messages are system messages (OpenAI renamed the role for
   reasoning models; chat templates only know ``system``).
-* Image, audio and file parts become short placeholders: the models are
-  text-only, and dropping the part silently would change what the user meant.
+* ``image_url`` parts (data URLs; web URLs only where the server allows
+  fetching them) go to a vision model as images; a model without vision
+  refuses them unless the server allows a placeholder (turns.py). Audio and
+  file parts become short placeholders: dropping them silently would change
+  what the user meant.
 * A thinking model's reasoning comes back as ``reasoning_content`` (the name
   DeepSeek, llama.cpp, LM Studio and SGLang use) and as ``reasoning`` (mlx-lm's
   and vLLM's), in the message and in stream deltas; either is read back from
@@ -34,8 +37,9 @@ from engine.errors import InvalidRequestError
 from engine.domain.requests import FinishEvent, Usage
 from engine.settings import Settings
 
-from engine.domain.chat import ChatMessage, Conversation, ToolCall, ToolSpec
+from engine.domain.chat import ChatMessage, Conversation, ImagePart, Part, ToolCall, ToolSpec
 from .identity import openai_identity
+from .image_inputs import from_url, image_text
 from .openai_schemas import ChatCompletionRequest, ContentPart, MessageIn, NamedToolChoice, ToolCallIn
 from .output_formats import openai_response_format
 from .reasoning_ask import ReasoningAsk, openai_reasoning
@@ -93,16 +97,16 @@ def _messages(messages: list[MessageIn]) -> Iterator[ChatMessage]:
     # Tool results name only the call id; chat templates want the function name too.
     names: dict[str, str] = {}
     for index, message in enumerate(messages):
-        text = content_text(message.content)
+        text, parts = content_parts(message.content, f"messages.{index}.content")
         if message.role == "tool":
             name = message.name or names.get(message.tool_call_id or "")
-            yield ChatMessage("tool", text, tool_call_id=message.tool_call_id, name=name)
+            yield ChatMessage("tool", text, tool_call_id=message.tool_call_id, name=name, parts=parts)
             continue
         calls = tuple(_tool_call(c, f"messages.{index}.tool_calls.{j}") for j, c in enumerate(message.tool_calls or ()))
         names.update((c.id, c.name) for c in calls)
         role = "system" if message.role == "developer" else message.role
         if role != "assistant":
-            yield ChatMessage(role, text)
+            yield ChatMessage(role, text, parts=parts)
             continue
         yield ChatMessage(role, text, tool_calls=calls, reasoning=message.reasoning_content or message.reasoning or "")
 
@@ -111,6 +115,23 @@ def content_text(content: str | list[ContentPart] | None) -> str:
     if content is None or isinstance(content, str):
         return content or ""
     return "\n".join(_part_text(part) for part in content)
+
+
+def content_parts(content: str | list[ContentPart] | None, field: str) -> tuple[str, tuple[Part, ...]]:
+    """A message's text, and its parts in order when it holds images (``image_url`` parts)."""
+    if not isinstance(content, list) or not any(part.type == "image_url" for part in content):
+        return content_text(content), ()
+    parts: list[Part] = []
+    for at, part in enumerate(content):
+        parts.append(_image(part, f"{field}.{at}") if part.type == "image_url" else _part_text(part))
+    return image_text(parts, "\n")
+
+
+def _image(part: ContentPart, field: str) -> ImagePart:
+    url = part.image_url.get("url") if isinstance(part.image_url, dict) else part.image_url
+    if not isinstance(url, str) or not url:
+        raise InvalidRequestError(f"{field}.image_url.url: an image_url part needs a url", field=f"{field}.image_url.url")
+    return from_url(url, f"{field}.image_url.url")
 
 
 def _part_text(part: ContentPart) -> str:

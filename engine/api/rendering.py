@@ -71,15 +71,24 @@ class PromptRenderer:
     def render(self, conversation: Conversation) -> list[int]:
         if not self.has_template:
             return self._plain(conversation)
+        return self._templated(conversation, tokenize=True)
+
+    def render_text(self, conversation: Conversation) -> str:
+        """The prompt as text, before tokenization (a vision model's processor tokenizes it with its images)."""
+        if not self.has_template:
+            raise ValueError("a prompt without a chat template is rendered as tokens only")
+        return self._templated(conversation, tokenize=False)
+
+    def _templated(self, conversation: Conversation, tokenize: bool) -> Any:
         messages = self._template_messages(conversation)
         tools = [_tool_schema(t) for t in conversation.tools] if self.native_tools and conversation.tools else None
         kwargs = dict(conversation.template_kwargs)
         try:
-            return self._apply(messages, tools, kwargs)
+            return self._apply(messages, tools, kwargs, tokenize)
         except TemplateError:
             # Strict templates reject system turns mid-conversation or two turns of one role in a row (fold them
             # into alternating turns), and gpt-oss's a call's reasoning beside its preamble text (keep the text).
-            return self._apply(_alternating(_calls_without_reasoning(messages)), tools, kwargs)
+            return self._apply(_alternating(_calls_without_reasoning(messages)), tools, kwargs, tokenize)
 
     def render_head(self, head: Conversation) -> list[int]:
         """A conversation's head (system messages and tools) on its own; [] when the template cannot render it
@@ -112,10 +121,12 @@ class PromptRenderer:
         return self.render(Conversation(tuple(messages)))
 
     def _apply(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-               template_kwargs: dict[str, Any]) -> list[int]:
+               template_kwargs: dict[str, Any], tokenize: bool = True) -> Any:
         kwargs: dict[str, Any] = {**template_kwargs, "add_generation_prompt": True}
         if tools:
             kwargs["tools"] = tools
+        if not tokenize:
+            return self.tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
         return list(self.tokenizer.apply_chat_template(messages, **kwargs))
 
     def _template_messages(self, conversation: Conversation) -> list[dict[str, Any]]:

@@ -21,7 +21,11 @@ Decisions worth knowing:
 * Tools other than ``function`` (hosted ``web_search``, ``file_search``,
   ``custom``, ...) are skipped: a local model cannot run them, and Codex
   always sends ``web_search`` beside its function tools.
-* Image, audio and file parts become short placeholders, as in chat completions.
+* ``input_image`` parts (data URLs; web URLs only where the server fetches
+  them), in a message or a ``function_call_output``, go to a vision model as
+  images, kept in the stored items so a continuation renders them again; a
+  model without vision refuses them unless the server allows a placeholder.
+  File and audio parts become short placeholders, as in chat completions.
 """
 
 from __future__ import annotations
@@ -30,9 +34,10 @@ import json
 import secrets
 from typing import Any, Iterable, Iterator
 
-from engine.domain.chat import ChatMessage, Conversation, ToolCall, ToolSpec
+from engine.domain.chat import ChatMessage, Conversation, Part, ToolCall, ToolSpec
 from engine.errors import InvalidRequestError
 
+from .image_inputs import from_url, image_text
 from .reasoning_signature import restored, sign
 
 Item = dict[str, Any]
@@ -100,7 +105,14 @@ def _part(part: Any, field: str) -> dict[str, Any]:
         return {"type": kind, "text": _string(part.get("text"), f"{field}.text")}
     if kind == "refusal":
         return {"type": "refusal", "refusal": _string(part.get("refusal"), f"{field}.refusal")}
-    return {"type": kind}  # images, files, audio: a placeholder in the prompt, no payload kept
+    if kind == "input_image":
+        url = part.get("image_url")
+        if not isinstance(url, str) or not url:
+            raise InvalidRequestError(f"{field}.image_url: an input_image needs an image_url (a data URL); file_id "
+                                      "is not supported", field=f"{field}.image_url")
+        from_url(url, f"{field}.image_url")  # a bad data URL is refused here, naming its field
+        return {"type": kind, "image_url": url, "detail": part.get("detail") or "auto"}
+    return {"type": kind}  # files, audio: a placeholder in the prompt, no payload kept
 
 
 def _function_call_item(raw: dict[str, Any], field: str) -> Item:
@@ -113,7 +125,12 @@ def _function_call_item(raw: dict[str, Any], field: str) -> Item:
 def _function_output_item(raw: dict[str, Any], field: str) -> Item:
     output = raw.get("output")
     if isinstance(output, list):
-        output = "\n".join(_part_text(_part(part, f"{field}.output[{j}]")) for j, part in enumerate(output))
+        parts = [_part(part, f"{field}.output[{j}]") for j, part in enumerate(output)]
+        # Kept as parts when they hold an image (read back by _parts_message); else as the text they make.
+        output = parts if any(p["type"] == "input_image" for p in parts) else "\n".join(_part_text(p) for p in parts)
+    if isinstance(output, list):
+        return {"type": "function_call_output", "id": _id(raw, "fco", field),
+                "call_id": _string(raw.get("call_id"), f"{field}.call_id"), "output": output, "status": "completed"}
     return {"type": "function_call_output", "id": _id(raw, "fco", field),
             "call_id": _string(raw.get("call_id"), f"{field}.call_id"), "output": _string(output, f"{field}.output"),
             "status": "completed"}
@@ -264,14 +281,25 @@ def _messages(items: Iterable[Item]) -> Iterator[ChatMessage]:
         elif kind == "message":
             reasoning = ""  # reasoning with no assistant turn after it belongs to none
             role = "user" if item["role"] == "user" else "system"
-            yield ChatMessage(role, content_text(item["content"]))
+            said, parts = content_parts(item["content"])
+            yield ChatMessage(role, said, parts=parts)
         elif kind == "function_call_output":
-            yield ChatMessage("tool", item["output"], tool_call_id=item["call_id"], name=names.get(item["call_id"]))
+            output = item["output"]
+            said, parts = content_parts(output) if isinstance(output, list) else (output, ())
+            yield ChatMessage("tool", said, tool_call_id=item["call_id"], name=names.get(item["call_id"]), parts=parts)
     yield from flush()
 
 
 def content_text(parts: list[dict[str, Any]]) -> str:
     return "\n".join(_part_text(part) for part in parts)
+
+
+def content_parts(parts: list[dict[str, Any]]) -> tuple[str, tuple[Part, ...]]:
+    """Normalized parts' text, and the parts in order when they hold an image."""
+    if not any(part["type"] == "input_image" for part in parts):
+        return content_text(parts), ()
+    return image_text([from_url(p["image_url"], "input.image_url") if p["type"] == "input_image" else _part_text(p)
+                       for p in parts], "\n")
 
 
 def _part_text(part: dict[str, Any]) -> str:

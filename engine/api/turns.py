@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.domain.block_layout import common_prefix_length
+from engine.domain.images import PromptImage
+from engine.errors import InvalidRequestError
 from engine.domain.output_format import OutputFormat
 from engine.models.sampling_defaults import SamplingDefaults
 from engine.domain.reasoning import CallText
@@ -20,6 +22,8 @@ from .agent_lanes import ClientGone
 from .async_turn import AsyncTurn
 from engine.domain.chat import Conversation, ToolCall
 from .identity import AgentIdentity
+from .image_inputs import ImageLimits, checked_images
+from .vision_rendering import render_with_images
 from .reasoning_ask import DEFAULT as DEFAULT_REASONING, ReasoningAsk
 from .reasoning_recall import ReasoningRecall
 from .rendering import PromptRenderer
@@ -97,6 +101,27 @@ async def render_tokens(service: EngineService, conversation: Conversation, engi
     return await service.in_thread(renderer.render, conversation)
 
 
+async def render_images(service: EngineService, conversation: Conversation,
+                        engine: Engine) -> tuple[list[int], tuple[PromptImage, ...]]:
+    """A conversation with images: checked (count, bytes, pixels; URLs fetched where allowed), then rendered with
+    them for a vision model; for a model without vision, a 400 that says so, or its text with a placeholder for
+    each image where the server allows that (text_model_images)."""
+    settings = service.settings
+    limits = ImageLimits(settings.max_image_bytes, settings.max_images_per_request, settings.max_image_pixels,
+                         settings.allow_image_urls)
+    conversation = await service.in_thread(checked_images, conversation, limits)
+    loaded = engine.loaded
+    if loaded.vision is None:
+        if settings.text_model_images == "placeholder":
+            return await render_tokens(service, conversation, engine), ()
+        field = conversation.images[0].field
+        raise InvalidRequestError(f"{field}: model {loaded.model_id!r} has no vision ({loaded.vision_note}); send "
+                                  "text only, serve a vision model, or start the server with "
+                                  "--text-model-images placeholder", field=field)
+    rendered = await service.in_thread(render_with_images, renderer_for(service, engine), loaded.vision, conversation)
+    return rendered.tokens, rendered.images
+
+
 async def head_length(service: EngineService, conversation: Conversation, tokens: list[int],
                       engine: Engine | None = None) -> int:
     """How many leading tokens of ``tokens`` the conversation's system prompt and tools account for.
@@ -141,13 +166,17 @@ async def prepare(service: EngineService, spec: TurnSpec, client_gone: ClientGon
 async def _prepared_for(service: EngineService, engine: Engine, spec: TurnSpec, agent_id: str,
                         request_id: str) -> GenerationRequest:
     loaded = engine.loaded
+    images: tuple[PromptImage, ...] = ()
     if spec.prompt_tokens is not None:
         tokens, head = list(spec.prompt_tokens), 0
     else:
         conversation = spec.conversation
         if loaded.reasoning is not None:  # replies sent back without their reasoning get it again
             conversation = service.reasoning_recall.restore(spec.identity.agent_id, conversation)
-        tokens = await render_tokens(service, conversation, engine)
+        if conversation.images:
+            tokens, images = await render_images(service, conversation, engine)
+        else:
+            tokens = await render_tokens(service, conversation, engine)
         head = await head_length(service, conversation, tokens, engine)
     renderer = renderer_for(service, engine)
     tool_format = tool_format_for(loaded.tokenizer, loaded.reasoning)
@@ -178,6 +207,7 @@ async def _prepared_for(service: EngineService, engine: Engine, spec: TurnSpec, 
         output_format=output_format,
         reasoning_budget=spec.reasoning.engine_budget,
         reply_start=opened_at(loaded.reasoning, tokens),
+        images=images,
     )
     request = engine.validate(request)
     if request.asked_max_tokens is not None:

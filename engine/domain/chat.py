@@ -16,6 +16,26 @@ class ToolCall:
 
 
 @dataclass(frozen=True, slots=True)
+class ImagePart:
+    """An image a client sent in a message: its encoded bytes (PNG, JPEG, GIF, WebP), or a URL when the
+    server may fetch images (``data`` empty until fetched). ``field`` names where it was in the request."""
+
+    data: bytes
+    media_type: str = ""
+    field: str = ""
+    url: str = ""
+
+    def __repr__(self) -> str:  # (conversations are hashed by repr: the bytes' digest stands for them)
+        from engine.domain.images import image_digest
+
+        return f"ImagePart({image_digest(self.data)[:16] if self.data else self.url!r}, {len(self.data)} B)"
+
+
+# A message's content in order when it holds images: text pieces and images.
+Part = str | ImagePart
+
+
+@dataclass(frozen=True, slots=True)
 class ChatMessage:
     role: Role
     content: str = ""
@@ -25,6 +45,13 @@ class ChatMessage:
     # An assistant turn's reasoning, as a thinking model wrote it (markers left out); the chat template decides
     # whether it renders (api/rendering.py).
     reasoning: str = ""
+    # The content in order, images included, when the message holds images (``content`` is then its text with a
+    # placeholder for each image: what a model without vision is shown when the server allows that). Empty: none.
+    parts: tuple[Part, ...] = ()
+
+    @property
+    def images(self) -> tuple[ImagePart, ...]:
+        return tuple(part for part in self.parts if isinstance(part, ImagePart))
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +75,10 @@ class Conversation:
     # Keyword arguments for the chat template (``enable_thinking``, a client's ``chat_template_kwargs``), as
     # sorted pairs so the conversation stays hashable.
     template_kwargs: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def images(self) -> tuple[ImagePart, ...]:
+        return tuple(image for message in self.messages for image in message.images)
 
     def system_text(self) -> str:
         return "\n\n".join(m.content for m in self.messages if m.role == "system")

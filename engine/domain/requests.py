@@ -7,6 +7,7 @@ import itertools
 from dataclasses import dataclass, field, replace
 from typing import Callable, Literal
 
+from engine.domain.images import PromptImage
 from engine.domain.output_format import OutputFormat
 from engine.domain.reasoning import CallText
 from engine.domain.speculation_tally import SpeculationTally
@@ -95,6 +96,8 @@ class GenerationRequest:
     # tokens, so the turn's checkpoint (window and recurrent layers) is taken there rather than one token short of
     # the prompt's end. 0: one short of the end.
     reply_start: int = 0
+    # The prompt's images (a vision model's): where each run of image tokens lies and what the vision tower takes.
+    images: tuple[PromptImage, ...] = ()
     request_id: str = field(default_factory=next_request_id)
 
     def __post_init__(self) -> None:

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.domain.cache_spec import ModelCacheSpec
 from engine.domain.reasoning import ReasoningFormat
 from engine.models.reasoning_format import reasoning_format
+
+if TYPE_CHECKING:
+    from engine.models.vision import VisionModel
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +56,9 @@ class LoadedModel:
     draft: DraftModel | None = None
     # How the model marks its reasoning (models/reasoning_format.py); read from the tokenizer when not given.
     reasoning: ReasoningFormat | None = None
+    # What reads images (models/vision.py); None for a model without vision, ``vision_note`` saying why.
+    vision: "VisionModel | None" = None
+    vision_note: str = "it is a text model"
 
     def __post_init__(self) -> None:
         if self.reasoning is None:

@@ -22,6 +22,7 @@ from engine.models.gguf_import import ImportProgress, import_gguf, read_import_m
 from engine.models.loaded import LoadedModel, ModelIdentity
 from engine.models.materialize import evaluate_all_arrays
 from engine.models.packaged import ensure_packaged_model, find_packaged_model
+from engine.models.vision import load_vision
 
 if TYPE_CHECKING:
     from engine.distributed.world import World
@@ -94,6 +95,8 @@ def load_model(
 
         check_shardable(spec, resolved.model_id)
         spec = replace(spec, shard=(world.rank, world.size))
+    vision, vision_note = (load_vision(folder, model) if world is None
+                           else (None, "it is served across ranks, and images are read on one process only"))
     if progress:
         progress(ImportProgress("loading", 1, 1))
     return LoadedModel(
@@ -105,6 +108,8 @@ def load_model(
         tokenizer=tokenizer,
         spec=spec,
         context_length=context_length(config),
+        vision=vision,
+        vision_note=vision_note,
     )
 
 

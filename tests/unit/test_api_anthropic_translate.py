@@ -16,7 +16,7 @@ from engine.api.anthropic_translate import (
     sampling_of,
     turn_spec,
 )
-from engine.domain.chat import ChatMessage, ToolCall
+from engine.domain.chat import ChatMessage, ImagePart, ToolCall
 from engine.api.rendering import PromptRenderer
 from engine.api.tool_calls import TextPiece, ToolPiece
 from engine.errors import InvalidRequestError
@@ -105,10 +105,21 @@ def test_tool_round_trip_becomes_tool_calls_and_results():
 def test_tool_result_error_list_content_and_images():
     req = request(content=[{"type": "tool_result", "tool_use_id": "toolu_9", "is_error": True, "content": [
         {"type": "text", "text": "exit 1"},
-        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBOR"}}]}])
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0K"}}]}])
     message = conversation_of(req).messages[0]
     assert message.role == "tool" and message.tool_call_id == "toolu_9"
     assert message.content == f"Error: exit 1\n\n{IMAGE_PLACEHOLDER}"
+    # The image itself, in its place, for a vision model (the bytes decoded, the field named for errors).
+    assert message.parts == ("Error: exit 1", ImagePart(b"\x89PNG\r\n", "image/png",
+                                                           "messages.0.content.0.content.1.source.data"))
+
+
+def test_corrupt_base64_is_refused_naming_its_field():
+    req = request(content=[{"type": "text", "text": "look"},
+                           {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBOR"}}])
+    with pytest.raises(InvalidRequestError, match="not valid base64") as caught:
+        conversation_of(req)
+    assert caught.value.field == "messages.0.content.1.source.data"
 
 
 def test_images_documents_and_unknown_blocks():
@@ -119,8 +130,10 @@ def test_images_documents_and_unknown_blocks():
         {"type": "server_tool_use_2031", "whatever": [1, 2]},
         {"type": "redacted_thinking", "data": "xyz"},
         {"type": "text", "text": "describe"}])
-    assert conversation_of(req).messages[0].content == "\n\n".join(
-        [IMAGE_PLACEHOLDER, DOCUMENT_PLACEHOLDER, "notes\n\na note", "describe"])
+    message = conversation_of(req).messages[0]
+    assert message.content == "\n\n".join([IMAGE_PLACEHOLDER, DOCUMENT_PLACEHOLDER, "notes\n\na note", "describe"])
+    # A URL image is kept as its URL: fetched only where the server allows it (image_inputs.checked_images).
+    assert message.images == (ImagePart(b"", "", "messages.0.content.0.source.url", url="https://example.com/cat.png"),)
 
 
 @pytest.mark.parametrize("role, block", [

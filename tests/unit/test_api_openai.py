@@ -71,14 +71,13 @@ async def test_completion_shape(client: httpx.AsyncClient) -> None:
 async def test_messages_render_into_the_prompt(client: httpx.AsyncClient, engine: ScriptedEngine) -> None:
     messages = [
         {"role": "developer", "content": "Be brief."},
-        {"role": "user", "content": [{"type": "text", "text": "Look:"},
-                                     {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]},
+        {"role": "user", "content": [{"type": "text", "text": "Look:"}, {"type": "input_audio"}]},
         {"role": "assistant", "content": "Nice."},
         {"role": "user", "content": "Thanks"},
     ]
     response = await client.post(URL, json={"model": "x", "messages": messages, "user": "ignored", "logprobs": False})
     assert response.status_code == 200
-    assert prompt_text(engine) == "System: Be brief.\n\nUser: Look:\n[image]\n\nAssistant: Nice.\n\nUser: Thanks\n\nAssistant:"
+    assert prompt_text(engine) == "System: Be brief.\n\nUser: Look:\n[input_audio]\n\nAssistant: Nice.\n\nUser: Thanks\n\nAssistant:"
 
 
 async def test_tool_round_trip_renders_calls_and_results(client: httpx.AsyncClient, engine: ScriptedEngine) -> None:

@@ -74,7 +74,7 @@ async def test_response_shape(client: httpx.AsyncClient) -> None:
 async def test_items_render_into_the_prompt(client: httpx.AsyncClient, engine: ScriptedEngine) -> None:
     items = [
         {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "Use tools."}]},
-        {"role": "user", "content": [{"type": "input_text", "text": "Look:"}, {"type": "input_image", "image_url": "x"}]},
+        {"role": "user", "content": [{"type": "input_text", "text": "Look:"}, {"type": "input_file", "file_id": "f"}]},
         {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "gAAAA"},
         {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Checking."}]},
         {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city":"Paris"}'},
@@ -86,7 +86,7 @@ async def test_items_render_into_the_prompt(client: httpx.AsyncClient, engine: S
     assert (await client.post(URL, json=body)).status_code == 200
     prompt = prompt_text(engine)
     assert prompt.startswith("System: Be brief.")
-    assert "Use tools." in prompt and "User: Look:\n[image]" in prompt
+    assert "Use tools." in prompt and "User: Look:\n[file]" in prompt
     assert 'Assistant: Checking.\n<tool_call>\n{"arguments": {"city": "Paris"}, "name": "get_weather"}' in prompt
     assert prompt.endswith("User: <tool_response>\n18C\n</tool_response>\n\nAssistant:")
     assert '"name": "get_weather"' in prompt and "web_search" not in prompt

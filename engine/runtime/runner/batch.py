@@ -33,7 +33,9 @@ from typing import Any
 
 import mlx.core as mx
 
+from engine.domain.images import is_image_token
 from engine.runtime.runner.backends.mlx import MlxBackend
+from engine.runtime.runner.image_embeddings import ImageEmbedder, has_images
 from engine.runtime.runner.kv.sequence_kv import CheckpointKind
 from engine.runtime.runner.sampling import sample
 from engine.runtime.runner.token_masks import masked
@@ -62,6 +64,7 @@ class SequenceBatch:
     def __init__(
         self, model: Any, prefill_step_size: int, max_batch_size: int, keep_turn_checkpoints: int = 1,
         backend: MlxBackend | None = None, speculation: SpeculationSetup = SpeculationSetup(),
+        images: ImageEmbedder | None = None,
     ) -> None:
         self.model = model
         # How the model is computed (runner/backends/): chosen once per engine; MLX's kernels by default.
@@ -73,6 +76,8 @@ class SequenceBatch:
         self.keep_prefix_checkpoints = KEEP_PREFIX_CHECKPOINTS
         self.pad_prefill = True  # prompts of different lengths share a pass, padded (see _fits)
         self.ragged = self.backend.attach(model)
+        # A vision model's image embeddings for prefill chunks that hold image tokens (None: a text model).
+        self.images = images
         self.sequences: dict[int, Sequence] = {}
         self._launched: _Launched | None = None
         # Speculative decoding, where ``speculation.max_draft`` > 0 (speculative_step.SpeculationSetup).
@@ -267,12 +272,15 @@ class SequenceBatch:
         """One pass over ``group``'s chunks (each row's ``m`` tokens, padded to ``n``)."""
         self._snapshot_turn_starts(group, out)
         chunks = [s.prompt[s.prompt_fed:s.prompt_fed + m] for s, m in group]
+        embeddings = self._image_embeddings(group, chunks, n)
+        if embeddings is not None:
+            chunks = [[0 if is_image_token(t) else t for t in chunk] for chunk in chunks]  # (the model reads none)
         if len(group) == 1:
-            self._run_model(mx.array(chunks), cache=group[0][0].kv.caches())
+            self._run_model(mx.array(chunks), group[0][0].kv.caches(), embeddings)
         else:
             # Filler repeats a row's last token: any id works, the row's real positions never attend to it.
             inputs = mx.array([chunk + [chunk[-1]] * (n - len(chunk)) for chunk in chunks])
-            self._run_model(inputs, cache=self.backend.layer_views([s.kv for s, _ in group]))
+            self._run_model(inputs, self.backend.layer_views([s.kv for s, _ in group]), embeddings)
             for sequence, m in group:
                 if m < n:
                     for layer in sequence.kv.layers:
@@ -281,7 +289,8 @@ class SequenceBatch:
             sequence.kv.advanced(m)  # (recurrent rows are never padded: m == n for them)
         # Only the caches are evaluated: the logits of a prefill chunk are never computed.
         mx.eval([a for s, _ in group for a in s.kv.arrays()])
-        for (sequence, m), chunk in zip(group, chunks):
+        for sequence, m in group:
+            chunk = sequence.prompt[sequence.prompt_fed:sequence.prompt_fed + m]
             sequence.prompt_fed += m
             sequence.fed.extend(chunk)
             at_checkpoint = sequence.kv.offset in sequence.checkpoint_at
@@ -294,6 +303,19 @@ class SequenceBatch:
                                                at_checkpoint))
             if sequence.prefill_left == 0:
                 self._to_decode(sequence)
+
+    def _image_embeddings(self, group: list[tuple[Sequence, int]], chunks: list[list[int]], n: int) -> mx.array | None:
+        """The pass's input embeddings (rows, n, hidden) when a row's chunk holds image tokens; else None (the
+        model embeds the tokens itself). A padded row's filler repeats its last embedding."""
+        if self.images is None or not any(has_images(s.images, s.kv.offset, m) for s, m in group):
+            return None
+        rows = []
+        for (sequence, m), chunk in zip(group, chunks):
+            row = self.images.chunk(chunk, sequence.kv.offset, sequence.images)
+            if m < n:
+                row = mx.concatenate([row, mx.repeat(row[-1:], n - m, axis=0)])
+            rows.append(row)
+        return mx.stack(rows)
 
     def _snapshot_turn_starts(self, group: list[tuple[Sequence, int]], out: StepOutput) -> None:
         """A turn about to go on from a recurrent state (the end of its agent's last turn): snapshot it there.
@@ -374,8 +396,8 @@ class SequenceBatch:
                 parts.append(previous.sampled[i:i + 1].astype(mx.uint32))
         return mx.concatenate(parts) if len(parts) > 1 else parts[0]
 
-    def _run_model(self, inputs: mx.array, cache: Any) -> mx.array:
-        return self.backend.forward(self.model, inputs, cache)
+    def _run_model(self, inputs: mx.array, cache: Any, embeddings: mx.array | None = None) -> mx.array:
+        return self.backend.forward(self.model, inputs, cache, embeddings)
 
     def _forward(self, rows: list[Sequence], inputs: mx.array) -> mx.array:
         return self.backend.decode(self.model, inputs, [s.kv for s in rows])

@@ -28,6 +28,8 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Protocol, Sequence
 
+from engine.domain.images import is_image_token
+
 # Tokens that must match before a continuation is proposed (two give too many false starts in code:
 # every ``) {`` or ``", "`` would propose).
 NGRAM = 3
@@ -94,7 +96,10 @@ class LookupDrafter:
                 best, best_length = place, length
         if best < 0:
             return []
-        return tokens[best:min(best + k, end)]
+        draft = tokens[best:min(best + k, end)]
+        # An image's tokens are never drafted: they are not the model's to write (domain/images.py).
+        cut = next((i for i, token in enumerate(draft) if is_image_token(token)), len(draft))
+        return draft[:cut]
 
 
 class DraftLength:

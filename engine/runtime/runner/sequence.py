@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Sequence as Tokens
 
+from engine.domain.images import PromptImage
 from engine.domain.reasoning import Channel, Route
 from engine.domain.reasoning_tracker import ReasoningTracker
 from engine.grammar.token_constraint import TokenConstraint
@@ -63,6 +64,8 @@ class Sequence:
     at_prompt_end: bool = False
     # The tokens the cache held before this turn's prompt (the agent's history: what drafts are looked up in).
     context: Tokens[int] = ()
+    # The prompt's images whose runs lie (partly) past the cached prefix: prefill embeds them (image_embeddings.py).
+    images: tuple[PromptImage, ...] = ()
     # The agent whose turn this is (a draft model's cache is kept per agent between turns); None: none.
     owner: str | None = None
     # Drafting and its tally, while the batch speculates (None: it does not, or not for this sequence).

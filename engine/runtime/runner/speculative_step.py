@@ -40,6 +40,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from engine.domain.images import is_image_token
 from engine.runtime.runner.drafting import DraftLength, Drafter, LookupDrafter, allocate_drafts
 from engine.runtime.runner.model_drafting import DraftCaches, ModelDrafter
 from engine.runtime.runner.sampling import sample
@@ -89,6 +90,8 @@ class SpeculativeSteps:
         if not _may_draft(sequence):
             return
         history = [*sequence.context, *sequence.prompt]
+        if self.draft_caches is not None and any(is_image_token(token) for token in history):
+            return  # a draft model has no vision: it cannot read a prompt with images
         drafter: Drafter = (self.draft_caches.lend(sequence.owner, history) if self.draft_caches is not None
                             else LookupDrafter(history))
         sequence.speculation = Speculation(drafter, DraftLength(self.max_draft))

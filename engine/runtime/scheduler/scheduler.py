@@ -24,6 +24,7 @@ from engine.models.loaded import LoadedModel
 from engine.grammar.output_grammars import OutputGrammars
 from engine.runtime.runner.backends.mlx import MlxBackend
 from engine.runtime.runner.batch import SequenceBatch
+from engine.runtime.runner.image_embeddings import ImageEmbedder
 from engine.runtime.runner.speculative_step import SpeculationSetup
 from engine.runtime.scheduler.admission import Admission
 from engine.runtime.scheduler.completion import Completion
@@ -52,9 +53,10 @@ GeneratorFactory = Callable[[LoadedModel, BatchSettings, BatchHooks], Any]
 
 def sequence_batch_factory(loaded: LoadedModel, batch: BatchSettings, hooks: BatchHooks) -> SequenceBatch:
     draft = loaded.draft.model if loaded.draft is not None and batch.speculate == "draft" else None
+    images = ImageEmbedder(loaded.vision, loaded.model, batch.image_feature_cache) if loaded.vision is not None else None
     return SequenceBatch(loaded.model, batch.prefill_step_size, batch.max_batch_size,
                          keep_turn_checkpoints=turn_checkpoints(loaded, batch), backend=hooks.backend,
-                         speculation=SpeculationSetup(batch.max_draft, hooks.timed, draft))
+                         speculation=SpeculationSetup(batch.max_draft, hooks.timed, draft), images=images)
 
 
 def turn_checkpoints(loaded: LoadedModel, batch: BatchSettings) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine.domain.images import images_from
 from engine.domain.reasoning import ReasoningFormat
 from engine.domain.reasoning_tracker import ReasoningTracker, start_tracker
 from engine.domain.requests import GenerationRequest
@@ -44,6 +45,7 @@ class TurnStart:
             checkpoint_prompt_end=turn.on_own_cache,
             turn_checkpoint_at=request.reply_start if request.reply_start > k else 0,
             context=request.prompt_tokens[:k],
+            images=images_from(request.images, k),
             owner=agent.agent_id,
         )
 

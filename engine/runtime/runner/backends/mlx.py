@@ -69,8 +69,11 @@ class MlxBackend:
         return self.attach(model)
 
     # -- forward passes ------------------------------------------------------------------
-    def forward(self, model: Any, inputs: mx.array, cache: Any) -> mx.array:
-        """The model over ``inputs`` (batch, tokens), writing ``cache``; its logits (not evaluated)."""
+    def forward(self, model: Any, inputs: mx.array, cache: Any, embeddings: mx.array | None = None) -> mx.array:
+        """The model over ``inputs`` (batch, tokens), writing ``cache``; its logits (not evaluated). ``embeddings``
+        (batch, tokens, hidden) replace the tokens' own where given (a prompt's images)."""
+        if embeddings is not None:
+            return model(inputs, cache=cache, input_embeddings=embeddings)
         return model(inputs, cache=cache)
 
     def ragged(self, layers: Sequence[Any]) -> ragged.RaggedLayerCache:

@@ -179,11 +179,11 @@ class CpuBackend(MlxBackend):
         """Whether the calling thread is inside this backend's :meth:`forward` (its wrappers act only there)."""
         return self._forward_thread == threading.get_ident()
 
-    def forward(self, model: Any, inputs: mx.array, cache: Any) -> mx.array:
+    def forward(self, model: Any, inputs: mx.array, cache: Any, embeddings: mx.array | None = None) -> mx.array:
         # Graphs are built while the model is called, so marking the call is enough.
         self._forward_thread = threading.get_ident()
         try:
-            return model(inputs, cache=cache)
+            return super().forward(model, inputs, cache, embeddings)
         finally:
             self._forward_thread = None
 

@@ -1,0 +1,105 @@
+"""Tiny random-weight vision-language model folders, built from mlx-vlm's own model classes.
+
+A folder holds what a converted checkpoint holds (config.json, safetensors, tokenizer, chat template,
+processor and image-processor configs), so ``mlx_vlm.load``, ``mlx_lm.load`` and semantic all read it
+as they read a real one. The tokenizer is SmolLM2's (installed here) with the family's image tokens
+added; the chat template is SmolLM2's ChatML with the family's image marker for image parts.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import mlx.core as mx
+
+# ChatML, as SmolLM2 writes it, with image parts rendered as the family's marker (``{image}``).
+CHATML_WITH_IMAGES = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}{image}"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+GEMMA3_IMAGE_TOKENS = {"boi_token": "<start_of_image>", "image_token": "<image_soft_token>",
+                       "eoi_token": "<end_of_image>"}
+
+
+def _tokenizer_with(folder: Path, tokenizer_source: Path, extra: dict[str, str], image_marker: str) -> dict[str, int]:
+    """SmolLM2's tokenizer plus ``extra``'s special tokens (saved into ``folder``); their ids."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_source))
+    tokenizer.add_special_tokens({"additional_special_tokens": list(extra.values())})
+    tokenizer.save_pretrained(str(folder))
+    config_path = folder / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["extra_special_tokens"] = dict(extra)
+    config["chat_template"] = CHATML_WITH_IMAGES.replace("{image}", image_marker)
+    config_path.write_text(json.dumps(config, indent=1))
+    (folder / "chat_template.jinja").unlink(missing_ok=True)
+    return {name: tokenizer.convert_tokens_to_ids(token) for name, token in extra.items()}
+
+
+def gemma3_vlm(folder: Path, tokenizer_source: Path, seed: int = 0, tokens_per_image: int = 4,
+               image_size: int = 56) -> Path:
+    """A Gemma 3 vision-language model: SigLIP tower (patches of 14), the pooling projector
+    (``tokens_per_image`` soft tokens an image), Gemma 3 text layers with sliding and global attention."""
+    from mlx_vlm.models import gemma3
+    from mlx.utils import tree_flatten
+
+    folder.mkdir(parents=True, exist_ok=True)
+    ids = _tokenizer_with(folder, tokenizer_source, GEMMA3_IMAGE_TOKENS, GEMMA3_IMAGE_TOKENS["boi_token"])
+    vocab = max(ids.values()) + 1
+    eos = json.loads((tokenizer_source / "config.json").read_text()).get("eos_token_id", 2)
+    config = {
+        "model_type": "gemma3",
+        "architectures": ["Gemma3ForConditionalGeneration"],
+        "image_token_index": ids["image_token"],
+        "boi_token_index": ids["boi_token"],
+        "eoi_token_index": ids["eoi_token"],
+        "mm_tokens_per_image": tokens_per_image,
+        "hidden_size": 64,
+        "pad_token_id": 0,
+        "eos_token_id": [eos] if isinstance(eos, int) else eos,
+        "vocab_size": vocab,
+        "text_config": {
+            "model_type": "gemma3_text", "hidden_size": 64, "num_hidden_layers": 4, "intermediate_size": 128,
+            "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 16, "query_pre_attn_scalar": 16,
+            "vocab_size": vocab, "sliding_window": 32, "sliding_window_pattern": 2,
+            "mm_tokens_per_image": tokens_per_image, "max_position_embeddings": 4096, "rms_norm_eps": 1e-6,
+        },
+        "vision_config": {
+            "model_type": "siglip_vision_model", "hidden_size": 32, "intermediate_size": 64,
+            "num_hidden_layers": 2, "num_attention_heads": 2, "patch_size": 14, "image_size": image_size,
+            "num_channels": 3, "layer_norm_eps": 1e-6,
+        },
+    }
+    mx.random.seed(seed)
+    model_config = gemma3.ModelConfig.from_dict(config)
+    model_config.text_config = gemma3.TextConfig.from_dict(config["text_config"])
+    model_config.vision_config = gemma3.VisionConfig.from_dict(config["vision_config"])
+    model = gemma3.Model(model_config)
+    mx.eval(model.parameters())
+    # Gemma 3 ties its output head to the embeddings: a converted checkpoint has no lm_head.
+    weights = {k: v for k, v in tree_flatten(model.parameters()) if not k.endswith("lm_head.weight")}
+    mx.save_safetensors(str(folder / "model.safetensors"), weights, metadata={"format": "mlx"})
+    (folder / "config.json").write_text(json.dumps(config, indent=1))
+    (folder / "processor_config.json").write_text(json.dumps(
+        {"processor_class": "Gemma3Processor", "image_seq_length": tokens_per_image}))
+    (folder / "preprocessor_config.json").write_text(json.dumps({
+        "image_processor_type": "Gemma3ImageProcessor", "processor_class": "Gemma3Processor",
+        "size": {"height": image_size, "width": image_size}, "do_resize": True, "resample": 2,
+        "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True, "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5], "do_convert_rgb": True, "do_pan_and_scan": False,
+    }))
+    return folder
+
+
+def copy_folder(source: Path, target: Path) -> Path:
+    shutil.copytree(source, target)
+    return target
