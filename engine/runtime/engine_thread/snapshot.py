@@ -61,6 +61,16 @@ class AgentView:
 
 
 @dataclass(frozen=True, slots=True)
+class VisionView:
+    """A vision model's image work since it loaded: images through the vision tower, images whose kept output
+    served a prefill instead, and the tower's time."""
+
+    images_encoded: int = 0
+    images_reused: int = 0
+    vision_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class ThroughputView:
     decode_tok_s: float = 0.0
     prefill_tok_s: float = 0.0
@@ -73,6 +83,7 @@ class ThroughputView:
     reused_total: int = 0
     requests_total: int = 0
     speculation: SpeculationTally = SpeculationTally()  # over every finished turn
+    vision: VisionView | None = None  # None: the model has no vision
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +134,8 @@ class ModelView:
     sampling_defaults: str = ""
     # How the batch speculates: off, lookup, or "draft model NAME".
     speculation: str = ""
+    # Whether the model reads images: "images (FAMILY, through mlx-vlm)", or "no: WHY".
+    vision: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,7 @@ from typing import Any
 
 from engine.domain.block_pool import BlockPool
 from engine.models.loaded import LoadedModel
+from engine.runtime.runner.image_embeddings import ImageEmbedder
 from engine.runtime.scheduler.scheduler import Scheduler
 from engine.runtime.tiers.accounting import held_bytes
 from engine.runtime.tiers.agent_table import AgentTable
@@ -23,6 +24,7 @@ from engine.runtime.engine_thread.snapshot import (
     RankView,
     ThroughputView,
     TierView,
+    VisionView,
 )
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +115,8 @@ def _model_view(sources: SnapshotSources) -> ModelView:
         spec=loaded.spec.describe(),
         sampling_defaults=sources.sampling_defaults,
         speculation=sources.speculation,
+        vision=(f"images ({loaded.vision.model_type}, through mlx-vlm)" if loaded.vision is not None
+                else f"no: {loaded.vision_note}"),
     )
 
 
@@ -133,7 +137,14 @@ def _throughput(sources: SnapshotSources) -> ThroughputView:
         reused_total=stats.reused_total,
         requests_total=stats.requests_total,
         speculation=stats.speculation,
+        vision=_vision(scheduler.images),
     )
+
+
+def _vision(images: ImageEmbedder | None) -> VisionView | None:
+    if images is None:
+        return None
+    return VisionView(images.encoded, images.reused, round(images.seconds, 4))
 
 
 def _tiers(sources: SnapshotSources, agents: tuple[AgentView, ...]) -> TierView:

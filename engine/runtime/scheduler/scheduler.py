@@ -97,6 +97,11 @@ class Scheduler(SchedulerPart):
 
     # -- queries -------------------------------------------------------------------
     @property
+    def images(self) -> ImageEmbedder | None:
+        """The batch's image embedder (a vision model's), for its meters; None for a text model."""
+        return getattr(self._generator, "images", None)
+
+    @property
     def waiting(self) -> Any:
         return self.queues.waiting
 

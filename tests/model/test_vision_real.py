@@ -1,0 +1,203 @@
+"""A vision-language model served with images, on a tiny random-weight Gemma 3 built from mlx-vlm's classes.
+
+The folder (tests/support/tiny_vision_models.py) is what a converted checkpoint is: mlx-vlm loads it whole,
+semantic serves its language side through mlx-lm and its vision side through mlx-vlm. A reply to an image is
+what plain mlx-vlm's greedy generation writes for the same prompt and image, through each protocol's
+official SDK; the image is named by its bytes, so a later turn that sends it again reads it from the agent's
+cache (through the warm tier and a restart too), and a second agent sending it computes no vision tower.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from pathlib import Path
+from typing import Any, Iterator
+
+import anthropic
+import httpx
+import numpy as np
+import openai
+import pytest
+from PIL import Image
+
+from engine.models.loaded import LoadedModel
+from tests.model.engine_fixtures import load_folder
+from tests.model.real_api import RealApi, running_api
+
+pytestmark = pytest.mark.model
+
+MAX_TOKENS = 40  # above Claude Code's side-request size (identity.AUX_MAX_TOKENS): a main conversation
+SETTINGS = dict(pool_budget_mb=64, max_output_tokens=64, persist_on_exit=True)
+
+
+def picture(seed: int, width: int = 80, height: int = 60) -> bytes:
+    pixels = (np.random.RandomState(seed).rand(height, width, 3) * 255).astype("uint8")
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, "PNG")
+    return out.getvalue()
+
+
+SCREENSHOT, OTHER = picture(1), picture(2)
+
+
+def image_block(data: bytes) -> dict[str, Any]:
+    return {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                        "data": base64.b64encode(data).decode()}}
+
+
+def data_url(data: bytes) -> str:
+    return f"data:image/png;base64,{base64.b64encode(data).decode()}"
+
+
+@pytest.fixture(scope="module")
+def loaded(gemma3_vlm_path: Path, tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
+    return load_folder(gemma3_vlm_path, tmp_path_factory.mktemp("vlm-load"))
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("vlm-cache")
+
+
+@pytest.fixture(scope="module")
+def api(loaded: LoadedModel, cache_dir: Path, gemma3_vlm_path: Path) -> Iterator[RealApi]:
+    with running_api(loaded, cache_dir, gemma3_vlm_path, **SETTINGS) as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def reference(gemma3_vlm_path: Path):
+    """Plain mlx-vlm: the model loaded whole, greedy generation on a prompt text and its images."""
+    from mlx_vlm import generate, load
+
+    model, processor = load(str(gemma3_vlm_path))
+
+    def reply(messages: list[dict[str, Any]], images: list[bytes]) -> str:
+        prompt = processor.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        pictures = [Image.open(io.BytesIO(data)).convert("RGB") for data in images]
+        return generate(model, processor, prompt, image=pictures, max_tokens=MAX_TOKENS, temperature=0.0,
+                        verbose=False).text
+
+    return reply
+
+
+def claude(api: RealApi) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=api.url, api_key="unused")
+
+
+def ask(api: RealApi, session: str, messages: list[dict[str, Any]]) -> anthropic.types.Message:
+    return claude(api).messages.create(model="tiny-vlm", max_tokens=MAX_TOKENS, messages=messages,
+                                       extra_body={"temperature": 0}, extra_headers={"X-Claude-Code-Session-Id": session})
+
+
+def agent_of(api: RealApi, session: str) -> str:
+    (agent,) = [a.agent_id for a in api.engine.fresh_snapshot().agents if session in a.agent_id]
+    return agent
+
+
+def vision(api: RealApi) -> dict[str, Any]:
+    return api.stats()["throughput"]["vision"]
+
+
+def text_of(message: anthropic.types.Message) -> str:
+    return "".join(block.text for block in message.content if block.type == "text")
+
+
+DESCRIBE = [{"role": "user", "content": [image_block(SCREENSHOT), {"type": "text", "text": "What is on screen?"}]}]
+DESCRIBE_TEMPLATE = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is on screen?"}]}]
+
+
+def test_a_reply_to_an_image_is_what_mlx_vlm_writes_through_every_protocol(api: RealApi, reference) -> None:
+    expected = reference(DESCRIBE_TEMPLATE, [SCREENSHOT])
+    message = ask(api, "describe", DESCRIBE)
+    assert text_of(message) == expected and message.usage.output_tokens == MAX_TOKENS
+
+    client = openai.OpenAI(base_url=f"{api.url}/v1", api_key="unused")
+    chat = client.chat.completions.create(model="tiny-vlm", max_tokens=MAX_TOKENS, temperature=0, messages=[
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(SCREENSHOT)}},
+                                     {"type": "text", "text": "What is on screen?"}]}])
+    assert chat.choices[0].message.content == expected
+    response = client.responses.create(model="tiny-vlm", max_output_tokens=MAX_TOKENS, temperature=0, input=[
+        {"role": "user", "content": [{"type": "input_image", "image_url": data_url(SCREENSHOT), "detail": "auto"},
+                                     {"type": "input_text", "text": "What is on screen?"}]}])
+    assert response.output_text == expected
+
+
+def test_a_second_turn_resending_the_image_reads_it_from_the_cache(api: RealApi) -> None:
+    first = ask(api, "two-turns", DESCRIBE)
+    encoded = vision(api)["images_encoded"]
+    second = ask(api, "two-turns", [*DESCRIBE, {"role": "assistant", "content": text_of(first)},
+                                       {"role": "user", "content": "And the colours?"}])
+    # The whole first prompt, image included, comes from the cache; the tower does not run again.
+    prompt = first.usage.input_tokens + first.usage.cache_read_input_tokens
+    assert second.usage.cache_read_input_tokens >= prompt
+    assert vision(api)["images_encoded"] == encoded
+
+
+def test_another_image_in_its_place_is_not_served_from_the_cache(api: RealApi) -> None:
+    first = ask(api, "swapped", DESCRIBE)
+    swapped = [{"role": "user", "content": [image_block(OTHER), {"type": "text", "text": "What is on screen?"}]}]
+    second = ask(api, "swapped", swapped)
+    # Only the tokens before the image match: the template's opening (a few tokens), never the image's run.
+    assert second.usage.cache_read_input_tokens < 8
+    assert text_of(second) != text_of(first) or second.usage.input_tokens > 8
+
+
+def test_two_agents_sending_one_image_run_the_vision_tower_once(api: RealApi) -> None:
+    shared = picture(7)
+    before = vision(api)
+    for session in ("agent-a", "agent-b"):
+        ask(api, session, [{"role": "user", "content": [{"type": "text", "text": f"I am {session}."},
+                                                        image_block(shared)]}])
+    after = vision(api)
+    assert after["images_encoded"] == before["images_encoded"] + 1
+    assert after["images_reused"] >= before["images_reused"] + 1
+
+
+def test_an_image_a_tool_returns_reaches_the_model(api: RealApi, reference) -> None:
+    """Claude Code's Read tool returns a picture as an image block inside the tool_result."""
+    read = {"name": "Read", "description": "Read a file", "input_schema": {
+        "type": "object", "properties": {"file_path": {"type": "string"}}, "required": ["file_path"]}}
+    messages = [
+        {"role": "user", "content": "Look at shot.png"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "Read",
+                                           "input": {"file_path": "/tmp/shot.png"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
+                                      "content": [image_block(picture(11))]}]}]
+    before = vision(api)["images_encoded"]
+    message = claude(api).messages.create(model="tiny-vlm", max_tokens=MAX_TOKENS, messages=messages, tools=[read],
+                                          extra_body={"temperature": 0})
+    assert vision(api)["images_encoded"] == before + 1
+    # SmolLM2's template has no tool support: the result is a <tool_response> user turn, the image inside it.
+    from engine.api.rendering import FALLBACK_TOOL_PROMPT, dumps
+
+    tools = FALLBACK_TOOL_PROMPT.format(tools=dumps({"type": "function", "function": {
+        "name": "Read", "description": "Read a file", "parameters": read["input_schema"]}}))
+    call = dumps({"name": "Read", "arguments": {"file_path": "/tmp/shot.png"}})
+    template = [{"role": "system", "content": tools},
+                {"role": "user", "content": "Look at shot.png"},
+                {"role": "assistant", "content": f"<tool_call>\n{call}\n</tool_call>"},
+                {"role": "user", "content": [{"type": "text", "text": "<tool_response>\n"}, {"type": "image"},
+                                             {"type": "text", "text": "\n</tool_response>"}]}]
+    # (A reply beside tools goes through the tool-call reader, which leaves out the text's leading blank.)
+    assert text_of(message) == reference(template, [picture(11)]).lstrip()
+
+
+def test_the_image_comes_back_from_the_warm_tier_and_after_a_restart(
+        loaded: LoadedModel, gemma3_vlm_path: Path, tmp_path: Path) -> None:
+    history = [*DESCRIBE]
+    with running_api(loaded, tmp_path, gemma3_vlm_path, **SETTINGS) as served:
+        first = ask(served, "kept", history)
+        agent = agent_of(served, "kept")
+        history += [{"role": "assistant", "content": text_of(first)}, {"role": "user", "content": "More?"}]
+        response = httpx.post(f"{served.url}/v1/agents/{agent}/evict", json={"tier": "warm"}, timeout=60)
+        assert response.status_code == 200, response.text
+        second = ask(served, "kept", history)
+        assert second.usage.cache_read_input_tokens >= first.usage.input_tokens
+        history += [{"role": "assistant", "content": text_of(second)}, {"role": "user", "content": "Anything else?"}]
+    with running_api(loaded, tmp_path, gemma3_vlm_path, **SETTINGS) as restarted:
+        third = ask(restarted, "kept", history)
+        assert third.usage.cache_read_input_tokens >= second.usage.input_tokens + second.usage.cache_read_input_tokens
+        # Read from disk: no image went through the vision tower in the new engine.
+        assert vision(restarted) == {"images_encoded": 0, "images_reused": 0, "vision_s": 0.0}
