@@ -17,7 +17,7 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any, AsyncIterator, Awaitable, Callable
 
-from engine.errors import SemanticError
+from engine.errors import InvalidRequestError, SemanticError
 from engine.domain.requests import AgentSource, EngineEvent, FinishEvent, TokenEvent, Usage
 
 from .admission import KEEP_ALIVE, failed, finish_error, replay
@@ -26,6 +26,7 @@ from .async_turn import AsyncTurn
 from engine.store.conversations import AgentConversation, ConversationStore
 from .errors import ApiError, from_domain, stream_error_payload
 from .identity import AgentIdentity
+from .image_inputs import from_url, image_text
 from .openai_translate import stops_of
 from .output_formats import openai_response_format
 from .reasoning_ask import from_effort
@@ -35,15 +36,20 @@ from engine.domain.chat import ChatMessage
 from .turns import SamplingAsked, TurnSpec, ended_by, prepare, renderer_for, text_of
 
 
-async def start_turn(service: EngineService, conversation: AgentConversation, body: MessageBody) -> AsyncTurn:
-    """Render history + message and submit; raises (400, 503...) before anything is generated."""
+async def start_turn(service: EngineService, conversation: AgentConversation, body: MessageBody,
+                     user: ChatMessage | None = None) -> AsyncTurn:
+    """Render history + message (``user``: the body's, read once by the caller) and submit; raises (400, 503...)
+    before anything is generated."""
     identity = AgentIdentity(conversation.agent_id, AgentSource.API, conversation.display_name or conversation.agent_id)
     max_tokens = body.max_tokens or service.settings.default_max_tokens
     reasoning = from_effort(body.reasoning_effort, "reasoning_effort", max_tokens)
     # A fork of another client's context continues in the template of the model the turn is routed to.
     engine = (await service.served(body.model)).engine if conversation.context_tokens is not None else None
+    user = user if user is not None else user_message(body)
+    if user.parts and conversation.context_tokens is not None:
+        raise InvalidRequestError("images: a fork of another client's context takes text messages only", field="images")
     spec = TurnSpec(
-        replace(conversation.with_user_message(body.content), template_kwargs=reasoning.kwargs()),
+        replace(conversation.with_user_message(user), template_kwargs=reasoning.kwargs()),
         identity,
         max_tokens,
         SamplingAsked(temperature=body.temperature),
@@ -54,6 +60,14 @@ async def start_turn(service: EngineService, conversation: AgentConversation, bo
         model=body.model,
     )
     return service.start_turn(await prepare(service, spec))
+
+
+def user_message(body: MessageBody) -> ChatMessage:
+    """The turn's user message: its images (before the text, as a pasted screenshot comes), then its text."""
+    if not body.images:
+        return ChatMessage("user", body.content)
+    text, parts = image_text([*(from_url(url, f"images.{i}") for i, url in enumerate(body.images)), body.content])
+    return ChatMessage("user", text, parts=parts)
 
 
 async def context_prompt(service: EngineService, conversation: AgentConversation, text: str,
@@ -89,7 +103,7 @@ def sse_event(name: str, data: dict[str, Any]) -> str:
 class StatefulTurn:
     store: ConversationStore
     agent_id: str
-    user_text: str
+    user: ChatMessage
     turn: AsyncTurn
     # Called exactly once with the finish (None when the client went away first).
     on_end: Callable[[FinishEvent | None], None]
@@ -113,7 +127,7 @@ class StatefulTurn:
         finish = self.turn.finish
         try:
             if finish is not None and not failed(finish):
-                await self.store.arecord_turn(self.agent_id, self.user_text, self.text, self.reasoning)
+                await self.store.arecord_turn(self.agent_id, self.user, self.text, self.reasoning)
         finally:
             self.store.release(self.agent_id)
             self.on_end(finish)

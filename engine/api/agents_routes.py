@@ -29,7 +29,7 @@ from engine.runtime.engine_thread.engine import Engine
 from engine.runtime.engine_thread.engine_ops import engine_op
 
 from .admission import SSE_HEADERS, await_admission
-from .agent_turns import StatefulTurn, busy_error, start_turn
+from .agent_turns import StatefulTurn, busy_error, start_turn, user_message
 from .agents_schemas import (
     AgentDetailOut,
     TURN_EVENT_SCHEMA,
@@ -286,7 +286,8 @@ async def post_message(body: MessageBody, request: Request, agent_id: str = Depe
     if not store.claim(agent_id):
         raise busy_error(agent_id)
     try:
-        turn = await start_turn(service, conversation, body)
+        user = user_message(body)  # (a bad image is a 400 naming its field)
+        turn = await start_turn(service, conversation, body, user)
     except BaseException as exc:
         store.release(agent_id)
         if isinstance(exc, SemanticError):
@@ -296,7 +297,7 @@ async def post_message(body: MessageBody, request: Request, agent_id: str = Depe
     def on_end(finish: FinishEvent | None) -> None:
         metrics.observe("agents", finish, outcome=None if finish else "disconnected")
 
-    stateful = StatefulTurn(store, agent_id, body.content, turn, on_end)
+    stateful = StatefulTurn(store, agent_id, user, turn, on_end)
     if not body.stream:
         return JSONResponse(await stateful.complete(request.is_disconnected))
     ping_s = service.settings.ping_interval_s

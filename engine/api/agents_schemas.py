@@ -29,6 +29,9 @@ class PinBody(_Body):
 
 class MessageBody(_Body):
     content: str = Field(min_length=1, description="The user message.")
+    images: list[str] = Field(default_factory=list, description="Images sent with the message, before its text, for "
+                              "a vision model: data URLs (data:image/png;base64,...), or http(s) URLs where the server "
+                              "fetches them (--allow-image-urls). Kept in the agent's history.")
     model: str | None = Field(None, description="Which resident model answers (an alias of --model or "
                                                 "--extra-model, or a name --model-route maps); absent: the default")
     max_tokens: int | None = Field(None, ge=1)

@@ -19,6 +19,7 @@ guards the loaded conversations between those threads.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
 import threading
@@ -32,7 +33,7 @@ from engine.errors import AgentExistsError, CachePersistenceError
 from engine.store.file_names import agent_file_stem
 from engine.store.atomic_text import write_text_atomically
 
-from engine.domain.chat import ChatMessage, Conversation
+from engine.domain.chat import ChatMessage, Conversation, ImagePart, Part
 
 log = logging.getLogger("semantic.api")
 
@@ -53,10 +54,12 @@ class AgentConversation:
     # context it continues, which no message list here can render; its messages follow them.
     context_tokens: list[int] | None = None
 
-    def with_user_message(self, text: str) -> Conversation:
-        """The prompt of the next turn: system, the whole history, the new message."""
+    def with_user_message(self, user: str | ChatMessage) -> Conversation:
+        """The prompt of the next turn: system, the whole history, the new message (its text, or the message
+        with its images)."""
         system = (ChatMessage("system", self.system),) if self.system else ()
-        return Conversation((*system, *self.messages, ChatMessage("user", text)))
+        message = user if isinstance(user, ChatMessage) else ChatMessage("user", user)
+        return Conversation((*system, *self.messages, message))
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -64,8 +67,7 @@ class AgentConversation:
             "agent_id": self.agent_id,
             "display_name": self.display_name,
             "system": self.system,
-            "messages": [{"role": m.role, "content": m.content, **({"reasoning": m.reasoning} if m.reasoning else {})}
-                         for m in self.messages],
+            "messages": [_message_json(m) for m in self.messages],
             "created_at": self.created_at,
             "updated_at": self.updated_at,
             **({"context_tokens": self.context_tokens} if self.context_tokens is not None else {}),
@@ -105,11 +107,31 @@ def _token_ids(value: Any) -> list[int] | None:
     return value
 
 
+def _message_json(message: ChatMessage) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.reasoning:
+        out["reasoning"] = message.reasoning
+    if message.parts:  # a message with images: its parts in order, each image's bytes as base64
+        out["parts"] = [{"type": "image", "media_type": p.media_type, "data": base64.b64encode(p.data).decode()}
+                        if isinstance(p, ImagePart) else {"type": "text", "text": p} for p in message.parts]
+    return out
+
+
 def _message(item: Any) -> ChatMessage:
     if not isinstance(item, dict) or item.get("role") not in _ROLES:
         raise ValueError("a message needs role user or assistant")
     return ChatMessage(item["role"], _typed(item.get("content"), str, "content"),
-                       reasoning=_typed(item.get("reasoning", ""), str, "reasoning"))
+                       reasoning=_typed(item.get("reasoning", ""), str, "reasoning"),
+                       parts=tuple(_part(p) for p in _typed(item.get("parts", []), list, "parts")))
+
+
+def _part(item: Any) -> Part:
+    if isinstance(item, dict) and item.get("type") == "text":
+        return _typed(item.get("text"), str, "text")
+    if isinstance(item, dict) and item.get("type") == "image":
+        data = base64.b64decode(_typed(item.get("data"), str, "data"), validate=True)
+        return ImagePart(data, _typed(item.get("media_type", ""), str, "media_type"), "images")
+    raise ValueError("a part is a text or an image")
 
 
 class ConversationStore:
@@ -147,8 +169,8 @@ class ConversationStore:
     async def atruncate(self, agent_id: str, n_messages: int) -> None:
         await asyncio.to_thread(self.truncate, agent_id, n_messages)
 
-    async def arecord_turn(self, agent_id: str, user_text: str, reply: str, reasoning: str = "") -> None:
-        await asyncio.to_thread(self.record_turn, agent_id, user_text, reply, reasoning)
+    async def arecord_turn(self, agent_id: str, user: str | ChatMessage, reply: str, reasoning: str = "") -> None:
+        await asyncio.to_thread(self.record_turn, agent_id, user, reply, reasoning)
 
     async def adelete(self, agent_id: str) -> bool:
         return await asyncio.to_thread(self.delete, agent_id)
@@ -195,12 +217,13 @@ class ConversationStore:
             self._loaded[agent_id] = conversation
             return conversation
 
-    def record_turn(self, agent_id: str, user_text: str, reply: str, reasoning: str = "") -> None:
+    def record_turn(self, agent_id: str, user: str | ChatMessage, reply: str, reasoning: str = "") -> None:
         with self._lock:
             conversation = self.get(agent_id)
             if conversation is None:
                 return  # deleted while the turn ran: nothing to add to
-            conversation.messages += [ChatMessage("user", user_text), ChatMessage("assistant", reply, reasoning=reasoning)]
+            message = user if isinstance(user, ChatMessage) else ChatMessage("user", user)
+            conversation.messages += [message, ChatMessage("assistant", reply, reasoning=reasoning)]
             conversation.updated_at = time.time()
             self._write(conversation)
 

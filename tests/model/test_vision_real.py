@@ -201,3 +201,18 @@ def test_the_image_comes_back_from_the_warm_tier_and_after_a_restart(
         assert third.usage.cache_read_input_tokens >= second.usage.input_tokens + second.usage.cache_read_input_tokens
         # Read from disk: no image went through the vision tower in the new engine.
         assert vision(restarted) == {"images_encoded": 0, "images_reused": 0, "vision_s": 0.0}
+
+
+def test_the_direct_agent_api_keeps_an_image_in_the_agents_history(api: RealApi, reference) -> None:
+    with httpx.Client(base_url=api.url, timeout=120) as http:
+        assert http.post("/v1/agents", json={"agent_id": "looker"}).status_code in (200, 201)
+        first = http.post("/v1/agents/looker/messages", json={
+            "content": "What is on screen?", "images": [data_url(SCREENSHOT)], "max_tokens": MAX_TOKENS,
+            "temperature": 0}).json()
+        assert first["content"] == reference(DESCRIBE_TEMPLATE, [SCREENSHOT])
+        second = http.post("/v1/agents/looker/messages", json={"content": "And the colours?",
+                                                               "max_tokens": MAX_TOKENS, "temperature": 0}).json()
+        # The stored history holds the image: the second turn renders it again and reads it from the cache.
+        assert second["usage"]["reused_tokens"] >= first["usage"]["prompt_tokens"]
+        bad = http.post("/v1/agents/looker/messages", json={"content": "x", "images": ["data:image/png;base64,iVBOR"]})
+        assert bad.status_code == 400 and "images.0" in bad.text

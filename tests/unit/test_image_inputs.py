@@ -156,3 +156,17 @@ async def test_an_image_inside_a_tool_result_is_read_like_any_other(tmp_path: Pa
     response = await post(tmp_path, "/v1/messages", body)
     assert response.status_code == 400
     assert anthropic_error(response).startswith("messages.2.content.0.content.0.source.data")
+
+
+def test_a_stored_conversation_keeps_its_images_across_a_restart(tmp_path: Path) -> None:
+    from engine.domain.chat import ChatMessage, ImagePart
+    from engine.store.conversations import ConversationStore
+
+    store = ConversationStore(tmp_path)
+    store.create("looker", None, None)
+    image = ImagePart(png(), "image/png", "images.0")
+    user = ChatMessage("user", f"{IMAGE_PLACEHOLDER}\n\nWhat is it?", parts=(image, "What is it?"))
+    store.record_turn("looker", user, "A red square.")
+    (read_user, reply) = ConversationStore(tmp_path).get("looker").messages
+    assert read_user.parts == (ImagePart(png(), "image/png", "images"), "What is it?")
+    assert read_user.content == user.content and reply.content == "A red square."
