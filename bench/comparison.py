@@ -59,9 +59,9 @@ def paired(result: BenchResult, workload: str, metric: str, unit: str, measure: 
     return comparison
 
 
-def print_comparisons(comparisons: list[Comparison]) -> None:
+def print_comparisons(comparisons: list[Comparison], peer: str = "mlx_lm.server") -> None:
     print_table(
-        ["metric", "semantic", "mlx_lm.server", "advantage x (min-max)", "target"],
+        ["metric", "semantic", peer, "advantage x (min-max)", "target"],
         [[c.metric, _spread(c.semantic.median, c.semantic.min, c.semantic.max, c.unit),
           _spread(c.peer.median, c.peer.min, c.peer.max, c.unit),
           _spread(c.advantage.median, c.advantage.min, c.advantage.max, "x"), _target(c)] for c in comparisons],

@@ -93,5 +93,5 @@ def served_with_restart(launch: Launch, log_dir: Path, before: Callable[[ChatCli
 
 
 async def _drive(url: str, launch: Launch, work: Callable[[ChatClient], Awaitable[T]]) -> T:
-    async with ChatClient(url, launch.sends_session_id) as client:
+    async with ChatClient(url, launch.sends_session_id, model=launch.model_field) as client:
         return await work(client)

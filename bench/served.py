@@ -56,6 +56,10 @@ class Launch:
     # Where the server keeps state across restarts (semantic's disk tier); emptied before every start
     # so that no run inherits the caches of the one before.
     state_dir: Path | None = None
+    # The body's model field, for a server that requires one (mlx_vlm.server); None: not sent.
+    model_field: str | None = None
+    # Environment the server is started with, beyond the bench's own (a setting only read from there).
+    env: tuple[tuple[str, str], ...] = ()
 
     def flags(self) -> str:
         return " ".join(self.argv[3:])
@@ -132,7 +136,7 @@ def running(launch: Launch, log_dir: Path, keep_state: bool = False,
     log_path = log_dir / f"{launch.name}-{port}.log"
     with open(log_path, "wb") as log:
         process = subprocess.Popen([*launch.argv, "--port", str(port)], stdout=log, stderr=subprocess.STDOUT,
-                                   env={**server_env(), **(env_overrides or {})},
+                                   env={**server_env(), **dict(launch.env), **(env_overrides or {})},
                                    cwd=Path(__file__).resolve().parent.parent)
         peak = PeakRss(process.pid)
         try:
@@ -220,6 +224,8 @@ def wait_ready(process: subprocess.Popen, launch: Launch, url: str, log_path: Pa
 
 def _warmed_up(client: httpx.Client, launch: Launch) -> bool:
     body: dict = {"messages": WARMUP_MESSAGES, "max_tokens": 4, "temperature": 0}
+    if launch.model_field is not None:
+        body["model"] = launch.model_field
     if launch.sends_session_id:
         body["session_id"] = "warmup"
     try:

@@ -101,8 +101,8 @@ def thinking_folder(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory
 
 @pytest.fixture(scope="session")
 def gemma3_vlm_path(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny random-weight Gemma 3 vision-language model folder (tests/support/tiny_vision_models.py)."""
+    """A tiny random-weight Gemma 3 vision-language model folder (bench/vision_model.py)."""
     pytest.importorskip("mlx_vlm", reason="the vision extra (pip install 'semantic[vision]') is not installed")
-    from tests.support.tiny_vision_models import gemma3_vlm
+    from bench.vision_model import gemma3_vlm
 
     return gemma3_vlm(tmp_path_factory.mktemp("gemma3-vlm") / "gemma3-vlm", smollm2_path)

@@ -1,6 +1,6 @@
 """A vision-language model served with images, on a tiny random-weight Gemma 3 built from mlx-vlm's classes.
 
-The folder (tests/support/tiny_vision_models.py) is what a converted checkpoint is: mlx-vlm loads it whole,
+The folder (bench/vision_model.py) is what a converted checkpoint is: mlx-vlm loads it whole,
 semantic serves its language side through mlx-lm and its vision side through mlx-vlm. A reply to an image is
 what plain mlx-vlm's greedy generation writes for the same prompt and image, through each protocol's
 official SDK; the image is named by its bytes, so a later turn that sends it again reads it from the agent's

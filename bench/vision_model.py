@@ -1,16 +1,20 @@
-"""Tiny random-weight vision-language model folders, built from mlx-vlm's own model classes.
+"""Random-weight vision-language model folders, built from mlx-vlm's own model classes.
 
 A folder holds what a converted checkpoint holds (config.json, safetensors, tokenizer, chat template,
-processor and image-processor configs), so ``mlx_vlm.load``, ``mlx_lm.load`` and semantic all read it
-as they read a real one. The tokenizer is SmolLM2's (installed here) with the family's image tokens
-added; the chat template is SmolLM2's ChatML with the family's image marker for image parts.
+processor and image-processor configs), so ``mlx_vlm.load``, ``mlx_lm.load``, ``mlx_vlm.server`` and
+semantic all read it as they read a real one. The tokenizer is SmolLM2's (installed here) with the
+family's image tokens added; the chat template is SmolLM2's ChatML with the family's image marker for
+image parts. Two sizes: ``TINY`` for tests (a vision tower of two layers over 4x4 patches), ``BENCH``
+for bench/bench_vision.py (Gemma 3 270M's text shape, a SigLIP-B-like tower over 448-pixel images, 256
+soft tokens an image, as Gemma 3 writes them).
 """
 
 from __future__ import annotations
 
 import json
-import shutil
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import mlx.core as mx
 
@@ -45,10 +49,33 @@ def _tokenizer_with(folder: Path, tokenizer_source: Path, extra: dict[str, str],
     return {name: tokenizer.convert_tokens_to_ids(token) for name, token in extra.items()}
 
 
-def gemma3_vlm(folder: Path, tokenizer_source: Path, seed: int = 0, tokens_per_image: int = 4,
-               image_size: int = 56) -> Path:
+@dataclass(frozen=True, slots=True)
+class VlmSize:
+    text: dict[str, Any]
+    vision: dict[str, Any]
+    tokens_per_image: int
+
+
+TINY = VlmSize(
+    text={"hidden_size": 64, "num_hidden_layers": 4, "intermediate_size": 128, "num_attention_heads": 4,
+          "num_key_value_heads": 1, "head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 32,
+          "sliding_window_pattern": 2},
+    vision={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+            "image_size": 56},
+    tokens_per_image=4)
+BENCH = VlmSize(
+    text={"hidden_size": 640, "num_hidden_layers": 18, "intermediate_size": 2048, "num_attention_heads": 4,
+          "num_key_value_heads": 1, "head_dim": 256, "query_pre_attn_scalar": 256, "sliding_window": 512,
+          "sliding_window_pattern": 6},
+    vision={"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12,
+            "image_size": 448},
+    tokens_per_image=256)
+
+
+def gemma3_vlm(folder: Path, tokenizer_source: Path, seed: int = 0, size: VlmSize = TINY) -> Path:
     """A Gemma 3 vision-language model: SigLIP tower (patches of 14), the pooling projector
-    (``tokens_per_image`` soft tokens an image), Gemma 3 text layers with sliding and global attention."""
+    (``size.tokens_per_image`` soft tokens an image), Gemma 3 text layers with sliding and global attention."""
+    tokens_per_image, image_size = size.tokens_per_image, size.vision["image_size"]
     from mlx_vlm.models import gemma3
     from mlx.utils import tree_flatten
 
@@ -63,20 +90,17 @@ def gemma3_vlm(folder: Path, tokenizer_source: Path, seed: int = 0, tokens_per_i
         "boi_token_index": ids["boi_token"],
         "eoi_token_index": ids["eoi_token"],
         "mm_tokens_per_image": tokens_per_image,
-        "hidden_size": 64,
+        "hidden_size": size.text["hidden_size"],
         "pad_token_id": 0,
         "eos_token_id": [eos] if isinstance(eos, int) else eos,
         "vocab_size": vocab,
         "text_config": {
-            "model_type": "gemma3_text", "hidden_size": 64, "num_hidden_layers": 4, "intermediate_size": 128,
-            "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 16, "query_pre_attn_scalar": 16,
-            "vocab_size": vocab, "sliding_window": 32, "sliding_window_pattern": 2,
-            "mm_tokens_per_image": tokens_per_image, "max_position_embeddings": 4096, "rms_norm_eps": 1e-6,
+            "model_type": "gemma3_text", **size.text, "vocab_size": vocab, "mm_tokens_per_image": tokens_per_image,
+            "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
         },
         "vision_config": {
-            "model_type": "siglip_vision_model", "hidden_size": 32, "intermediate_size": 64,
-            "num_hidden_layers": 2, "num_attention_heads": 2, "patch_size": 14, "image_size": image_size,
-            "num_channels": 3, "layer_norm_eps": 1e-6,
+            "model_type": "siglip_vision_model", **size.vision, "patch_size": 14, "num_channels": 3,
+            "layer_norm_eps": 1e-6,
         },
     }
     mx.random.seed(seed)
@@ -98,8 +122,3 @@ def gemma3_vlm(folder: Path, tokenizer_source: Path, seed: int = 0, tokens_per_i
         "image_std": [0.5, 0.5, 0.5], "do_convert_rgb": True, "do_pan_and_scan": False,
     }))
     return folder
-
-
-def copy_folder(source: Path, target: Path) -> Path:
-    shutil.copytree(source, target)
-    return target
