@@ -139,9 +139,9 @@ def shared_image(bench: Bench) -> None:
 
     async def agent(client: ChatClient, n: int) -> list[Turn]:
         messages = [user(f"I am agent {n}. What should agent {n} click first on this screen?", shot)]
-        first = await client.turn(f"agent-{n}", 0, messages, s.reply_tokens)
+        first = await retried(client, f"agent-{n}", 0, messages, s.reply_tokens)
         messages += [{"role": "assistant", "content": first.text}, user(f"Agent {n}: and after that?")]
-        return [first, await client.turn(f"agent-{n}", 1, messages, s.reply_tokens)]
+        return [first, await retried(client, f"agent-{n}", 1, messages, s.reply_tokens)]
 
     async def work(client: ChatClient) -> Outcome:
         t0 = time.perf_counter()
@@ -151,6 +151,27 @@ def shared_image(bench: Bench) -> None:
     ours, theirs = on_both(bench.launches("shared_image"), s.repeats,
                            lambda launch: served_once(launch, bench.work_dir, work))
     _compare(bench, "shared_image", ours, theirs, warm_from=1)
+
+
+FAILED_TURNS: dict[str, int] = {}
+RETRIES = 5
+
+
+async def retried(client: ChatClient, agent: str, index: int, messages: list[dict[str, Any]], max_tokens: int) -> Turn:
+    """A turn sent again when the server answers it with an error, as a client would: the wait counts in its TTFT,
+    and each error is tallied for the report (mlx_vlm.server 0.7.10 fails a batch of image prompts of unequal
+    lengths with a concatenate error in the stream)."""
+    sent_at = time.perf_counter()
+    for attempt in range(RETRIES + 1):
+        try:
+            turn = await client.turn(agent, index, messages, max_tokens)
+            return replace(turn, sent_at=sent_at, retries=turn.retries + attempt)
+        except RuntimeError as exc:
+            if attempt == RETRIES or "server error in stream" not in str(exc):
+                raise
+            FAILED_TURNS[str(exc)[:160]] = FAILED_TURNS.get(str(exc)[:160], 0) + 1
+            await asyncio.sleep(0.2 * (attempt + 1))
+    raise AssertionError("unreachable")
 
 
 def _compare(bench: Bench, workload: str, ours: list[Outcome], theirs: list[Outcome], warm_from: int) -> None:
@@ -168,8 +189,15 @@ def _compare(bench: Bench, workload: str, ours: list[Outcome], theirs: list[Outc
         prompts = [t.prompt_tokens for o in runs for t in o.from_turn(warm_from)]
         note = (f"{workload}: {name} warm turns: prompt {statistics.median(prompts):.0f} tokens (median), cached "
                 f"{'not reported' if None in cached else f'{statistics.median(cached):.0f}'}")
+        retries = sum(t.retries for o in runs for t in o.turns)
+        note += f"; turns sent again after an error: {retries}"
         print(f"# {note}")
         bench.result.notes.append(note)
+    for error, count in FAILED_TURNS.items():
+        line = f"{workload}: {count} x a server's error in the stream (turn sent again): {error}"
+        bench.result.notes.append(line)
+        print(f"# {line}")
+    FAILED_TURNS.clear()
 
 
 WORKLOADS = {"screenshots": screenshots, "shared_image": shared_image}
