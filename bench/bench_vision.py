@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import random
 import statistics
 import sys
 import tempfile
@@ -154,7 +155,7 @@ def shared_image(bench: Bench) -> None:
 
 
 FAILED_TURNS: dict[str, int] = {}
-RETRIES = 5
+RETRIES = 20
 
 
 async def retried(client: ChatClient, agent: str, index: int, messages: list[dict[str, Any]], max_tokens: int) -> Turn:
@@ -170,7 +171,8 @@ async def retried(client: ChatClient, agent: str, index: int, messages: list[dic
             if attempt == RETRIES or "server error in stream" not in str(exc):
                 raise
             FAILED_TURNS[str(exc)[:160]] = FAILED_TURNS.get(str(exc)[:160], 0) + 1
-            await asyncio.sleep(0.2 * (attempt + 1))
+            # Spread out, so a batch that failed is not sent again as the same batch.
+            await asyncio.sleep(min(3.0, random.uniform(0.2, 1.0) * (attempt + 1)))
     raise AssertionError("unreachable")
 
 
