@@ -23,6 +23,7 @@ from engine.domain.requests import AgentSource, EventSink, FinishEvent, FinishRe
 from engine.errors import SemanticError
 
 from .chat_events import EventFeed
+from .image_attachments import message_body
 from .chat_link import ChatTarget, ChatTurn
 from .sse_client import error_message, sse_frames
 
@@ -115,7 +116,8 @@ class RemoteChatLink:
 
     async def start(self, target: ChatTarget, history: tuple[ChatMessage, ...], user: ChatMessage) -> ChatTurn:
         """The server keeps the history; only the new message goes."""
-        body: dict[str, Any] = {"content": user.content, "stream": True}
+        content, images = message_body(user)
+        body: dict[str, Any] = {"content": content, "stream": True, **({"images": images} if images else {})}
         if target.max_tokens is not None:
             body["max_tokens"] = target.max_tokens
         if target.model is not None:

@@ -49,6 +49,8 @@ class ModelStats(BaseModel):
                                    "that came from (generation_config.json, the fallback, or settings)")
     speculation: str = Field("", description="How decoding speculates: off, lookup (drafts from each agent's own "
                              "history), or 'draft model NAME' (--draft-model)")
+    vision: str = Field("", description="Whether the model reads images: 'images (FAMILY, through mlx-vlm)', or "
+                        "'no: WHY' (a text model, the vision extra not installed, a family not supported yet)")
 
 
 class BlockMap(BaseModel):
@@ -164,7 +166,7 @@ def _blas() -> dict[str, str | None]:
 def _model_stats(view: ModelView) -> ModelStats:
     return ModelStats(model_id=view.model_id, identity=view.identity, path=view.path,
                       architecture=view.architecture, context_length=view.context_length, cache_spec=view.spec,
-                      sampling_defaults=view.sampling_defaults, speculation=view.speculation)
+                      sampling_defaults=view.sampling_defaults, speculation=view.speculation, vision=view.vision)
 
 
 def _pool_stats(pool: PoolSnapshot, with_blocks: bool, spec: dict | None = None, cool_bytes: int = 0) -> PoolStats:

@@ -15,15 +15,17 @@ from __future__ import annotations
 import enum
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 from engine.domain.block_layout import common_prefix_length
+from engine.domain.images import PromptImage, describe_image_token, is_image_token
 
 # Turns remembered per agent.
 HISTORY_KEPT = 16
 # Tokens of context shown on each side of a divergence.
 CONTEXT_TOKENS = 40
+IMAGE_TEXT = "[image]"  # how an image's run of tokens reads in the texts shown
 # Tokens looked back for the start of the line a divergence sits on.
 LINE_TOKENS = 96
 # A chat turn re-renders the last reply, whose final tokens (an end-of-turn marker) often differ
@@ -100,18 +102,24 @@ def examine(
     *, request_id: str, prompt: Sequence[int], cached: Sequence[int], cached_tokens: int, tier_before: str,
     model_changed: bool, reused: int, source: str, note: str | None, side: bool, head_tokens: int,
     block_tokens: int, decode: Decode, donor: tuple[str, Sequence[int]] | None = None,
+    images: Sequence[PromptImage] = (),
 ) -> TurnForensics:
     """The record of one admitted turn.
 
     ``cached`` are the tokens the agent held (hot, or restored from disk);
     ``donor`` the agent and tokens a shared prefix came from, compared with
-    when the agent had nothing of its own.
+    when the agent had nothing of its own; ``images`` the prompt's (an image
+    where the two part is named by its digest).
     """
+    decode = readable(decode)
     outcome, divergence = _outcome(prompt, cached, tier_before, model_changed, reused, source, note, side), None
     against, compare = ("own cache", cached) if cached or donor is None else donor
     diverged_at = common_prefix_length(compare, prompt) if compare else None
     if diverged_at is not None and diverged_at < min(len(compare), len(prompt)):
         divergence = _divergence(prompt, compare, diverged_at, head_tokens, block_tokens, decode, against)
+        named = _image_at(prompt, compare, diverged_at, images)
+        if named is not None:
+            divergence = replace(divergence, volatile=named)
     return TurnForensics(request_id, time.time(), outcome, len(prompt), cached_tokens, reused, source, note,
                          divergence)
 
@@ -153,6 +161,37 @@ def _divergence(prompt: Sequence[int], cached: Sequence[int], at: int, head_toke
     lines = (lead + decode(prompt[at:at + CONTEXT_TOKENS // 2]), lead + decode(cached[at:at + CONTEXT_TOKENS // 2]))
     return Divergence(at, at // block_tokens, region, cached_text, prompt_text, len(before),
                       _volatile(lines, len(lead)), against)
+
+
+def readable(decode: Decode) -> Decode:
+    """``decode`` with each run of image tokens written ``[image]`` (no tokenizer knows those ids)."""
+    def text(tokens: Sequence[int]) -> str:
+        out, run = [], []
+        for token in tokens:
+            if is_image_token(token):
+                if run:
+                    out.append(decode(run))
+                    run = []
+                if not out or out[-1] != IMAGE_TEXT:
+                    out.append(IMAGE_TEXT)
+            else:
+                run.append(token)
+        if run:
+            out.append(decode(run))
+        return "".join(out)
+
+    return text
+
+
+def _image_at(prompt: Sequence[int], cached: Sequence[int], at: int, images: Sequence[PromptImage]) -> str | None:
+    """Names the image where prompt and cache part, when one of them has an image there."""
+    if is_image_token(prompt[at]):
+        named = describe_image_token(images, at) or "an image"
+        return f"{named}: not the image the cache holds here" if is_image_token(cached[at]) else \
+            f"{named}: where the cache holds text"
+    if is_image_token(cached[at]):
+        return "an image in the cache where the prompt has text"
+    return None
 
 
 def _volatile(texts: tuple[str, str], point: int) -> str | None:

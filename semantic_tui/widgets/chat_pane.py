@@ -33,6 +33,7 @@ from ..chat_events import (
 )
 from ..chat_link import ChatLink, ChatTarget, ChatTurn
 from ..chat_messages import CloseRequested, TurnFinished, TurnStarted
+from ..image_attachments import user_message
 from .chat_transcript import ChatTranscript, LiveReply
 
 
@@ -158,14 +159,22 @@ class ChatPane(Vertical):
     async def _run_turn(self, text: str) -> None:
         self._set_busy(PaneState.PREPARING)
         try:
-            await self._turn_of(ChatMessage("user", text))
+            try:
+                user, attachments = await user_message(text)
+            except ValueError as exc:
+                await self.transcript.add_error(str(exc))
+                return
+            await self._turn_of(user, [a.line() for a in attachments])
         finally:
             self._turn = None
             if self.is_attached:
                 self._set_busy(PaneState.IDLE)
 
-    async def _turn_of(self, user: ChatMessage) -> None:
-        await self.transcript.add_user(user.content)
+    async def _turn_of(self, user: ChatMessage, image_lines: list[str] | None = None) -> None:
+        said = "\n\n".join(p for p in user.parts if isinstance(p, str)) if user.parts else user.content
+        await self.transcript.add_user(said)
+        for line in image_lines or ():
+            await self.transcript.add_image(line)
         try:
             self._turn = await self._start(user)
         except (SemanticError, ValueError) as exc:

@@ -35,6 +35,7 @@ class ChatTranscript(VerticalScroll):
     ChatTranscript > Markdown.chat-assistant { margin-top: 1; }
     ChatTranscript > Static { padding: 0 1; }
     ChatTranscript > .chat-usage { color: $text-muted; }
+    ChatTranscript > .chat-image { color: $text-accent; }
     ChatTranscript > .chat-request { color: $text-muted; text-style: italic; margin-top: 1; }
     ChatTranscript > .chat-note { color: $text-warning; }
     ChatTranscript > .chat-error { color: $text-error; text-style: bold; }
@@ -61,6 +62,10 @@ class ChatTranscript(VerticalScroll):
 
     async def add_usage(self, text: str) -> None:
         await self._add(Static(text, classes="chat-usage", markup=False))
+
+    async def add_image(self, text: str) -> None:
+        """One line standing for an image the message carries (image_attachments.Attachment.line)."""
+        await self._add(Static(f"▣ {text}", classes="chat-image", markup=False))
 
     async def add_note(self, text: str) -> None:
         await self._add(Static(text, classes="chat-note", markup=False))

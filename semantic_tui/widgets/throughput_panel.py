@@ -56,8 +56,13 @@ def load_line(tp: ThroughputView) -> Text:
 
 
 def totals_line(tp: ThroughputView) -> Text:
-    return Text(f"gen {compact_count(tp.generated_total)} · prefill {compact_count(tp.prefilled_total)}"
+    """Tokens generated, prefilled and reused; for a vision model also the images through its vision tower and
+    the tower's time (the pane has no row to spare for a line of their own)."""
+    text = Text(f"gen {compact_count(tp.generated_total)} · prefill {compact_count(tp.prefilled_total)}"
                 f" · reused {compact_count(tp.reused_total)}")
+    if tp.vision is not None:
+        text.append(f" · img {compact_count(tp.vision.images_encoded)} in {duration(tp.vision.vision_s)}")
+    return text
 
 
 class ThroughputPanel(Vertical):

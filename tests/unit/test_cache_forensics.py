@@ -147,3 +147,22 @@ async def test_a_claude_code_session_whose_system_prompt_changed_says_against_wh
                 assert "currentDate" in divergence["volatile"]
     finally:
         engine.stop(0.0)
+
+
+def test_an_image_that_differed_is_named_by_its_digest() -> None:
+    from engine.domain.images import PromptImage, image_tokens
+
+    head = list(b"User: look ")
+    old = PromptImage(len(head), 4, "a" * 64 + ":p", "a" * 64, 1234, {})
+    new = PromptImage(len(head), 4, "b" * 64 + ":p", "b" * 64, 5678, {})
+    tail = list(b" what is it?")
+    cached = head + image_tokens(old.key, 4) + tail
+    prompt = head + image_tokens(new.key, 4) + tail
+    record = examine(request_id="r", prompt=prompt, cached=cached, cached_tokens=len(cached), tier_before="hot",
+                     model_changed=False, reused=len(head), source="self", note=None, side=False, head_tokens=0,
+                     block_tokens=16, decode=lambda ids: bytes(ids).decode(), images=(new,))
+    divergence = record.divergence
+    assert divergence is not None and divergence.token == len(head)
+    assert divergence.volatile == "image bbbbbbbbbbbb (5,678 bytes): not the image the cache holds here"
+    # No tokenizer knows an image's tokens: the texts show each image as one marker.
+    assert divergence.prompt_text == "User: look [image] what is it?"

@@ -91,6 +91,7 @@ class TurnCaches(SchedulerPart):
             head_tokens=turn.request.head_tokens, block_tokens=self.hot.spec.block_tokens,
             decode=self.loaded.tokenizer.decode,
             donor=(donor.agent_id, donor.tokens) if donor is not None else None,
+            images=turn.request.images,
         )
 
     # -- planning --------------------------------------------------------------------------
