@@ -122,3 +122,78 @@ def gemma3_vlm(folder: Path, tokenizer_source: Path, seed: int = 0, size: VlmSiz
         "image_std": [0.5, 0.5, 0.5], "do_convert_rgb": True, "do_pan_and_scan": False,
     }))
     return folder
+
+
+QWEN2_VL_IMAGE_TOKENS = {"vision_start": "<|vision_start|>", "image_pad": "<|image_pad|>",
+                         "vision_end": "<|vision_end|>", "video_pad": "<|video_pad|>"}
+QWEN2_VL_MARKER = "<|vision_start|><|image_pad|><|vision_end|>"
+
+
+@dataclass(frozen=True, slots=True)
+class QwenVlSize:
+    text: dict[str, Any]
+    vision: dict[str, dict[str, Any]]  # per family: the vision tower's shape
+    max_pixels: int  # the processor resizes larger pictures down to this many pixels
+
+
+QWEN_VL_TINY = QwenVlSize(
+    text={"hidden_size": 64, "num_hidden_layers": 4, "intermediate_size": 128, "num_attention_heads": 4,
+          "num_key_value_heads": 2, "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]}},
+    vision={"qwen2_vl": {"depth": 2, "embed_dim": 32, "num_heads": 2, "mlp_ratio": 2},
+            # Qwen2.5-VL's tower: windowed attention (56-pixel windows) but in its last block
+            "qwen2_5_vl": {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+                           "window_size": 56, "fullatt_block_indexes": [1]}},
+    max_pixels=28 * 28 * 16)
+QWEN_VL_CLASSES = {"qwen2_vl": "Qwen2VLForConditionalGeneration",
+                   "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration"}
+
+
+def qwen_vl_vlm(folder: Path, tokenizer_source: Path, family: str = "qwen2_vl", seed: int = 0,
+                size: QwenVlSize = QWEN_VL_TINY) -> Path:
+    """A Qwen2-VL or Qwen2.5-VL vision-language model: its ViT over 14-pixel patches (2x2 merged into one
+    token, so an image's run follows its aspect: 84x56 pixels is 3x2 tokens), Qwen2 text layers whose rotary
+    positions are multi-axis (M-RoPE: an image's tokens take its grid's rows and columns)."""
+    import importlib
+
+    from mlx.utils import tree_flatten
+
+    classes = importlib.import_module(f"mlx_vlm.models.{family}")
+    folder.mkdir(parents=True, exist_ok=True)
+    ids = _tokenizer_with(folder, tokenizer_source, QWEN2_VL_IMAGE_TOKENS, QWEN2_VL_MARKER)
+    vocab = max(ids.values()) + 1
+    eos = json.loads((tokenizer_source / "config.json").read_text()).get("eos_token_id", 2)
+    hidden = size.text["hidden_size"]
+    vision = {"model_type": family, **size.vision[family], "patch_size": 14, "spatial_patch_size": 14,
+              "spatial_merge_size": 2, "temporal_patch_size": 2, "in_chans": 3, "in_channels": 3}
+    vision["out_hidden_size" if family == "qwen2_5_vl" else "hidden_size"] = hidden
+    config = {
+        "model_type": family,
+        "architectures": [QWEN_VL_CLASSES[family]],
+        "image_token_id": ids["image_pad"],
+        "video_token_id": ids["video_pad"],
+        "vision_start_token_id": ids["vision_start"],
+        "vision_end_token_id": ids["vision_end"],
+        **size.text,
+        "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "max_position_embeddings": 32768,
+        "tie_word_embeddings": False, "vocab_size": vocab,
+        "eos_token_id": eos if isinstance(eos, int) else eos[0],
+        "vision_config": vision,
+    }
+    mx.random.seed(seed)
+    model_config = classes.ModelConfig.from_dict(dict(config))
+    model_config.text_config = classes.TextConfig.from_dict(model_config.text_config)
+    model_config.vision_config = classes.VisionConfig.from_dict(vision)
+    model = classes.Model(model_config)
+    mx.eval(model.parameters())
+    weights = dict(tree_flatten(model.parameters()))
+    mx.save_safetensors(str(folder / "model.safetensors"), weights, metadata={"format": "mlx"})
+    (folder / "config.json").write_text(json.dumps(config, indent=1))
+    (folder / "preprocessor_config.json").write_text(json.dumps({
+        "image_processor_type": "Qwen2VLImageProcessor", "processor_class": "Qwen2VLProcessor"
+        if family == "qwen2_vl" else "Qwen2_5_VLProcessor",
+        "patch_size": 14, "temporal_patch_size": 2, "merge_size": 2, "min_pixels": 28 * 28,
+        "max_pixels": size.max_pixels, "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
+        "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_std": [0.26862954, 0.26130258, 0.27577711],
+        "do_convert_rgb": True,
+    }))
+    return folder

@@ -52,7 +52,7 @@ def render_with_images(renderer: PromptRenderer, vision: VisionModel, conversati
         digest = image_digest(image.data)
         key = f"{digest}:{vision.settings_key}"
         ids[start:start + length] = image_tokens(key, length)
-        prompt_images.append(PromptImage(start, length, key, digest, len(image.data), arrays))
+        prompt_images.append(PromptImage(start, length, key, digest, len(image.data), arrays, vision.grid(arrays)))
     return RenderedPrompt(ids, tuple(prompt_images))
 
 

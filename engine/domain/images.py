@@ -54,6 +54,10 @@ class PromptImage:
     digest: str  # sha256 of the bytes the client sent (the key adds the processor's settings)
     size_bytes: int
     inputs: Any  # a mapping of the processor's arrays for this image (pixel_values, image_grid_thw, ...)
+    # The run's grid as the language model's rotary positions see it (frames, rows, columns), for a model whose
+    # positions follow an image's rows and columns (Qwen-VL's M-RoPE: domain/rotary_positions.py); None where a
+    # run's positions are its tokens' own.
+    grid: tuple[int, int, int] | None = None
 
     @property
     def end(self) -> int:

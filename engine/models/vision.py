@@ -25,13 +25,15 @@ from typing import Any, Sequence
 import numpy as np
 
 from engine.errors import ModelLoadError
+from engine.models import multimodal_rope
+from engine.models.multimodal_rope import MROPE_STYLES
 
 log = logging.getLogger("semantic.models.vision")
 
 # Families whose images this server feeds as mlx-vlm does, checked token for token against mlx-vlm's greedy
-# generation (tests/model/test_vision_real.py). Others (Qwen-VL's multi-axis rotary positions, tiled images)
-# load as text models and say why.
-VISION_FAMILIES = ("gemma3",)
+# generation (tests/model/test_vision_real.py). Others (tiled images, deepstack features) load as text
+# models and say why.
+VISION_FAMILIES = ("gemma3", "qwen2_vl", "qwen2_5_vl")
 PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
 
 
@@ -47,6 +49,17 @@ class VisionModel:
     marker: str  # what the chat template writes for an image part (the processor expands it)
     add_special_tokens: bool  # whether the processor's tokenization adds BOS itself (mlx-vlm's rule)
     settings_key: str  # a hash of the processor's settings: the same bytes read differently are another image
+    # Where an image's tokens take its grid's rows and columns as rotary positions (Qwen-VL's M-RoPE,
+    # models/multimodal_rope.py): the vision tower's patches merged into one token a side (0: not such a model).
+    merge_size: int = 0
+
+    def grid(self, inputs: dict[str, np.ndarray]) -> tuple[int, int, int] | None:
+        """One image's run as the language model's rotary positions see it: (frames, rows, columns) of its
+        tokens, for a multi-axis model; None for the others."""
+        if not self.merge_size:
+            return None
+        t, h, w = (int(v) for v in inputs["image_grid_thw"][0])
+        return t, h // self.merge_size, w // self.merge_size
 
     def prepare(self, text: str, images: Sequence[Any]) -> dict[str, np.ndarray]:
         """The processor over a rendered prompt and its PIL images: input_ids with each image's run, and the
@@ -108,10 +121,15 @@ def _load(folder: Path, config: dict[str, Any], text_model: Any) -> VisionModel:
         model.language_model.lm_head = None
     mx.eval(model.parameters())
     image_token_id = int(config.get("image_token_index") or config.get("image_token_id"))
+    model_type = str(config["model_type"])
+    merge_size = 0
+    if model_type in MROPE_STYLES:  # the language model's rotary positions follow an image's grid
+        multimodal_rope.install(text_model, config.get("text_config") or config, MROPE_STYLES[model_type])
+        merge_size = int(config["vision_config"].get("spatial_merge_size", 2))
     return VisionModel(
-        model=model, processor=processor, model_type=str(config["model_type"]), image_token_id=image_token_id,
-        marker=image_marker(processor), add_special_tokens=should_add_special_tokens(config["model_type"], processor),
-        settings_key=_settings_key(folder),
+        model=model, processor=processor, model_type=model_type, image_token_id=image_token_id,
+        marker=image_marker(processor), add_special_tokens=should_add_special_tokens(model_type, processor),
+        settings_key=_settings_key(folder), merge_size=merge_size,
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -100,9 +101,24 @@ def thinking_folder(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory
 
 
 @pytest.fixture(scope="session")
-def gemma3_vlm_path(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny random-weight Gemma 3 vision-language model folder (bench/vision_model.py)."""
+def vlm_folders(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """Tiny random-weight vision-language model folders by family (bench/vision_model.py), each built once:
+    Gemma 3, and Qwen2-VL and Qwen2.5-VL (multi-axis rotary positions, M-RoPE)."""
     pytest.importorskip("mlx_vlm", reason="the vision extra (pip install 'semantic[vision]') is not installed")
-    from bench.vision_model import gemma3_vlm
+    from bench.vision_model import gemma3_vlm, qwen_vl_vlm
 
-    return gemma3_vlm(tmp_path_factory.mktemp("gemma3-vlm") / "gemma3-vlm", smollm2_path)
+    built: dict[str, Path] = {}
+
+    def folder(family: str) -> Path:
+        if family not in built:
+            where = tmp_path_factory.mktemp(family) / family.replace("_", "-")
+            built[family] = (gemma3_vlm(where, smollm2_path) if family == "gemma3"
+                             else qwen_vl_vlm(where, smollm2_path, family))
+        return built[family]
+
+    return folder
+
+
+@pytest.fixture(scope="session")
+def gemma3_vlm_path(vlm_folders: Callable[[str], Path]) -> Path:
+    return vlm_folders("gemma3")

@@ -35,6 +35,7 @@ import mlx.core as mx
 
 from engine.domain.images import is_image_token
 from engine.runtime.runner.backends.mlx import MlxBackend
+from engine.runtime.runner import rotary_passes
 from engine.runtime.runner.image_embeddings import ImageEmbedder, has_images
 from engine.runtime.runner.kv.sequence_kv import CheckpointKind
 from engine.runtime.runner.sampling import sample
@@ -89,6 +90,7 @@ class SequenceBatch:
         if len(sequence.prompt) < 1:
             raise ValueError("a sequence needs at least one prompt token to feed")
         self.sequences[sequence.uid] = sequence
+        rotary_passes.assign(sequence.kv, sequence.positions)
         if sequence.prefill_left == 0:
             self._to_decode(sequence)
 
@@ -97,6 +99,7 @@ class SequenceBatch:
         sequence = self.sequences.pop(uid, None)
         if sequence is not None:
             sequence.phase = Phase.DONE
+            rotary_passes.assign(sequence.kv, None)
             if self.speculative is not None:
                 self.speculative.finish(sequence)
         return sequence

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Sequence as Tokens
 
 from engine.domain.images import PromptImage
+from engine.domain.rotary_positions import ImagePositions
 from engine.domain.reasoning import Channel, Route
 from engine.domain.reasoning_tracker import ReasoningTracker
 from engine.grammar.token_constraint import TokenConstraint
@@ -66,6 +67,9 @@ class Sequence:
     context: Tokens[int] = ()
     # The prompt's images whose runs lie (partly) past the cached prefix: prefill embeds them (image_embeddings.py).
     images: tuple[PromptImage, ...] = ()
+    # The rotary positions of the turn's tokens where a multi-axis model's images move them (Qwen-VL's M-RoPE);
+    # None: each token's cache position.
+    positions: ImagePositions | None = None
     # The agent whose turn this is (a draft model's cache is kept per agent between turns); None: none.
     owner: str | None = None
     # Drafting and its tally, while the batch speculates (None: it does not, or not for this sequence).

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from engine.domain.images import images_from
+from engine.domain.rotary_positions import ImagePositions
 from engine.domain.reasoning import ReasoningFormat
 from engine.domain.reasoning_tracker import ReasoningTracker, start_tracker
 from engine.domain.requests import GenerationRequest
@@ -46,6 +47,7 @@ class TurnStart:
             turn_checkpoint_at=request.reply_start if request.reply_start > k else 0,
             context=request.prompt_tokens[:k],
             images=images_from(request.images, k),
+            positions=ImagePositions.of(request.images),
             owner=agent.agent_id,
         )
 

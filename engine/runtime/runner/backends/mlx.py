@@ -20,6 +20,7 @@ from typing import Any, Callable, Sequence
 import mlx.core as mx
 
 from engine.domain.cache_spec import ModelCacheSpec
+from engine.runtime.runner import rotary_passes
 from engine.runtime.runner.kv import ragged
 from engine.runtime.runner.kv.full_kv import FullKV
 from engine.runtime.runner.kv.recurrent_state import RecurrentState
@@ -71,10 +72,12 @@ class MlxBackend:
     # -- forward passes ------------------------------------------------------------------
     def forward(self, model: Any, inputs: mx.array, cache: Any, embeddings: mx.array | None = None) -> mx.array:
         """The model over ``inputs`` (batch, tokens), writing ``cache``; its logits (not evaluated). ``embeddings``
-        (batch, tokens, hidden) replace the tokens' own where given (a prompt's images)."""
-        if embeddings is not None:
-            return model(inputs, cache=cache, input_embeddings=embeddings)
-        return model(inputs, cache=cache)
+        (batch, tokens, hidden) replace the tokens' own where given (a prompt's images). Each row rotates at its
+        own rotary positions where a multi-axis model's images moved them (rotary_passes.py)."""
+        with rotary_passes.positioned(model, cache, inputs.shape[1]):
+            if embeddings is not None:
+                return model(inputs, cache=cache, input_embeddings=embeddings)
+            return model(inputs, cache=cache)
 
     def ragged(self, layers: Sequence[Any]) -> ragged.RaggedLayerCache:
         """One layer of a batch: row ``b`` attends to ``layers[b]``."""
