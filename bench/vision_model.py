@@ -142,17 +142,36 @@ QWEN_VL_TINY = QwenVlSize(
     vision={"qwen2_vl": {"depth": 2, "embed_dim": 32, "num_heads": 2, "mlp_ratio": 2},
             # Qwen2.5-VL's tower: windowed attention (56-pixel windows) but in its last block
             "qwen2_5_vl": {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
-                           "window_size": 56, "fullatt_block_indexes": [1]}},
+                           "window_size": 56, "fullatt_block_indexes": [1]},
+            # Qwen3.5's tower: 16-pixel patches with learned position embeddings, no deepstack
+            "qwen3_5": {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+                        "num_position_embeddings": 64, "deepstack_visual_indexes": []},
+            "qwen3_5_moe": {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+                            "num_position_embeddings": 64, "deepstack_visual_indexes": []}},
     max_pixels=28 * 28 * 16)
+# Qwen3.5's language model: gated-delta layers with a full-attention layer every second one, whose rotary
+# embedding covers half of each head in interleaved sections.
+QWEN3_5_TEXT = {"model_type": "qwen3_5_text", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
+                "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "linear_num_value_heads": 2,
+                "linear_num_key_heads": 2, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+                "linear_conv_kernel_dim": 4, "full_attention_interval": 2, "rms_norm_eps": 1e-6,
+                "max_position_embeddings": 32768, "tie_word_embeddings": False,
+                "rope_parameters": {"rope_type": "default", "mrope_section": [2, 1, 1], "mrope_interleaved": True,
+                                    "rope_theta": 1000000.0, "partial_rotary_factor": 0.5}}
+# Qwen3.5's mixture of experts: the same layers with a routed MLP of 4 experts (2 a token) and a shared one.
+QWEN3_5_MOE_TEXT = {**QWEN3_5_TEXT, "model_type": "qwen3_5_moe_text", "num_experts": 4, "num_experts_per_tok": 2,
+                    "shared_expert_intermediate_size": 64, "moe_intermediate_size": 32, "decoder_sparse_step": 1,
+                    "norm_topk_prob": True}
 QWEN_VL_CLASSES = {"qwen2_vl": "Qwen2VLForConditionalGeneration",
-                   "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration"}
+                   "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration", "qwen3_5": "Qwen3_5ForConditionalGeneration",
+                   "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration"}
 
 
 def qwen_vl_vlm(folder: Path, tokenizer_source: Path, family: str = "qwen2_vl", seed: int = 0,
                 size: QwenVlSize = QWEN_VL_TINY) -> Path:
-    """A Qwen2-VL or Qwen2.5-VL vision-language model: its ViT over 14-pixel patches (2x2 merged into one
-    token, so an image's run follows its aspect: 84x56 pixels is 3x2 tokens), Qwen2 text layers whose rotary
-    positions are multi-axis (M-RoPE: an image's tokens take its grid's rows and columns)."""
+    """A Qwen2-VL, Qwen2.5-VL or Qwen3.5 vision-language model: its ViT over 14-pixel patches (16 for Qwen3.5),
+    2x2 merged into one token, so an image's run follows its aspect (84x56 pixels is 3x2 tokens); text layers
+    whose rotary positions are multi-axis (M-RoPE: an image's tokens take its grid's rows and columns)."""
     import importlib
 
     from mlx.utils import tree_flatten
@@ -163,9 +182,11 @@ def qwen_vl_vlm(folder: Path, tokenizer_source: Path, family: str = "qwen2_vl", 
     vocab = max(ids.values()) + 1
     eos = json.loads((tokenizer_source / "config.json").read_text()).get("eos_token_id", 2)
     hidden = size.text["hidden_size"]
-    vision = {"model_type": family, **size.vision[family], "patch_size": 14, "spatial_patch_size": 14,
+    qwen3_5 = family.startswith("qwen3_5")
+    patch = 16 if qwen3_5 else 14
+    vision = {"model_type": family, **size.vision[family], "patch_size": patch, "spatial_patch_size": patch,
               "spatial_merge_size": 2, "temporal_patch_size": 2, "in_chans": 3, "in_channels": 3}
-    vision["out_hidden_size" if family == "qwen2_5_vl" else "hidden_size"] = hidden
+    vision["hidden_size" if family == "qwen2_vl" else "out_hidden_size"] = hidden
     config = {
         "model_type": family,
         "architectures": [QWEN_VL_CLASSES[family]],
@@ -179,10 +200,17 @@ def qwen_vl_vlm(folder: Path, tokenizer_source: Path, family: str = "qwen2_vl", 
         "eos_token_id": eos if isinstance(eos, int) else eos[0],
         "vision_config": vision,
     }
+    if qwen3_5:  # the text model's settings nest under text_config
+        config = {key: value for key, value in config.items() if key not in size.text and key not in (
+            "rms_norm_eps", "rope_theta", "max_position_embeddings", "tie_word_embeddings")}
+        text = QWEN3_5_MOE_TEXT if family == "qwen3_5_moe" else QWEN3_5_TEXT
+        config["text_config"] = {**text, "vocab_size": vocab, "eos_token_id": config["eos_token_id"]}
     mx.random.seed(seed)
     model_config = classes.ModelConfig.from_dict(dict(config))
-    model_config.text_config = classes.TextConfig.from_dict(model_config.text_config)
-    model_config.vision_config = classes.VisionConfig.from_dict(vision)
+    if isinstance(model_config.text_config, dict):
+        model_config.text_config = classes.TextConfig.from_dict(model_config.text_config)
+    if isinstance(model_config.vision_config, dict):
+        model_config.vision_config = classes.VisionConfig.from_dict(vision)
     model = classes.Model(model_config)
     mx.eval(model.parameters())
     weights = dict(tree_flatten(model.parameters()))
@@ -191,7 +219,7 @@ def qwen_vl_vlm(folder: Path, tokenizer_source: Path, family: str = "qwen2_vl", 
     (folder / "preprocessor_config.json").write_text(json.dumps({
         "image_processor_type": "Qwen2VLImageProcessor", "processor_class": "Qwen2VLProcessor"
         if family == "qwen2_vl" else "Qwen2_5_VLProcessor",
-        "patch_size": 14, "temporal_patch_size": 2, "merge_size": 2, "min_pixels": 28 * 28,
+        "patch_size": patch, "temporal_patch_size": 2, "merge_size": 2, "min_pixels": (2 * patch) ** 2,
         "max_pixels": size.max_pixels, "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
         "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_std": [0.26862954, 0.26130258, 0.27577711],
         "do_convert_rgb": True,

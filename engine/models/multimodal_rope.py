@@ -24,7 +24,8 @@ import mlx.core as mx
 
 # The frequency layout of each family's M-RoPE (mlx-vlm's ``style``): which position axis drives which
 # frequency of a head.
-MROPE_STYLES = {"qwen2_vl": "chunked", "qwen2_5_vl": "chunked"}
+MROPE_STYLES = {"qwen2_vl": "chunked", "qwen2_5_vl": "chunked", "qwen3_5": "interleaved",
+                "qwen3_5_moe": "interleaved"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,8 +83,9 @@ def install(model: Any, text_config: dict[str, Any], style: str) -> RotarySlot:
         if slot is None:
             if getattr(rope, "traditional", False):
                 raise ValueError("M-RoPE over a traditional (interleaved pairs) rotation")
-            rotary = MRoPERotaryEmbedding(rope.dims, base=float(text_config.get("rope_theta", 10000.0)),
-                                          rope_scaling=text_config.get("rope_scaling"), style=style)
+            # (the rotated part of a head and its base as mlx-lm read them; the sections from the config)
+            sections = text_config.get("rope_scaling") or text_config.get("rope_parameters")
+            rotary = MRoPERotaryEmbedding(rope.dims, base=float(rope.base), rope_scaling=sections, style=style)
             slot = RotarySlot(rotary)
         module.rope = MultimodalRope(rope, slot)
     if slot is None:

@@ -33,7 +33,7 @@ log = logging.getLogger("semantic.models.vision")
 # Families whose images this server feeds as mlx-vlm does, checked token for token against mlx-vlm's greedy
 # generation (tests/model/test_vision_real.py). Others (tiled images, deepstack features) load as text
 # models and say why.
-VISION_FAMILIES = ("gemma3", "qwen2_vl", "qwen2_5_vl")
+VISION_FAMILIES = ("gemma3", "qwen2_vl", "qwen2_5_vl", "qwen3_5", "qwen3_5_moe")
 PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
 
 
