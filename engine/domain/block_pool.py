@@ -91,6 +91,13 @@ class BlockPool:
         # dicts as ordered sets: O(1) removal and allocation order kept for release_owner.
         self._owned: dict[str, dict[int, None]] = {}
         self._shared = 0
+        # The snapshot's per-block maps, kept up to date as blocks change hands: a snapshot copies them (C-level
+        # tuple copies) instead of walking every block in Python, and is reused until a block changes. A pool of a
+        # tiny model holds a million blocks, and the engine publishes a snapshot every step.
+        self._first_holder: list[str | None] = [None] * total_blocks
+        self._holder_count: list[int] = [0] * total_blocks
+        self._holder_ids: list[tuple[str, ...]] = [()] * total_blocks
+        self._snapshot: PoolSnapshot | None = None
 
     # -- sizes ---------------------------------------------------------------------
     @property
@@ -162,8 +169,17 @@ class BlockPool:
         for block in taken:
             self._holders[block].append(owner)
             self._group[block] = group
+            self._changed(block)
         self._owned.setdefault(owner, {}).update(dict.fromkeys(taken))
         return taken
+
+    def _changed(self, block: int) -> None:
+        """``block``'s holders changed: its entries in the snapshot's maps follow (caller holds the lock)."""
+        holders = self._holders[block]
+        self._first_holder[block] = holders[0] if holders else None
+        self._holder_count[block] = len(holders)
+        self._holder_ids[block] = tuple(holders)
+        self._snapshot = None
 
     def share(self, block_ids: Iterable[int], owner: str) -> None:
         """Add ``owner`` as a holder of blocks already in use (a shared prefix)."""
@@ -190,6 +206,7 @@ class BlockPool:
                 self._shared += 1
             holders.append(owner)
             owned[block] = None
+            self._changed(block)
 
     # -- release ------------------------------------------------------------------------
     def release(self, owner: str, block_ids: Iterable[int]) -> int:
@@ -227,6 +244,7 @@ class BlockPool:
                 freed += 1
             elif len(holders) == 1:
                 self._shared -= 1
+            self._changed(block)
         if not owned:
             del self._owned[owner]
         return freed
@@ -272,18 +290,20 @@ class BlockPool:
 
     def snapshot(self) -> PoolSnapshot:
         with self._lock:
-            return PoolSnapshot(
-                total_blocks=self._total,
-                used_blocks=self._total - len(self._free),
-                block_bytes=self._block_bytes,
-                n_groups=self._n_groups,
-                shared_blocks=self._shared,
-                owner_blocks=MappingProxyType({o: len(b) for o, b in self._owned.items()}),
-                block_owner=tuple([h[0] if h else None for h in self._holders]),
-                block_group=tuple(self._group),
-                block_holders=tuple([len(h) for h in self._holders]),
-                block_holder_ids=tuple([tuple(h) for h in self._holders]),
-            )
+            if self._snapshot is None:
+                self._snapshot = PoolSnapshot(
+                    total_blocks=self._total,
+                    used_blocks=self._total - len(self._free),
+                    block_bytes=self._block_bytes,
+                    n_groups=self._n_groups,
+                    shared_blocks=self._shared,
+                    owner_blocks=MappingProxyType({o: len(b) for o, b in self._owned.items()}),
+                    block_owner=tuple(self._first_holder),
+                    block_group=tuple(self._group),
+                    block_holders=tuple(self._holder_count),
+                    block_holder_ids=tuple(self._holder_ids),
+                )
+            return self._snapshot
 
     # -- model swap -----------------------------------------------------------------------
     def resize(self, total_blocks: int) -> None:
