@@ -7,7 +7,9 @@
                  follow-up each (the warm turn).
 
 The model folder is a random-weight Gemma 3 (bench/vision_model.py, size BENCH: Gemma 3 270M's text
-shape, a SigLIP-B-like tower over 448-pixel images, 256 soft tokens an image), so the same weights load in
+shape, a SigLIP-B-like tower over 448-pixel images, 256 soft tokens an image), or with ``--family qwen3_5``
+a random-weight Qwen3.5 (size QWEN3_5_BENCH: its gated-delta and attention layers at about that scale,
+multi-axis rotary positions, a ViT-B-wide tower, a screenshot 22x14 tokens), so the same weights load in
 both servers; replies run to ``max_tokens`` on both (a random model writes no end token). Both servers run
 as subprocesses on a loopback port, one at a time, order alternating per repeat; mlx_vlm.server at its
 defaults (``python -m mlx_vlm.server --model FOLDER``: its vision-feature cache and continuous batching
@@ -40,7 +42,7 @@ from bench.comparison import mean_ttft, paired, print_comparisons
 from bench.peer_runs import Outcome, on_both, served_once
 from bench.results import BenchResult
 from bench.served import Batching, Launch, semantic_launch
-from bench.vision_model import BENCH, TINY, gemma3_vlm
+from bench.vision_model import BENCH, QWEN3_5_BENCH, QWEN_VL_TINY, TINY, gemma3_vlm, qwen_vl_vlm
 
 from engine.models.loader import resolve_model
 from engine.settings import default_cache_dir
@@ -205,12 +207,19 @@ def _compare(bench: Bench, workload: str, ours: list[Outcome], theirs: list[Outc
 WORKLOADS = {"screenshots": screenshots, "shared_image": shared_image}
 
 
-def bench_folder(cache_dir: Path, tiny: bool) -> Path:
+FAMILIES = ("gemma3", "qwen3_5")
+
+
+def bench_folder(cache_dir: Path, tiny: bool, family: str = "gemma3") -> Path:
     """The bench's model folder, built once under the cache dir (the tokenizer: SmolLM2's)."""
-    folder = cache_dir / "bench-models" / ("gemma3-vlm-tiny" if tiny else "gemma3-vlm-bench")
+    name = "gemma3-vlm" if family == "gemma3" else family.replace("_", "-") + "-vlm"
+    folder = cache_dir / "bench-models" / f"{name}-{'tiny' if tiny else 'bench'}"
     if not (folder / "config.json").is_file():
         smollm2 = Path(resolve_model("smollm2-135m", cache_dir).location)
-        gemma3_vlm(folder, smollm2, seed=0, size=TINY if tiny else BENCH)
+        if family == "gemma3":
+            gemma3_vlm(folder, smollm2, seed=0, size=TINY if tiny else BENCH)
+        else:
+            qwen_vl_vlm(folder, smollm2, family, seed=0, size=QWEN_VL_TINY if tiny else QWEN3_5_BENCH)
     return folder
 
 
@@ -219,6 +228,9 @@ def main() -> None:
     parser.add_argument("--workloads", default=",".join(WORKLOADS), help=f"any of {', '.join(WORKLOADS)}")
     parser.add_argument("--repeats", type=int, help="runs per server and workload (default: 1 quick, 3 full)")
     parser.add_argument("--tiny-model", action="store_true", help="the tests' tiny model instead (a smoke run)")
+    parser.add_argument("--family", choices=FAMILIES, default="gemma3",
+                        help="the model's family: gemma3 (one position a token) or qwen3_5 (gated-delta layers, "
+                             "multi-axis rotary positions)")
     parser.add_argument("--peer", choices=("defaults", "apc"), default="defaults",
                         help="defaults: `mlx_vlm.server --model FOLDER` as it ships (prefix cache off); apc: with its "
                              "automatic prefix cache on (APC_ENABLED=1)")
@@ -229,12 +241,13 @@ def main() -> None:
     sizes = QUICK if args.quick else FULL
     if args.repeats:
         sizes = replace(sizes, repeats=args.repeats)
-    folder = bench_folder(args.cache_dir or default_cache_dir(), args.tiny_model)
+    folder = bench_folder(args.cache_dir or default_cache_dir(), args.tiny_model, args.family)
     print(f"# model folder {folder}\n# {'quick' if args.quick else 'full'} sizes: {sizes}\n# peer: mlx_vlm.server "
           f"{'with APC_ENABLED=1' if args.peer == 'apc' else 'at its defaults'}")
     result = BenchResult("bench_vision", "semantic vs mlx_vlm.server (images)",
                          args={"quick": args.quick, "workloads": chosen, "sizes": str(sizes),
-                               "model": "tiny" if args.tiny_model else "bench", "peer": args.peer})
+                               "model": "tiny" if args.tiny_model else "bench", "family": args.family,
+                               "peer": args.peer})
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-vision-") as work:
         bench = Bench(folder, Path(work), sizes, result, peer_apc=args.peer == "apc")

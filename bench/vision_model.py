@@ -131,37 +131,52 @@ QWEN2_VL_MARKER = "<|vision_start|><|image_pad|><|vision_end|>"
 
 @dataclass(frozen=True, slots=True)
 class QwenVlSize:
-    text: dict[str, Any]
+    text: dict[str, dict[str, Any]]  # per family: the language model's shape (Qwen3.5's: its text_config)
     vision: dict[str, dict[str, Any]]  # per family: the vision tower's shape
     max_pixels: int  # the processor resizes larger pictures down to this many pixels
 
 
+_QWEN2_TINY_TEXT = {"hidden_size": 64, "num_hidden_layers": 4, "intermediate_size": 128, "num_attention_heads": 4,
+                    "num_key_value_heads": 2, "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]}}
+# Qwen3.5's language model: gated-delta layers with a full-attention layer every second one, whose rotary
+# embedding covers half of each head in interleaved sections.
+_QWEN3_5_TINY_TEXT = {
+    "model_type": "qwen3_5_text", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "linear_num_value_heads": 2,
+    "linear_num_key_heads": 2, "linear_key_head_dim": 16, "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4,
+    "full_attention_interval": 2, "rms_norm_eps": 1e-6, "max_position_embeddings": 32768,
+    "tie_word_embeddings": False,
+    "rope_parameters": {"rope_type": "default", "mrope_section": [2, 1, 1], "mrope_interleaved": True,
+                        "rope_theta": 1000000.0, "partial_rotary_factor": 0.5}}
+_QWEN3_5_TINY_TOWER = {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+                       "num_position_embeddings": 64, "deepstack_visual_indexes": []}
 QWEN_VL_TINY = QwenVlSize(
-    text={"hidden_size": 64, "num_hidden_layers": 4, "intermediate_size": 128, "num_attention_heads": 4,
-          "num_key_value_heads": 2, "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]}},
+    text={"qwen2_vl": _QWEN2_TINY_TEXT, "qwen2_5_vl": _QWEN2_TINY_TEXT, "qwen3_5": _QWEN3_5_TINY_TEXT,
+          # Qwen3.5's mixture of experts: the same layers with a routed MLP of 4 experts (2 a token) and a shared one
+          "qwen3_5_moe": {**_QWEN3_5_TINY_TEXT, "model_type": "qwen3_5_moe_text", "num_experts": 4,
+                          "num_experts_per_tok": 2, "shared_expert_intermediate_size": 64, "moe_intermediate_size": 32,
+                          "decoder_sparse_step": 1, "norm_topk_prob": True}},
     vision={"qwen2_vl": {"depth": 2, "embed_dim": 32, "num_heads": 2, "mlp_ratio": 2},
             # Qwen2.5-VL's tower: windowed attention (56-pixel windows) but in its last block
             "qwen2_5_vl": {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
                            "window_size": 56, "fullatt_block_indexes": [1]},
             # Qwen3.5's tower: 16-pixel patches with learned position embeddings, no deepstack
-            "qwen3_5": {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
-                        "num_position_embeddings": 64, "deepstack_visual_indexes": []},
-            "qwen3_5_moe": {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
-                            "num_position_embeddings": 64, "deepstack_visual_indexes": []}},
+            "qwen3_5": _QWEN3_5_TINY_TOWER, "qwen3_5_moe": _QWEN3_5_TINY_TOWER},
     max_pixels=28 * 28 * 16)
-# Qwen3.5's language model: gated-delta layers with a full-attention layer every second one, whose rotary
-# embedding covers half of each head in interleaved sections.
-QWEN3_5_TEXT = {"model_type": "qwen3_5_text", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
-                "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "linear_num_value_heads": 2,
-                "linear_num_key_heads": 2, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
-                "linear_conv_kernel_dim": 4, "full_attention_interval": 2, "rms_norm_eps": 1e-6,
-                "max_position_embeddings": 32768, "tie_word_embeddings": False,
-                "rope_parameters": {"rope_type": "default", "mrope_section": [2, 1, 1], "mrope_interleaved": True,
-                                    "rope_theta": 1000000.0, "partial_rotary_factor": 0.5}}
-# Qwen3.5's mixture of experts: the same layers with a routed MLP of 4 experts (2 a token) and a shared one.
-QWEN3_5_MOE_TEXT = {**QWEN3_5_TEXT, "model_type": "qwen3_5_moe_text", "num_experts": 4, "num_experts_per_tok": 2,
-                    "shared_expert_intermediate_size": 64, "moe_intermediate_size": 32, "decoder_sparse_step": 1,
-                    "norm_topk_prob": True}
+# For bench/bench_vision.py: Qwen3.5's layer pattern (three gated-delta layers to one of full attention, a
+# quarter of each head rotated) at about the Gemma bench's text scale, a 12-layer tower of ViT-B's width over
+# 16-pixel patches, screenshots resized to at most 448x448 pixels' worth (a 1280x800 one: 22x14 tokens).
+QWEN3_5_BENCH = QwenVlSize(
+    text={"qwen3_5": {**_QWEN3_5_TINY_TEXT, "hidden_size": 640, "intermediate_size": 2048, "num_hidden_layers": 16,
+                      "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 128,
+                      "linear_num_value_heads": 8, "linear_num_key_heads": 4, "linear_key_head_dim": 64,
+                      "linear_value_head_dim": 64, "full_attention_interval": 4,
+                      "rope_parameters": {"rope_type": "default", "mrope_section": [6, 5, 5],
+                                          "mrope_interleaved": True, "rope_theta": 1000000.0,
+                                          "partial_rotary_factor": 0.25}}},
+    vision={"qwen3_5": {"depth": 12, "hidden_size": 768, "intermediate_size": 3072, "num_heads": 12,
+                        "num_position_embeddings": 2304, "deepstack_visual_indexes": []}},
+    max_pixels=448 * 448)
 QWEN_VL_CLASSES = {"qwen2_vl": "Qwen2VLForConditionalGeneration",
                    "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration", "qwen3_5": "Qwen3_5ForConditionalGeneration",
                    "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration"}
@@ -181,7 +196,7 @@ def qwen_vl_vlm(folder: Path, tokenizer_source: Path, family: str = "qwen2_vl", 
     ids = _tokenizer_with(folder, tokenizer_source, QWEN2_VL_IMAGE_TOKENS, QWEN2_VL_MARKER)
     vocab = max(ids.values()) + 1
     eos = json.loads((tokenizer_source / "config.json").read_text()).get("eos_token_id", 2)
-    hidden = size.text["hidden_size"]
+    hidden = size.text[family]["hidden_size"]
     qwen3_5 = family.startswith("qwen3_5")
     patch = 16 if qwen3_5 else 14
     vision = {"model_type": family, **size.vision[family], "patch_size": patch, "spatial_patch_size": patch,
@@ -194,17 +209,16 @@ def qwen_vl_vlm(folder: Path, tokenizer_source: Path, family: str = "qwen2_vl", 
         "video_token_id": ids["video_pad"],
         "vision_start_token_id": ids["vision_start"],
         "vision_end_token_id": ids["vision_end"],
-        **size.text,
+        **(size.text[family] if not family.startswith("qwen3_5") else {}),
         "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "max_position_embeddings": 32768,
         "tie_word_embeddings": False, "vocab_size": vocab,
         "eos_token_id": eos if isinstance(eos, int) else eos[0],
         "vision_config": vision,
     }
     if qwen3_5:  # the text model's settings nest under text_config
-        config = {key: value for key, value in config.items() if key not in size.text and key not in (
+        config = {key: value for key, value in config.items() if key not in (
             "rms_norm_eps", "rope_theta", "max_position_embeddings", "tie_word_embeddings")}
-        text = QWEN3_5_MOE_TEXT if family == "qwen3_5_moe" else QWEN3_5_TEXT
-        config["text_config"] = {**text, "vocab_size": vocab, "eos_token_id": config["eos_token_id"]}
+        config["text_config"] = {**size.text[family], "vocab_size": vocab, "eos_token_id": config["eos_token_id"]}
     mx.random.seed(seed)
     model_config = classes.ModelConfig.from_dict(dict(config))
     if isinstance(model_config.text_config, dict):
