@@ -16,6 +16,7 @@ a pass with nothing to say (a text model, a conversation without images) runs ml
 
 from __future__ import annotations
 
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -38,19 +39,24 @@ class RotaryPass:
 
 
 class RotarySlot:
-    """What the forward pass in progress says about its rotary positions (None: the cache offsets)."""
+    """What the forward pass in progress says about its rotary positions (None: the cache offsets). Per thread:
+    a model's weights may serve two engines (an extra model that is another's draft), each on its own thread."""
 
     def __init__(self, rotary: Any) -> None:
         self.rotary = rotary  # mlx-vlm's MRoPERotaryEmbedding for this model's heads
-        self.current: RotaryPass | None = None
+        self._passes = threading.local()
+
+    @property
+    def current(self) -> RotaryPass | None:
+        return getattr(self._passes, "current", None)
 
     @contextmanager
     def rotating(self, positions: RotaryPass | None) -> Iterator[None]:
-        self.current = positions
+        self._passes.current = positions
         try:
             yield
         finally:
-            self.current = None
+            self._passes.current = None
 
 
 class MultimodalRope:

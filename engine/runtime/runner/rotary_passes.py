@@ -11,14 +11,14 @@ pass) rotates each pass right with no word from the batch.
 
 from __future__ import annotations
 
-from contextlib import contextmanager, nullcontext
-from typing import Any, ContextManager, Iterator, Sequence
+from contextlib import nullcontext
+from typing import Any, ContextManager, Sequence
 
 import mlx.core as mx
 import numpy as np
 
 from engine.domain.rotary_positions import ImagePositions
-from engine.models.multimodal_rope import RotaryPass, RotarySlot, slot_of
+from engine.models.multimodal_rope import RotaryPass, slot_of
 
 _ATTRIBUTE = "rotary_positions"
 
@@ -40,13 +40,7 @@ def positioned(model: Any, cache: Any, tokens: int) -> ContextManager[None]:
     positions = [getattr(row, _ATTRIBUTE, None) for row in rows]
     if all(p is None for p in positions):
         return nullcontext()
-    return _rotating(slot, _pass(positions, [int(row.offset) for row in rows], tokens))
-
-
-@contextmanager
-def _rotating(slot: RotarySlot, rotary: RotaryPass | None) -> Iterator[None]:
-    with slot.rotating(rotary):
-        yield
+    return slot.rotating(_pass(positions, [int(row.offset) for row in rows], tokens))
 
 
 def _pass(positions: Sequence[ImagePositions | None], offsets: Sequence[int], tokens: int) -> RotaryPass | None:
