@@ -17,8 +17,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-import numpy as np
-
 from engine.domain.images import PromptImage
 
 
@@ -71,26 +69,19 @@ class ImagePositions:
         """Whether positions ``[start, start + length)`` hold an image token (they need :meth:`axes`)."""
         return any(run.start < start + length and start < run.end for run in self._runs)
 
-    def axes(self, start: int, length: int) -> np.ndarray:
-        """The three rotary positions (3, length) of cache positions ``[start, start + length)``."""
-        out = np.empty((3, length), dtype=np.int32)
-        at = start
-        end = start + length
-        for run in self._runs:
-            if run.end <= at:
+    def axes(self, start: int, length: int) -> list[list[int]]:
+        """The three rotary positions (3 lists of ``length``) of cache positions ``[start, start + length)``."""
+        out: list[list[int]] = [[], [], []]
+        for position in range(start, start + length):
+            run = next((r for r in self._runs if r.start <= position < r.end), None)
+            if run is None:
+                value = position + self.shift(position)
+                for axis in out:
+                    axis.append(value)
                 continue
-            if run.start >= end:
-                break
-            if run.start > at:  # text before the run
-                out[:, at - start:run.start - start] = np.arange(at, run.start) + self.shift(at)
-                at = run.start
-            stop = min(end, run.end)
-            index = np.arange(at - run.start, stop - run.start)
-            t, h, w = run.grid
-            out[0, at - start:stop - start] = run.base + index // (h * w)
-            out[1, at - start:stop - start] = run.base + index // w % h
-            out[2, at - start:stop - start] = run.base + index % w
-            at = stop
-        if at < end:
-            out[:, at - start:] = np.arange(at, end) + self.shift(at)
+            index = position - run.start
+            _, h, w = run.grid
+            out[0].append(run.base + index // (h * w))
+            out[1].append(run.base + index // w % h)
+            out[2].append(run.base + index % w)
         return out

@@ -61,7 +61,7 @@ def test_a_chunk_over_an_image_rotates_every_row_by_explicit_positions() -> None
     assert seen is not None and seen.shifts is None
     axes = np.array(seen.axes)
     assert axes.shape == (3, 2, 5)
-    assert np.array_equal(axes[:, 0], POSITIONS.axes(2, 5))
+    assert np.array_equal(axes[:, 0], np.array(POSITIONS.axes(2, 5)))
     assert np.array_equal(axes[:, 1], np.tile(np.arange(30, 35), (3, 1)))
 
 

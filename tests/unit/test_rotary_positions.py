@@ -39,15 +39,15 @@ def mlx_vlm_positions(images: tuple[PromptImage, ...], length: int) -> np.ndarra
 
 
 def test_positions_of_a_whole_prompt_are_mlx_vlms() -> None:
-    assert np.array_equal(ImagePositions(IMAGES).axes(0, LENGTH), mlx_vlm_positions(IMAGES, LENGTH))
+    assert np.array_equal(np.array(ImagePositions(IMAGES).axes(0, LENGTH)), mlx_vlm_positions(IMAGES, LENGTH))
 
 
 @pytest.mark.parametrize("chunk", [1, 3, 5, 8])
 def test_chunks_from_anywhere_are_slices_of_the_whole(chunk: int) -> None:
     positions = ImagePositions(IMAGES)
-    whole = positions.axes(0, LENGTH + 10)  # and past the prompt: the reply goes on from the last shift
+    whole = np.array(positions.axes(0, LENGTH + 10))  # and past the prompt: the reply goes on from the last shift
     for start in range(0, LENGTH + 10 - chunk):
-        assert np.array_equal(positions.axes(start, chunk), whole[:, start:start + chunk]), start
+        assert np.array_equal(np.array(positions.axes(start, chunk)), whole[:, start:start + chunk]), start
         if not positions.in_image(start, chunk):
             assert np.array_equal(whole[:, start:start + chunk],
                                   np.tile(np.arange(start, start + chunk) + positions.shift(start), (3, 1)))

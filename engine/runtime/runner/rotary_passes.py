@@ -45,8 +45,9 @@ def positioned(model: Any, cache: Any, tokens: int) -> ContextManager[None]:
 
 def _pass(positions: Sequence[ImagePositions | None], offsets: Sequence[int], tokens: int) -> RotaryPass | None:
     if any(p is not None and p.in_image(start, tokens) for p, start in zip(positions, offsets)):
-        axes = np.stack([p.axes(start, tokens) if p is not None else np.tile(np.arange(start, start + tokens), (3, 1))
-                         for p, start in zip(positions, offsets)], axis=1)
+        axes = np.stack([np.array(p.axes(start, tokens)) if p is not None
+                         else np.tile(np.arange(start, start + tokens), (3, 1)) for p, start in zip(positions, offsets)],
+                        axis=1)
         return RotaryPass(axes=mx.array(axes))
     shifts = [p.shift(start) if p is not None else 0 for p, start in zip(positions, offsets)]
     if not any(shifts):
