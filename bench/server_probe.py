@@ -112,6 +112,8 @@ class PoolAccount:
     requests_total: int
     cache_blocks: int  # what the hot agents' cached tokens need
     problems: tuple[str, ...] = ()
+    # The hot agents by id, with their cached tokens: which agent a growth between two accounts came from.
+    hot_tokens: tuple[tuple[str, int], ...] = ()
 
     @property
     def idle(self) -> bool:
@@ -169,6 +171,7 @@ def pool_account(stats: dict[str, Any]) -> PoolAccount:
         busy_agents=tuple(a["agent_id"] for a in stats["agents"] if a["state"] != "idle"),
         active_requests=throughput["active_requests"], requests_total=throughput["requests_total"],
         cache_blocks=expected, problems=tuple(problems),
+        hot_tokens=tuple(sorted((agent, int(a.get("cached_tokens", 0))) for agent, a in hot.items())),
     )
 
 

@@ -231,6 +231,9 @@ def print_summary(result: SoakResult, found: list[Check]) -> None:
           f"peak {peak:.1f} MiB\n"
           f"idle start: {start.line()}\nidle end:   {end.line()}\nevicted:    {emptied.line()}")
     notes = [f"problem: {p}" for p in (*start.problems, *end.problems, *emptied.problems)]
+    before = dict(start.hot_tokens)
+    notes += [f"hot at idle end, not at idle start: {agent} ({tokens} tokens)" for agent, tokens in end.hot_tokens
+              if agent not in before]
     notes += [f"failure: {f}" for f in tally.failures + result.settle_failures]
     notes += [f"server log: {line[:500]}" for line in result.log_errors]
     for note in notes[:40]:

@@ -23,6 +23,8 @@ def test_two_lanes_sharing_their_prefix_block_account_exactly() -> None:
     # "a" and its lane "a-2" share block 0 (16 prompt tokens); each holds one block of its own.
     account = pool_account(stats([["a", "a-2"], ["a"], ["a-2"], []], {"a": 30, "a-2": 28}))
     assert account.problems == () and account.cache_blocks == 3 == account.used_blocks and account.shared_blocks == 1
+    # (by id: a soak names the agents that appeared between its idle start and end)
+    assert account.hot_tokens == (("a", 30), ("a-2", 28))
 
 
 def test_an_agent_short_of_blocks_and_a_block_nobody_hot_holds_are_problems() -> None:
