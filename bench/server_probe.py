@@ -114,6 +114,12 @@ class PoolAccount:
     problems: tuple[str, ...] = ()
     # The hot agents by id, with their cached tokens: which agent a growth between two accounts came from.
     hot_tokens: tuple[tuple[str, int], ...] = ()
+    # Each used block's holders (what blocks only some agents hold: soak.py leaves a new lane's out of growth).
+    block_holders: tuple[tuple[str, ...], ...] = ()
+
+    def held_only_by(self, agents: set[str]) -> int:
+        """Used blocks whose every holder is one of ``agents``."""
+        return sum(1 for ids in self.block_holders if ids and set(ids) <= agents)
 
     @property
     def idle(self) -> bool:
@@ -172,6 +178,7 @@ def pool_account(stats: dict[str, Any]) -> PoolAccount:
         active_requests=throughput["active_requests"], requests_total=throughput["requests_total"],
         cache_blocks=expected, problems=tuple(problems),
         hot_tokens=tuple(sorted((agent, int(a.get("cached_tokens", 0))) for agent, a in hot.items())),
+        block_holders=tuple(tuple(ids) for ids in holders if ids),
     )
 
 

@@ -32,3 +32,15 @@ def test_an_agent_short_of_blocks_and_a_block_nobody_hot_holds_are_problems() ->
     assert any("a-2: 1 blocks" in p for p in account.problems)
     assert any("'gone', which is not a hot agent" in p for p in account.problems)
     assert account.unaccounted == 1
+
+
+def test_a_new_lane_is_told_from_another_new_agent_and_its_own_blocks_are_counted_apart() -> None:
+    from bench.soak import new_agents
+
+    start = pool_account(stats([["a", "a-2"], ["a"], ["a-2"], []], {"a": 30, "a-2": 28}))
+    # "a-3" (a lane of "a", as a client that drops a request and resends at once may get) shares the prefix
+    # block and holds one of its own; "z" was not there at all.
+    end = pool_account(stats([["a", "a-2", "a-3"], ["a"], ["a-2"], ["a-3"], ["z"]],
+                             {"a": 30, "a-2": 28, "a-3": 20, "z": 5}))
+    assert new_agents(start, end) == (["a-3"], ["z"])
+    assert end.held_only_by({"a-3"}) == 1 and end.held_only_by({"a-3", "z"}) == 2
