@@ -26,14 +26,14 @@ import numpy as np
 
 from engine.errors import ModelLoadError
 from engine.models import multimodal_rope
-from engine.models.multimodal_rope import MROPE_STYLES
 
 log = logging.getLogger("semantic.models.vision")
 
 # Families whose images this server feeds as mlx-vlm does, checked token for token against mlx-vlm's greedy
-# generation (tests/model/test_vision_real.py). Others (tiled images, deepstack features) load as text
-# models and say why.
-VISION_FAMILIES = ("gemma3", "qwen2_vl", "qwen2_5_vl", "qwen3_5", "qwen3_5_moe")
+# generation (tests/model/test_vision_real.py): Gemma 3, and the families whose rotary positions follow an
+# image's grid (multimodal_rope.MROPE_STYLES). Others (tiled images, deepstack features) load as text models
+# and say why.
+VISION_FAMILIES = ("gemma3", *multimodal_rope.MROPE_STYLES)
 PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
 
 
@@ -123,8 +123,9 @@ def _load(folder: Path, config: dict[str, Any], text_model: Any) -> VisionModel:
     image_token_id = int(config.get("image_token_index") or config.get("image_token_id"))
     model_type = str(config["model_type"])
     merge_size = 0
-    if model_type in MROPE_STYLES:  # the language model's rotary positions follow an image's grid
-        multimodal_rope.install(text_model, config.get("text_config") or config, MROPE_STYLES[model_type])
+    if model_type in multimodal_rope.MROPE_STYLES:  # the language model's rotary positions follow an image's grid
+        multimodal_rope.install(text_model, config.get("text_config") or config,
+                                multimodal_rope.MROPE_STYLES[model_type])
         merge_size = int(config["vision_config"].get("spatial_merge_size", 2))
     return VisionModel(
         model=model, processor=processor, model_type=model_type, image_token_id=image_token_id,
