@@ -7,8 +7,8 @@ each later request of the session (the CLI resumes a reply cut at the server's o
 from the agent's cache rather than computing it again. A random model writes no end token, so the CLI ends
 at its own output limit after its resumes (ClaudeRun.gave_up_at_output_limit) or with an answer.
 
-(An image inside a ``tool_result``, as the Read tool returns one, needs a model that calls the tool; it is
-sent in that shape by tests/model/test_vision_real.py.)
+(An image inside a ``tool_result``, as the Read tool returns one, needs a model that calls the tool:
+tests/model/test_claude_code_read_tool_real.py drives the real Read tool with a hand-scripted model.)
 """
 
 from __future__ import annotations
