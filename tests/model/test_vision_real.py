@@ -277,3 +277,48 @@ def test_the_direct_agent_api_keeps_an_image_in_the_agents_history(api: RealApi,
         assert second["usage"]["reused_tokens"] >= first["usage"]["prompt_tokens"] - resume_short(api)
         bad = http.post("/v1/agents/looker/messages", json={"content": "x", "images": ["data:image/png;base64,iVBOR"]})
         assert bad.status_code == 400 and "images.0" in bad.text
+
+
+def test_the_cpu_backends_tower_paths_give_the_towers_own_features(loaded: LoadedModel, monkeypatch) -> None:
+    """The CPU backend's vision pass (its host attention and GELU, backends/cpu/backend.py) on this family's real
+    tower: with the paths' size thresholds lowered so the tiny tower takes them, an image's features equal
+    the tower's own (MLX's kernels) to float32 rounding, and each path was taken."""
+    from engine.runtime.runner.backends.cpu import backend as cpu_backend, cpu_math, host_softmax
+    from engine.runtime.runner.backends.cpu.backend import CpuBackend
+
+    calls = {"attention": 0, "gelu": 0}
+    host_sdpa, fast_gelu = cpu_backend.HOST_ATTENTION.sdpa, cpu_math.gelu_approx
+
+    def attention(*args: Any) -> Any:
+        calls["attention"] += 1
+        return host_sdpa(*args)
+
+    def gelu(x: Any) -> Any:
+        calls["gelu"] += 1
+        return fast_gelu(x)
+
+    host_softmax.warm_up()
+    monkeypatch.setattr(cpu_backend, "HOST_ATTENTION", type("Counted", (), {"sdpa": staticmethod(attention)})())
+    monkeypatch.setattr(cpu_math, "gelu_approx", gelu)
+    monkeypatch.setattr(cpu_math, "MIN_ELEMENTS", 16)
+    monkeypatch.setattr(cpu_math, "MAX_SCORES", 64)  # past it: the compiled softmax rows
+    vision = loaded.vision
+    marker_prompt = f"<|im_start|>user\n{vision.marker}What is this?<|im_end|>\n"
+    inputs = vision.prepare(marker_prompt, [Image.open(io.BytesIO(picture(9, 112, 84))).convert("RGB")])
+    length = int((inputs.pop("input_ids")[0] == vision.image_token_id).sum())
+    inputs.pop("attention_mask", None)
+    plain = vision.embeddings(inputs, length)
+    backend = CpuBackend()
+    backend.attach(loaded.model)
+    try:
+        with backend.vision_pass():
+            fast = vision.embeddings(inputs, length)
+    finally:
+        backend.detach(loaded.model)
+        backend.close()
+    assert calls["attention"] > 0
+    # Gemma 3's SigLIP and Qwen3.5's tower use the tanh GELU; Qwen2-VL's the sigmoid one and Qwen2.5-VL's SiLU,
+    # left to MLX.
+    assert (calls["gelu"] > 0) == (vision.model_type in ("gemma3", "qwen3_5", "qwen3_5_moe")), calls
+    difference = float(np.abs(np.array(fast) - np.array(plain)).max())
+    assert np.allclose(np.array(fast), np.array(plain), rtol=1e-4, atol=1e-5), difference

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
+import mlx.nn.layers.activations as activations
 import pytest
 
 # The CPU path's modules, loaded now so that their globals are part of what is watched.
@@ -31,7 +32,8 @@ CPU_PACKAGE = "engine.runtime.runner.backends.cpu"
 
 def global_state(model: nn.Module) -> dict[str, int]:
     """What a compute path could switch: every module-level name of the engine's runtime and of mlx-lm's model
-    modules, ``mlx.nn``'s activations, and the classes of the model's layers (by identity)."""
+    modules, ``mlx.nn``'s activations (the GELU module's too), MLX's fused attention, and the classes of the
+    model's layers (by identity)."""
     state: dict[str, int] = {}
     for name, module in list(sys.modules.items()):
         if isinstance(module, types.ModuleType) and name.startswith(("engine.runtime", "mlx_lm.models")):
@@ -39,6 +41,8 @@ def global_state(model: nn.Module) -> dict[str, int]:
                 if not attr.startswith("__"):
                     state[f"{name}.{attr}"] = id(value)
     state["mlx.nn.gelu_approx"] = id(nn.gelu_approx)
+    state["mlx.nn.layers.activations.gelu_approx"] = id(activations.gelu_approx)
+    state["mx.fast.scaled_dot_product_attention"] = id(mx.fast.scaled_dot_product_attention)
     for path, layer in model.named_modules():
         state[f"model.{path}.__class__"] = id(type(layer))
     return state
@@ -54,6 +58,9 @@ def test_each_backend_runs_a_turn_and_leaves_no_global_state_behind(kind: str) -
     """An engine per backend on the same model object: the same greedy tokens, and afterwards every module
     global, ``mlx.nn``'s activations and the model's layer classes are what they were before."""
     loaded = loaded_tiny(kind)
+    # Found once per process, kept after (a cache, not a switch): found before the first state is taken.
+    from engine.runtime.runner.backends.cpu import host_verify_attention
+    host_verify_attention.one_blas_thread()
     modules_before = set(sys.modules)
     before = global_state(loaded.model)
     outputs = []

@@ -8,9 +8,10 @@ image, or a turn that re-reads it after a rewind, computes no vision tower.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import OrderedDict
-from typing import Any, Sequence
+from typing import Any, Callable, ContextManager, Sequence
 
 import mlx.core as mx
 
@@ -19,8 +20,11 @@ from engine.models.vision import VisionModel, embedding_table
 
 
 class ImageEmbedder:
-    def __init__(self, vision: VisionModel, model: Any, capacity: int = 64) -> None:
+    def __init__(self, vision: VisionModel, model: Any, capacity: int = 64,
+                 vision_pass: Callable[[], ContextManager[None]] = contextlib.nullcontext) -> None:
         self.vision = vision
+        # The compute backend's context for a tower run (MlxBackend.vision_pass: the CPU's faster attention and GELU).
+        self.vision_pass = vision_pass
         self.embed = embedding_table(model)
         self.capacity = capacity
         self._kept: OrderedDict[str, mx.array] = OrderedDict()
@@ -37,8 +41,9 @@ class ImageEmbedder:
             self.reused += 1
             return kept
         started = time.perf_counter()
-        features = self.vision.embeddings(image.inputs, image.length)
-        mx.eval(features)
+        with self.vision_pass():
+            features = self.vision.embeddings(image.inputs, image.length)
+            mx.eval(features)
         self.seconds += time.perf_counter() - started
         self.encoded += 1
         if self.capacity > 0:

@@ -53,7 +53,8 @@ GeneratorFactory = Callable[[LoadedModel, BatchSettings, BatchHooks], Any]
 
 def sequence_batch_factory(loaded: LoadedModel, batch: BatchSettings, hooks: BatchHooks) -> SequenceBatch:
     draft = loaded.draft.model if loaded.draft is not None and batch.speculate == "draft" else None
-    images = ImageEmbedder(loaded.vision, loaded.model, batch.image_feature_cache) if loaded.vision is not None else None
+    images = (ImageEmbedder(loaded.vision, loaded.model, batch.image_feature_cache, hooks.backend.vision_pass)
+              if loaded.vision is not None else None)
     return SequenceBatch(loaded.model, batch.prefill_step_size, batch.max_batch_size,
                          keep_turn_checkpoints=turn_checkpoints(loaded, batch), backend=hooks.backend,
                          speculation=SpeculationSetup(batch.max_draft, hooks.timed, draft), images=images)

@@ -15,7 +15,8 @@ One backend object serves one engine and its model; it is chosen once, in
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+import contextlib
+from typing import Any, Callable, ContextManager, Sequence
 
 import mlx.core as mx
 
@@ -68,6 +69,12 @@ class MlxBackend:
 
     def batched_attention(self, model: Any) -> bool:
         return self.attach(model)
+
+    def vision_pass(self) -> ContextManager[None]:
+        """Around a vision tower's run over an image (mlx-vlm's modules, not the attached model): where a
+        backend has faster arithmetic for the tower's attention and activations, it takes them inside this.
+        MLX's own kernels here."""
+        return contextlib.nullcontext()
 
     # -- forward passes ------------------------------------------------------------------
     def forward(self, model: Any, inputs: mx.array, cache: Any, embeddings: mx.array | None = None) -> mx.array:

@@ -19,7 +19,8 @@ measured in its module's docstring):
   (``host_gated_delta.py``), and a hybrid's short depthwise convolution over
   a prefill chunk in one compiled loop (``host_conv.py``);
 * a long prefill chunk's softmax in compiled rows across both cores
-  (``host_softmax.py``, chosen per call in ``host_attention.py``).
+  (``host_softmax.py``, chosen per call in ``host_attention.py``);
+* a vision tower's attention and GELU the same ways, inside :meth:`vision_pass`.
 
 Everything is decided here, once per engine: no module flag, no thread-local.
 The wrappers and layer classes that reach into the model act only inside this
@@ -30,12 +31,13 @@ kernels. Benchmarks turn parts off by constructing it with ``CpuOptions``.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import mlx.core as mx
 
@@ -43,6 +45,7 @@ from engine.domain.cache_spec import ModelCacheSpec
 from engine.runtime.runner.backends.cpu import (host_conv, host_decode, host_forward, host_gated_delta, host_linear,
                                                host_softmax)
 from engine.runtime.runner.backends.cpu.hooks import ActivationHooks
+from engine.runtime.runner.backends.cpu.host_attention import HOST_ATTENTION
 from engine.runtime.runner.backends.cpu.host_kv import (HOST_KINDS, HOST_KINDS_BESIDE_RECURRENT, HostFullKV,
                                                        HostRaggedLayerCache)
 from engine.runtime.runner.backends.cpu.host_top_k import HostTopK
@@ -70,6 +73,7 @@ class CpuOptions:
     # A long prefill chunk's softmax in compiled rows. The kernel is one per process: once any CPU backend has
     # loaded it, every CPU backend's caches use it (False here only keeps this one from loading it).
     prefill_softmax: bool = True
+    vision_tower: bool = True  # a vision tower's attention (host_attention) and GELU (cpu_math): vision_pass
 
 
 class CpuBackend(MlxBackend):
@@ -88,6 +92,7 @@ class CpuBackend(MlxBackend):
         self._conv_ok = options.depthwise_conv and compiler
         self._softmax_ok = options.prefill_softmax and compiler
         self._forward_thread: int | None = None
+        self._vision_thread: int | None = None
         self._hooks: dict[int, ActivationHooks] = {}
         self._host_step: dict[int, bool] = {}
         self._tables = host_forward.RopeTables()
@@ -114,6 +119,8 @@ class CpuBackend(MlxBackend):
             hooks.install_gated_delta(model, lambda: self._recurrence_ok)
         if self._conv_ok:
             hooks.install_depthwise_conv(model, lambda: self._conv_ok)
+        if self.options.vision_tower:
+            hooks.install_vision(self.inside_vision_pass, self._tower_attention)
         if self.options.linear_pass:
             host_linear.swap_in(model, self)
         self._host_step[key] = self.options.host_step and host_forward.supports(model)
@@ -186,6 +193,32 @@ class CpuBackend(MlxBackend):
             return super().forward(model, inputs, cache, embeddings)
         finally:
             self._forward_thread = None
+
+    @contextlib.contextmanager
+    def vision_pass(self) -> Iterator[None]:
+        """A vision tower's run: its attention through the host attention (the compiled softmax rows past
+        ``cpu_math.MAX_SCORES`` scores) and its GELU through ``cpu_math``. MLX's CPU attention takes 212 ms a
+        layer over the bench's SigLIP tower (12 heads over 1024 patches), the host attention 59 ms; the whole
+        tower over a 1280x800 screenshot, 2-core x86 (2026-12-05): Gemma 3's 448-pixel SigLIP 4.06 -> 1.56 s,
+        Qwen3.5's 12-layer ViT-B 2.46 -> 1.21 s (bench/vision_model.py's BENCH sizes), features equal to
+        float32 rounding (tests/model/test_vision_real.py)."""
+        self._vision_thread = threading.get_ident()
+        try:
+            yield
+        finally:
+            self._vision_thread = None
+
+    def inside_vision_pass(self) -> bool:
+        return self._vision_thread == threading.get_ident()
+
+    def _tower_attention(self, queries: mx.array, keys: mx.array, values: mx.array, scale: float,
+                         mask: Any) -> mx.array:
+        # Outside the pass while it runs: MLX's attention that the host attention itself calls is MLX's.
+        thread, self._vision_thread = self._vision_thread, None
+        try:
+            return HOST_ATTENTION.sdpa(queries, keys, values, scale, mask)
+        finally:
+            self._vision_thread = thread
 
     def ragged(self, layers: Sequence[Any]) -> RaggedLayerCache:
         return HostRaggedLayerCache(layers, self.loops_ready, self._workers)

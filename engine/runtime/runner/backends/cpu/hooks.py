@@ -27,6 +27,7 @@ import types
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import mlx.core as mx
 import mlx.nn as nn
 
 from engine.runtime.runner.backends.cpu import cpu_math, host_conv, host_gated_delta
@@ -39,6 +40,13 @@ GEGLU = "geglu"
 # mlx-lm's module of the gated delta rule, and the step loop in it that runs wherever its Metal kernel does not.
 GATED_DELTA_MODULE = "mlx_lm.models.gated_delta"
 GATED_DELTA_OPS = "gated_delta_ops"
+# mlx.nn's GELU module ("precise" and "tanh" alike) calls its own module's ``gelu_approx``, not ``nn.gelu_approx``:
+# a vision tower's MLPs (mlx-vlm's SigLIP and Qwen-VL towers) reach it there.
+ACTIVATIONS_MODULE = "mlx.nn.layers.activations"
+ATTENTION = "scaled_dot_product_attention"  # mx.fast's: mlx-vlm's towers call it by this name
+# ... or through mlx-vlm's helper of this name (Qwen3-VL's and Qwen3.5's towers), compiled (``mx.compile``): a
+# compiled function replays its first trace, so it is wrapped by name in each mlx-vlm module that imported it.
+VLM_ATTENTION = "ensure_fused_sdpa"
 
 
 def _big_enough(first: Any) -> bool:
@@ -58,16 +66,33 @@ class _Wrapper:
         self.live = True
         self.__wrapped__ = previous
 
-    def __call__(self, first: Any, *rest: Any) -> Any:
+    def __call__(self, first: Any, *rest: Any, **keywords: Any) -> Any:
         if self.live and self.applies(first) and self.inside():
-            out = self.fast(first, *rest)
+            out = self.fast(first, *rest, **keywords)
             if out is not None:
                 return out
-        return self.previous(first, *rest)
+        return self.previous(first, *rest, **keywords)
 
     def __get__(self, instance: Any, owner: Any = None) -> Any:
         """On a class (``nn.Conv1d.__call__``) it binds like the method it wraps: the instance comes first."""
         return self if instance is None else types.MethodType(self, instance)
+
+
+class _AttentionWrapper(_Wrapper):
+    """``mx.fast.scaled_dot_product_attention``, called with keywords: ``fast(queries, keys, values, scale, mask)``
+    where it applies (``sinks`` and any other keyword pass the call on)."""
+
+    def __call__(self, queries: Any, keys: Any, values: Any, *, scale: float, mask: Any = None,
+                 **rest: Any) -> Any:
+        if self.live and not rest and self.applies(queries) and self.inside():
+            out = self.fast(queries, keys, values, scale, mask)
+            if out is not None:
+                return out
+        return self.previous(queries, keys, values, scale=scale, mask=mask, **rest)
+
+
+def _many_queries(queries: Any) -> bool:
+    return queries.shape[2] > 1
 
 
 @dataclass(slots=True)
@@ -92,6 +117,19 @@ class ActivationHooks:
             if callable(getattr(module, GEGLU, None)):
                 self._wrap(module, GEGLU, lambda gate, x: cpu_math.geglu(gate, x))
         self._wrap(nn, "gelu_approx", lambda x: cpu_math.gelu_approx(x))
+
+    def install_vision(self, inside_vision: Callable[[], bool], attention: Callable[..., Any]) -> None:
+        """A vision tower's GELU (``cpu_math``) and attention (``attention(queries, keys, values, scale, mask)``)
+        inside the backend's vision passes only (``inside_vision``): the tower is mlx-vlm's, not the attached
+        model, and reaches both through the namespaces of ``mlx.nn``'s GELU module and ``mx.fast``."""
+        self._wrap(sys.modules[ACTIVATIONS_MODULE], "gelu_approx", lambda x: cpu_math.gelu_approx(x),
+                   inside=inside_vision)
+        self._wrap(mx.fast, ATTENTION, attention, applies=_many_queries, inside=inside_vision,
+                   wrapper=_AttentionWrapper)
+        for name, module in sorted(sys.modules.items()):
+            if name.startswith("mlx_vlm.") and callable(getattr(module, VLM_ATTENTION, None)):
+                self._wrap(module, VLM_ATTENTION, lambda q, k, v, scale, mask=None: attention(q, k, v, scale, mask),
+                           applies=_many_queries, inside=inside_vision)
 
     def install_gated_delta(self, model: Any, ready: Callable[[], bool]) -> bool:
         """Route ``model``'s gated-delta prefill chunks through the compiled loop once ``ready`` (it loads in
@@ -128,10 +166,11 @@ class ActivationHooks:
         self._patches = []
 
     def _wrap(self, namespace: Any, name: str, fast: Callable[..., Any],
-              applies: Callable[[Any], bool] = _big_enough) -> None:
-        wrapper = _Wrapper(fast, _first_live(getattr(namespace, name)), self._inside, applies)
-        setattr(namespace, name, wrapper)
-        self._patches.append(_Patch(namespace, name, wrapper))
+              applies: Callable[[Any], bool] = _big_enough, inside: Callable[[], bool] | None = None,
+              wrapper: type[_Wrapper] = _Wrapper) -> None:
+        made = wrapper(fast, _first_live(getattr(namespace, name)), inside or self._inside, applies)
+        setattr(namespace, name, made)
+        self._patches.append(_Patch(namespace, name, made))
 
 
 def _first_live(function: Any) -> Any:
