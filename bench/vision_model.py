@@ -108,6 +108,11 @@ def gemma3_vlm(folder: Path, tokenizer_source: Path, seed: int = 0, size: VlmSiz
     model_config.text_config = gemma3.TextConfig.from_dict(config["text_config"])
     model_config.vision_config = gemma3.VisionConfig.from_dict(config["vision_config"])
     model = gemma3.Model(model_config)
+    # mlx-vlm starts the projector's matrix at ones (a checkpoint overwrites it): every hidden unit of an image's
+    # embeddings would be the same near-zero sum, which no picture changes. Random, of unit scale, as trained.
+    projector = model.multi_modal_projector
+    rows = projector.mm_input_projection_weight.shape[0]
+    projector.mm_input_projection_weight = mx.random.normal(projector.mm_input_projection_weight.shape) / rows**0.5
     mx.eval(model.parameters())
     # Gemma 3 ties its output head to the embeddings: a converted checkpoint has no lm_head.
     weights = {k: v for k, v in tree_flatten(model.parameters()) if not k.endswith("lm_head.weight")}

@@ -198,10 +198,10 @@ class CpuBackend(MlxBackend):
     def vision_pass(self) -> Iterator[None]:
         """A vision tower's run: its attention through the host attention (the compiled softmax rows past
         ``cpu_math.MAX_SCORES`` scores) and its GELU through ``cpu_math``. MLX's CPU attention takes 212 ms a
-        layer over the bench's SigLIP tower (12 heads over 1024 patches), the host attention 59 ms; the whole
-        tower over a 1280x800 screenshot, 2-core x86 (2026-12-05): Gemma 3's 448-pixel SigLIP 4.06 -> 1.56 s,
-        Qwen3.5's 12-layer ViT-B 2.46 -> 1.21 s (bench/vision_model.py's BENCH sizes), features equal to
-        float32 rounding (tests/model/test_vision_real.py)."""
+        layer over the bench's SigLIP tower (12 heads over 1024 patches), the host attention 59 ms. A 1280x800
+        screenshot through the bench's towers (bench/bench_vision_tower.py, report 2026-12-05-cpu-2core-s41,
+        2-core x86): Gemma 3's 448-pixel SigLIP 4.15 -> 1.91 s, Qwen3.5's 12-layer ViT-B 2.65 -> 1.39 s, outputs
+        equal to 6.7e-7 of their largest value (tests/model/test_vision_real.py checks each family)."""
         self._vision_thread = threading.get_ident()
         try:
             yield
