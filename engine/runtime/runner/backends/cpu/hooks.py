@@ -84,7 +84,8 @@ class _AttentionWrapper(_Wrapper):
 
     def __call__(self, queries: Any, keys: Any, values: Any, *, scale: float, mask: Any = None,
                  **rest: Any) -> Any:
-        if self.live and not rest and self.applies(queries) and self.inside():
+        # inside() first: the text model's own calls (every decode step's, where MLX's kernel runs) pay one test
+        if self.live and not rest and self.inside() and self.applies(queries):
             out = self.fast(queries, keys, values, scale, mask)
             if out is not None:
                 return out
