@@ -42,6 +42,8 @@ def global_state(model: nn.Module) -> dict[str, int]:
                     state[f"{name}.{attr}"] = id(value)
     state["mlx.nn.gelu_approx"] = id(nn.gelu_approx)
     state["mlx.nn.layers.activations.gelu_approx"] = id(activations.gelu_approx)
+    state["mlx.nn.layers.activations.gelu_fast_approx"] = id(activations.gelu_fast_approx)
+    state["mlx.nn.silu"] = id(nn.silu)
     state["mx.fast.scaled_dot_product_attention"] = id(mx.fast.scaled_dot_product_attention)
     for path, layer in model.named_modules():
         state[f"model.{path}.__class__"] = id(type(layer))

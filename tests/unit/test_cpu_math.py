@@ -98,6 +98,24 @@ def test_gelu_approx_ends_like_mlx_and_keeps_the_dtype() -> None:
     assert cpu_math.gelu_approx(x).dtype == mx.bfloat16
 
 
+@pytest.mark.parametrize("name, slope", [("silu", 1.0), ("gelu_fast_approx", 1.702)])
+def test_x_times_sigmoid_is_mlxs_to_its_rounding_and_ends_like_it(name: str, slope: float) -> None:
+    """``silu`` and ``gelu_fast_approx`` (vision towers' activations, hooks.install_vision) against MLX's and the
+    exact ``x * sigmoid(slope x)`` in float64."""
+    import mlx.nn as nn
+
+    x = mx.linspace(-30, 30, 600_001)
+    fast, mlx = np.array(getattr(cpu_math, name)(x)), np.array(getattr(nn, name)(x))
+    x64 = np.array(x).astype(np.float64)
+    exact = x64 / (1 + np.exp(-slope * x64))
+    assert np.abs(fast - exact).max() < 1e-5 and np.abs(fast - mlx).max() < 1e-5
+    large = np.abs(exact) > 1e-3
+    assert (np.abs(fast - exact)[large] / np.abs(exact[large])).max() < 2e-6
+    ends = mx.array([-1e30, -100.0, -0.0, 0.0, 1e30, mx.inf])
+    assert np.array(getattr(cpu_math, name)(ends)).tolist() == np.array(getattr(nn, name)(ends)).tolist()
+    assert getattr(cpu_math, name)(x.astype(mx.bfloat16)).dtype == mx.bfloat16
+
+
 def test_the_cpu_backend_routes_gemmas_gelu_only_inside_its_own_forward(monkeypatch) -> None:
     monkeypatch.setattr(cpu_math, "MIN_ELEMENTS", 0)
     loaded = loaded_tiny("gemma")

@@ -157,6 +157,28 @@ def gelu_approx(x: mx.array) -> mx.array:
     return out if x.dtype == mx.float32 else out.astype(x.dtype)
 
 
+@mx.compile
+def _sigmoid_exponent(x: mx.array, slope: mx.array) -> mx.array:
+    return -slope * x
+
+
+def _times_sigmoid(x: mx.array, slope: float) -> mx.array:
+    """``x * sigmoid(slope * x)`` as ``x / (1 + exp(-slope * x))``, in float32 and back to the input's dtype."""
+    xf = x if x.dtype == mx.float32 else x.astype(mx.float32)
+    out = _gelu_join(xf, exp(_sigmoid_exponent(xf, mx.array(slope, dtype=mx.float32))))
+    return out if x.dtype == mx.float32 else out.astype(x.dtype)
+
+
+def silu(x: mx.array) -> mx.array:
+    """``nn.silu`` (``x * sigmoid(x)``): a vision tower's SwiGLU (Qwen2.5-VL's) calls it by that name."""
+    return _times_sigmoid(x, 1.0)
+
+
+def gelu_fast_approx(x: mx.array) -> mx.array:
+    """``nn.gelu_fast_approx`` (``x * sigmoid(1.702 x)``, "QuickGELU": Qwen2-VL's tower)."""
+    return _times_sigmoid(x, 1.702)
+
+
 def geglu(gate: mx.array, x: mx.array) -> mx.array:
     """``gelu_approx(gate) * x`` (Gemma 4's ``geglu``)."""
     return gelu_approx(gate) * x

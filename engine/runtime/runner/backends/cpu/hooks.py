@@ -120,11 +120,13 @@ class ActivationHooks:
         self._wrap(nn, "gelu_approx", lambda x: cpu_math.gelu_approx(x))
 
     def install_vision(self, inside_vision: Callable[[], bool], attention: Callable[..., Any]) -> None:
-        """A vision tower's GELU (``cpu_math``) and attention (``attention(queries, keys, values, scale, mask)``)
-        inside the backend's vision passes only (``inside_vision``): the tower is mlx-vlm's, not the attached
-        model, and reaches both through the namespaces of ``mlx.nn``'s GELU module and ``mx.fast``."""
-        self._wrap(sys.modules[ACTIVATIONS_MODULE], "gelu_approx", lambda x: cpu_math.gelu_approx(x),
-                   inside=inside_vision)
+        """A vision tower's GELU and SiLU (``cpu_math``) and attention (``attention(queries, keys, values, scale,
+        mask)``) inside the backend's vision passes only (``inside_vision``): the tower is mlx-vlm's, not the
+        attached model, and reaches them through the namespaces of ``mlx.nn``, its GELU module and ``mx.fast``."""
+        activations = sys.modules[ACTIVATIONS_MODULE]
+        self._wrap(activations, "gelu_approx", lambda x: cpu_math.gelu_approx(x), inside=inside_vision)
+        self._wrap(activations, "gelu_fast_approx", lambda x: cpu_math.gelu_fast_approx(x), inside=inside_vision)
+        self._wrap(nn, "silu", lambda x: cpu_math.silu(x), inside=inside_vision)  # Qwen2.5-VL's tower: ``nn.silu``
         self._wrap(mx.fast, ATTENTION, attention, applies=_many_queries, inside=inside_vision,
                    wrapper=_AttentionWrapper)
         for name, module in sorted(sys.modules.items()):
