@@ -98,3 +98,22 @@ def test_off_by_option_and_on_other_backends() -> None:
         backend.close()
     with MlxBackend().vision_pass():  # nothing to take: MLX's kernels
         assert mx.fast.scaled_dot_product_attention is original
+
+
+def test_inside_a_compiled_helper_the_attention_is_mlxs(attached, monkeypatch) -> None:
+    """mlx-vlm compiles some of its towers' helpers (``chunked_attention``): the host attention evaluates, which a
+    trace cannot, so the call is MLX's there, with the same result."""
+    backend, _, attention = attached
+    monkeypatch.setattr(cpu_math, "MAX_SCORES", 64)  # the compiled softmax rows' path, which evaluates
+
+    @mx.compile
+    def helper(q: mx.array) -> mx.array:
+        return mx.fast.scaled_dot_product_attention(q, q, q, scale=0.5)
+
+    q = mx.random.normal((1, 2, 64, 16), key=mx.random.key(3))
+    from engine.runtime.runner.backends.cpu import host_softmax
+    host_softmax.warm_up()
+    with backend.vision_pass():
+        traced = helper(q)
+    assert mx.allclose(traced, mx.fast.scaled_dot_product_attention(q, q, q, scale=0.5)).item()
+    assert attention.calls == 1  # tried, declined

@@ -92,6 +92,25 @@ class _AttentionWrapper(_Wrapper):
         return self.previous(queries, keys, values, scale=scale, mask=mask, **rest)
 
 
+# What MLX raises where an array is evaluated inside ``mx.compile`` (the host attention evaluates its blocks).
+_UNDER_TRANSFORMATION = "function transformations"
+
+
+def _outside_transformations(fast: Callable[..., Any]) -> Callable[..., Any]:
+    """``fast``, passing the call on (None) where it runs inside a compiled helper of a tower (mlx-vlm compiles
+    some, ``chunked_attention``): MLX's own kernel is traced there."""
+
+    def call(*args: Any) -> Any:
+        try:
+            return fast(*args)
+        except ValueError as exc:
+            if _UNDER_TRANSFORMATION not in str(exc):
+                raise
+            return None
+
+    return call
+
+
 def _many_queries(queries: Any) -> bool:
     return queries.shape[2] > 1
 
@@ -123,10 +142,15 @@ class ActivationHooks:
         """A vision tower's GELU and SiLU (``cpu_math``) and attention (``attention(queries, keys, values, scale,
         mask)``) inside the backend's vision passes only (``inside_vision``): the tower is mlx-vlm's, not the
         attached model, and reaches them through the namespaces of ``mlx.nn``, its GELU module and ``mx.fast``."""
+        # The activations trace inside ``mx.compile`` as they run, but not inside a shapeless one (cpu_math's bit
+        # cast): no served family's tower calls them there (each family's tower runs the pass in
+        # tests/model/test_vision_real.py).
         activations = sys.modules[ACTIVATIONS_MODULE]
-        self._wrap(activations, "gelu_approx", lambda x: cpu_math.gelu_approx(x), inside=inside_vision)
-        self._wrap(activations, "gelu_fast_approx", lambda x: cpu_math.gelu_fast_approx(x), inside=inside_vision)
-        self._wrap(nn, "silu", lambda x: cpu_math.silu(x), inside=inside_vision)  # Qwen2.5-VL's tower: ``nn.silu``
+        for namespace, name in ((activations, "gelu_approx"), (activations, "gelu_fast_approx"),
+                                (nn, "silu")):  # Qwen2.5-VL's tower calls ``nn.silu``
+            # (looked up per call, so tests can count calls)
+            self._wrap(namespace, name, lambda x, name=name: getattr(cpu_math, name)(x), inside=inside_vision)
+        attention = _outside_transformations(attention)
         self._wrap(mx.fast, ATTENTION, attention, applies=_many_queries, inside=inside_vision,
                    wrapper=_AttentionWrapper)
         for name, module in sorted(sys.modules.items()):
