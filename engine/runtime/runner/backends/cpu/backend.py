@@ -200,7 +200,7 @@ class CpuBackend(MlxBackend):
         ``cpu_math.MAX_SCORES`` scores) and its GELU through ``cpu_math``. MLX's CPU attention takes 212 ms a
         layer over the bench's SigLIP tower (12 heads over 1024 patches), the host attention 59 ms. A 1280x800
         screenshot through the bench's towers (bench/bench_vision_tower.py, report 2026-12-05-cpu-2core-s41,
-        2-core x86): Gemma 3's 448-pixel SigLIP 4.15 -> 1.91 s, Qwen3.5's 12-layer ViT-B 2.65 -> 1.39 s, outputs
+        2-core x86): Gemma 3's 448-pixel SigLIP 4.11 -> 2.14 s, Qwen3.5's 12-layer ViT-B 2.66 -> 1.50 s, outputs
         equal to 6.7e-7 of their largest value (tests/model/test_vision_real.py checks each family)."""
         self._vision_thread = threading.get_ident()
         try:
