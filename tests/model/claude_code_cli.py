@@ -149,3 +149,19 @@ def run_cli(argv: list[str], cwd: Path, env: dict[str, str], timeout_s: float) -
 def _text(output: str | bytes | None) -> str:
     # TimeoutExpired carries bytes even when the run asked for text.
     return output.decode(errors="replace") if isinstance(output, bytes) else output or ""
+
+
+def project_with_png(root: Path, name: str, seed: int, width: int, height: int) -> tuple[Path, Path]:
+    """A private HOME and a project directory under ``root``, the project holding a random RGB PNG ``name``."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    home, project = root / "home", root / "project"
+    home.mkdir()
+    project.mkdir()
+    out = io.BytesIO()
+    Image.fromarray((np.random.RandomState(seed).rand(height, width, 3) * 255).astype("uint8")).save(out, "PNG")
+    (project / name).write_bytes(out.getvalue())
+    return home, project

@@ -13,14 +13,11 @@ tests/model/test_claude_code_read_tool_real.py drives the real Read tool with a 
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
-import numpy as np
 import pytest
-from PIL import Image
 
-from tests.model.claude_code_cli import ClaudeCode, install_claude_code, npm_prefix
+from tests.model.claude_code_cli import ClaudeCode, install_claude_code, npm_prefix, project_with_png
 from tests.model.engine_fixtures import load_folder
 from tests.model.real_api import running_api
 from tests.model.request_log import Exchange, RequestLog
@@ -30,12 +27,7 @@ pytestmark = [pytest.mark.model, pytest.mark.solo(reason="the real Claude Code C
 
 def test_claude_code_sends_a_png_the_vision_model_reads_once(gemma3_vlm_path: Path, tmp_path: Path) -> None:
     binary = install_claude_code(npm_prefix())
-    home, project = tmp_path / "home", tmp_path / "project"
-    home.mkdir()
-    project.mkdir()
-    out = io.BytesIO()
-    Image.fromarray((np.random.RandomState(5).rand(60, 80, 3) * 255).astype("uint8")).save(out, "PNG")
-    (project / "shot.png").write_bytes(out.getvalue())
+    home, project = project_with_png(tmp_path, "shot.png", seed=5, width=80, height=60)
     exchanges: list[Exchange] = []
     loaded = load_folder(gemma3_vlm_path, tmp_path / "load")
     with running_api(loaded, tmp_path / "cache", gemma3_vlm_path, max_output_tokens=64,

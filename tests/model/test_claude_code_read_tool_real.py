@@ -11,14 +11,11 @@ read the first one's prompt from the agent's cache.
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
-import numpy as np
 import pytest
-from PIL import Image
 
-from tests.model.claude_code_cli import ClaudeCode, install_claude_code, npm_prefix
+from tests.model.claude_code_cli import ClaudeCode, install_claude_code, npm_prefix, project_with_png
 from tests.model.engine_fixtures import load_folder
 from tests.model.real_api import running_api
 from tests.model.request_log import Exchange, RequestLog
@@ -32,12 +29,7 @@ def test_claude_code_read_tool_returns_a_png_the_model_sees(smollm2_path: Path, 
 
     folder = scripted_read_vlm(tmp_path / "scripted-vlm", smollm2_path)
     binary = install_claude_code(npm_prefix())
-    home, project = tmp_path / "home", tmp_path / "project"
-    home.mkdir()
-    project.mkdir()
-    out = io.BytesIO()
-    Image.fromarray((np.random.RandomState(7).rand(56, 84, 3) * 255).astype("uint8")).save(out, "PNG")
-    (project / READ_PATH).write_bytes(out.getvalue())
+    home, project = project_with_png(tmp_path, READ_PATH, seed=7, width=84, height=56)
     exchanges: list[Exchange] = []
     with running_api(load_folder(folder, tmp_path / "load"), tmp_path / "cache", folder,
                      configure=lambda app: app.add_middleware(RequestLog, exchanges=exchanges)) as api:
