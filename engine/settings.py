@@ -28,6 +28,8 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from engine.domain.priority import PriorityPolicy, class_levels_from
+
 APP_NAME = "semantic"
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -176,6 +178,25 @@ class Settings(BaseSettings):
     )
     max_context_tokens: int | None = Field(None, ge=16, description="Override the model's context length.")
 
+    # -- scheduling: who goes first (docs/scheduling.md) ---------------------------
+    priorities: bool = Field(
+        True, description="Serve turns by their agent's priority (class defaults below, a request's priority, "
+                          "the operator's setting); off: first come, first served.")
+    class_priorities: tuple[str, ...] = Field(
+        (), description="A class's default level as CLASS=LEVEL (0 most urgent .. 9; repeat the flag). Defaults: "
+                        "interactive=0 main=1 side=2 subagent=3 background=6.")
+    priority_aging_s: float = Field(
+        10.0, gt=0, description="Seconds of head start one priority level is worth: a less urgent turn is "
+                                "overtaken only by turns arriving within (its level x this) after it.")
+    decode_gap_ms: float | None = Field(
+        None, ge=0, le=60_000,
+        description="Prefill in chunks that keep a step about this many ms long, so decoding agents' tokens come "
+                    "at most that far apart and an arriving turn waits one short step (0: whole prefill chunks). "
+                    "Default: six decode steps, 150-750 ms.")
+    tool_loop_hold_s: float = Field(
+        60.0, ge=0, description="An agent whose reply was a tool call keeps its cache hot this many seconds "
+                                "(the client runs the tool and comes back) while other idle caches can go first.")
+
     # -- cache store (disk tier) ------------------------------------------------
     disk_budget_mb: float = Field(4096.0, gt=0, description="Byte budget of the warm (disk) tier in MiB; past it the oldest warm entries go cold.")
     prefix_sharing: bool = Field(True, description="Let a new agent start from another agent's cached prefix (found per block, shared up to the first differing token).")
@@ -268,6 +289,12 @@ class Settings(BaseSettings):
     @classmethod
     def _expand(cls, v: Path) -> Path:
         return v.expanduser()
+
+    @field_validator("class_priorities", mode="after")
+    @classmethod
+    def _class_levels(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        class_levels_from(v)  # a bad CLASS=LEVEL is refused at start, naming it
+        return v
 
     @model_validator(mode="after")
     def _soft_below_hard(self) -> "Settings":
@@ -415,6 +442,20 @@ class TurnSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class SchedulingSettings:
+    """Who goes first: priorities, aging, the decode gap prefill keeps, tool-loop holds."""
+
+    priorities: bool = _default("priorities")
+    class_priorities: tuple[str, ...] = ()
+    priority_aging_s: float = _default("priority_aging_s")
+    decode_gap_ms: float | None = _default("decode_gap_ms")
+    tool_loop_hold_s: float = _default("tool_loop_hold_s")
+
+    def policy(self) -> PriorityPolicy:
+        return PriorityPolicy(class_levels_from(self.class_priorities), self.priority_aging_s, self.priorities)
+
+
+@dataclass(frozen=True, slots=True)
 class MemorySettings:
     """The memory watermarks in MiB (None: derived from the machine's memory, engine/platform/memory.py)."""
 
@@ -440,6 +481,7 @@ class EngineSettings:
     turns: TurnSettings = field(default_factory=TurnSettings)
     sampling: SamplingSettings = field(default_factory=SamplingSettings)
     memory: MemorySettings = field(default_factory=MemorySettings)
+    scheduling: SchedulingSettings = field(default_factory=SchedulingSettings)
     fast_cpu_math: bool = _default("fast_cpu_math")
 
     @classmethod
@@ -452,6 +494,7 @@ class EngineSettings:
             turns=_section(TurnSettings, settings),
             sampling=_section(SamplingSettings, settings),
             memory=_section(MemorySettings, settings),
+            scheduling=_section(SchedulingSettings, settings),
             fast_cpu_math=settings.fast_cpu_math,
         )
 

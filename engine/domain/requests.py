@@ -9,6 +9,7 @@ from typing import Callable, Literal
 
 from engine.domain.images import PromptImage
 from engine.domain.output_format import OutputFormat
+from engine.domain.priority import AgentClass, Lineage
 from engine.domain.reasoning import CallText
 from engine.domain.speculation_tally import SpeculationTally
 
@@ -98,6 +99,11 @@ class GenerationRequest:
     reply_start: int = 0
     # The prompt's images (a vision model's): where each run of image tokens lies and what the vision tower takes.
     images: tuple[PromptImage, ...] = ()
+    # Who the agent is to the person at the machine, and its place in its client's tree (domain/priority.py).
+    agent_class: AgentClass = AgentClass.MAIN
+    lineage: Lineage = Lineage()
+    # The level the request asked for (0 most urgent .. 9); None: its agent's or its class's.
+    priority: int | None = None
     request_id: str = field(default_factory=next_request_id)
 
     def __post_init__(self) -> None:

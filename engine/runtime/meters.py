@@ -60,3 +60,13 @@ class RecentValues:
 
     def mean(self) -> float | None:
         return sum(self._values) / len(self._values) if self._values else None
+
+    def quantile(self, q: float) -> float | None:
+        """The ``q`` quantile (0-1) of the values kept, nearest rank; None when there are none."""
+        if not self._values:
+            return None
+        ordered = sorted(self._values)
+        return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered) + 0.5) - 1))]
+
+    def max(self) -> float | None:
+        return max(self._values) if self._values else None

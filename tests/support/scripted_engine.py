@@ -17,6 +17,7 @@ from typing import Callable
 
 from engine.platform.memory import MemoryReading
 from engine.runtime.memory_pressure import MemoryWatch, Watermarks
+from engine.domain.priority import DEFAULT_LEVELS, AgentClass
 from engine.domain.block_layout import common_prefix_length
 from engine.domain.forensics import TurnForensics, examine
 from engine.domain.block_pool import BlockPool
@@ -104,6 +105,10 @@ class FakeAgent:
     history: list[TurnForensics] = field(default_factory=list)
     retained_until: float = 0.0
     turn_ends: list[int] = field(default_factory=list)  # tokens cached at the end of each turn, as the engine's
+    agent_class: str = "main"
+    family: str | None = None
+    priority: int | None = None
+    paused: bool = False
 
 
 class ScriptedEngine:
@@ -230,6 +235,17 @@ class ScriptedEngine:
     def pin_agent(self, agent_id: str, pinned: bool) -> None:
         self._agent(agent_id).pinned = pinned
 
+    def set_agent_priority(self, agent_id: str, level: int | None) -> None:
+        self._agent(agent_id).priority = level
+
+    def pause_agent(self, agent_id: str, paused: bool) -> None:
+        self._agent(agent_id).paused = paused
+
+    def hold_agent(self, agent_id: str, seconds: float) -> None:
+        agent = self.agents.get(agent_id)
+        if agent is not None:
+            agent.retained_until = max(agent.retained_until, time.monotonic() + seconds)
+
     def delete_agent(self, agent_id: str) -> None:
         self._agent(agent_id)
         self.pool.release_owner(agent_id)
@@ -319,6 +335,7 @@ class ScriptedEngine:
             agent = FakeAgent(request.agent_id, request.source.value, request.display_name)
             self.agents[request.agent_id] = agent
         agent.state, agent.last_used = "decoding", time.time()
+        agent.agent_class, agent.family = request.agent_class.value, request.lineage.family
         if request.retain_s > 0:
             agent.retained_until = max(agent.retained_until, time.monotonic() + request.retain_s)
         return agent
@@ -448,6 +465,9 @@ class ScriptedEngine:
             a.reused_total / a.prompt_total if a.prompt_total else 0.0, a.last_ttft_s, a.last_tok_s, 0, 0,
             a.last_used, a.created_at, history=tuple(a.history), turn_ends=tuple(a.turn_ends),
             retained_s=max(0.0, a.retained_until - time.monotonic()),
+            agent_class=a.agent_class, family=a.family,
+            priority=a.priority if a.priority is not None else DEFAULT_LEVELS[AgentClass(a.agent_class)],
+            priority_set=a.priority is not None, paused=a.paused,
         )
 
 

@@ -1,4 +1,5 @@
-"""What clients may do to agents on the engine thread: evict, pin, delete, fork, rewind, export, import.
+"""What clients may do to agents on the engine thread: evict, pin, delete, fork, rewind, export, import, and
+set their priority, pause them and hold their cache through a tool loop.
 
 These are the commands a sharded model's ranks replay (``engine_ops.EngineOp``
 names one of ``AGENT_OPS``), so they are a small explicit set, each a method
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from engine.domain.event_log import EventKind, EventLog
 from engine.domain.requests import AgentSource
 from engine.errors import AgentExistsError, AgentNotFoundError, EngineUnavailableError
+from engine.runtime import clock
 from engine.runtime.tiers import warm
 from engine.runtime.tiers.agent_table import AgentTable
 from engine.runtime.tiers.agents import AgentRecord, Tier, agent_source
@@ -22,11 +24,13 @@ from engine.runtime.tiers.hot import HotCache
 from engine.runtime.tiers.manager import TierManager
 
 if TYPE_CHECKING:
+    from engine.runtime.scheduler.priorities import Priorities
     from engine.store.warm_store import WarmStore
 
 # The commands ranks replay: every name here is a method of AgentOps.
 AGENT_OPS = frozenset({"evict_agent", "evict_idle", "pin_agent", "delete_agent", "fork_agent", "rewind_agent",
-                       "write_agent", "check_import", "adopt_agent"})
+                       "write_agent", "check_import", "adopt_agent", "set_agent_priority", "pause_agent",
+                       "hold_agent"})
 
 
 class AgentOps:
@@ -39,6 +43,8 @@ class AgentOps:
         self.store = store
         self.shard = shard  # (rank, ranks) of a sharded model; None: this process holds the whole model
         self.branching = Branching(hot, agents, tiers, events)
+        # The scheduler's priorities, once the engine thread has built it (None before: nothing is queued).
+        self.priorities: "Priorities | None" = None
 
     def evict_agent(self, agent_id: str, tier: Tier) -> None:
         agent = self._agent(agent_id)
@@ -66,6 +72,30 @@ class AgentOps:
             self.store.forget_cold(agent_id)
         self.agents.remove(agent_id)
         self.events.emit(EventKind.INFO, f"{agent_id}: deleted", agent_id)
+
+    def set_agent_priority(self, agent_id: str, level: int | None) -> None:
+        """The operator's level for the agent (None: its requests' and class's again); its turns move now."""
+        agent = self._agent(agent_id)
+        if self.priorities is not None:
+            self.priorities.set_level(agent, level)
+        else:
+            agent.priority = level
+
+    def pause_agent(self, agent_id: str, paused: bool) -> None:
+        """Pause (its turns wait, its cache stays) or resume an agent."""
+        agent = self._agent(agent_id)
+        if self.priorities is not None:
+            self.priorities.set_paused(agent, paused)
+        else:
+            agent.paused = paused
+
+    def hold_agent(self, agent_id: str, seconds: float) -> None:
+        """Keep the agent's cache hot for ``seconds`` while other idle caches can go first (a tool loop: its
+        client runs the tool and comes back); an agent gone already is no error."""
+        agent = self.agents.get(agent_id)
+        if agent is not None:
+            agent.retain(seconds, clock.now())
+            agent.tool_hold_until = clock.now() + seconds
 
     def fork_agent(self, source_id: str, new_id: str, turn: int | None = None,
                    prompt: tuple[int, ...] | None = None, display_name: str | None = None,

@@ -134,7 +134,7 @@ class Engine:
         """The pool, the agents, the tiers over them, and what clients may do to agents."""
         loaded, cache = self.loaded, self.settings.cache
         self._pool = BlockPool.from_budget(loaded.spec, cache.pool_budget_bytes)
-        self.agents = AgentTable()
+        self.agents = AgentTable(self.settings.scheduling.policy().levels)
         # Prefixes are shared by reference where the model's attention can be hooked (kv/ragged.py).
         hooked = self.backend.attach(loaded.model, batchable=loaded.spec.batchable)
         self.hot = HotCache(loaded.spec, self._pool, share_by_reference=hooked,
@@ -343,6 +343,7 @@ class Engine:
             self.scheduler = Scheduler(self.loaded, SchedulerState(self.hot, self.agents, self.tiers, self.events),
                                        self.settings, BatchHooks(self.backend, timed=self._replica is None),
                                        self._factory, self.grammars)
+            self.ops.priorities = self.scheduler.priorities
         except BaseException as exc:
             self._startup_error = exc
             self._status = "failed"

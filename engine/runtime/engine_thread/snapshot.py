@@ -54,6 +54,18 @@ class AgentView:
     speculation: SpeculationTally = SpeculationTally()
     # A thinking model's reasoning tokens in the agent's last turn (0: none, or not a thinking model).
     last_reasoning_tokens: int = 0
+    # Scheduling (domain/priority.py): its class, the session it groups under and its parent agent, its level
+    # (the operator's, its running or queued turn's, else its class's) and whether the operator set it, whether
+    # it is paused, and its place among the waiting turns (0: none waiting).
+    agent_class: str = "main"
+    family: str | None = None
+    parent: str | None = None
+    priority: int = 1
+    priority_set: bool = False
+    paused: bool = False
+    queue_position: int = 0
+    # Idle while its client runs the tool its last reply called (its cache held hot meanwhile).
+    waiting_on_tool: bool = False
 
     @property
     def label(self) -> str:
@@ -71,6 +83,19 @@ class VisionView:
 
 
 @dataclass(frozen=True, slots=True)
+class ClassView:
+    """One agent class's recent service (seconds; None: nothing measured yet)."""
+
+    name: str
+    turns: int = 0
+    ttft_p50_s: float | None = None
+    ttft_p95_s: float | None = None
+    gap_p50_s: float | None = None
+    gap_p95_s: float | None = None
+    gap_max_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class ThroughputView:
     decode_tok_s: float = 0.0
     prefill_tok_s: float = 0.0
@@ -84,6 +109,11 @@ class ThroughputView:
     requests_total: int = 0
     speculation: SpeculationTally = SpeculationTally()  # over every finished turn
     vision: VisionView | None = None  # None: the model has no vision
+    classes: tuple[ClassView, ...] = ()  # per agent class, most urgent class first
+    # What prefill may take of a step while agents decode (scheduler/prefill_pacer.py): the gap it keeps
+    # (None: not measured yet, or no pacing) and the prompt tokens a step carries at that gap.
+    gap_target_s: float | None = None
+    paced_prefill_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)

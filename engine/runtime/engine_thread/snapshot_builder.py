@@ -17,8 +17,11 @@ from engine.runtime.tiers.accounting import held_bytes
 from engine.runtime.tiers.agent_table import AgentTable
 from engine.runtime.tiers.agents import AgentRecord, Tier
 from engine.runtime.tiers.manager import TierManager
+from engine.domain.priority import AgentClass
+from engine.runtime.scheduler.queues import ClassMeter
 from engine.runtime.engine_thread.snapshot import (
     AgentView,
+    ClassView,
     EngineSnapshot,
     ModelView,
     RankView,
@@ -46,7 +49,9 @@ class SnapshotSources:
 
 def build_snapshot(sources: SnapshotSources, status: str) -> EngineSnapshot:
     pool = sources.pool
-    agents = tuple(_agent_view(a, sources) for a in sources.agents)
+    scheduler = sources.scheduler
+    standing = _standing(scheduler)
+    agents = tuple(_agent_view(a, sources, standing) for a in sources.agents)
     return EngineSnapshot(
         status=status,
         model=_model_view(sources),
@@ -68,7 +73,20 @@ def _ranks(sources: SnapshotSources) -> tuple[RankView, ...]:
     return tuple(RankView(r.rank, shard[1], r.active_bytes, r.peak_bytes) for r in reports)
 
 
-def _agent_view(agent: AgentRecord, sources: SnapshotSources) -> AgentView:
+def _standing(scheduler: Scheduler | None) -> dict[str, tuple[int, int]]:
+    """Each agent with a turn queued or running: its turn's level, and its place in the queue (0: running)."""
+    if scheduler is None:
+        return {}
+    positions = scheduler.priorities.queue_positions()
+    standing: dict[str, tuple[int, int]] = {}
+    for turn in scheduler.queues.by_request.values():
+        agent_id = turn.request.agent_id
+        standing.setdefault(agent_id, (turn.level, positions.get(agent_id, 0)))
+    return standing
+
+
+def _agent_view(agent: AgentRecord, sources: SnapshotSources,
+                standing: dict[str, tuple[int, int]]) -> AgentView:
     in_pool = agent.tier in (Tier.HOT, Tier.COOL)
     blocks = sources.pool.owned_blocks(agent.agent_id) if in_pool else 0
     nbytes = blocks * sources.pool.block_bytes if in_pool else agent.stored_bytes
@@ -101,6 +119,14 @@ def _agent_view(agent: AgentRecord, sources: SnapshotSources) -> AgentView:
         checkpoint_bytes=agent.kv.checkpoint_bytes() if hot else 0,
         state_bytes=sources.loaded.spec.state_bytes if hot else 0,
         speculation=agent.speculation,
+        agent_class=agent.agent_class.value,
+        family=agent.lineage.family,
+        parent=agent.lineage.parent,
+        priority=standing.get(agent.agent_id, (sources.agents.level_of(agent), 0))[0],
+        priority_set=agent.priority is not None,
+        paused=agent.paused,
+        queue_position=standing.get(agent.agent_id, (0, 0))[1],
+        waiting_on_tool=not agent.is_busy and agent.tool_hold_until > time.monotonic(),
     )
 
 
@@ -138,7 +164,19 @@ def _throughput(sources: SnapshotSources) -> ThroughputView:
         requests_total=stats.requests_total,
         speculation=stats.speculation,
         vision=_vision(scheduler.images),
+        classes=tuple(_class_view(name, stats.classes[name]) for name in CLASS_ORDER if name in stats.classes),
+        gap_target_s=scheduler.pacer.gap_s if scheduler.pacer.enabled else None,
+        paced_prefill_tokens=scheduler.pacer.budget(scheduler.batch_settings.prefill_step_size)
+        if scheduler.pacer.enabled else 0,
     )
+
+
+CLASS_ORDER = tuple(c.value for c in AgentClass)
+
+
+def _class_view(name: str, meter: ClassMeter) -> ClassView:
+    return ClassView(name, meter.turns, meter.ttft.quantile(0.5), meter.ttft.quantile(0.95),
+                     meter.gaps.quantile(0.5), meter.gaps.quantile(0.95), meter.gaps.max())
 
 
 def _vision(images: ImageEmbedder | None) -> VisionView | None:

@@ -4,8 +4,9 @@ A step is planned first (:meth:`SequenceBatch.plan`: its prefill passes and the 
 see step_plan.py); the scheduler grants room for the plan; then :meth:`SequenceBatch.step` runs it within
 that room, which is model work only: the batch never calls back into the scheduler. It does, in order:
 
-1. prefill: up to ``prefill_step_size`` prompt tokens, one forward pass per
-   sequence (B=1) on that sequence's cache, oldest sequence first; a chunk
+1. prefill: up to ``prefill_step_size`` prompt tokens (the scheduler lowers it
+   while rows decode, scheduler/prefill_pacer.py), most urgent prompt first
+   (``prefill_order``), prompts of one length together in a pass; a chunk
    also ends at a checkpoint position;
 2. launch a decode step for every decoding sequence (a ragged batch, see
    ``kv/ragged.py``) and start evaluating it asynchronously;
@@ -109,7 +110,25 @@ class SequenceBatch:
 
     @property
     def decoding(self) -> int:
-        return sum(1 for s in self.sequences.values() if s.phase is Phase.DECODE)
+        return sum(1 for s in self.sequences.values() if s.phase is Phase.DECODE and not s.paused)
+
+    def decode_ready(self) -> list[Sequence]:
+        """Rows that join the next decode step with a known input (a paused row waits, its input kept)."""
+        return [s for s in self.sequences.values()
+                if s.phase is Phase.DECODE and s.next_input is not None and not s.paused]
+
+    def prefill_order(self) -> list[Sequence]:
+        """The prompts this step may prefill, most urgent first (``Sequence.rank``, set by the scheduler).
+
+        While a more urgent prompt waits for its first token, only prompts of its level share its step: a
+        person's short warm turn is not held behind the chunks of subagents' long prompts. Paused rows wait.
+        """
+        waiting = sorted((s for s in self.sequences.values() if s.phase is Phase.PREFILL and not s.paused),
+                         key=lambda s: s.rank)
+        if not waiting:
+            return waiting
+        top = waiting[0].level
+        return [s for s in waiting if s.level == top]
 
     # -- the plan ------------------------------------------------------------------------
     def plan(self) -> StepPlan:
@@ -129,7 +148,8 @@ class SequenceBatch:
                     plan.asks.append(RoomAsk.of(sequence, end, filler))
         speculating = bool(completing)  # a prompt that ends starts speculative steps (_to_decode)
         for sequence in self.sequences.values():
-            if sequence.phase is Phase.DECODE and not sequence.done and sequence.uid not in completing:
+            if (sequence.phase is Phase.DECODE and not sequence.done and not sequence.paused
+                    and sequence.uid not in completing):
                 levels = self._decode_levels(sequence, sequence.kv.offset, speculating)
                 plan.asks.append(RoomAsk.of(sequence, *levels))
         return plan
@@ -155,7 +175,7 @@ class SequenceBatch:
         """
         passes = []
         budget = self.prefill_step_size
-        waiting = [s for s in self.sequences.values() if s.phase is Phase.PREFILL]
+        waiting = self.prefill_order()
         while waiting and budget > 0:
             first = waiting.pop(0)
             n = self._chunk_size(first, budget)
@@ -344,8 +364,8 @@ class SequenceBatch:
 
     def _launch(self, out: StepOutput) -> _Launched | None:
         previous = self._launched
-        carried = [s for s in previous.rows if not s.done] if previous is not None else []
-        joining = [s for s in self.sequences.values() if s.phase is Phase.DECODE and s.next_input is not None]
+        carried = [s for s in previous.rows if not s.done and not s.paused] if previous is not None else []
+        joining = self.decode_ready()
         rows = [s for s in carried + joining if self.has_room(s, out)][: self.max_batch_size]
         if not rows:
             return None

@@ -85,6 +85,12 @@ class Sequence:
     # A reasoning model's turn: the route of each token (reasoning, answer, a call), its budget, the markers it
     # forces (domain/reasoning_tracker.py). The constraint applies to the answer only. None: no reasoning format.
     reasoning: ReasoningTracker | None = None
+    # Set by the scheduler (scheduler/priorities.py): the order prompts are prefilled in (lower first) and the
+    # level (0 most urgent), and whether the agent is paused (its row neither prefills nor decodes; its cache
+    # stays as it is).
+    rank: float = 0.0
+    level: int = 0
+    paused: bool = False
 
     @property
     def prefill_total(self) -> int:

@@ -44,7 +44,7 @@ from engine.domain.images import is_image_token
 from engine.runtime.runner.drafting import DraftLength, Drafter, LookupDrafter, allocate_drafts
 from engine.runtime.runner.model_drafting import DraftCaches, ModelDrafter
 from engine.runtime.runner.sampling import sample
-from engine.runtime.runner.sequence import Phase, Sequence
+from engine.runtime.runner.sequence import Sequence
 from engine.runtime.runner.step_output import StepOutput, TokenOut
 from engine.runtime.runner.step_rates import StepRates
 from engine.runtime.runner.speculation import Speculation, accepted_tokens, greedy_tokens
@@ -148,8 +148,7 @@ class SpeculativeSteps:
     def step(self, out: StepOutput) -> bool:
         """One speculative step over every decoding sequence; False (nothing run) when none has a draft."""
         batch = self.batch
-        rows = [s for s in batch.sequences.values()
-                if s.phase is Phase.DECODE and s.next_input is not None][: batch.max_batch_size]
+        rows = batch.decode_ready()[: batch.max_batch_size]
         drafts, offered = self._allocated_drafts(rows)
         if not any(drafts.values()):
             self.active = False

@@ -1,7 +1,8 @@
 """Admission: which waiting turns enter the batch, in what order, and what happens to those that cannot.
 
-Oldest first, one turn per agent at a time (a second turn must see the
-first's cache), while the batch has room. A turn whose cache is still being
+Most urgent first (``priorities.py``: priority level, then arrival), one
+turn per agent at a time (a second turn must see the first's cache), while
+the batch has room. A turn whose cache is still being
 read from disk, or that waits for a leader about to share its prefix
 (``shared_prefill.py``), is passed over, not waited for: the turns behind it
 go ahead. Preparing a turn's cache is ``turn_cache.py``'s.
@@ -20,6 +21,7 @@ from engine.runtime import clock
 from engine.runtime.runner.sequence import Sequence
 from engine.runtime.scheduler.completion import Completion
 from engine.runtime.scheduler.parts import SchedulerPart, SchedulerState
+from engine.runtime.scheduler.priorities import Priorities
 from engine.runtime.scheduler.shared_prefill import awaits_leader, share_point
 from engine.runtime.scheduler.turn import Turn, TurnPhase
 from engine.runtime.scheduler.turn_cache import Readiness, TurnCaches
@@ -32,8 +34,9 @@ log = logging.getLogger("semantic.engine")
 
 class Admission(SchedulerPart):
     def __init__(self, state: SchedulerState, completion: Completion, caches: TurnCaches, start: TurnStart,
-                 batch: BatchSettings, turns: TurnSettings) -> None:
+                 batch: BatchSettings, turns: TurnSettings, priorities: Priorities) -> None:
         super().__init__(state)
+        self.priorities = priorities
         self.completion = completion
         self.caches = caches
         self.start = start
@@ -46,15 +49,16 @@ class Admission(SchedulerPart):
         self.ceiling: int | None = None
 
     def admit(self) -> list[Sequence]:
-        """Move waiting turns into the batch while it has room, oldest first: their sequences, for the batch."""
+        """Move waiting turns into the batch while it has room, most urgent first (priorities.py): their
+        sequences, for the batch. A paused agent's turn waits."""
         self._expire_waiting()
         queues = self.queues
         running = queues.running_agents()
         admitted: list[Sequence] = []
-        for turn in list(queues.waiting):
+        for turn in self.priorities.in_order(queues.waiting):
             if len(queues.by_uid) >= self.batch.max_batch_size:
                 break
-            if turn.request.agent_id in running:
+            if turn.request.agent_id in running or self.priorities.is_paused(turn):
                 continue
             if self.prefix_sharing and awaits_leader(turn, self.agents.get(turn.request.agent_id),
                                                      queues.by_uid.values(), self.hot.spec.block_tokens):
@@ -140,6 +144,7 @@ class Admission(SchedulerPart):
         uid = next(self._uids)
         turn.sequence = self.start.sequence(uid, turn, tuple(sorted({turn.share_at, self._prefix_point(turn)} - {0})))
         turn.uid, turn.phase, turn.admitted_at = uid, TurnPhase.PREFILLING, time.monotonic()
+        self.priorities.admitted(turn)
         turn.text, turn.guard = self.start.readers(request)
         self.queues.by_uid[uid] = turn
         agent.active_requests += 1

@@ -31,6 +31,15 @@ class TurnQueues:
 
 
 @dataclass(slots=True)
+class ClassMeter:
+    """One agent class's recent service: time to first token, and the gaps between a turn's tokens."""
+
+    ttft: RecentValues = field(default_factory=lambda: RecentValues(256))
+    gaps: RecentValues = field(default_factory=lambda: RecentValues(2048))
+    turns: int = 0
+
+
+@dataclass(slots=True)
 class SchedulerStats:
     decode: RateMeter = field(default_factory=RateMeter)
     prefill: RateMeter = field(default_factory=RateMeter)
@@ -49,6 +58,13 @@ class SchedulerStats:
     outcomes: Counter[str] = field(default_factory=Counter)
     completed: int = 0  # turns finished so far, so the engine can publish right after one ends
     speculation: SpeculationTally = SpeculationTally()  # over every finished turn that speculated
+    classes: dict[str, ClassMeter] = field(default_factory=dict)  # by agent class (domain/priority.py)
+
+    def of_class(self, name: str) -> ClassMeter:
+        meter = self.classes.get(name)
+        if meter is None:
+            meter = self.classes[name] = ClassMeter()
+        return meter
 
     def count_reuse(self, turn: Turn) -> None:
         """An admitted turn: how much of its prompt it reused, and from where."""

@@ -16,6 +16,7 @@ it, and the scheduler applies the output to its turns.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -25,10 +26,13 @@ from engine.grammar.output_grammars import OutputGrammars
 from engine.runtime.runner.backends.mlx import MlxBackend
 from engine.runtime.runner.batch import SequenceBatch
 from engine.runtime.runner.image_embeddings import ImageEmbedder
+from engine.runtime.runner.sequence import Phase
 from engine.runtime.runner.speculative_step import SpeculationSetup
 from engine.runtime.scheduler.admission import Admission
 from engine.runtime.scheduler.completion import Completion
 from engine.runtime.scheduler.parts import SchedulerPart, SchedulerState
+from engine.runtime.scheduler.prefill_pacer import PrefillPacer
+from engine.runtime.scheduler.priorities import Priorities
 from engine.runtime.scheduler.step_room import StepRoom
 from engine.runtime.scheduler.stepping import Stepping
 from engine.runtime.scheduler.turn import Turn, TurnPhase
@@ -85,7 +89,12 @@ class Scheduler(SchedulerPart):
         start = TurnStart(loaded.tokenizer, frozenset(loaded.eos_token_ids), turns.repetition_window, grammars,
                           loaded.reasoning)
         caches = TurnCaches(state, loaded, settings.cache.prefix_sharing)
-        self.admission = Admission(state, self.completion, caches, start, batch, turns)
+        scheduling = settings.scheduling
+        self.priorities = Priorities(state, scheduling.policy())
+        self.pacer = PrefillPacer(scheduling.decode_gap_ms, hooks.timed)
+        # Prompt tokens a step may prefill at most (the engine lowers it while another model waits).
+        self._prefill_limit = batch.prefill_step_size
+        self.admission = Admission(state, self.completion, caches, start, batch, turns, self.priorities)
         self.stepping = Stepping(state, self.completion, turns)
 
     # -- observers -----------------------------------------------------------------
@@ -113,8 +122,7 @@ class Scheduler(SchedulerPart):
     def limit_prefill(self, tokens: int) -> None:
         """Prompt tokens the next steps may prefill (the engine lowers it while another model waits for the
         device, engine_thread/device_turns.py; a generator without chunked prefill ignores it)."""
-        if hasattr(self._generator, "prefill_step_size"):
-            self._generator.prefill_step_size = tokens
+        self._prefill_limit = tokens
 
     @property
     def batch_size(self) -> int:
@@ -129,6 +137,7 @@ class Scheduler(SchedulerPart):
         self.queues.waiting.append(turn)
         self.queues.by_request[turn.request_id] = turn
         agent = self.agents.for_request(turn.request)
+        self.priorities.place(turn, agent)
         if not agent.is_busy:
             agent.state = AgentState.QUEUED
         self.tiers.prefetch(agent)
@@ -155,11 +164,33 @@ class Scheduler(SchedulerPart):
         self._remove_cancelled()
         if not self.queues.by_uid:
             return
-        plan = self._generator.plan()  # what the step will do, and the room each cache needs for it
+        generator = self._generator
+        if hasattr(generator, "prefill_step_size"):
+            generator.prefill_step_size = self._prefill_budget()
+        plan = generator.plan()  # what the step will do, and the room each cache needs for it
         room = self.room.grant(plan)  # reserved before the model runs; the only part that may evict
-        out = self._generator.step(plan, room)  # model work only, within that room
+        decoding = getattr(generator, "decoding", 0)
+        started = time.perf_counter()
+        out = generator.step(plan, room)  # model work only, within that room
+        self.pacer.observe(time.perf_counter() - started, sum(max(m for _, m in g) * len(g) for g in plan.prefill),
+                           decoding)
         self.room.pay_checkpoints(out.checkpoints)
         self.stepping.apply(out)  # tokens to text, events to clients, turns that end
+
+    def _prefill_budget(self) -> int:
+        """Prompt tokens this step may prefill: what keeps the step near the pacer's gap (prefill_pacer.py), so
+        decoding agents' tokens keep coming and a turn arriving meanwhile waits one short step; all it may when
+        nothing decodes, or while the most urgent prompt is more urgent than every decoding agent (a person waits
+        on that prompt)."""
+        limit = self._prefill_limit
+        if not self.pacer.enabled:
+            return limit
+        rows = [t.sequence for t in self.queues.by_uid.values() if t.sequence is not None and not t.sequence.paused]
+        decoding = [s.level for s in rows if s.phase is Phase.DECODE]
+        prompts = [s for s in rows if s.phase is Phase.PREFILL]
+        if not prompts or not decoding or min(prompts, key=lambda s: s.rank).level < min(decoding):
+            return limit
+        return self.pacer.budget(limit)
 
     def _remove_cancelled(self) -> None:
         for turn in [t for t in self.queues.by_uid.values() if t.cancel_reason is not None]:

@@ -10,7 +10,7 @@ Instead, a turn whose prompt has whole blocks beyond what it reused offers its
 cache as soon as its prefill passes its last whole block (``share_at``; the
 prefill chunk ends exactly there, and models with sliding-window layers take
 a checkpoint of those layers at that position). A waiting turn whose first
-block matches such a leader's is held back until then, at most for the rest
+block matches such a leader's, and that is no more urgent than it, is held back until then, at most for the rest
 of the leader's prefill of that prefix, which it would otherwise have spent
 computing the same tokens.
 """
@@ -42,6 +42,7 @@ def awaits_leader(turn: Turn, agent: AgentRecord | None, running: Iterable[Turn]
         return False  # its own cache (in the pool or on disk) serves it better
     return any(
         leader.share_at and not leader.published and leader.request.agent_id != turn.request.agent_id
+        and leader.level <= turn.level  # never held behind a less urgent leader's (paced) prefill
         and leader.request.prompt_tokens[:block_tokens] == head
         for leader in running
     )

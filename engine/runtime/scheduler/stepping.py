@@ -70,6 +70,7 @@ class Stepping(SchedulerPart):
         if turn is None:
             return
         self._mark_first_token(turn)
+        self._meter_gap(turn)
         turn.generated += 1
         self.stats.decode.add(1)
         delta = self._decode(turn, out)
@@ -91,6 +92,12 @@ class Stepping(SchedulerPart):
                              logging.WARNING)
         self.completion.complete(turn, ending.reason, note=ending.note, stop_sequence=ending.stop_sequence)
 
+    def _meter_gap(self, turn: Turn) -> None:
+        now = time.monotonic()
+        if turn.last_token_at is not None:
+            self.stats.of_class(turn.request.agent_class.value).gaps.add(now - turn.last_token_at)
+        turn.last_token_at = now
+
     def _mark_first_token(self, turn: Turn) -> None:
         if turn.first_token_at is not None:
             return
@@ -100,6 +107,9 @@ class Stepping(SchedulerPart):
         self.stats.prefill.add(turn.to_prefill - turn.prefill_done)
         turn.prefill_done = turn.to_prefill
         self.stats.ttft.add(turn.first_token_at - turn.submitted_at)
+        meter = self.stats.of_class(turn.request.agent_class.value)
+        meter.ttft.add(turn.first_token_at - turn.submitted_at)
+        meter.turns += 1
         if turn.agent is not None:
             turn.agent.state = AgentState.DECODING
             turn.agent.prefill_done = turn.to_prefill

@@ -72,6 +72,15 @@ class Turn:
     forensics: TurnForensics | None = None
     # Why the pool could not grow the turn, when it could not (the note its capacity finish carries).
     room_note: str | None = None
+    # Its priority level (domain/priority.py) and its place in the order turns are served (virtual arrival:
+    # earlier first); set when it is submitted and when the operator changes its agent's level.
+    level: int = 1
+    order: float = 0.0
+    # clock.now() when its agent was paused mid-turn (None: not paused): the pause does not count against
+    # max_output_seconds.
+    paused_at: float | None = None
+    # When its latest token came (time.monotonic): the gap to the next one is metered per class.
+    last_token_at: float | None = None
 
     @property
     def on_own_cache(self) -> bool:

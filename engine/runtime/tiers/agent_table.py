@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import itertools
-from typing import Iterator
+from typing import Iterator, Mapping
 
+from engine.domain.priority import DEFAULT_LEVELS, AgentClass
 from engine.runtime import clock
 from engine.runtime.tiers.agents import AgentRecord, Tier
 from engine.domain.requests import GenerationRequest
 
 
 class AgentTable:
-    def __init__(self) -> None:
+    def __init__(self, class_levels: Mapping[AgentClass, int] = DEFAULT_LEVELS) -> None:
         self._agents: dict[str, AgentRecord] = {}
+        # Each class's level: a less urgent class's idle caches go before a more urgent one's.
+        self.class_levels = class_levels
         self._tick = itertools.count(1)
 
     def __contains__(self, agent_id: str) -> bool:
@@ -37,6 +40,8 @@ class AgentTable:
             record = self.add(AgentRecord(request.agent_id, request.source, request.display_name))
         elif request.display_name and not record.display_name:
             record.display_name = request.display_name
+        record.agent_class, record.lineage = request.agent_class, request.lineage
+        record.asked_priority = request.priority
         return record
 
     def remove(self, agent_id: str) -> AgentRecord | None:
@@ -50,8 +55,9 @@ class AgentTable:
         return self._idle_in(Tier.COOL, protect, auxiliary_only)
 
     def eviction_order(self, protect: set[str], auxiliary_only: bool = False) -> list[AgentRecord]:
-        """Hot, idle, unpinned agents, least recently used first: auxiliary agents, then agents
-        without a live cache_control retention, then retained ones (a last resort, not a pin)."""
+        """Hot, idle, unpinned agents in the order they go: auxiliary agents, then agents without a live
+        retention (a client's cache_control, a tool loop's hold), then retained ones (a last resort, not a
+        pin); within each, the least urgent level first, then the least recently used."""
         return self._idle_in(Tier.HOT, protect, auxiliary_only)
 
     def _idle_in(self, tier: Tier, protect: set[str], auxiliary_only: bool) -> list[AgentRecord]:
@@ -65,4 +71,14 @@ class AgentTable:
             and (a.auxiliary or not auxiliary_only)
         ]
         now = clock.now()
-        return sorted(candidates, key=lambda a: (not a.auxiliary, a.retained_until > now, a.lru_tick))
+        return sorted(candidates, key=lambda a: (not a.auxiliary, a.retained_until > now, -self.level_of(a),
+                                                 a.lru_tick))
+
+    def level_of(self, agent: AgentRecord) -> int:
+        """The agent's standing level: the operator's setting, else what its latest request asked, else its
+        class's."""
+        if agent.priority is not None:
+            return agent.priority
+        if agent.asked_priority is not None:
+            return agent.asked_priority
+        return self.class_levels.get(agent.agent_class, 1)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from engine.domain.forensics import HISTORY_KEPT, TurnForensics
+from engine.domain.priority import AgentClass, Lineage
 from engine.domain.requests import AgentSource
 from engine.domain.speculation_tally import SpeculationTally
 
@@ -78,6 +79,16 @@ class AgentRecord:
     # Until when (time.monotonic) a client's cache_control breakpoint asks to keep this cache;
     # eviction passes over the agent while any unmarked agent can go instead.
     retained_until: float = 0.0
+    # Who the agent is to the person at the machine (its latest request says), and what the operator set:
+    # a level that overrides its requests' and class's (None: none), and whether its turns are paused.
+    agent_class: AgentClass = AgentClass.MAIN
+    lineage: Lineage = Lineage()
+    priority: int | None = None
+    paused: bool = False
+    # The level its latest request asked for (None: none asked).
+    asked_priority: int | None = None
+    # Until when (time.monotonic) its client runs the tool its last reply called (the cache is held meanwhile).
+    tool_hold_until: float = 0.0
     # Cached tokens at the end of each turn run since the agent was last loaded: where a fork or a
     # rewind "at turn N" cuts (runtime/tiers/branching.py).
     turn_ends: list[int] = field(default_factory=list)

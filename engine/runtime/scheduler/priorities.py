@@ -1,0 +1,97 @@
+"""Who goes first: each turn's level and place in the order, and the operator's levels and pauses.
+
+A turn's place is its virtual arrival (domain/priority.py): admission takes waiting turns in that order, and
+the batch prefills its prompts in it (the sequence carries it as ``rank``). The operator can change an agent's
+level or pause it while it runs: its waiting and running turns move at once, and a paused agent's row keeps
+its cache and its place in the batch but neither prefills nor decodes until it is resumed.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from engine.domain.event_log import EventKind
+from engine.domain.priority import PriorityPolicy
+from engine.runtime import clock
+from engine.runtime.scheduler.parts import SchedulerPart, SchedulerState
+from engine.runtime.scheduler.turn import Turn, TurnPhase
+from engine.runtime.tiers.agents import AgentRecord
+
+
+class Priorities(SchedulerPart):
+    def __init__(self, state: SchedulerState, policy: PriorityPolicy) -> None:
+        super().__init__(state)
+        self.policy = policy
+
+    # -- turns ---------------------------------------------------------------------------
+    def place(self, turn: Turn, agent: AgentRecord) -> None:
+        """A submitted turn's level and order."""
+        request = turn.request
+        turn.level = self.policy.level(request.agent_class, request.priority, agent.priority)
+        turn.order = self.policy.virtual_arrival(turn.submitted_at, turn.level)
+
+    def in_order(self, turns: Iterable[Turn]) -> list[Turn]:
+        """Most urgent first: by virtual arrival, ties by arrival."""
+        return sorted(turns, key=lambda t: (t.order, t.submitted_at))
+
+    def admitted(self, turn: Turn) -> None:
+        """The turn's sequence enters the batch: it carries the turn's order and its agent's pause."""
+        sequence, agent = turn.sequence, turn.agent
+        assert sequence is not None
+        sequence.rank = turn.order
+        sequence.level = turn.level if self.policy.enabled else 0
+        if agent is not None and agent.paused:
+            self._pause_turn(turn)
+
+    def is_paused(self, turn: Turn) -> bool:
+        agent = self.agents.get(turn.request.agent_id)
+        return agent is not None and agent.paused
+
+    def queue_positions(self) -> dict[str, int]:
+        """Each waiting agent's place in the admission order (1: next)."""
+        positions: dict[str, int] = {}
+        for turn in self.in_order(self.queues.waiting):
+            positions.setdefault(turn.request.agent_id, len(positions) + 1)
+        return positions
+
+    # -- the operator --------------------------------------------------------------------
+    def set_level(self, agent: AgentRecord, level: int | None) -> None:
+        """The operator's level for ``agent`` (None: back to its requests' and class's); its queued and
+        running turns move now."""
+        agent.priority = level
+        for turn in self._turns_of(agent.agent_id):
+            self.place(turn, agent)
+            if turn.sequence is not None:
+                turn.sequence.rank = turn.order
+                turn.sequence.level = turn.level if self.policy.enabled else 0
+        shown = "its class's" if level is None else str(level)
+        self.events.emit(EventKind.ADMIT, f"{agent.agent_id}: priority set to {shown}", agent.agent_id)
+
+    def set_paused(self, agent: AgentRecord, paused: bool) -> None:
+        if agent.paused == paused:
+            return
+        agent.paused = paused
+        for turn in self._turns_of(agent.agent_id):
+            if turn.sequence is not None:
+                self._pause_turn(turn) if paused else self._resume_turn(turn)
+        self.events.emit(EventKind.ADMIT, f"{agent.agent_id}: {'paused' if paused else 'resumed'}",
+                         agent.agent_id)
+
+    def _turns_of(self, agent_id: str) -> list[Turn]:
+        return [t for t in self.queues.by_request.values()
+                if t.request.agent_id == agent_id and t.phase is not TurnPhase.DONE]
+
+    @staticmethod
+    def _pause_turn(turn: Turn) -> None:
+        assert turn.sequence is not None
+        turn.sequence.paused = True
+        turn.paused_at = clock.now()
+
+    @staticmethod
+    def _resume_turn(turn: Turn) -> None:
+        assert turn.sequence is not None
+        turn.sequence.paused = False
+        turn.last_token_at = None  # the pause is no gap between tokens
+        if turn.paused_at is not None and turn.first_token_tick is not None:
+            turn.first_token_tick += clock.now() - turn.paused_at  # the pause is not generation time
+        turn.paused_at = None
