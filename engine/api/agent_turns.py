@@ -33,6 +33,8 @@ from .reasoning_ask import from_effort
 from .service import EngineService
 from engine.runtime.engine_thread.engine import Engine
 from engine.domain.chat import ChatMessage
+from .request_priority import asked_priority
+from engine.domain.priority import AgentClass
 from .turns import SamplingAsked, TurnSpec, ended_by, prepare, renderer_for, text_of
 
 
@@ -40,7 +42,8 @@ async def start_turn(service: EngineService, conversation: AgentConversation, bo
                      user: ChatMessage | None = None) -> AsyncTurn:
     """Render history + message (``user``: the body's, read once by the caller) and submit; raises (400, 503...)
     before anything is generated."""
-    identity = AgentIdentity(conversation.agent_id, AgentSource.API, conversation.display_name or conversation.agent_id)
+    identity = AgentIdentity(conversation.agent_id, AgentSource.API, conversation.display_name or conversation.agent_id,
+                             agent_class=AgentClass(body.agent_class or AgentClass.MAIN.value))
     max_tokens = body.max_tokens or service.settings.default_max_tokens
     reasoning = from_effort(body.reasoning_effort, "reasoning_effort", max_tokens)
     # A fork of another client's context continues in the template of the model the turn is routed to.
@@ -58,6 +61,7 @@ async def start_turn(service: EngineService, conversation: AgentConversation, bo
         output_format=openai_response_format(body.response_format),
         reasoning=reasoning,
         model=body.model,
+        priority=asked_priority(body.priority, "priority", {}),
     )
     return service.start_turn(await prepare(service, spec))
 

@@ -39,7 +39,9 @@ from .agents_schemas import (
     Deleted,
     EvictBody,
     MessageBody,
+    PauseBody,
     PinBody,
+    PriorityBody,
     TurnResult,
     errors,
 )
@@ -47,6 +49,7 @@ from engine.store.conversations import AgentConversation, ConversationStore
 from .errors import ApiError
 from engine.domain.agent_ids import validate_agent_id
 from .metrics import MetricsRecorder
+from .request_priority import asked_priority
 from .service import EngineService
 
 router = APIRouter(tags=["agents"])
@@ -91,7 +94,9 @@ async def fresh_snapshot(service: EngineService, engine: Engine | None = None) -
 
 _VIEW_FIELDS = ("agent_id", "display_name", "source", "state", "tier", "pinned", "cached_tokens", "blocks",
                 "bytes", "turns", "reuse_ratio", "last_ttft_s", "decode_tok_s", "last_used", "last_finish",
-                "last_finish_note", "retained_s", "checkpoint_bytes", "state_bytes", "speculation", "last_reasoning_tokens")
+                "last_finish_note", "retained_s", "checkpoint_bytes", "state_bytes", "speculation", "last_reasoning_tokens",
+                "agent_class", "family", "parent", "priority", "priority_set", "paused", "queue_position",
+                "waiting_on_tool")
 
 
 def agent_body(view: AgentView | None, conversation: AgentConversation | None,
@@ -120,7 +125,9 @@ def _never_ran(conversation: AgentConversation) -> dict[str, Any]:
         "cached_tokens": 0, "blocks": 0, "bytes": 0, "turns": 0, "reuse_ratio": 0.0,
         "last_ttft_s": None, "decode_tok_s": None, "last_used": conversation.updated_at,
         "last_finish": None, "last_finish_note": None, "retained_s": 0.0, "checkpoint_bytes": 0, "state_bytes": 0,
-        "speculation": SpeculationTally(), "last_reasoning_tokens": 0,
+        "speculation": SpeculationTally(), "last_reasoning_tokens": 0, "agent_class": "main", "family": None,
+        "parent": None, "priority": 1, "priority_set": False, "paused": False, "queue_position": 0,
+        "waiting_on_tool": False,
     }
 
 
@@ -268,6 +275,35 @@ async def pin_agent(body: PinBody, request: Request, agent_id: str = Depends(pat
         raise ApiError(409, f"agent {agent_id!r} has no cache yet; pin it after its first turn")
     await request.app.state.service.call_on(found.engine, engine_op("pin_agent", agent_id, body.pinned))
     return (await _after_change(request, agent_id, found)).body()
+
+
+@router.post("/v1/agents/{agent_id}/priority", summary="Set (or clear) an agent's priority level",
+             response_model=AgentOut, responses=errors(400, 404, 409, 503))
+async def set_agent_priority(body: PriorityBody, request: Request, agent_id: str = Depends(path_agent_id),
+                             model: str | None = MODEL_QUERY) -> dict[str, Any]:
+    """Its queued and running turns move at once; later turns keep the level until it is cleared (null)."""
+    level = None if body.priority is None else asked_priority(body.priority, "priority", {})
+    found = await _located_engine(request, agent_id, model, "set its priority")
+    await request.app.state.service.call_on(found.engine, engine_op("set_agent_priority", agent_id, level))
+    return (await _after_change(request, agent_id, found)).body()
+
+
+@router.post("/v1/agents/{agent_id}/pause", summary="Pause or resume an agent's turns",
+             response_model=AgentOut, responses=errors(400, 404, 409, 503))
+async def pause_agent(body: PauseBody, request: Request, agent_id: str = Depends(path_agent_id),
+                      model: str | None = MODEL_QUERY) -> dict[str, Any]:
+    """A paused agent's running turn stops where it is (its cache and its stream stay open) and its queued
+    turns wait; resuming goes on from the same token."""
+    found = await _located_engine(request, agent_id, model, "pause it")
+    await request.app.state.service.call_on(found.engine, engine_op("pause_agent", agent_id, body.paused))
+    return (await _after_change(request, agent_id, found)).body()
+
+
+async def _located_engine(request: Request, agent_id: str, model: str | None, what: str) -> Any:
+    found = await _locate(request, agent_id, model)
+    if found.view is None or found.engine is None:
+        raise ApiError(409, f"agent {agent_id!r} has not run on this server yet; {what} once it has a turn")
+    return found
 
 
 # -- conversation -----------------------------------------------------------------------------

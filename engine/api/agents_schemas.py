@@ -27,6 +27,16 @@ class PinBody(_Body):
     pinned: bool
 
 
+class PriorityBody(_Body):
+    priority: int | str | None = Field(
+        description="The agent's level, 0-9 (0 most urgent) or a class name (interactive, main, side, subagent, "
+                    "background) for that class's default; null: back to its requests' and class's")
+
+
+class PauseBody(_Body):
+    paused: bool = Field(description="true: the agent's turns wait (its cache stays); false: they go on")
+
+
 class MessageBody(_Body):
     content: str = Field(min_length=1, description="The user message.")
     images: list[str] = Field(default_factory=list, description="Images sent with the message, before its text, for "
@@ -44,6 +54,12 @@ class MessageBody(_Body):
     reasoning_effort: str | None = Field(
         None, description="A thinking model's reasoning budget: none (off), minimal, low, medium, high, xhigh "
                           "(as in chat completions); absent: the model's default, no budget")
+    priority: int | str | None = Field(
+        None, description="This turn's priority level, 0-9 (0 most urgent) or a class name for its default; absent: "
+                          "the agent's (POST /v1/agents/{id}/priority) or its class's")
+    agent_class: Literal["interactive", "main", "side", "subagent", "background"] | None = Field(
+        None, description="Who the agent is: interactive (a person typing, as the workbench's chats are), main "
+                          "(default), side, subagent, background (nobody waits on it)")
 
 
 class CacheDivergenceOut(BaseModel):
@@ -103,6 +119,18 @@ class AgentOut(BaseModel):
         description="Speculative decoding over the agent's turns here: drafts verified and kept, acceptance, tokens "
                     "per speculative step")
     last_reasoning_tokens: int = Field(0, description="A thinking model's reasoning tokens in the agent's last turn")
+    agent_class: Literal["interactive", "main", "side", "subagent", "background"] = Field(
+        "main", description="Who the agent is (docs/scheduling.md): read from its client's headers")
+    family: str | None = Field(None, description="The session its client's agents group under (a Claude Code "
+                                                 "session, a Codex root thread); null: none")
+    parent: str | None = Field(None, description="The agent that started it, where its client says")
+    priority: int = Field(1, description="Its level, 0 most urgent .. 9: its running or queued turn's, else "
+                                         "the operator's setting, else its class's")
+    priority_set: bool = Field(False, description="Whether the operator set the level (POST .../priority)")
+    paused: bool = Field(False, description="Paused by the operator: its turns wait, its cache stays")
+    queue_position: int = Field(0, description="Its place among the waiting turns, 1 next; 0: none waiting")
+    waiting_on_tool: bool = Field(False, description="Idle while its client runs the tool its last reply called "
+                                                     "(its cache held hot for tool_loop_hold_s)")
     messages: int = Field(description="Messages in the stored conversation (0 for agents of other APIs).")
     has_conversation: bool
 

@@ -152,6 +152,9 @@ class ToolChoice(_Request):
 
 class Metadata(_Request):
     user_id: str | None = None
+    # Extension of this server: the turn's priority level, 0-9 (0 most urgent) or a class name
+    # (request_priority.py).
+    priority: int | str | None = None
 
 
 class CountTokensRequest(_Request):

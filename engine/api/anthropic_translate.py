@@ -55,7 +55,8 @@ from .anthropic_schemas import (
     ToolUseBlock,
 )
 from engine.domain.chat import ChatMessage, Conversation, ImagePart, Part, ToolCall, ToolSpec
-from .identity import anthropic_identity
+from .identity import anthropic_identity, with_client_hints
+from .request_priority import asked_priority
 from .image_inputs import IMAGE_PLACEHOLDER, from_base64, from_url, image_text
 from .retention import retention_of
 from .output_formats import anthropic_output_format
@@ -238,7 +239,8 @@ def sampling_of(body: MessagesRequest) -> SamplingAsked:
 
 def turn_spec(body: MessagesRequest, headers: Mapping[str, str]) -> TurnSpec:
     metadata: dict[str, Any] = body.metadata.model_dump() if body.metadata else {}
-    identity = anthropic_identity(headers, prefix_of(body), metadata, body.max_tokens, body.model)
+    identity = with_client_hints(anthropic_identity(headers, prefix_of(body), metadata, body.max_tokens, body.model),
+                                 headers)
     reasoning = anthropic_reasoning(body.thinking, body.output_config, body.max_tokens, body.context_management)
     return TurnSpec(
         conversation=conversation_of(body, reasoning),
@@ -251,4 +253,5 @@ def turn_spec(body: MessagesRequest, headers: Mapping[str, str]) -> TurnSpec:
         output_format=anthropic_output_format(body.output_config, body.output_format),
         output_field="output_config.format",
         reasoning=reasoning,
+        priority=asked_priority(metadata.get("priority"), "metadata.priority", headers),
     )

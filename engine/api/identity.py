@@ -1,7 +1,8 @@
 """Which agent a request belongs to (protocol.md, "Which agent a request belongs to").
 
 1. Claude Code's ``X-Claude-Code-Session-Id`` (a subagent's
-   ``x-claude-code-agent-id`` makes a separate agent);
+   ``x-claude-code-agent-id`` makes a separate agent, of class subagent, grouped
+   under the session with its ``x-claude-code-parent-agent-id``);
 2. OpenAI ``session_id`` / ``X-Session-Id``; the direct API's URL id;
 3. ``metadata.user_id`` when it carries a session id;
 4. a hash of the canonical prompt prefix (tools + system, attribution
@@ -19,10 +20,11 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 from engine.errors import InvalidRequestError
+from engine.domain.priority import AgentClass, Lineage, parse_class
 from engine.domain.requests import AgentSource
 
 from engine.domain.chat import Conversation
@@ -41,6 +43,9 @@ class AgentIdentity:
     # Named by a hash of the prompt's prefix, not by the client: concurrent requests take sibling lanes
     # (agent_lanes.py) instead of waiting for one another.
     derived: bool = False
+    # Who it is to the person at the machine (domain/priority.py), and the session its agents group under.
+    agent_class: AgentClass = AgentClass.MAIN
+    lineage: Lineage = Lineage()
 
 
 def _session(value: str | None, field: str) -> str | None:
@@ -93,13 +98,19 @@ def anthropic_identity(
         sub = _session(headers.get("x-claude-code-agent-id"), "x-claude-code-agent-id")
         base = f"cc-{session}" + (f"-sub-{sub}" if sub else "")
         label = f"Claude Code {session[:8]}" + (f" / subagent {sub[:8]}" if sub else "")
-        return AgentIdentity(f"{base}-{prefix[:8]}", AgentSource.CLAUDE_CODE, _labelled(label, aux), aux)
+        role = AgentClass.SIDE if aux else AgentClass.SUBAGENT if sub else AgentClass.MAIN
+        # A subagent's spawner (Claude Code 2.1.139 and later): another subagent's id, or none for the main agent.
+        parent = _clean(headers.get("x-claude-code-parent-agent-id", "")) if sub else None
+        return AgentIdentity(f"{base}-{prefix[:8]}", AgentSource.CLAUDE_CODE, _labelled(label, aux), aux,
+                             agent_class=role, lineage=Lineage(f"cc-{session}", parent))
     meta_session = session_from_user_id((metadata or {}).get("user_id"))
     if meta_session is not None:
         return AgentIdentity(f"cc-{meta_session}-{prefix[:8]}", AgentSource.CLAUDE_CODE,
-                             _labelled(f"Claude Code {meta_session[:8]}", aux), aux)
+                             _labelled(f"Claude Code {meta_session[:8]}", aux), aux,
+                             agent_class=AgentClass.SIDE if aux else AgentClass.MAIN,
+                             lineage=Lineage(f"cc-{meta_session}"))
     return AgentIdentity(f"anthropic-{prefix}", AgentSource.ANTHROPIC, f"Anthropic client {prefix[:8]}", aux,
-                         derived=True)
+                         derived=True, agent_class=AgentClass.SIDE if aux else AgentClass.MAIN)
 
 
 def openai_identity(headers: Mapping[str, str], body_session: str | None, conversation: Conversation) -> AgentIdentity:
@@ -126,12 +137,47 @@ def responses_identity(
     if prompt_cache_key:
         key = _clean(prompt_cache_key) or hashlib.sha256(prompt_cache_key.encode()).hexdigest()[:16]
         if codex:
-            return AgentIdentity(f"codex-{key}", source, f"Codex {key[:8]}")
+            return codex_thread(AgentIdentity(f"codex-{key}", source, f"Codex {key[:8]}"), headers, key)
         return AgentIdentity(f"rs-{key}", source, f"Responses client {key[:24]}")
     prefix = prefix_hash(conversation)
     if codex:
-        return AgentIdentity(f"codex-{prefix}", source, f"Codex {prefix[:8]}", derived=True)
+        return codex_thread(AgentIdentity(f"codex-{prefix}", source, f"Codex {prefix[:8]}", derived=True),
+                            headers, prefix)
     return AgentIdentity(f"responses-{prefix}", source, f"Responses client {prefix[:8]}", derived=True)
+
+
+def codex_thread(identity: AgentIdentity, headers: Mapping[str, str], thread: str) -> AgentIdentity:
+    """A Codex thread's place: a spawned sub-thread names its parent (``x-codex-parent-thread-id``, with
+    ``x-openai-subagent``) and groups under it; any other thread is a main agent of its own."""
+    parent = _clean(headers.get("x-codex-parent-thread-id", ""))
+    if parent is not None or headers.get("x-openai-subagent"):
+        family = f"codex-{parent}" if parent else None
+        return replace(identity, agent_class=AgentClass.SUBAGENT, lineage=Lineage(family, family),
+                       display_name=f"{identity.display_name} / subagent")
+    return replace(identity, lineage=Lineage(f"codex-{thread}"))
+
+
+AGENT_CLASS_HEADER, AGENT_NAME_HEADER = "x-semantic-agent-class", "x-semantic-agent-name"
+
+
+def with_client_hints(identity: AgentIdentity, headers: Mapping[str, str]) -> AgentIdentity:
+    """What a client says of itself beyond its protocol (``semantic launch --name``, a script that is background
+    work): ``x-semantic-agent-name`` names the agent in the workbench, ``x-semantic-agent-class`` sets its class."""
+    name = headers.get(AGENT_NAME_HEADER, "").strip()
+    wanted = headers.get(AGENT_CLASS_HEADER, "").strip()
+    if name:
+        if len(name) > 64 or not name.isprintable():
+            raise InvalidRequestError(f"{AGENT_NAME_HEADER} must be 1-64 printable characters",
+                                      field=AGENT_NAME_HEADER)
+        suffix = identity.display_name.partition(" / ")[2]
+        named = f"{name} / {suffix}" if suffix else name
+        identity = replace(identity, display_name=_labelled(named, identity.auxiliary and not suffix))
+    if wanted and not identity.auxiliary:
+        try:
+            identity = replace(identity, agent_class=parse_class(wanted, AGENT_CLASS_HEADER))
+        except ValueError as exc:
+            raise InvalidRequestError(str(exc), field=AGENT_CLASS_HEADER) from None
+    return identity
 
 
 def is_codex(headers: Mapping[str, str]) -> bool:

@@ -84,6 +84,7 @@ class SnapshotCollector:
             return
         yield from _pool_and_agents(snapshot)
         yield from _speculation(snapshot.throughput.speculation)
+        yield from _classes(snapshot)
         yield from _caches(snapshot.tiers)
         yield from _memory_and_ranks(snapshot)
 
@@ -129,6 +130,40 @@ def _pool_and_agents(snapshot: EngineSnapshot) -> Metrics:
     yield GaugeMetricFamily("semantic_decode_tokens_per_second", "Aggregate decode rate", value=throughput.decode_tok_s)
     yield GaugeMetricFamily("semantic_prefill_tokens_per_second", "Aggregate prefill rate", value=throughput.prefill_tok_s)
     yield GaugeMetricFamily("semantic_warm_bytes", "Bytes of agent caches on disk", value=tiers.warm_bytes)
+
+
+def _classes(snapshot: EngineSnapshot) -> Metrics:
+    """Per agent class (docs/scheduling.md): recent time to first token and gaps between tokens, and the
+    agents by class and the paused ones."""
+    classes = snapshot.throughput.classes
+    ttft = GaugeMetricFamily("semantic_class_ttft_seconds", "Recent time to first token per agent class (the "
+                             "last 256 turns)", labels=["class", "quantile"])
+    gaps = GaugeMetricFamily("semantic_class_token_gap_seconds", "Recent gaps between two tokens of a turn per "
+                             "agent class (the last 2048)", labels=["class", "quantile"])
+    for view in classes:
+        for quantile, value in (("0.5", view.ttft_p50_s), ("0.95", view.ttft_p95_s)):
+            if value is not None:
+                ttft.add_metric([view.name, quantile], value)
+        for quantile, value in (("0.5", view.gap_p50_s), ("0.95", view.gap_p95_s), ("1", view.gap_max_s)):
+            if value is not None:
+                gaps.add_metric([view.name, quantile], value)
+    yield ttft
+    yield gaps
+    yield _class_turns(classes)
+    counts: dict[str, float] = {}
+    for agent in snapshot.agents:
+        counts[agent.agent_class] = counts.get(agent.agent_class, 0) + 1
+    yield _labelled_gauge("semantic_agents_by_class", "Agents per class", "class", counts)
+    yield GaugeMetricFamily("semantic_agents_paused", "Agents the operator paused",
+                            value=sum(a.paused for a in snapshot.agents))
+
+
+def _class_turns(classes: Any) -> CounterMetricFamily:
+    family = CounterMetricFamily("semantic_class_turns", "Turns that reached their first token, per agent class",
+                                 labels=["class"])
+    for view in classes:
+        family.add_metric([view.name], view.turns)
+    return family
 
 
 def _speculation(speculation: SpeculationTally) -> Metrics:

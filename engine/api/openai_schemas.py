@@ -95,6 +95,8 @@ class ChatCompletionRequest(_Lenient):
     response_format: dict[str, Any] | None = None
     # Extension of this server: names the agent whose KV cache the request reuses.
     session_id: str | None = None
+    # The turn's priority level, 0-9 (0 most urgent) or a class name, as vLLM takes it (request_priority.py).
+    priority: int | str | None = None
     # A thinking model's reasoning: none (off), minimal, low, medium, high, xhigh (reasoning_ask.py budgets).
     reasoning_effort: str | None = None
     # Keyword arguments for the chat template, e.g. {"enable_thinking": false} (a common extension).

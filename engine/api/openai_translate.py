@@ -38,7 +38,8 @@ from engine.domain.requests import FinishEvent, Usage
 from engine.settings import Settings
 
 from engine.domain.chat import ChatMessage, Conversation, ImagePart, Part, ToolCall, ToolSpec
-from .identity import openai_identity
+from .identity import openai_identity, with_client_hints
+from .request_priority import asked_priority
 from .image_inputs import from_url, image_text
 from .openai_schemas import ChatCompletionRequest, ContentPart, MessageIn, NamedToolChoice, ToolCallIn
 from .output_formats import openai_response_format
@@ -67,9 +68,10 @@ def to_turn_spec(body: ChatCompletionRequest, headers: Mapping[str, str], settin
     max_tokens = body.max_completion_tokens or body.max_tokens or settings.default_max_tokens
     reasoning = openai_reasoning(body.reasoning_effort, body.chat_template_kwargs, max_tokens)
     conversation = to_conversation(body, reasoning)
-    identity = openai_identity(headers, body.session_id, conversation)
+    identity = with_client_hints(openai_identity(headers, body.session_id, conversation), headers)
     return TurnSpec(conversation, identity, max_tokens, sampling_of(body), stops_of(body.stop), model=body.model,
-                    output_format=openai_response_format(body.response_format), reasoning=reasoning)
+                    output_format=openai_response_format(body.response_format), reasoning=reasoning,
+                    priority=asked_priority(body.priority, "priority", headers))
 
 
 def to_conversation(body: ChatCompletionRequest, reasoning: ReasoningAsk) -> Conversation:

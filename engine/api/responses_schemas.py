@@ -43,6 +43,8 @@ class ResponsesRequest(_Lenient):
     metadata: dict[str, str] | None = None
     # Names the agent whose cache the turn reuses (Codex sends its thread id here).
     prompt_cache_key: str | None = None
+    # The turn's priority level, 0-9 (0 most urgent) or a class name (request_priority.py).
+    priority: int | str | None = None
     truncation: Literal["auto", "disabled"] | None = None
     background: bool | None = None
     user: str | None = None

@@ -19,7 +19,8 @@ from engine.errors import InvalidRequestError
 from engine.settings import Settings
 from engine.store.stored_responses import StoredResponse
 
-from .identity import AgentIdentity, is_codex, responses_identity
+from .identity import AgentIdentity, is_codex, responses_identity, with_client_hints
+from .request_priority import asked_priority
 from .openai_translate import cache_usage
 from .reasoning_ask import responses_reasoning
 from .responses_items import (
@@ -53,9 +54,10 @@ def to_turn_spec(body: ResponsesRequest, items: list[Item], previous: StoredResp
                                   field="input")
     identity = _continuing(previous, headers) if previous else responses_identity(headers, body.prompt_cache_key,
                                                                                   conversation)
-    return TurnSpec(conversation, identity, max_tokens, SamplingAsked(temperature=body.temperature, top_p=body.top_p),
+    return TurnSpec(conversation, with_client_hints(identity, headers), max_tokens,
+                    SamplingAsked(temperature=body.temperature, top_p=body.top_p),
                     model=body.model, output_format=responses_text_format(body.text), output_field="text.format",
-                    reasoning=reasoning)
+                    reasoning=reasoning, priority=asked_priority(body.priority, "priority", headers))
 
 
 def _continuing(previous: StoredResponse, headers: Mapping[str, str]) -> AgentIdentity:

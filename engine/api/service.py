@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar
 from engine.errors import EngineUnavailableError
 from engine.models.loaded import LoadedModel
 from engine.runtime.engine_thread.engine import Engine
+from engine.runtime.engine_thread.engine_ops import engine_op
 from engine.models.registry import ModelRegistry
 from engine.domain.event_log import EventKind, EventLog
 from engine.domain.requests import GenerationRequest
@@ -147,6 +148,13 @@ class EngineService:
         await self.wait_ready()
         return ServedModel(self.engine, models.routes.default.alias if models is not None else self.settings.model,
                            why)
+
+    def hold_tool_loop(self, engine: Engine, agent_id: str) -> None:
+        """The agent's reply was a tool call: keep its cache hot ``tool_loop_hold_s`` while the client runs the
+        tool (queued on the engine thread; nothing waits for it)."""
+        seconds = self.settings.tool_loop_hold_s
+        if seconds > 0:
+            engine.call(engine_op("hold_agent", agent_id, seconds))
 
     def engine_for(self, request: GenerationRequest) -> Engine:
         """The engine a prepared request was rendered for (its ``model_id``); the default one otherwise."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from engine.domain.block_layout import common_prefix_length
 from engine.domain.images import PromptImage
@@ -89,6 +89,8 @@ class TurnSpec:
     output_field: str = "response_format"
     # What the request said about a thinking model's reasoning (reasoning_ask.py): its budget, whether it is on.
     reasoning: ReasoningAsk = DEFAULT_REASONING
+    # The priority level the request asked for (request_priority.py); None: its agent's or its class's.
+    priority: int | None = None
 
 
 def renderer_for(service: EngineService, engine: Engine | None = None) -> PromptRenderer:
@@ -208,6 +210,9 @@ async def _prepared_for(service: EngineService, engine: Engine, spec: TurnSpec, 
         reasoning_budget=spec.reasoning.engine_budget,
         reply_start=opened_at(loaded.reasoning, tokens),
         images=images,
+        agent_class=spec.identity.agent_class,
+        lineage=spec.identity.lineage,
+        priority=spec.priority,
     )
     request = engine.validate(request)
     if request.asked_max_tokens is not None:
@@ -244,19 +249,24 @@ class OutputAssembler:
     reasoning: str = ""
     calls: list[ToolCall] = field(default_factory=list)
     _channel_call: list[Any] = field(default_factory=list)  # [index, start piece, arguments so far] while open
+    # Told when the reply ends in tool calls: the client will run them and come back, so the agent's cache is
+    # held hot a while (EngineService.hold_tool_loop). None: nobody to tell.
+    on_tool_call: Callable[[], None] | None = None
 
     @classmethod
     def for_turn(cls, service: EngineService, request: GenerationRequest, conversation: Conversation,
                  id_prefix: str, agent_id: str | None = None) -> "OutputAssembler":
         """For the model ``request`` was prepared for. ``agent_id``: whose reply this is, to recall its
         reasoning when a client sends it back without it."""
-        loaded = service.engine_for(request).loaded
+        engine = service.engine_for(request)
+        loaded = engine.loaded
         recall = service.reasoning_recall if agent_id is not None and loaded.reasoning is not None else None
         if not conversation.tools or conversation.tool_choice == "none":
             return cls(None, id_prefix, recall, agent_id or "")
         schemas = [{"type": "function", "function": {"name": t.name, "parameters": t.parameters}} for t in conversation.tools]
         tool_format = tool_format_for(loaded.tokenizer, loaded.reasoning)
-        return cls(ToolCallStream(tool_format, schemas, id_prefix), id_prefix, recall, agent_id or "")
+        return cls(ToolCallStream(tool_format, schemas, id_prefix), id_prefix, recall, agent_id or "",
+                   on_tool_call=lambda: service.hold_tool_loop(engine, request.agent_id))
 
     def feed(self, event: Any) -> list[Piece]:
         if not isinstance(event, TokenEvent):
@@ -275,6 +285,8 @@ class OutputAssembler:
         pieces = self._note(self._close_channel_call() + (self.tools.finish() if self.tools else []))
         if self.recall is not None:
             self.recall.remember(self.agent_id, self.text, self.calls, self.reasoning)
+        if self.calls and self.on_tool_call is not None:
+            self.on_tool_call()
         return pieces
 
     def _channel_text(self, call: CallText) -> list[Piece]:

@@ -96,7 +96,8 @@ async def test_list_merges_engine_and_store(client: httpx.AsyncClient) -> None:
     expected = {"agent_id", "display_name", "source", "state", "tier", "pinned", "cached_tokens", "blocks", "bytes",
                 "turns", "reuse_ratio", "last_ttft_s", "decode_tok_s", "last_used", "last_finish", "last_finish_note",
                 "retained_s", "messages", "has_conversation", "checkpoint_bytes", "state_bytes", "speculation",
-                "last_reasoning_tokens", "model"}
+                "last_reasoning_tokens", "model", "agent_class", "family", "parent", "priority", "priority_set",
+                "paused", "queue_position", "waiting_on_tool"}
     assert all(set(a) == expected for a in agents.values())
 
 
