@@ -22,6 +22,7 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import ContentSwitcher, Footer
 from textual.worker import Worker, WorkerState
 
+from engine.domain.priority import LEAST_URGENT, MOST_URGENT
 from engine.errors import SemanticError
 from engine.platform import slow_blas
 from engine.settings import Settings
@@ -72,6 +73,12 @@ class SemanticApp(App[None]):
         Binding("e", "evict_warm", "Evict", id="agent.evict", tooltip="Evict the selected agent's cache to disk"),
         Binding("d", "drop", "Drop", id="agent.drop", tooltip="Drop the selected agent's cache (cold)"),
         Binding("p", "toggle_pin", "Pin", id="agent.pin", tooltip="Pin or unpin the selected agent"),
+        Binding("right_square_bracket", "raise_priority", "Raise", show=False, id="agent.raise",
+                tooltip="Serve the selected agent sooner (its priority level one more urgent)"),
+        Binding("left_square_bracket", "lower_priority", "Lower", show=False, id="agent.lower",
+                tooltip="Serve the selected agent later (its priority level one less urgent)"),
+        Binding("space", "toggle_pause", "Pause", show=False, id="agent.pause",
+                tooltip="Pause the selected agent's turns (its cache stays) or resume them"),
         Binding("i", "cache_history", "Cache", id="agent.cache_history",
                 tooltip="How the selected agent's last turns met its cache, and why a turn prefilled"),
         Binding("f", "fork", "Fork", show=False, id="agent.fork", tooltip="Fork the selected agent: a new agent sharing its cache"),
@@ -102,6 +109,7 @@ class SemanticApp(App[None]):
         self.preferences = preferences
         self.poll_interval_s = poll_interval_s
         self._bottom = 1
+        self._pending_levels: dict[tuple[str | None, str], int] = {}  # levels set, until the table shows them
         self._new_chats = 0
         self._side = 0
         self.swap_flow = ModelSwapFlow(self)
@@ -326,6 +334,40 @@ class SemanticApp(App[None]):
         view = self._view(*row) if row is not None else None
         pinned = bool(view and view.pinned)
         await self._agent_action("Unpinned" if pinned else "Pinned", AgentAction.UNPIN if pinned else AgentAction.PIN)
+
+    async def action_raise_priority(self) -> None:
+        await self._steer_priority(-1)
+
+    async def action_lower_priority(self) -> None:
+        await self._steer_priority(+1)
+
+    async def _steer_priority(self, step: int) -> None:
+        row = self._chosen_row()
+        view = self._view(*row) if row is not None else None
+        if row is None or view is None:
+            return
+        # Keys pressed faster than the table refreshes step from the level last set, not the one still shown.
+        pending = self._pending_levels.pop(row, None)
+        base = pending if pending is not None and pending != view.priority else view.priority
+        level = min(LEAST_URGENT, max(MOST_URGENT, base + step))
+        self._pending_levels[row] = level
+        await self._steer(row, f"Priority {level}", priority=level)
+
+    async def action_toggle_pause(self) -> None:
+        row = self._chosen_row()
+        view = self._view(*row) if row is not None else None
+        if row is not None and view is not None:
+            await self._steer(row, "Resumed" if view.paused else "Paused", paused=not view.paused)
+
+    async def _steer(self, row: tuple[str | None, str], verb: str, **change: Any) -> None:
+        model, agent_id = row
+        try:
+            await self.client.steer(model, agent_id, **change)
+        except SemanticError as exc:
+            self.notify(f"{verb} {agent_id}: {exc}", severity="error")
+            return
+        self.notify(f"{verb}: {agent_id}")
+        self.refresh_panes(force=True)
 
     async def action_evict_idle(self) -> None:
         await self._evict_idle(to_disk=True)

@@ -19,6 +19,7 @@ from engine.api.async_turn import AsyncTurn
 from engine.api.identity import AgentIdentity
 from engine.api.service import EngineService
 from engine.domain.chat import ChatMessage, Conversation
+from engine.domain.priority import AgentClass
 from engine.domain.requests import AgentSource, EventSink
 
 from .chat_events import EventFeed, pump
@@ -88,7 +89,7 @@ class LocalChatLink:
         return agent_id  # the first turn makes the agent
 
     async def start(self, target: ChatTarget, history: tuple[ChatMessage, ...], user: ChatMessage) -> ChatTurn:
-        identity = AgentIdentity(target.agent_id, AgentSource.TUI, target.label)
+        identity = AgentIdentity(target.agent_id, AgentSource.TUI, target.label, agent_class=AgentClass.INTERACTIVE)
         max_tokens = target.max_tokens or self.service.settings.default_max_tokens
         spec = turns.TurnSpec(Conversation(history + (user,)), identity, max_tokens=max_tokens, model=target.model)
         return LocalTurn(self.service.start_turn(await turns.prepare(self.service, spec)))

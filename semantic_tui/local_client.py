@@ -64,6 +64,14 @@ class LocalClient:
         op, args = ENGINE_OPS[action]
         await model_target(self.backend.service, model).call(self.backend.service, engine_op(op, agent_id, *args))
 
+    async def steer(self, model: str | None, agent_id: str, priority: int | None = None,
+                    paused: bool | None = None) -> None:
+        target = model_target(self.backend.service, model)
+        if priority is not None:
+            await target.call(self.backend.service, engine_op("set_agent_priority", agent_id, priority))
+        if paused is not None:
+            await target.call(self.backend.service, engine_op("pause_agent", agent_id, paused))
+
     async def fork(self, model: str | None, agent_id: str, new_id: str, display_name: str) -> Forked:
         service = self.backend.service
         branch = await model_target(service, model).call(

@@ -117,7 +117,8 @@ class RemoteChatLink:
     async def start(self, target: ChatTarget, history: tuple[ChatMessage, ...], user: ChatMessage) -> ChatTurn:
         """The server keeps the history; only the new message goes."""
         content, images = message_body(user)
-        body: dict[str, Any] = {"content": content, "stream": True, **({"images": images} if images else {})}
+        body: dict[str, Any] = {"content": content, "stream": True, "agent_class": "interactive",
+                                **({"images": images} if images else {})}
         if target.max_tokens is not None:
             body["max_tokens"] = target.max_tokens
         if target.model is not None:

@@ -145,6 +145,14 @@ class RemoteClient:
             tier = "warm" if action is AgentAction.EVICT else "cold"
             await self._call("POST", f"{path}/evict", params=params, json={"tier": tier})
 
+    async def steer(self, model: str | None, agent_id: str, priority: int | None = None,
+                    paused: bool | None = None) -> None:
+        params = {"model": model} if model is not None else {}
+        if priority is not None:
+            await self._call("POST", f"/v1/agents/{agent_id}/priority", params=params, json={"priority": priority})
+        if paused is not None:
+            await self._call("POST", f"/v1/agents/{agent_id}/pause", params=params, json={"paused": paused})
+
     async def fork(self, model: str | None, agent_id: str, new_id: str, display_name: str) -> Forked:
         params = {"model": model} if model is not None else {}
         body = await self._call("POST", f"/v1/agents/{agent_id}/fork", params=params,

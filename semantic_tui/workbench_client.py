@@ -119,6 +119,11 @@ class WorkbenchClient(Protocol):
     async def agent_action(self, model: str | None, agent_id: str, action: AgentAction) -> None:
         """Apply ``action`` to ``agent_id`` of ``model``; SemanticError (with the server's message) when refused."""
 
+    async def steer(self, model: str | None, agent_id: str, priority: int | None = None,
+                    paused: bool | None = None) -> None:
+        """Set ``agent_id``'s priority level (0 most urgent .. 9) and/or pause or resume it (None: unchanged);
+        SemanticError when refused."""
+
     async def fork(self, model: str | None, agent_id: str, new_id: str, display_name: str) -> Forked:
         """A new agent ``new_id`` starting from ``agent_id``'s whole cache, sharing its blocks."""
 

@@ -20,6 +20,7 @@ COLUMNS = (
     ("source", "Source", 12),
     ("state", "State", 12),
     ("tier", "Tier", 5),
+    ("priority", "Class", 8),  # the agent's class and priority level (0 most urgent), * when the operator set it
     ("tokens", "Tokens", 8),
     ("blocks", "Blocks", 14),
     ("reuse", "Reuse", 5),
@@ -33,7 +34,7 @@ COMPACT_AGENT_WIDTH = 18
 # Narrower panels drop columns, least important first.
 # The medium set keeps the source (workbench, Claude Code, OpenAI, API); blocks
 # and TTFT are also shown by the pool map and the throughput panel.
-MEDIUM_COLUMNS = ("agent", "source", "state", "tier", "tokens", "reuse", "rate", "used")
+MEDIUM_COLUMNS = ("agent", "source", "state", "tier", "priority", "tokens", "reuse", "used")
 MEDIUM_AGENT_WIDTH = 24
 COMPACT_COLUMNS = ("agent", "state", "tier", "tokens", "reuse")
 CELL_PADDING = 2  # DataTable pads every cell by one column on each side
@@ -77,6 +78,7 @@ class AgentsTable(DataTable):
         self._last: EngineSnapshot | None = None
         self._others: tuple[tuple[str, AgentView], ...] = ()
         self._updated = 0.0
+        self._children: set[str] = set()  # agents drawn under their session's main agent
         # Set by the app with several resident models: a Model column, and other models' agents as rows.
         self.default_model: str | None = None
         self.now = time.time  # injectable clock for deterministic snapshots
@@ -125,10 +127,19 @@ class AgentsTable(DataTable):
         if not force and fresh == known and time.monotonic() - self._updated < MIN_REFRESH_S:
             return
         self._updated = time.monotonic()
-        rows.sort(key=lambda row: -row[1].last_used)
+        rows = in_tree_order(rows)
         for gone in [k for k in self._rows if k not in fresh]:
             self.remove_row(gone)
             del self._rows[gone]
+        ordered = [row_key(model, a.agent_id) for model, a in rows]
+        appended = list(self._rows) + [k for k in ordered if k not in self._rows]
+        if appended != ordered:  # an agent joined an earlier session's rows: redraw them in tree order
+            self._reselect = self.selected_agent
+            self.clear()
+            self._rows.clear()
+        # A subagent or side request drawn under its session's main agent (one with a main agent listed).
+        roots = {(model, a.family) for model, a in rows if a.family is not None and is_root(a)}
+        self._children = {a.agent_id for model, a in rows if not is_root(a) and (model, a.family) in roots}
         for model, agent in rows:
             self._upsert(model, agent)
 
@@ -150,14 +161,16 @@ class AgentsTable(DataTable):
 
     def _cells(self, a: AgentView) -> tuple:
         pin = "* " if a.pinned else ""
-        limit = self._columns[0][2]
+        branch = "└ " if a.agent_id in self._children else ""
+        limit = self._columns[0][2] - len(branch)
         label = a.label if len(a.label) <= limit else a.label[: limit - 1] + "…"
-        name = Text(pin + label, style=agent_color(a.agent_id))
+        name = Text(branch + pin + label, style=agent_color(a.agent_id))
         return (
             name,
             SOURCE_LABELS.get(a.source, a.source),
             _state(a),
             Text(a.tier, style=TIER_STYLES.get(a.tier, "")),
+            _priority(a),
             f"{a.cached_tokens:,}",
             f"{a.blocks}·{human_bytes(a.bytes)}" if a.blocks else ("-" if a.tier != "warm" else human_bytes(a.bytes)),
             f"{a.reuse_ratio:.0%}" if a.turns else "-",
@@ -191,7 +204,44 @@ def _drafts(a: AgentView) -> str:
     return f"{tally.acceptance:.0%} x{tally.tokens_per_step:.1f}" if tally.drafted else "-"
 
 
+CLASS_LABELS = {"interactive": "you", "main": "main", "side": "side", "subagent": "sub", "background": "bg"}
+
+
+def _priority(a: AgentView) -> Text:
+    """"sub 3": the class and the level its turns are served at; "*" when the operator set the level."""
+    mark = "*" if a.priority_set else ""
+    style = "bold" if a.priority <= 1 else "dim" if a.priority >= 5 else ""
+    return Text(f"{CLASS_LABELS.get(a.agent_class, a.agent_class)} {a.priority}{mark}", style=style)
+
+
+def in_tree_order(rows: list[tuple[str | None, AgentView]]) -> list[tuple[str | None, AgentView]]:
+    """Rows as a tree: each client session's agents together (its main agent, then its subagents and side
+    requests), sessions and agents in the order they started: rows stay where they are while agents work, and a
+    new session's rows come last."""
+    started: dict[object, float] = {}
+    for model, a in rows:
+        key = (model, a.family or a.agent_id)
+        started[key] = min(started.get(key, a.created_at), a.created_at)
+
+    def order(row: tuple[str | None, AgentView]) -> tuple:
+        model, a = row
+        key = (model, a.family or a.agent_id)
+        return (started[key], str(key), not is_root(a), a.created_at, a.agent_id)
+
+    return sorted(rows, key=order)
+
+
+def is_root(a: AgentView) -> bool:
+    return a.family is None or a.agent_class in ("main", "interactive", "background")
+
+
 def _state(a: AgentView) -> Text:
+    if a.paused:
+        return Text("paused", style="yellow")
+    if a.state == "queued" and a.queue_position:
+        return Text(f"queued #{a.queue_position}", style="magenta")
+    if a.state == "idle" and a.waiting_on_tool:
+        return Text("tool wait", style="blue")
     if a.state == "prefilling" and a.prefill_total:
         return Text(f"prefill {a.prefill_done / a.prefill_total:.0%}", style="cyan")
     if a.state == "idle" and a.last_finish in ENDED_BY_SERVER:

@@ -65,6 +65,24 @@ def totals_line(tp: ThroughputView) -> Text:
     return text
 
 
+def classes_text(tp: ThroughputView) -> Text:
+    """Per agent class, its recent time to first token (median / p95) and gap between tokens (p95 / max), and
+    what prefill may take of a step while agents decode; empty before any class has a turn."""
+    text = Text()
+    if tp.gap_target_s is not None and tp.classes:
+        text.append(f"paced prefill {tp.paced_prefill_tokens} tok/step · gap target {duration(tp.gap_target_s)}",
+                    style=FREE_STYLE)
+    for view in tp.classes:
+        if text:
+            text.append("\n")
+        text.append(f"{view.name:<11}", style="bold")
+        if view.ttft_p50_s is not None and view.ttft_p95_s is not None:
+            text.append(f" TTFT {duration(view.ttft_p50_s)}/{duration(view.ttft_p95_s)}")
+        if view.gap_p95_s is not None and view.gap_max_s is not None:
+            text.append(f" · gap p95 {duration(view.gap_p95_s)} max {duration(view.gap_max_s)}")
+    return text
+
+
 class ThroughputPanel(Vertical):
     """Call ``update_snapshot`` once per poll: each new snapshot is one sparkline tick."""
 
@@ -74,6 +92,7 @@ class ThroughputPanel(Vertical):
     ThroughputPanel .throughput-row Label { width: 20; }
     ThroughputPanel .throughput-row Sparkline { width: 1fr; height: 1; }
     ThroughputPanel Static { height: 1; text-wrap: nowrap; text-overflow: ellipsis; }
+    ThroughputPanel #throughput-classes { height: auto; display: none; }
     """
 
     def __init__(self, *, name: str | None = None, id: str | None = None, classes: str | None = None) -> None:
@@ -104,6 +123,7 @@ class ThroughputPanel(Vertical):
         yield Static(ttft_line(()), id="throughput-ttft")
         yield Static(load_line(idle), id="throughput-load")
         yield Static(totals_line(idle), id="throughput-totals")
+        yield Static(Text(), id="throughput-classes")
 
     def update_snapshot(self, snapshot: EngineSnapshot) -> None:
         # The app may poll faster than the engine publishes; a repeated snapshot is not a new tick.
@@ -121,6 +141,11 @@ class ThroughputPanel(Vertical):
         self._set("throughput-ttft", ttft_line(tp.recent_ttft_s))
         self._set("throughput-load", load_line(tp))
         self._set("throughput-totals", totals_line(tp))
+        classes = classes_text(tp)
+        self.query_one("#throughput-classes", Static).display = bool(classes)
+        if self._shown.get("throughput-classes") != classes:
+            self._shown["throughput-classes"] = classes
+            self.query_one("#throughput-classes", Static).update(classes)
 
     def _set(self, widget_id: str, text: Text) -> None:
         if self._shown.get(widget_id) == text:
