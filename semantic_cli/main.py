@@ -3,6 +3,7 @@
     semantic                      the workbench (TUI) with the HTTP API inside
     semantic --serve              the same engine and API, headless
     semantic attach [URL]         the workbench on a running server (quitting leaves the server running)
+    semantic launch claude|codex  Claude Code or Codex CLI against semantic (`-- ARGS` go to the client)
     semantic models [FOLDER...]   packaged and imported models, and how their layers are cached
     semantic import MODEL         import a packaged model or .gguf file now
     semantic generate PROMPT      one turn through the engine, streamed to stdout
@@ -26,6 +27,7 @@ from engine.store.private_dirs import prepare_cache_root
 
 from semantic_cli.agents import add_agents_command
 from semantic_cli.attach import add_attach_command
+from semantic_cli.launch import add_launch_command, split_client_args
 from semantic_cli.args import overrides_from, settings_parser
 
 log = logging.getLogger("semantic.cli")
@@ -59,13 +61,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "and its measured rate; prints the command that fixes a slow BLAS (exit 1 while it stands)")
     add_agents_command(commands, shared)
     add_attach_command(commands)
+    add_launch_command(commands)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     entry_point = argv is None
     argv = sys.argv[1:] if argv is None else argv
+    argv, client_args = split_client_args(argv)
     args = build_parser().parse_args(argv)
+    args.client_args = client_args
     try:
         settings = load_settings(**overrides_from(args))
     except (ValidationError, ValueError, FileNotFoundError) as exc:
@@ -78,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     log_file = settings.cache_dir / "logs" / "workbench.log" if workbench else None
     configure_logging(settings.log_level, json_lines=settings.log_json or (args.serve and not sys.stderr.isatty()),
                       file=log_file)
-    if entry_point and args.command != "attach":  # an attached workbench runs no MLX
+    if entry_point and args.command not in ("attach", "launch"):  # an attached workbench or a client runs no MLX
         _maybe_reexec(settings)
     prepare_cache_root(settings.cache_dir)
     try:
@@ -134,6 +139,10 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
         from semantic_cli.attach import attach
 
         return attach(settings, args)
+    if args.command == "launch":
+        from semantic_cli.launch import launch
+
+        return launch(settings, args)
     if args.command == "agents":
         from semantic_cli.agents import run_agents
 

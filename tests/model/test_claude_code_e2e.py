@@ -22,13 +22,15 @@ import shutil
 from pathlib import Path
 from typing import Iterator
 
+import httpx
 import pytest
 from fastapi import FastAPI
 
 from engine.api.identity import is_auxiliary
-from tests.model.claude_code_cli import ClaudeCode, ClaudeRun, install_claude_code, npm_prefix
+from tests.model.claude_code_cli import ClaudeCode, ClaudeRun, install_claude_code, npm_prefix, run_cli
 from tests.model.real_api import RealApi, running_api, wait_for
 from tests.model.request_log import Exchange, RequestLog
+from tests.support.terminal import isolated_env, semantic_command
 
 pytestmark = pytest.mark.solo(reason="the real Claude Code CLI, each run held to a time limit")
 
@@ -146,3 +148,33 @@ def _trace_lines(path: Path, count: int) -> list[dict] | None:
     lines = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
     # The recorder writes a line when the response has ended; the trace's order is when each was sent.
     return sorted(lines, key=lambda line: line["t"]) if len(lines) >= count else None
+
+
+def test_semantic_launch_runs_claude_code_against_the_server_and_files_its_subagents_under_it(
+    claude_binary: Path, api: RealApi, tmp_path: Path,
+) -> None:
+    """``semantic launch claude --name --priority -- ARGS`` as a user types it: the real CLI answers a turn under
+    that name and level; a subagent request of the same session, sent with the headers Claude Code sends for one
+    (``x-claude-code-agent-id``, ``x-claude-code-parent-agent-id``), is filed in the session's family as a
+    subagent, which the workbench draws under the main agent."""
+    home, project = tmp_path / "home", tmp_path / "project"
+    home.mkdir()
+    project.mkdir()
+    env = isolated_env(home)
+    env["PATH"] = f"{claude_binary.parent}{os.pathsep}{env['PATH']}"
+    argv = [*semantic_command(), "launch", "claude", "--url", api.url, "--name", "launched", "--priority", "2",
+            "--", "--bare", "-p", "Name one colour."]
+    run = run_cli(argv, project, env, RUN_LIMIT_S)
+    assert run.returncode == 0 and run.stdout.strip(), run.describe()
+    main = wait_for(lambda: next((a for a in api.stats()["agents"] if a["display_name"] == "launched"), None), 30,
+                    "the launched agent, named")
+    assert (main["agent_class"], main["priority"]) == ("main", 2), main
+    session = main["family"].removeprefix("cc-")
+    reply = httpx.post(f"{api.url}/v1/messages", timeout=120, json={
+        "model": "claude-sonnet-4-5", "max_tokens": 40, "messages": [{"role": "user", "content": "Read a.py."}]},
+        headers={"x-api-key": "any", "x-claude-code-session-id": session, "x-claude-code-agent-id": "task-1",
+                 "x-claude-code-parent-agent-id": "main"})
+    assert reply.status_code == 200, reply.text
+    subagent = wait_for(lambda: next((a for a in api.stats()["agents"] if a["agent_class"] == "subagent"), None), 30,
+                        "the subagent")
+    assert subagent["family"] == main["family"] and subagent["parent"] == "main"
