@@ -193,6 +193,11 @@ class Settings(BaseSettings):
         description="Prefill in chunks that keep a step about this many ms long, so decoding agents' tokens come "
                     "at most that far apart and an arriving turn waits one short step (0: whole prefill chunks). "
                     "Default: six decode steps, 150-750 ms.")
+    open_priority_limit: int = Field(
+        1, ge=0, le=9,
+        description="On a server without --api-key, the most urgent level a request can reach by its priority "
+                    "field, header or class hint (1: no client outranks a main agent; the workbench's own chats "
+                    "and the operator's settings are not limited; 0: no limit).")
     tool_loop_hold_s: float = Field(
         60.0, ge=0, description="An agent whose reply was a tool call keeps its cache hot this many seconds "
                                 "(the client runs the tool and comes back) while other idle caches can go first.")

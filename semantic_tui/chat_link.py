@@ -91,7 +91,8 @@ class LocalChatLink:
     async def start(self, target: ChatTarget, history: tuple[ChatMessage, ...], user: ChatMessage) -> ChatTurn:
         identity = AgentIdentity(target.agent_id, AgentSource.TUI, target.label, agent_class=AgentClass.INTERACTIVE)
         max_tokens = target.max_tokens or self.service.settings.default_max_tokens
-        spec = turns.TurnSpec(Conversation(history + (user,)), identity, max_tokens=max_tokens, model=target.model)
+        spec = turns.TurnSpec(Conversation(history + (user,)), identity, max_tokens=max_tokens, model=target.model,
+                              by_operator=True)
         return LocalTurn(self.service.start_turn(await turns.prepare(self.service, spec)))
 
     def watch(self, agent_id: str, model: str | None, sink: EventSink) -> Callable[[], None] | None:

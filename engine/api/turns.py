@@ -26,6 +26,7 @@ from .image_inputs import ImageLimits, checked_images
 from .vision_rendering import render_with_images
 from .reasoning_ask import DEFAULT as DEFAULT_REASONING, ReasoningAsk
 from .reasoning_recall import ReasoningRecall
+from .request_priority import limited_priority
 from .rendering import PromptRenderer
 from .retention import Retention, retained_tokens
 from .service import EngineService
@@ -91,6 +92,9 @@ class TurnSpec:
     reasoning: ReasoningAsk = DEFAULT_REASONING
     # The priority level the request asked for (request_priority.py); None: its agent's or its class's.
     priority: int | None = None
+    # Asked by the operator (the embedded workbench's own chats), not by a client over the network: no
+    # --open-priority-limit.
+    by_operator: bool = False
 
 
 def renderer_for(service: EngineService, engine: Engine | None = None) -> PromptRenderer:
@@ -212,7 +216,7 @@ async def _prepared_for(service: EngineService, engine: Engine, spec: TurnSpec, 
         images=images,
         agent_class=spec.identity.agent_class,
         lineage=spec.identity.lineage,
-        priority=spec.priority,
+        priority=limited_priority(spec.priority, spec.identity.agent_class, spec.by_operator, service.settings),
     )
     request = engine.validate(request)
     if request.asked_max_tokens is not None:

@@ -20,6 +20,7 @@ import mlx.core as mx
 from engine.runtime.runner.backends.cpu import cpu_math, host_decode, host_forward, host_softmax
 from engine.runtime.runner.backends.cpu.backend import CpuBackend
 from engine.domain.requests import GenerationRequest
+from engine.settings import SchedulingSettings
 from engine.runtime.engine_thread.sync_client import run_turns
 from tests.model.engine_fixtures import start_engine
 from tests.support.reference import reference_greedy
@@ -87,7 +88,9 @@ def test_long_prompts_batched_through_the_fast_paths_equal_mlx_lm(request, model
     for name in activations:
         monkeypatch.setattr(cpu_math, name, counting(name))
     prompts = long_prompts(loaded, 2)
-    engine = start_engine(loaded, batch=8, prefill_step=512)
+    # Whole 512-token chunks (no pacing beside a decoding row), so the two rows decode together: this test is
+    # about the CPU's paths, not about the pacer.
+    engine = start_engine(loaded, batch=8, prefill_step=512, scheduling=SchedulingSettings(decode_gap_ms=0))
     try:
         assert isinstance(engine.backend, CpuBackend)
         wait_for_warm_ups()  # the compiled loops load in the background; the turns below should find them

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from engine.domain.priority import AgentClass
+from engine.domain.priority import DEFAULT_LEVELS, AgentClass
 from tests.support.router_app import build_app, make_service
 from tests.support.scripted_engine import ScriptedEngine
 
@@ -58,7 +58,7 @@ async def test_a_codex_sub_thread_groups_under_its_parent(client: httpx.AsyncCli
 
 
 @pytest.mark.parametrize("body, headers, level", [
-    (chat(priority=0), {}, 0),
+    (chat(priority=1), {}, 1),
     (chat(priority="background"), {}, 6),
     (chat(priority=2), {"x-semantic-priority": "9"}, 2),  # the body's field first
     (chat(), {"x-semantic-priority": "4"}, 4),
@@ -95,6 +95,30 @@ async def test_a_bad_priority_is_a_400_naming_its_field(client: httpx.AsyncClien
     assert response.status_code == 400, response.text
     assert field in response.text
     assert not engine.requests
+
+
+@pytest.mark.parametrize("settings, key, level", [
+    ({}, None, 1),  # no key: a client reaches main's level at most
+    ({"open_priority_limit": 3}, None, 3),
+    ({"open_priority_limit": 0}, None, 0),  # the limit turned off
+    ({"api_key": "secret"}, "secret", 0),  # a request that showed the key is not limited
+])
+async def test_without_an_api_key_a_client_cannot_outrank_a_main_agent(tmp_path, engine: ScriptedEngine,
+                                                                         settings: dict, key: str | None,
+                                                                         level: int) -> None:
+    app = build_app(make_service(tmp_path, engine, **settings))
+    auth = {"authorization": f"Bearer {key}"} if key else {}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
+        for body, headers in ((chat(priority=0), {}), (chat(), {"x-semantic-priority": "interactive"}),
+                              (chat(), {"x-semantic-agent-class": "interactive"})):
+            response = await client.post("/v1/chat/completions", json=body, headers={**headers, **auth})
+            assert response.status_code == 200, response.text
+            request = engine.requests[-1]
+            asked = request.priority if request.priority is not None else DEFAULT_LEVELS[request.agent_class]
+            assert asked == level, (body, headers)
+        # a level less urgent than the limit is the client's to ask
+        response = await client.post("/v1/chat/completions", json=chat(priority=5), headers=auth)
+        assert engine.requests[-1].priority == 5
 
 
 async def test_the_operator_sets_a_priority_and_pauses_an_agent(client: httpx.AsyncClient,
