@@ -15,6 +15,8 @@ from engine.domain.priority import AgentClass, PriorityPolicy, class_levels_from
 from engine.domain.requests import FinishEvent, GenerationRequest, PrefillEvent, TokenEvent
 from engine.runtime.engine_thread.engine import Engine
 from engine.runtime.engine_thread.engine_ops import engine_op
+from engine.runtime.scheduler.admission import Admission
+from engine.runtime.scheduler.turn_cache import TurnCaches
 from engine.runtime.scheduler.prefill_pacer import FIRST_CHUNK, MIN_CHUNK, PrefillPacer
 from engine.runtime.tiers.agent_table import AgentTable
 from engine.runtime.tiers.agents import AgentRecord, Tier
@@ -288,6 +290,73 @@ def test_prefill_is_paced_while_an_agent_decodes(monkeypatch: pytest.MonkeyPatch
             assert max(widths) == 96, widths
         assert timeline.tokens("reader") == expected(engine, reader)
         assert timeline.tokens("talker") == expected(engine, talker)
+    finally:
+        engine.stop()
+
+
+@pytest.mark.parametrize("main_was_here", [True, False])
+def test_with_nothing_decoding_a_subagents_prompt_is_paced_only_while_a_main_agent_may_come_back(
+        monkeypatch: pytest.MonkeyPatch, main_was_here: bool) -> None:
+    passes = record_prefill_passes(monkeypatch)
+    engine = start_engine(batch=4, prefill_step=96, decode_gap_ms=1.0)
+    try:
+        timeline = Timeline()
+        if main_was_here:  # a person's agent that just had a turn: its next one may come any moment
+            main = GenerationRequest("main", prompt("hello. "), 2, agent_class=AgentClass.MAIN)
+            timeline.submit(engine, main)
+            timeline.wait("main")
+        start = len(passes)
+        sub = GenerationRequest("sub", prompt("a long file the subagent reads. ", 8), 1,
+                                agent_class=AgentClass.SUBAGENT)
+        timeline.submit(engine, sub)
+        timeline.wait("sub")
+        widths = [n for _, n in passes[start:]]
+        if main_was_here:
+            assert len(widths) > 2 and max(widths[1:]) <= MIN_CHUNK, widths
+        else:  # nobody more urgent about: whole chunks
+            assert max(widths) == 96, widths
+        assert timeline.tokens("sub") == expected(engine, sub)
+    finally:
+        engine.stop()
+
+
+def test_with_work_running_admission_yields_to_the_batch_after_about_one_step(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    admitted: list[int] = []
+    real = Admission.admit
+
+    def counting(self, within_s=None):
+        sequences = real(self, within_s)
+        if sequences:
+            admitted.append(len(sequences))
+        return sequences
+
+    slow = TurnCaches.prepare
+
+    def slow_prepare(self, turn, running):  # a prefix copied or a cache read back: a few ms each
+        time.sleep(0.005)
+        return slow(self, turn, running)
+
+    monkeypatch.setattr(Admission, "admit", counting)
+    monkeypatch.setattr(TurnCaches, "prepare", slow_prepare)
+    # A 1 ms step: every admission takes longer, so each pass admits one turn and the batch steps between.
+    engine = start_engine(batch=6, prefill_step=64, decode_gap_ms=1.0)
+    try:
+        timeline = Timeline()
+        talker = GenerationRequest("talker", prompt("talk: "), 48)
+        timeline.submit(engine, talker)
+        while len(timeline.tokens("talker")) < 2:
+            time.sleep(0.002)
+        release = held(engine)
+        burst = [GenerationRequest(f"sub-{i}", prompt(f"subagent {i} reads a file. ", 4), 3,
+                                   agent_class=AgentClass.SUBAGENT) for i in range(4)]
+        for request in burst:
+            timeline.submit(engine, request)
+        release.set()
+        for request in burst:
+            timeline.wait(request.agent_id)
+            assert timeline.tokens(request.agent_id) == expected(engine, request)
+        assert admitted[1:] == [1, 1, 1, 1], admitted
     finally:
         engine.stop()
 

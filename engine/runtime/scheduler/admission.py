@@ -48,15 +48,19 @@ class Admission(SchedulerPart):
         # to, making room by sending idle caches away; None: no limit but the pool's own.
         self.ceiling: int | None = None
 
-    def admit(self) -> list[Sequence]:
+    def admit(self, within_s: float | None = None) -> list[Sequence]:
         """Move waiting turns into the batch while it has room, most urgent first (priorities.py): their
-        sequences, for the batch. A paused agent's turn waits."""
+        sequences, for the batch. A paused agent's turn waits. ``within_s``: stop once admitting has taken that
+        long (the rest wait for the next pass)."""
+        started = time.perf_counter()
         self._expire_waiting()
         queues = self.queues
         running = queues.running_agents()
         admitted: list[Sequence] = []
         for turn in self.priorities.in_order(queues.waiting):
             if len(queues.by_uid) >= self.batch.max_batch_size:
+                break
+            if within_s is not None and time.perf_counter() - started >= within_s:
                 break
             if turn.request.agent_id in running or self.priorities.is_paused(turn):
                 continue

@@ -7,8 +7,9 @@ small CPU holds the machine for seconds. The pacer sizes each step's prefill to 
 measures as the batch runs: a decode step's time (a moving average), and a prefill pass's cost as a line
 through recent steps, a fixed part (reading the weights once) plus a part per prompt token, so the chunk is
 the right size on a CPU, on Metal and on CUDA alike. Where 512 tokens take less than the gap (a GPU), the
-chunk is simply the full ``prefill_step_size``. When no agent decodes, nobody waits between tokens and the
-scheduler does not ask the pacer: prefill runs at the full ``prefill_step_size``.
+chunk is simply the full ``prefill_step_size``. When nobody would wait on the step (no agent decoding at the
+prompt's level or above, no more urgent agent expected back: scheduler.py), prefill runs at the full
+``prefill_step_size``.
 
 The gap is ``decode_gap_ms`` when set; by default six decode steps, between 150 and 750 ms: a gap the eye
 reads as a steady stream, and a step still long enough that a pass's fixed cost is a small share of it.

@@ -41,6 +41,10 @@ from engine.runtime.scheduler.turn_start import TurnStart
 from engine.runtime.tiers.agents import AgentState
 from engine.settings import BatchSettings, EngineSettings
 
+# An agent that started a turn this recently may send the next one any moment (a person reading the reply, a
+# client between tool calls): a less urgent prompt's prefill is paced for it even when nothing decodes.
+EXPECTED_BACK_S = 60.0
+
 
 @dataclass(frozen=True, slots=True)
 class BatchHooks:
@@ -156,7 +160,10 @@ class Scheduler(SchedulerPart):
 
     # -- the engine loop's steps ---------------------------------------------------------
     def admit(self) -> None:
-        for sequence in self.admission.admit():
+        # With work running, admission (a prefix copied, a cache read back) takes at most about one paced step
+        # before the batch steps again: a turn arriving meanwhile waits that long, not for every queued turn.
+        within = self.pacer.gap_s if self.pacer.enabled and self.queues.by_uid else None
+        for sequence in self.admission.admit(within):
             self._generator.insert(sequence)
 
     def step(self) -> None:
@@ -178,19 +185,25 @@ class Scheduler(SchedulerPart):
         self.stepping.apply(out)  # tokens to text, events to clients, turns that end
 
     def _prefill_budget(self) -> int:
-        """Prompt tokens this step may prefill: what keeps the step near the pacer's gap (prefill_pacer.py), so
-        decoding agents' tokens keep coming and a turn arriving meanwhile waits one short step; all it may when
-        nothing decodes, or while the most urgent prompt is more urgent than every decoding agent (a person waits
-        on that prompt)."""
+        """Prompt tokens this step may prefill: what keeps the step near the pacer's gap (prefill_pacer.py) while
+        somebody would wait on the step: an agent decoding at the top prompt's level or a more urgent one (its
+        next token), or, with nothing decoding, an idle agent more urgent than the top prompt that is expected
+        back (its turn would wait for the step to end). Otherwise all it may: a person's prompt more urgent
+        than every decoding agent, or a batch script's prompts with nobody else about."""
         limit = self._prefill_limit
         if not self.pacer.enabled:
             return limit
         rows = [t.sequence for t in self.queues.by_uid.values() if t.sequence is not None and not t.sequence.paused]
-        decoding = [s.level for s in rows if s.phase is Phase.DECODE]
         prompts = [s for s in rows if s.phase is Phase.PREFILL]
-        if not prompts or not decoding or min(prompts, key=lambda s: s.rank).level < min(decoding):
+        if not prompts:
             return limit
-        return self.pacer.budget(limit)
+        top = min(prompts, key=lambda s: s.rank).level
+        if any(s.level <= top for s in rows if s.phase is Phase.DECODE):
+            return self.pacer.budget(limit)
+        if any(s.phase is Phase.DECODE for s in rows):
+            return limit
+        expected = self.agents.most_urgent_expected(EXPECTED_BACK_S)
+        return self.pacer.budget(limit) if expected is not None and expected < top else limit
 
     def _remove_cancelled(self) -> None:
         for turn in [t for t in self.queues.by_uid.values() if t.cancel_reason is not None]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import time
 from typing import Iterator, Mapping
 
 from engine.domain.priority import DEFAULT_LEVELS, AgentClass
@@ -73,6 +74,15 @@ class AgentTable:
         now = clock.now()
         return sorted(candidates, key=lambda a: (not a.auxiliary, a.retained_until > now, -self.level_of(a),
                                                  a.lru_tick))
+
+    def most_urgent_expected(self, within_s: float) -> int | None:
+        """The most urgent level among idle agents likely to send a turn soon: one whose reply was a tool call
+        (its client is running the tool, ``retain``'s hold), or one that started a turn in the last ``within_s``
+        seconds (a person reading its reply, a client between steps); None: no such agent."""
+        now, wall = clock.now(), time.time()
+        levels = [self.level_of(a) for a in self._agents.values()
+                  if not a.is_busy and (a.tool_hold_until > now or wall - a.last_used < within_s)]
+        return min(levels, default=None)
 
     def level_of(self, agent: AgentRecord) -> int:
         """The agent's standing level: the operator's setting, else what its latest request asked, else its

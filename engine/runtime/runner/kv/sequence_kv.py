@@ -363,6 +363,11 @@ class SequenceKV:
         already shares with the donor) are not copied. ``donor.resumable_at(n_tokens)
         == n_tokens`` must hold: window layers copy the donor's ring or its
         checkpoint at ``n_tokens``.
+
+        The copy stays in the graph for the sequence's first prefill pass. Evaluated here it would also
+        materialize the whole reserved capacity (a long prompt's: hundreds of MB, most of a second on a small
+        CPU) at admission, between steps, where every running agent and any urgent turn arriving would wait
+        for it; in the pass, it lands where the scheduler placed that prompt.
         """
         checkpoint = next((c for c in donor.checkpoints if c.offset == n_tokens), None)
         states = iter(checkpoint.states if checkpoint is not None else ())
@@ -375,7 +380,6 @@ class SequenceKV:
             else:
                 state = next(states) if checkpoint is not None else theirs.state_now()
                 copied += _copy_window(mine, state, n_tokens)
-        mx.eval([a for layer in self.layers for a in (layer.keys, layer.values) if a is not None])
         self.copied += copied
         return copied
 
