@@ -41,6 +41,30 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_port_run(n: int, avoid: int) -> int:
+    """The first of ``n`` consecutive ports that all bind now and are not ``avoid``: mlx.launch's ring takes
+    ``--starting-port`` and the ports after it, one a rank (one free port alone once left rank 1 on a port
+    still bound: "[ring] Couldn't bind socket (error: 98)")."""
+    for _ in range(100):
+        base = free_port()
+        ports = range(base, base + n)
+        if avoid in ports or ports[-1] > 65535:
+            continue
+        sockets = []
+        try:
+            for port in ports:
+                s = socket.socket()
+                sockets.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in sockets:
+                s.close()
+    raise RuntimeError(f"no {n} consecutive free ports found")
+
+
 @dataclass
 class Launched:
     """One `semantic --serve` run (its process is the launcher when ranks > 1) and its log lines."""
@@ -147,7 +171,7 @@ def launch(model: Path, cache_dir: Path, ranks: int, *extra: str, env: dict[str,
         argv = serve
     else:
         argv = [str(VENV_BIN / "mlx.launch"), "--backend", "ring", "-n", str(ranks),
-                "--starting-port", str(free_port()), *[f"--env={k}={v}" for k, v in settings.items()], "--", *serve]
+                "--starting-port", str(free_port_run(ranks, port)), *[f"--env={k}={v}" for k, v in settings.items()], "--", *serve]
     # The launcher's stdin is a pipe nobody writes to, like a terminal nobody types in. At the test
     # runner's stdin (often /dev/null, at end of file at once) its main loop would spin relaying empty
     # reads, and Ctrl+C would most likely land in the middle of one (see Launched.stop).
