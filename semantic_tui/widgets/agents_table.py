@@ -163,7 +163,10 @@ class AgentsTable(DataTable):
         pin = "* " if a.pinned else ""
         branch = "└ " if a.agent_id in self._children else ""
         limit = self._columns[0][2] - len(branch)
-        label = a.label if len(a.label) <= limit else a.label[: limit - 1] + "…"
+        # Under its session's row a child needs only its own part ("subagent 3f2a…" of "Claude Code 5f0c / subagent
+        # 3f2a…"): the tree already says whose it is.
+        label = a.label.rsplit(" / ", 1)[-1] if branch else a.label
+        label = label if len(label) <= limit else label[: limit - 1] + "…"
         name = Text(branch + pin + label, style=agent_color(a.agent_id))
         return (
             name,

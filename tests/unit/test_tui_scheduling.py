@@ -28,8 +28,9 @@ def claude_code_session(engine: ScriptedEngine) -> None:
     under its main agent, not after the unrelated one."""
     for agent_id, agent_class, lineage in (("cc-main", AgentClass.MAIN, FAMILY), ("other", AgentClass.MAIN, Lineage()),
                                           ("cc-sub", AgentClass.SUBAGENT, FAMILY)):
-        engine.submit(GenerationRequest(agent_id, tuple(b"q" * 40), 4, agent_class=agent_class, lineage=lineage),
-                      lambda e: None)
+        name = "Claude Code 5f0c / subagent 3f2a" if agent_id == "cc-sub" else ""
+        engine.submit(GenerationRequest(agent_id, tuple(b"q" * 40), 4, agent_class=agent_class, lineage=lineage,
+                                        display_name=name), lambda e: None)
 
 
 def cell(app, agent_id: str, column: str) -> str:
@@ -41,6 +42,7 @@ def cell(app, agent_id: str, column: str) -> str:
 async def steer_with_keys(pilot, app, engine: ScriptedEngine) -> None:
     await wait_for(pilot, lambda: table_ids(app) == ["cc-main", "cc-sub", "other"], "the session's agents as a tree")
     assert cell(app, "cc-sub", "agent").startswith("└ ") and not cell(app, "cc-main", "agent").startswith("└")
+    assert "subagent 3f2a" in cell(app, "cc-sub", "agent") and "5f0c" not in cell(app, "cc-sub", "agent")
     assert cell(app, "cc-sub", "priority") == "sub 3" and cell(app, "cc-main", "priority") == "main 1"
     select(app, "cc-sub")
     await pilot.press("right_square_bracket")
