@@ -270,9 +270,7 @@ async def evict_agent(
              response_model=AgentOut, responses=errors(400, 404, 409, 503))
 async def pin_agent(body: PinBody, request: Request, agent_id: str = Depends(path_agent_id),
                     model: str | None = MODEL_QUERY) -> dict[str, Any]:
-    found = await _locate(request, agent_id, model)
-    if found.view is None or found.engine is None:
-        raise ApiError(409, f"agent {agent_id!r} has no cache yet; pin it after its first turn")
+    found = await _located_engine(request, agent_id, model, "pin it")
     await request.app.state.service.call_on(found.engine, engine_op("pin_agent", agent_id, body.pinned))
     return (await _after_change(request, agent_id, found)).body()
 
