@@ -7,7 +7,9 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import replace
+from typing import Iterator
 
 import pytest
 
@@ -118,11 +120,15 @@ def test_idle_caches_go_least_urgent_class_first_and_a_tool_loop_holds_its_own()
 
 
 # -- the engine ---------------------------------------------------------------------------------
-def start_engine(batch: int = 4, prefill_step: int = 32, **scheduling: object) -> Engine:
+@contextmanager
+def running_engine(batch: int = 4, prefill_step: int = 32, **scheduling: object) -> Iterator[Engine]:
     settings = replace(engine_settings(64 * 2**20, batch, prefill_step), scheduling=SchedulingSettings(**scheduling))
     engine = Engine(loaded_tiny("llama"), settings)
     engine.start()
-    return engine
+    try:
+        yield engine
+    finally:
+        engine.stop()
 
 
 def prompt(text: str, repeat: int = 1) -> tuple[int, ...]:
@@ -174,8 +180,7 @@ def held(engine: Engine) -> threading.Event:
 
 @pytest.mark.parametrize("priorities", [True, False])
 def test_admission_goes_by_level_then_arrival_and_tokens_match_either_way(priorities: bool) -> None:
-    engine = start_engine(batch=1, priorities=priorities)
-    try:
+    with running_engine(batch=1, priorities=priorities) as engine:
         timeline = Timeline()
         release = held(engine)
         requests = [GenerationRequest("batch-job", prompt("nightly batch job. ", 3), 8, priority=6),
@@ -190,13 +195,10 @@ def test_admission_goes_by_level_then_arrival_and_tokens_match_either_way(priori
             assert timeline.tokens(request.agent_id) == expected(engine, request)
         order = sorted(("batch-job", "sub", "person"), key=lambda a: timeline.first(a, TokenEvent))
         assert order == (["person", "sub", "batch-job"] if priorities else ["batch-job", "sub", "person"])
-    finally:
-        engine.stop()
 
 
 def test_an_urgent_turn_overtakes_a_long_prompt_mid_prefill_which_resumes_intact() -> None:
-    engine = start_engine(batch=4, prefill_step=32)
-    try:
+    with running_engine(batch=4, prefill_step=32) as engine:
         timeline = Timeline()
         long = GenerationRequest("sub", prompt("a long file the subagent reads. ", 20), 12,
                                  agent_class=AgentClass.SUBAGENT)
@@ -218,13 +220,10 @@ def test_an_urgent_turn_overtakes_a_long_prompt_mid_prefill_which_resumes_intact
         assert after and min(after) > 0 and max(progress) > min(after)  # ...which resumed where it stopped
         assert timeline.tokens("main") == expected(engine, short)
         assert timeline.tokens("sub") == expected(engine, long)
-    finally:
-        engine.stop()
 
 
 def test_a_paused_agent_keeps_its_cache_and_resumes_with_the_same_tokens() -> None:
-    engine = start_engine(batch=2)
-    try:
+    with running_engine(batch=2) as engine:
         timeline = Timeline()
         request = GenerationRequest("worker", prompt("count slowly: "), 48)
         timeline.submit(engine, request)
@@ -242,13 +241,10 @@ def test_a_paused_agent_keeps_its_cache_and_resumes_with_the_same_tokens() -> No
         engine.call(engine_op("pause_agent", "worker", False)).result(10)
         timeline.wait("worker")
         assert timeline.tokens("worker") == expected(engine, request)
-    finally:
-        engine.stop()
 
 
 def test_a_paused_agents_queued_turn_waits_while_others_go() -> None:
-    engine = start_engine(batch=2)
-    try:
+    with running_engine(batch=2) as engine:
         timeline = Timeline()
         first = GenerationRequest("paused", prompt("first turn. "), 4)
         timeline.submit(engine, first)
@@ -264,15 +260,12 @@ def test_a_paused_agents_queued_turn_waits_while_others_go() -> None:
         engine.call(engine_op("pause_agent", "paused", False)).result(10)
         finish = timeline.wait("paused")
         assert finish.usage.reused_tokens > 0  # its cache stayed while it waited
-    finally:
-        engine.stop()
 
 
 @pytest.mark.parametrize("gap_ms, paced", [(1.0, True), (0.0, False)])
 def test_prefill_is_paced_while_an_agent_decodes(monkeypatch: pytest.MonkeyPatch, gap_ms: float, paced: bool) -> None:
     passes = record_prefill_passes(monkeypatch)
-    engine = start_engine(batch=4, prefill_step=96, decode_gap_ms=gap_ms)
-    try:
+    with running_engine(batch=4, prefill_step=96, decode_gap_ms=gap_ms) as engine:
         timeline = Timeline()
         talker = GenerationRequest("talker", prompt("talk: "), 64)
         timeline.submit(engine, talker)
@@ -290,16 +283,13 @@ def test_prefill_is_paced_while_an_agent_decodes(monkeypatch: pytest.MonkeyPatch
             assert max(widths) == 96, widths
         assert timeline.tokens("reader") == expected(engine, reader)
         assert timeline.tokens("talker") == expected(engine, talker)
-    finally:
-        engine.stop()
 
 
 @pytest.mark.parametrize("main_was_here", [True, False])
 def test_with_nothing_decoding_a_subagents_prompt_is_paced_only_while_a_main_agent_may_come_back(
         monkeypatch: pytest.MonkeyPatch, main_was_here: bool) -> None:
     passes = record_prefill_passes(monkeypatch)
-    engine = start_engine(batch=4, prefill_step=96, decode_gap_ms=1.0)
-    try:
+    with running_engine(batch=4, prefill_step=96, decode_gap_ms=1.0) as engine:
         timeline = Timeline()
         if main_was_here:  # a person's agent that just had a turn: its next one may come any moment
             main = GenerationRequest("main", prompt("hello. "), 2, agent_class=AgentClass.MAIN)
@@ -316,8 +306,6 @@ def test_with_nothing_decoding_a_subagents_prompt_is_paced_only_while_a_main_age
         else:  # nobody more urgent about: whole chunks
             assert max(widths) == 96, widths
         assert timeline.tokens("sub") == expected(engine, sub)
-    finally:
-        engine.stop()
 
 
 def test_with_work_running_admission_yields_to_the_batch_after_about_one_step(
@@ -340,8 +328,7 @@ def test_with_work_running_admission_yields_to_the_batch_after_about_one_step(
     monkeypatch.setattr(Admission, "admit", counting)
     monkeypatch.setattr(TurnCaches, "prepare", slow_prepare)
     # A 1 ms step: every admission takes longer, so each pass admits one turn and the batch steps between.
-    engine = start_engine(batch=6, prefill_step=64, decode_gap_ms=1.0)
-    try:
+    with running_engine(batch=6, prefill_step=64, decode_gap_ms=1.0) as engine:
         timeline = Timeline()
         talker = GenerationRequest("talker", prompt("talk: "), 48)
         timeline.submit(engine, talker)
@@ -357,13 +344,10 @@ def test_with_work_running_admission_yields_to_the_batch_after_about_one_step(
             timeline.wait(request.agent_id)
             assert timeline.tokens(request.agent_id) == expected(engine, request)
         assert admitted[1:] == [1, 1, 1, 1], admitted
-    finally:
-        engine.stop()
 
 
 def test_the_operator_raises_a_waiting_agent_ahead_and_metrics_are_per_class() -> None:
-    engine = start_engine(batch=1)
-    try:
+    with running_engine(batch=1) as engine:
         timeline = Timeline()
         release = held(engine)
         early = GenerationRequest("early", prompt("i came first. "), 6)
@@ -378,5 +362,3 @@ def test_the_operator_raises_a_waiting_agent_ahead_and_metrics_are_per_class() -
         classes = {c.name: c for c in engine.fresh_snapshot().throughput.classes}
         assert classes["background"].turns == 1 and classes["main"].turns == 1
         assert classes["main"].gap_max_s is not None and classes["main"].ttft_p50_s is not None
-    finally:
-        engine.stop()
