@@ -80,8 +80,10 @@ class Launch:
 
 
 def plan(client: str, binary: str, url: str, api_key: str | None, side_model: str | None,
-         headers: dict[str, str], args: list[str]) -> Launch:
-    """The client's command and variables against the server at ``url``."""
+         headers: dict[str, str], args: list[str], model: str | None = None) -> Launch:
+    """The client's command and variables against the server at ``url``; ``model``: the served model's alias,
+    which Codex is told as its model (under its own default model name it sends input items meant for
+    OpenAI's hosted models, such as ``additional_tools``)."""
     key = api_key or LOCAL_KEY
     if client == "claude":
         env = {"ANTHROPIC_BASE_URL": url, "ANTHROPIC_API_KEY": key, "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
@@ -91,7 +93,8 @@ def plan(client: str, binary: str, url: str, api_key: str | None, side_model: st
             env["ANTHROPIC_CUSTOM_HEADERS"] = "\n".join(f"{k}: {v}" for k, v in headers.items())
         return Launch([binary, *args], env)
     provider = "model_providers.semantic"
-    overrides = ['model_provider="semantic"', f'{provider}.name="semantic"',
+    overrides = [f"model={json.dumps(model)}"] if model else []
+    overrides += ['model_provider="semantic"', f'{provider}.name="semantic"',
                  f"{provider}.base_url={json.dumps(url.rstrip('/') + '/v1')}", f'{provider}.wire_api="responses"',
                  f'{provider}.env_key="SEMANTIC_API_KEY"']
     if headers:
@@ -112,15 +115,17 @@ def client_headers(name: str | None, priority: str | None) -> dict[str, str]:
     return headers
 
 
-def side_model_of(url: str, api_key: str | None) -> str | None:
-    """The resident side model's alias (``--extra-model ...,side``), for Claude Code's haiku tier; None: none."""
+def served_models(url: str, api_key: str | None) -> tuple[str | None, str | None]:
+    """(the default model's alias, the resident side model's alias (``--extra-model ...,side``) for Claude
+    Code's haiku tier); None where the server has none or does not answer."""
     try:
         response = httpx.get(f"{url}/v1/models", headers=_auth(api_key), timeout=10)
         response.raise_for_status()
         rows = response.json().get("data", [])
     except (httpx.HTTPError, ValueError):
-        return None
-    return next((row["id"] for row in rows if row.get("role") == "side"), None)
+        return None, None
+    default = next((row["id"] for row in rows if row.get("loaded") and row.get("role") in (None, "main")), None)
+    return default, next((row["id"] for row in rows if row.get("role") == "side"), None)
 
 
 def launch(settings: Settings, args: argparse.Namespace) -> int:
@@ -140,9 +145,9 @@ def launch(settings: Settings, args: argparse.Namespace) -> int:
     server: subprocess.Popen | None = None
     if url is None and not args.dry_run:
         url, server = _start_server(settings)
-    side = side_model_of(url, key) if url is not None else None
+    served, side = served_models(url, key) if url is not None else (None, None)
     launched = plan(args.client, binary or binary_name, url or _default_url(settings), key, side, headers,
-                    client_args)
+                    client_args, model=served)
     if args.dry_run:
         print(launched.describe())
         return 0

@@ -30,11 +30,13 @@ def test_claude_code_gets_the_base_url_a_key_its_side_model_and_the_headers() ->
         "ANTHROPIC_CUSTOM_HEADERS": "x-semantic-agent-name: reviewer\nx-semantic-priority: 3"}
 
 
-def test_codex_gets_a_provider_as_overrides_and_the_servers_key() -> None:
+def test_codex_gets_a_provider_and_the_served_model_as_overrides_and_the_servers_key() -> None:
     launched = plan("codex", "codex", "http://127.0.0.1:8642/", "sk-1", None, client_headers(None, "0"),
-                    ["exec", "hi"])
+                    ["exec", "hi"], model="smollm2-135m")
     overrides = [launched.argv[i + 1] for i, a in enumerate(launched.argv) if a == "-c"]
-    assert overrides == ['model_provider="semantic"', 'model_providers.semantic.name="semantic"',
+    # Under its own default model name Codex 0.171 sends input items for OpenAI's hosted models
+    # (additional_tools): it is told the served model, as a hand-written config.toml would.
+    assert overrides == ['model="smollm2-135m"', 'model_provider="semantic"', 'model_providers.semantic.name="semantic"',
                          'model_providers.semantic.base_url="http://127.0.0.1:8642/v1"',
                          'model_providers.semantic.wire_api="responses"',
                          'model_providers.semantic.env_key="SEMANTIC_API_KEY"',
