@@ -270,9 +270,7 @@ async def evict_agent(
              response_model=AgentOut, responses=errors(400, 404, 409, 503))
 async def pin_agent(body: PinBody, request: Request, agent_id: str = Depends(path_agent_id),
                     model: str | None = MODEL_QUERY) -> dict[str, Any]:
-    found = await _located_engine(request, agent_id, model, "pin it")
-    await request.app.state.service.call_on(found.engine, engine_op("pin_agent", agent_id, body.pinned))
-    return (await _after_change(request, agent_id, found)).body()
+    return await _changed(request, agent_id, model, "pin it", engine_op("pin_agent", agent_id, body.pinned))
 
 
 @router.post("/v1/agents/{agent_id}/priority", summary="Set (or clear) an agent's priority level",
@@ -281,9 +279,8 @@ async def set_agent_priority(body: PriorityBody, request: Request, agent_id: str
                              model: str | None = MODEL_QUERY) -> dict[str, Any]:
     """Its queued and running turns move at once; later turns keep the level until it is cleared (null)."""
     level = None if body.priority is None else asked_priority(body.priority, "priority", {})
-    found = await _located_engine(request, agent_id, model, "set its priority")
-    await request.app.state.service.call_on(found.engine, engine_op("set_agent_priority", agent_id, level))
-    return (await _after_change(request, agent_id, found)).body()
+    return await _changed(request, agent_id, model, "set its priority",
+                          engine_op("set_agent_priority", agent_id, level))
 
 
 @router.post("/v1/agents/{agent_id}/pause", summary="Pause or resume an agent's turns",
@@ -292,16 +289,17 @@ async def pause_agent(body: PauseBody, request: Request, agent_id: str = Depends
                       model: str | None = MODEL_QUERY) -> dict[str, Any]:
     """A paused agent's running turn stops where it is (its cache and its stream stay open) and its queued
     turns wait; resuming goes on from the same token."""
-    found = await _located_engine(request, agent_id, model, "pause it")
-    await request.app.state.service.call_on(found.engine, engine_op("pause_agent", agent_id, body.paused))
-    return (await _after_change(request, agent_id, found)).body()
+    return await _changed(request, agent_id, model, "pause it", engine_op("pause_agent", agent_id, body.paused))
 
 
-async def _located_engine(request: Request, agent_id: str, model: str | None, what: str) -> Any:
+async def _changed(request: Request, agent_id: str, model: str | None, what: str, op: Any) -> dict[str, Any]:
+    """Run ``op`` on the engine that holds the agent and answer with the agent as it is after; a 409 naming
+    ``what`` while the agent has not run here yet."""
     found = await _locate(request, agent_id, model)
     if found.view is None or found.engine is None:
         raise ApiError(409, f"agent {agent_id!r} has not run on this server yet; {what} once it has a turn")
-    return found
+    await request.app.state.service.call_on(found.engine, op)
+    return (await _after_change(request, agent_id, found)).body()
 
 
 # -- conversation -----------------------------------------------------------------------------

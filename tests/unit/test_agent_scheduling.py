@@ -163,6 +163,12 @@ class Timeline:
     def wait(self, agent_id: str, timeout_s: float = 120.0) -> FinishEvent:
         return self._finished[agent_id].get(timeout=timeout_s)
 
+    def wait_until(self, done, what: str, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not done():
+            assert time.monotonic() < deadline, what
+            time.sleep(0.002)
+
     def tokens(self, agent_id: str) -> list[int]:
         return [e.token_id for _, a, e in self.events if a == agent_id and isinstance(e, TokenEvent)]
 
@@ -203,10 +209,8 @@ def test_an_urgent_turn_overtakes_a_long_prompt_mid_prefill_which_resumes_intact
         long = GenerationRequest("sub", prompt("a long file the subagent reads. ", 20), 12,
                                  agent_class=AgentClass.SUBAGENT)
         timeline.submit(engine, long)
-        deadline = time.monotonic() + 60
-        while not any(a == "sub" and isinstance(e, PrefillEvent) and e.done > 0 for _, a, e in timeline.events):
-            assert time.monotonic() < deadline, "the long prompt never started its prefill"
-            time.sleep(0.005)
+        timeline.wait_until(lambda: any(a == "sub" and isinstance(e, PrefillEvent) and e.done > 0
+                                        for _, a, e in timeline.events), "the long prompt never started its prefill")
         short = GenerationRequest("main", prompt("the person's turn. "), 6, agent_class=AgentClass.MAIN)
         timeline.submit(engine, short)
         timeline.wait("main")
@@ -227,10 +231,7 @@ def test_a_paused_agent_keeps_its_cache_and_resumes_with_the_same_tokens() -> No
         timeline = Timeline()
         request = GenerationRequest("worker", prompt("count slowly: "), 48)
         timeline.submit(engine, request)
-        deadline = time.monotonic() + 60
-        while len(timeline.tokens("worker")) < 4:
-            assert time.monotonic() < deadline
-            time.sleep(0.002)
+        timeline.wait_until(lambda: len(timeline.tokens("worker")) >= 4, "the worker never decoded")
         engine.call(engine_op("pause_agent", "worker", True)).result(10)
         time.sleep(0.1)  # a step already launched may still deliver its token
         paused_at = len(timeline.tokens("worker"))
@@ -269,8 +270,7 @@ def test_prefill_is_paced_while_an_agent_decodes(monkeypatch: pytest.MonkeyPatch
         timeline = Timeline()
         talker = GenerationRequest("talker", prompt("talk: "), 64)
         timeline.submit(engine, talker)
-        while len(timeline.tokens("talker")) < 8:
-            time.sleep(0.002)
+        timeline.wait_until(lambda: len(timeline.tokens("talker")) >= 8, "the talker never decoded")
         start = len(passes)
         reader = GenerationRequest("reader", prompt("a long document to read. ", 16), 4)
         timeline.submit(engine, reader)
@@ -332,8 +332,7 @@ def test_with_work_running_admission_yields_to_the_batch_after_about_one_step(
         timeline = Timeline()
         talker = GenerationRequest("talker", prompt("talk: "), 48)
         timeline.submit(engine, talker)
-        while len(timeline.tokens("talker")) < 2:
-            time.sleep(0.002)
+        timeline.wait_until(lambda: len(timeline.tokens("talker")) >= 2, "the talker never decoded")
         release = held(engine)
         burst = [GenerationRequest(f"sub-{i}", prompt(f"subagent {i} reads a file. ", 4), 3,
                                    agent_class=AgentClass.SUBAGENT) for i in range(4)]

@@ -134,7 +134,7 @@ class Engine:
         """The pool, the agents, the tiers over them, and what clients may do to agents."""
         loaded, cache = self.loaded, self.settings.cache
         self._pool = BlockPool.from_budget(loaded.spec, cache.pool_budget_bytes)
-        self.agents = AgentTable(self.settings.scheduling.policy().levels)
+        self.agents = AgentTable(self.settings.scheduling.policy())
         # Prefixes are shared by reference where the model's attention can be hooked (kv/ragged.py).
         hooked = self.backend.attach(loaded.model, batchable=loaded.spec.batchable)
         self.hot = HotCache(loaded.spec, self._pool, share_by_reference=hooked,

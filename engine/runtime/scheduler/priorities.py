@@ -36,10 +36,8 @@ class Priorities(SchedulerPart):
 
     def admitted(self, turn: Turn) -> None:
         """The turn's sequence enters the batch: it carries the turn's order and its agent's pause."""
-        sequence, agent = turn.sequence, turn.agent
-        assert sequence is not None
-        sequence.rank = turn.order
-        sequence.level = turn.level if self.policy.enabled else 0
+        agent = turn.agent
+        self._carry(turn)
         if agent is not None and agent.paused:
             self._pause_turn(turn)
 
@@ -62,8 +60,7 @@ class Priorities(SchedulerPart):
         for turn in self._turns_of(agent.agent_id):
             self.place(turn, agent)
             if turn.sequence is not None:
-                turn.sequence.rank = turn.order
-                turn.sequence.level = turn.level if self.policy.enabled else 0
+                self._carry(turn)
         shown = "its class's" if level is None else str(level)
         self.events.emit(EventKind.ADMIT, f"{agent.agent_id}: priority set to {shown}", agent.agent_id)
 
@@ -76,6 +73,12 @@ class Priorities(SchedulerPart):
                 self._pause_turn(turn) if paused else self._resume_turn(turn)
         self.events.emit(EventKind.ADMIT, f"{agent.agent_id}: {'paused' if paused else 'resumed'}",
                          agent.agent_id)
+
+    def _carry(self, turn: Turn) -> None:
+        """The turn's sequence takes its order and level (the batch prefills by them)."""
+        assert turn.sequence is not None
+        turn.sequence.rank = turn.order
+        turn.sequence.level = turn.level if self.policy.enabled else 0
 
     def _turns_of(self, agent_id: str) -> list[Turn]:
         return [t for t in self.queues.by_request.values()

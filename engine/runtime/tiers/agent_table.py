@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import itertools
 import time
-from typing import Iterator, Mapping
+from typing import Iterator
 
-from engine.domain.priority import DEFAULT_LEVELS, AgentClass
+from engine.domain.priority import PriorityPolicy
 from engine.runtime import clock
 from engine.runtime.tiers.agents import AgentRecord, Tier
 from engine.domain.requests import GenerationRequest
 
 
 class AgentTable:
-    def __init__(self, class_levels: Mapping[AgentClass, int] = DEFAULT_LEVELS) -> None:
+    def __init__(self, policy: PriorityPolicy = PriorityPolicy()) -> None:
         self._agents: dict[str, AgentRecord] = {}
-        # Each class's level: a less urgent class's idle caches go before a more urgent one's.
-        self.class_levels = class_levels
+        # Each agent's level: a less urgent agent's idle caches go before a more urgent one's.
+        self.policy = policy
         self._tick = itertools.count(1)
 
     def __contains__(self, agent_id: str) -> bool:
@@ -87,8 +87,4 @@ class AgentTable:
     def level_of(self, agent: AgentRecord) -> int:
         """The agent's standing level: the operator's setting, else what its latest request asked, else its
         class's."""
-        if agent.priority is not None:
-            return agent.priority
-        if agent.asked_priority is not None:
-            return agent.asked_priority
-        return self.class_levels.get(agent.agent_class, 1)
+        return self.policy.level(agent.agent_class, agent.asked_priority, agent.priority)
