@@ -27,6 +27,7 @@ from tests.support.byte_tokenizer import BOS, EOS
 from tests.support.engine_settings import engine_settings
 from tests.support.prefill_passes import record_prefill_passes
 from tests.support.reference import reference_greedy
+from tests.support.terminal import poll
 from tests.support.tiny_models import loaded_tiny
 
 pytestmark = pytest.mark.unit
@@ -164,10 +165,7 @@ class Timeline:
         return self._finished[agent_id].get(timeout=timeout_s)
 
     def wait_until(self, done, what: str, timeout_s: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not done():
-            assert time.monotonic() < deadline, what
-            time.sleep(0.002)
+        assert poll(done, timeout_s, interval_s=0.002), what
 
     def tokens(self, agent_id: str) -> list[int]:
         return [e.token_id for _, a, e in self.events if a == agent_id and isinstance(e, TokenEvent)]
