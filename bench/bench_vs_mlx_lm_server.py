@@ -357,6 +357,7 @@ def main() -> None:
     parser.add_argument("--workloads", default=",".join(WORKLOADS),
                         help=f"comma-separated, any of {', '.join(WORKLOADS)} (default: all)")
     parser.add_argument("--repeats", type=int, help="runs per server and workload (default: 1 quick, 2 full)")
+    parser.add_argument("--streams", help="throughput: comma-separated agent counts (default: 1,4,8,16 full, 1,4 quick)")
     parser.add_argument("--peer", choices=("tuned", "defaults"), default="tuned",
                         help="tuned: mlx_lm.server with its batching set equal to semantic's and a prompt cache "
                              "sized like semantic's pool (the default, as in earlier reports); defaults: "
@@ -369,6 +370,14 @@ def main() -> None:
     sizes = QUICK if args.quick else FULL
     if args.repeats:
         sizes = replace(sizes, repeats=args.repeats)
+    if args.streams:
+        try:
+            streams = tuple(int(n) for n in args.streams.split(","))
+        except ValueError:
+            parser.error(f"--streams: {args.streams!r} is not a comma-separated list of agent counts")
+        if not streams or min(streams) < 1:
+            parser.error("--streams: agent counts must be 1 or more")
+        sizes = replace(sizes, streams=streams)
     print(f"# model folder {folder}\n# {'quick' if args.quick else 'full'} sizes: {sizes}")
     print(f"# peer: mlx_lm.server {'at its defaults' if args.peer == 'defaults' else 'tuned (batching as semantic)'}")
     result = BenchResult("bench_vs_mlx_lm_server", "semantic vs mlx_lm.server",

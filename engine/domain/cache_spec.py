@@ -139,9 +139,12 @@ class ModelCacheSpec:
     geometry, that of every group without one of its own. ``shared_layers``:
     for each model layer past ``n_layers`` (which keep no cache: Gemma 4's
     KV-shared layers), the cache layer whose K/V it attends to.
-    ``batchable``: whether rows of one forward pass may each attend to their
-    own cache through the attention hook (not where the model reads the
-    fetched K/V itself, as latent attention and chunked windows do).
+    ``batchable``: whether rows of one forward pass may each keep their own
+    cache (not where the model builds a mask for every row from the first
+    layer's cache, as Llama 4's chunked windows do). ``latent``: the model
+    computes with the K/V it fetches (latent attention's rotary scores), so a
+    batch hands it every row's K/V padded to the longest, not only the pass's
+    new K/V (``runner/kv/padded.py``).
     A model of recurrent layers only (Mamba, RWKV) has no K/V: its own
     geometry is a nominal one head of width 1 that no group uses.
     """

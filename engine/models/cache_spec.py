@@ -91,7 +91,10 @@ def _derived(model: nn.Module, block_tokens: int, kv_dtype: str | None) -> Model
     kinds = [LayerKind(state=states[i]) if i in states else
              LayerKind(window, chunk, None if geometries[i] == own else geometries[i])
              for i, (window, chunk) in enumerate(spans)]
-    latent = any(caches_latents(attn) for layer in _layers(model) for attn in _attention_modules(layer))
+    attentions = [attn for layer in _layers(model) for attn in _attention_modules(layer)]
+    latent = any(caches_latents(attn) for attn in attentions)
+    # DeepSeek V3.2's sparse-attention indexer reads and re-ties its caches' arrays itself (``cache.keys``).
+    indexed = any(isinstance(getattr(attn, "indexer", None), nn.Module) for attn in attentions)
     chunked = any(span != RECURRENT and span[1] is not None for span in spans)
     return ModelCacheSpec(
         n_layers=len(spans),
@@ -104,9 +107,9 @@ def _derived(model: nn.Module, block_tokens: int, kv_dtype: str | None) -> Model
         layer_windows=tuple(None if span == RECURRENT else span[0] for span in spans),
         layer_chunks=tuple(None if span == RECURRENT else span[1] for span in spans) if chunked else (),
         shared_layers=shared,
-        # The model reads the fetched K/V itself (latent scores, a chunk mask from the first cache): each row
-        # of a batch must run its own forward pass on its own caches.
-        batchable=not (latent or chunked),
+        # Llama 4 builds every row's chunk mask from the first layer's cache, and an indexer works on its
+        # cache's arrays: each row runs its own pass.
+        batchable=not (chunked or indexed),
         latent=latent,
         cache_lists=cache_lists,
     )

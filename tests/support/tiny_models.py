@@ -98,6 +98,17 @@ FAMILY_CONFIGS["deepseek_v2"] = dict(model_type="deepseek_v2", hidden_size=64, i
                                                    "type": "yarn"})
 # Kimi K2.5: DeepSeek V3's text model under a vision-language wrapper.
 FAMILY_CONFIGS["kimi_k25"] = dict(model_type="kimi_k25", text_config=dict(FAMILY_CONFIGS["deepseek_v3"]))
+# Kimi-VL's language model: DeepSeek V3's again, under mlx-lm's own Kimi-VL class.
+FAMILY_CONFIGS["kimi_vl"] = dict(model_type="kimi_vl", text_config=dict(FAMILY_CONFIGS["deepseek_v3"]))
+# Mistral 4: latent attention whose prompt chunks attend over joined rotary and latent keys.
+FAMILY_CONFIGS["mistral4"] = dict(model_type="mistral4", hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+                                  num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1,
+                                  n_routed_experts=4, routed_scaling_factor=1.0, kv_lora_rank=32, q_lora_rank=16,
+                                  norm_topk_prob=True, max_position_embeddings=4096, rms_norm_eps=1e-5, topk_group=1,
+                                  num_experts_per_tok=2, first_k_dense_replace=1, n_group=1, qk_rope_head_dim=16,
+                                  qk_nope_head_dim=16, v_head_dim=16,
+                                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                   "llama_4_scaling_beta": 0.1, "original_max_position_embeddings": 64})
 
 
 # Families with recurrent layers (linear attention, Mamba, RWKV), from mlx-lm's own test configs as

@@ -490,6 +490,6 @@ def test_deepseek_v3_latent_attention_is_one_head_of_the_latent_and_the_rotary_k
     assert all(type(c) is KVCache for c in make_prompt_cache(model))
     spec = derive_cache_spec(model, BLOCK)
     assert (spec.n_kv_heads, spec.head_dim, spec.v_head_dim) == (1, 32, 8)  # kv_lora_rank, qk_rope_head_dim
-    assert spec.latent and not spec.batchable and spec.describe()["latent"] is True
+    assert spec.latent and spec.batchable and spec.describe()["latent"] is True  # batched through padded views
     assert spec.bytes_per_token_per_layer == (32 + 8) * 4
     assert_cache_matches_spec(model, spec)

@@ -1,7 +1,8 @@
 """Families whose caches are not one plain K/V per layer of one width, through the engine, against plain mlx-lm.
 
-DeepSeek V3, GLM-4.7-Flash and Kimi K2.5 (latent attention: one latent head per token), DeepSeek V2 (latent
-attention that caches decompressed per-head K/V),
+DeepSeek V3, GLM-4.7-Flash, Kimi K2.5, Kimi-VL's language model and Mistral 4 (latent attention: one latent
+head per token, batched through padded views), DeepSeek V2 (latent attention that caches decompressed per-head
+K/V),
 Gemma 4 (global layers twice as wide as sliding ones, and layers reading an
 earlier layer's K/V), Llama 4 (chunked windows): tiny random-weight instances
 of mlx-lm's own classes (``tests/support/tiny_models.py``). Every turn is
@@ -28,7 +29,8 @@ from tests.support.tiny_models import loaded_tiny
 
 pytestmark = pytest.mark.unit
 
-FAMILIES = ["deepseek_v3", "glm4_moe_lite", "kimi_k25", "deepseek_v2", "gemma4_text", "llama4"]
+LATENT = ["deepseek_v3", "glm4_moe_lite", "kimi_k25", "kimi_vl", "mistral4"]
+FAMILIES = [*LATENT, "deepseek_v2", "gemma4_text", "llama4"]
 TOKENS = 12
 
 
@@ -64,6 +66,36 @@ def test_agents_batched_together_equal_single_stream(loaded) -> None:
                     for i in range(3)]
         for result in run_turns(engine, requests):
             check(loaded, result)
+        accounts_agree(engine)
+    finally:
+        engine.stop()
+
+
+@pytest.mark.parametrize("kind", LATENT)
+def test_latent_agents_decode_and_prefill_in_shared_passes_and_resume_their_own_caches(kind: str) -> None:
+    """Four agents of a latent model go through the model together (fails if the family falls back to one
+    sequence a pass), each token-identical to plain mlx-lm alone, and their second turns resume their caches."""
+    loaded = loaded_tiny(kind)
+    engine = start(loaded)
+    shapes: list[tuple[int, int]] = []
+    forward = engine.backend.forward
+
+    def counted(model, inputs, cache, embeddings=None):
+        shapes.append(tuple(inputs.shape))
+        return forward(model, inputs, cache, embeddings)
+
+    engine.backend.forward = counted
+    try:
+        requests = [GenerationRequest(f"l{i}", (BOS, *(f"agent {i} writes. " * (2 + i % 2)).encode()), TOKENS)
+                    for i in range(4)]
+        for result in run_turns(engine, requests):
+            check(loaded, result)
+        assert max(rows for rows, tokens in shapes if tokens == 1) == 4, shapes
+        assert any(rows > 1 for rows, tokens in shapes if tokens > 1), shapes
+        follow = [GenerationRequest(r.request_id, r.prompt_tokens + tuple(b" and then?"), TOKENS) for r in requests]
+        for result, first in zip(run_turns(engine, follow), requests):
+            check(loaded, result)
+            assert result.finish.usage.reused_tokens >= len(first.prompt_tokens)
         accounts_agree(engine)
     finally:
         engine.stop()

@@ -135,9 +135,10 @@ class Engine:
         loaded, cache = self.loaded, self.settings.cache
         self._pool = BlockPool.from_budget(loaded.spec, cache.pool_budget_bytes)
         self.agents = AgentTable(self.settings.scheduling.policy())
-        # Prefixes are shared by reference where the model's attention can be hooked (kv/ragged.py).
+        # Prefixes are shared by reference where the model's attention can be hooked (kv/ragged.py) and the
+        # model reads no fetched K/V itself (a latent model's rows are fetched whole: kv/padded.py).
         hooked = self.backend.attach(loaded.model, batchable=loaded.spec.batchable)
-        self.hot = HotCache(loaded.spec, self._pool, share_by_reference=hooked,
+        self.hot = HotCache(loaded.spec, self._pool, share_by_reference=hooked and not loaded.spec.latent,
                             kinds=self.backend.kinds_for(loaded.spec))
         cool = quantization_for(cache.kv_bits_at_rest, *loaded.spec.head_dims)
         self.tiers = TierManager(self.hot, self.agents, self.events, store, cool=cool)

@@ -27,6 +27,7 @@ from engine.runtime.runner.kv.full_kv import FullKV
 from engine.runtime.runner.kv.recurrent_state import RecurrentState
 from engine.runtime.runner.kv.stacked_state import StackedStates
 from engine.runtime.runner.kv.kinds import MLX_KINDS, LayerKinds
+from engine.runtime.runner.kv.padded import PaddedLayerCache
 from engine.runtime.runner.kv.sequence_kv import SequenceKV, model_caches
 from engine.runtime.runner.sampling import mlx_top_k
 
@@ -47,7 +48,7 @@ class MlxBackend:
     def attach(self, model: Any, batchable: bool = True) -> bool:
         """Prepare ``model`` for this backend (once; again is a no-op). Returns whether its sequences can
         share a forward pass, each attending to its own cache: the ragged hook took its attention, and the
-        model does not read the fetched K/V itself (``batchable``: the cache spec's word on that)."""
+        model builds no row's mask from another row's cache (``batchable``: the cache spec's word on that)."""
         key = id(model)
         if key not in self._batched:
             self._batched[key] = ragged.install(model) and batchable
@@ -90,13 +91,22 @@ class MlxBackend:
         """One layer of a batch: row ``b`` attends to ``layers[b]``."""
         return ragged.RaggedLayerCache(layers)
 
+    def padded(self, layers: Sequence[Any]) -> PaddedLayerCache:
+        """One layer of a batch of a model that reads the K/V it fetches: row ``b``'s fetch is ``layers[b]``'s."""
+        return PaddedLayerCache(layers)
+
     def layer_views(self, rows: Sequence[SequenceKV]) -> list[Any]:
         """The caches a batch's forward pass takes: per layer, a view of every row's cache of that layer (and
-        for a KV-shared layer, a view of the layer it reads)."""
+        for a KV-shared layer, a view of the layer it reads). A model that computes with the K/V it fetches
+        (latent attention) is handed every row's K/V, padded (kv/padded.py)."""
         views: list[Any] = []
+        spec = rows[0].spec
         for i, first in enumerate(rows[0].layers):
             layers = [kv.layers[i] for kv in rows]
-            views.append(StackedStates(layers) if isinstance(first, RecurrentState) else self.ragged(layers))
+            if isinstance(first, RecurrentState):
+                views.append(StackedStates(layers))
+            else:
+                views.append(self.padded(layers) if spec.latent else self.ragged(layers))
         return model_caches(rows[0].spec, views + [views[source].shared() for source in rows[0].spec.shared_layers])
 
     def decode(self, model: Any, inputs: mx.array, rows: Sequence[SequenceKV]) -> mx.array:

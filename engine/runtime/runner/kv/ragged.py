@@ -15,7 +15,9 @@ that name in the model's modules with a function that hands a
 anything else, so other users of those modules are unaffected. A model whose
 attention does not go through that function cannot be batched this way;
 the engine then decodes its sequences one at a time, and shares prefixes by
-copying them instead of by reference.
+copying them instead of by reference. A model that computes with the K/V it
+fetches (latent attention) is batched through padded views instead
+(``padded.py``), whose attention goes through the same hook.
 
 The same hook serves caches that begin with shared segments (``segment.py``):
 their attention runs over the segments and the sequence's own keys. Every
@@ -40,6 +42,7 @@ import mlx.core as mx
 
 from engine.runtime.runner.kv.chunked_kv import ChunkedKV
 from engine.runtime.runner.kv.full_kv import FullKV
+from engine.runtime.runner.kv.padded import PaddedLayerCache
 from engine.runtime.runner.kv.segment import segmented_attention
 from engine.runtime.runner.kv.shared_kv import SharedKV
 from engine.runtime.runner.kv.window_kv import WindowKV
@@ -180,6 +183,8 @@ class _RaggedHook:
     def __call__(self, queries, keys, values, cache, scale, mask, sinks=None):
         if isinstance(cache, (RaggedLayerCache, SharedRows)):
             return cache.attend(queries, scale, mask, sinks)
+        if isinstance(cache, PaddedLayerCache):
+            return cache.attend(queries, keys, values, scale, mask, sinks)
         if isinstance(cache, (FullKV, WindowKV, ChunkedKV, SharedKV)):
             return attention(queries, keys, values, cache, scale, mask, sinks)
         if sinks is None:

@@ -42,15 +42,16 @@ from typing import Any, Callable, Iterator, Sequence
 import mlx.core as mx
 
 from engine.domain.cache_spec import ModelCacheSpec
-from engine.runtime.runner.backends.cpu import (host_conv, host_decode, host_forward, host_gated_delta, host_linear,
-                                               host_softmax)
+from engine.runtime.runner.backends.cpu import (host_conv, host_decode, host_forward, host_gated_delta, host_heads,
+                                               host_linear, host_softmax)
 from engine.runtime.runner.backends.cpu.hooks import ActivationHooks
 from engine.runtime.runner.backends.cpu.host_attention import HOST_ATTENTION
 from engine.runtime.runner.backends.cpu.host_kv import (HOST_KINDS, HOST_KINDS_BESIDE_RECURRENT, HostFullKV,
-                                                       HostRaggedLayerCache)
+                                                       HostPaddedLayerCache, HostRaggedLayerCache)
 from engine.runtime.runner.backends.cpu.host_top_k import HostTopK
 from engine.runtime.runner.backends.mlx import MlxBackend
 from engine.runtime.runner.kv.kinds import LayerKinds
+from engine.runtime.runner.kv.padded import PaddedLayerCache
 from engine.runtime.runner.kv.ragged import RaggedLayerCache
 from engine.runtime.runner.kv.sequence_kv import SequenceKV
 
@@ -66,6 +67,7 @@ class CpuOptions:
     activations: bool = True  # SiLU and GELU from cpu_math inside the model's MLPs
     decode_loops: bool = True  # a decode batch's attention (and in-place writes) in compiled loops
     linear_pass: bool = True  # few-row products through linear_kernel
+    head_products: bool = True  # latent attention's per-head projections, the batch folded in (host_heads)
     host_step: bool = True  # a Llama-family decode step whole on the host
     host_top_k: bool = True  # sampling's top-k pass in numpy
     recurrence: bool = True  # a gated-delta hybrid's prefill steps in a compiled loop
@@ -92,6 +94,7 @@ class CpuBackend(MlxBackend):
         self._conv_ok = options.depthwise_conv and compiler
         self._softmax_ok = options.prefill_softmax and compiler
         self._forward_thread: int | None = None
+        self._blas_step = False  # a step whose products all run in BLAS (_latent_batch)
         self._vision_thread: int | None = None
         self._hooks: dict[int, ActivationHooks] = {}
         self._host_step: dict[int, bool] = {}
@@ -123,6 +126,8 @@ class CpuBackend(MlxBackend):
             hooks.install_vision(self.inside_vision_pass, self._tower_attention)
         if self.options.linear_pass:
             host_linear.swap_in(model, self)
+        if self.options.head_products:
+            host_heads.swap_in(model)
         self._host_step[key] = self.options.host_step and host_forward.supports(model)
         self._warm_up()
         return batched
@@ -133,6 +138,7 @@ class CpuBackend(MlxBackend):
         if hooks is not None:
             hooks.uninstall()
         host_linear.swap_out(model, self)
+        host_heads.swap_out(model)
         self._host_step.pop(key, None)
         super().detach(model)
 
@@ -223,13 +229,31 @@ class CpuBackend(MlxBackend):
     def ragged(self, layers: Sequence[Any]) -> RaggedLayerCache:
         return HostRaggedLayerCache(layers, self.loops_ready, self._workers)
 
+    def padded(self, layers: Sequence[Any]) -> PaddedLayerCache:
+        return HostPaddedLayerCache(layers)
+
     def loops_ready(self) -> bool:
         return self._loops_ok
 
     def decode(self, model: Any, inputs: mx.array, rows: Sequence[SequenceKV]) -> mx.array:
         if self.steps_on_host(model, rows):
             return host_forward.decode(model, inputs, rows, self._tables, self._workers, self._linear_ok)
+        if len(rows) > 1 and rows[0].spec.latent:
+            return self._latent_batch(model, inputs, rows)
         return super().decode(model, inputs, rows)
+
+    def _latent_batch(self, model: Any, inputs: mx.array, rows: Sequence[SequenceKV]) -> mx.array:
+        """A latent-attention model's batch step with every product in BLAS: its heads' projections folded over
+        the rows (``host_heads``) and the rows' attention in one product a layer (``HostPaddedLayerCache``), the
+        linear pass kept out. The pass and BLAS taking turns in one step is what costs here: at 8 rows of the
+        DeepSeek V3 shape, 142-147 tok/s with the pass, 170-176 without; at 4 rows 102-108 against 98-103; a
+        lone row keeps the pass (in-process engine, 48 tokens for each of N distinct prompts, 2 repeats each way,
+        bench.random_model's ``--family deepseek_v3`` folder, the 2-core x86 box, 2026-12-07)."""
+        self._blas_step = True
+        try:
+            return super().decode(model, inputs, rows)
+        finally:
+            self._blas_step = False
 
     def verify(self, model: Any, inputs: Sequence[Sequence[int]], rows: Sequence[SequenceKV]) -> tuple[mx.array, bool]:
         """A speculative step whole on the host where a decode step would run there and every row may claim all
@@ -268,7 +292,7 @@ class CpuBackend(MlxBackend):
     def few_rows(self, x: mx.array, weights: mx.array) -> mx.array | None:
         """A host layer's product through the compiled pass (``host_linear.py``), inside this backend's forward
         passes; None: MLX's matmul."""
-        if not (self._linear_ok and self.inside_forward()):
+        if not (self._linear_ok and self.inside_forward()) or self._blas_step:
             return None
         if x.ndim == 3 and x.shape[1] > 1:
             # Several tokens a row (a short prompt chunk, a speculative step's drafts): the pass's evaluation
