@@ -140,8 +140,8 @@ class ModelCacheSpec:
     for each model layer past ``n_layers`` (which keep no cache: Gemma 4's
     KV-shared layers), the cache layer whose K/V it attends to.
     ``batchable``: whether rows of one forward pass may each keep their own
-    cache (not where the model builds a mask for every row from the first
-    layer's cache, as Llama 4's chunked windows do). ``latent``: the model
+    cache (not where the model works on its caches' arrays itself, as
+    DeepSeek V3.2's sparse-attention indexer does). ``latent``: the model
     computes with the K/V it fetches (latent attention's rotary scores), so a
     batch hands it every row's K/V padded to the longest, not only the pass's
     new K/V (``runner/kv/padded.py``).

@@ -107,9 +107,8 @@ def _derived(model: nn.Module, block_tokens: int, kv_dtype: str | None) -> Model
         layer_windows=tuple(None if span == RECURRENT else span[0] for span in spans),
         layer_chunks=tuple(None if span == RECURRENT else span[1] for span in spans) if chunked else (),
         shared_layers=shared,
-        # Llama 4 builds every row's chunk mask from the first layer's cache, and an indexer works on its
-        # cache's arrays: each row runs its own pass.
-        batchable=not (chunked or indexed),
+        # An indexer works on its cache's arrays itself: each row runs its own pass.
+        batchable=not indexed,
         latent=latent,
         cache_lists=cache_lists,
     )

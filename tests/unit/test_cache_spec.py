@@ -464,7 +464,7 @@ def test_mamba_keeps_a_recurrent_state_of_the_shapes_its_layers_write() -> None:
 def test_a_chunked_layer_is_a_chunked_group() -> None:
     spec = derive_cache_spec(FakeCacheModel(ChunkedKVCache(chunk_size=64)), BLOCK)
     assert [g.kind for g in spec.groups] == ["global", "chunked-64"]
-    assert spec.layer_chunks == (None, 64) and not spec.batchable
+    assert spec.layer_chunks == (None, 64) and spec.batchable  # each row its own chunk mask (llama4_rows.py)
     assert spec.sliding_groups == (spec.groups[1],)
 
 

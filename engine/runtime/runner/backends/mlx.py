@@ -21,7 +21,7 @@ from typing import Any, Callable, ContextManager, Sequence
 import mlx.core as mx
 
 from engine.domain.cache_spec import ModelCacheSpec
-from engine.runtime.runner import rotary_passes
+from engine.runtime.runner import llama4_rows, rotary_passes
 from engine.runtime.runner.kv import ragged
 from engine.runtime.runner.kv.full_kv import FullKV
 from engine.runtime.runner.kv.recurrent_state import RecurrentState
@@ -52,6 +52,7 @@ class MlxBackend:
         key = id(model)
         if key not in self._batched:
             self._batched[key] = ragged.install(model) and batchable
+            llama4_rows.install(model)
         return self._batched[key]
 
     def detach(self, model: Any) -> None:
@@ -59,6 +60,7 @@ class MlxBackend:
         another engine runs a model of the same family)."""
         if self._batched.pop(id(model), None) is not None:
             ragged.uninstall(model)
+            llama4_rows.uninstall(model)
 
     def close(self) -> None:
         """The engine is done with this backend (threads of its own, where it has any, stop)."""

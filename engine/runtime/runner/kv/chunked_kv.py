@@ -28,7 +28,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import mlx.core as mx
-from mlx_lm.models.base import create_causal_mask
 from mlx_lm.models.cache import _BaseCache
 
 from engine.runtime.runner.kv.attention import MLX_ATTENTION, Attention
@@ -79,9 +78,13 @@ class ChunkedKV(_BaseCache):
         first, end = self.start - self.base, self.offset - self.base
         return self.keys[..., first:end, :], self.values[..., first:end, :]
 
-    def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None):
-        # (Llama 4 builds its chunk mask itself; a caller asking gets plain causal over what is fetched.)
-        return create_causal_mask(n, self.offset - self.start) if return_array or n > 1 else None
+    def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None) -> mx.array:
+        """The chunk mask of the next ``n`` positions over what this pass fetches (from ``start``), as Llama 4
+        builds it from the first layer's cache: a query sees the keys of its own chunk up to itself. Llama 4
+        alone builds it itself; a batch of rows asks each row for its own (``llama4_rows.py``)."""
+        keys = mx.arange(self.start, self.offset + n)[None, :]
+        queries = mx.arange(self.offset, self.offset + n)[:, None]
+        return (keys <= queries) & (keys // self.chunk == queries // self.chunk)
 
     # -- capacity ---------------------------------------------------------------------
     @property

@@ -73,9 +73,16 @@ class RaggedLayerCache:
         # n > 1: prompt chunks of one length, each row at its own offset (batched prefill).
         return RowMasks(tuple(row.make_mask(n, return_array=return_array, window_size=window_size) for row in self.rows))
 
+    def maybe_trim_front(self) -> None:
+        """Llama 4's call on its chunked layers' caches at the start of a pass: each row's fetch starts at its own
+        chunk's reach."""
+        for row in self.rows:
+            row.maybe_trim_front()
+
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         self._fetched, self._held = [], []
-        if keys.shape[2] == 1:
+        # (A chunked layer's run of columns begins at its chunk's reach, not at column 0: its rows fetch views.)
+        if keys.shape[2] == 1 and not isinstance(self.rows[0], ChunkedKV):
             self._decode_positions(keys, values)
         else:
             self._fetched = [row.update_and_fetch(keys[b:b + 1], values[b:b + 1]) for b, row in enumerate(self.rows)]
