@@ -24,7 +24,8 @@ mlx-lm's own cache for the model (``make_prompt_cache`` filled with the same
 number of tokens, ``nbytes``; mlx_lm.server's prompt cache keeps copies of
 such caches too, not counted here).
 
-Run: ``LD_PRELOAD=... python -m bench.bench_model_families [--families gemma4_text,llama4] [--quick] [--json PATH]``.
+Run: ``LD_PRELOAD=... python -m bench.bench_model_families [--families gemma4_text,llama4] [--system-tokens N]
+[--peer defaults] [--quick] [--json PATH]``.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from bench.peer_runs import Conversation, on_both, served_once
 from bench.random_model import FAMILY_SHAPES as SHAPES
 from bench.random_model import tokenizer_folder, write_family_folder
 from bench.results import BenchResult
-from bench.served import Batching, peer_launch, semantic_launch
+from bench.served import Batching, peer_defaults_launch, peer_launch, semantic_launch
 from bench.workload_text import shared_system_prompt, tool_result
 
 REPLY_TOKENS = 32
@@ -70,9 +71,10 @@ class Run:
         return self.turns[1:]
 
 
-async def converse(client: ChatClient, tokenizer: Tokenizer, turns: int, stats: bool) -> Run:
+async def converse(client: ChatClient, tokenizer: Tokenizer, turns: int, stats: bool,
+                   system_tokens: int = SYSTEM_TOKENS) -> Run:
     conversation = Conversation("family", [{"role": "system",
-                                            "content": shared_system_prompt(tokenizer, SYSTEM_TOKENS)}])
+                                            "content": shared_system_prompt(tokenizer, system_tokens)}])
     run = Run()
     for index in range(turns + 1):
         turn = await conversation.take_turn(client, index, tool_result(tokenizer, 0, index, TURN_TOKENS),
@@ -178,7 +180,14 @@ def main() -> None:
     parser.add_argument("--turns", type=int, help="warm turns per run (default 4; 2 with --quick)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
                         help="weight dtype (default: bfloat16 on a GPU, float32 on the CPU)")
+    parser.add_argument("--system-tokens", type=int, default=SYSTEM_TOKENS,
+                        help=f"tokens of the opening system prompt (default {SYSTEM_TOKENS})")
+    parser.add_argument("--peer", choices=("tuned", "defaults"), default="tuned",
+                        help="tuned: mlx_lm.server with its batching set equal to semantic's (as in earlier "
+                             "reports); defaults: `mlx_lm.server --model FOLDER` as users run it")
     args = parser.parse_args()
+    if args.system_tokens < 1:
+        parser.error("--system-tokens must be 1 or more")
     families = [f.strip() for f in args.families.split(",") if f.strip()]
     if unknown := [f for f in families if f not in SHAPES]:
         parser.error(f"unknown family {', '.join(unknown)}; choose from {', '.join(FAMILIES + RECURRENT)}")
@@ -191,7 +200,7 @@ def main() -> None:
     tokenizer = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
     result = BenchResult("bench_model_families", "Latent, multi-geometry and chunked families (vs mlx_lm.server)",
                          args={"families": families, "quick": args.quick, "repeats": repeats, "turns": turns,
-                               "dtype": dtype, "system_tokens": SYSTEM_TOKENS, "turn_tokens": TURN_TOKENS,
+                               "dtype": dtype, "system_tokens": args.system_tokens, "peer": args.peer, "turn_tokens": TURN_TOKENS,
                                "reply_tokens": REPLY_TOKENS, "shapes": {f: SHAPES[f] for f in families}})
     started = time.perf_counter()
     rows: list[list[object]] = []
@@ -201,12 +210,14 @@ def main() -> None:
             folder = write_family_folder(kind, Path(work) / kind, tokenizer_dir, dtype)
             print(f"# {kind}: wrote {folder} ({dtype}) in {time.perf_counter() - t0:.1f} s", flush=True)
             batching = Batching()
-            launches = (semantic_launch(folder, Path(work) / f"{kind}-state", args.pool_mb, batching),
-                        peer_launch(folder, batching, cache_entries=10))
+            peer = peer_defaults_launch(folder) if args.peer == "defaults" else peer_launch(folder, batching,
+                                                                                             cache_entries=10)
+            launches = (semantic_launch(folder, Path(work) / f"{kind}-state", args.pool_mb, batching), peer)
 
             def run(launch, kind=kind) -> Run:
                 async def work_fn(client: ChatClient) -> Run:
-                    return await converse(client, tokenizer, turns, stats=launch.sends_session_id)
+                    return await converse(client, tokenizer, turns, stats=launch.sends_session_id,
+                                          system_tokens=args.system_tokens)
                 return served_once(launch, Path(work), work_fn)
 
             ours, theirs = on_both(launches, repeats, run)
