@@ -59,6 +59,13 @@ class RealApi:
     def event_lines(self) -> list[str]:
         return [f"{e.kind.value:7} {e.message}" for e in self.engine.events.since(0)]
 
+    def held_tokens(self, agent_id: str) -> tuple[int, ...]:
+        """The tokens ``agent_id``'s cache holds now (none for an agent the engine does not know)."""
+        def held(engine: Engine) -> tuple[int, ...]:
+            agent = engine.agents.get(agent_id)
+            return tuple(agent.tokens) if agent is not None else ()
+        return self.engine.call(held).result(30)
+
 
 @contextlib.contextmanager
 def running_api(

@@ -16,6 +16,8 @@ import pytest
 
 from engine.domain.chat import ChatMessage
 from engine.api.rendering import PromptRenderer
+from engine.domain.requests import GenerationRequest
+from engine.runtime.scheduler.reply_splice import spliced
 from tests.model.real_api import RealApi, running_api
 from tests.support.reference import reference_greedy_shared
 
@@ -36,13 +38,21 @@ def send(client: httpx.Client, agent_id: str, text: str) -> dict:
 
 
 def expected_replies(api: RealApi, loaded, agent_ids: list[str], texts: list[str]) -> list[str]:
-    """What fresh prefills of each agent's stored conversation plus its text decode greedily."""
+    """What fresh prefills of each agent's stored conversation plus its text decode greedily, the replies in it
+    read as the tokens the agent's cache holds (as the server reads them: reply_splice.py)."""
     renderer = PromptRenderer(loaded.tokenizer)
-    prompts = [renderer.render(api.app.state.conversations.get(a).with_user_message(t))
+    prompts = [as_read(api, loaded, a, renderer.render(api.app.state.conversations.get(a).with_user_message(t)))
                for a, t in zip(agent_ids, texts)]
     eos = set(loaded.eos_token_ids)
     return [loaded.tokenizer.decode([t for t in tokens if t not in eos])
             for tokens in reference_greedy_shared(loaded.model, prompts, REPLY, eos)]
+
+
+def as_read(api: RealApi, loaded, agent_id: str, prompt: tuple[int, ...]) -> tuple[int, ...]:
+    """``prompt`` as the engine reads it for ``agent_id`` now: where it sends the agent's replies back as text that
+    tokenizes otherwise, the tokens its cache holds."""
+    kept = spliced(api.held_tokens(agent_id), GenerationRequest(agent_id, tuple(prompt), 1), loaded.tokenizer.decode)
+    return kept.prompt_tokens if kept is not None else tuple(prompt)
 
 
 @pytest.mark.slow(reason="eight forks of a 2K-token planner, each checked against its plain mlx-lm reference: 45 s "

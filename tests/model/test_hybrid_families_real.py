@@ -28,8 +28,8 @@ from engine.api.rendering import PromptRenderer
 from tests.model.engine_fixtures import load_folder
 from tests.model.real_api import RealApi, running_api
 from tests.model.test_branching_real import expected_replies, send
-from tests.model.test_model_families_real import (SYSTEM, cached, chat, expected_text,
-                                                  pool_holds_what_it_counts, rendered)
+from tests.model.test_model_families_real import (SYSTEM, cached, chat, expected_text, expected_turn,
+                                                  pool_holds_what_it_counts, rendered, says)
 from tests.support.tiny_models import recurrent_family_config, vary
 
 from bench.random_model import write_model_folder
@@ -66,27 +66,28 @@ def test_four_turns_then_an_edit_equal_mlx_lm_and_resume_from_the_cache(family, 
     _, _, loaded = family
     assert loaded.spec.recurrent_groups
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Name a sorting algorithm."}]
-    previous = 0
+    said = None
     for turn in range(4):
         reply = chat(api, "four-turns", messages)
-        text, prompt_len = expected_text(loaded, messages)
-        assert reply.choices[0].message.content == text
-        assert reply.usage.prompt_tokens == prompt_len
-        if turn:
-            # At least the previous prompt comes from the cache: the state itself when the re-rendered reply
-            # reads as the tokens generated, else the snapshot one token short of the previous prompt's end
-            # (random weights write text that re-tokenizes differently; a state cannot go back in between).
-            assert cached(reply) >= previous - 1, (turn, reply.usage)
-        previous = prompt_len
+        previous, said = said, expected_turn(loaded, messages, said.cached if said else ())
+        says(api, loaded, "oa-four-turns", reply.choices[0].message.content, said)
+        assert reply.usage.prompt_tokens == len(said.prompt)
+        if previous is not None:
+            # At least the previous prompt comes from the cache: the state itself when the reply sent back reads
+            # as the tokens generated (reply_splice.py), else the snapshot one token short of the previous
+            # prompt's end (a state cannot go back in between).
+            assert cached(reply) >= len(previous.prompt) - 1, (turn, reply.usage)
         pool_holds_what_it_counts(api)
-        messages += [{"role": "assistant", "content": text}, {"role": "user", "content": f"And turn {turn + 2}?"}]
+        messages += [{"role": "assistant", "content": said.text},
+                     {"role": "user", "content": f"And turn {turn + 2}?"}]
     # The client rewrites the last question it sent (the fourth turn's; the fifth was never sent): the state
     # stands past it, so the turn resumes from the snapshot taken when the fourth turn began, and computes the rest.
     messages = messages[:-2]
     messages[-1] = {"role": "user", "content": "A different last question."}
     reply = chat(api, "four-turns", messages)
-    text, prompt_len = expected_text(loaded, messages)
-    assert reply.choices[0].message.content == text
+    edited = expected_turn(loaded, messages, said.cached)
+    prompt_len = len(edited.prompt)
+    says(api, loaded, "oa-four-turns", reply.choices[0].message.content, edited)
     semantic = reply.usage.model_extra["semantic"]
     assert semantic["cache_outcome"] == "snapshot", semantic
     assert 0 < cached(reply) <= semantic["diverged_at"] < prompt_len
@@ -121,6 +122,7 @@ def test_an_agent_evicted_to_disk_comes_back_after_a_restart_and_exports(family,
     with running_api(loaded, tmp_path / "cache", folder, pool_budget_mb=64) as api:
         first = chat(api, "restart", messages)
         agent = next(a["agent_id"] for a in api.stats()["agents"] if a["agent_id"].endswith("restart"))
+        held = api.held_tokens(agent)  # what goes to disk
         response = httpx.post(f"{api.url}/v1/agents/{agent}/evict", json={"tier": "warm"}, timeout=30)
         assert response.status_code == 200, response.text
         view = next(a for a in api.stats()["agents"] if a["agent_id"] == agent)
@@ -129,9 +131,9 @@ def test_an_agent_evicted_to_disk_comes_back_after_a_restart_and_exports(family,
     messages += [{"role": "assistant", "content": first.choices[0].message.content},
                  {"role": "user", "content": "Now after a restart?"}]
     with running_api(loaded, tmp_path / "cache", folder, pool_budget_mb=64) as api:
+        said = expected_turn(loaded, messages, held)
         again = chat(api, "restart", messages)
-        text, _ = expected_text(loaded, messages)
-        assert again.choices[0].message.content == text
+        says(api, loaded, agent, again.choices[0].message.content, said)
         # The state stood one token short of the first prompt's end plus the reply (or at a snapshot there).
         assert cached(again) >= first.usage.prompt_tokens - 1, again.usage
         pool_holds_what_it_counts(api)

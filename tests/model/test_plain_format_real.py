@@ -88,3 +88,8 @@ def test_the_next_turn_reads_the_first_from_its_cache(api: RealApi) -> None:
     usage = second["usage"]
     cached = usage["prompt_tokens_details"]["cached_tokens"]
     assert cached >= first["usage"]["prompt_tokens"] + first["usage"]["completion_tokens"] - 8, usage
+    # The reply came back without the blank it began with (" The capital ..."): its cached tokens still
+    # served it, where before the whole reply was prefilled again from its first token.
+    history = httpx.get(f"{api.url}/v1/agents/oa-plain-two-turns", timeout=30).json()["cache_history"]
+    assert history[-1]["outcome"] != "diverged", history[-1]
+    assert cached >= first["usage"]["prompt_tokens"] + first["usage"]["completion_tokens"] - 1, usage

@@ -75,20 +75,66 @@ def api(loaded: LoadedModel, cache_dir: Path, vlm_path: Path) -> Iterator[RealAp
 
 
 @pytest.fixture(scope="module")
-def reference(vlm_path: Path):
+def reference(vlm_path: Path) -> "VlmReference":
     """Plain mlx-vlm: the model loaded whole, greedy generation on a prompt text and its images."""
-    from mlx_vlm import generate, load
+    from mlx_vlm import load
 
-    model, processor = load(str(vlm_path))
+    return VlmReference(*load(str(vlm_path)))
 
-    def reply(messages: list[dict[str, Any]], images: list[bytes]) -> str:
-        prompt = processor.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        pictures = [Image.open(io.BytesIO(data)).convert("RGB") for data in images]
+
+class VlmReference:
+    def __init__(self, model: Any, processor: Any) -> None:
+        self.model, self.processor = model, processor
+
+    def __call__(self, messages: list[dict[str, Any]], images: list[bytes]) -> str:
+        from mlx_vlm import generate
+
         # (mlx-vlm's detokenizer keeps a reply's leading blank where mlx-lm's, and so semantic's, leaves it out)
-        return generate(model, processor, prompt, image=pictures or None, max_tokens=MAX_TOKENS, temperature=0.0,
-                        verbose=False).text.lstrip()
+        return generate(self.model, self.processor, self._prompt(messages), image=_pictures(images) or None,
+                        max_tokens=MAX_TOKENS, temperature=0.0, verbose=False).text.lstrip()
 
-    return reply
+    def after(self, first: list[dict[str, Any]], images: list[bytes], messages: list[dict[str, Any]]) -> str:
+        """The reply to ``messages``, which send ``first``'s reply back as text: read as the tokens the model wrote
+        (the agent's cache holds them; the server reads them so: engine/runtime/scheduler/reply_splice.py)."""
+        ids, written, _ = self._tokens(first, images)
+        return self._tokens(messages, images, cached=(*ids, *written))[2]
+
+    def _prompt(self, messages: list[dict[str, Any]]) -> str:
+        return self.processor.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    def _tokens(self, messages: list[dict[str, Any]], images: list[bytes],
+                cached: tuple[int, ...] = ()) -> tuple[tuple[int, ...], tuple[int, ...], str]:
+        """mlx-vlm's inputs for ``messages`` (their token ids taking ``cached``'s reply tokens where the text reads
+        the same), the tokens it writes, and its text."""
+        import mlx.core as mx
+        from mlx_vlm import prepare_inputs, stream_generate
+        from mlx_vlm.utils import should_add_special_tokens
+
+        from engine.domain.requests import GenerationRequest
+        from engine.runtime.scheduler.reply_splice import spliced
+
+        model, processor = self.model, self.processor
+        inputs = prepare_inputs(processor, images=_pictures(images) or None, prompts=self._prompt(messages),
+                                image_token_index=getattr(model.config, "image_token_index", None),
+                                add_special_tokens=should_add_special_tokens(model.config.model_type, processor))
+        ids = tuple(int(t) for t in inputs["input_ids"][0].tolist())
+        if cached:
+            kept = spliced(cached, GenerationRequest("reference", ids, 1), processor.tokenizer.decode)
+            ids = kept.prompt_tokens if kept is not None else ids
+        extra = {k: v for k, v in inputs.items() if k not in ("input_ids", "pixel_values", "attention_mask")}
+        given = inputs.get("attention_mask")
+        mask = None if given is None else mx.ones((1, len(ids)), dtype=given.dtype)
+        written, text = [], ""
+        for step in stream_generate(model, processor, "", input_ids=mx.array([ids]),
+                                    pixel_values=inputs.get("pixel_values"), mask=mask, max_tokens=MAX_TOKENS,
+                                    temperature=0.0, **extra):
+            written.append(int(step.token))
+            text += step.text
+        return ids, tuple(written), text.lstrip()
+
+
+def _pictures(images: list[bytes]) -> list[Image.Image]:
+    return [Image.open(io.BytesIO(data)).convert("RGB") for data in images]
 
 
 def claude(api: RealApi) -> anthropic.Anthropic:
@@ -172,7 +218,7 @@ def test_a_turn_after_two_images_of_other_shapes_is_what_mlx_vlm_writes(api: Rea
     second = ask(api, "two-shapes", [*turn1, *follow])
     assert second.usage.cache_read_input_tokens >= (first.usage.input_tokens + first.usage.cache_read_input_tokens
                                                     - resume_short(api))
-    assert text_of(second) == reference([*template1, *follow], [wide, tall])
+    assert text_of(second) == reference.after(template1, [wide, tall], [*template1, *follow])
 
 
 def test_agents_in_one_batch_each_rotate_at_their_own_positions(api: RealApi, reference) -> None:

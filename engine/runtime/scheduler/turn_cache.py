@@ -23,6 +23,7 @@ from engine.runtime.tiers.hot import Holder, ReusePlan, SideCache
 from engine.store.layer_slice import LayerSlice
 from engine.runtime.tiers.manager import HotState
 from engine.runtime.scheduler.parts import SchedulerPart, SchedulerState
+from engine.runtime.scheduler.reply_splice import spliced
 from engine.runtime.scheduler.turn import Turn
 
 
@@ -59,7 +60,14 @@ class TurnCaches(SchedulerPart):
             return Readiness.NO_ROOM
         started = time.monotonic()
         cached = agent.tokens  # replaced, never mutated, when the turn cuts it back
+        kept_reply = spliced(cached, request, self.loaded.tokenizer.decode)
+        if kept_reply is not None:
+            turn.request = request = kept_reply
         plan, side = self._plan(agent, turn)
+        if kept_reply is not None:
+            plan = replace(plan, note=_joined(plan.note, "the last reply came back as text that reads the same but "
+                                                         "tokenizes otherwise (a blank at an end): its cached tokens "
+                                                         "were kept"))
         stored = self._stored_prefix(turn, plan)
         if stored is PENDING:
             return Readiness.DEFERRED  # a shared prefix is being read from disk; other turns go ahead
@@ -191,3 +199,7 @@ class TurnCaches(SchedulerPart):
         missing = self.hot.missing_blocks(holder, n_tokens)
         self.tiers.make_room(missing, protect, auxiliary_only=turn.request.auxiliary)
         return self.hot.ensure(holder, n_tokens)
+
+
+def _joined(note: str | None, more: str) -> str:
+    return f"{note}; {more}" if note else more
