@@ -16,9 +16,8 @@ import pytest
 
 from engine.domain.chat import ChatMessage
 from engine.api.rendering import PromptRenderer
-from engine.domain.requests import GenerationRequest
-from engine.runtime.scheduler.reply_splice import spliced
 from tests.model.real_api import RealApi, running_api
+from tests.support.family_engine import as_the_engine_reads
 from tests.support.reference import reference_greedy_shared
 
 WORKERS = 8
@@ -51,8 +50,7 @@ def expected_replies(api: RealApi, loaded, agent_ids: list[str], texts: list[str
 def as_read(api: RealApi, loaded, agent_id: str, prompt: tuple[int, ...]) -> tuple[int, ...]:
     """``prompt`` as the engine reads it for ``agent_id`` now: where it sends the agent's replies back as text that
     tokenizes otherwise, the tokens its cache holds."""
-    kept = spliced(api.held_tokens(agent_id), GenerationRequest(agent_id, tuple(prompt), 1), loaded.tokenizer.decode)
-    return kept.prompt_tokens if kept is not None else tuple(prompt)
+    return as_the_engine_reads(api.held_tokens(agent_id), prompt, loaded.tokenizer.decode)
 
 
 @pytest.mark.slow(reason="eight forks of a 2K-token planner, each checked against its plain mlx-lm reference: 45 s "

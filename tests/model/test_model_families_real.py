@@ -25,11 +25,9 @@ import pytest
 from engine.api.rendering import PromptRenderer
 from engine.domain.block_layout import common_prefix_length
 from engine.domain.chat import ChatMessage, Conversation
-from engine.domain.requests import GenerationRequest
-from engine.runtime.scheduler.reply_splice import spliced
 from tests.model.engine_fixtures import load_folder
 from tests.model.real_api import RealApi, running_api
-from tests.support.family_engine import same_up_to_a_near_tie
+from tests.support.family_engine import as_the_engine_reads, same_up_to_a_near_tie
 from tests.support.reference import reference_greedy
 from tests.support.tiny_models import family_config, vary
 
@@ -84,9 +82,7 @@ def expected_turn(loaded, messages: list[dict[str, str]], cached: Sequence[int] 
     the tokens the agent's cache holds (the last turn's prompt and reply, ``Said.cached``, or as the engine says):
     replies the messages send back as text that tokenizes otherwise are read as the tokens there, as the server
     reads them (engine/runtime/scheduler/reply_splice.py)."""
-    prompt = rendered(loaded, messages)
-    kept = spliced(tuple(cached), GenerationRequest("reference", prompt, REPLY), loaded.tokenizer.decode)
-    prompt = kept.prompt_tokens if kept is not None else prompt
+    prompt = as_the_engine_reads(cached, rendered(loaded, messages), loaded.tokenizer.decode)
     eos = set(loaded.eos_token_ids)
     written = reference_greedy(loaded.model, list(prompt), REPLY, eos)
     # As mlx-lm streams text (its BPE detokenizer drops a reply's leading space, as the server's does).

@@ -27,6 +27,7 @@ from PIL import Image
 from engine.models.loaded import LoadedModel
 from tests.model.engine_fixtures import load_folder
 from tests.model.real_api import RealApi, running_api
+from tests.support.family_engine import as_the_engine_reads
 
 pytestmark = pytest.mark.model
 
@@ -110,17 +111,11 @@ class VlmReference:
         from mlx_vlm import prepare_inputs, stream_generate
         from mlx_vlm.utils import should_add_special_tokens
 
-        from engine.domain.requests import GenerationRequest
-        from engine.runtime.scheduler.reply_splice import spliced
-
         model, processor = self.model, self.processor
         inputs = prepare_inputs(processor, images=_pictures(images) or None, prompts=self._prompt(messages),
                                 image_token_index=getattr(model.config, "image_token_index", None),
                                 add_special_tokens=should_add_special_tokens(model.config.model_type, processor))
-        ids = tuple(int(t) for t in inputs["input_ids"][0].tolist())
-        if cached:
-            kept = spliced(cached, GenerationRequest("reference", ids, 1), processor.tokenizer.decode)
-            ids = kept.prompt_tokens if kept is not None else ids
+        ids = as_the_engine_reads(cached, [int(t) for t in inputs["input_ids"][0].tolist()], processor.tokenizer.decode)
         extra = {k: v for k, v in inputs.items() if k not in ("input_ids", "pixel_values", "attention_mask")}
         given = inputs.get("attention_mask")
         mask = None if given is None else mx.ones((1, len(ids)), dtype=given.dtype)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from engine.domain.requests import GenerationRequest
 from engine.runtime.engine_thread.engine import Engine
 from engine.runtime.engine_thread.sync_client import TurnResult
+from engine.runtime.scheduler.reply_splice import spliced
 from engine.runtime.tiers.accounting import held_bytes
 from engine.store.warm_store import WarmStore
 from engine.store.stored_model import stored_model
@@ -32,6 +34,13 @@ def expected(loaded, prompt: tuple[int, ...], n: int) -> list[int]:
 # the same terms in another order. Seen: granitemoehybrid's fourth turn, token 9 on one 2-core box (8.2253
 # against 8.2147; CI's box picked the reference's). A wrong cache is off by whole units, not this.
 NEAR_TIE = 0.05
+
+
+def as_the_engine_reads(cached: Sequence[int], prompt: Sequence[int], decode) -> tuple[int, ...]:
+    """``prompt`` as the engine reads it for an agent whose cache holds ``cached``: replies sent back as text that
+    tokenizes otherwise take the tokens written (engine/runtime/scheduler/reply_splice.py)."""
+    kept = spliced(tuple(cached), GenerationRequest("reference", tuple(prompt), 1), decode)
+    return kept.prompt_tokens if kept is not None else tuple(prompt)
 
 
 def check(loaded, result: TurnResult) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable, Sequence
 
+from engine.domain.block_layout import common_prefix_length
 from engine.domain.requests import GenerationRequest
 
 # How many tokens longer or shorter the prompt's stretch may be than the cached one (a blank split or merged).
@@ -40,7 +41,7 @@ def spliced(cached: Sequence[int], request: GenerationRequest,
     moves: list[tuple[int, int]] = []  # (prompt position where a replaced stretch ended, shift from there on)
     at_cached = at_prompt = 0
     while True:
-        same = _common(cached[at_cached:], prompt[at_prompt:])
+        same = common_prefix_length(tuple(cached[at_cached:]), tuple(prompt[at_prompt:]))
         out += prompt[at_prompt:at_prompt + same]
         at_cached, at_prompt = at_cached + same, at_prompt + same
         if at_cached >= len(cached) or at_prompt >= len(prompt) - 1:
@@ -95,10 +96,3 @@ def _in_step(cached: Sequence[int], i: int, prompt: Sequence[int], j: int) -> bo
 def _holds_image(request: GenerationRequest, start: int, end: int) -> bool:
     return any(image.start < end and start < image.start + image.length for image in request.images)
 
-
-def _common(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
