@@ -43,6 +43,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.soak import LANE
+
 pytestmark = pytest.mark.solo(reason="a timed soak whose RSS slope is measured")
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,9 +70,17 @@ def test_a_short_soak_passes_with_flat_pool_and_memory(smollm2_path: Path, tmp_p
     assert requests["completed"] > 50 and requests["dropped_early"] > 0 and requests["dropped_mid"] > 0, requests
     assert len(report["samples"]) >= DURATION_S // 2 - 2
     pool = report["pool"]
-    assert pool["idle_end"]["hot_agents"] == pool["idle_start"]["hot_agents"] == 10 + 1  # and served.py's warm-up
+    assert pool["idle_start"]["hot_agents"] == 10 + 1  # and served.py's warm-up
+    # A request dropped while its agent was still busy may leave a lane (AGENT-2) at idle end; the soak's own
+    # checks allow lanes of idle-start agents and nothing else, so the count here does the same.
+    before = {agent for agent, _ in pool["idle_start"]["hot_tokens"]}
+    lanes = {agent for agent, _ in pool["idle_end"]["hot_tokens"] if agent not in before}
+    assert all((m := LANE.fullmatch(a)) is not None and m.group(1) in before for a in lanes), lanes
+    assert pool["idle_end"]["hot_agents"] == 10 + 1 + len(lanes)
     assert not pool["idle_end"]["problems"] and not pool["idle_end"]["busy_agents"], pool["idle_end"]
-    assert pool["idle_end"]["used_blocks"] == pool["idle_start"]["used_blocks"] == pool["idle_end"]["cache_blocks"]
+    assert pool["idle_end"]["used_blocks"] == pool["idle_end"]["cache_blocks"]
+    if not lanes:
+        assert pool["idle_end"]["used_blocks"] == pool["idle_start"]["used_blocks"]
     assert pool["emptied"]["used_blocks"] == 0
     assert report["health"]["answered"] > 0 and not report["health"]["failures"]
     assert not report["log_errors"], report["log_errors"][:20]
