@@ -88,6 +88,45 @@ def test_decode_steps_give_mlx_forward_logits_and_cache_writes(changes: dict, ro
     backend.close()
 
 
+@pytest.mark.parametrize("decoding", [1, 3], ids=["1-decoding", "3-decoding"])
+def test_prompt_chunks_ride_a_decode_step_with_mlx_forward_logits_and_cache_writes(decoding: int) -> None:
+    """Prompt chunks fed in a decode step's pass write what a prefill pass of their own writes, and the decoding
+    rows' logits are what they are without them."""
+    model = llama_model()
+    backend = CpuBackend()
+    backend.attach(model)
+    prompts = [[(7 * b + i) % 97 for i in range(3 + 5 * b)] for b in range(decoding)]
+    host_rows = [Row(prefilled(model, p)) for p in prompts]
+    mlx_rows = [prefilled(model, p, FullKV) for p in prompts]
+    starts = [[(5 * b + 3 * i) % 97 for i in range(4 + 9 * b)] for b in range(2)]
+    host_prompts = [Row(prefilled(model, p)) for p in starts]
+    mlx_prompts = [prefilled(model, p, FullKV) for p in starts]
+    for layers in [r.layers for r in host_prompts] + mlx_prompts:
+        for layer in layers:
+            layer.reserve(layer.offset + 64)
+    tokens = [p[-1] for p in prompts]
+    for step in range(3):
+        chunks = [[(11 * step + 13 * b + i) % 97 for i in range(5 + 7 * b + step)] for b in range(2)]
+        assert backend.carries_prompts(model, host_rows, [(r, len(c)) for r, c in zip(host_prompts, chunks)])
+        got = np.asarray(backend.decode(model, mx.array(tokens, dtype=mx.uint32), host_rows,
+                                        list(zip(host_prompts, chunks))))
+        assert got.shape == (decoding, 97)
+        expected = np.concatenate([np.asarray(model(mx.array([[t]]), cache=layers)[:, -1, :])
+                                   for t, layers in zip(tokens, mlx_rows)])
+        for chunk, layers in zip(chunks, mlx_prompts):
+            mx.eval(model(mx.array([chunk]), cache=layers))
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+        assert (got.argmax(-1) == expected.argmax(-1)).all()
+        assert_same_caches(host_rows + host_prompts, mlx_rows + mlx_prompts)
+        tokens = [int(t) for t in got.argmax(-1)]
+    assert not backend.carries_prompts(model, [], [(host_prompts[0], 4)])  # nothing decodes: a prefill pass
+    host_prompts[0].layers[0].trim_to(2)  # rewound: its next positions may not be written in place
+    assert not backend.carries_prompts(model, host_rows, [(host_prompts[0], 4)])
+    assert not CpuBackend.__mro__[1]().carries_prompts(model, host_rows, [(host_prompts[1], 4)])  # MLX's forward
+    backend.detach(model)
+    backend.close()
+
+
 @pytest.mark.parametrize("traditional", [False, True])
 def test_rotations_are_bit_identical_to_mlx_rope(traditional: bool) -> None:
     rope = nn.RoPE(32, traditional=traditional, base=100000.0)
@@ -168,3 +207,31 @@ def test_an_engine_decodes_llama_on_the_host_with_the_tokens_of_mlx_forward(monk
     assert calls and max(calls) == 4 and min(calls) >= 1, calls
     calls.clear()
     assert decode(CpuOptions(host_step=False)) == on_host and not calls
+
+
+def test_an_engine_feeds_prompt_chunks_in_its_decode_passes_with_the_same_tokens(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """While agents decode, a long prompt's chunks (all but its last) go through the decode steps' passes on the
+    host; every agent's tokens are what they are with each chunk in a prefill pass of its own."""
+    carried = []
+    real = host_forward.decode
+    # (decode's eighth argument: how many of its rows are prompt chunks)
+    monkeypatch.setattr(host_forward, "decode", lambda *a: carried.append(a[7] if len(a) > 7 else 0) or real(*a))
+    short = [(BOS, *f"agent {i} writes a short line.".encode()) for i in range(3)]
+    long = (BOS, *("a long prompt that takes several chunks to read. " * 6).encode())
+
+    def decode(rides: bool) -> list[list[int]]:
+        backend = CpuBackend()
+        if not rides:
+            monkeypatch.setattr(backend, "carries_prompts", lambda *a: False)
+        engine = make_engine("llama", backend=backend, prefill_step=32)
+        try:
+            requests = [GenerationRequest(f"a{i}", p, 40) for i, p in enumerate(short)]
+            return [r.tokens for r in run_turns(engine, [*requests, GenerationRequest("long", long, 8)])]
+        finally:
+            engine.stop()
+
+    riding = decode(True)
+    assert any(prompt_rows > 0 for prompt_rows in carried), carried
+    carried.clear()
+    assert decode(False) == riding and not any(prompt_rows > 0 for prompt_rows in carried)

@@ -38,7 +38,7 @@ from engine.domain.images import is_image_token
 from engine.runtime.runner.backends.mlx import MlxBackend
 from engine.runtime.runner import rotary_passes
 from engine.runtime.runner.image_embeddings import ImageEmbedder, has_images
-from engine.runtime.runner.kv.sequence_kv import CheckpointKind
+from engine.runtime.runner.kv.sequence_kv import CheckpointKind, SequenceKV
 from engine.runtime.runner.sampling import sample
 from engine.runtime.runner.token_masks import masked
 
@@ -82,6 +82,9 @@ class SequenceBatch:
         self.images = images
         self.sequences: dict[int, Sequence] = {}
         self._launched: _Launched | None = None
+        # Prompt chunks planned to ride this step's decode pass (_riders), and those the pass took (board).
+        self._waiting_riders: list[tuple[Sequence, int]] = []
+        self._boarded: list[tuple[Sequence, int]] = []
         # Speculative decoding, where ``speculation.max_draft`` > 0 (speculative_step.SpeculationSetup).
         self.speculative = (SpeculativeSteps(self, speculation.max_draft, speculation.timed, speculation.draft_model)
                             if speculation.max_draft > 0 else None)
@@ -216,6 +219,12 @@ class SequenceBatch:
         started = time.perf_counter()
         out = StepOutput()
         self._prefill(plan, out)
+        self._decode_step(out, started)
+        self._prefill_alone(out)
+        return out
+
+    def _decode_step(self, out: StepOutput, started: float) -> None:
+        """The step's decode pass: a speculative step's verification, or a pipelined launch."""
         speculative = self.speculative
         if speculative is not None and speculative.active:
             # Speculative: read the step in flight (drafts need every latest token), then verify drafts.
@@ -225,7 +234,7 @@ class SequenceBatch:
             if speculative.step(out):
                 if previous is None and not out.prefill and speculative.timed:  # steady: nothing else in its time
                     speculative.timed_step(out, time.perf_counter() - started)
-                return out
+                return
         previous = self._launched
         self._launched = self._launch(out)
         if speculative is not None and self._launched is not None:
@@ -238,14 +247,62 @@ class SequenceBatch:
         if (previous is not None and speculative is not None and speculative.timed and not out.prefill
                 and self._launched is not None):
             speculative.rates.plain_step(len(previous.rows), time.perf_counter() - started)
-        return out
 
     def _prefill(self, plan: StepPlan, out: StepOutput) -> None:
-        """Run the planned prefill passes, each with the rows that have room."""
+        """Run the planned prefill passes, each with the rows that have room; the chunks that may ride the step's
+        decode pass instead (:meth:`_riders`) wait for it (:meth:`board`)."""
+        riders = self._riders(plan)
         for group in plan.prefill:
+            if any(s.uid in riders for s, _ in group):
+                continue
             group = self._with_room(group, max(m for _, m in group), out)
             if group:
                 self._prefill_group(group, max(m for _, m in group), out)
+        self._waiting_riders = [(s, m) for s, m in riders.values() if self._has_prefill_room(s, m, out)]
+
+    def _riders(self, plan: StepPlan) -> dict[int, tuple[Sequence, int]]:
+        """Prompt chunks that may go through this step's decode pass, where the backend can carry them
+        (``carries_prompts``): one pass reads the weights once for the decoding rows and the prompts. Only a
+        chunk that leaves the prompt unfinished (the last one ends in a pass of its own, and its sequence
+        decodes in the same step), holds no image and ends at no checkpoint; only while rows decode."""
+        if not self.decoding:
+            return {}
+        riders: dict[int, tuple[Sequence, int]] = {}
+        for group in plan.prefill:
+            if all(self._may_ride(s, m) for s, m in group):
+                riders.update((s.uid, (s, m)) for s, m in group)
+        return riders
+
+    @staticmethod
+    def _may_ride(sequence: Sequence, m: int) -> bool:
+        end = sequence.kv.offset + m
+        return (m < sequence.prefill_left and not has_images(sequence.images, sequence.kv.offset, m)
+                and end not in sequence.checkpoint_at and end != sequence.turn_checkpoint_at)
+
+    def board(self, rows: list[SequenceKV], widths: list[int] | None = None) -> list[tuple[SequenceKV, list[int]]]:
+        """The prompt chunks waiting to ride this step's decode pass (``rows``' caches, ``widths`` tokens each:
+        one without), all of them where the backend carries them with these rows, else none (they take a pass
+        of their own at the step's end). Each is a cache and the tokens it takes; :meth:`alight` after the pass."""
+        riders = self._waiting_riders
+        chunks = [(s.kv, m) for s, m in riders]
+        if not riders or not self.backend.carries_prompts(self.model, rows, chunks, widths):
+            return []
+        self._boarded, self._waiting_riders = riders, []
+        return [(s.kv, s.prompt[s.prompt_fed:s.prompt_fed + m]) for s, m in riders]
+
+    def alight(self, out: StepOutput) -> None:
+        """The pass that carried the boarded chunks ran: their sequences took them."""
+        for sequence, m in self._boarded:
+            sequence.kv.advanced(m)
+            self._chunk_fed(sequence, m, out)
+        self._boarded = []
+
+    def _prefill_alone(self, out: StepOutput) -> None:
+        """Chunks that waited to ride a decode pass that did not carry them: each in a pass of its own."""
+        riders, self._waiting_riders = self._waiting_riders, []
+        for sequence, m in riders:
+            if sequence.uid in self.sequences and sequence.phase is Phase.PREFILL:
+                self._prefill_group([(sequence, m)], m, out)
 
     @staticmethod
     def _chunk_size(sequence: Sequence, budget: int) -> int:
@@ -313,19 +370,23 @@ class SequenceBatch:
         # Only the caches are evaluated: the logits of a prefill chunk are never computed.
         mx.eval([a for s, _ in group for a in s.kv.arrays()])
         for sequence, m in group:
-            chunk = sequence.prompt[sequence.prompt_fed:sequence.prompt_fed + m]
-            sequence.prompt_fed += m
-            sequence.fed.extend(chunk)
-            at_checkpoint = sequence.kv.offset in sequence.checkpoint_at
-            if at_checkpoint:
-                sequence.kv.take_checkpoint(CheckpointKind.PREFIX, self.keep_prefix_checkpoints)
-                out.checkpoints.append(sequence.uid)
-            if sequence.kv.offset == sequence.turn_checkpoint_at and self._turn_checkpoint(sequence, out):
-                sequence.checkpoint_prompt_end = False  # taken where the reply begins: none at the prompt's end
-            out.prefill.append(PrefillProgress(sequence.uid, sequence.prompt_fed, sequence.prefill_total,
-                                               at_checkpoint))
-            if sequence.prefill_left == 0:
-                self._to_decode(sequence)
+            self._chunk_fed(sequence, m, out)
+
+    def _chunk_fed(self, sequence: Sequence, m: int, out: StepOutput) -> None:
+        """The sequence's cache took the next ``m`` tokens of its prompt: its checkpoints there, its progress."""
+        chunk = sequence.prompt[sequence.prompt_fed:sequence.prompt_fed + m]
+        sequence.prompt_fed += m
+        sequence.fed.extend(chunk)
+        at_checkpoint = sequence.kv.offset in sequence.checkpoint_at
+        if at_checkpoint:
+            sequence.kv.take_checkpoint(CheckpointKind.PREFIX, self.keep_prefix_checkpoints)
+            out.checkpoints.append(sequence.uid)
+        if sequence.kv.offset == sequence.turn_checkpoint_at and self._turn_checkpoint(sequence, out):
+            sequence.checkpoint_prompt_end = False  # taken where the reply begins: none at the prompt's end
+        out.prefill.append(PrefillProgress(sequence.uid, sequence.prompt_fed, sequence.prefill_total,
+                                           at_checkpoint))
+        if sequence.prefill_left == 0:
+            self._to_decode(sequence)
 
     def _image_embeddings(self, group: list[tuple[Sequence, int]], chunks: list[list[int]], n: int) -> mx.array | None:
         """The pass's input embeddings (rows, n, hidden) when a row's chunk holds image tokens; else None (the
@@ -363,6 +424,8 @@ class SequenceBatch:
             self.speculative.active = True  # (its first step looks for drafts: a prompt may end mid-copy)
 
     def _launch(self, out: StepOutput) -> _Launched | None:
+        """Launch a decode step for every decoding row, carrying the prompt chunks waiting to ride it where the
+        backend can (:meth:`board`)."""
         previous = self._launched
         carried = [s for s in previous.rows if not s.done and not s.paused] if previous is not None else []
         joining = self.decode_ready()
@@ -375,7 +438,10 @@ class SequenceBatch:
             if s.next_input is not None:
                 s.fed.append(s.next_input)
                 s.next_input = None
-        logits = self._forward(rows, inputs)
+        chunks = self.board([s.kv for s in rows])
+        logits = self.backend.decode(self.model, inputs, [s.kv for s in rows], chunks) if chunks else \
+            self._forward(rows, inputs)
+        self.alight(out)
         for s in rows:
             s.kv.advanced(1)
         if any(s.may_mask() for s in rows):

@@ -171,7 +171,10 @@ class SpeculativeSteps:
         for s in rows:
             s.next_input = None
         undo = {id(s): s.kv.undo_for(len(fed)) for s, fed in zip(rows, inputs) if len(fed) > 1}
-        logits, in_place = batch.backend.verify(batch.model, inputs, [s.kv for s in rows])
+        kvs = [s.kv for s in rows]
+        chunks = batch.board(kvs, [len(fed) for fed in inputs])
+        logits, in_place = batch.backend.verify(batch.model, inputs, kvs, chunks)
+        batch.alight(out)
         logits = masked(logits, self._masks(rows, inputs))
         mx.eval(logits, [a for s in rows for a in s.kv.arrays()])
         greedy = mx.argmax(logits, axis=-1).tolist() if any(s.sampler is None for s in rows) else []

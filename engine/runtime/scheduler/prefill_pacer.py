@@ -6,7 +6,8 @@ warm turn among subagents' long prompts) waits for the step to end: a 512-token 
 small CPU holds the machine for seconds. The pacer sizes each step's prefill to the target gap from what it
 measures as the batch runs: a decode step's time (a moving average), and a prefill pass's cost as a line
 through recent steps, a fixed part (reading the weights once) plus a part per prompt token, so the chunk is
-the right size on a CPU, on Metal and on CUDA alike. Where 512 tokens take less than the gap (a GPU), the
+the right size on a CPU, on Metal and on CUDA alike. Where a chunk rides the decode step's pass
+(``SequenceBatch.board``: the CPU's host step), the fixed part is all but gone and the line says so. Where 512 tokens take less than the gap (a GPU), the
 chunk is simply the full ``prefill_step_size``. When nobody would wait on the step (no agent decoding at the
 prompt's level or above, no more urgent agent expected back: scheduler.py), prefill runs at the full
 ``prefill_step_size``.

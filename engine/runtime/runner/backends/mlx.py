@@ -111,8 +111,21 @@ class MlxBackend:
                 views.append(self.padded(layers) if spec.latent else self.ragged(layers))
         return model_caches(rows[0].spec, views + [views[source].shared() for source in rows[0].spec.shared_layers])
 
-    def decode(self, model: Any, inputs: mx.array, rows: Sequence[SequenceKV]) -> mx.array:
-        """The logits (batch, vocabulary) of one decode step: row ``b`` feeds ``inputs[b]`` to ``rows[b]``."""
+    def carries_prompts(self, model: Any, rows: Sequence[SequenceKV], chunks: Sequence[tuple[SequenceKV, int]],
+                        widths: Sequence[int] | None = None) -> bool:
+        """Whether a decode step of ``rows`` (``widths`` tokens each in a verification) can also feed prompt
+        chunks (each a sequence's cache and its number of tokens) in the same pass (``chunks`` of :meth:`decode`
+        and :meth:`verify`). Not through MLX's forward, whose rows all feed as many tokens: a prompt chunk
+        takes a prefill pass of its own."""
+        return False
+
+    def decode(self, model: Any, inputs: mx.array, rows: Sequence[SequenceKV],
+               chunks: Sequence[tuple[SequenceKV, Sequence[int]]] = ()) -> mx.array:
+        """The logits (batch, vocabulary) of one decode step: row ``b`` feeds ``inputs[b]`` to ``rows[b]``;
+        ``chunks`` (where :meth:`carries_prompts` said so): prompt tokens each cache takes in the same pass, with
+        no logits of their own."""
+        if chunks:
+            raise NotImplementedError(f"the {self.name} backend feeds prompt chunks in prefill passes of their own")
         if len(rows) == 1:
             return self.forward(model, inputs[:, None], rows[0].caches())[:, -1, :]
         if self.batched_attention(model):
@@ -122,8 +135,10 @@ class MlxBackend:
             [self.forward(model, inputs[b:b + 1, None], kv.caches())[:, -1, :] for b, kv in enumerate(rows)]
         )
 
-    def verify(self, model: Any, inputs: Sequence[Sequence[int]], rows: Sequence[SequenceKV]) -> tuple[mx.array, bool]:
-        """A speculative step: row ``b`` feeds ``inputs[b]`` (its last token, then its drafts) to ``rows[b]``.
+    def verify(self, model: Any, inputs: Sequence[Sequence[int]], rows: Sequence[SequenceKV],
+               chunks: Sequence[tuple[SequenceKV, Sequence[int]]] = ()) -> tuple[mx.array, bool]:
+        """A speculative step: row ``b`` feeds ``inputs[b]`` (its last token, then its drafts) to ``rows[b]``;
+        ``chunks`` as in :meth:`decode`.
 
         Returns the logits of every fed token, rows after one another (sum of the widths, vocabulary), and
         whether the positions were written in place (never here: through MLX). Rows of one width share a
@@ -131,6 +146,8 @@ class MlxBackend:
         where no row's cache forgets and every row's arrays have room for the filler, else each width takes its
         own pass.
         """
+        if chunks:
+            raise NotImplementedError(f"the {self.name} backend feeds prompt chunks in prefill passes of their own")
         widths = [len(tokens) for tokens in inputs]
         if all(w == 1 for w in widths):
             return self.decode(model, mx.array([tokens[0] for tokens in inputs], dtype=mx.uint32), rows), False

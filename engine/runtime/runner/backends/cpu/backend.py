@@ -235,7 +235,23 @@ class CpuBackend(MlxBackend):
     def loops_ready(self) -> bool:
         return self._loops_ok
 
-    def decode(self, model: Any, inputs: mx.array, rows: Sequence[SequenceKV]) -> mx.array:
+    def carries_prompts(self, model: Any, rows: Sequence[SequenceKV], chunks: Sequence[tuple[SequenceKV, int]],
+                        widths: Sequence[int] | None = None) -> bool:
+        """Where a decode step runs whole on the host, prompt chunks ride it: each chunk's tokens are rows of the
+        step's linear layers and attend together over their sequence's cache (as a verification's drafts do), so
+        the step reads the weights once for both. A prefill pass of its own costs ~150 ms here before its first
+        token (SmolLM2, the 2-core x86 box: report 2026-12-07-cpu-2core-s45's pacer experiments), which is most
+        of a paced step."""
+        kvs = [*rows, *(kv for kv, _ in chunks)]
+        return (bool(rows) and self.steps_on_host(model, kvs)
+                and _claimable(kvs, [*(widths or [1] * len(rows)), *(m for _, m in chunks)]))
+
+    def decode(self, model: Any, inputs: mx.array, rows: Sequence[SequenceKV],
+               chunks: Sequence[tuple[SequenceKV, Sequence[int]]] = ()) -> mx.array:
+        if chunks:
+            flat = mx.concatenate([inputs.astype(mx.uint32), mx.array([t for _, c in chunks for t in c], dtype=mx.uint32)])
+            return host_forward.decode(model, flat, [*rows, *(kv for kv, _ in chunks)], self._tables, self._workers,
+                                       self._linear_ok, [1] * len(rows) + [len(c) for _, c in chunks], len(chunks))
         if self.steps_on_host(model, rows):
             return host_forward.decode(model, inputs, rows, self._tables, self._workers, self._linear_ok)
         if len(rows) > 1 and rows[0].spec.latent:
@@ -255,13 +271,17 @@ class CpuBackend(MlxBackend):
         finally:
             self._blas_step = False
 
-    def verify(self, model: Any, inputs: Sequence[Sequence[int]], rows: Sequence[SequenceKV]) -> tuple[mx.array, bool]:
+    def verify(self, model: Any, inputs: Sequence[Sequence[int]], rows: Sequence[SequenceKV],
+               chunks: Sequence[tuple[SequenceKV, Sequence[int]]] = ()) -> tuple[mx.array, bool]:
         """A speculative step whole on the host where a decode step would run there and every row may claim all
-        of its positions (each token a row of its own: ``host_forward.decode``'s widths); else through MLX."""
+        of its positions (each token a row of its own: ``host_forward.decode``'s widths); else through MLX.
+        ``chunks`` (where :meth:`carries_prompts` said so) ride it as in :meth:`decode`."""
         widths = [len(tokens) for tokens in inputs]
-        if self.steps_on_host(model, rows) and _claimable(rows, widths):
-            flat = mx.array([t for tokens in inputs for t in tokens], dtype=mx.uint32)
-            return host_forward.decode(model, flat, rows, self._tables, self._workers, self._linear_ok, widths), True
+        if chunks or (self.steps_on_host(model, rows) and _claimable(rows, widths)):
+            flat = mx.array([t for tokens in inputs for t in tokens] + [t for _, c in chunks for t in c],
+                            dtype=mx.uint32)
+            return host_forward.decode(model, flat, [*rows, *(kv for kv, _ in chunks)], self._tables, self._workers,
+                                       self._linear_ok, widths + [len(c) for _, c in chunks], len(chunks)), True
         return super().verify(model, inputs, rows)
 
     def draft_row_cost(self, model: Any) -> float:

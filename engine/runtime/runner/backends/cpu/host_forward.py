@@ -19,7 +19,8 @@ and the families mlx-lm loads as ``llama``) with full attention in every
 layer, ``nn.RoPE`` rotations, float32 weights in plain ``nn.Linear``
 layers; a batch whose every row may be written in place (``HostFullKV.can_claim``:
 not after a rewind). The CPU backend decides that (``backend.py``). Everything else (Gemma's sliding windows, quantized
-weights, prefill chunks) runs through MLX's forward as before.
+weights, prefill passes of their own) runs through MLX's forward as before; a prompt chunk that rides a decode
+step (``prompt_rows`` below) runs here with it.
 
 Numerics: the rotations' cosines and sines come from ``mx.fast.rope`` itself
 (a table per position, so they are bit-identical to MLX's); the rest is
@@ -109,7 +110,7 @@ def _plain(module: Any, mlx_class: type, host_class: type) -> bool:
 
 
 def decode(model: Any, inputs: mx.array, rows: Sequence[Any], tables: RopeTables, workers: Executor | None = None,
-           linear_pass: bool = True, widths: Sequence[int] | None = None) -> mx.array:
+           linear_pass: bool = True, widths: Sequence[int] | None = None, prompt_rows: int = 0) -> mx.array:
     """The logits (batch, vocabulary) of one decode step: row ``b`` feeds ``inputs[b]`` to cache ``rows[b]``.
 
     Each layer's cache takes the step's position as ``model(inputs[:, None], cache)`` would (its offset
@@ -122,6 +123,10 @@ def decode(model: Any, inputs: mx.array, rows: Sequence[Any], tables: RopeTables
     over them would: each token is a row of its own in the linear layers, so the pass reads the weights once
     for every token of the step, and a sequence's tokens attend together, each to the row's cache up to and
     including itself (``host_verify_attention``).
+
+    ``prompt_rows``: the last ``prompt_rows`` of ``rows`` feed a chunk of their prompt (``widths`` each) and only
+    write their caches: no logits for their tokens (a prompt chunk riding a decode step, see
+    ``CpuBackend.carries_prompts``). The logits returned are the other rows' tokens'.
     """
     widths = [1] * len(rows) if widths is None else list(widths)
     mx.eval(inputs, [(p[0], p[1]) for kv in rows for layer in kv.layers for p in host_parts(layer, 0)])
@@ -135,7 +140,7 @@ def decode(model: Any, inputs: mx.array, rows: Sequence[Any], tables: RopeTables
     cos, sin = tables.at(_Rope(rope.dims, rope.traditional, rope.base, rope.scale),
                           np.array(positions, dtype=np.int64))
     batch = len(positions)
-    verifying = any(w > 1 for w in widths)
+    groups = _Groups(widths)
     for i, layer in enumerate(body.layers):
         attn = layer.self_attn
         x = _rms_norm(h, layer.input_layernorm)
@@ -147,19 +152,44 @@ def decode(model: Any, inputs: mx.array, rows: Sequence[Any], tables: RopeTables
         claimed = [kv.layers[i].claim_one() for kv, w in zip(rows, widths) for _ in range(w)]
         layers = [kv.layers[i] for kv, w in zip(rows, widths) for _ in range(w)]
         parts = [host_parts(layer, at + 1) for layer, at in zip(layers, claimed)]
-        if verifying:  # each sequence's tokens together (host_verify_attention's docstring)
-            out = host_verify_attention.attend_groups(q * np.float32(attn.scale), parts, k, v, claimed, widths,
-                                                      workers)
-        else:
-            out = host_decode.attend_host(q * np.float32(attn.scale), parts, k, v, claimed, workers=workers)
+        out = groups.attend(q * np.float32(attn.scale), parts, k, v, claimed, workers)
         h = h + _linear(out.reshape(batch, -1), attn.o_proj, linear_pass)
         mlp = layer.mlp
         x = _rms_norm(h, layer.post_attention_layernorm)
         gate, up = _linear(x, mlp.gate_proj, linear_pass), _linear(x, mlp.up_proj, linear_pass)
         h = h + _linear(_swiglu(gate, up), mlp.down_proj, linear_pass)
+    if prompt_rows:
+        h = h[:batch - sum(widths[len(widths) - prompt_rows:])]
     x = _rms_norm(h, body.norm)
     head = body.embed_tokens.weight if model.args.tie_word_embeddings else model.lm_head.weight
     return mx.array(_times(x, np.asarray(head), linear_pass))
+
+
+class _Groups:
+    """A step's rows by how they attend: a sequence feeding one token through ``host_decode``'s loops, one feeding
+    several (drafts, a prompt chunk) with its tokens together through BLAS (``host_verify_attention``)."""
+
+    def __init__(self, widths: Sequence[int]) -> None:
+        self.widths = list(widths)
+        starts = np.cumsum([0, *widths])
+        self.single = [int(starts[g]) for g, w in enumerate(widths) if w == 1]
+        self.wide = [(int(starts[g]), w) for g, w in enumerate(widths) if w > 1]
+
+    def attend(self, scaled: np.ndarray, parts: Sequence[Sequence[Any]], keys: np.ndarray, values: np.ndarray,
+               claimed: Sequence[int], workers: Executor | None) -> np.ndarray:
+        if not self.wide:
+            return host_decode.attend_host(scaled, parts, keys, values, claimed, workers=workers)
+        if not self.single:
+            return host_verify_attention.attend_groups(scaled, parts, keys, values, claimed, self.widths, workers)
+        out = np.empty((scaled.shape[0], scaled.shape[1], values.shape[-1]), dtype=np.float32)
+        one = self.single
+        out[one] = host_decode.attend_host(scaled[one], [parts[r] for r in one], keys[one], values[one],
+                                           [claimed[r] for r in one], workers=workers)
+        wide = [r for first, w in self.wide for r in range(first, first + w)]
+        out[wide] = host_verify_attention.attend_groups(scaled[wide], [parts[r] for r in wide], keys[wide],
+                                                        values[wide], [claimed[r] for r in wide],
+                                                        [w for _, w in self.wide], workers)
+        return out
 
 
 def _rms_norm(x: np.ndarray, norm: nn.RMSNorm) -> np.ndarray:

@@ -1,7 +1,10 @@
-"""A speculative step's attention on the host: each sequence's tokens over its cache together, through BLAS.
+"""A speculative step's attention on the host, or a prompt chunk's that rides a decode step: each sequence's
+tokens over its cache together, through BLAS.
 
 A verification feeds each sequence its last token and its drafts, each a
-query at its own position that sees the sequence's cache up to itself.
+query at its own position that sees the sequence's cache up to itself; a
+prompt chunk carried by a decode step (``CpuBackend.carries_prompts``) is
+the same shape, wider, and is split into runs of tokens one a thread.
 ``host_decode``'s loops take one query row at a time: dot products of 64
 floats, each summed across a vector register, then a scalar ``exp`` per
 score, ~350 us a token and layer over 1,000 keys on SmolLM2, so 8 tokens
@@ -26,7 +29,7 @@ The step's own keys and values are written first, into the positions the
 sequence claimed (``HostFullKV.claim_one``: never written before, so no
 view shows them), through numpy's view of the cache's buffer.
 
-Only for verifications: a plain decode step (one token a sequence) keeps
+Only for sequences feeding several tokens: a plain decode step's rows (one token a sequence) keep
 ``host_decode``'s loops, so turns without speculation compute what they
 did. Sums are BLAS's and the ``exp`` is MLX's polynomial where the loops
 use the C library's: the tokens' logits differ from a plain step's in the
@@ -62,19 +65,36 @@ def attend_groups(scaled: np.ndarray, parts_per_row: Sequence[Sequence[PartArray
     out = np.empty((rows, heads, new_values.shape[-1]), dtype=np.float32)
     starts = np.cumsum([0, *widths])
     groups = [(int(starts[g]), int(starts[g + 1])) for g in range(len(widths))]
+    for first, end in groups:  # every group's keys before any attends: a piece of a group reads the whole group's
+        _write_own(parts_per_row[end - 1][-1], new_keys[first:end], new_values[first:end], claimed[first:end])
+    threads = 1 if workers is None else worker_count()
+    pieces = [piece for first, end in groups for piece in _pieces(first, end, threads)]
 
     def run(share: list[tuple[int, int]]) -> None:
         for first, end in share:
-            parts = parts_per_row[end - 1]  # the last token's: every key any of the group sees
-            _write_own(parts[-1], new_keys[first:end], new_values[first:end], claimed[first:end])
-            out[first:end] = _attend_group(scaled[first:end], parts, kv_heads)
+            # The piece's last token's parts: every key any of its tokens sees.
+            out[first:end] = _attend_group(scaled[first:end], parts_per_row[end - 1], kv_heads)
 
-    keys = [width * sum(n for _, _, n in parts_per_row[end - 1]) for width, (_, end) in zip(widths, groups)]
-    shares = [[groups[g] for g in chunk] for chunk in thread_shares(keys, 1 if workers is None else worker_count())]
+    keys = [(end - first) * sum(n for _, _, n in parts_per_row[end - 1]) for first, end in pieces]
+    shares = [[pieces[p] for p in chunk] for chunk in thread_shares(keys, threads)]
     with one_blas_thread():
         run_shares(run, shares, workers)
     return out
 
+
+def _pieces(first: int, end: int, threads: int) -> list[tuple[int, int]]:
+    """A group's tokens in runs that attend apart: a wide one (a prompt chunk riding a decode step) in one run a
+    thread, so that both cores share it (a run's tokens see about as many keys as another's); a verification's
+    few tokens whole."""
+    width = end - first
+    if threads == 1 or width < SPLIT_TOKENS:
+        return [(first, end)]
+    cuts = [first + width * t // threads for t in range(threads + 1)]
+    return list(zip(cuts, cuts[1:]))
+
+
+# Tokens of one group from which its attention is split across threads (a verification's drafts stay whole).
+SPLIT_TOKENS = 16
 
 _blas: Any = None  # threadpoolctl's handle on the BLAS libraries loaded in this process (found once)
 
