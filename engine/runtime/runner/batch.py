@@ -7,7 +7,9 @@ that room, which is model work only: the batch never calls back into the schedul
 1. prefill: up to ``prefill_step_size`` prompt tokens (the scheduler lowers it
    while rows decode, scheduler/prefill_pacer.py), most urgent prompt first
    (``prefill_order``), prompts of one length together in a pass; a chunk
-   also ends at a checkpoint position;
+   also ends at a checkpoint position; a chunk that leaves its prompt
+   unfinished waits for the decode pass instead, where the backend can carry
+   it there (``board``: one pass reads the weights for both);
 2. launch a decode step for every decoding sequence (a ragged batch, see
    ``kv/ragged.py``) and start evaluating it asynchronously;
 3. collect the tokens of the decode step launched by the previous call.
@@ -82,8 +84,9 @@ class SequenceBatch:
         self.images = images
         self.sequences: dict[int, Sequence] = {}
         self._launched: _Launched | None = None
-        # Prompt chunks planned to ride this step's decode pass (_riders), and those the pass took (board).
-        self._waiting_riders: list[tuple[Sequence, int]] = []
+        # Prompt chunks planned to ride this step's decode pass, as their planned passes (_riders), and those the
+        # pass took (board).
+        self._waiting_riders: list[list[tuple[Sequence, int]]] = []
         self._boarded: list[tuple[Sequence, int]] = []
         # Speculative decoding, where ``speculation.max_draft`` > 0 (speculative_step.SpeculationSetup).
         self.speculative = (SpeculativeSteps(self, speculation.max_draft, speculation.timed, speculation.draft_model)
@@ -251,27 +254,27 @@ class SequenceBatch:
     def _prefill(self, plan: StepPlan, out: StepOutput) -> None:
         """Run the planned prefill passes, each with the rows that have room; the chunks that may ride the step's
         decode pass instead (:meth:`_riders`) wait for it (:meth:`board`)."""
-        riders = self._riders(plan)
+        riding = self._riders(plan)
+        waiting = {id(group) for group in riding}
         for group in plan.prefill:
-            if any(s.uid in riders for s, _ in group):
-                continue
-            group = self._with_room(group, max(m for _, m in group), out)
-            if group:
-                self._prefill_group(group, max(m for _, m in group), out)
-        self._waiting_riders = [(s, m) for s, m in riders.values() if self._has_prefill_room(s, m, out)]
+            if id(group) not in waiting:
+                self._prefill_pass(group, out)
+        self._waiting_riders = riding
 
-    def _riders(self, plan: StepPlan) -> dict[int, tuple[Sequence, int]]:
-        """Prompt chunks that may go through this step's decode pass, where the backend can carry them
-        (``carries_prompts``): one pass reads the weights once for the decoding rows and the prompts. Only a
-        chunk that leaves the prompt unfinished (the last one ends in a pass of its own, and its sequence
-        decodes in the same step), holds no image and ends at no checkpoint; only while rows decode."""
-        if not self.decoding:
-            return {}
-        riders: dict[int, tuple[Sequence, int]] = {}
-        for group in plan.prefill:
-            if all(self._may_ride(s, m) for s, m in group):
-                riders.update((s.uid, (s, m)) for s, m in group)
-        return riders
+    def _prefill_pass(self, group: list[tuple[Sequence, int]], out: StepOutput) -> None:
+        group = self._with_room(group, max(m for _, m in group), out)
+        if group:
+            self._prefill_group(group, max(m for _, m in group), out)
+
+    def _riders(self, plan: StepPlan) -> list[list[tuple[Sequence, int]]]:
+        """The planned passes whose chunks may go through this step's decode pass instead, where the backend
+        can carry them (``carries_prompts``): one pass reads the weights once for the decoding rows and the
+        prompts. Only chunks that leave their prompts unfinished (a last one ends in a pass of its own, and its
+        sequence decodes in the same step), hold no image and end at no checkpoint; only while rows decode."""
+        rows = [s.kv for s in self.decode_ready()]
+        riding = [g for g in plan.prefill if all(self._may_ride(s, m) for s, m in g)] if rows else []
+        chunks = [(s.kv, m) for group in riding for s, m in group]
+        return riding if chunks and self.backend.carries_prompts(self.model, rows, chunks) else []
 
     @staticmethod
     def _may_ride(sequence: Sequence, m: int) -> bool:
@@ -283,10 +286,12 @@ class SequenceBatch:
         """The prompt chunks waiting to ride this step's decode pass (``rows``' caches, ``widths`` tokens each:
         one without), all of them where the backend carries them with these rows, else none (they take a pass
         of their own at the step's end). Each is a cache and the tokens it takes; :meth:`alight` after the pass."""
-        riders = self._waiting_riders
+        riders = [(s, m) for group in self._waiting_riders for s, m in group]
         chunks = [(s.kv, m) for s, m in riders]
         if not riders or not self.backend.carries_prompts(self.model, rows, chunks, widths):
             return []
+        if not all(self.room(s, s.kv.offset + m) for s, m in riders):
+            return []  # (a rider without room ends out of room in its own pass, as any prompt does)
         self._boarded, self._waiting_riders = riders, []
         return [(s.kv, s.prompt[s.prompt_fed:s.prompt_fed + m]) for s, m in riders]
 
@@ -298,11 +303,10 @@ class SequenceBatch:
         self._boarded = []
 
     def _prefill_alone(self, out: StepOutput) -> None:
-        """Chunks that waited to ride a decode pass that did not carry them: each in a pass of its own."""
-        riders, self._waiting_riders = self._waiting_riders, []
-        for sequence, m in riders:
-            if sequence.uid in self.sequences and sequence.phase is Phase.PREFILL:
-                self._prefill_group([(sequence, m)], m, out)
+        """Chunks that waited to ride a decode pass that did not carry them: the passes planned for them."""
+        groups, self._waiting_riders = self._waiting_riders, []
+        for group in groups:
+            self._prefill_pass(group, out)
 
     @staticmethod
     def _chunk_size(sequence: Sequence, budget: int) -> int:
