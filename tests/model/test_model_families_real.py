@@ -195,18 +195,18 @@ def test_a_second_session_starts_from_the_first_ones_system_prompt(family, api: 
 def test_fork_and_rewind_continue_as_a_fresh_prefill(family, api: RealApi) -> None:
     _, _, loaded = family
     base = f"{api.url}/v1/agents"
-    assert httpx.post(base, json={"agent_id": "root", "system": SYSTEM}, timeout=30).status_code in (200, 201)
+    assert httpx.post(base, json={"agent_id": "trunk", "system": SYSTEM}, timeout=30).status_code in (200, 201)
     said = []
     for question in ("Pick a colour.", "Pick a number."):
-        response = httpx.post(f"{base}/root/messages", json={"content": question, "max_tokens": REPLY,
+        response = httpx.post(f"{base}/trunk/messages", json={"content": question, "max_tokens": REPLY,
                                                              "temperature": 0}, timeout=120)
         assert response.status_code == 200, response.text
         said.append((question, response.json()["content"]))
-    fork = httpx.post(f"{base}/root/fork", json={"name": "branch", "at_turn": 1}, timeout=60)
+    fork = httpx.post(f"{base}/trunk/fork", json={"name": "branch", "at_turn": 1}, timeout=60)
     assert fork.status_code in (200, 201), fork.text
-    rewind = httpx.post(f"{base}/root/rewind", json={"turn": 1}, timeout=60)
+    rewind = httpx.post(f"{base}/trunk/rewind", json={"turn": 1}, timeout=60)
     assert rewind.status_code == 200, rewind.text
-    for agent in ("branch", "root"):
+    for agent in ("branch", "trunk"):
         messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": said[0][0]},
                     {"role": "assistant", "content": said[0][1]}, {"role": "user", "content": "Why?"}]
         said_now = expected_turn(loaded, messages, api.held_tokens(agent))

@@ -26,9 +26,15 @@ pytestmark = pytest.mark.unit
 
 @dataclass
 class Row:
-    """What decode reads of a sequence's cache: its layers."""
+    """What decode reads of a sequence's cache: its layers (and its arrays, for a pass of MLX's forward)."""
 
     layers: list[FullKV]
+
+    def caches(self) -> list[FullKV]:
+        return self.layers
+
+    def arrays(self) -> list[mx.array]:
+        return [a for layer in self.layers for a in (layer.keys, layer.values)]
 
 
 def llama_model(seed: int = 0, **changes) -> llama.Model:
@@ -122,7 +128,12 @@ def test_prompt_chunks_ride_a_decode_step_with_mlx_forward_logits_and_cache_writ
     assert not backend.carries_prompts(model, [], [(host_prompts[0], 4)])  # nothing decodes: a prefill pass
     host_prompts[0].layers[0].trim_to(2)  # rewound: its next positions may not be written in place
     assert not backend.carries_prompts(model, host_rows, [(host_prompts[0], 4)])
-    assert not CpuBackend.__mro__[1]().carries_prompts(model, host_rows, [(host_prompts[1], 4)])  # MLX's forward
+    mlx_backend = CpuBackend.__mro__[1]()  # MLX's forward: chunks in passes of their own, the same writes
+    assert not mlx_backend.carries_prompts(model, host_rows, [(host_prompts[1], 4)])
+    chunk = [3, 1, 4, 1, 5]
+    mlx_backend.decode(model, mx.array(tokens[:1], dtype=mx.uint32), [Row(mlx_rows[0])], [(Row(mlx_prompts[1]), chunk)])
+    mx.eval(model(mx.array([chunk]), cache=host_prompts[1].layers))
+    assert_same_caches([host_prompts[1]], [mlx_prompts[1]])
     backend.detach(model)
     backend.close()
 

@@ -122,10 +122,9 @@ class MlxBackend:
     def decode(self, model: Any, inputs: mx.array, rows: Sequence[SequenceKV],
                chunks: Sequence[tuple[SequenceKV, Sequence[int]]] = ()) -> mx.array:
         """The logits (batch, vocabulary) of one decode step: row ``b`` feeds ``inputs[b]`` to ``rows[b]``;
-        ``chunks`` (where :meth:`carries_prompts` said so): prompt tokens each cache takes in the same pass, with
-        no logits of their own."""
-        if chunks:
-            raise NotImplementedError(f"the {self.name} backend feeds prompt chunks in prefill passes of their own")
+        ``chunks``: prompt tokens each cache takes, with no logits of their own; in the same pass where
+        :meth:`carries_prompts` said so, here each in a pass of its own first."""
+        self._feed_apart(model, chunks)
         if len(rows) == 1:
             return self.forward(model, inputs[:, None], rows[0].caches())[:, -1, :]
         if self.batched_attention(model):
@@ -146,8 +145,7 @@ class MlxBackend:
         where no row's cache forgets and every row's arrays have room for the filler, else each width takes its
         own pass.
         """
-        if chunks:
-            raise NotImplementedError(f"the {self.name} backend feeds prompt chunks in prefill passes of their own")
+        self._feed_apart(model, chunks)
         widths = [len(tokens) for tokens in inputs]
         if all(w == 1 for w in widths):
             return self.decode(model, mx.array([tokens[0] for tokens in inputs], dtype=mx.uint32), rows), False
@@ -172,6 +170,13 @@ class MlxBackend:
                 for layer in kv.layers:
                     layer.trim_to(layer.offset - (width - w))
         return mx.concatenate([out[b, :w] for b, w in enumerate(widths)]), False
+
+    def _feed_apart(self, model: Any, chunks: Sequence[tuple[SequenceKV, Sequence[int]]]) -> None:
+        """Prompt chunks through passes of their own (MLX's forward feeds every row as many tokens)."""
+        for kv, tokens in chunks:
+            self.forward(model, mx.array([list(tokens)], dtype=mx.uint32), kv.caches())
+        if chunks:
+            mx.eval([a for kv, _ in chunks for a in kv.arrays()])
 
     def draft_row_cost(self, model: Any) -> float:
         """One more token in a pass, as a share of a one-token pass (``drafting.allocate_drafts``).
