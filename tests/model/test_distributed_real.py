@@ -75,11 +75,23 @@ def run_script(model: Path, cache_dir: Path, ranks: int) -> tuple[dict, str]:
     run = launch(model, cache_dir, ranks)
     try:
         run.wait_ready()
-        outcomes["restarted"] = {a: outcome(r) for a, r in say_all(run.url, {a: "again" for a in AGENTS}).items()}
+        # One agent at a time: what this turn checks is each agent's resume from both ranks' files. Sent at
+        # once, the first turns after a start straggle in (one restores from disk while the others queue),
+        # and whether a late prompt joins a decoding step's pass or a prefill pass of its own then differs
+        # between the runs; on one process the CPU's host path rounds the two ways differently, and a near
+        # tie of this random model's logits came out another token once (CI). The turns above batch.
+        outcomes["restarted"] = {a: outcome(say(run.url, a, "again")) for a in AGENTS}
     finally:
         run.stop()
         logs += run.text()
     return outcomes, logs
+
+
+def differing(sharded: dict, alone: dict) -> dict:
+    """The (turn, agent) outcomes that differ, two ranks' first: a failure's message leads with them."""
+    return {(turn, agent): (got, alone.get(turn, {}).get(agent))
+            for turn, agents in sharded.items() for agent, got in agents.items()
+            if alone.get(turn, {}).get(agent) != got}
 
 
 @pytest.mark.slow(reason="two ranks under mlx.launch, started three times (restart, a lost shard) (~50 s here)")
@@ -88,7 +100,7 @@ def test_two_ranks_serve_the_tokens_one_process_serves_through_evict_restore_res
     alone, alone_logs = run_script(tiny_llama, tmp_path / "one", 1)
     sharded, logs = run_script(tiny_llama, tmp_path / "two", 2)
 
-    assert sharded == alone, logs[-6000:]
+    assert sharded == alone, (differing(sharded, alone), logs[-6000:])
     # The script exercised what it claims: a warm restore, a cold prefill, and a restart that resumed.
     restored = sharded["restored"]
     assert restored[AGENTS[0]][1]["reused_tokens"] >= sharded["second"][AGENTS[0]][1]["prompt_tokens"]
