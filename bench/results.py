@@ -30,6 +30,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.portable_paths import portable
+
 SCHEMA_VERSION = 1
 
 
@@ -133,7 +135,7 @@ class BenchResult:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, partial = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
         with os.fdopen(fd, "w") as out:
-            json.dump(asdict(self), out, indent=1, allow_nan=True)
+            json.dump(portable(asdict(self)), out, indent=1, allow_nan=True)
         os.replace(partial, path)
         print(f"# results written to {path}")
 

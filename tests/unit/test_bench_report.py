@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
+from bench.portable_paths import REPOSITORY, main as portable_main, portable
 from bench.report import write_report
 from bench.results import BenchResult, Metric, Series, compare, load_result
 from bench.run_all import bench_name, parse_args
@@ -81,6 +83,29 @@ def test_results_round_trip_through_a_file(tmp_path: Path) -> None:
         result.write(path)
         assert load_result(path) == result
         assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_a_written_result_names_the_machines_folders_as_a_reader_elsewhere_reads_them(tmp_path: Path) -> None:
+    """A model folder made under the temporary folder, the home folder and the repository become $TMPDIR, ~ and
+    ``.``; a name that only begins like one of them stays."""
+    home, temp = str(Path.home()), tempfile.gettempdir()
+    result = BenchResult("bench_x", "x", {"model": f"{temp}/bench-families-1/llama", "cache": f"{home}/.cache/semantic",
+                                          "report": str(REPOSITORY / "bench" / "reports"), "other": f"{temp}x/y"})
+    result.notes.append(f"served from {temp}/m, logs in {home}")
+    path = tmp_path / "r.json"
+    result.write(path)
+    written = load_result(path)
+    assert written.args == {"model": "$TMPDIR/bench-families-1/llama", "cache": "~/.cache/semantic",
+                            "report": "./bench/reports", "other": f"{temp}x/y"}
+    assert written.notes == ["served from $TMPDIR/m, logs in ~"]
+    assert portable([f"{temp}", ("a", f"{home}/b")]) == ["$TMPDIR", ["a", "~/b"]]
+
+
+def test_kept_logs_are_rewritten_in_place(tmp_path: Path) -> None:
+    log = tmp_path / "run.log"
+    log.write_text(f"loading {tempfile.gettempdir()}/dbg/model\nok\n")
+    assert portable_main([str(log)]) == 0
+    assert log.read_text() == "loading $TMPDIR/dbg/model\nok\n"
 
 
 def test_a_file_written_before_targets_and_tick_labels_still_loads(tmp_path: Path) -> None:
