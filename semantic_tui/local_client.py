@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from engine.errors import SemanticError
 from engine.store.agent_export import export_agent, import_agent
 from engine.store.agents_on_disk import ModelKey
 from engine.store.cache_file import read_header
 from engine.models.registry import RegistryEntry
-from engine.runtime.engine_thread.engine_ops import engine_op
+from engine.runtime.engine_thread.engine_ops import (AdoptAgent, CheckImport, DeleteAgent, EngineOp, EvictAgent, EvictIdle,
+                                                     ForkAgent, PauseAgent, PinAgent, RewindAgent, SetAgentPriority,
+                                                     WriteAgent)
 from engine.runtime.tiers.agents import Tier
 
 from .agent_target import ModelTarget, model_target
@@ -20,13 +22,13 @@ from .chat_link import LocalChatLink
 from .workbench_client import (AgentAction, EventSource, Forked, ModelsView, SwapWatch, Transferred,
                                WorkbenchState)
 
-# Each action as the engine op it runs and that op's arguments after the agent id.
-ENGINE_OPS = {
-    AgentAction.EVICT: ("evict_agent", (Tier.WARM,)),
-    AgentAction.DROP: ("evict_agent", (Tier.COLD,)),
-    AgentAction.PIN: ("pin_agent", (True,)),
-    AgentAction.UNPIN: ("pin_agent", (False,)),
-    AgentAction.DELETE: ("delete_agent", ()),
+# Each action as the engine op it runs on the agent.
+ENGINE_OPS: dict[AgentAction, Callable[[str], EngineOp]] = {
+    AgentAction.EVICT: lambda agent_id: EvictAgent(agent_id, Tier.WARM),
+    AgentAction.DROP: lambda agent_id: EvictAgent(agent_id, Tier.COLD),
+    AgentAction.PIN: lambda agent_id: PinAgent(agent_id, True),
+    AgentAction.UNPIN: lambda agent_id: PinAgent(agent_id, False),
+    AgentAction.DELETE: DeleteAgent,
 }
 
 
@@ -61,32 +63,31 @@ class LocalClient:
         return WorkbenchState(service.snapshot(), extra, models, service.stalled_for(), swap_phase)
 
     async def agent_action(self, model: str | None, agent_id: str, action: AgentAction) -> None:
-        op, args = ENGINE_OPS[action]
-        await model_target(self.backend.service, model).call(self.backend.service, engine_op(op, agent_id, *args))
+        await model_target(self.backend.service, model).call(self.backend.service, ENGINE_OPS[action](agent_id))
 
     async def steer(self, model: str | None, agent_id: str, priority: int | None = None,
                     paused: bool | None = None) -> None:
         target = model_target(self.backend.service, model)
         if priority is not None:
-            await target.call(self.backend.service, engine_op("set_agent_priority", agent_id, priority))
+            await target.call(self.backend.service, SetAgentPriority(agent_id, priority))
         if paused is not None:
-            await target.call(self.backend.service, engine_op("pause_agent", agent_id, paused))
+            await target.call(self.backend.service, PauseAgent(agent_id, paused))
 
     async def fork(self, model: str | None, agent_id: str, new_id: str, display_name: str) -> Forked:
         service = self.backend.service
         branch = await model_target(service, model).call(
-            service, engine_op("fork_agent", agent_id, new_id, None, None, display_name))
+            service, ForkAgent(agent_id, new_id, display_name=display_name))
         return Forked(branch.agent_id, branch.tokens, branch.shared_tokens)
 
     async def rewind(self, model: str | None, agent_id: str, turn: int) -> int:
         service = self.backend.service
-        branch = await model_target(service, model).call(service, engine_op("rewind_agent", agent_id, turn))
+        branch = await model_target(service, model).call(service, RewindAgent(agent_id, turn))
         return branch.tokens
 
     async def export_agent(self, model: str | None, agent_id: str, path: Path) -> Transferred:
         service = self.backend.service
         target = model_target(service, model)
-        write = await target.call(service, engine_op("write_agent", agent_id))
+        write = await target.call(service, WriteAgent(agent_id))
         if write is not None:
             await asyncio.wrap_future(write)  # the store's I/O thread writes the warm file first
         key = model_key(target.running_engine(service).loaded)
@@ -100,10 +101,10 @@ class LocalClient:
         header = await asyncio.to_thread(read_header, path)
         alias, engine = service.import_target(ModelKey.of_header(header))
         target = ModelTarget(None if engine is service.engine else alias, engine)
-        await target.call(service, engine_op("check_import", header.agent_id, False))
+        await target.call(service, CheckImport(header.agent_id, False))
         summary = await asyncio.to_thread(import_agent, service.settings.cache_dir, path, None,
                                           model_key(engine.loaded))
-        await target.call(service, engine_op("adopt_agent", summary.path))
+        await target.call(service, AdoptAgent(summary.path))
         return Transferred(summary.agent_id, summary.n_tokens, summary.nbytes, None, target.model)
 
     async def swap_choices(self) -> list[RegistryEntry]:
@@ -124,7 +125,7 @@ class LocalClient:
         return swapper
 
     async def evict_idle(self, to_disk: bool) -> int:
-        return await self.backend.service.call(engine_op("evict_idle", Tier.WARM if to_disk else Tier.COLD))
+        return await self.backend.service.call(EvictIdle(Tier.WARM if to_disk else Tier.COLD))
 
     async def close(self) -> None:
         await self.backend.stop_http()

@@ -25,7 +25,7 @@ from engine.runtime.engine_thread.snapshot import (
     ThroughputView,
     TierView,
 )
-from engine.runtime.engine_thread.engine_ops import engine_op
+from engine.runtime.engine_thread.engine_ops import EvictIdle
 from engine.runtime.memory_pressure import SAMPLE_INTERVAL_S, Watermarks
 from engine.errors import EngineUnavailableError, InvalidRequestError
 
@@ -295,7 +295,7 @@ async def set_memory_watermarks(request: Request, body: MemoryWatermarksRequest)
 async def evict_idle(request: Request, body: EvictIdleRequest | None = Body(None)) -> EvictIdleResponse:
     tier = Tier((body or EvictIdleRequest()).tier)
     service: EngineService = request.app.state.service
-    evicted = await service.call(engine_op("evict_idle", tier))
+    evicted = await service.call(EvictIdle(tier))
     # Republish now, so a GET /v1/stats right after this shows the evictions.
     await service.in_thread(service.engine.fresh_snapshot)
     return EvictIdleResponse(evicted=evicted)

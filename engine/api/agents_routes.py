@@ -26,7 +26,7 @@ from engine.domain.requests import AgentSource, FinishEvent
 from engine.domain.speculation_tally import SpeculationTally
 from engine.runtime.engine_thread.snapshot import AgentView, EngineSnapshot
 from engine.runtime.engine_thread.engine import Engine
-from engine.runtime.engine_thread.engine_ops import engine_op
+from engine.runtime.engine_thread.engine_ops import DeleteAgent, EvictAgent, PauseAgent, PinAgent, SetAgentPriority
 
 from .admission import SSE_HEADERS, await_admission
 from .agent_turns import StatefulTurn, busy_error, start_turn, user_message
@@ -244,7 +244,7 @@ async def delete_agent(request: Request, agent_id: str = Depends(path_agent_id),
         raise busy_error(agent_id)
     if found.view is not None and found.engine is not None:
         try:
-            await request.app.state.service.call_on(found.engine, engine_op("delete_agent", agent_id))
+            await request.app.state.service.call_on(found.engine, DeleteAgent(agent_id))
         except AgentNotFoundError:
             pass  # gone between the snapshot and the call: the goal is met
     await store.adelete(agent_id)
@@ -262,7 +262,7 @@ async def evict_agent(
     tier = Tier((body or EvictBody()).tier)
     # An agent that never ran has no cache to move; answering with it unchanged is the truth.
     if found.view is not None and found.engine is not None:
-        await request.app.state.service.call_on(found.engine, engine_op("evict_agent", agent_id, tier))
+        await request.app.state.service.call_on(found.engine, EvictAgent(agent_id, tier))
     return (await _after_change(request, agent_id, found)).body()
 
 
@@ -270,7 +270,7 @@ async def evict_agent(
              response_model=AgentOut, responses=errors(400, 404, 409, 503))
 async def pin_agent(body: PinBody, request: Request, agent_id: str = Depends(path_agent_id),
                     model: str | None = MODEL_QUERY) -> dict[str, Any]:
-    return await _changed(request, agent_id, model, "pin it", engine_op("pin_agent", agent_id, body.pinned))
+    return await _changed(request, agent_id, model, "pin it", PinAgent(agent_id, body.pinned))
 
 
 @router.post("/v1/agents/{agent_id}/priority", summary="Set (or clear) an agent's priority level",
@@ -280,7 +280,7 @@ async def set_agent_priority(body: PriorityBody, request: Request, agent_id: str
     """Its queued and running turns move at once; later turns keep the level until it is cleared (null)."""
     level = None if body.priority is None else asked_priority(body.priority, "priority", {})
     return await _changed(request, agent_id, model, "set its priority",
-                          engine_op("set_agent_priority", agent_id, level))
+                          SetAgentPriority(agent_id, level))
 
 
 @router.post("/v1/agents/{agent_id}/pause", summary="Pause or resume an agent's turns",
@@ -289,7 +289,7 @@ async def pause_agent(body: PauseBody, request: Request, agent_id: str = Depends
                       model: str | None = MODEL_QUERY) -> dict[str, Any]:
     """A paused agent's running turn stops where it is (its cache and its stream stay open) and its queued
     turns wait; resuming goes on from the same token."""
-    return await _changed(request, agent_id, model, "pause it", engine_op("pause_agent", agent_id, body.paused))
+    return await _changed(request, agent_id, model, "pause it", PauseAgent(agent_id, body.paused))
 
 
 async def _changed(request: Request, agent_id: str, model: str | None, what: str, op: Any) -> dict[str, Any]:

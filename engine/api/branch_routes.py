@@ -27,7 +27,7 @@ from fastapi import APIRouter, Depends, Request
 
 from engine.runtime.tiers.branching import Branch, CacheStillLoading
 from engine.domain.requests import AgentSource
-from engine.runtime.engine_thread.engine_ops import engine_op
+from engine.runtime.engine_thread.engine_ops import ForkAgent, RewindAgent
 
 from .agent_turns import busy_error, context_prompt
 from .agents_routes import MODEL_QUERY, Located, _after_change, _locate, conversations, path_agent_id
@@ -62,8 +62,8 @@ async def fork_agent(body: ForkBody, request: Request, agent_id: str = Depends(p
     name = body.display_name or f"fork of {agent_id}"
     branch = Branch(new_id, 0, 0, 0, 0)
     if view is not None:
-        branch = await _on_engine(request, engine_op(
-            "fork_agent", agent_id, new_id, body.at_turn if prompt is None else None, prompt, name, AgentSource.API),
+        branch = await _on_engine(request, ForkAgent(
+            agent_id, new_id, body.at_turn if prompt is None else None, prompt, name, AgentSource.API),
             engine)
     if conversation is not None:
         await store.acopy(conversation, new_id, name, messages)
@@ -88,8 +88,8 @@ async def rewind_agent(body: RewindBody, request: Request, agent_id: str = Depen
         prompt, messages = await _cut(request, conversation, body.turn, engine)
         branch = Branch(agent_id, 0, 0, 0, 0)
         if view is not None:
-            branch = await _on_engine(request, engine_op("rewind_agent", agent_id,
-                                                         body.turn if prompt is None else None, prompt), engine)
+            turn = body.turn if prompt is None else None
+            branch = await _on_engine(request, RewindAgent(agent_id, turn, prompt), engine)
         if conversation is not None:
             await store.atruncate(agent_id, len(messages))
     finally:

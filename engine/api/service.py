@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar
 from engine.errors import EngineUnavailableError
 from engine.models.loaded import LoadedModel
 from engine.runtime.engine_thread.engine import Engine
-from engine.runtime.engine_thread.engine_ops import engine_op
+from engine.runtime.engine_thread.engine_ops import HoldAgent
 from engine.models.registry import ModelRegistry
 from engine.domain.event_log import EventKind, EventLog
 from engine.domain.requests import GenerationRequest
@@ -154,7 +154,7 @@ class EngineService:
         tool (queued on the engine thread; nothing waits for it)."""
         seconds = self.settings.tool_loop_hold_s
         if seconds > 0:
-            engine.call(engine_op("hold_agent", agent_id, seconds))
+            engine.call(HoldAgent(agent_id, seconds))
 
     def engine_for(self, request: GenerationRequest) -> Engine:
         """The engine a prepared request was rendered for (its ``model_id``); the default one otherwise."""

@@ -33,7 +33,7 @@ from engine.store.agent_export import ExportSummary, export_agent, import_agent
 from engine.store.cache_file import CacheHeader, read_header
 from engine.store.agents_on_disk import ModelKey
 from engine.store.temp_files import temp_prefix
-from engine.runtime.engine_thread.engine_ops import engine_op
+from engine.runtime.engine_thread.engine_ops import AdoptAgent, CheckImport, WriteAgent
 
 from .agents_routes import MODEL_QUERY, _current, _locate, agent_body, conversations, fresh_snapshot, path_agent_id
 from .agents_schemas import ImportedOut, errors
@@ -60,7 +60,7 @@ async def export(request: Request, agent_id: str = Depends(path_agent_id),
     service: EngineService = request.app.state.service
     found = await _locate(request, agent_id, model)  # the model that holds its cache (the default first)
     engine = found.engine if found.engine is not None else service.engine
-    write = await service.call_on(engine, engine_op("write_agent", agent_id))
+    write = await service.call_on(engine, WriteAgent(agent_id))
     if write is not None:
         await asyncio.wrap_future(write)  # the store's I/O thread writes the warm file
     summary = await asyncio.to_thread(_export_to_temp, service.settings.cache_dir, agent_id,
@@ -103,13 +103,13 @@ async def import_file(
         header = await asyncio.to_thread(_header_of, upload)
         alias, engine = service.import_target(ModelKey.of_header(header), model)
         target = new_id or header.agent_id
-        await service.call_on(engine, engine_op("check_import", target, replace))
+        await service.call_on(engine, CheckImport(target, replace))
         summary = await asyncio.to_thread(import_agent, service.settings.cache_dir, upload, new_id,
                                           _model_key(engine.loaded), replace_existing=replace)
     finally:
         await asyncio.to_thread(upload.unlink, missing_ok=True)
     conversations(request).forget_loaded(summary.agent_id)  # the file on disk is the new truth
-    await service.call_on(engine, engine_op("adopt_agent", summary.path))
+    await service.call_on(engine, AdoptAgent(summary.path))
     if engine is service.engine:
         agent = await _current(request, summary.agent_id, fresh=True)
     else:  # an extra model's: its own snapshot, after the adoption

@@ -103,7 +103,7 @@ def export_then_continue_elsewhere(loaded, tmp_path, tokens: int) -> None:
     the next turn there reads its cache (all but the last token) and says what plain mlx-lm says."""
     from engine.domain.event_log import EventLog
     from engine.domain.requests import GenerationRequest
-    from engine.runtime.engine_thread.engine_ops import engine_op
+    from engine.runtime.engine_thread.engine_ops import EvictAgent
     from engine.runtime.engine_thread.sync_client import run_turn
     from engine.runtime.tiers.agents import Tier
     from engine.store.agent_export import export_agent, import_agent
@@ -113,7 +113,7 @@ def export_then_continue_elsewhere(loaded, tmp_path, tokens: int) -> None:
     prompt = opening(4)
     try:
         first = run_turn(engine, GenerationRequest("out", prompt, tokens))
-        engine.call(engine_op("evict_agent", "out", Tier.WARM)).result(30)
+        engine.call(EvictAgent("out", Tier.WARM)).result(30)
     finally:
         engine.stop()
     export_agent(here, "out", tmp_path / "out.agent")
@@ -133,7 +133,7 @@ def file_bytes_at_rest(loaded, tmp_path, tokens: int, identical: bool = True) ->
     file (``identical``: also token-identical to mlx-lm): the cache files' bytes per setting."""
     from engine.domain.event_log import EventLog
     from engine.domain.requests import GenerationRequest
-    from engine.runtime.engine_thread.engine_ops import engine_op
+    from engine.runtime.engine_thread.engine_ops import EvictAgent
     from engine.runtime.engine_thread.sync_client import run_turn
     from engine.runtime.tiers.agents import Tier
 
@@ -145,7 +145,7 @@ def file_bytes_at_rest(loaded, tmp_path, tokens: int, identical: bool = True) ->
         try:
             first = run_turn(engine, GenerationRequest("q", prompt, tokens))
             check(loaded, first)
-            engine.call(engine_op("evict_agent", "q", Tier.WARM)).result(30)
+            engine.call(EvictAgent("q", Tier.WARM)).result(30)
             engine.call(lambda e: e._store.flush()).result(30)
             sizes[bits] = sum(f.stat().st_size for f in root.rglob("*.safetensors"))
             follow = prompt + tuple(first.tokens) + tuple(b" more.")

@@ -16,7 +16,7 @@ import pytest
 from engine.domain.priority import AgentClass, PriorityPolicy, class_levels_from, parse_level
 from engine.domain.requests import FinishEvent, GenerationRequest, PrefillEvent, TokenEvent
 from engine.runtime.engine_thread.engine import Engine
-from engine.runtime.engine_thread.engine_ops import engine_op
+from engine.runtime.engine_thread.engine_ops import PauseAgent, SetAgentPriority
 from engine.runtime.scheduler.admission import Admission
 from engine.runtime.scheduler.turn_cache import TurnCaches
 from engine.runtime.scheduler.prefill_pacer import FIRST_CHUNK, MIN_CHUNK, PrefillPacer
@@ -230,14 +230,14 @@ def test_a_paused_agent_keeps_its_cache_and_resumes_with_the_same_tokens() -> No
         request = GenerationRequest("worker", prompt("count slowly: "), 48)
         timeline.submit(engine, request)
         timeline.wait_until(lambda: len(timeline.tokens("worker")) >= 4, "the worker never decoded")
-        engine.call(engine_op("pause_agent", "worker", True)).result(10)
+        engine.call(PauseAgent("worker", True)).result(10)
         time.sleep(0.1)  # a step already launched may still deliver its token
         paused_at = len(timeline.tokens("worker"))
         view = next(a for a in engine.fresh_snapshot().agents if a.agent_id == "worker")
         assert view.paused and view.tier == "hot"
         time.sleep(0.5)
         assert len(timeline.tokens("worker")) == paused_at, "a paused agent went on decoding"
-        engine.call(engine_op("pause_agent", "worker", False)).result(10)
+        engine.call(PauseAgent("worker", False)).result(10)
         timeline.wait("worker")
         assert timeline.tokens("worker") == expected(engine, request)
 
@@ -248,7 +248,7 @@ def test_a_paused_agents_queued_turn_waits_while_others_go() -> None:
         first = GenerationRequest("paused", prompt("first turn. "), 4)
         timeline.submit(engine, first)
         timeline.wait("paused")
-        engine.call(engine_op("pause_agent", "paused", True)).result(10)
+        engine.call(PauseAgent("paused", True)).result(10)
         second = GenerationRequest("paused", first.prompt_tokens + tuple(timeline.tokens("paused")) + (65,), 4)
         other = GenerationRequest("other", prompt("another agent. "), 4)
         timeline.submit(engine, second)
@@ -256,7 +256,7 @@ def test_a_paused_agents_queued_turn_waits_while_others_go() -> None:
         timeline.wait("other")
         view = next(a for a in engine.fresh_snapshot().agents if a.agent_id == "paused")
         assert view.queue_position == 1 and view.paused
-        engine.call(engine_op("pause_agent", "paused", False)).result(10)
+        engine.call(PauseAgent("paused", False)).result(10)
         finish = timeline.wait("paused")
         assert finish.usage.reused_tokens > 0  # its cache stayed while it waited
 
@@ -351,7 +351,7 @@ def test_the_operator_raises_a_waiting_agent_ahead_and_metrics_are_per_class() -
         late = GenerationRequest("late", prompt("i came second. "), 6, agent_class=AgentClass.BACKGROUND)
         timeline.submit(engine, early)
         timeline.submit(engine, late)
-        engine.call(engine_op("set_agent_priority", "late", 0))
+        engine.call(SetAgentPriority("late", 0))
         release.set()
         timeline.wait("early")
         timeline.wait("late")

@@ -18,7 +18,7 @@ import pytest
 
 from engine.domain.event_log import EventLog
 from engine.domain.requests import GenerationRequest
-from engine.runtime.engine_thread.engine_ops import engine_op
+from engine.runtime.engine_thread.engine_ops import EvictAgent
 from engine.runtime.engine_thread.sync_client import run_turn
 from engine.runtime.tiers.agents import Tier
 from engine.store.warm_store import WarmStore
@@ -57,7 +57,7 @@ def test_turns_are_token_identical_reuse_the_cache_and_come_back_from_disk(loade
             accounts_agree(engine)
             cached = len(prompt) + len(result.tokens)
             prompt = prompt + tuple(result.tokens) + tuple(f" then turn {turn} says more.".encode())
-        engine.call(engine_op("evict_agent", "chat", Tier.WARM)).result(30)
+        engine.call(EvictAgent("chat", Tier.WARM)).result(30)
     finally:
         engine.stop()
     engine = start(loaded, WarmStore(tmp_path, stored_model(loaded), 1 << 30, EventLog()))

@@ -20,7 +20,7 @@ import pytest
 
 from engine.domain.event_log import EventLog
 from engine.domain.requests import GenerationRequest
-from engine.runtime.engine_thread.engine_ops import engine_op
+from engine.runtime.engine_thread.engine_ops import DeleteAgent, EvictAgent, ForkAgent, RewindAgent
 from engine.runtime.engine_thread.sync_client import run_turn
 from engine.runtime.tiers.agents import Tier
 from engine.store.warm_store import WarmStore
@@ -147,8 +147,8 @@ def test_fork_and_rewind_continue_as_a_fresh_prefill_would(loaded) -> None:
             prompt = turns[-1] + tuple(f" next {turn}.".encode())
         # A recurrent state goes back only to a snapshot: turn one's end lands on the one kept one token
         # short of turn two's prompt end... or earlier; the next turn computes the difference.
-        fork = engine.call(engine_op("fork_agent", "root", "fork", 1)).result(30)
-        rewind = engine.call(engine_op("rewind_agent", "root", 1)).result(30)
+        fork = engine.call(ForkAgent("root", "fork", 1)).result(30)
+        rewind = engine.call(RewindAgent("root", 1)).result(30)
         for branch in (fork, rewind):
             assert 0 < branch.tokens <= branch.asked_tokens
         forked = run_turn(engine, GenerationRequest("fork", turns[0] + tuple(b" a fork goes its way."), TOKENS))
@@ -251,7 +251,7 @@ def test_state_and_snapshots_come_back_from_disk_after_a_restart(loaded, tmp_pat
         check(loaded, second)
         snapshots = engine.call(lambda e: len(e.agents.get("disk").kv.checkpoints)).result(30)
         assert snapshots >= 2
-        engine.call(engine_op("evict_agent", "disk", Tier.WARM)).result(30)
+        engine.call(EvictAgent("disk", Tier.WARM)).result(30)
     finally:
         engine.stop()
     engine = start(loaded, WarmStore(tmp_path, stored_model(loaded), 1 << 30, EventLog()))
@@ -284,7 +284,7 @@ def test_a_shared_prefix_stored_on_disk_starts_another_agent_after_a_restart(loa
                                                          prefix_hint=len(head))))
         engine.call(lambda e: e._store.flush()).result(30)
         assert list(tmp_path.glob("**/prefixes/*.safetensors"))
-        engine.call(engine_op("delete_agent", "one")).result(30)
+        engine.call(DeleteAgent("one")).result(30)
     finally:
         engine.stop()
     engine = start(loaded, WarmStore(tmp_path, stored_model(loaded), 1 << 30, EventLog()))
@@ -364,7 +364,7 @@ def test_a_cooled_hybrid_agent_keeps_its_state_exact_and_resumes(tmp_path: Path)
         first = run_turn(engine, GenerationRequest("c", opening(7), TOKENS))
         check(loaded, first)
         before = engine.call(states).result(30)
-        engine.call(engine_op("evict_agent", "c", Tier.COOL)).result(30)
+        engine.call(EvictAgent("c", Tier.COOL)).result(30)
         assert engine.call(lambda e: e.agents.get("c").tier).result(30) is Tier.COOL
         engine.call(lambda e: e.tiers.ensure_hot(e.agents.get("c"))).result(30)
         after = engine.call(states).result(30)

@@ -18,7 +18,7 @@ from engine.distributed.lockstep import Lockstep, LockstepError
 from engine.runtime.tiers.agents import Tier
 from engine.runtime.engine_thread.engine import Engine
 from tests.support.engine_settings import engine_settings
-from engine.runtime.engine_thread.engine_ops import engine_op
+from engine.runtime.engine_thread.engine_ops import EvictAgent
 from engine.domain.event_log import EventLog
 from engine.domain.requests import GenerationRequest, SamplingParams
 from engine.runtime.engine_thread.sync_client import run_turns
@@ -84,8 +84,8 @@ def test_the_follower_replays_turns_evictions_and_restores_cache_for_cache(tmp_p
         assert caches(follower) == caches(leader)
         assert all(tier == "hot" and tokens for tier, tokens in caches(leader).values())
 
-        leader.call(engine_op("evict_agent", "a0", Tier.WARM)).result(10)
-        leader.call(engine_op("evict_agent", "a1", Tier.COLD)).result(10)
+        leader.call(EvictAgent("a0", Tier.WARM)).result(10)
+        leader.call(EvictAgent("a1", Tier.COLD)).result(10)
         settled(follower, leader)
         assert {a: t for a, (t, _) in caches(follower).items()} == {"a0": "warm", "a1": "cold", "a2": "hot",
                                                                      "sampled": "hot"}

@@ -18,7 +18,7 @@ import pytest
 
 from engine.domain.event_log import EventLog
 from engine.domain.requests import GenerationRequest
-from engine.runtime.engine_thread.engine_ops import engine_op
+from engine.runtime.engine_thread.engine_ops import EvictAgent, ForkAgent, RewindAgent
 from engine.runtime.engine_thread.sync_client import run_turn, run_turns
 from engine.runtime.tiers.agents import Tier
 from engine.store.warm_store import WarmStore
@@ -109,7 +109,7 @@ def test_a_cache_evicted_to_disk_comes_back_after_a_restart(loaded, tmp_path: Pa
     try:
         first = run_turn(engine, GenerationRequest("disk", prompt, TOKENS))
         check(loaded, first)
-        engine.call(engine_op("evict_agent", "disk", Tier.WARM)).result(30)
+        engine.call(EvictAgent("disk", Tier.WARM)).result(30)
     finally:
         engine.stop()
     engine = start(loaded, WarmStore(tmp_path, stored_model(loaded), 1 << 30, EventLog()))
@@ -151,8 +151,8 @@ def test_fork_and_rewind_continue_as_a_fresh_prefill_would(loaded) -> None:
         # A window layer (sliding, chunked) goes back only as far as a checkpoint: the cut may land before
         # the turn's end, and the next turn computes the difference.
         windowed = any(not g.holds_every_position for g in loaded.spec.groups)
-        fork = engine.call(engine_op("fork_agent", "root", "fork", 1)).result(30)
-        rewind = engine.call(engine_op("rewind_agent", "root", 1)).result(30)
+        fork = engine.call(ForkAgent("root", "fork", 1)).result(30)
+        rewind = engine.call(RewindAgent("root", 1)).result(30)
         for branch in (fork, rewind):
             assert 0 < branch.tokens <= branch.asked_tokens and (windowed or branch.tokens >= branch.asked_tokens - 1)
         forked = run_turn(engine, GenerationRequest("fork", turns[0] + tuple(b" a fork goes its way."), TOKENS))
@@ -217,7 +217,7 @@ def test_a_chunked_cache_ending_on_a_chunk_boundary_goes_to_disk_and_back(tmp_pa
         first = run_turn(engine, GenerationRequest("edge", prompt, 1))
         check(loaded, first)
         assert engine.call(lambda e: len(e.agents.get("edge").tokens)).result(30) == 2 * chunk
-        engine.call(engine_op("evict_agent", "edge", Tier.WARM)).result(30)
+        engine.call(EvictAgent("edge", Tier.WARM)).result(30)
     finally:
         engine.stop()
     engine = start(loaded, WarmStore(tmp_path, stored_model(loaded), 1 << 30, EventLog()))

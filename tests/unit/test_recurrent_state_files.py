@@ -21,7 +21,7 @@ from safetensors import safe_open
 
 from engine.domain.event_log import EventLog
 from engine.domain.requests import GenerationRequest
-from engine.runtime.engine_thread.engine_ops import engine_op
+from engine.runtime.engine_thread.engine_ops import EvictAgent
 from engine.runtime.engine_thread.sync_client import run_turn
 from engine.runtime.tiers.agents import Tier
 from engine.store.cache_file import CacheRecord, read_cache_file, spec_fingerprint, write_cache_file
@@ -50,7 +50,7 @@ def written(tmp_path_factory: pytest.TempPathFactory):
             return kv.offset, own, [c.offset for c in kv.checkpoints]
 
         memory = engine.call(state).result(30)
-        engine.call(engine_op("evict_agent", "a", Tier.WARM)).result(30)
+        engine.call(EvictAgent("a", Tier.WARM)).result(30)
         engine.call(lambda e: e._store.flush()).result(30)
     finally:
         engine.stop()

@@ -1,10 +1,10 @@
 """What clients may do to agents on the engine thread: evict, pin, delete, fork, rewind, export, import, and
 set their priority, pause them and hold their cache through a tool loop.
 
-These are the commands a sharded model's ranks replay (``engine_ops.EngineOp``
-names one of ``AGENT_OPS``), so they are a small explicit set, each a method
+These are the commands a sharded model's ranks replay (each ``engine_ops.EngineOp``
+calls one of these methods), so they are a small explicit set, each a method
 here; the engine keeps the thread, the door and the loop. Engine-thread only:
-reach them through ``Engine.call(engine_op(...))``.
+reach them through ``Engine.call(EvictAgent(...))`` and the other ops of engine_ops.py.
 """
 
 from __future__ import annotations
@@ -26,12 +26,6 @@ from engine.runtime.tiers.manager import TierManager
 if TYPE_CHECKING:
     from engine.runtime.scheduler.priorities import Priorities
     from engine.store.warm_store import WarmStore
-
-# The commands ranks replay: every name here is a method of AgentOps.
-AGENT_OPS = frozenset({"evict_agent", "evict_idle", "pin_agent", "delete_agent", "fork_agent", "rewind_agent",
-                       "write_agent", "check_import", "adopt_agent", "set_agent_priority", "pause_agent",
-                       "hold_agent"})
-
 
 class AgentOps:
     def __init__(self, agents: AgentTable, hot: HotCache, tiers: TierManager, events: EventLog,
