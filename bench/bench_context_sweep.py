@@ -166,7 +166,7 @@ def main() -> None:
     parser.add_argument("--turns", type=int, help="warm turns per shape and level (default 3; 2 with --quick)")
     parser.add_argument("--peer", choices=("defaults", "tuned"), default="defaults",
                         help="defaults: `mlx_lm.server --model FOLDER` as users run it (the default); tuned: its "
-                             "batching set equal to semantic's, as the reports before session 24 ran it")
+                             "batching set equal to semantic's")
     args = parser.parse_args()
     folder = model_folder(args.model, args.cache_dir)
     model = family(folder)

@@ -141,7 +141,7 @@ def main() -> None:
             for _, how, label in sides[1:]:
                 ratios = [s["tok_s"] / o["tok_s"] for s, o in zip(got[label], got["1 process"], strict=True)]
                 name = f"{label} / 1 process, decode (median of pairs)"
-                if not how:  # the ratio the earlier reports kept, under its earlier name
+                if not how:  # the plain ratio keeps the metric name reports compare on
                     name = f"{args.ranks} ranks / 1 process, decode (median of pairs)"
                 result.metric(group, name, statistics.median(ratios), "x")
                 rows.append([group, f"ratio, {label}", statistics.median(ratios), "", ""])

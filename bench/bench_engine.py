@@ -46,7 +46,7 @@ def decode_throughput(engine, loaded, concurrency: int, n_tokens: int) -> float:
 
     Every token generated is counted and the window is every second they took,
     prefills included: a window opened at the last agent's first token would
-    count tokens made before it opened (the old, inflated figure).
+    count tokens made before it opened (an inflated figure).
     """
     requests = [
         GenerationRequest(f"tp-{concurrency}-{i}", chat(loaded, f"Write a long story about {TOPICS[i % 16]}."), n_tokens)

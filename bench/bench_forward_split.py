@@ -187,7 +187,7 @@ def ablated_backends() -> dict[str, Any]:
             return queries
 
     class WritesThroughMlx(HostRaggedLayerCache):
-        """The step's positions written through MLX slice updates (as before the loops wrote them in place)."""
+        """The step's positions written through MLX slice updates (the path without the in-place loops)."""
 
         def _decode_positions(self, keys, values):
             self._held = [row.append_one(keys[b:b + 1], values[b:b + 1]) for b, row in enumerate(self.rows)]

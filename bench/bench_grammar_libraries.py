@@ -58,6 +58,7 @@ from typing import Any, Protocol
 import jsonschema
 import numpy as np
 
+from bench.bench_vs_mlx_lm_server import model_folder
 from bench.common import print_table  # (common puts the repository root on sys.path)
 from bench.results import BenchResult, recorded
 
@@ -66,9 +67,9 @@ from engine.errors import InvalidRequestError
 from engine.grammar.output_grammars import JSON_STYLE, check_format, grammar_of
 from tests.support.json_schemas import SCHEMAS
 
-DEFAULT_MODEL_DIRS = (
-    Path("/tmp/dbg/mc/models/smollm2-135m-instruct-q4-1-float32-84c523fd7f"),  # 49K, byte-level BPE
-    Path("/tmp/cx/cache/models/gemma-3-270m-q4-k-m-float32-3fbf128c8b"),  # 262K, sentencepiece-style
+DEFAULT_MODELS = (
+    "smollm2-135m",  # 49K tokens, byte-level BPE
+    "gemma3-270m",  # 262K tokens, sentencepiece-style
 )
 OUTLINES_WHITESPACE = r"[ ]?"
 OUTLINES_INDEX_LIMIT_S = 60.0
@@ -461,16 +462,14 @@ def checked_instances(keys: list[str]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-dir", type=Path, action="append", metavar="FOLDER",
-                        help="a model folder with tokenizer.json (repeatable; default: SmolLM2 and Gemma 3 270M "
-                             "where they exist)")
+                        help="a model folder with tokenizer.json (repeatable; default: the packaged SmolLM2 and "
+                             "Gemma 3 270M, imported into the server's cache directory on first use)")
     parser.add_argument("--repeats", type=int, default=5, help="walks of each schema's instance (default 5)")
     parser.add_argument("--quick", action="store_true", help="three schemas, two walks each: a smoke run")
     parser.add_argument("--json", type=Path, metavar="PATH",
                         help="also write the results as JSON (bench/results.py) for bench/report.py")
     args = parser.parse_args()
-    folders = args.model_dir or [d for d in DEFAULT_MODEL_DIRS if d.is_dir()]
-    if not folders:
-        parser.error("no --model-dir given and none of the default model folders exists")
+    folders = args.model_dir or [model_folder(ref) for ref in DEFAULT_MODELS]
     chosen = SCHEMAS[:3] if args.quick else SCHEMAS
     repeats = 2 if args.quick else args.repeats
     checked_instances([key for key, _, _ in chosen])

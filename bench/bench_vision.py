@@ -212,7 +212,7 @@ FAMILIES = ("gemma3", "qwen3_5")
 
 def bench_folder(cache_dir: Path, tiny: bool, family: str = "gemma3") -> Path:
     """The bench's model folder, built once under the cache dir (the tokenizer: SmolLM2's)."""
-    # (gemma3-vlm2: the projector random since session 41; a folder of the old name is not read)
+    # (gemma3-vlm2: its projector random; a folder named gemma3-vlm holds another projector and is not read)
     name = "gemma3-vlm2" if family == "gemma3" else family.replace("_", "-") + "-vlm"
     folder = cache_dir / "bench-models" / f"{name}-{'tiny' if tiny else 'bench'}"
     if not (folder / "config.json").is_file():

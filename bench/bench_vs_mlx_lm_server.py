@@ -360,7 +360,7 @@ def main() -> None:
     parser.add_argument("--streams", help="throughput: comma-separated agent counts (default: 1,4,8,16 full, 1,4 quick)")
     parser.add_argument("--peer", choices=("tuned", "defaults"), default="tuned",
                         help="tuned: mlx_lm.server with its batching set equal to semantic's and a prompt cache "
-                             "sized like semantic's pool (the default, as in earlier reports); defaults: "
+                             "sized like semantic's pool (the default); defaults: "
                              "`mlx_lm.server --model FOLDER` as users run it")
     args = parser.parse_args()
     chosen = [w.strip() for w in args.workloads.split(",") if w.strip()]

@@ -34,8 +34,8 @@ section of results.md.
 Run (from the repository root; LD_PRELOAD as for every benchmark on Linux)::
 
     python -m bench.family_survey harvest --test-file ~/src/mlx-lm/tests/test_models.py
-    python -m bench.family_survey run --out /tmp/family_survey
-    python -m bench.family_survey run --out /tmp/family_survey --only phi gemma --weight-scale 4 --vector-sd 0.3
+    python -m bench.family_survey run --out family_survey
+    python -m bench.family_survey run --out family_survey --only phi gemma --weight-scale 4 --vector-sd 0.3
 
 A full run (102 families) takes about 10 minutes on a 2-core CPU.
 """
@@ -51,6 +51,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from datetime import datetime, timezone
@@ -572,8 +573,9 @@ def parse_args() -> argparse.Namespace:
     harvest_.add_argument("--test-file", type=Path, required=True, metavar="PATH",
                           help="a copy of tests/test_models.py from the mlx-lm repository, at the installed version")
     run_ = commands.add_parser("run", help="survey the families, each in a subprocess; write results.json and .md")
-    run_.add_argument("--out", type=Path, default=Path("/tmp/family_survey"),
-                      help="folder for results.json, results_vary.json and results.md (default /tmp/family_survey)")
+    run_.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "family_survey",
+                      help="folder for results.json, results_vary.json and results.md (default: family_survey in "
+                           "the system's temporary folder)")
     run_.add_argument("--only", nargs="+", metavar="KEY",
                       help=f"survey only these families (keys of {CONFIGS.name}: a model_type, or llama[sliding]), "
                            "keeping the others' earlier results in --out")

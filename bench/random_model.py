@@ -7,10 +7,10 @@ the packaged SmolLM2, imported on first use), so every sampled token id
 detokenizes; only the embedding and output matrices differ in size from the
 real model, and the report names the shape used.
 
-    python -m bench.random_model --shape llama-3.2-1b --out /tmp/rand-llama-1b
-    python -m bench.random_model --shape llama-3.1-8b --dtype bfloat16 --out /tmp/rand-llama-8b
-    python -m bench.random_model --family qwen3_5 --tool-chat-template --out /tmp/rand-qwen35
-    python -m bench.random_model --family qwen3_5 --thinking-template qwen3_5 --out /tmp/rand-qwen35-thinking
+    python -m bench.random_model --shape llama-3.2-1b --out rand-llama-1b
+    python -m bench.random_model --shape llama-3.1-8b --dtype bfloat16 --out rand-llama-8b
+    python -m bench.random_model --family qwen3_5 --tool-chat-template --out rand-qwen35
+    python -m bench.random_model --family qwen3_5 --thinking-template qwen3_5 --out rand-qwen35-thinking
 
 ``--family`` writes one of the small real shapes in FAMILY_SHAPES (any
 mlx-lm family there: hybrids, latent attention, ...). ``--tool-chat-template``

@@ -323,7 +323,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--peer", choices=("defaults", "tuned"), default="defaults",
                         help="with --compare: `mlx_lm.server --model FOLDER` as users run it (defaults, the "
                              "default), or with its batching set equal to semantic's and a 10-entry prompt cache "
-                             "(tuned, what reports before 2026-11-30 ran)")
+                             "(tuned)")
     parser.add_argument("--api-key", default="replay", help="key sent to the server (default: 'replay')")
     return parser.parse_args(argv)
 

@@ -271,8 +271,8 @@ def rss_level_slope_mb_per_min(samples: list[tuple[float, float]], window_s: flo
     over a 30-s window with nothing growing. Each window's peak sits on the
     upper level and its floor on the lower one, so both stay flat while the
     alternation goes on, and both climb with a leak. Either alone can read a
-    slope from one window that missed its level (CI soaks of 2026-11-27 and
-    2026-11-28: the raw samples, then the peaks, read 19-22 MiB/min), but not
+    slope from one window that missed its level (two CI soaks:
+    the raw samples, then the peaks, read 19-22 MiB/min), but not
     both at once: the upper level is the rarer one when the peaks miss it.
     """
     if not samples:

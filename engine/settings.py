@@ -52,204 +52,210 @@ class Settings(BaseSettings):
         frozen=True,
     )
 
-    config_file: Path | None = Field(None, description="TOML file with settings (lowest precedence above defaults).")
+    config_file: Path | None = Field(
+        None,
+        description="TOML file of settings, read below flags, environment and .env; unset: <user config "
+                    "dir>/semantic/config.toml when it exists.")
 
     # -- model -------------------------------------------------------------
     model: str = Field(
         DEFAULT_MODEL,
-        description="Model to load: a registry alias (smollm2-135m, gemma3-270m), an MLX model folder, a .gguf file or a hub id.",
+        description="Model to serve: a packaged alias (smollm2-135m, gemma3-270m), an MLX model folder, a .gguf file "
+                    "or a hub id.",
     )
     extra_models: tuple[str, ...] = Field(
         (),
-        description="More models to keep resident beside --model, each served to the requests that name it "
-                    "(repeat the flag; TOML: extra_models = [...]). Each is ALIAS=SOURCE[,OPTION...]: SOURCE takes "
-                    "--model's forms; options: pinned (loaded at start, never unloaded), side (Claude Code's haiku "
-                    "tier and its side requests go to it), idle=SECONDS (unloaded after that long unused), pool=MiB "
-                    "(its KV pool; default --pool-budget-mb). e.g. --extra-model small=smollm2-135m,side,pinned. "
-                    "Weights and KV pools of every resident model count against --models-budget-mb; the least "
-                    "recently used unpinned model without a running turn is unloaded (its agents to the warm "
-                    "tier) when another needs the room.",
+        description="More models kept resident beside --model, each serving the requests that name it, as "
+                    "ALIAS=SOURCE[,pinned][,side][,idle=SECONDS][,pool=MiB] (repeat the flag); e.g. "
+                    "small=smollm2-135m,side.",
     )
     models_budget_mb: float | None = Field(
         None, gt=0,
-        description="Memory the resident models may hold together (each one's weights plus its KV pool budget), "
-                    "in MiB. A model that does not fit after unloading what may go is refused with what is resident "
-                    "and how much each holds. Default: the machine's memory less 15 percent of it.",
+        description="MiB the resident models' weights and KV pools may hold together; past it the least recently "
+                    "used idle unpinned model is unloaded. Unset: the machine's memory less 15 percent of it.",
     )
     model_routes: tuple[str, ...] = Field(
         (),
-        description="Which model serves a request by its model field, as PATTERN=ALIAS (shell-style, case "
-                    "insensitive; first match wins; repeat the flag), after exact names (an alias, a folder name, "
-                    "a model id). e.g. --model-route 'gpt-5*=coder'. Built in after these: *haiku* to the side "
-                    "model when one is set; every other name (claude-*, unknown ones) to --model.",
+        description="Which resident model serves a request's model field, as PATTERN=ALIAS (shell-style, "
+                    "case-insensitive, first match wins; repeat the flag); names no route matches go to --model.",
     )
-    cache_dir: Path = Field(default_factory=default_cache_dir, description="Root for imported models and the warm cache tier.")
+    cache_dir: Path = Field(
+        default_factory=default_cache_dir,
+        description="Root for imported models, agents' caches on disk and stored conversations.")
     weights_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto", description="dtype of imported GGUF weights; auto = float32 on CPU, bfloat16 on GPU backends."
+        "auto", description="dtype of imported GGUF weights; auto: float32 on the CPU, bfloat16 on GPU backends."
     )
-    trust_remote_code: bool = Field(False, description="Allow hub models with custom tokenizer code.")
+    trust_remote_code: bool = Field(False, description="Allow hub models whose tokenizer runs custom code.")
 
     # -- block pool ----------------------------------------------------------
-    block_tokens: int = Field(256, ge=16, le=4096, description="Tokens per KV block.")
-    pool_budget_mb: float = Field(1024.0, gt=0, description="Memory budget of the KV block pool in MiB.")
+    block_tokens: int = Field(
+        256, ge=16, le=4096,
+        description="Tokens per KV block: the unit the pool allocates and agents share prefixes in.")
+    pool_budget_mb: float = Field(
+        1024.0, gt=0,
+        description="Memory of the KV block pool in MiB; past it idle agents are evicted to the slower tiers, least "
+                    "recently used first.")
     snapshot_budget_mb: float = Field(
         64.0, ge=0,
-        description="Models with recurrent layers (Qwen3.5, Qwen3-Next, Nemotron-H, Mamba, RWKV...): MiB per agent "
-                    "for snapshots of its recurrent state, kept where a later turn can resume (the start and the "
-                    "prompt end of its recent turns; a state cannot be cut back). The oldest go first; at least "
-                    "one is always kept; a pool that needs room drops them before evicting agents. 64 MiB keeps 3 of "
-                    "Qwen3.5-0.8B's (18.6 MiB each), 1 of Qwen3-Next's (73.7 MiB); up to two more sit at "
-                    "shared-prefix points.")
+        description="Models with recurrent layers (Qwen3.5, Mamba, ...): MiB per agent of snapshots of its recurrent "
+                    "state where a later turn can resume; the oldest go first, one is always kept.")
 
     # -- batching ---------------------------------------------------------------
-    max_batch_size: int = Field(16, ge=1, le=512, description="Most sequences decoded together.")
-    batch_window_ms: float = Field(10.0, ge=0, le=1000, description="An idle engine waits this long for more requests to prefill together.")
-    prefill_step_size: int = Field(512, ge=16, description="Prompt tokens processed per prefill chunk (bounds memory; progress is reported per chunk).")
+    max_batch_size: int = Field(16, ge=1, le=512, description="Most sequences decoded together in one step.")
+    batch_window_ms: float = Field(
+        10.0, ge=0, le=1000,
+        description="An idle engine waits this long for more requests to prefill together.")
+    prefill_step_size: int = Field(
+        512, ge=16,
+        description="Most prompt tokens in one prefill chunk (bounds memory; progress is reported per chunk); while "
+                    "agents decode, chunks are paced shorter (--decode-gap-ms).")
     speculate: Literal["off", "lookup", "draft"] = Field(
         "lookup",
-        description="Speculative decoding inside the batch. lookup: each agent drafts its next tokens by finding "
-                    "its latest tokens earlier in its own history (prompt lookup: a file copied with an edit, a "
-                    "tool call quoting what it read) and the model verifies every agent's drafts in one pass; "
-                    "outputs are unchanged (greedy: token for token; sampled: the same distribution). draft: the "
-                    "drafts come from --draft-model instead (the default when one is named). off: one token per "
-                    "agent per step.")
+        description="Speculative decoding in the batch: lookup (each agent drafts from its own history), draft "
+                    "(--draft-model drafts; the default when one is named) or off. Outputs are unchanged either way.")
     draft_model: str | None = Field(
         None,
-        description="A small model with the served model's tokenizer that drafts each agent's next tokens for "
-                    "--speculate draft (same forms as --model: alias, folder, .gguf, hub id). Refused at load, with "
-                    "the reason, when its tokenizer numbers tokens differently or a layer of it is not full "
-                    "attention. It keeps each agent's cache of its own between turns, outside the pool budget, "
-                    "for at most --max-batch-size idle agents; not available with ranks (mlx.launch).")
+        description="A small model with the served model's tokenizer that drafts every agent's next tokens for "
+                    "--speculate draft (the forms of --model); refused at load, with the reason, where it does not "
+                    "fit.")
     speculate_max_draft: int = Field(
         7, ge=1, le=64,
-        description="The most tokens an agent drafts in one step. Each step verifies the drafts most likely to be "
-                    "kept while they raise tokens per second (what a token more in a pass costs on this device, "
-                    "each agent's recent acceptance), so an agent copying a file drafts long and eight agents "
-                    "writing prose draft little. 7: on the CPU, returning a ~1K-token file with one rename "
-                    "decoded faster with 7 than with 15 (66.6 against 61.7 tok/s at 1 agent, 45.4 against 36.5 "
-                    "at 8; one run, 2026-11-30).")
-    fast_cpu_math: bool = Field(True, description="On the CPU, compute attention's softmax, SiLU and GELU (Gemma) with an exp built from MLX's fast arithmetic (within 2 ulp of mx.exp, about 5x faster per element; GELU about 10x), a long prefill chunk's softmax in compiled rows across the cores (numba; about 15x MLX's), a gated-delta hybrid's prefill recurrence (Qwen3.5, Qwen3-Next) in one compiled loop per head, a hybrid's short depthwise convolution over a prefill chunk in one compiled loop (MLX's sums to the bit), a decode batch's attention in compiled loops over each agent's cache that also write the step's keys and values in place (numba), a speculative step's attention with each agent's tokens together (BLAS on the calling thread), decode's linear layers in one compiled pass over the weights (up to 8 rows inside MLX's forward, 64 in a step run on the host), a Llama-family model's whole decode step on the host (numpy and those loops, no MLX evaluation inside the model), and sampling's top-k pass over the vocabulary in numpy. Off: MLX's own kernels, as mlx_lm runs them.")
+        description="The most tokens an agent drafts in one step; each step drafts only as many as are likely to "
+                    "raise tokens per second.")
+    fast_cpu_math: bool = Field(
+        True,
+        description="On MLX's CPU device, run the CPU compute backend: a faster exp, compiled loops (numba) and BLAS "
+                    "paths for attention, linear layers, recurrences and sampling. Off: MLX's own kernels, as mlx_lm "
+                    "runs them.")
     default_max_tokens: int = Field(1024, ge=1, description="Tokens generated when a request names no limit.")
     stored_responses_kept: int = Field(
         1000, ge=1,
-        description="Responses API: most stored responses (store: true) kept on disk for previous_response_id and "
-                    "GET /v1/responses/{id}; the oldest are deleted past it.",
+        description="Responses API: most stored responses (store: true) kept on disk for previous_response_id; the "
+                    "oldest are deleted past it.",
     )
     max_output_tokens: int = Field(
         4096, ge=1,
-        description="Most tokens one response may generate; a request asking for more is clamped, and the clamp "
-                    "is logged and reported in the response (Claude Code asks for 32,000 or more).",
+        description="Most tokens one response may generate; a request asking for more is clamped, and the clamp is "
+                    "logged and reported in the response.",
     )
     max_output_seconds: float = Field(
         300.0, ge=0,
-        description="Most seconds one response may spend generating after its first token; a response still going "
-                    "then ends as if it had reached max_tokens, and the log and the agent's last finish say why. "
-                    "Otherwise the client may give up first: Claude Code abandons a request after 10 minutes by "
-                    "default (API_TIMEOUT_MS) and sends it again, and a small model on a CPU can take longer than "
-                    "that to write max_output_tokens. 0 turns it off.",
+        description="Most seconds one response may generate after its first token; then it ends as if it had reached "
+                    "max_tokens, before its client gives up on it (0: no limit).",
     )
     repetition_window: int = Field(
         512, ge=0,
-        description="End a runaway loop: a response whose last half-window of tokens repeats one cycle of up "
-                    "to 128 tokens exactly, or whose last window repeats one with small changes (nine in ten of its tokens "
-                    "equal to the token a cycle back, e.g. a numbered list of one sentence); 0 turns it off.",
+        description="Tokens the runaway-loop guard watches: a reply repeating one cycle exactly over half of them, "
+                    "or nearly (9 tokens in 10) over all, is ended (0: off).",
     )
     close_constrained_loops: bool = Field(
         True,
-        description="A reply held to a JSON schema or a strict tool's arguments that loops (an array repeating its "
-                    "items, a string repeating itself, or what the repetition guard finds) is steered to the "
-                    "shortest end its schema allows, so it parses and validates, instead of running to max_tokens "
-                    "or being cut, and so is one about to run to max_tokens unclosed; the response says where "
-                    "(usage.semantic.loop_closed). Off: such a reply runs on, and the repetition guard or "
-                    "max_tokens cuts it as a truncated reply.",
+        description="A reply held to a JSON schema or a strict tool's arguments that loops, or is about to run out "
+                    "of tokens unclosed, is steered to the shortest end its schema allows, so it parses. Off: it "
+                    "runs on and is cut.",
     )
     default_temperature: float | None = Field(
         None, ge=0, le=2,
-        description="Temperature for requests that name none; default: the model folder's "
-                    "generation_config.json, else a packaged model's card (SmolLM2: 0.2), else 0.7.",
+        description="Temperature for requests that name none; unset: the model folder's generation_config.json, else "
+                    "a packaged model's card, else 0.7.",
     )
     default_top_p: float | None = Field(
-        None, gt=0, le=1, description="top_p for requests that name none; default: generation_config.json, else a packaged "
-                                         "model's card (SmolLM2: 0.9), else 0.95."
+        None, gt=0, le=1, description="top_p for requests that name none; unset: generation_config.json, else a "
+                                      "packaged model's card, else 0.95."
     )
     default_top_k: int | None = Field(
-        None, ge=0, description="top_k for requests that name none (0: off); default: generation_config.json, else a "
-                                         "packaged model's card (SmolLM2: off), else 40."
+        None, ge=0, description="top_k for requests that name none (0: off); unset: generation_config.json, else a "
+                                "packaged model's card, else 40."
     )
-    max_context_tokens: int | None = Field(None, ge=16, description="Override the model's context length.")
+    max_context_tokens: int | None = Field(
+        None, ge=16,
+        description="Context length in tokens to use instead of the model's own.")
 
     # -- scheduling: who goes first (docs/scheduling.md) ---------------------------
     priorities: bool = Field(
-        True, description="Serve turns by their agent's priority (class defaults below, a request's priority, "
-                          "the operator's setting); off: first come, first served.")
+        True, description="Serve turns by their agent's priority level, then arrival; off: first come, first served.")
     class_priorities: tuple[str, ...] = Field(
         (), description="A class's default level as CLASS=LEVEL (0 most urgent .. 9; repeat the flag). Defaults: "
                         "interactive=0 main=1 side=2 subagent=3 background=6.")
     priority_aging_s: float = Field(
-        10.0, gt=0, description="Seconds of head start one priority level is worth: a less urgent turn is "
-                                "overtaken only by turns arriving within (its level x this) after it.")
+        10.0, gt=0, description="Seconds of head start one priority level is worth: a less urgent turn is overtaken "
+                                "only by turns arriving within (its level x this) after it.")
     decode_gap_ms: float | None = Field(
         None, ge=0, le=60_000,
-        description="Prefill in chunks that keep a step about this many ms long, so decoding agents' tokens come "
-                    "at most that far apart and an arriving turn waits one short step (0: whole prefill chunks). "
-                    "Default: six decode steps, 150-750 ms.")
+        description="Step length in ms that prefill is paced to while agents decode, so their tokens come about that "
+                    "far apart (0: whole prefill chunks). Unset: six decode steps, 150-750 ms.")
     open_priority_limit: int = Field(
         1, ge=0, le=9,
-        description="On a server without --api-key, the most urgent level a request can reach by its priority "
-                    "field, header or class hint (1: no client outranks a main agent; the workbench's own chats "
-                    "and the operator's settings are not limited; 0: no limit).")
+        description="Without --api-key, the most urgent level a request may ask for by its priority field, header or "
+                    "class hint (1: none outranks a main agent; 0: no limit).")
     tool_loop_hold_s: float = Field(
-        60.0, ge=0, description="An agent whose reply was a tool call keeps its cache hot this many seconds "
-                                "(the client runs the tool and comes back) while other idle caches can go first.")
+        60.0, ge=0, description="Seconds an agent whose reply was a tool call keeps its cache hot while its client "
+                                "runs the tool.")
 
     # -- cache store (disk tier) ------------------------------------------------
-    disk_budget_mb: float = Field(4096.0, gt=0, description="Byte budget of the warm (disk) tier in MiB; past it the oldest warm entries go cold.")
-    prefix_sharing: bool = Field(True, description="Let a new agent start from another agent's cached prefix (found per block, shared up to the first differing token).")
-    persist_on_exit: bool = Field(True, description="Write every hot agent to the warm tier on clean shutdown.")
+    disk_budget_mb: float = Field(
+        4096.0, gt=0,
+        description="Byte budget of the warm (disk) tier in MiB; past it the oldest warm agents go cold.")
+    prefix_sharing: bool = Field(
+        True,
+        description="Let a new agent start from another agent's cached prefix (hot or on disk), shared up to the "
+                    "first differing token.")
+    persist_on_exit: bool = Field(
+        True,
+        description="Write every hot agent to the warm (disk) tier on a clean shutdown.")
     kv_bits_at_rest: Literal["none", "8", "4"] = Field(
         "none",
-        description="Quantize idle agents' KV to 8 or 4 bits when the pool needs room: kept in memory first "
-                    "(the cool tier, about 3.6x / 6.4x fewer bytes than float32, back by a dequantize), then "
-                    "written to disk that way (warm files and shared prefixes). Restored close to, not exactly "
-                    "as, computed (bench/bench_kv_at_rest.py). none: exact, no cool tier. Files of either kind "
-                    "load under any setting.",
+        description="Quantize idle agents' KV to 8 or 4 bits when the pool needs room, in memory (the cool tier) and "
+                    "on disk: close to, not exactly, the computed cache. none: exact, no cool tier.",
     )
 
     # -- memory pressure ----------------------------------------------------------
     memory_soft_limit_mb: float | None = Field(
         None, ge=1, le=1e9,
-        description="Memory the whole machine may have in use (total minus available: this process, MLX and "
-                    "every other application) before the engine gives way: idle agents are cooled and spilled to "
-                    "disk, and new turns are admitted only as far as idle caches make room. Default: the "
-                    "machine's memory less 15 percent of it (at least 2 GiB).",
+        description="MiB the whole machine may have in use before idle agents are spilled to disk and new turns wait "
+                    "for room; unset: the machine's memory less 15 percent (at least 2 GiB).",
     )
     memory_hard_limit_mb: float | None = Field(
         None, ge=1, le=1e9,
-        description="Memory the machine may have in use before new requests are refused with the overload "
-                    "error and retry-after (Anthropic 529 overloaded_error, OpenAI 503); running turns finish. "
-                    "Default: the machine's memory less 5 percent of it (at least 1 GiB). Both watermarks can be "
-                    "changed while the server runs (PUT /v1/admin/memory).",
+        description="MiB the whole machine may have in use before new requests are refused as overloaded (Anthropic "
+                    "529, OpenAI 503); unset: the machine's memory less 5 percent (at least 1 GiB).",
     )
 
     # -- HTTP ------------------------------------------------------------------
     host: str = Field("127.0.0.1", description="Address the HTTP API binds.")
-    port: int = Field(8642, ge=0, le=65535, description="Port of the HTTP API (0 = any free port).")
+    port: int = Field(8642, ge=0, le=65535, description="Port of the HTTP API (0: any free port).")
     allow_remote: bool = Field(False, description="Required to bind an address other than loopback.")
-    api_key: SecretStr | None = Field(None, description="When set, requests must carry it as x-api-key or Bearer token.")
+    api_key: SecretStr | None = Field(
+        None,
+        description="When set, requests must carry it as x-api-key or Bearer token.")
     max_body_mb: float = Field(32.0, gt=0, description="Largest accepted request body in MiB (413 above).")
-    ping_interval_s: float = Field(10.0, gt=0, description="Seconds between SSE ping events while a prompt is prefilled.")
-    max_image_mb: float = Field(20.0, gt=0, description="Largest image a request may carry, in MiB of encoded bytes (413 above, naming the field).")
-    max_images_per_request: int = Field(100, ge=0, description="Most images one request may carry, its history included (400 above).")
-    max_image_pixels: int = Field(50_000_000, ge=1, description="Most pixels an image may have, read from its header before any decoding (a decompression bomb is a 400).")
-    allow_image_urls: bool = Field(False, description="Fetch images that requests name by http(s) URL (off: such an image is a 400; a local server fetching URLs a client names is a risk).")
+    ping_interval_s: float = Field(
+        10.0, gt=0,
+        description="Seconds between SSE ping events while a prompt is prefilled.")
+    max_image_mb: float = Field(
+        20.0, gt=0,
+        description="Largest image a request may carry, in MiB of encoded bytes (413 above, naming the field).")
+    max_images_per_request: int = Field(
+        100, ge=0,
+        description="Most images one request may carry, its history included (400 above).")
+    max_image_pixels: int = Field(
+        50_000_000, ge=1,
+        description="Most pixels an image may have, read from its header before decoding (a decompression bomb is a "
+                    "400).")
+    allow_image_urls: bool = Field(
+        False,
+        description="Fetch images that requests name by http(s) URL; off: such an image is a 400.")
     text_model_images: Literal["refuse", "placeholder"] = Field(
-        "refuse", description="An image sent to a model without vision: refuse (a 400 that says the model has no vision) "
-                              "or placeholder (the model reads a short note in its place).")
-    image_feature_cache: int = Field(64, ge=0, description="Images whose vision-tower output is kept, so another agent sending the same image computes no vision tower (0: none).")
+        "refuse", description="An image sent to a model without vision: refuse (a 400 that says so) or placeholder "
+                              "(the model reads a short note in its place).")
+    image_feature_cache: int = Field(
+        64, ge=0,
+        description="Images whose vision-tower output is kept, so another agent sending the same image skips the "
+                    "tower (0: none).")
     request_timeout_s: float = Field(
         1800.0, gt=0,
-        description="Longest a request may wait in the queue for a free slot; after it the request is refused "
-                    "(Anthropic 529 overloaded_error, OpenAI 503, with retry-after).",
+        description="Seconds a request may wait in the queue for a free slot before it is refused as overloaded "
+                    "(Anthropic 529, OpenAI 503, with retry-after).",
     )
     max_queued_requests: int = Field(
         256, ge=1, description="Most requests waiting for the engine; beyond it new ones get 429 with retry-after."
@@ -260,33 +266,40 @@ class Settings(BaseSettings):
     )
     watchdog_s: float = Field(
         60.0, gt=0,
-        description="An engine that completes no step for this long while work is pending is reported stalled "
-                    "(/health/ready turns 503, the workbench and /metrics say so).",
+        description="Seconds without a completed step, while work is pending, after which the engine is reported "
+                    "stalled (/health/ready turns 503).",
     )
     shutdown_grace_s: float = Field(10.0, ge=0, description="Seconds in-flight streams get to finish on shutdown.")
     record_requests: Path | None = Field(
-        None, description="Append every generation request clients send (headers without secrets, body, timing) "
-                          "to this JSONL file, for bench/replay.py.",
+        None, description="Append every generation request clients send (headers without secrets, body, timing) to "
+                          "this JSONL file, for bench/replay.py.",
     )
-    allow_model_swap_by_request: bool = Field(False, description="Let a request's model field trigger a swap.")
-    swap_grace_s: float = Field(10.0, ge=0, description="Seconds running turns get to finish when a model swap starts.")
-    swap_wait_s: float = Field(60.0, ge=0, description="Longest a request waits for a model swap before a 503 with retry-after.")
-    idle_unload_s: float | None = Field(None, gt=0, description="Unload the model after this many idle seconds; the next request reloads it.")
+    allow_model_swap_by_request: bool = Field(False, description="Let a request's model field trigger a model swap.")
+    swap_grace_s: float = Field(
+        10.0, ge=0,
+        description="Seconds running turns get to finish when a model swap starts.")
+    swap_wait_s: float = Field(
+        60.0, ge=0,
+        description="Longest a request waits for a model swap before a 503 with retry-after.")
+    idle_unload_s: float | None = Field(
+        None, gt=0,
+        description="Unload the model after this many idle seconds; the next request reloads it.")
 
     # -- several processes, one model (mlx.launch) ----------------------------------
     distributed_backend: Literal["any", "ring", "jaccl", "mpi", "nccl"] = Field(
         "any", description="mx.distributed backend when mlx.launch started this process as one of several ranks "
-        "(ignored when it runs alone).")
+                           "(ignored when it runs alone).")
     rank_timeout_s: float = Field(
-        300.0, gt=0, description="Under mlx.launch: a rank whose engine makes no progress this long takes a peer "
-        "for dead and exits non-zero (MLX can wait forever on a peer killed mid-transfer).")
+        300.0, gt=0, description="Under mlx.launch: seconds without engine progress after which a rank takes a peer "
+                                 "for dead and exits non-zero.")
     shard_mode: Literal["tensor", "pipeline"] = Field(
-        "tensor", description="How a model is split across ranks: tensor (each rank holds a share of every "
-        "layer's heads). pipeline (each rank a run of layers) is refused with the reason: mlx-lm pipelines "
-        "only model families whose caches the block pool does not hold.")
+        "tensor", description="How a model is split across ranks: tensor (each rank holds a share of every layer's "
+                              "heads); pipeline is refused, with the reason.")
 
     # -- platform -----------------------------------------------------------------
-    preload_openblas: bool = Field(True, description="On Linux CPU, re-exec once with OpenBLAS preloaded (about 30x faster matmul).")
+    preload_openblas: bool = Field(
+        True,
+        description="On Linux CPU, re-exec once with OpenBLAS preloaded (about 30x faster matmul).")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log verbosity.")
     log_json: bool = Field(False, description="Structured JSON logs (default for --serve when not a terminal).")
 

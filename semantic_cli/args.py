@@ -27,7 +27,8 @@ def settings_parser(without: frozenset[str] = frozenset()) -> argparse.ArgumentP
     parents' actions, so overriding one in place would change it everywhere.
     """
     parser = argparse.ArgumentParser(add_help=False)
-    group = parser.add_argument_group("settings (flag > SEMANTIC_* env > .env > TOML > default)")
+    group = parser.add_argument_group(
+        "settings (flag > SEMANTIC_* env > .env > TOML > default; each in detail: docs/configuration.md)")
     for name, field in Settings.model_fields.items():
         if name in without:
             continue

@@ -50,7 +50,7 @@ class AgentLanes:
     async def claim(self, model_key: str, base: str, request_id: str,
                     client_gone: ClientGone | None = None) -> str:
         """The first lane of ``base`` without a live turn (``base`` itself first), held for ``request_id``;
-        past ``most`` lanes, ``base`` (the turn queues behind its running one, as before)."""
+        past ``most`` lanes, ``base`` (the turn queues behind its running one)."""
         if client_gone is not None and await client_gone():
             self._hold(model_key, base, request_id, client_gone)
             return base

@@ -12,8 +12,7 @@ does the same for Qwen3-Coder's XML calls, writing the JSON object mlx-lm's
 parser makes of them.
 
 A call it cannot stream that way (the arguments before the name, or written
-as a string holding JSON) is left whole: the call streams once it closes,
-as before.
+as a string holding JSON) is left whole: the call streams once it closes.
 
 The other formats' scanners live beside this module, one per format, each
 following its mlx-lm parser: ``tool_arguments_glm`` (GLM, LongCat),

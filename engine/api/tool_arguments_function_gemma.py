@@ -13,7 +13,7 @@ of a string can hold a ``}`` (the parser's arguments end there, and the call
 does not parse), so a string that meets one refuses the call, which then
 ends incomplete, as the parser fails it. A body in another shape (no
 ``call:NAME{`` first, text without a ``:`` for a key) is refused before
-anything streams: it comes whole when it ends, as before. The parser reads
+anything streams: it comes whole when it ends. The parser reads
 one call a body.
 """
 

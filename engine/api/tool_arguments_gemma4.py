@@ -9,7 +9,7 @@ does the same as the text comes: a string's text streams JSON-escaped as it
 is written, a word waits until what follows it says whether it is a key,
 everything else passes as written, and the object ends at its matching
 brace. A body in another shape (no ``call:NAME{`` first) is refused: it
-comes whole when it ends, as before.
+comes whole when it ends.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ possible end tag and trailing whitespace (which the parser strips).
 
 A body in another shape (GLM's JSON or ``name key=value`` fallbacks) never
 finds an ``<arg_key>``: it never starts streaming, and the call comes whole
-when it ends, as before.
+when it ends.
 
 LongCat writes the same shape with ``<longcat_arg_key>`` tags (mlx-lm's
 ``longcat`` parser, which asks the schema argument by argument):

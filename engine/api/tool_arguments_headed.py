@@ -9,7 +9,7 @@ the name from the header and the arguments as the JSON after it.
 hands out the object's own text as written, from ``{`` to its matching ``}``;
 concatenated, the pieces parse to what the parser reads. A body in another
 shape (Mistral's JSON list of calls, arguments that are not an object, text
-before the name) is refused: that call comes whole when it ends, as before.
+before the name) is refused: that call comes whole when it ends.
 Only the first call of a body streams; the others come whole when the
 body ends (tool_calls.py).
 """

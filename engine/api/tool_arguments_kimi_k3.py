@@ -17,8 +17,8 @@ written, and the object's end at ``<|close|>call<|sep|>``, once the parser's
 reading of the whole call agrees (a JSON block written after arguments that
 streamed ends the call incomplete). Held back only a possible end tag. A
 call without a tool name, or an argument without a key, is refused before
-anything of it streams where it can be: it comes whole when the section ends,
-as before. Only the first call of a section streams; the others come whole
+anything of it streams where it can be: it comes whole when the section ends.
+Only the first call of a section streams; the others come whole
 when the section ends (tool_calls.py).
 """
 

@@ -14,7 +14,7 @@ JSON-escaped) as it is written, any other once its ``</param>`` comes
 Held back only what may still change: a possible end tag or CDATA end,
 trailing whitespace outside CDATA, and a value that may yet be exactly
 ``null``. A body whose name is not in the parser's shape is refused before
-anything streams: it comes whole when it ends, as before.
+anything streams: it comes whole when it ends.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ rules JSON out, or it left the words ``true``, ``false``, ``null``, ``NaN``,
 back only what may still change: a possible end tag, trailing whitespace and
 a value that may yet be JSON (a number, an object, a quoted string: which it
 is, the close decides). A first invoke in another shape is refused before
-anything streams: it comes whole when it ends, as before. Only the first
+anything streams: it comes whole when it ends. Only the first
 call of a body streams; the others come whole when the body ends
 (tool_calls.py).
 """

@@ -14,7 +14,7 @@ written. Since the fallback hangs on the whole text, the object counts as
 done only when the call's body ends and the parser's Python reading of it
 agrees (else the call ends incomplete). A body in another shape (not
 ``[name(`` first, a positional argument, ``**kwargs``) is refused before
-anything streams: it comes whole when it ends, as before. Only the first call
+anything streams: it comes whole when it ends. Only the first call
 of a list streams; the others come whole when the body ends (tool_calls.py).
 """
 

@@ -9,7 +9,7 @@ A turn with tools is constrained (``engine/grammar/tool_grammar.py``) when
   with a call (of that tool);
 - a response format is asked for as well: the reply is that JSON or calls.
 
-Otherwise the reply is free, as before. Only tool-call formats whose body is
+Otherwise the reply is free. Only tool-call formats whose body is
 JSON can be constrained (this project's Hermes fallback, which SmolLM2 and the
 base models use, and mlx-lm's ``json_tools``); under any other format the
 strictness is logged, once per format, and not enforced.

@@ -4,7 +4,7 @@ Several ranks on one Linux box (a test run, a big machine) each preload
 OpenBLAS, whose threads default to one per core: two ranks on two cores then
 run four spinning BLAS threads. Two ranks against one process measured 0.27x
 that way and 0.42x with a thread per rank (``python -m bench.bench_distributed``,
-Llama-3.2-1B shape, the 2-core CPU box, 2026-11-27). The engine's own compiled
+Llama-3.2-1B shape, the 2-core CPU box). The engine's own compiled
 loops (numba: the decode step's linear pass and attention) take the same
 share. No mlx import here: the
 OpenBLAS re-exec decides before MLX is loaded.

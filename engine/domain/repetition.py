@@ -13,11 +13,11 @@ cycle of at most ``MAX_PERIOD`` tokens:
   (``# 7.3\\nThis is a minor detail to the above question.\\n\\n# 7.4\\n...``),
   which no exact cycle matches.
 
-Why these numbers (``python -m bench.bench_runaway`` on the 2-core CPU box, 2026-11-27):
+Why these numbers (``python -m bench.bench_runaway`` on the 2-core CPU box):
 SmolLM2 answering Claude Code's recorded ``--continue`` request writes such a
 list in most sampled answers (19 of 19 at its model card's temperature 0.2,
 11 of 19 at 0.7); the near rule ended every one after 527-1,039 tokens (0.2)
-or 610-1,499 (0.7), where before they ran to the 4,096-token output cap.
+or 610-1,499 (0.7), where without it they ran to the 4,096-token output cap.
 Over 782 real source and documentation files (this repository, mlx-lm,
 Textual, Rich, httpx, FastAPI, pydantic) it ended none: the highest share of
 tokens equal to the token a cycle back in any 512-token window is 0.861 (a
@@ -27,10 +27,10 @@ window, than the runaway lists, 0.57-0.78) and matching a token a cycle or a
 cycle plus one back (it ends runaways sooner but scores three legitimate
 tables above 0.9).
 
-Cycles up to 128 tokens, not 64 as first measured: Gemma 3 270M answering Codex CLI's ~6K-token
+Cycles up to 128 tokens, not 64: Gemma 3 270M answering Codex CLI's ~6K-token
 prompt looped over five XML-like lines of 65 tokens until the output cap (178 s on the 2-core CPU,
 and Codex reports a reply cut at the cap as a failed turn). At 128 the guard still ends none of
-the corpus's files (847 read, 2026-11-29).
+the corpus's files (847 read).
 
 Per token the guard's work is proportional to the new token's earlier
 occurrences among the last MAX_PERIOD tokens (RepetitionGuard), nothing rescanned.
@@ -65,7 +65,7 @@ class RepetitionGuard:
     equals an earlier one (its occurrences among the last MAX_PERIOD tokens: few, in text that is not
     looping) change; every other run is broken, kept lazily as a stale run. So a token costs a few
     operations per earlier occurrence, not one per period: 3.5 us a token of code against 12 us for a
-    loop over 64 periods and 25 us over 128 (the 2-core CPU box, 2026-11-29), on
+    loop over 64 periods and 25 us over 128 (the 2-core CPU box), on
     every sequence's every token; one token repeated costs ~30 us, and is ended within half a window.
     A period can newly meet a rule only where
     its run or count grew, or when the window first reaches it (``n == window + p``): those are checked.

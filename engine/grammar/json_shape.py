@@ -3,7 +3,7 @@ repeating its items.
 
 Small models under a schema loop inside arrays: ``"tags": ["pets", "pets", "pets", ...`` or
 ``["make-tea-steps-1.json", "make-tea-steps-2.json", ...`` until ``max_tokens``, greedy or sampled (greedy
-SmolLM2 ran 40 of 50 open-schema requests to the cap, report 2026-12-02-cpu-2core-s30). A token guard sees
+SmolLM2 ran 40 of 50 open-schema requests to the cap: bench_structured_outputs, the 2-core CPU box). A token guard sees
 the first only after hundreds of tokens, and the second never exactly; here an array's items are compared as
 whole values (case ignored). An array loops when at least half its items equal an earlier one, and either
 ``REPEATS`` of them are equal as written or more are once the digits in their strings are folded (a counter

@@ -12,8 +12,8 @@ it allows, so the JSON parses and validates, and the model still chooses within 
 
 The grammar decides what is valid, so a class never lets an invalid token in; the classes only rank
 valid ones. A schema whose remaining requirements cannot be met soon (a long ``minLength``) is written
-out by the model under the grammar as before, and a reply that cannot close before ``max_tokens`` ends
-``length`` as before.
+out by the model under the grammar alone, and a reply that cannot close before ``max_tokens`` ends
+``length``.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 # server's (``repetition_window``, 512) so that a string repeating itself is closed well before a typical
 # ``max_tokens``; exact loops only (a near loop at this window fires on ordinary code, and strict tool
 # calls carry code in their strings). Measured over 1,191 source and documentation files of the repository and
-# its packages written as JSON strings (python -m bench.loop_false_positives, report 2026-12-02-cpu-2core-s30):
+# its packages written as JSON strings (python -m bench.loop_false_positives, the 2-core CPU box):
 # at this window it fires on none; at 64 tokens on 10, at 96 on 5 (tables, regular expressions, repeated
 # arguments).
 EXACT_WINDOW = 128
@@ -27,8 +27,8 @@ EXACT_WINDOW = 128
 # a token, or several in one): a required property still to come needs its name and an empty value. A reply
 # that runs this close to max_tokens unclosed (a loop with varying items, which no guard matches, or an
 # answer that is simply long) is steered closed rather than cut: sampled SmolLM2 and Gemma 3 replies to open
-# schemas ran to their cap 2 and 7 times in 50 without it (report 2026-12-02-cpu-2core-s30), none with it
-# (2026-12-03-cpu-2core-s36).
+# schemas ran to their cap 2 and 7 times in 50 without it, none with it (bench_structured_outputs, the 2-core
+# CPU box).
 CLOSE_MARGIN = 16
 
 

@@ -6,7 +6,7 @@ mlx-lm's tokenizer wrapper already knows the think markers
 ``<channel|>``, the xtml form). It has nothing for gpt-oss's harmony
 messages (mlx-lm #875), which are recognised here by their special tokens.
 A tokenizer with neither (SmolLM2, Gemma 3) has no reasoning format: every
-token it writes is answer text, as before.
+token it writes is answer text.
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ def _harmony(tokenizer: Any) -> HarmonyFormat | None:
 def _token_ids(tokenizer: Any, tokens: tuple[str, ...]) -> list[int] | None:
     """Each token's id, or None when the vocabulary lacks one. Looked up one by one where the tokenizer can:
     building the whole vocabulary (``get_vocab``) takes 0.24 s for Gemma 3's 262K tokens, and every prompt
-    renderer asks (measured: it was most of a fresh server's extra first-request time, report s31)."""
+    renderer asks (measured: most of a fresh server's extra first-request time; bench_first_answer, the
+    2-core CPU box)."""
     convert = getattr(tokenizer, "convert_tokens_to_ids", None)
     if convert is not None:
         unknown = getattr(tokenizer, "unk_token_id", None)

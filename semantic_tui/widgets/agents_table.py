@@ -133,7 +133,7 @@ class AgentsTable(DataTable):
             del self._rows[gone]
         ordered = [row_key(model, a.agent_id) for model, a in rows]
         appended = list(self._rows) + [k for k in ordered if k not in self._rows]
-        if appended != ordered:  # an agent joined an earlier session's rows: redraw them in tree order
+        if appended != ordered:  # an agent joined the rows of a session already drawn: redraw them in tree order
             self._reselect = self.selected_agent
             self.clear()
             self._rows.clear()

@@ -150,7 +150,7 @@ async def test_an_image_inside_a_tool_result_is_read_like_any_other(tmp_path: Pa
     body = {"model": "m", "max_tokens": 8, "messages": [
         {"role": "user", "content": "Read shot.png"},
         {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "Read",
-                                           "input": {"file_path": "/tmp/shot.png"}}]},
+                                           "input": {"file_path": "shot.png"}}]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
                                       "content": [anthropic_image(png())]}]}]}
     response = await post(tmp_path, "/v1/messages", body)

@@ -85,6 +85,14 @@ def test_every_setting_has_a_documented_flag() -> None:
         assert field.description, name
 
 
+def test_help_stays_short_and_each_setting_is_explained_in_the_docs() -> None:
+    """``--help`` says what a setting does in a sentence or two; docs/configuration.md says why and with what."""
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text(encoding="utf-8")
+    for name, field in Settings.model_fields.items():
+        assert len(field.description or "") <= 220, name
+        assert f"`{name}`" in docs, name
+
+
 def test_flags_override_only_what_was_passed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SEMANTIC_PORT", "9000")
     args = build_parser().parse_args(["--pool-budget-mb", "64", "--no-prefix-sharing", "generate", "hi", "--model", "x"])

@@ -141,7 +141,7 @@ def _merge(delta: RoutedDelta, more: RoutedDelta) -> None:
 
 def _steered_closed(turn: Turn, loop: Loop) -> bool:
     """The server's guard found a loop in a constrained reply that is not whole: steer it closed instead of cutting it
-    (once; a loop found again while it closes cuts it, as before)."""
+    (once; a loop found again while it closes cuts it)."""
     constraint = turn.sequence.constraint if turn.sequence is not None else None
     return constraint is not None and constraint.close(f"repetition guard: {loop.describe()}")
 

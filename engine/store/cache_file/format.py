@@ -25,7 +25,7 @@ from engine.store.file_names import agent_file_stem
 FORMAT_NAME = "semantic-agent-cache"
 FORMAT_VERSION = 1
 # Version 2: K/V quantized at rest (the header's ``kv_quantization``). A full-precision file is
-# still written as version 1, byte for byte as before, so files of either kind keep loading.
+# a version 1 file, so files of either kind keep loading.
 QUANTIZED_FORMAT_VERSION = 2
 READABLE_VERSIONS = (FORMAT_VERSION, QUANTIZED_FORMAT_VERSION)
 # What mx.quantize offers; a reader checks a file's bits and group size against these.

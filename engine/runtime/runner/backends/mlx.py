@@ -182,7 +182,7 @@ class MlxBackend:
         """One more token in a pass, as a share of a one-token pass (``drafting.allocate_drafts``).
 
         On MLX's CPU device, measured (SmolLM2, 1,000 tokens of context, 2 cores: a pass of 1 token 97 ms, of
-        8 tokens 196 ms; bench_verify_cost, 2026-11-29): about 0.16. On a GPU a
+        8 tokens 196 ms; bench_verify_cost, the 2-core CPU box): about 0.16. On a GPU a
         decode pass is bound by reading the weights, and a few more tokens cost little; 0.05 there is a
         guess that was not measured (no GPU here): the batch's own timing (``step_rates.py``) stops
         speculative steps that fall behind plain ones either way."""

@@ -167,7 +167,7 @@ class CpuBackend(MlxBackend):
     def await_warm_up(self, progress: Callable[[str, int, int], None] | None = None) -> None:
         """Join the compiled loops' loading, reported as the stage ``"compiling"`` (loops loaded of all). On a
         fresh install numba compiles them here (~8 s on the 2-core box); a first request that came before
-        would wait as long (8.4 s against 0.18 s for the second, report s31), so the engine says ready only
+        would wait as long (8.4 s against 0.18 s for the second, bench_first_answer), so the engine says ready only
         after this."""
         waiting = [(what, thread) for what, thread in self._warming if thread.is_alive()]
         self._warming = []
@@ -205,8 +205,8 @@ class CpuBackend(MlxBackend):
         """A vision tower's run: its attention through the host attention (the compiled softmax rows past
         ``cpu_math.MAX_SCORES`` scores) and its GELU through ``cpu_math``. MLX's CPU attention takes 212 ms a
         layer over the bench's SigLIP tower (12 heads over 1024 patches), the host attention 59 ms. A 1280x800
-        screenshot through the bench's towers (bench/bench_vision_tower.py, report 2026-12-05-cpu-2core-s41,
-        2-core x86): Gemma 3's 448-pixel SigLIP 4.11 -> 2.14 s, Qwen3.5's 12-layer ViT-B 2.66 -> 1.50 s, outputs
+        screenshot through the bench's towers (bench/bench_vision_tower.py, the 2-core x86
+        box): Gemma 3's 448-pixel SigLIP 4.11 -> 2.14 s, Qwen3.5's 12-layer ViT-B 2.66 -> 1.50 s, outputs
         equal to 6.7e-7 of their largest value (tests/model/test_vision_real.py checks each family)."""
         self._vision_thread = threading.get_ident()
         try:
@@ -240,8 +240,8 @@ class CpuBackend(MlxBackend):
         """Where a decode step runs whole on the host, prompt chunks ride it: each chunk's tokens are rows of the
         step's linear layers and attend together over their sequence's cache (as a verification's drafts do), so
         the step reads the weights once for both. A prefill pass of its own costs ~150 ms here before its first
-        token (SmolLM2, the 2-core x86 box: report 2026-12-07-cpu-2core-s45's pacer experiments), which is most
-        of a paced step."""
+        token (SmolLM2, the 2-core x86 box: an in-process engine timing prefill passes of cycled chunk sizes),
+        which is most of a paced step."""
         kvs = [*rows, *(kv for kv, _ in chunks)]
         return (bool(rows) and self.steps_on_host(model, kvs)
                 and _claimable(kvs, [*(widths or [1] * len(rows)), *(m for _, m in chunks)]))
@@ -264,7 +264,7 @@ class CpuBackend(MlxBackend):
         linear pass kept out. The pass and BLAS taking turns in one step is what costs here: at 8 rows of the
         DeepSeek V3 shape, 142-147 tok/s with the pass, 170-176 without; at 4 rows 102-108 against 98-103; a
         lone row keeps the pass (in-process engine, 48 tokens for each of N distinct prompts, 2 repeats each way,
-        bench.random_model's ``--family deepseek_v3`` folder, the 2-core x86 box, 2026-12-07)."""
+        bench.random_model's ``--family deepseek_v3`` folder, the 2-core x86 box)."""
         self._blas_step = True
         try:
             return super().decode(model, inputs, rows)
@@ -288,7 +288,7 @@ class CpuBackend(MlxBackend):
         """On the host path each sequence's own token is a row of the linear layers' products and of
         ``host_decode``'s attention loops, and 2 cores are busy with them: SmolLM2 at 1,000 tokens of context, a
         pass of one token for eight agents takes about 3.3 passes of one for one agent (193 against 58 ms;
-        the 2-core CPU box, 2026-11-30). A drafted token costs less
+        the 2-core CPU box). A drafted token costs less
         (:meth:`draft_token_cost`)."""
         if self._host_step.get(id(model)) and self._loops_ok:
             return 0.3
@@ -299,7 +299,7 @@ class CpuBackend(MlxBackend):
         layers take up to 64 rows in one read of the weights: SmolLM2 at 1,000 tokens of context, one agent, a
         pass of 1 token 58 ms, of 8 tokens 105 ms (6.7 ms a drafted token); eight agents 193 ms a pass of one
         token each, 262 of two, 354 of four (6-9 ms a drafted token): 0.12-0.15 of a one-token pass
-        (the 2-core CPU box, 2026-11-30)."""
+        (the 2-core CPU box)."""
         if self._host_step.get(id(model)) and self._loops_ok:
             return 0.13
         return super().draft_token_cost(model)
@@ -317,7 +317,7 @@ class CpuBackend(MlxBackend):
         if x.ndim == 3 and x.shape[1] > 1:
             # Several tokens a row (a short prompt chunk, a speculative step's drafts): the pass's evaluation
             # before each product costs more than it saves there (SmolLM2, one agent, 2 to 8 tokens: 180-440 ms
-            # a pass with it, 105-170 without; bench_verify_cost, the 2-core CPU box, 2026-11-29).
+            # a pass with it, 105-170 without; bench_verify_cost, the 2-core CPU box).
             return None
         return host_linear.product(x, weights)
 

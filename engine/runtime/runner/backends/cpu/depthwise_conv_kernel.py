@@ -5,7 +5,7 @@ other hybrids run a depthwise ``nn.Conv1d`` (one filter of 4 taps per channel) b
 their recurrence. MLX's CPU convolution loops over the channels one group at
 a time: on the Qwen3.5-0.8B-shaped bench model (6,144 channels), a
 512-token chunk's convolution took 75.6 ms a layer, here 3.9 ms (the 2-core
-x86 box, 2026-12-02; ``docs/performance.md``).
+x86 box; ``docs/performance.md``).
 
 The sum is MLX's to the bit: each output starts at 0 and adds its taps in
 order with a fused multiply-add (``contract``; measured equal to

@@ -6,7 +6,7 @@ Metal as a kernel; everywhere else as ``gated_delta_ops``: one compiled MLX
 step per token, a few operations over the whole state each, so a 466-token
 chunk of a Qwen3.5-0.8B-shaped model's six recurrent layers is ~2,800 steps
 of ~1 MB passes, each a hand-off to MLX's CPU stream: 4.0 of the chunk's
-5.4 s on this project's 2-core x86 machines (2026-11-30, session 23).
+5.4 s on this project's 2-core x86 machines.
 
 Here each head's state row (``Dk`` floats) stays in the CPU's cache while
 one pass decays it, reads the key's projection, adds the delta and reads

@@ -15,7 +15,7 @@ takes the compiled rows past ``MAX_SCORES``, ``cpu_math.softmax`` below it
 (above ``MIN_ELEMENTS``).
 
 ``evaluate_blocks`` (the fallback only): measured on 466-token chunks,
-2-core CPU, 2026-11-30 (whole forward passes, blocks evaluated / left in
+the 2-core CPU box (whole forward passes, blocks evaluated / left in
 the graph / MLX's fused attention):
 
 * SmolLM2 (9 heads of 64) over 4K keys: 6.3 / 8.6 / 11.3 s. Evaluating

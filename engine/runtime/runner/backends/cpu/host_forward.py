@@ -19,7 +19,7 @@ and the families mlx-lm loads as ``llama``) with full attention in every
 layer, ``nn.RoPE`` rotations, float32 weights in plain ``nn.Linear``
 layers; a batch whose every row may be written in place (``HostFullKV.can_claim``:
 not after a rewind). The CPU backend decides that (``backend.py``). Everything else (Gemma's sliding windows, quantized
-weights, prefill passes of their own) runs through MLX's forward as before; a prompt chunk that rides a decode
+weights, prefill passes of their own) runs through MLX's forward; a prompt chunk that rides a decode
 step (``prompt_rows`` below) runs here with it.
 
 Numerics: the rotations' cosines and sines come from ``mx.fast.rope`` itself

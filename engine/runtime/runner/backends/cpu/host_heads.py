@@ -10,7 +10,7 @@ matrix once per row: at 16 agents of a DeepSeek V3-shaped model (8 heads,
 more than the rest of the layer's projections together. Folding the rows
 into each head's product (heads, rows x tokens, width) makes it one
 matrix product per head: 0.26 and 0.28 ms, the same sums
-(bench_model_families' DeepSeek V3 shape, 2-core x86, 2026-12-07).
+(bench_model_families' DeepSeek V3 shape, the 2-core x86 box).
 
 On Metal and CUDA the broadcast product is one kernel that keeps the
 weights in cache, so this stays with the CPU backend, which gives the

@@ -175,8 +175,8 @@ class HostPaddedLayerCache(PaddedLayerCache):
     Row by row (the base class), each row's heads are vector products MLX's CPU
     attention runs one head at a time. At 16 rows of a DeepSeek V3-shaped
     model (8 heads over 100 latents of 512) that took 4.3 ms a layer; the
-    rows together, the 8 heads as one key head's 8 queries, 1.1 ms (2-core
-    x86, 2026-12-07). The padding the rows then share is hidden by the mask
+    rows together, the 8 heads as one key head's 8 queries, 1.1 ms (the 2-core
+    x86 box). The padding the rows then share is hidden by the mask
     the model built from :meth:`make_mask` (its rotary scores), or here where it
     passed none. These are BLAS's products, so the backend keeps the linear
     pass out of such a step (``CpuBackend.decode``).

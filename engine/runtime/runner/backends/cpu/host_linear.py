@@ -12,7 +12,7 @@ and for at most ``MAX_ROWS`` rows, evaluates its input and runs the pass on
 the weights' own buffer (an evaluated MLX array hands numpy its memory:
 nothing is copied). Everywhere else (prefill chunks, 16-row batches where
 ``sgemm`` is as fast, other dtypes, quantized layers, mlx-lm's own
-generation on the same model) MLX's matmul runs as before. The price is one
+generation on the same model) MLX's matmul runs. The price is one
 ``mx.eval`` where a layer's input was not evaluated yet (four a decoder
 layer), which is why this stops at 8 rows.
 

@@ -8,11 +8,11 @@ weights times the values go back into MLX's graph. A causal chunk's future
 keys are cut per row by the kernel, not by a mask pass over the scores.
 
 Measured on the Qwen3.5-0.8B-shaped bench model (8 query heads of 256 over
-2 key heads), one call of 466 queries over 20,781 keys, 2-core x86,
-2026-11-30: MLX's fused attention 1.46 s, ``cpu_math.attention`` 1.29 s,
+2 key heads), one call of 466 queries over 20,781 keys, the 2-core x86
+box: MLX's fused attention 1.46 s, ``cpu_math.attention`` 1.29 s,
 this 0.48 s (blocks of 2**22 scores: 0.63 s, 2**26: 0.44 s). The two products
 take ~0.35 s of the call everywhere; the softmax took the rest
-(the 2-core CPU box, 2026-11-30; ``docs/performance.md``).
+(``docs/performance.md``).
 
 Writing the weights into the scores' own buffer: the scores are a fresh
 product (or mask) output that nothing else holds, evaluated before the

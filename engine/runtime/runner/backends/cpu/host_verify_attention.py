@@ -8,14 +8,13 @@ the same shape, wider, and is split into runs of tokens one a thread.
 ``host_decode``'s loops take one query row at a time: dot products of 64
 floats, each summed across a vector register, then a scalar ``exp`` per
 score, ~350 us a token and layer over 1,000 keys on SmolLM2, so 8 tokens
-cost 8 times one (47 of a 136 ms pass; measured on the 2-core CPU box,
-2026-11-30).
+cost 8 times one (47 of a 136 ms pass; measured on the 2-core CPU box).
 Here a sequence's queries go together, per key head: one product of all
 its queries (tokens times the query heads sharing that key head) with the
 keys, one softmax per query cut at its own position (``softmax_kernel``'s
 rows: MLX's ``exp``), one product with the values. BLAS reads each key and
 value once for all of them: 8 tokens over 1,000 keys take ~0.5 ms a layer,
-~66 us a token (2026-11-30, session 25).
+~66 us a token.
 
 The products run on the calling thread (``threadpoolctl`` holds numpy's and
 MLX's OpenBLAS to one thread while they run): OpenBLAS's threads keep

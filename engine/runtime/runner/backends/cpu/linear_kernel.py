@@ -6,7 +6,7 @@ little arithmetic per byte: they are bound by memory bandwidth. BLAS's
 ``sgemm`` first copies ("packs") the weight matrix into its own layout,
 which at a few rows costs more than the product. Over SmolLM2's 538 MB of
 float32 weights on this project's 2-core x86 machines
-(``bench/bench_linear_pass.py``, report ``2026-11-28-cpu-2core-s11``), MLX's
+(``bench/bench_linear_pass.py``), MLX's
 matmul took 52.4 / 55.7 / 76.4 / 82.3 ms at 1 / 2 / 4 / 8 rows, this pass
 21.5 / 23.8 / 28.7 / 40.9 ms (25 down to 13 GB/s), and both ~65 ms at 16.
 
@@ -15,7 +15,7 @@ with every row of ``x`` (which stays in the CPU's cache). Rows of ``x`` go
 four at a time too (16 sums in registers: a load of a weight row feeds
 four multiply-adds, and so does a load of ``x``), the rest one at a time.
 A speculative step's verification carries 8-64 rows (each agent's last
-token and its drafts); over SmolLM2's weights (2026-11-30, session 25)
+token and its drafts); over SmolLM2's weights (the 2-core x86 box)
 four-by-four took 53 / 67 / 92 ms at 8 / 16 / 32 rows against 54 / 82 /
 125 ms one row at a time and 109 / 109 / 141 ms through numpy's BLAS; at
 64 rows BLAS is as fast (160 ms both). Output rows are split across threads

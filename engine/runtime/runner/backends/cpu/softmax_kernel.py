@@ -6,8 +6,7 @@ A 466-token chunk over 20K keys with 8 query heads has 77M scores a layer,
 and its softmax took 1.1-1.3 s of the call's 1.5 s (the two products
 through BLAS: 0.35 s). Here each row (one query's scores, ~80 KB at 20K
 keys) stays in the CPU's cache for its three passes: the maximum, ``exp``,
-the scaling. ~0.9 ns a score on this project's 2-core x86 machines
-(2026-11-30).
+the scaling. ~0.9 ns a score on this project's 2-core x86 machines.
 
 ``exp`` is MLX's own algorithm (as ``cpu_math.exp``: the degree-6
 polynomial for ``2**f``, times ``2**n`` assembled from its bits), so the
