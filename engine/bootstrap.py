@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import TYPE_CHECKING, Callable, Iterable
 
 import mlx.core as mx
@@ -89,8 +90,11 @@ def build_engine(
     world: "World | None" = None, device_turns: DeviceTurns | None = None,
 ) -> Engine:
     events = events or EventLog()
+    # The hot pool's K/V quantization is the pool's, not the model's layout: the store (which rests caches as
+    # the pool holds them) and the engine both see it in the spec.
+    loaded = replace(loaded, spec=loaded.spec.with_hot_kv(settings.hot_kv_bits, settings.kv_group_size))
     store = WarmStore(settings.agents_dir, stored_model(loaded), settings.disk_budget_bytes, events,
-                      kv_bits_at_rest=settings.kv_bits)
+                      kv_bits_at_rest=settings.bits_at_rest)
     lockstep = Lockstep(world) if world is not None else None
     engine = Engine(loaded, EngineSettings.of(settings), store=store, events=events, seed_agents=seed_agents,
                     lockstep=lockstep, device_turns=device_turns)

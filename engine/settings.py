@@ -203,6 +203,15 @@ class Settings(BaseSettings):
     persist_on_exit: bool = Field(
         True,
         description="Write every hot agent to the warm (disk) tier on a clean shutdown.")
+    kv_bits: Literal["none", "8", "4"] = Field(
+        "none",
+        description="Hold the hot pool's full-attention K/V quantized to 8 or 4 bits: the pool holds about 1.9x "
+                    "or 3.5x the tokens, close to (not exactly) the full-precision cache. none: exact.",
+    )
+    kv_group_size: Literal[32, 64, 128] = Field(
+        64,
+        description="Values of a head that share one scale and bias under --kv-bits (mlx-lm's default: 64).",
+    )
     kv_bits_at_rest: Literal["none", "8", "4"] = Field(
         "none",
         description="Quantize idle agents' KV to 8 or 4 bits when the pool needs room, in memory (the cool tier) and "
@@ -384,9 +393,14 @@ class Settings(BaseSettings):
         return int(self.pool_budget_mb * 1024 * 1024)
 
     @property
-    def kv_bits(self) -> int | None:
+    def bits_at_rest(self) -> int | None:
         """kv_bits_at_rest as a number of bits; None for full precision."""
         return None if self.kv_bits_at_rest == "none" else int(self.kv_bits_at_rest)
+
+    @property
+    def hot_kv_bits(self) -> int | None:
+        """kv_bits as a number of bits; None for full precision."""
+        return None if self.kv_bits == "none" else int(self.kv_bits)
 
     @property
     def disk_budget_bytes(self) -> int:
@@ -507,7 +521,7 @@ class EngineSettings:
         """The sections of ``settings``, each field read under its own name."""
         return cls(
             cache=CacheSettings(settings.pool_budget_bytes, settings.prefix_sharing, settings.persist_on_exit,
-                                settings.kv_bits),
+                                settings.bits_at_rest),
             batch=_section(BatchSettings, settings),
             turns=_section(TurnSettings, settings),
             sampling=_section(SamplingSettings, settings),

@@ -33,24 +33,27 @@ def list_models(settings: Settings, folders: list[Path] = ()) -> int:
     imported = sorted(p for p in settings.models_dir.glob("*") if (p / "config.json").is_file())
     console.print(f"Imported MLX folders in {settings.models_dir}:" if imported else f"Nothing imported yet in {settings.models_dir}.")
     for folder in imported:
-        console.print(f"  {folder.name}\n    {layer_groups(folder, settings.block_tokens)}", highlight=False)
+        console.print(f"  {folder.name}\n    {layer_groups(folder, settings)}", highlight=False)
     for folder in folders:
         if not (folder / "config.json").is_file():
             console.print(f"[red]{folder}: not an MLX model folder (no config.json)[/]")
             return 2
-        console.print(f"{folder}\n    {layer_groups(folder, settings.block_tokens)}", highlight=False)
+        console.print(f"{folder}\n    {layer_groups(folder, settings)}", highlight=False)
     return 0
 
 
-def layer_groups(folder: Path, block_tokens: int) -> str:
-    """What the folder's model caches per layer group, or why the engine refuses it."""
+def layer_groups(folder: Path, settings: Settings) -> str:
+    """What the folder's model caches per layer group (and, under --kv-bits, which groups the pool holds
+    quantized and why the others are not), or why the engine refuses it."""
     from engine.errors import UnsupportedModelError
     from engine.models.layout_preview import preview_cache_spec
 
     try:
-        return "layer groups: " + preview_cache_spec(folder, block_tokens).layer_summary()
+        spec = preview_cache_spec(folder, settings.block_tokens).with_hot_kv(settings.hot_kv_bits, settings.kv_group_size)
     except UnsupportedModelError as exc:
         return f"not servable: {exc}"
+    hot = f"\n    hot K/V: {spec.hot_kv_summary()}" if spec.kv_bits is not None else ""
+    return "layer groups: " + spec.layer_summary() + hot
 
 
 def import_model(settings: Settings, target: str | None) -> int:

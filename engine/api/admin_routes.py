@@ -51,6 +51,8 @@ class ModelStats(BaseModel):
                              "history), or 'draft model NAME' (--draft-model)")
     vision: str = Field("", description="Whether the model reads images: 'images (FAMILY, through mlx-vlm)', or "
                         "'no: WHY' (a text model, the vision extra not installed, a family not supported yet)")
+    hot_kv: str = Field("", description="How the hot pool holds K/V: 'full precision', or the bits (--kv-bits) and "
+                        "which layers keep full precision and why")
 
 
 class BlockMap(BaseModel):
@@ -166,7 +168,8 @@ def _blas() -> dict[str, str | None]:
 def _model_stats(view: ModelView) -> ModelStats:
     return ModelStats(model_id=view.model_id, identity=view.identity, path=view.path,
                       architecture=view.architecture, context_length=view.context_length, cache_spec=view.spec,
-                      sampling_defaults=view.sampling_defaults, speculation=view.speculation, vision=view.vision)
+                      sampling_defaults=view.sampling_defaults, speculation=view.speculation, vision=view.vision,
+                      hot_kv=view.hot_kv)
 
 
 def _pool_stats(pool: PoolSnapshot, with_blocks: bool, spec: dict | None = None, cool_bytes: int = 0) -> PoolStats:

@@ -29,7 +29,7 @@ cannot be cut back, so a sequence resumes only where a snapshot was kept).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import reduce
 
 DTYPE_BYTES = {
@@ -60,6 +60,17 @@ class KVGeometry:
     @property
     def token_bytes(self) -> int:
         return self.n_kv_heads * (self.head_dim + self.v_head_dim) * DTYPE_BYTES[self.dtype]
+
+    def quantized_token_bytes(self, bits: int, group_size: int) -> int:
+        """One token's K and V as ``mx.quantize`` packs them along the head dimension: ``bits`` a value in
+        uint32 words, and a scale and a bias (in ``dtype``) per ``group_size`` values."""
+        scale_bias = 2 * DTYPE_BYTES[self.dtype]
+        return self.n_kv_heads * sum(dim * bits // 8 + dim // group_size * scale_bias
+                                     for dim in (self.head_dim, self.v_head_dim))
+
+    def quantizes(self, bits: int, group_size: int) -> bool:
+        """Whether both widths split into whole groups and whole uint32 words."""
+        return all(dim % group_size == 0 and dim * bits % 32 == 0 for dim in (self.head_dim, self.v_head_dim))
 
     def describe(self) -> dict[str, object]:
         return {"n_kv_heads": self.n_kv_heads, "head_dim": self.head_dim, "v_head_dim": self.v_head_dim,
@@ -167,6 +178,11 @@ class ModelCacheSpec:
     # Where a model layer keeps two caches (mlx-lm's CacheList: a Mamba state beside K/V, two attention
     # passes): per model layer, the cache layers it takes together, in order. Empty: one cache layer each.
     cache_lists: tuple[tuple[int, ...], ...] = field(default=())
+    # The hot pool's K/V quantization (``--kv-bits``): the full-attention groups that can take it hold their
+    # K/V packed (``quantized_groups``); None: full precision. A property of this process's pool, not of the
+    # layout: ``describe`` (the cache files' fingerprint) leaves it out, and a file records its own.
+    kv_bits: int | None = None
+    kv_group_size: int = 64
 
     def __post_init__(self) -> None:
         if self.n_layers <= 0 or self.n_kv_heads <= 0 or self.head_dim <= 0:
@@ -243,10 +259,59 @@ class ModelCacheSpec:
 
     def group_block_bytes(self, group: LayerGroup) -> int:
         """Bytes of one of ``group``'s blocks: K and V of ``block_tokens`` tokens for its layers (a recurrent
-        group: its layers' states)."""
+        group: its layers' states), packed where the group is quantized."""
         if group.state is not None:
             return group.state.bytes * len(group.layers)
-        return self.geometry_of(group).token_bytes * len(group.layers) * self.block_tokens
+        return self.group_token_bytes(group) * len(group.layers) * self.block_tokens
+
+    def group_token_bytes(self, group: LayerGroup) -> int:
+        """One token of one of ``group``'s layers, as its blocks hold it."""
+        geometry = self.geometry_of(group)
+        if self.kv_bits is not None and group.index in self.quantized_groups:
+            return geometry.quantized_token_bytes(self.kv_bits, self.kv_group_size)
+        return geometry.token_bytes
+
+    # -- the hot pool's quantization --------------------------------------------------
+    @property
+    def quantized_groups(self) -> frozenset[int]:
+        """The groups whose blocks hold quantized K/V (empty at full precision)."""
+        if self.kv_bits is None:
+            return frozenset()
+        return frozenset(g.index for g in self.groups if self.full_precision_reason(g) is None)
+
+    def full_precision_reason(self, group: LayerGroup) -> str | None:
+        """Why ``group`` keeps full-precision K/V under ``kv_bits`` (None: it is quantized, or nothing is)."""
+        if self.kv_bits is None:
+            return None
+        if group.state is not None:
+            return "a recurrent state, not K/V per token"
+        if self.latent:
+            return "latent attention computes with the latents it fetches"
+        if group.window is not None:
+            return "a sliding window's ring is rewritten in place"
+        if group.chunk is not None:
+            return "a chunked window's run is laid out anew each chunk"
+        if not self.geometry_of(group).quantizes(self.kv_bits, self.kv_group_size):
+            geometry = self.geometry_of(group)
+            return (f"head widths {geometry.head_dim}/{geometry.v_head_dim} split into no whole groups of "
+                    f"{self.kv_group_size} at {self.kv_bits} bits")
+        return None
+
+    def with_hot_kv(self, bits: int | None, group_size: int = 64) -> "ModelCacheSpec":
+        """This layout with the hot pool's K/V at ``bits`` (None: full precision) where a group can take it."""
+        return replace(self, kv_bits=bits, kv_group_size=group_size)
+
+    def hot_kv_summary(self) -> str:
+        """The hot pool's K/V in a line: full precision, or the bits and what each group does."""
+        if self.kv_bits is None:
+            return "full precision"
+        quantized = self.quantized_groups
+        layers = sum(len(g.layers) for g in self.groups if g.index in quantized)
+        kept = {reason: sum(len(g.layers) for g in self.groups if self.full_precision_reason(g) == reason)
+                for g in self.groups if (reason := self.full_precision_reason(g)) is not None}
+        parts = [f"{self.kv_bits}-bit in groups of {self.kv_group_size} on {layers} layers"]
+        parts += [f"{n} layers full precision ({reason})" for reason, n in kept.items()]
+        return "; ".join(parts)
 
     @property
     def block_bytes(self) -> int:
@@ -315,8 +380,9 @@ class ModelCacheSpec:
                              f"({_size(geometry.bytes * layers)} a sequence)")
                 continue
             shape = f"{geometry.n_kv_heads}x{geometry.head_dim}/{geometry.v_head_dim} {geometry.dtype}"
-            parts.append(f"{kind}: {layers} layer{plural}{grouped} of {shape} "
-                         f"({_size(geometry.token_bytes * layers)} a token)")
+            packed = f" at {self.kv_bits} bits" if groups[0].index in self.quantized_groups else ""
+            parts.append(f"{kind}: {layers} layer{plural}{grouped} of {shape}{packed} "
+                         f"({_size(self.group_token_bytes(groups[0]) * layers)} a token)")
         extras = [f"{len(self.shared_layers)} more layers read earlier layers' K/V"] if self.shared_layers else []
         extras += ["latent attention (one latent head per layer)"] if self.latent else []
         extras += [f"{len(self.cache_lists)} model layers keep two caches each"] if self.cache_lists else []
@@ -324,7 +390,10 @@ class ModelCacheSpec:
 
     def describe(self) -> dict[str, object]:
         """JSON-friendly summary for stats, the model registry and cache files (whose fingerprint it is: a
-        uniform model's is what it has always been)."""
+        uniform model's is what it has always been). The layout's, at full precision: the hot pool's
+        quantization is no part of it."""
+        if self.kv_bits is not None:
+            return replace(self, kv_bits=None).describe()
         groups: list[dict[str, object]] = []
         for g in self.groups:
             entry: dict[str, object] = {"index": g.index, "kind": g.kind, "layers": list(g.layers)}

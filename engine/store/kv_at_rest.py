@@ -20,6 +20,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from engine.domain.cache_spec import ModelCacheSpec
 from engine.store.cache_file import QUANTIZATION_GROUP_SIZES, KVQuantization, PersistedBlock, QuantizedArray
 from engine.store.layer_slice import LayerSlice
 
@@ -44,6 +45,16 @@ def quantization_for(bits: int | None, *head_dims: int) -> KVQuantization | None
     log.warning("kv_bits_at_rest %d: head dims %s split into no group size of %s; "
                 "caches are stored at full precision", bits, "/".join(map(str, head_dims)), QUANTIZATION_GROUP_SIZES)
     return None
+
+
+def hot_quantization(spec: ModelCacheSpec) -> KVQuantization | None:
+    """How a hot pool of ``spec`` holds K/V (``--kv-bits``), in the terms of the files: its caches rest (in
+    memory and on disk) as the pool holds them. None: full precision."""
+    if spec.kv_bits is None or not spec.quantized_groups:
+        return None
+    holding = {g.index for g in spec.groups if not g.is_recurrent}
+    groups = None if spec.quantized_groups == holding else tuple(sorted(spec.quantized_groups))
+    return KVQuantization(spec.kv_bits, spec.kv_group_size, groups)
 
 
 @dataclass(slots=True)
@@ -72,9 +83,10 @@ class CacheAtRest:
         """Whole pool blocks its bytes take."""
         return max(1, math.ceil(self.nbytes / block_bytes))
 
-    def slices(self) -> list[LayerSlice]:
-        """Full precision, in the layout a restore installs."""
-        if self.quantization is None:
+    def slices(self, pool: KVQuantization | None = None) -> list[LayerSlice]:
+        """In the layout a restore installs: full precision, or packed as they are where the pool holds K/V
+        quantized the same way (``pool``: the hot pool's quantization)."""
+        if self.quantization is None or self.quantization == pool:
             return [as_slice(b) for b in self.blocks]
         return dequantized_slices(self.blocks, self.quantization)
 
@@ -95,7 +107,7 @@ def quantize_blocks(blocks: tuple[PersistedBlock, ...], quantization: KVQuantiza
     Recurrent states stay as they are: full precision at rest (a state carries a conversation's whole
     history in one matrix, and no measurement says quantizing it is safe)."""
     out = tuple(
-        b if b.states else
+        b if b.states or not quantization.covers(b.group) else
         PersistedBlock(b.group, b.start, b.length, tuple(quantized(k, quantization) for k in b.keys),
                        tuple(quantized(v, quantization) for v in b.values), b.checkpoint)
         for b in blocks
@@ -112,7 +124,7 @@ def dequantized(array: QuantizedArray, quantization: KVQuantization) -> mx.array
 
 def dequantized_slices(blocks: tuple[PersistedBlock, ...], quantization: KVQuantization) -> list[LayerSlice]:
     """Quantized blocks (MLX arrays) as the full-precision slices a restore installs."""
-    return [as_slice(b) if b.states else
+    return [as_slice(b) if b.states or not quantization.covers(b.group) else
             LayerSlice(b.group, b.start, b.length, tuple(dequantized(k, quantization) for k in b.keys),
                        tuple(dequantized(v, quantization) for v in b.values), b.checkpoint)
             for b in blocks]
@@ -128,8 +140,11 @@ def block_nbytes(block: PersistedBlock) -> int:
     return sum(_nbytes(a) for a in block.arrays)
 
 
-def quantized(array: mx.array, quantization: KVQuantization) -> QuantizedArray:
-    """One K or V as the cool tier and the warm files hold it (not evaluated)."""
+def quantized(array: mx.array | QuantizedArray, quantization: KVQuantization) -> QuantizedArray:
+    """One K or V as the cool tier and the warm files hold it (not evaluated); one packed already (a hot pool
+    that quantizes) as it is."""
+    if isinstance(array, QuantizedArray):
+        return array
     packed, scales, biases = mx.quantize(array, group_size=quantization.group_size, bits=quantization.bits)
     return QuantizedArray(packed, scales, biases)
 

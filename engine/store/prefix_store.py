@@ -36,6 +36,7 @@ from engine.store.cache_file import CacheRecord, WrittenFile, quarantine, read_c
 from engine.store.file_names import AGENT_PREFIX
 from engine.store.private_dirs import make_private_dir
 from engine.store.stored_model import StoredModel
+from engine.store.kv_at_rest import hot_quantization
 from engine.store.to_mlx import to_mx_slices
 
 log = logging.getLogger("semantic.store")
@@ -211,7 +212,7 @@ class PrefixStore:
         if list(record.header.token_ids) != list(prompt[:record.header.n_tokens]):
             self.done_with(key)  # a key collision: the tokens decide, and they differ
             return None
-        return to_mx_slices(record)
+        return to_mx_slices(record, hot_quantization(self.model.spec))
 
     def done_with(self, key: str) -> None:
         """The read record was used (or is no longer wanted): let it go."""

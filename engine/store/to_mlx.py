@@ -15,7 +15,7 @@ import numpy as np
 from engine.store.layer_slice import LayerSlice
 
 from engine.store.cache_file import CacheRecord
-from engine.store.cache_file import PersistedBlock, QuantizedArray
+from engine.store.cache_file import KVQuantization, PersistedBlock, QuantizedArray
 from engine.store.kv_at_rest import dequantized
 
 _AS_MLX: dict[str, Callable[[np.ndarray], mx.array]] = {
@@ -25,20 +25,22 @@ _AS_MLX: dict[str, Callable[[np.ndarray], mx.array]] = {
 }
 
 
-def to_mx_slices(record: CacheRecord) -> list[LayerSlice]:
+def to_mx_slices(record: CacheRecord, pool: KVQuantization | None = None) -> list[LayerSlice]:
     """The record's blocks as MLX arrays in file order, evaluated.
 
     The cache's own blocks come first (by group, then position), then each
-    checkpoint's, with ``checkpoint`` set to its index in the header.
+    checkpoint's, with ``checkpoint`` set to its index in the header. Quantized
+    K/V come back at full precision, or packed as they are where the pool holds
+    them quantized the same way (``pool``: the hot pool's quantization).
     """
     as_mlx = _AS_MLX[record.header.spec["dtype"]]
     quantization = record.header.quantization
 
-    def array(stored: np.ndarray | QuantizedArray) -> mx.array:
+    def array(stored: np.ndarray | QuantizedArray) -> mx.array | QuantizedArray:
         if isinstance(stored, QuantizedArray):
             assert quantization is not None
-            return dequantized(QuantizedArray(mx.array(stored.packed), as_mlx(stored.scales), as_mlx(stored.biases)),
-                               quantization)
+            packed = QuantizedArray(mx.array(stored.packed), as_mlx(stored.scales), as_mlx(stored.biases))
+            return packed if quantization == pool else dequantized(packed, quantization)
         return as_mlx(stored)
 
     def states(block: PersistedBlock) -> tuple[tuple[mx.array, ...], ...]:
@@ -53,8 +55,13 @@ def to_mx_slices(record: CacheRecord) -> list[LayerSlice]:
                    block.checkpoint, states(block))
         for block in sorted(record.blocks, key=lambda b: b.file_order)
     ]
-    mx.eval([a for s in slices for a in s.arrays])
+    mx.eval(slices_arrays(slices))
     return slices
+
+
+def slices_arrays(slices: list[LayerSlice]) -> list[mx.array]:
+    """Every MLX array the slices hold (each of a packed K or V's three)."""
+    return [part for s in slices for a in s.arrays for part in (a if isinstance(a, tuple) else (a,))]
 
 
 def _state_dtypes(record: CacheRecord, group: int) -> list[str]:

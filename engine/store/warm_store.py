@@ -31,6 +31,7 @@ from engine.store.layer_slice import LayerSlice
 from engine.store.cache_file import (
     CacheHeader,
     CacheRecord,
+    KVQuantization,
     PersistedBlock,
     WrittenFile,
     cache_file_path,
@@ -44,7 +45,7 @@ from engine.store.cache_file import (
 )
 from engine.store.cold_index import ColdIndex, ColdEntry
 from engine.store.file_names import model_dir_name
-from engine.store.kv_at_rest import (CacheAtRest, as_block, as_slice, block_nbytes, dequantized_slices,
+from engine.store.kv_at_rest import (CacheAtRest, as_block, as_slice, block_nbytes, dequantized_slices, hot_quantization,
                                     quantization_for, quantize_blocks)
 from engine.store.prefix_store import AGENT_PREFIX, PrefixEntry, PrefixStore, prefix_key
 from engine.store.private_dirs import make_private_dir
@@ -174,6 +175,9 @@ class WarmStore:
         self.disk_budget_bytes = disk_budget_bytes
         # K/V written quantized (kv_at_rest.py); files of either kind load whatever the setting.
         self.quantization = quantization_for(kv_bits_at_rest, *model.spec.head_dims)
+        # A pool that holds K/V quantized (--kv-bits): its caches rest packed as it holds them, and files packed
+        # the same way come back as they are; other files convert (quantized once, or unpacked).
+        self.hot = hot_quantization(model.spec)
         self.events = events
         self.fingerprint = spec_fingerprint(model.spec)
         self.entries: dict[str, WarmEntry] = {}
@@ -318,7 +322,7 @@ class WarmStore:
             if pending.record.header.prefix is not None:
                 # The record leaves its first tokens to a prefix file: read both once the write is done.
                 return LoadState.PENDING, None
-            return LoadState.READY, _from_record(pending.record, from_memory=True)
+            return LoadState.READY, _from_record(pending.record, from_memory=True, pool=self.hot)
         if agent_id in self._reads:
             return self._finish_read(agent_id)
         entry = self.entries.get(agent_id)
@@ -372,7 +376,7 @@ class WarmStore:
         self.stats.reads += 1
         self.stats.read_seconds += time.monotonic() - started
         self.stats.bytes_read += self.entries[agent_id].nbytes if agent_id in self.entries else 0
-        loaded = self._ready[agent_id] = _from_record(record, from_memory=False)
+        loaded = self._ready[agent_id] = _from_record(record, from_memory=False, pool=self.hot)
         return LoadState.READY, loaded
 
     def installed(self, agent_id: str) -> None:
@@ -420,7 +424,8 @@ class WarmStore:
         return None if entry is None else {"key": entry.key, "n_tokens": entry.n_tokens}
 
     def _stored_prefix_of(self, tokens: list[int]) -> "PrefixEntry | None":
-        entry = self.prefixes.longest(tokens, len(tokens), stored_as=self.quantization.describe() if self.quantization else None)
+        stored_as = self.hot or self.quantization
+        entry = self.prefixes.longest(tokens, len(tokens), stored_as=stored_as.describe() if stored_as else None)
         return entry if entry is not None and not self.prefixes.reading(entry.key) else None
 
     def referenced_prefixes(self) -> set[str]:
@@ -434,10 +439,10 @@ class WarmStore:
         key = prefix_key(tokens, self.model.spec.block_tokens)
         header = new_header(
             AGENT_PREFIX + key, self.model.identity, self.model.spec, tokens, list(self.model.cache_classes), list(self.model.cache_meta),
-            display_name=f"shared prefix of {len(tokens)} tokens", source="prefix", quantization=self.quantization,
+            display_name=f"shared prefix of {len(tokens)} tokens", source="prefix", quantization=self.hot or self.quantization,
         )
         blocks = tuple(as_block(s) for s in slices)
-        self.prefixes.write(CacheRecord(header, self._at_rest(blocks)))
+        self.prefixes.write(CacheRecord(header, blocks if self.hot else self._at_rest(blocks)))
 
     def _enforce_budget(self, keep: str | None = None) -> None:
         """Oldest files go until the warm tier fits its budget: agents become cold, prefixes are forgotten.
@@ -516,14 +521,16 @@ class WarmStore:
         self.events.emit(EventKind.DISCARD, f"discarded {path.name}: {reason} ({target})", agent_id, logging.WARNING)
 
 
-def _from_record(record: CacheRecord, from_memory: bool) -> Loaded:
+def _from_record(record: CacheRecord, from_memory: bool, pool: KVQuantization | None) -> Loaded:
+    """The record's cache as slices to install: packed K/V as they are where the pool (``pool``: the hot
+    pool's quantization) holds them packed the same way, else at full precision."""
     quantization = record.header.quantization
-    if from_memory and quantization is not None:
+    if from_memory and quantization is not None and quantization != pool:
         slices = dequantized_slices(record.blocks, quantization)
     elif from_memory:
         slices = [as_slice(b) for b in record.blocks]
     else:
-        slices = to_mx_slices(record)
+        slices = to_mx_slices(record, pool)
     return Loaded(list(record.header.token_ids), slices, from_memory, list(record.header.checkpoints))
 
 

@@ -26,11 +26,16 @@ def tier_lines(tiers: TierView) -> Text:
     if tiers.disk_budget_bytes:
         warm_size += f" of {human_bytes(tiers.disk_budget_bytes)}"
     if tiers.warm_kv_bits:
-        warm_size += f", {tiers.warm_kv_bits}-bit"  # --kv-bits-at-rest: new warm files are quantized
+        warm_size += f", {tiers.warm_kv_bits}-bit"  # --kv-bits or --kv-bits-at-rest: new warm files are quantized
     # Discarded warm caches are how agents end up cold, so the count sits on the cold line.
     discarded = f"{tiers.discards_total:,} discarded" if tiers.discards_total else ""
+    hot_size = human_bytes(tiers.hot_bytes).rjust(9)
+    if tiers.hot_kv_bits and tiers.hot_token_bytes:
+        # --kv-bits: the pool holds K/V packed, so its budget holds this many times the tokens.
+        gain = tiers.full_token_bytes / tiers.hot_token_bytes
+        hot_size += f", {tiers.hot_kv_bits}-bit ({gain:.1f}x tokens)"
     rows = (
-        ("hot", tiers.hot_agents, human_bytes(tiers.hot_bytes).rjust(9)),
+        ("hot", tiers.hot_agents, hot_size),
         # Only where idle agents are quantized in memory (--kv-bits-at-rest): otherwise no such tier.
         *((("cool", tiers.cool_agents, f"{human_bytes(tiers.cool_bytes).rjust(9)}, {tiers.cool_kv_bits}-bit"),)
           if tiers.cool_kv_bits or tiers.cool_agents else ()),

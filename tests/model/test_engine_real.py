@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import mlx.core as mx
 import pytest
+from mlx_lm.generate import generate_step
+from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
 from engine.domain.requests import GenerationRequest
 from tests.model.engine_fixtures import start_engine
@@ -134,6 +139,47 @@ def test_second_turn_reuses_cache_and_equals_fresh_prefill(engine) -> None:
     assert usage.reused_tokens + usage.prefilled_tokens == len(second_prompt)
     expected = reference_greedy(loaded.model, list(second_prompt), MAX_TOKENS, set(loaded.eos_token_ids))
     assert second.tokens == without_eos(loaded, expected)
+
+
+def quantized_greedy(loaded, prompt: tuple[int, ...], max_tokens: int, bits: int) -> list[int]:
+    """Plain mlx-lm greedy with its own quantized cache (QuantizedKVCache, groups of 64) from the first token on
+    the layers it keeps whole K/V for; a sliding window's cache as the model makes it."""
+    caches = [QuantizedKVCache(group_size=64, bits=bits) if type(c) is KVCache else c for c in loaded.model.make_cache()]
+    eos, out = set(loaded.eos_token_ids), []
+    for token, _ in generate_step(mx.array(prompt), loaded.model, max_tokens=max_tokens, prompt_cache=caches):
+        out.append(int(token))
+        if out[-1] in eos:
+            break
+    return out
+
+
+@pytest.mark.parametrize("model_name", ["smollm2", "gemma3"])
+def test_kv_quantized_in_the_pool_gives_mlx_lms_tokens_with_its_quantized_cache_and_reuses_it(
+        request, model_name: str) -> None:
+    """--kv-bits 8: agents decoding together, and a second turn that reuses the packed cache, give plain
+    mlx-lm's greedy tokens with its QuantizedKVCache (Gemma 3: its global layers packed, its windows whole).
+
+    Through MLX's own kernels, as Metal and CUDA run: the CPU backend's compiled activations differ from MLX's
+    by an ulp, which quantization turns into other codes now and then (a value at a rounding edge), as large
+    as quantization's own error (SmolLM2's first logits: 0.38 against 0.42 from full precision), so there
+    greedy tokens are compared with full precision's in bench/bench_kv_at_rest.py instead."""
+    loaded = request.getfixturevalue(model_name)
+    packed = replace(loaded, spec=loaded.spec.with_hot_kv(8, 64))
+    tokens = MAX_TOKENS if loaded.architecture == "llama" else PASS_TOKENS
+    engine = start_engine(packed, fast_cpu_math=False)
+    try:
+        prompts = prompts_for(loaded, 2)
+        results = run_turns(engine, [GenerationRequest(f"packed-{i}", p, tokens) for i, p in enumerate(prompts)])
+        for result, prompt in zip(results, prompts):
+            assert result.tokens == without_eos(loaded, quantized_greedy(loaded, prompt, tokens, 8))
+        second_prompt = prompts[0] + tuple(results[0].tokens) + raw_prompt(loaded, " And then?")[1:]
+        second = run_turn(engine, GenerationRequest("packed-0", second_prompt, tokens))
+        assert second.finish.usage.reused_tokens >= len(prompts[0])
+        assert second.tokens == without_eos(loaded, quantized_greedy(loaded, second_prompt, tokens, 8))
+        kinds = engine.call(lambda e: {type(layer).__name__ for layer in e.agents.get("packed-0").kv.layers}).result()
+        assert "QuantizedFullKV" in kinds
+    finally:
+        engine.stop()
 
 
 def test_smollm2_answers_paris(smollm2) -> None:

@@ -442,7 +442,8 @@ class ScriptedEngine:
             hot_bytes=self.pool.used_bytes,
         )
         model = ModelView(self.loaded.model_id, self.loaded.identity.key, None, "scripted", self.context_length, spec.describe(),
-                          self.sampling_defaults.describe(), "off", f"no: {self.loaded.vision_note}")
+                          self.sampling_defaults.describe(), "off", f"no: {self.loaded.vision_note}",
+                          spec.hot_kv_summary())
         throughput = ThroughputView(generated_total=self.generated_total, requests_total=len(self.requests))
         return EngineSnapshot("ready" if self._running else "stopped", model, self.pool.snapshot(), agents, throughput, tiers,
                               memory=self.memory.describe())

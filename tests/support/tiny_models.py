@@ -35,7 +35,8 @@ def tiny_llama(seed: int = 0, layers: int = 2, head_dim: int | None = None):
     return model
 
 
-def tiny_gemma3(seed: int = 0, window: int = 24):
+def tiny_gemma3(seed: int = 0, window: int = 24, head_dim: int = 16):
+    """Heads of 16 dims; ``head_dim`` widens them (32: wide enough for mx.quantize's smallest groups)."""
     mx.random.seed(seed)
     args = gemma3_text.ModelArgs(
         model_type="gemma3_text",
@@ -44,7 +45,7 @@ def tiny_gemma3(seed: int = 0, window: int = 24):
         intermediate_size=128,
         num_attention_heads=4,
         num_key_value_heads=1,
-        head_dim=16,
+        head_dim=head_dim,
         rms_norm_eps=1e-6,
         vocab_size=VOCAB_SIZE,
         sliding_window=window,
@@ -179,9 +180,9 @@ def at_vocab(config: dict, vocab_size: int) -> dict:
 
 
 def loaded_tiny(kind: str = "llama", block_tokens: int = 16, context: int = 2048, seed: int = 0) -> LoadedModel:
-    # "llama-hd64": the tiny llama with 64-dim heads, for K/V quantized at rest (groups of 32 or more).
+    # "llama-hd64", "gemma-hd32": wider heads, for K/V quantized (mx.quantize's groups are of 32 or more).
     builders = {"llama": lambda: tiny_llama(seed), "llama-hd64": lambda: tiny_llama(seed, head_dim=64),
-                "gemma": lambda: tiny_gemma3(seed)}
+                "gemma": lambda: tiny_gemma3(seed), "gemma-hd32": lambda: tiny_gemma3(seed, head_dim=32)}
     model = builders[kind]() if kind in builders else tiny_family(kind, seed)
     spec = derive_cache_spec(model, block_tokens)
     return LoadedModel(

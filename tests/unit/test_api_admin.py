@@ -87,7 +87,7 @@ async def test_stats_describe_model_pool_tiers_agents_and_backend(
         "model_id": "scripted", "identity": engine.loaded.identity.key, "path": None, "architecture": "scripted",
         "context_length": 4096, "cache_spec": engine.loaded.spec.describe(),
         "sampling_defaults": "temperature 0.7, top_p 0.95, top_k 40 (fallback: no generation_config.json)",
-        "speculation": "off", "vision": "no: it is a text model",
+        "speculation": "off", "vision": "no: it is a text model", "hot_kv": "full precision",
     }
     pool = stats["pool"]
     (agent,) = stats["agents"]

@@ -298,6 +298,16 @@ async def test_tiers_panel_says_when_warm_files_are_quantized():
     assert agents.splitlines()[1] == "warm 2 agents   40.0 MiB of 1.0 GiB, 8-bit"
 
 
+async def test_tiers_panel_says_the_hot_pool_holds_quantized_kv_and_how_many_more_tokens():
+    snapshot = dashboard_snapshot()
+    quantized = replace(snapshot, tiers=replace(snapshot.tiers, hot_kv_bits=8, hot_token_bytes=1_152,
+                                                full_token_bytes=4_096))
+    panel = TiersPanel()
+    async with mounted(panel, quantized, (60, 10)):
+        agents = text_of(panel.query_one("#tiers-agents", Static))
+    assert agents.splitlines()[0].endswith(", 8-bit (3.6x tokens)"), agents
+
+
 async def test_the_pool_map_marks_cool_agents_blocks_and_says_so_in_the_legend():
     snapshot = dashboard_snapshot(hybrid_pool(total=96, used=72))
     agents = tuple(replace(a, tier="cool") if a.agent_id == "bob" else a for a in snapshot.agents)

@@ -140,7 +140,8 @@ class Engine:
         hooked = self.backend.attach(loaded.model, batchable=loaded.spec.batchable)
         self.hot = HotCache(loaded.spec, self._pool, share_by_reference=hooked and not loaded.spec.latent,
                             kinds=self.backend.kinds_for(loaded.spec))
-        cool = quantization_for(cache.kv_bits_at_rest, *loaded.spec.head_dims)
+        # (A pool that quantizes its K/V keeps no cool tier: an idle agent's blocks already are what it would be.)
+        cool = None if loaded.spec.kv_bits is not None else quantization_for(cache.kv_bits_at_rest, *loaded.spec.head_dims)
         self.tiers = TierManager(self.hot, self.agents, self.events, store, cool=cool)
         # Evict, pin, delete, fork, rewind, export, import: the commands ranks replay (engine_ops.EngineOp).
         self.ops = AgentOps(self.agents, self.hot, self.tiers, self.events, store, loaded.shard)
@@ -352,6 +353,8 @@ class Engine:
             return
         self._status = "ready"
         self.events.emit(EventKind.LOAD, f"{self.loaded.model_id}: layer groups {self.loaded.spec.layer_summary()}")
+        if self.loaded.spec.kv_bits is not None:
+            self.events.emit(EventKind.LOAD, f"{self.loaded.model_id}: hot K/V {self.loaded.spec.hot_kv_summary()}")
         self.events.emit(EventKind.LOAD, f"engine ready: {self.loaded.model_id}, {self._pool.total_blocks} blocks; "
                          f"requests without a temperature sample with {self.sampling_defaults.describe()}")
         self._publish(force=True)

@@ -131,8 +131,13 @@ class TierView:
     hot_array_bytes: int = 0
     warm_bytes: int = 0
     disk_budget_bytes: int = 0
-    # Bits of the K/V in warm files written now (--kv-bits-at-rest); None: full precision.
+    # Bits of the K/V in warm files written now (--kv-bits, else --kv-bits-at-rest); None: full precision.
     warm_kv_bits: int | None = None
+    # The hot pool's K/V (--kv-bits; None: full precision), and one token's bytes over every layer as the pool
+    # holds it and at full precision: their ratio is how many more tokens the pool holds.
+    hot_kv_bits: int | None = None
+    hot_token_bytes: int = 0
+    full_token_bytes: int = 0
     # Shared prefixes stored on disk (system prompt + tools), read by new agents instead of prefilled.
     prefix_files: int = 0
     prefix_bytes: int = 0
@@ -166,6 +171,8 @@ class ModelView:
     speculation: str = ""
     # Whether the model reads images: "images (FAMILY, through mlx-vlm)", or "no: WHY".
     vision: str = ""
+    # How the hot pool holds K/V: "full precision", or the bits and which layers keep full precision, and why.
+    hot_kv: str = ""
 
 
 @dataclass(frozen=True, slots=True)

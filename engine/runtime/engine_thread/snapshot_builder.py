@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from engine.domain.cache_spec import ModelCacheSpec
 from engine.domain.block_pool import BlockPool
 from engine.models.loaded import LoadedModel
 from engine.runtime.runner.image_embeddings import ImageEmbedder
@@ -143,6 +144,7 @@ def _model_view(sources: SnapshotSources) -> ModelView:
         speculation=sources.speculation,
         vision=(f"images ({loaded.vision.model_type}, through mlx-vlm)" if loaded.vision is not None
                 else f"no: {loaded.vision_note}"),
+        hot_kv=loaded.spec.hot_kv_summary(),
     )
 
 
@@ -187,6 +189,7 @@ def _vision(images: ImageEmbedder | None) -> VisionView | None:
 
 def _tiers(sources: SnapshotSources, agents: tuple[AgentView, ...]) -> TierView:
     scheduler, tiers, store = sources.scheduler, sources.tiers, sources.tiers.store
+    spec = sources.loaded.spec
     counts = {t.value: 0 for t in Tier}
     for a in agents:
         counts[a.tier] += 1
@@ -205,7 +208,10 @@ def _tiers(sources: SnapshotSources, agents: tuple[AgentView, ...]) -> TierView:
         prefix_bytes=store.prefixes.disk_bytes if store is not None else 0,
         shared_blocks=sources.pool.shared_blocks,
         disk_budget_bytes=store.disk_budget_bytes if store is not None else 0,
-        warm_kv_bits=store.quantization.bits if store is not None and store.quantization else None,
+        warm_kv_bits=stored.bits if (stored := store and (store.hot or store.quantization)) else None,
+        hot_kv_bits=spec.kv_bits if spec.quantized_groups else None,
+        hot_token_bytes=token_bytes(spec),
+        full_token_bytes=token_bytes(spec.with_hot_kv(None)),
         evictions_total=dict(tiers.evictions),
         restores_total=tiers.restores,
         discards_total=store.stats.discards if store is not None else 0,
@@ -217,3 +223,8 @@ def _tiers(sources: SnapshotSources, agents: tuple[AgentView, ...]) -> TierView:
         shared_hits=scheduler.stats.shared_hits if scheduler else 0,
         cache_outcomes=tuple(sorted(scheduler.stats.outcomes.items())) if scheduler else (),
     )
+
+
+def token_bytes(spec: ModelCacheSpec) -> int:
+    """One token's K/V over every layer that keeps K/V per token, as the pool holds them."""
+    return sum(spec.group_token_bytes(g) * len(g.layers) for g in spec.groups if not g.is_recurrent)

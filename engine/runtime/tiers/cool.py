@@ -18,12 +18,13 @@ from __future__ import annotations
 from engine.runtime.runner.kv.sequence_kv import SequenceKV
 from engine.runtime.tiers.agents import AgentRecord
 from engine.store.cache_file import KVQuantization
-from engine.store.kv_at_rest import CacheAtRest, as_block, quantize_blocks
+from engine.store.kv_at_rest import CacheAtRest, as_block, hot_quantization, quantize_blocks
 from engine.runtime.runner.kv.disk_slices import cache_slices, checkpoint_slices
 
 
 def cool_copy(agent: AgentRecord, quantization: KVQuantization) -> CacheAtRest:
-    """The agent's hot cache (shared prefix segments included, checkpoints too) quantized. Engine thread."""
+    """The agent's hot cache (shared prefix segments included, checkpoints too) quantized. Engine thread. (Not
+    for a pool that quantizes its K/V itself: the engine keeps no cool tier then.)"""
     assert agent.kv is not None
     cache = at_rest(agent.kv, list(agent.tokens))
     return CacheAtRest(cache.tokens, quantize_blocks(cache.blocks, quantization), quantization, cache.checkpoints)
@@ -37,4 +38,5 @@ def at_rest(kv: SequenceKV, tokens: list[int], prefix: dict[str, int] | None = N
     full_from = prefix["n_tokens"] if prefix else 0
     checkpoints, at_checkpoints = checkpoint_slices(kv)
     blocks = tuple(as_block(s) for s in cache_slices(kv, len(tokens), full_from=full_from) + at_checkpoints)
-    return CacheAtRest(tokens, blocks, None, checkpoints, dict(prefix) if prefix else None)
+    # (A pool that holds K/V quantized hands them over packed: the cache rests as the pool held it.)
+    return CacheAtRest(tokens, blocks, hot_quantization(kv.spec), checkpoints, dict(prefix) if prefix else None)

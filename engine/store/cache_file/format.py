@@ -86,9 +86,16 @@ class KVQuantization:
 
     bits: int
     group_size: int
+    # The layer groups whose K/V are quantized (None: every group holding K/V). A hot pool quantizes only its
+    # full-attention groups (``ModelCacheSpec.quantized_groups``), and its caches rest as it holds them.
+    groups: tuple[int, ...] | None = None
 
-    def describe(self) -> dict[str, int]:
-        return {"bits": self.bits, "group_size": self.group_size}
+    def describe(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"bits": self.bits, "group_size": self.group_size}
+        return out if self.groups is None else out | {"groups": list(self.groups)}
+
+    def covers(self, group: int) -> bool:
+        return self.groups is None or group in self.groups
 
 
 class QuantizedArray(NamedTuple):
@@ -156,12 +163,14 @@ class CacheHeader:
     # own blocks: {"key": hex, "n_tokens": tokens}; None when the file holds them all.
     prefix: dict[str, Any] | None = None
     # {"bits": b, "group_size": g} when the K/V are quantized (format version 2); None: full precision.
-    kv_quantization: dict[str, int] | None = None
+    kv_quantization: dict[str, Any] | None = None
 
     @property
     def quantization(self) -> KVQuantization | None:
         q = self.kv_quantization
-        return None if q is None else KVQuantization(q["bits"], q["group_size"])
+        if q is None:
+            return None
+        return KVQuantization(q["bits"], q["group_size"], tuple(q["groups"]) if "groups" in q else None)
 
 
 @dataclass(frozen=True, slots=True)

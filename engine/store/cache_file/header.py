@@ -76,9 +76,11 @@ def _is_prefix(v: Any) -> bool:
 
 def _is_quantization(v: Any) -> bool:
     # Never null, like prefix: a full-precision file has no kv_quantization field.
-    return (type(v) is dict and set(v) == {"bits", "group_size"}
+    return (type(v) is dict and set(v) - {"groups"} == {"bits", "group_size"}
             and v["bits"] in QUANTIZATION_BITS and type(v["bits"]) is int
-            and v["group_size"] in QUANTIZATION_GROUP_SIZES and type(v["group_size"]) is int)
+            and v["group_size"] in QUANTIZATION_GROUP_SIZES and type(v["group_size"]) is int
+            and ("groups" not in v or (type(v["groups"]) is list and len(v["groups"]) > 0
+                                       and all(_is_count(g) for g in v["groups"]))))
 
 
 # The header's JSON fields, in the order written; token ids travel as a tensor.

@@ -221,8 +221,13 @@ def check_blocks(geometry: Geometry, entries: dict[str, Entry], header: CacheHea
 
 
 def _check_quantization(geometry: Geometry, quantization: KVQuantization) -> None:
-    """The head dims split into whole groups, and a group into whole packed words."""
-    for dim in geometry.head_dims:
+    """The quantized groups exist and hold K/V, their head dims split into whole groups, and a group into whole
+    packed words."""
+    for group in quantization.groups or ():
+        if group not in geometry.groups or geometry.groups[group].recurrent:
+            raise CacheCorruptionError(f"kv_quantization names group {group}, which holds no K/V in the spec")
+    quantized = [g for i, g in geometry.groups.items() if not g.recurrent and quantization.covers(i)]
+    for dim in sorted({d for g in quantized for d in (g.head_dim, g.v_head_dim)}):
         if dim % quantization.group_size or dim * quantization.bits % 32:
             raise CacheCorruptionError(
                 f"kv_quantization {quantization.bits} bits in groups of {quantization.group_size} "
@@ -252,7 +257,8 @@ def _group_blocks(
         found.setdefault((checkpoint, group, start), {})[(slot, match[5], match[6])] = entry
     runs: Runs = {}
     for (checkpoint, group, start), tensors in sorted(found.items()):
-        block = _block(geometry, None if checkpoint < 0 else checkpoint, group, start, tensors, quantization)
+        packed = quantization if quantization is not None and quantization.covers(group) else None
+        block = _block(geometry, None if checkpoint < 0 else checkpoint, group, start, tensors, packed)
         runs.setdefault(block.checkpoint, {}).setdefault(group, []).append(block)
     for (checkpoint, group, offset), arrays in sorted(states.items()):
         block = _state(geometry, None if checkpoint < 0 else checkpoint, group, offset, arrays)

@@ -12,10 +12,12 @@ from typing import Sequence
 
 import mlx.core as mx
 
+from engine.store.cache_file import QuantizedArray
 from engine.store.layer_slice import LayerSlice, state_slice
 
 from engine.runtime.runner.kv.chunked_kv import ChunkedKV, ChunkState
 from engine.runtime.runner.kv.full_kv import FullKV
+from engine.runtime.runner.kv.quantized_kv import QuantizedFullKV
 from engine.runtime.runner.kv.recurrent_state import RecurrentState, StateSnapshot
 from engine.runtime.runner.kv.sequence_kv import (Checkpoint, CheckpointKind, LayerKV, SequenceKV, WindowLike,
                                                   arrays_of)
@@ -150,8 +152,8 @@ def _load_own(kv: SequenceKV, n_tokens: int, slices: Sequence[LayerSlice]) -> No
             continue
         for slot, index in enumerate(group.layers):
             layer = kv.layers[index]
-            keys = mx.concatenate([p.keys[slot] for p in parts], axis=2)
-            values = mx.concatenate([p.values[slot] for p in parts], axis=2)
+            keys = _joined([p.keys[slot] for p in parts])
+            values = _joined([p.values[slot] for p in parts])
             if isinstance(layer, FullKV):
                 layer.load(keys, values)
             else:
@@ -166,10 +168,25 @@ def _needed(layer: LayerKV, n_tokens: int) -> int:
     return min(layer.needed, n_tokens)
 
 
-def _positions(layer: LayerKV, start: int, end: int) -> tuple[mx.array, mx.array]:
-    """Copies of positions ``[start, end)``."""
+def _positions(layer: LayerKV, start: int, end: int) -> tuple[mx.array | QuantizedArray, mx.array | QuantizedArray]:
+    """Copies of positions ``[start, end)``; a layer the hot pool quantizes hands them over packed, as it holds
+    them (the tiers and the files keep that format: a position is quantized once)."""
+    if isinstance(layer, QuantizedFullKV):
+        keys, values = layer.positions(start, end)
+        return _packed_copy(keys), _packed_copy(values)
     keys, values = layer.positions(start, end) if isinstance(layer, FullKV) else layer.columns(start, end)
     return mx.contiguous(keys), mx.contiguous(values)
+
+
+def _packed_copy(packed: Sequence[mx.array]) -> QuantizedArray:
+    return QuantizedArray(*(mx.contiguous(a) for a in packed))
+
+
+def _joined(parts: Sequence[mx.array | QuantizedArray]) -> mx.array | QuantizedArray:
+    """Runs of one layer's K or V joined along the positions (a packed one, each of its three arrays)."""
+    if isinstance(parts[0], tuple):
+        return QuantizedArray(*(mx.concatenate([p[i] for p in parts], axis=2) for i in range(3)))
+    return mx.concatenate(list(parts), axis=2)
 
 
 def _ring(layer: LayerKV, state: WindowState | ChunkState) -> WindowLike:

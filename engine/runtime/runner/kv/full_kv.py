@@ -25,9 +25,15 @@ class KVShape:
     k_dim: int
     v_dim: int
     dtype: mx.Dtype
+    # Held quantized (``quantized_kv.py``): bits a value and the values a scale and bias cover; None: plain.
+    bits: int | None = None
+    group_size: int = 64
 
     def token_bytes(self) -> int:
-        return self.heads * (self.k_dim + self.v_dim) * self.dtype.size
+        if self.bits is None:
+            return self.heads * (self.k_dim + self.v_dim) * self.dtype.size
+        return self.heads * sum(dim * self.bits // 8 + dim // self.group_size * 2 * self.dtype.size
+                                for dim in (self.k_dim, self.v_dim))
 
 
 class FullKV(KVCache):

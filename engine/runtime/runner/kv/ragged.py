@@ -43,6 +43,7 @@ import mlx.core as mx
 from engine.runtime.runner.kv.chunked_kv import ChunkedKV
 from engine.runtime.runner.kv.full_kv import FullKV
 from engine.runtime.runner.kv.padded import PaddedLayerCache
+from engine.runtime.runner.kv.quantized_kv import QuantizedFullKV
 from engine.runtime.runner.kv.segment import segmented_attention
 from engine.runtime.runner.kv.shared_kv import SharedKV
 from engine.runtime.runner.kv.window_kv import WindowKV
@@ -99,7 +100,8 @@ class RaggedLayerCache:
 
     def _attend_rows(self, queries: mx.array, scale: float, masks: Sequence[Any], sinks: Any) -> mx.array:
         """Each row's attention by its own cache's arithmetic, one call a row."""
-        fetched = self._fetched or [(row.keys[..., :n, :], row.values[..., :n, :])
+        fetched = self._fetched or [row.held(n) if isinstance(row, QuantizedFullKV)
+                                    else (row.keys[..., :n, :], row.values[..., :n, :])
                                     for row, n in zip(self.rows, self._held)]
         outputs = [
             attention(queries[b:b + 1], k, v, row, scale, m, sinks)
@@ -143,8 +145,11 @@ def attention(queries: mx.array, keys: mx.array, values: mx.array, cache: Any, s
     if not prefix:
         return kernels.sdpa(queries, keys, values, scale, mask, sinks)
     if sinks is not None:
-        keys = mx.concatenate([k for k, _ in prefix] + [keys], axis=2)
-        values = mx.concatenate([v for _, v in prefix] + [values], axis=2)
+        if isinstance(cache, QuantizedFullKV):
+            keys, values = cache.positions(0, cache.offset)
+        else:
+            keys = mx.concatenate([k for k, _ in prefix] + [keys], axis=2)
+            values = mx.concatenate([v for _, v in prefix] + [values], axis=2)
         return kernels.sdpa(queries, keys, values, scale, mask, sinks)
     return segmented_attention(queries, [*prefix, (keys, values)], scale, mask, kernels)
 

@@ -41,7 +41,8 @@ class Segment:
         return [b for group in sorted(self.blocks) for b in self.blocks[group]]
 
     def array_bytes(self) -> int:
-        return sum(a.nbytes for a in (*self.keys, *self.values))
+        return sum(a.nbytes for held in (*self.keys, *self.values)
+                   for a in (held if isinstance(held, tuple) else (held,)))
 
 
 def segmented_attention(
@@ -55,21 +56,31 @@ def segmented_attention(
     ``mx.fast.scaled_dot_product_attention`` up to the order of the final sum.
     """
     batch, q_heads, n, dim = queries.shape
-    kv_heads = parts[0][0].shape[1]
+    first = parts[0][0]
+    kv_heads = (first[0] if isinstance(first, tuple) else first).shape[1]
     repeats = q_heads // kv_heads
     q = (queries * scale).reshape(batch, kv_heads, repeats, n, dim)
-    scores = mx.concatenate([q @ mx.expand_dims(k, 2).swapaxes(-1, -2) for k, _ in parts], axis=-1)
+    scores = mx.concatenate([_product(q, k, attention, transpose=True) for k, _ in parts], axis=-1)
     scores = _masked(scores, mask, n)
     weights = attention.softmax(scores)
     out = None
     start = 0
     for _, v in parts:
-        length = v.shape[2]
-        piece = weights[..., start:start + length] @ mx.expand_dims(v, 2)
+        length = (v[0] if isinstance(v, tuple) else v).shape[2]
+        piece = _product(weights[..., start:start + length], v, attention, transpose=False)
         out = piece if out is None else out + piece
         start += length
     assert out is not None
     return out.reshape(batch, q_heads, n, out.shape[-1])
+
+
+def _product(left: mx.array, held: Any, attention: Attention, transpose: bool) -> mx.array:
+    """``left`` (batch, kv heads, repeats, rows, width) times a part's keys (transposed: scores) or values
+    (weighted sum); a packed part through its attention's quantized product (``quantized_kv.py``)."""
+    if isinstance(held, tuple):
+        return attention.product(left, held, transpose)  # type: ignore[attr-defined]
+    held = mx.expand_dims(held, 2)
+    return left @ (held.swapaxes(-1, -2) if transpose else held)
 
 
 def _masked(scores: mx.array, mask: Any, n: int) -> mx.array:

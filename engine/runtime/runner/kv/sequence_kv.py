@@ -79,6 +79,10 @@ class SequenceKV:
             if group.state is not None:
                 layers.append(RecurrentState(group.state))
                 continue
+            if group.index in spec.quantized_groups:
+                shape = kv_shape(spec.geometry_of(group), spec.kv_bits, spec.kv_group_size)
+                layers.append(kinds.quantized(shape, spec.block_tokens))
+                continue
             shape = kv_shape(spec.geometry_of(group))
             if group.window is not None:
                 layers.append(kinds.window(shape, spec.block_tokens, group.window))
@@ -287,7 +291,7 @@ class SequenceKV:
             return None
         full = self._full()
         parts = [layer.positions(base, upto) for layer in full]
-        segment = Segment(base, upto, tuple(mx.contiguous(k) for k, _ in parts), tuple(mx.contiguous(v) for _, v in parts))
+        segment = Segment(base, upto, tuple(_contiguous(k) for k, _ in parts), tuple(_contiguous(v) for _, v in parts))
         self.copied += segment.array_bytes()
         self._rebase(self.segments + [segment], None)
         return segment
@@ -406,9 +410,10 @@ def model_caches(spec: ModelCacheSpec, layers: list[Any]) -> list[Any]:
     return [CacheList(*(layers[i] for i in entry)) for entry in spec.cache_lists]
 
 
-def kv_shape(geometry: KVGeometry) -> KVShape:
-    """The MLX shape of one layer's cache of ``geometry``."""
-    return KVShape(geometry.n_kv_heads, geometry.head_dim, geometry.v_head_dim, getattr(mx, geometry.dtype))
+def kv_shape(geometry: KVGeometry, bits: int | None = None, group_size: int = 64) -> KVShape:
+    """The MLX shape of one layer's cache of ``geometry`` (held quantized at ``bits``: None, plain)."""
+    return KVShape(geometry.n_kv_heads, geometry.head_dim, geometry.v_head_dim, getattr(mx, geometry.dtype),
+                   bits, group_size)
 
 
 def _state_blocks(layer: LayerKV, state: WindowState | ChunkState | StateSnapshot, block_tokens: int) -> int:
@@ -434,7 +439,13 @@ def arrays_of(holder: Any) -> list[mx.array]:
         return holder.arrays
     if isinstance(holder, StateSnapshot):
         return list(holder.arrays or ())
-    return [a for a in (holder.keys, holder.values) if a is not None]
+    return [a for held in (holder.keys, holder.values) if held is not None
+            for a in (held if isinstance(held, tuple) else (held,))]
+
+
+def _contiguous(held: Any) -> Any:
+    """A K or V copied into arrays of its own (each of a packed one's three)."""
+    return tuple(mx.contiguous(a) for a in held) if isinstance(held, tuple) else mx.contiguous(held)
 
 
 def _round_up(n: int, step: int) -> int:

@@ -24,6 +24,7 @@ from engine.runtime.runner.kv.chunked_kv import ChunkedKV
 from engine.runtime.runner.kv.full_kv import FullKV
 from engine.runtime.runner.kv.kinds import LayerKinds
 from engine.runtime.runner.kv.padded import PaddedLayerCache
+from engine.runtime.runner.kv.quantized_kv import QuantizedFullKV
 from engine.runtime.runner.kv.ragged import RaggedLayerCache, _row_masks
 from engine.runtime.runner.kv.window_kv import WindowKV
 
@@ -151,7 +152,8 @@ class HostRaggedLayerCache(RaggedLayerCache):
         """The rows' attention; the step's claimed positions are written by the first call (a layer sharing this
         one's K/V attends again after it, over what was written)."""
         masks = _row_masks(mask, len(self.rows))
-        if self._held and self._loops():
+        # (The loops read float32 arrays; a layer the hot pool quantizes attends through MLX's quantized products.)
+        if self._held and self._loops() and not any(isinstance(row, QuantizedFullKV) for row in self.rows):
             parts = [host_decode.host_parts(row, n) for row, n in zip(self.rows, self._held)]
             if host_decode.applies(queries, parts, masks, sinks):
                 new, claimed, self._new, self._claimed = self._new, self._claimed, None, []
