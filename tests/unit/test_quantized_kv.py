@@ -18,6 +18,9 @@ from engine.models.loaded import LoadedModel
 from engine.runtime.engine_thread.engine import Engine
 from engine.runtime.engine_thread.engine_ops import EvictAgent, ForkAgent
 from engine.runtime.engine_thread.sync_client import run_turn, run_turns
+from engine.runtime.runner.backends.cpu.backend import CpuBackend
+from engine.runtime.runner.backends.cpu.host_kv import HostQuantizedFullKV, UnpackedAttention
+from engine.runtime.runner.backends.mlx import MlxBackend
 from engine.runtime.runner.kv.quantized_kv import QuantizedAttention, QuantizedFullKV
 from engine.runtime.runner.kv.sequence_kv import SequenceKV
 from engine.runtime.tiers.agents import Tier
@@ -54,11 +57,14 @@ def mlx_lm_greedy(model, prompt: tuple[int, ...], n: int, bits: int, group_size:
     return out
 
 
-def start(loaded: LoadedModel, root: Path | None = None) -> Engine:
+def start(loaded: LoadedModel, root: Path | None = None, backend: MlxBackend | None = None) -> Engine:
+    """An engine on ``loaded`` (``backend``: MLX's kernels, the arithmetic of the mlx-lm reference, unless given:
+    the CPU backend attends over the unpacked K/V, whose products round differently)."""
     events = EventLog()
     store = WarmStore(root, stored_model(loaded), 1 << 30, events) if root is not None else None
     budget = 4 * loaded.spec.bytes_for_tokens(1024)  # room for every agent here
-    engine = Engine(loaded, engine_settings(budget, 8, 32), store=store, events=events)
+    engine = Engine(loaded, engine_settings(budget, 8, 32), store=store, events=events,
+                    backend=backend or MlxBackend())
     engine.start()
     return engine
 
@@ -101,9 +107,11 @@ def test_a_sliding_window_keeps_full_precision_and_says_why() -> None:
 
 
 # -- attention -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", [QuantizedAttention, UnpackedAttention], ids=["mlx", "cpu"])
 @pytest.mark.parametrize("contiguous", [True, False], ids=["contiguous", "views"])
 @pytest.mark.parametrize("mask", [None, "causal"])
-def test_attention_over_packed_kv_is_attention_over_the_values_they_hold(contiguous: bool, mask: str | None) -> None:
+def test_attention_over_packed_kv_is_attention_over_the_values_they_hold(kind: type, contiguous: bool,
+                                                                         mask: str | None) -> None:
     """Three key heads of nine query heads over 40 packed positions of a 256-position cache: as MLX's fused
     attention over the unpacked K/V, whether the packed arrays are views of the cache or copies of their own
     (a repeat axis broadcast against contiguous packed arrays is what MLX's CPU product got wrong)."""
@@ -113,7 +121,7 @@ def test_attention_over_packed_kv_is_attention_over_the_values_they_hold(contigu
     if contiguous:
         keys, values = (tuple(mx.contiguous(a) for a in packed) for packed in (keys, values))
     queries = mx.random.normal((1, 9, 5, 64))
-    attention = QuantizedAttention(8, 64)
+    attention = kind(8, 64)
     got = attention.sdpa(queries, keys, values, 0.125, mask)
     expected = mx.fast.scaled_dot_product_attention(queries, attention.unpacked(keys), attention.unpacked(values),
                                                     scale=0.125, mask=mask)
@@ -122,11 +130,14 @@ def test_attention_over_packed_kv_is_attention_over_the_values_they_hold(contigu
 
 # -- decoding ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("bits", [8, 4])
-def test_agents_decoding_together_give_mlx_lms_tokens_with_its_quantized_cache(bits: int) -> None:
+@pytest.mark.parametrize("backend", [MlxBackend, CpuBackend], ids=["mlx", "cpu"])
+def test_agents_decoding_together_give_mlx_lms_tokens_with_its_quantized_cache(bits: int, backend: type) -> None:
     loaded = quantized(bits=bits)
-    engine = start(loaded)
+    engine = start(loaded, backend=backend())
     try:
         results = run_turns(engine, [GenerationRequest(f"a{i}", notes(i), 12) for i in range(3)])
+        kinds = engine.call(lambda e: {type(layer) for layer in e.agents.get("a0").kv.layers}).result()
+        assert kinds == {HostQuantizedFullKV if backend is CpuBackend else QuantizedFullKV}
     finally:
         engine.stop()
     for i, result in enumerate(results):

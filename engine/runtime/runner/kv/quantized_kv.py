@@ -84,11 +84,14 @@ def length_of(array: mx.array | Packed) -> int:
 class QuantizedFullKV(FullKV):
     """:class:`FullKV` with its own positions (and its shared segments') held packed."""
 
+    # How its sequence attends, built for the shape's bits (a backend's kind may bring its own: kinds.py).
+    attention_kind: type[QuantizedAttention] = QuantizedAttention
+
     def __init__(self, shape: KVShape, block_tokens: int) -> None:
         if shape.bits is None:
             raise ValueError("a quantized layer cache needs its shape's bits")
         super().__init__(shape, block_tokens)
-        self.attention = QuantizedAttention(shape.bits, shape.group_size)
+        self.attention = self.attention_kind(shape.bits, shape.group_size)
         self.keys: Packed | None = None  # type: ignore[assignment]
         self.values: Packed | None = None  # type: ignore[assignment]
 
