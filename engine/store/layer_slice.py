@@ -26,15 +26,17 @@ class LayerSlice:
     group: int
     start: int
     length: int
-    keys: tuple[mx.array, ...]
+    keys: tuple[mx.array, ...]  # per layer slot; a packed one a QuantizedArray (a hot pool under --kv-bits)
     values: tuple[mx.array, ...]
     checkpoint: int | None = None
     states: tuple[tuple[mx.array, ...], ...] = ()
 
     @property
     def arrays(self) -> list[mx.array]:
-        """Every array the slice holds (K and V, or a state's)."""
-        return [*self.keys, *self.values, *(a for state in self.states for a in state)]
+        """Every array the slice holds (K and V, each of a packed one's words, scales and biases; or a
+        state's)."""
+        held = [part for kv in (*self.keys, *self.values) for part in (kv if isinstance(kv, tuple) else (kv,))]
+        return [*held, *(a for state in self.states for a in state)]
 
 
 def state_slice(group: int, offset: int, states: tuple[tuple[mx.array, ...], ...],

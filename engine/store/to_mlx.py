@@ -55,13 +55,8 @@ def to_mx_slices(record: CacheRecord, pool: KVQuantization | None = None) -> lis
                    block.checkpoint, states(block))
         for block in sorted(record.blocks, key=lambda b: b.file_order)
     ]
-    mx.eval(slices_arrays(slices))
+    mx.eval([a for s in slices for a in s.arrays])
     return slices
-
-
-def slices_arrays(slices: list[LayerSlice]) -> list[mx.array]:
-    """Every MLX array the slices hold (each of a packed K or V's three)."""
-    return [part for s in slices for a in s.arrays for part in (a if isinstance(a, tuple) else (a,))]
 
 
 def _state_dtypes(record: CacheRecord, group: int) -> list[str]:

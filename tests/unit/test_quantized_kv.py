@@ -235,3 +235,28 @@ def test_a_file_of_gemma3_names_its_packed_groups_and_comes_back_with_its_window
         assert second.tokens == mlx_lm_greedy(loaded.model, follow, 6, 8, 32)
     finally:
         engine.stop()
+
+
+def test_a_shared_prefix_file_holds_the_packed_blocks_a_new_agent_then_starts_from(tmp_path: Path) -> None:
+    """The first agent's system prompt is stored packed (its kv_quantization the pool's); a later agent, after
+    the first was deleted, starts from it with the first agent's very words, scales and biases."""
+    loaded = quantized()
+    system = (BOS, *b"You are one agent of a fleet. Rules: be brief, cite files, run the tests first. " * 2)
+    stored = len(system) // loaded.spec.block_tokens * loaded.spec.block_tokens
+    engine = start(loaded, tmp_path)
+    try:
+        run_turn(engine, GenerationRequest("first", (*system, *b"Task one."), 4, prefix_hint=len(system)))
+        before = packed_positions(engine, "first", stored)
+        engine.call(lambda e: e._store.flush()).result()
+        (entry,) = engine.call(lambda e: list(e._store.prefixes.entries.values())).result()
+        assert entry.kv_quantization == {"bits": 8, "group_size": 64}
+        engine.call(lambda e: e.ops.delete_agent("first")).result()
+        prompt = (*system, *b"Task two.")
+        second = run_turn(engine, GenerationRequest("second", prompt, 4, prefix_hint=len(system)))
+        usage = second.events[-1].usage
+        assert usage.reuse_source.startswith("prefix:") and usage.reused_tokens == stored
+        after = packed_positions(engine, "second", stored)
+        assert all((x == y).all() for layer_a, layer_b in zip(before, after) for x, y in zip(layer_a, layer_b))
+        assert second.tokens == mlx_lm_greedy(loaded.model, prompt, 4, 8)
+    finally:
+        engine.stop()
