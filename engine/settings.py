@@ -205,8 +205,8 @@ class Settings(BaseSettings):
         description="Write every hot agent to the warm (disk) tier on a clean shutdown.")
     kv_bits: Literal["none", "8", "4"] = Field(
         "none",
-        description="Hold the hot pool's full-attention K/V quantized to 8 or 4 bits: the pool holds about 1.9x "
-                    "or 3.5x the tokens, close to (not exactly) the full-precision cache. none: exact.",
+        description="Hold the hot pool's full-attention K/V quantized to 8 or 4 bits: 1.9x or 3.6x the tokens at "
+                    "bfloat16 (3.5x or 6x at float32), close to, not exactly, full precision. none: exact.",
     )
     kv_group_size: Literal[32, 64, 128] = Field(
         64,
