@@ -16,7 +16,7 @@ from engine.store.cache_file import QuantizedArray
 from engine.store.layer_slice import LayerSlice, state_slice
 
 from engine.runtime.runner.kv.chunked_kv import ChunkedKV, ChunkState
-from engine.runtime.runner.kv.full_kv import FullKV
+from engine.runtime.runner.kv.full_kv import FullKV, joined
 from engine.runtime.runner.kv.quantized_kv import QuantizedFullKV
 from engine.runtime.runner.kv.recurrent_state import RecurrentState, StateSnapshot
 from engine.runtime.runner.kv.sequence_kv import (Checkpoint, CheckpointKind, LayerKV, SequenceKV, WindowLike,
@@ -152,8 +152,8 @@ def _load_own(kv: SequenceKV, n_tokens: int, slices: Sequence[LayerSlice]) -> No
             continue
         for slot, index in enumerate(group.layers):
             layer = kv.layers[index]
-            keys = _joined([p.keys[slot] for p in parts])
-            values = _joined([p.values[slot] for p in parts])
+            keys = joined([p.keys[slot] for p in parts])
+            values = joined([p.values[slot] for p in parts])
             if isinstance(layer, FullKV):
                 layer.load(keys, values)
             else:
@@ -180,13 +180,6 @@ def _positions(layer: LayerKV, start: int, end: int) -> tuple[mx.array | Quantiz
 
 def _packed_copy(packed: Sequence[mx.array]) -> QuantizedArray:
     return QuantizedArray(*(mx.contiguous(a) for a in packed))
-
-
-def _joined(parts: Sequence[mx.array | QuantizedArray]) -> mx.array | QuantizedArray:
-    """Runs of one layer's K or V joined along the positions (a packed one, each of its three arrays)."""
-    if isinstance(parts[0], tuple):
-        return QuantizedArray(*(mx.concatenate([p[i] for p in parts], axis=2) for i in range(3)))
-    return mx.concatenate(list(parts), axis=2)
 
 
 def _ring(layer: LayerKV, state: WindowState | ChunkState) -> WindowLike:

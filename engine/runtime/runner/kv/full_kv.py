@@ -10,6 +10,7 @@ segments this is mlx-lm's ``KVCache``; with segments the attention hook
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
@@ -58,7 +59,7 @@ class FullKV(KVCache):
     # -- capacity --------------------------------------------------------------------
     @property
     def own_capacity(self) -> int:
-        return 0 if self.keys is None else self.keys.shape[2]
+        return 0 if self.keys is None else length_of(self.keys)
 
     @property
     def capacity(self) -> int:
@@ -81,11 +82,7 @@ class FullKV(KVCache):
         target = self.capacity_for(n_tokens) - self.base
         if target == self.own_capacity:
             return 0
-        used = self.offset - self.base
-        self.keys = _grown(self.keys, used, target, self.shape.k_dim, self.shape)
-        self.values = _grown(self.values, used, target, self.shape.v_dim, self.shape)
-        self._arrays_replaced(used)
-        return used * self.shape.token_bytes()
+        return self._regrow(target)
 
     def fitted_capacity(self) -> int:
         """The most own capacity a settled cache keeps: its positions plus the growth step."""
@@ -97,11 +94,26 @@ class FullKV(KVCache):
         if self.own_capacity <= self.fitted_capacity():
             return 0
         used = self.offset - self.base
-        target = max(_round_up(used, self.block_tokens), self.block_tokens)
-        self.keys = _grown(self.keys, used, target, self.shape.k_dim, self.shape)
-        self.values = _grown(self.values, used, target, self.shape.v_dim, self.shape)
+        return self._regrow(max(_round_up(used, self.block_tokens), self.block_tokens))
+
+    def _regrow(self, capacity: int) -> int:
+        """New own arrays of ``capacity`` positions holding the ones written; returns bytes copied."""
+        used = self.offset - self.base
+        self.keys = self._grown(self.keys, used, capacity, self.shape.k_dim)
+        self.values = self._grown(self.values, used, capacity, self.shape.v_dim)
         self._arrays_replaced(used)
         return used * self.shape.token_bytes()
+
+    def _grown(self, old: Held | None, used: int, capacity: int, dim: int) -> Held:
+        new = self._empty(capacity, dim)
+        if old is not None and used:
+            for n, o in zip(parts_of(new), parts_of(old)):
+                n[..., :used, :] = o[..., :used, :]
+        return new
+
+    def _empty(self, capacity: int, dim: int) -> Held:
+        """Own arrays of ``capacity`` positions of one K or V ``dim`` wide (a subclass may pack them)."""
+        return mx.zeros((1, self.shape.heads, capacity, dim), dtype=self.shape.dtype)
 
     def _arrays_replaced(self, written: int) -> None:
         """New own arrays were just made, holding ``written`` positions (a subclass may track what was written)."""
@@ -113,8 +125,11 @@ class FullKV(KVCache):
 
     # -- the model's interface -----------------------------------------------------------
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        end = self._write(keys, values)
-        return self.keys[..., :end, :], self.values[..., :end, :]
+        return self.held(self._write(keys, values))
+
+    def held(self, n: int) -> tuple[Held, Held]:
+        """The first ``n`` own positions (views)."""
+        return cut(self.keys, 0, n), cut(self.values, 0, n)
 
     def append_one(self, keys: mx.array, values: mx.array) -> int:
         """A decode step's position, without the views :meth:`update_and_fetch` makes (a batch's attention
@@ -141,20 +156,20 @@ class FullKV(KVCache):
     # -- positions ---------------------------------------------------------------------
     def positions(self, start: int, end: int) -> tuple[mx.array, mx.array]:
         """Views (or a join, across parts) of positions ``[start, end)``."""
-        pieces: list[tuple[mx.array, mx.array]] = []
+        pieces: list[tuple[Held, Held]] = []
         at = 0
         for k, v in self.prefix:
-            length = k.shape[2]
+            length = length_of(k)
             a, b = max(start, at), min(end, at + length)
             if a < b:
-                pieces.append((k[..., a - at:b - at, :], v[..., a - at:b - at, :]))
+                pieces.append((cut(k, a - at, b - at), cut(v, a - at, b - at)))
             at += length
         a, b = max(start, self.base), end
         if a < b:
-            pieces.append((self.keys[..., a - self.base:b - self.base, :], self.values[..., a - self.base:b - self.base, :]))
+            pieces.append((cut(self.keys, a - self.base, b - self.base), cut(self.values, a - self.base, b - self.base)))
         if len(pieces) == 1:
             return pieces[0]
-        return mx.concatenate([p[0] for p in pieces], axis=2), mx.concatenate([p[1] for p in pieces], axis=2)
+        return joined([p[0] for p in pieces]), joined([p[1] for p in pieces])
 
     def head(self, n_tokens: int) -> tuple[mx.array, mx.array]:
         """Positions ``[0, n_tokens)``."""
@@ -162,7 +177,7 @@ class FullKV(KVCache):
 
     def load(self, keys: mx.array, values: mx.array) -> None:
         """Write ``keys``/``values`` as the positions right after the prefix (capacity reserved by the caller)."""
-        n = keys.shape[2]
+        n = length_of(keys)
         self._store(0, n, keys, values)
         self.offset = self.base + n
 
@@ -172,11 +187,11 @@ class FullKV(KVCache):
         Positions between the new base and ``offset`` that the new prefix does
         not cover are copied into new own arrays; returns bytes copied.
         """
-        base = sum(k.shape[2] for k, _ in prefix)
+        base = sum(length_of(k) for k, _ in prefix)
         tail_k, tail_v = self.positions(base, self.offset) if self.offset > base else (None, None)
         own = capacity - base
-        self.keys = mx.zeros((1, self.shape.heads, own, self.shape.k_dim), dtype=self.shape.dtype)
-        self.values = mx.zeros((1, self.shape.heads, own, self.shape.v_dim), dtype=self.shape.dtype)
+        self.keys = self._empty(own, self.shape.k_dim)
+        self.values = self._empty(own, self.shape.v_dim)
         offset = max(self.offset, base)
         self._arrays_replaced(0)
         if tail_k is not None:
@@ -185,11 +200,32 @@ class FullKV(KVCache):
         return (offset - base) * self.shape.token_bytes()
 
 
-def _grown(old: mx.array | None, used: int, capacity: int, dim: int, shape: KVShape) -> mx.array:
-    new = mx.zeros((1, shape.heads, capacity, dim), dtype=shape.dtype)
-    if old is not None and used:
-        new[..., :used, :] = old[..., :used, :]
-    return new
+# One K or V as a layer holds it: an array, or packed (quantized_kv.py) a tuple of arrays (words, scales,
+# biases), every one with the positions on axis 2.
+Held = Any
+
+
+def parts_of(held: Held) -> tuple[mx.array, ...]:
+    return held if isinstance(held, tuple) else (held,)
+
+
+def length_of(held: Held) -> int:
+    """Positions a K or V holds (axis 2), packed or not."""
+    return parts_of(held)[0].shape[2]
+
+
+def cut(held: Held, start: int, end: int) -> Held:
+    """Positions ``[start, end)`` of a K or V (views; of each array of a packed one)."""
+    if isinstance(held, tuple):
+        return tuple(a[..., start:end, :] for a in held)
+    return held[..., start:end, :]
+
+
+def joined(pieces: list[Held]) -> Held:
+    """Runs of one K or V joined along the positions (each array of packed ones)."""
+    if isinstance(pieces[0], tuple):
+        return tuple(mx.concatenate([p[i] for p in pieces], axis=2) for i in range(len(pieces[0])))
+    return mx.concatenate(pieces, axis=2)
 
 
 def _round_up(n: int, step: int) -> int:

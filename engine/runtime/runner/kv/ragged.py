@@ -43,7 +43,6 @@ import mlx.core as mx
 from engine.runtime.runner.kv.chunked_kv import ChunkedKV
 from engine.runtime.runner.kv.full_kv import FullKV
 from engine.runtime.runner.kv.padded import PaddedLayerCache
-from engine.runtime.runner.kv.quantized_kv import QuantizedFullKV
 from engine.runtime.runner.kv.segment import segmented_attention
 from engine.runtime.runner.kv.shared_kv import SharedKV
 from engine.runtime.runner.kv.window_kv import WindowKV
@@ -100,8 +99,7 @@ class RaggedLayerCache:
 
     def _attend_rows(self, queries: mx.array, scale: float, masks: Sequence[Any], sinks: Any) -> mx.array:
         """Each row's attention by its own cache's arithmetic, one call a row."""
-        fetched = self._fetched or [row.held(n) if isinstance(row, QuantizedFullKV)
-                                    else (row.keys[..., :n, :], row.values[..., :n, :])
+        fetched = self._fetched or [row.held(n) if isinstance(row, FullKV) else (row.keys[..., :n, :], row.values[..., :n, :])
                                     for row, n in zip(self.rows, self._held)]
         outputs = [
             attention(queries[b:b + 1], k, v, row, scale, m, sinks)
@@ -145,7 +143,7 @@ def attention(queries: mx.array, keys: mx.array, values: mx.array, cache: Any, s
     if not prefix:
         return kernels.sdpa(queries, keys, values, scale, mask, sinks)
     if sinks is not None:
-        if isinstance(cache, QuantizedFullKV):
+        if isinstance(cache, FullKV):  # (its own positions joined to its segments', packed or not)
             keys, values = cache.positions(0, cache.offset)
         else:
             keys = mx.concatenate([k for k, _ in prefix] + [keys], axis=2)

@@ -21,6 +21,7 @@ import mlx.core as mx
 from mlx_lm.models.base import create_causal_mask
 
 from engine.runtime.runner.kv.attention import MLX_ATTENTION, Attention
+from engine.runtime.runner.kv.full_kv import length_of, parts_of
 
 
 @dataclass(eq=False, slots=True)
@@ -41,8 +42,7 @@ class Segment:
         return [b for group in sorted(self.blocks) for b in self.blocks[group]]
 
     def array_bytes(self) -> int:
-        return sum(a.nbytes for held in (*self.keys, *self.values)
-                   for a in (held if isinstance(held, tuple) else (held,)))
+        return sum(a.nbytes for held in (*self.keys, *self.values) for a in parts_of(held))
 
 
 def segmented_attention(
@@ -56,8 +56,7 @@ def segmented_attention(
     ``mx.fast.scaled_dot_product_attention`` up to the order of the final sum.
     """
     batch, q_heads, n, dim = queries.shape
-    first = parts[0][0]
-    kv_heads = (first[0] if isinstance(first, tuple) else first).shape[1]
+    kv_heads = parts_of(parts[0][0])[0].shape[1]
     repeats = q_heads // kv_heads
     q = (queries * scale).reshape(batch, kv_heads, repeats, n, dim)
     scores = mx.concatenate([_product(q, k, attention, transpose=True) for k, _ in parts], axis=-1)
@@ -66,7 +65,7 @@ def segmented_attention(
     out = None
     start = 0
     for _, v in parts:
-        length = (v[0] if isinstance(v, tuple) else v).shape[2]
+        length = length_of(v)
         piece = _product(weights[..., start:start + length], v, attention, transpose=False)
         out = piece if out is None else out + piece
         start += length

@@ -18,7 +18,7 @@ from mlx_lm.models.cache import CacheList
 from engine.domain.cache_spec import KVGeometry, LayerGroup, ModelCacheSpec
 
 from engine.runtime.runner.kv.chunked_kv import ChunkedKV, ChunkState
-from engine.runtime.runner.kv.full_kv import FullKV, KVShape
+from engine.runtime.runner.kv.full_kv import FullKV, KVShape, parts_of
 from engine.runtime.runner.kv.kinds import MLX_KINDS, LayerKinds
 from engine.runtime.runner.kv.recurrent_state import RecurrentState, StateSnapshot
 from engine.runtime.runner.kv.segment import Segment
@@ -439,8 +439,7 @@ def arrays_of(holder: Any) -> list[mx.array]:
         return holder.arrays
     if isinstance(holder, StateSnapshot):
         return list(holder.arrays or ())
-    return [a for held in (holder.keys, holder.values) if held is not None
-            for a in (held if isinstance(held, tuple) else (held,))]
+    return [a for held in (holder.keys, holder.values) if held is not None for a in parts_of(held)]
 
 
 def _contiguous(held: Any) -> Any:
