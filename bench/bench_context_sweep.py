@@ -49,7 +49,7 @@ SHAPES = {"+64": 64, "+200": 200}
 # last leaves room for its warm turns (about 1,100 tokens) inside the context (8,192 and 32,768).
 LEVELS = {"smollm2": (1024, 2048, 4096, 7000), "gemma3": (4096, 16384, 30000)}
 QUICK_LEVELS = {"smollm2": (1024, 2048), "gemma3": (2048, 4096)}
-# What semantic renders for a model without a chat template (engine/api/rendering.py, PromptRenderer._plain).
+# What semantic renders for a model without a chat template (engine/formats/rendering.py, PromptRenderer._plain).
 PLAIN_TEMPLATE = ("{{ bos_token }}{% for m in messages %}{{ m['role'] | capitalize }}: {{ m['content'] }}\n\n"
                   "{% endfor %}Assistant:")
 # Targets per shape: (minimum context the target applies from, TTFT advantage).

@@ -33,7 +33,7 @@ from bench.results import BenchResult
 from bench.bench_claude_code_prefix import DEFAULT_TRACE, PROMPTS, main_request, session_body
 from engine.api.anthropic_schemas import MessagesRequest
 from engine.api.anthropic_translate import conversation_of
-from engine.api.rendering import PromptRenderer
+from engine.formats.rendering import PromptRenderer
 
 SERVER_CHUNK = 512  # semantic's default --prefill-step-size
 REST_CHUNKS = (256, 512, 1024, 2048)

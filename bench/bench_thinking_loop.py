@@ -106,7 +106,7 @@ def peer_body(anthropic_body: dict[str, Any], history: list[Turn]) -> dict[str, 
 
 def fold_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """System messages after the first message become user text, merged with a user message beside them
-    (engine/api/rendering.py's _alternating does the same)."""
+    (engine/formats/rendering.py's _alternating does the same)."""
     out: list[dict[str, Any]] = []
     for index, message in enumerate(messages):
         if message["role"] == "system" and index > 0:

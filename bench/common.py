@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from engine.api.rendering import PromptRenderer  # noqa: E402
+from engine.formats.rendering import PromptRenderer  # noqa: E402
 from engine.domain.chat import ChatMessage, Conversation  # noqa: E402
 from engine.models.loaded import LoadedModel  # noqa: E402
 from engine.models.loader import load_model  # noqa: E402

@@ -24,6 +24,7 @@ from typing import Any, AsyncIterator, Callable, Mapping
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from engine.domain.chat import ToolCall
 from engine.domain.requests import (
     EngineEvent,
     FinishEvent,
@@ -31,14 +32,20 @@ from engine.domain.requests import (
     QueuedEvent,
     TokenEvent,
 )
+from engine.formats.tools.calls import (
+    Piece,
+    ReasoningPiece,
+    TextPiece,
+    ToolArgumentsPiece,
+    ToolPiece,
+    ToolStartPiece,
+)
 
-from .async_turn import AsyncTurn
-from engine.domain.chat import ToolCall
 from .admission import failed, finish_error
+from .async_turn import AsyncTurn
 from .errors import ApiError, internal_error, stream_error_payload
-from .retention import usage_split
 from .reasoning_signature import sign
-from .tool_calls import Piece, ReasoningPiece, TextPiece, ToolArgumentsPiece, ToolPiece, ToolStartPiece
+from .retention import usage_split
 from .turns import OutputAssembler, ended_by
 
 STOP_REASONS = {"stop": "end_turn", "tool_use": "tool_use", "stop_sequence": "stop_sequence", "length": "max_tokens"}

@@ -23,12 +23,11 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
-from engine.errors import InvalidRequestError
+from engine.domain.chat import Conversation
 from engine.domain.priority import AgentClass, Lineage, parse_class
 from engine.domain.requests import AgentSource
-
-from engine.domain.chat import Conversation
-from .rendering import dumps
+from engine.errors import InvalidRequestError
+from engine.formats.rendering import dumps
 
 SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,95}$")
 AUX_MAX_TOKENS = 32

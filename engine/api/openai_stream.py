@@ -14,12 +14,19 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
 
 from engine.domain.requests import EngineEvent, FinishEvent, TokenEvent
+from engine.formats.tools.calls import (
+    Piece,
+    ReasoningPiece,
+    TextPiece,
+    ToolArgumentsPiece,
+    ToolPiece,
+    ToolStartPiece,
+)
 
 from .admission import KEEP_ALIVE, failed, finish_error, replay
 from .async_turn import AsyncTurn
 from .errors import error_body, internal_error
 from .openai_translate import CompletionMeta, finish_reason, tool_call_body, usage_body
-from .tool_calls import Piece, ReasoningPiece, TextPiece, ToolArgumentsPiece, ToolPiece, ToolStartPiece
 from .turns import OutputAssembler
 
 DONE = "data: [DONE]\n\n"

@@ -29,16 +29,22 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 from engine.domain.chat import ToolCall
 from engine.domain.requests import EngineEvent, FinishEvent, TokenEvent
+from engine.errors import SemanticError
+from engine.formats.tools.calls import (
+    Piece,
+    ReasoningPiece,
+    TextPiece,
+    ToolArgumentsPiece,
+    ToolPiece,
+    ToolStartPiece,
+)
 
 from .admission import KEEP_ALIVE, failed, finish_error, replay
 from .async_turn import AsyncTurn
-from engine.errors import SemanticError
-
 from .errors import ApiError, from_domain, internal_error
 from .reasoning_signature import sign
 from .responses_items import Item, function_call_item, message_item, new_id
 from .responses_translate import ResponseMeta, outcome
-from .tool_calls import Piece, ReasoningPiece, TextPiece, ToolArgumentsPiece, ToolPiece, ToolStartPiece
 from .turns import OutputAssembler
 
 

@@ -13,26 +13,27 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
-from engine.errors import EngineUnavailableError
-from engine.models.loaded import LoadedModel
-from engine.runtime.engine_thread.engine import Engine
-from engine.runtime.engine_thread.engine_ops import HoldAgent
-from engine.models.registry import ModelRegistry
 from engine.domain.event_log import EventKind, EventLog
 from engine.domain.requests import GenerationRequest
+from engine.errors import EngineUnavailableError
+from engine.models.loaded import LoadedModel
+from engine.models.registry import ModelRegistry
+from engine.runtime.engine_thread.engine import Engine
+from engine.runtime.engine_thread.engine_ops import HoldAgent
 from engine.runtime.engine_thread.snapshot import EngineSnapshot
 from engine.settings import Settings
 from engine.swap import EngineBuilder, ModelSwapper
 
 if TYPE_CHECKING:
-    from engine.store.agents_on_disk import ModelKey
     from engine.resident_models import ResidentModels
+    from engine.store.agents_on_disk import ModelKey
+
+from engine.formats.reasoning_recall import ReasoningRecall
+from engine.formats.rendered_heads import RenderedHeads
+from engine.formats.rendering import PromptRenderer
 
 from .agent_lanes import AgentLanes
 from .async_turn import AsyncTurn
-from .reasoning_recall import ReasoningRecall
-from .rendered_heads import RenderedHeads
-from .rendering import PromptRenderer
 
 T = TypeVar("T")
 GATE_POLL_S = 0.05  # how often a request waiting out a swap looks again

@@ -8,29 +8,22 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from engine.domain.block_layout import common_prefix_length
+from engine.domain.chat import Conversation, ToolCall
 from engine.domain.images import PromptImage
-from engine.errors import InvalidRequestError
 from engine.domain.output_format import OutputFormat
-from engine.models.sampling_defaults import SamplingDefaults
 from engine.domain.reasoning import CallText
 from engine.domain.reasoning_tracker import opened_at
-from engine.domain.requests import FinishEvent, GenerationRequest, SamplingParams, TokenEvent, next_request_id
-
-from engine.runtime.engine_thread.engine import Engine
-
-from .agent_lanes import ClientGone
-from .async_turn import AsyncTurn
-from engine.domain.chat import Conversation, ToolCall
-from .identity import AgentIdentity
-from .image_inputs import ImageLimits, checked_images
-from .vision_rendering import render_with_images
-from .reasoning_ask import DEFAULT as DEFAULT_REASONING, ReasoningAsk
-from .reasoning_recall import ReasoningRecall
-from .request_priority import limited_priority
-from .rendering import PromptRenderer
-from .retention import Retention, retained_tokens
-from .service import EngineService
-from .tool_calls import (
+from engine.domain.requests import (
+    FinishEvent,
+    GenerationRequest,
+    SamplingParams,
+    TokenEvent,
+    next_request_id,
+)
+from engine.errors import InvalidRequestError
+from engine.formats.reasoning_recall import ReasoningRecall
+from engine.formats.rendering import PromptRenderer
+from engine.formats.tools.calls import (
     BadToolPiece,
     Piece,
     ReasoningPiece,
@@ -43,8 +36,21 @@ from .tool_calls import (
     new_tool_id,
     tool_format_for,
 )
-from .tool_arguments import partial_arguments
-from .tool_constraints import compile_reply_format, reply_format
+from engine.formats.tools.constraints import compile_reply_format, reply_format
+from engine.formats.tools.scanning import partial_arguments
+from engine.formats.vision_rendering import render_with_images
+from engine.models.sampling_defaults import SamplingDefaults
+from engine.runtime.engine_thread.engine import Engine
+
+from .agent_lanes import ClientGone
+from .async_turn import AsyncTurn
+from .identity import AgentIdentity
+from .image_inputs import ImageLimits, checked_images
+from .reasoning_ask import DEFAULT as DEFAULT_REASONING
+from .reasoning_ask import ReasoningAsk
+from .request_priority import limited_priority
+from .retention import Retention, retained_tokens
+from .service import EngineService
 
 
 @dataclass(frozen=True, slots=True)

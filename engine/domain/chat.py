@@ -43,7 +43,7 @@ class ChatMessage:
     tool_call_id: str | None = None
     name: str | None = None  # tool name, for tool results
     # An assistant turn's reasoning, as a thinking model wrote it (markers left out); the chat template decides
-    # whether it renders (api/rendering.py).
+    # whether it renders (engine/formats/rendering.py).
     reasoning: str = ""
     # The content in order, images included, when the message holds images (``content`` is then its text with a
     # placeholder for each image: what a model without vision is shown when the server allows that). Empty: none.
@@ -70,7 +70,7 @@ class Conversation:
     # "auto", "any" (must call some tool), "none", or a tool name.
     tool_choice: str = "auto"
     # False: at most one call a reply (Anthropic's disable_parallel_tool_use, OpenAI's parallel_tool_calls);
-    # enforced when the reply is constrained (strict tools, a forced choice: api/tool_constraints.py).
+    # enforced when the reply is constrained (strict tools, a forced choice: engine/formats/tools/constraints.py).
     parallel_tool_calls: bool = True
     # Keyword arguments for the chat template (``enable_thinking``, a client's ``chat_template_kwargs``), as
     # sorted pairs so the conversation stays hashable.

@@ -9,7 +9,7 @@ text; the order of its keys is kept, since properties are written in it.
 
 Strict tools (and a forced ``tool_choice``) constrain a reply too, to text
 or tool calls in the model's tool-call format: that is a grammar, written by
-``engine/grammar/tool_grammar.py`` in llguidance's Lark dialect and carried
+``engine/formats/tools/grammar.py`` in llguidance's Lark dialect and carried
 here as its text (``lark``), identified the same way.
 """
 
@@ -28,7 +28,7 @@ ANY_OBJECT: dict[str, Any] = {"type": "object"}
 class OutputFormat:
     schema_json: str  # the schema as compact JSON text: its identity (key order kept: properties come out in it)
     name: str | None = None  # the client's name for it (OpenAI's json_schema.name), for messages
-    lark: str = ""  # instead of a schema: a grammar in llguidance's Lark dialect (tool calls; see tool_grammar.py)
+    lark: str = ""  # instead of a schema: a grammar in llguidance's Lark dialect (tool calls; see engine/formats/tools/grammar.py)
 
     @classmethod
     def from_schema(cls, schema: dict[str, Any], name: str | None = None) -> "OutputFormat":

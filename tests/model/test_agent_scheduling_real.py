@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.api.rendering import PromptRenderer
+from engine.formats.rendering import PromptRenderer
 from engine.domain.chat import ChatMessage, Conversation
 from engine.domain.priority import AgentClass
 from engine.domain.requests import GenerationRequest, SamplingParams, TokenEvent

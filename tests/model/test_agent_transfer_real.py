@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 
-from engine.api.rendering import PromptRenderer
+from engine.formats.rendering import PromptRenderer
 from tests.model.real_api import running_api
 from tests.support.reference import reference_greedy
 

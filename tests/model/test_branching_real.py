@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from engine.domain.chat import ChatMessage
-from engine.api.rendering import PromptRenderer
+from engine.formats.rendering import PromptRenderer
 from tests.model.real_api import RealApi, running_api
 from tests.support.family_engine import as_the_engine_reads
 from tests.support.reference import reference_greedy_shared

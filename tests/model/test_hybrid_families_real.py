@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from engine.domain.block_layout import common_prefix_length
-from engine.api.rendering import PromptRenderer
+from engine.formats.rendering import PromptRenderer
 from tests.model.engine_fixtures import load_folder
 from tests.model.real_api import RealApi, running_api
 from tests.model.test_branching_real import expected_replies, send

@@ -22,7 +22,7 @@ import httpx
 import openai
 import pytest
 
-from engine.api.rendering import PromptRenderer
+from engine.formats.rendering import PromptRenderer
 from engine.domain.block_layout import common_prefix_length
 from engine.domain.chat import ChatMessage, Conversation
 from tests.model.engine_fixtures import load_folder

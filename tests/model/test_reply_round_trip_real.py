@@ -20,7 +20,7 @@ import mlx.core as mx
 import pytest
 
 from bench.random_model import vary, write_model_folder
-from engine.api.rendering import PromptRenderer
+from engine.formats.rendering import PromptRenderer
 from engine.domain.chat import ChatMessage, Conversation
 from tests.model.engine_fixtures import load_folder
 from tests.model.real_api import RealApi, running_api

@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from engine.api.app import create_app
-from engine.api.rendering import PromptRenderer
+from engine.formats.rendering import PromptRenderer
 from engine.api.service import EngineService
 from engine.api.turns import MODEL_HEADER
 from engine.bootstrap import start_engine

@@ -36,7 +36,7 @@ from fastapi import FastAPI
 from engine.api.anthropic_schemas import MessagesRequest
 from engine.api.anthropic_translate import conversation_of
 from engine.api.reasoning_signature import reasoning_of
-from engine.api.rendering import PromptRenderer
+from engine.formats.rendering import PromptRenderer
 from engine.domain.block_layout import common_prefix_length
 from tests.model.claude_code_cli import ClaudeCode, install_claude_code, npm_prefix
 from tests.model.codex_cli import Codex, install_codex
@@ -115,7 +115,7 @@ def test_claude_code_gets_thinking_blocks_and_its_continued_session_reads_the_ca
         if shared >= len(previous) - 2:  # it extends the previous prompt (to where that reply began)
             assert reused >= 0.95 * len(previous)
     # How many thinking blocks Claude Code sent back (2.1.197: none, even in a tool loop; the server's reasoning
-    # recall, engine/api/reasoning_recall.py, gives those replies their reasoning again).
+    # recall, engine/formats/reasoning_recall.py, gives those replies their reasoning again).
     sent_back = [b for m in turns[-1].json()["messages"] if m["role"] == "assistant" and isinstance(m["content"], list)
                  for b in m["content"] if b.get("type") == "thinking"]
     print(f"\nthinking blocks Claude Code sent back: {len(sent_back)}")

@@ -27,7 +27,7 @@ import pytest
 from engine.api.anthropic_schemas import MessagesRequest
 from engine.api.anthropic_translate import conversation_of
 from engine.api.reasoning_signature import reasoning_of
-from engine.api.rendering import PromptRenderer
+from engine.formats.rendering import PromptRenderer
 from tests.model.engine_fixtures import load_folder
 from tests.model.real_api import RealApi, running_api
 from tests.support.reference import reference_ruled

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 
-from engine.api.tool_calls import ToolArgumentsPiece, ToolCallStream, ToolPiece, ToolStartPiece, tool_format_for
+from engine.formats.tools.calls import ToolArgumentsPiece, ToolCallStream, ToolPiece, ToolStartPiece, tool_format_for
 
 pytestmark = pytest.mark.model
 

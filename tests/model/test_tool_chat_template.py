@@ -21,7 +21,7 @@ def test_the_tool_template_renders_a_recorded_claude_code_requests_tools_and_res
                                                                                       tmp_path: Path) -> None:
     from mlx_lm.tokenizer_utils import load as load_tokenizer
 
-    from engine.api.rendering import PromptRenderer
+    from engine.formats.rendering import PromptRenderer
 
     for name in TOKENIZER_FILES:
         shutil.copy2(smollm2_path / name, tmp_path / name)

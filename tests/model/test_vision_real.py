@@ -271,7 +271,7 @@ def test_an_image_a_tool_returns_reaches_the_model(api: RealApi, reference) -> N
                                           extra_body={"temperature": 0})
     assert vision(api)["images_encoded"] == before + 1
     # SmolLM2's template has no tool support: the result is a <tool_response> user turn, the image inside it.
-    from engine.api.rendering import FALLBACK_TOOL_PROMPT, dumps
+    from engine.formats.rendering import FALLBACK_TOOL_PROMPT, dumps
 
     tools = FALLBACK_TOOL_PROMPT.format(tools=dumps({"type": "function", "function": {
         "name": "Read", "description": "Read a file", "parameters": read["input_schema"]}}))

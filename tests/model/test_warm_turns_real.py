@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 
 from engine.domain.chat import ChatMessage, Conversation
-from engine.api.rendering import PromptRenderer
+from engine.formats.rendering import PromptRenderer
 from engine.runtime.tiers.accounting import held_bytes
 from engine.runtime.tiers.agents import Tier
 from engine.domain.event_log import EventLog

@@ -17,8 +17,8 @@ from engine.api.anthropic_translate import (
     turn_spec,
 )
 from engine.domain.chat import ChatMessage, ImagePart, ToolCall
-from engine.api.rendering import PromptRenderer
-from engine.api.tool_calls import TextPiece, ToolPiece
+from engine.formats.rendering import PromptRenderer
+from engine.formats.tools.calls import TextPiece, ToolPiece
 from engine.errors import InvalidRequestError
 from engine.domain.requests import AgentSource
 from tests.support.byte_tokenizer import ByteTokenizer

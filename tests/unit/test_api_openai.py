@@ -278,7 +278,7 @@ async def test_stream_tool_call_deltas(client: httpx.AsyncClient, engine: Script
     header, *arguments = [d["tool_calls"][0] for d in deltas if "tool_calls" in d]
     assert header["index"] == 0 and header["id"].startswith("call_") and header["type"] == "function"
     assert header["function"] == {"name": "get_weather", "arguments": ""}
-    # The arguments as the model wrote them, a token's text at a time (tool_arguments.py).
+    # The arguments as the model wrote them, a token's text at a time (formats/tools/scanning.py).
     assert len(arguments) > 1 and all(a["index"] == 0 and set(a) == {"index", "function"} for a in arguments)
     assert "".join(a["function"]["arguments"] for a in arguments) == '{"city": "Paris"}'
     assert data[-2]["choices"][0]["finish_reason"] == "tool_calls"

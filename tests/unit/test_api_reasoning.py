@@ -297,7 +297,7 @@ def test_claude_codes_keep_all_thinking_reaches_templates_that_have_the_switch()
     ``preserve_thinking``: both go to the template with every render (a template without them ignores them)."""
     from engine.api.anthropic_schemas import MessagesRequest
     from engine.api.anthropic_translate import conversation_of, turn_spec
-    from engine.api.rendering import PromptRenderer
+    from engine.formats.rendering import PromptRenderer
 
     body = MessagesRequest.model_validate({
         "model": "m", "max_tokens": 32000, "thinking": {"type": "adaptive", "display": "omitted"},

@@ -239,7 +239,7 @@ async def test_stream_text_then_tool_call(client: httpx.AsyncClient, engine: Scr
     data = events((await client.post(URL, json={"input": "Weather?", "tools": [WEATHER_TOOL], "stream": True})).text)
     kinds = [e["type"] for e in data]
     tail = kinds[kinds.index("response.output_text.done"):]
-    deltas = tail.count("response.function_call_arguments.delta")  # as the model wrote them (tool_arguments.py)
+    deltas = tail.count("response.function_call_arguments.delta")  # as the model wrote them (formats/tools/scanning.py)
     assert deltas > 1 and tail == [
         "response.output_text.done", "response.content_part.done", "response.output_item.done",
         "response.output_item.added", *["response.function_call_arguments.delta"] * deltas,

@@ -1,4 +1,4 @@
-"""The import graph points one way: domain <- models <- grammar <- store <- runtime <- api <- workbench <- CLI.
+"""The import graph points one way: domain <- models <- grammar <- formats <- store <- runtime <- api <- workbench <- CLI.
 
 Every import of every module counts, at the top of a file, inside a function
 or under ``TYPE_CHECKING``: a lower layer that names a higher one, even
@@ -30,6 +30,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("engine.platform",),
     ("engine.models",),
     ("engine.grammar",),
+    ("engine.formats",),
     ("engine.store",),
     ("engine.runtime.clock", "engine.runtime.meters", "engine.runtime.memory_pressure"),
     ("engine.runtime.runner",),

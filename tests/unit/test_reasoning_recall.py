@@ -1,6 +1,6 @@
 """The reasoning recall: a reply that comes back without its reasoning gets what this server recorded for it."""
 
-from engine.api.reasoning_recall import ReasoningRecall
+from engine.formats.reasoning_recall import ReasoningRecall
 from engine.domain.chat import ChatMessage, Conversation, ToolCall
 
 

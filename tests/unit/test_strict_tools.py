@@ -1,7 +1,7 @@
 """Strict tools and a forced tool_choice: the reply's tool calls follow the tools' schemas.
 
-The grammar (``engine/grammar/tool_grammar.py``) byte by byte on a byte tokenizer; when a turn is
-constrained at all (``engine/api/tool_constraints.py``); and over HTTP on a tiny random-weight llama that
+The grammar (``engine/formats/tools/grammar.py``) byte by byte on a byte tokenizer; when a turn is
+constrained at all (``engine/formats/tools/constraints.py``); and over HTTP on a tiny random-weight llama that
 samples: whatever it samples, a forced strict call parses and validates, in each protocol, through the
 official SDKs unmodified.
 """
@@ -19,11 +19,11 @@ import numpy as np
 import openai
 import pytest
 
-from engine.api.tool_calls import FALLBACK, ToolFormat, tool_format_for
-from engine.api.tool_constraints import reply_format
+from engine.formats.tools.calls import FALLBACK, ToolFormat, tool_format_for
+from engine.formats.tools.constraints import reply_format
 from engine.domain.chat import ChatMessage, Conversation, ToolSpec
 from engine.domain.output_format import OutputFormat
-from engine.grammar.tool_grammar import tool_call_grammar
+from engine.formats.tools.grammar import tool_call_grammar
 from tests.support.byte_tokenizer import EOS, ByteTokenizer
 from tests.support.router_app import tiny_llama_api
 

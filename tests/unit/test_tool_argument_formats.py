@@ -16,8 +16,8 @@ from hypothesis import given, settings, strategies as st
 from mlx_lm.tool_parsers import (function_gemma, gemma4, glm47, kimi_k2, kimi_k3, laguna, longcat, minicpm5, minimax_m2,
                                  mistral, muse_spark, pythonic)
 
-from engine.api.tool_arguments_headed import HeadedJsonScanner, kimi_header, mistral_header
-from engine.api.tool_calls import (TextPiece, ToolArgumentsPiece, ToolCallStream, ToolFormat, ToolPiece,
+from engine.formats.tools.headed import HeadedJsonScanner, kimi_header, mistral_header
+from engine.formats.tools.calls import (TextPiece, ToolArgumentsPiece, ToolCallStream, ToolFormat, ToolPiece,
                                    ToolStartPiece, tool_format_for)
 from tests.support.byte_tokenizer import ByteTokenizer
 from tests.support.router_app import LiveServer, build_app, make_service
@@ -249,7 +249,7 @@ def test_every_call_of_a_section_is_kept_the_first_as_it_streamed(kind: str, bod
 
 
 def test_a_scanner_that_fails_leaves_the_call_to_its_parser(monkeypatch: pytest.MonkeyPatch) -> None:
-    from engine.api.tool_arguments_glm import GlmCallScanner
+    from engine.formats.tools.glm import GlmCallScanner
 
     def broken(self, text: str) -> str:
         raise KeyError("function")

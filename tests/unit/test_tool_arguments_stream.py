@@ -10,8 +10,8 @@ import openai
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from engine.api.tool_arguments import JsonCallScanner, partial_arguments
-from engine.api.tool_calls import (FALLBACK, BadToolPiece, TextPiece, ToolArgumentsPiece, ToolCallStream, ToolFormat,
+from engine.formats.tools.scanning import JsonCallScanner, partial_arguments
+from engine.formats.tools.calls import (FALLBACK, BadToolPiece, TextPiece, ToolArgumentsPiece, ToolCallStream, ToolFormat,
                                    ToolPiece, ToolStartPiece)
 from engine.api.turns import OutputAssembler
 from engine.domain.reasoning import CallText
@@ -221,7 +221,7 @@ def test_a_qwen3_xml_string_parameter_streams_while_it_is_written() -> None:
 def test_the_tool_format_of_a_qwen3_xml_tokenizer_streams() -> None:
     from mlx_lm.tool_parsers import json_tools, qwen3_coder
 
-    from engine.api.tool_calls import tool_format_for
+    from engine.formats.tools.calls import tool_format_for
 
     class Tokenizer:
         has_tool_calling = True

@@ -15,11 +15,9 @@ A call it cannot stream that way (the arguments before the name, or written
 as a string holding JSON) is left whole: the call streams once it closes.
 
 The other formats' scanners live beside this module, one per format, each
-following its mlx-lm parser: ``tool_arguments_glm`` (GLM, LongCat),
-``tool_arguments_minimax``, ``tool_arguments_gemma4``,
-``tool_arguments_headed`` (Mistral, Kimi K2), ``tool_arguments_pythonic``
-(LFM2), ``tool_arguments_function_gemma``, ``tool_arguments_minicpm5``,
-``tool_arguments_kimi_k3`` and ``tool_arguments_muse_spark``; the
+following its mlx-lm parser: ``glm`` (GLM, LongCat), ``minimax``,
+``gemma4``, ``headed`` (Mistral, Kimi K2), ``pythonic`` (LFM2),
+``function_gemma``, ``minicpm5``, ``kimi_k3`` and ``muse_spark``; the
 tag-written ones share :class:`TaggedCallScanner` here (the last five
 :class:`CheckedCallScanner`, MiniCPM5's and Muse Spark's its
 :class:`TaggedValueScanner`), every one :func:`partial_suffix` and

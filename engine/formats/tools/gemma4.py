@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import re
 
-from .tool_arguments import ScannerState, escaped, partial_suffix
+from .scanning import ScannerState, escaped, partial_suffix
 
 QUOTE = '<|"|>'
 _HEAD = re.compile(r"\s*call:([\w-]+)\{")

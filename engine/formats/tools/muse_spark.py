@@ -28,7 +28,7 @@ from typing import Any
 
 import regex
 
-from .tool_arguments import TaggedValueScanner, partial_suffix
+from .scanning import TaggedValueScanner, partial_suffix
 
 INVOKE, PARAMETER, PARAMETER_END, INVOKE_END = "<atem:invoke", "<atem:parameter", "</atem:parameter>", "</atem:invoke>"
 # The parser's own tags.

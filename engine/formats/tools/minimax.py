@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .tool_arguments import TaggedCallScanner, escaped, partial_suffix
+from .scanning import TaggedCallScanner, escaped, partial_suffix
 
 INVOKE, PARAMETER, PARAMETER_END, INVOKE_END = "<invoke name=", "<parameter name=", "</parameter>", "</invoke>"
 STRING_TYPES = {"string", "str", "text"}

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .tool_arguments import CheckedCallScanner, JsonObjectEnd, escaped, partial_suffix
+from .scanning import CheckedCallScanner, JsonObjectEnd, escaped, partial_suffix
 
 CALL, SEP, CALL_END = "<|open|>call", "<|sep|>", "<|close|>call<|sep|>"
 ARGUMENT, ARGUMENT_END = "<|open|>argument", "<|close|>argument<|sep|>"

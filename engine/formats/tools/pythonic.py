@@ -27,7 +27,7 @@ from typing import Any
 
 import regex
 
-from .tool_arguments import CheckedCallScanner, escaped
+from .scanning import CheckedCallScanner, escaped
 
 SPACE = " \t\f\r\n"  # what Python skips between the tokens of a bracketed expression
 _HEAD = regex.compile(r"[ \t\f\r\n]*\[[ \t\f\r\n]*(?P<name>[^\W\d]\w*(?:\.[^\W\d]\w*)*)[ \t\f\r\n]*\(")

@@ -1,6 +1,6 @@
 """What a reply offered tools is constrained to: strict tools, a forced tool_choice, a response format beside tools.
 
-A turn with tools is constrained (``engine/grammar/tool_grammar.py``) when
+A turn with tools is constrained (``engine/formats/tools/grammar.py``) when
 
 - a tool is strict (Anthropic's and Chat Completions' ``strict: true``; the
   Responses API's function tools are strict unless they say ``false``): its
@@ -24,9 +24,9 @@ from engine.domain.chat import Conversation
 from engine.domain.output_format import OutputFormat
 from engine.errors import InvalidRequestError
 from engine.grammar.output_grammars import OutputGrammars, check_format
-from engine.grammar.tool_grammar import tool_call_grammar
 
-from .tool_calls import ToolFormat
+from .calls import ToolFormat
+from .grammar import tool_call_grammar
 
 log = logging.getLogger(__name__)
 _warned: set[str] = set()  # tool-call formats already logged as not constrainable

@@ -29,7 +29,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .tool_arguments import TaggedCallScanner, escaped, partial_suffix
+from .scanning import TaggedCallScanner, escaped, partial_suffix
+
 
 class GlmCallScanner(TaggedCallScanner):
     STEPS = {"name": "_name", "key": "_key_text", "between": "_between", "value": "_value_text",

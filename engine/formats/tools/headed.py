@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from typing import Callable
 
-from .tool_arguments import JsonObjectEnd, ScannerState
+from .scanning import JsonObjectEnd, ScannerState
 
 # (buffer) -> (name, header length) once the header is whole; None while it may still become one; raises
 # NotAHeader when it cannot.

@@ -6,7 +6,7 @@ function: mlx-lm's tool parser for templates it recognises, else the JSON
 a marker is held back until it is decided, so no client ever sees half a
 marker as text.
 
-A call in a JSON format streams as it is written (``tool_arguments.py``): a
+A call in a JSON format streams as it is written (``scanning.py``): a
 :class:`ToolStartPiece` once its name is known, :class:`ToolArgumentsPiece`
 with each new part of its arguments' text, then the :class:`ToolPiece` when
 it closes. Other formats give the ``ToolPiece`` alone, at the call's end.
@@ -15,8 +15,8 @@ it closes. Other formats give the ``ToolPiece`` alone, at the call's end.
 from __future__ import annotations
 
 import itertools
-import logging
 import json
+import logging
 import secrets
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -24,16 +24,16 @@ from typing import Any, Callable
 from engine.domain.chat import ToolCall
 from engine.domain.reasoning import HarmonyFormat, ReasoningFormat
 
-from .tool_arguments import JsonCallScanner, XmlFunctionScanner, partial_arguments, partial_suffix
-from .tool_arguments_gemma4 import Gemma4CallScanner
-from .tool_arguments_glm import GlmCallScanner, LongcatCallScanner
-from .tool_arguments_headed import HeadedJsonScanner, kimi_header, mistral_header
-from .tool_arguments_function_gemma import FunctionGemmaCallScanner
-from .tool_arguments_kimi_k3 import KimiK3CallScanner
-from .tool_arguments_minicpm5 import MiniCpm5CallScanner
-from .tool_arguments_minimax import MiniMaxCallScanner
-from .tool_arguments_muse_spark import MuseSparkCallScanner
-from .tool_arguments_pythonic import PythonicCallScanner
+from .function_gemma import FunctionGemmaCallScanner
+from .gemma4 import Gemma4CallScanner
+from .glm import GlmCallScanner, LongcatCallScanner
+from .headed import HeadedJsonScanner, kimi_header, mistral_header
+from .kimi_k3 import KimiK3CallScanner
+from .minicpm5 import MiniCpm5CallScanner
+from .minimax import MiniMaxCallScanner
+from .muse_spark import MuseSparkCallScanner
+from .pythonic import PythonicCallScanner
+from .scanning import JsonCallScanner, XmlFunctionScanner, partial_arguments, partial_suffix
 
 ParseFn = Callable[[str, Any], Any]
 log = logging.getLogger(__name__)
@@ -244,7 +244,7 @@ ArgumentScanner = (JsonCallScanner | XmlFunctionScanner | GlmCallScanner | MiniM
 
 
 class StreamedArguments:
-    """One call's arguments streaming: its format's scanner (tool_arguments.py) over its body as it grows."""
+    """One call's arguments streaming: its format's scanner (scanning.py) over its body as it grows."""
 
     def __init__(self, id_prefix: str, scanner: ArgumentScanner) -> None:
         self.id_prefix = id_prefix

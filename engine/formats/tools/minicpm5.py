@@ -23,7 +23,7 @@ from typing import Any
 
 import regex
 
-from .tool_arguments import TaggedValueScanner, partial_suffix
+from .scanning import TaggedValueScanner, partial_suffix
 
 PARAMETER, PARAMETER_END, CDATA_END = "<param", "</param>", "]]>"
 _NAME = r"(?P<name>\"[^\"]*\"|'[^']*'|[^\s\"'<>]+)"
@@ -40,7 +40,10 @@ class MiniCpm5CallScanner(TaggedValueScanner):
     VALUE_END = PARAMETER_END
 
     def __init__(self, tools: Any = None) -> None:
-        from mlx_lm.tool_parsers import minicpm5, minimax_m2  # (the parser whose reading this follows, and its helpers)
+        from mlx_lm.tool_parsers import (  # (the parser whose reading this follows, and its helpers)
+            minicpm5,
+            minimax_m2,
+        )
 
         super().__init__(tools)
         self._parser, self._helpers = minicpm5, minimax_m2

@@ -24,7 +24,7 @@ from typing import Any
 
 import regex
 
-from .tool_arguments import CheckedCallScanner, escaped, partial_suffix
+from .scanning import CheckedCallScanner, escaped, partial_suffix
 
 ESCAPE = "<escape>"
 _HEAD = regex.compile(r"\s*call:(\w+)\{")  # the parser's own pattern, after the whitespace its search skips
