@@ -182,6 +182,72 @@ def test_kv_quantized_in_the_pool_gives_mlx_lms_tokens_with_its_quantized_cache_
         engine.stop()
 
 
+def test_smollm2s_packed_kv_decodes_on_the_cpus_host_step_with_mlxs_quantized_logits(smollm2) -> None:
+    """--kv-bits 8 on the CPU backend: a decode step of agents whose K/V the pool packs runs whole on the host
+    (the packed loops read the words in place and pack each step's own key and value), and its logits are those
+    of MLX's forward over mlx-lm's quantized attention, step after step, fed the same tokens."""
+    import numpy as np
+
+    from engine.runtime.runner.backends.cpu import host_packed_decode
+    from engine.runtime.runner.backends.cpu.backend import CpuBackend
+    from engine.runtime.runner.backends.cpu.host_kv import HostQuantizedFullKV
+    from engine.runtime.runner.kv.full_kv import KVShape
+    from engine.runtime.runner.kv.quantized_kv import QuantizedFullKV
+
+    model = smollm2.model
+    attn = model.model.layers[0].self_attn
+    shape = KVShape(attn.n_kv_heads, attn.head_dim, attn.head_dim, mx.float32, 8, 64)
+    host_packed_decode.warm_up()
+    backend = CpuBackend()
+    backend.attach(model)
+    try:
+        def prefilled(kind: type, prompt: tuple[int, ...]):
+            layers = [kind(shape, 16) for _ in model.model.layers]
+            for layer in layers:
+                layer.reserve(len(prompt) + 16)
+            mx.eval(model(mx.array([prompt]), cache=layers))
+            return layers
+
+        class Row:  # what a decode step reads of a sequence's cache
+            def __init__(self, layers) -> None:
+                self.layers = layers
+
+        def copied(layers):  # the very packed arrays, in MLX's kind of layer
+            out = [QuantizedFullKV(shape, 16) for _ in layers]
+            for mine, theirs in zip(out, layers):
+                mine.reserve(theirs.offset + 16)
+                mine.load(*theirs.positions(0, theirs.offset))
+            return out
+
+        prompts = prompts_for(smollm2, 3)
+        host = [Row(prefilled(HostQuantizedFullKV, p)) for p in prompts]
+        tokens = [p[-1] for p in prompts]
+        for _ in range(6):
+            reference = [copied(row.layers) for row in host]  # this step starts from the same packed K/V
+            assert backend.steps_on_host(model, host)
+            got = np.asarray(backend.decode(model, mx.array(tokens, dtype=mx.uint32), host))
+            expected = np.concatenate([np.asarray(model(mx.array([[t]]), cache=layers)[:, -1, :])
+                                       for t, layers in zip(tokens, reference)])
+            # The step's own keys and values are packed from the host's sums, which round apart from MLX's: a value
+            # at a bin's edge takes the neighbouring code (or a group's extreme moves its scale a little), and the
+            # layers after it see that (measured: logits up to 0.04 apart on values of ~10, each own position's
+            # values within a bin of MLX's; a wrong position or packing is off by far more).
+            np.testing.assert_allclose(got, expected, rtol=1e-2, atol=0.1)
+            assert (got.argmax(-1) == expected.argmax(-1)).all()
+            for row, layers in zip(host, reference):
+                for mine, theirs in zip(row.layers, layers):
+                    at = mine.offset - 1
+                    for held, ref in zip(mine.positions(at, at + 1), theirs.positions(at, at + 1)):
+                        values, expected_values = (np.asarray(mx.dequantize(*p, group_size=64, bits=8))
+                                                   for p in (held, ref))
+                        bin_width = np.abs(np.asarray(ref[1])).max()
+                        assert np.abs(values - expected_values).max() <= 2 * bin_width
+            tokens = [int(t) for t in expected.argmax(-1)]
+    finally:
+        backend.detach(model)
+        backend.close()
+
+
 def test_smollm2_answers_paris(smollm2) -> None:
     engine = start_engine(smollm2)
     try:

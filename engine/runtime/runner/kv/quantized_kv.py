@@ -10,8 +10,8 @@ A position is quantized once, when it is written; attention reads the packed
 arrays through MLX's quantized products (the arithmetic of mlx-lm's
 ``quantized_scaled_dot_product_attention``, which its own quantized cache
 runs) on Metal and CUDA; the CPU backend's kind unpacks them for its own
-attention (``HostQuantizedFullKV``), and its host decode step, which reads
-float32 arrays, steps aside for these layers.
+attention (``HostQuantizedFullKV``), and its decode steps read them in
+place in compiled loops (``backends/cpu/host_packed_decode.py``).
 """
 
 from __future__ import annotations

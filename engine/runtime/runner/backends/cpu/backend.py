@@ -43,7 +43,7 @@ import mlx.core as mx
 
 from engine.domain.cache_spec import ModelCacheSpec
 from engine.runtime.runner.backends.cpu import (host_conv, host_decode, host_forward, host_gated_delta, host_heads,
-                                               host_linear, host_softmax)
+                                               host_linear, host_packed_decode, host_softmax)
 from engine.runtime.runner.backends.cpu.hooks import ActivationHooks
 from engine.runtime.runner.backends.cpu.host_attention import HOST_ATTENTION
 from engine.runtime.runner.backends.cpu.host_kv import (HOST_KINDS, HOST_KINDS_BESIDE_RECURRENT, HostFullKV,
@@ -151,7 +151,7 @@ class CpuBackend(MlxBackend):
         """Load (the first time: compile) the compiled loops in the background, so model loading goes on
         meanwhile; where they cannot load, their work stays in MLX and the log says why. The engine waits for
         them before it says ready (:meth:`await_warm_up`)."""
-        loads = [(self._loops_ok, host_decode.warm_up, "_loops_ok", "decode attention"),
+        loads = [(self._loops_ok, host_packed_decode.warm_up, "_loops_ok", "decode attention"),
                  (self._linear_ok, host_linear.warm_up, "_linear_ok", "decode's linear layers"),
                  (self._recurrence_ok, host_gated_delta.warm_up, "_recurrence_ok", "the gated-delta prefill steps"),
                  (self._conv_ok, host_conv.warm_up, "_conv_ok", "the recurrent layers' prefill convolutions"),

@@ -42,10 +42,12 @@ import mlx.core as mx
 import numpy as np
 
 from engine.distributed.local_ranks import process_cores
+from engine.runtime.runner.kv.full_kv import length_of
 
 log = logging.getLogger("semantic.engine")
 
-# (keys, values, length): the first ``length`` positions of (1, kv_heads, capacity, dim) arrays.
+# (keys, values, length): the first ``length`` positions of (1, kv_heads, capacity, dim) arrays (or of packed
+# K/V's three arrays each: host_packed_decode.py).
 PartArrays = Tuple[mx.array, mx.array, int]
 # A decode step's new keys, values (batch, kv_heads, 1, dim), and per row the own position to write them to.
 NewPositions = Tuple[mx.array, mx.array, Sequence[Optional[int]]]
@@ -68,7 +70,7 @@ def warm_up() -> None:
     alive: list[np.ndarray] = []
     q = np.zeros((2, 2, 4), dtype=np.float32)
     cache = np.ones((1, 8, 4), dtype=np.float32)
-    table = np.array([[_address(cache, alive), 32, _address(cache, alive), 32, 8]] * 2, dtype=np.int64)
+    table = np.array([[address_of(cache, alive), 32, address_of(cache, alive), 32, 8]] * 2, dtype=np.int64)
     out = np.empty((2, 2, 4), dtype=np.float32)
     writes = np.ones(2, dtype=np.int64)
     host_kernels.batch_rows(q, table, np.array([0, 1, 2]), np.zeros(2, dtype=np.int64), 1, out, 0, 2,
@@ -84,16 +86,22 @@ def worker_count() -> int:
 def applies(queries: mx.array, parts_per_row: Sequence[Sequence[PartArrays]], masks: Sequence[Any],
             sinks: Any) -> bool:
     """Whether :func:`attend` computes this batch: one float32 query per row, no sinks, masks it can apply."""
-    return (sinks is None and len(parts_per_row) > 1 and queries.shape[2] == 1
-            and queries.dtype == mx.float32 and parts_per_row[0][-1][0].dtype == mx.float32
-            and all(m is None or isinstance(m, str) or _key_mask(m, sum(n for _, _, n in parts))
-                    for m, parts in zip(masks, parts_per_row)))
+    return (sinks is None and len(parts_per_row) > 1 and queries.shape[2] == 1 and queries.dtype == mx.float32
+            and all(isinstance(parts[-1][0], mx.array) for parts in parts_per_row)
+            and parts_per_row[0][-1][0].dtype == mx.float32
+            and masks_apply(masks, parts_per_row))
+
+
+def masks_apply(masks: Sequence[Any], parts_per_row: Sequence[Sequence[PartArrays]]) -> bool:
+    """Whether the loops can apply every row's mask: none, causal, or a boolean per key."""
+    return all(m is None or isinstance(m, str) or _key_mask(m, sum(n for _, _, n in parts))
+               for m, parts in zip(masks, parts_per_row))
 
 
 def host_parts(row: Any, held: int) -> list[PartArrays]:
     """A row's parts: its shared segments (a full-attention layer's), then the first ``held`` positions of
     its own arrays."""
-    return [*((k, v, k.shape[2]) for k, v in getattr(row, "prefix", ())), (row.keys, row.values, held)]
+    return [*((k, v, length_of(k)) for k, v in getattr(row, "prefix", ())), (row.keys, row.values, held)]
 
 
 def may_write(keys: mx.array, rows: int) -> bool:
@@ -168,10 +176,7 @@ def attend_host(scaled: np.ndarray, parts_per_row: Sequence[Sequence[PartArrays]
             table[line] = (*_flat(keys, alive, in_place), *_flat(values, alive, in_place), length)
             line += 1
         row_parts[b + 1] = line
-    addresses = np.zeros(batch, dtype=np.int64)
-    for b, m in enumerate(hidden or ()):
-        if m is not None:
-            addresses[b] = _address(np.logical_not(m).astype(np.uint8).reshape(-1), alive)
+    addresses = hidden_addresses(hidden, batch, alive)
     keys_per_row = [sum(n for _, _, n in parts) for parts in parts_per_row]
     chunks = thread_shares(keys_per_row, 1 if workers is None else worker_count())
     args = (scaled, table, row_parts, addresses, kv_heads, out)
@@ -207,7 +212,7 @@ def _flat(array: mx.array, alive: list[np.ndarray], in_place: bool = False) -> t
     if in_place and not (own.flags.c_contiguous and own.dtype == np.float32):
         raise RuntimeError("a claimed decode position's cache is not one contiguous float32 buffer")
     heads = np.ascontiguousarray(own, dtype=np.float32)
-    return _address(heads, alive), heads.shape[1] * heads.shape[2]
+    return address_of(heads, alive), heads.shape[1] * heads.shape[2]
 
 
 def _rows(array: mx.array) -> np.ndarray:
@@ -218,7 +223,17 @@ def _rows(array: mx.array) -> np.ndarray:
 _NO_ROWS = np.zeros((1, 1, 1), dtype=np.float32)  # (nothing to write: the loops never read it)
 
 
-def _address(buffer: np.ndarray, alive: list[np.ndarray]) -> int:
+def hidden_addresses(hidden: Sequence[np.ndarray | None] | None, batch: int, alive: list[np.ndarray]) -> np.ndarray:
+    """Per row the address of one byte per key (non-zero: hidden), or 0 where nothing is hidden."""
+    addresses = np.zeros(batch, dtype=np.int64)
+    for b, m in enumerate(hidden or ()):
+        if m is not None:
+            addresses[b] = address_of(np.logical_not(m).astype(np.uint8).reshape(-1), alive)
+    return addresses
+
+
+def address_of(buffer: np.ndarray, alive: list[np.ndarray]) -> int:
+    """The address of ``buffer``'s data, kept alive (in ``alive``) while the loops read it."""
     alive.append(buffer)
     return buffer.__array_interface__["data"][0]
 

@@ -12,7 +12,7 @@ tok/s through MLX's forward, ``bench/bench_step_profile.py``): the token embeddi
 (``linear_kernel`` up to ``host_linear.HOST_STEP_MAX_ROWS`` rows, BLAS's ``sgemm``
 through numpy above), rotary embeddings, attention over each row's cache
 where it lies (``host_decode.attend_host``, which also writes the step's key
-and value in place), SwiGLU and the output layer, and hands MLX the logits.
+and value in place; ``host_packed_decode`` where the hot pool packs K/V), SwiGLU and the output layer, and hands MLX the logits.
 
 Only where every part is known: mlx-lm's ``llama`` models (Llama, SmolLM2,
 and the families mlx-lm loads as ``llama``) with full attention in every
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import Executor
+from functools import partial
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -39,8 +40,9 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from engine.runtime.runner.backends.cpu import host_decode, host_linear, host_verify_attention
+from engine.runtime.runner.backends.cpu import host_decode, host_linear, host_packed_decode, host_verify_attention
 from engine.runtime.runner.backends.cpu.host_decode import host_parts
+from engine.runtime.runner.kv.quantized_kv import QuantizedFullKV
 
 # Rotation tables grow by this many positions at a time.
 _TABLE_STEP = 4096
@@ -152,7 +154,7 @@ def decode(model: Any, inputs: mx.array, rows: Sequence[Any], tables: RopeTables
         claimed = [kv.layers[i].claim_one() for kv, w in zip(rows, widths) for _ in range(w)]
         layers = [kv.layers[i] for kv, w in zip(rows, widths) for _ in range(w)]
         parts = [host_parts(layer, at + 1) for layer, at in zip(layers, claimed)]
-        out = groups.attend(q * np.float32(attn.scale), parts, k, v, claimed, workers)
+        out = groups.attend(q * np.float32(attn.scale), parts, k, v, claimed, workers, _packing(layers[0]))
         h = h + _linear(out.reshape(batch, -1), attn.o_proj, linear_pass)
         mlp = layer.mlp
         x = _rms_norm(h, layer.post_attention_layernorm)
@@ -176,20 +178,29 @@ class _Groups:
         self.wide = [(int(starts[g]), w) for g, w in enumerate(widths) if w > 1]
 
     def attend(self, scaled: np.ndarray, parts: Sequence[Sequence[Any]], keys: np.ndarray, values: np.ndarray,
-               claimed: Sequence[int], workers: Executor | None) -> np.ndarray:
+               claimed: Sequence[int], workers: Executor | None, packing: tuple[int, int] | None) -> np.ndarray:
+        if packing is None:
+            singles, groups = host_decode.attend_host, host_verify_attention.attend_groups
+        else:  # (K/V the hot pool packs)
+            singles = partial(host_packed_decode.attend_host, bits=packing[0], group=packing[1])
+            groups = partial(host_packed_decode.attend_groups, bits=packing[0], group=packing[1])
         if not self.wide:
-            return host_decode.attend_host(scaled, parts, keys, values, claimed, workers=workers)
+            return singles(scaled, parts, keys, values, claimed, workers=workers)
         if not self.single:
-            return host_verify_attention.attend_groups(scaled, parts, keys, values, claimed, self.widths, workers)
+            return groups(scaled, parts, keys, values, claimed, self.widths, workers=workers)
         out = np.empty((scaled.shape[0], scaled.shape[1], values.shape[-1]), dtype=np.float32)
         one = self.single
-        out[one] = host_decode.attend_host(scaled[one], [parts[r] for r in one], keys[one], values[one],
-                                           [claimed[r] for r in one], workers=workers)
+        out[one] = singles(scaled[one], [parts[r] for r in one], keys[one], values[one], [claimed[r] for r in one],
+                           workers=workers)
         wide = [r for first, w in self.wide for r in range(first, first + w)]
-        out[wide] = host_verify_attention.attend_groups(scaled[wide], [parts[r] for r in wide], keys[wide],
-                                                        values[wide], [claimed[r] for r in wide],
-                                                        [w for _, w in self.wide], workers)
+        out[wide] = groups(scaled[wide], [parts[r] for r in wide], keys[wide], values[wide],
+                           [claimed[r] for r in wide], [w for _, w in self.wide], workers=workers)
         return out
+
+
+def _packing(layer: Any) -> tuple[int, int] | None:
+    """(bits, group size) of a layer whose K/V the hot pool packs; None: float32 arrays."""
+    return (layer.bits, layer.group_size) if isinstance(layer, QuantizedFullKV) else None
 
 
 def _rms_norm(x: np.ndarray, norm: nn.RMSNorm) -> np.ndarray:

@@ -108,8 +108,8 @@ def _pointer_from_address(element):
     return at
 
 
-_floats_at = _pointer_from_address(types.float32)
-_bytes_at = _pointer_from_address(types.uint8)
+floats_at = _pointer_from_address(types.float32)
+bytes_at = _pointer_from_address(types.uint8)
 
 
 # Columns of the ``parts`` table batch_rows reads: one part per line.
@@ -123,7 +123,7 @@ def write_last(address, stride, length, new):  # pragma: no cover (compiled)
     at ``address``, whose heads are ``stride`` floats apart."""
     kv_heads, dim = new.shape
     at = (length - 1) * dim
-    flat = numba.carray(_floats_at(address), ((kv_heads - 1) * stride + at + dim,))
+    flat = numba.carray(floats_at(address), ((kv_heads - 1) * stride + at + dim,))
     for h in range(kv_heads):
         flat[h * stride + at:h * stride + at + dim] = new[h]
 
@@ -158,16 +158,16 @@ def batch_rows(q, parts, row_parts, hidden, kv_heads, out, first, last, new_keys
         column = 0
         for i in range(row_parts[b], row_parts[b + 1]):
             length = parts[i, LENGTH]
-            keys = numba.carray(_floats_at(parts[i, KEYS]), ((kv_heads - 1) * parts[i, K_STRIDE] + length * dim,))
+            keys = numba.carray(floats_at(parts[i, KEYS]), ((kv_heads - 1) * parts[i, K_STRIDE] + length * dim,))
             part_scores(q[b], keys, parts[i, K_STRIDE], length, column, scores)
             column += length
         if hidden[b] != 0:
-            softmax(scores, total, numba.carray(_bytes_at(hidden[b]), (total,)), True)
+            softmax(scores, total, numba.carray(bytes_at(hidden[b]), (total,)), True)
         else:
             softmax(scores, total, nothing, False)
         column = 0
         for i in range(row_parts[b], row_parts[b + 1]):
             length = parts[i, LENGTH]
-            values = numba.carray(_floats_at(parts[i, VALUES]), ((kv_heads - 1) * parts[i, V_STRIDE] + length * v_dim,))
+            values = numba.carray(floats_at(parts[i, VALUES]), ((kv_heads - 1) * parts[i, V_STRIDE] + length * v_dim,))
             part_values(scores, values, parts[i, V_STRIDE], length, column, out[b], i > row_parts[b])
             column += length

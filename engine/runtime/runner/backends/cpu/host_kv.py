@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 
 import mlx.core as mx
 
-from engine.runtime.runner.backends.cpu import host_decode
+from engine.runtime.runner.backends.cpu import host_decode, host_packed_decode
 from engine.runtime.runner.backends.cpu.host_attention import HOST_ATTENTION, HOST_ATTENTION_IN_GRAPH
 from engine.runtime.runner.kv.attention import Attention
 from engine.runtime.runner.kv.chunked_kv import ChunkedKV
@@ -99,11 +99,11 @@ class HostChunkedKV(ChunkedKV):
 
 
 class UnpackedAttention(QuantizedAttention):
-    """Packed K/V unpacked, then this package's attention over them. MLX's quantized product runs as plain
-    loops on the CPU, without BLAS: SmolLM2's prefill took 16 ms a token through it against 2.6 at full
-    precision, and 8 agents decoded at 0.45x (bench_kv_bits, the 2-core x86 box). Unpacking a layer's K/V reads
-    each packed value once, and the products then run in BLAS or the compiled rows; the values attended to are
-    exactly the packed ones, as on Metal and CUDA."""
+    """Packed K/V unpacked, then this package's attention over them, where the packed loops do not run (prefill
+    passes, one agent alone). MLX's quantized product runs as plain loops on the CPU, without BLAS: SmolLM2's
+    prefill took 16 ms a token through it against 2.6 at full precision (bench_kv_bits, the 2-core x86 box).
+    Unpacking a layer's K/V reads each packed value once, and the products then run in BLAS or the compiled
+    rows; the values attended to are exactly the packed ones, as on Metal and CUDA."""
 
     def sdpa(self, queries: mx.array, keys: Any, values: Any, scale: float, mask: Any, sinks: Any = None) -> mx.array:
         return HOST_ATTENTION.sdpa(queries, self.unpacked(keys).astype(queries.dtype),
@@ -117,8 +117,9 @@ class UnpackedAttention(QuantizedAttention):
         return left @ (held.swapaxes(-1, -2) if transpose else held)
 
 
-class HostQuantizedFullKV(QuantizedFullKV):
-    """``QuantizedFullKV`` attending over its K/V unpacked, with this package's arithmetic."""
+class HostQuantizedFullKV(HostFullKV, QuantizedFullKV):
+    """``QuantizedFullKV`` whose decode position may be claimed for the packed loops (``host_packed_decode``) to
+    pack and write in place, attending elsewhere over its K/V unpacked with this package's arithmetic."""
 
     attention_kind = UnpackedAttention
 
@@ -177,11 +178,16 @@ class HostRaggedLayerCache(RaggedLayerCache):
         """The rows' attention; the step's claimed positions are written by the first call (a layer sharing this
         one's K/V attends again after it, over what was written)."""
         masks = _row_masks(mask, len(self.rows))
-        # (The loops read float32 arrays; a layer the hot pool quantizes attends through MLX's quantized products.)
-        if self._held and self._loops() and not any(isinstance(row, QuantizedFullKV) for row in self.rows):
+        if self._held and self._loops():
             parts = [host_decode.host_parts(row, n) for row, n in zip(self.rows, self._held)]
+            new, claimed = self._new, self._claimed
+            if host_packed_decode.applies(queries, parts, masks, sinks):
+                self._new, self._claimed = None, []
+                first = self.rows[0]
+                return host_packed_decode.attend(queries, parts, scale, masks, first.bits, first.group_size,
+                                                 (*new, claimed) if new else None, self._workers)
             if host_decode.applies(queries, parts, masks, sinks):
-                new, claimed, self._new, self._claimed = self._new, self._claimed, None, []
+                self._new, self._claimed = None, []
                 return host_decode.attend(queries, parts, scale, masks, (*new, claimed) if new else None,
                                           self._workers)
         self.write_claimed_through_mlx()  # claimed, but attention runs in MLX after all
