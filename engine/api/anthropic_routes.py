@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import replace
-from typing import Any, cast
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from engine.errors import SemanticError
 from engine.domain.requests import FinishEvent
+from engine.errors import SemanticError
 
 from .anthropic_schemas import (
     STREAM_EVENT_SCHEMA,
@@ -40,8 +40,9 @@ from .anthropic_stream import (
 from .anthropic_translate import conversation_of, turn_spec
 from .async_turn import AsyncTurn
 from .cache_diagnostics import Fingerprint, FingerprintStore, diagnose, wants_diagnostics
-from .reply_model import reply_model
+from .completion import run_to_end
 from .errors import ApiError
+from .reply_model import reply_model
 from .service import EngineService
 from .turns import OutputAssembler, cap_headers, prepare, render_tokens
 
@@ -130,20 +131,9 @@ async def _streamed(service: EngineService, turn: AsyncTurn, assembler: OutputAs
 
 async def _complete(request: Request, turn: AsyncTurn, assembler: OutputAssembler,
                     head: MessageHead, record: Recorder) -> Response:
-    try:
-        events = await turn.run_to_finish(request.is_disconnected)
-    finally:
-        turn.cancel()
-    # run_to_finish returns only once the finish event has arrived.
-    finish = cast(FinishEvent, turn.finish)
-    record(finish, None)
-    error = error_if_failed(finish)
-    if error is not None:
-        raise error
+    finish, pieces = await run_to_end(turn, assembler, request.is_disconnected, lambda f: record(f, None))
     blocks = ContentBlocks(head.omit_thinking)
-    for event in events:
-        blocks.add(assembler.feed(event))
-    blocks.add(assembler.finish())
+    blocks.add(pieces)
     body = message_body(head, blocks.content, finish, bool(assembler.calls))
     return JSONResponse(body, headers={"request-id": turn.request_id, **cap_headers(turn.request)})
 

@@ -13,14 +13,20 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
-from engine.errors import SemanticError
 from engine.domain.requests import FinishEvent
+from engine.errors import SemanticError
 
-from .admission import SSE_HEADERS, await_admission, failed, finish_error
+from .admission import SSE_HEADERS, await_admission
 from .async_turn import AsyncTurn
+from .completion import run_to_end
 from .errors import ApiError
 from .metrics import MetricsRecorder
-from .openai_schemas import STREAM_EVENT_SCHEMA, ChatCompletionRequest, ChatCompletionResponse, OpenAIErrorResponse
+from .openai_schemas import (
+    STREAM_EVENT_SCHEMA,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    OpenAIErrorResponse,
+)
 from .openai_stream import ChatStream, ChunkWriter
 from .openai_translate import CompletionMeta, completion_body, to_turn_spec
 from .service import EngineService
@@ -62,19 +68,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
 
 
 async def _complete(request: Request, turn: AsyncTurn, assembler: OutputAssembler, meta: CompletionMeta) -> Response:
-    try:
-        events = await turn.run_to_finish(request.is_disconnected)
-    except BaseException:
-        turn.cancel()  # the handler itself was cancelled (server shutdown)
-        raise
-    finish = turn.finish
-    assert finish is not None
-    request.app.state.metrics.observe("openai", finish)
-    if failed(finish):
-        raise finish_error(finish)
-    for event in events:
-        assembler.feed(event)
-    assembler.finish()
+    finish, _ = await run_to_end(turn, assembler, request.is_disconnected,
+                                 lambda f: request.app.state.metrics.observe("openai", f))
     body = completion_body(meta, assembler.text, assembler.calls, finish, assembler.reasoning)
     return JSONResponse(body, headers={AGENT_HEADER: meta.agent_id, **cap_headers(turn.request)})
 

@@ -27,8 +27,9 @@ from engine.domain.requests import FinishEvent
 from engine.errors import PromptTooLongError, SemanticError
 from engine.store.stored_responses import ResponseStore, StoredResponse
 
-from .admission import SSE_HEADERS, await_admission, failed, finish_error
+from .admission import SSE_HEADERS, await_admission
 from .async_turn import AsyncTurn
+from .completion import run_to_end
 from .errors import ApiError, from_domain
 from .metrics import MetricsRecorder
 from .openai_routes import AGENT_HEADER
@@ -125,19 +126,8 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
 
 async def _complete(request: Request, turn: AsyncTurn, assembler: OutputAssembler, meta: ResponseMeta,
                     settle: Any) -> Response:
-    try:
-        events = await turn.run_to_finish(request.is_disconnected)
-    except BaseException:
-        turn.cancel()  # the handler itself was cancelled (server shutdown)
-        raise
-    finish = turn.finish
-    assert finish is not None
-    request.app.state.metrics.observe(PROTOCOL, finish)
-    if failed(finish):
-        raise finish_error(finish)
-    for event in events:
-        assembler.feed(event)
-    assembler.finish()
+    finish, _ = await run_to_end(turn, assembler, request.is_disconnected,
+                                 lambda f: request.app.state.metrics.observe(PROTOCOL, f))
     status, reason = outcome(finish, bool(assembler.calls))
     output = output_items(assembler.text, assembler.calls, status, assembler.reasoning,
                           meta.request.includes_encrypted_reasoning)

@@ -105,6 +105,8 @@ class GenerationRequest:
     # The level the request asked for (0 most urgent .. 9); None: its agent's or its class's.
     priority: int | None = None
     request_id: str = field(default_factory=next_request_id)
+    # The engine that checked and clamped it (``Engine.validate``): submitted there, it is not checked again.
+    validated_by: str = ""
 
     def __post_init__(self) -> None:
         if not self.prompt_tokens:

@@ -199,6 +199,27 @@ def test_request_that_can_never_fit_is_rejected_with_numbers() -> None:
         engine.stop()
 
 
+def test_a_request_is_validated_once_by_the_engine_that_serves_it() -> None:
+    """The API validates (and clamps) before it answers; submitting the validated request does not check it again,
+    and another engine (a model swapped in) checks it for itself."""
+    engine, other = make_engine(), make_engine(blocks=8)
+    try:
+        asked = GenerationRequest("x", prompt_for(0, 3), 10**6)
+        valid = engine.validate(asked)
+        assert valid.max_tokens < asked.max_tokens and valid.validated_by
+        assert engine.validate(valid) is valid
+        assert not GenerationRequest("x", prompt_for(0, 3), 4).validated_by
+        with pytest.raises(RequestTooLargeForPoolError):
+            other.validate(GenerationRequest("x", prompt_for(0, 40), 4))
+        big = engine.validate(GenerationRequest("x", prompt_for(0, 40), 4))
+        with pytest.raises(RequestTooLargeForPoolError):
+            other.submit(big, lambda e: None)  # validated by another engine: checked here again
+        assert run_turn(engine, valid).finish.reason is not None
+    finally:
+        engine.stop()
+        other.stop()
+
+
 def test_auxiliary_request_leaves_main_cache_intact(llama: Engine) -> None:
     main = run_turn(llama, GenerationRequest("sess", prompt_for(0, 3), 8))
     cached = llama.fresh_snapshot().agent("sess").cached_tokens

@@ -11,6 +11,7 @@ import atexit
 import gc
 import logging
 import queue
+import secrets
 import threading
 import time
 from concurrent.futures import Future
@@ -101,6 +102,7 @@ class Engine:
         # either refused or queued before the last drain, never left in a queue nobody reads.
         self._door = threading.Lock()
         self._closed = False
+        self._validation_mark = secrets.token_hex(8)  # (stamped on what validate() checked: validated once)
         # Turns submitted and not finished (turns_in_flight), counted on the client's thread and the engine's.
         self._in_flight = 0
         self._in_flight_lock = threading.Lock()
@@ -225,7 +227,10 @@ class Engine:
     def validate(self, request: GenerationRequest) -> GenerationRequest:
         """Reject what can never run, and clamp ``max_tokens``, the one place it is clamped: to
         ``max_output_tokens`` (the request then says what it asked) and to what the context leaves. Raises
-        domain errors."""
+        domain errors. A request this engine validated already (the API validates before it answers, then
+        submits) is returned as it is."""
+        if request.validated_by == self._validation_mark:
+            return request
         limit = self.context_length
         n = len(request.prompt_tokens)
         if n + 1 > limit:
@@ -241,7 +246,7 @@ class Engine:
                 f"{self._pool.total_blocks} blocks ({self._pool.total_bytes / 2**20:.0f} MiB); raise pool_budget_mb",
                 field="messages",
             )
-        return request
+        return replace(request, validated_by=self._validation_mark)
 
     def cancel(self, request_id: str, reason: FinishReason = FinishReason.CANCELLED) -> None:
         def command() -> None:
@@ -557,7 +562,8 @@ class Engine:
             if agent.tier in (Tier.HOT, Tier.COOL):
                 agent.stored_tokens = agent.cached_tokens
                 self.hot.drop(agent)
-                agent.tier, agent.cool = Tier.COLD, None
+                agent.cool = None
+                agent.move_to(Tier.COLD)
 
     def _persist_all(self) -> None:
         if self._store is None:
