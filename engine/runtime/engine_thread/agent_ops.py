@@ -143,7 +143,8 @@ class AgentOps:
             agent.cool = None
         else:
             agent = self.agents.add(AgentRecord(agent_id, agent_source(header.source), header.display_name))
-        agent.tier, agent.stored_tokens = Tier.WARM, header.n_tokens
+        agent.stored_tokens = header.n_tokens
+        agent.move_to(Tier.WARM)
         agent.stored_bytes = self.store.entries[agent_id].nbytes
         agent.created_at, agent.last_used, agent.turn_ends = header.created_at, header.last_used, []
         self.events.emit(EventKind.RESTORE, f"{agent_id}: imported, {header.n_tokens} tokens on disk", agent_id)

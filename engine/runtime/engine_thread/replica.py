@@ -69,7 +69,7 @@ class Replica:
         every = sorted(set().union(*self.lockstep.world.gather(sorted(local))))
         for agent_id in (a for a in every if a not in keep):
             store.forget(agent_id)
-            self.agents.add(AgentRecord(agent_id, AgentSource.API, None)).tier = Tier.COLD
+            self.agents.add(AgentRecord(agent_id, AgentSource.API, None)).move_to(Tier.COLD)
             self.events.emit(EventKind.DISCARD, f"{agent_id}: its warm cache is missing or different on "
                                     "another rank; cold on every rank (its conversation is prefilled again)",
                                     agent_id, logging.WARNING)

@@ -120,7 +120,7 @@ class Admission(SchedulerPart):
             self.hot.release(holder)
         elif agent is not None and agent.kv is not None and agent.tier is Tier.HOT:
             self.hot.drop(agent)  # its cache may be half cut: recompute rather than serve it
-            agent.tier = Tier.COLD
+            agent.move_to(Tier.COLD)
         self.completion.complete(turn, FinishReason.ERROR, error_type="api_error",
                                  error=f"admission failed: {type(error).__name__}: {error}")
 

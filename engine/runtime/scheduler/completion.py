@@ -65,7 +65,7 @@ class Completion(SchedulerPart):
             if failed and turn.on_own_cache:
                 # A step that raised may have updated some layers and not others.
                 self.hot.drop(agent)
-                agent.tier = Tier.COLD
+                agent.move_to(Tier.COLD)
             elif turn.on_own_cache and turn.sequence is not None:
                 agent.tokens = list(turn.request.prompt_tokens[:turn.reused]) + turn.sequence.fed
                 reported = turn.prompt_len + turn.generated

@@ -139,7 +139,7 @@ class TurnCaches(SchedulerPart):
         self.tiers.store.prefixes.done_with(plan.prefix)
         if holder is agent:
             agent.tokens = list(turn.request.prompt_tokens[:plan.reused])
-            agent.tier = Tier.HOT
+            agent.move_to(Tier.HOT)
             self.hot.publish(agent)
         self.events.emit(EventKind.SHARE, f"{agent.agent_id}: {plan.reused} prompt tokens from the shared prefix "
                          f"{plan.prefix[:12]} on disk", agent.agent_id)
@@ -150,7 +150,8 @@ class TurnCaches(SchedulerPart):
         """No room after all: give back what the fresh cache took."""
         self.hot.release(holder)
         if holder is agent:
-            agent.tokens, agent.tier = [], Tier.COLD if agent.turns else Tier.EMPTY
+            agent.tokens = []
+            agent.move_to(Tier.COLD if agent.turns else Tier.EMPTY)
             self.hot.publish(agent)
 
     # -- preparing -------------------------------------------------------------------------
@@ -187,7 +188,7 @@ class TurnCaches(SchedulerPart):
             copied += self.hot.copy_prefix(holder, source.kv, plan.reused)
         if holder is agent and donor is not None:
             agent.tokens = list(donor.tokens[:plan.reused])
-            agent.tier = Tier.HOT
+            agent.move_to(Tier.HOT)
             self.hot.publish(agent)
             self.events.emit(EventKind.SHARE, f"{agent.agent_id}: shares {plan.reused} prefix tokens of "
                              f"{donor.agent_id} ({shared} by reference)", agent.agent_id)

@@ -33,6 +33,23 @@ class Tier(str, enum.Enum):
     EMPTY = "empty"  # nothing cached yet
 
 
+# Where an agent's cache may go from each tier. An agent's tier changes only through AgentRecord.move_to,
+# which holds it to this table. Every tier may become hot (a turn's cache, a restore), warm (a spill, an
+# import), cold (a drop, a file lost) or empty (a rewind to nothing, a fresh cache given back); only a hot
+# cache quantized in the pool becomes cool (tiers/cool.py), and a cool one that could not come back stays cool.
+TIER_MOVES: dict[Tier, frozenset[Tier]] = {
+    Tier.EMPTY: frozenset({Tier.EMPTY, Tier.HOT, Tier.WARM, Tier.COLD}),
+    Tier.HOT: frozenset({Tier.HOT, Tier.COOL, Tier.WARM, Tier.COLD, Tier.EMPTY}),
+    Tier.COOL: frozenset({Tier.COOL, Tier.HOT, Tier.WARM, Tier.COLD, Tier.EMPTY}),
+    Tier.WARM: frozenset({Tier.WARM, Tier.HOT, Tier.COLD, Tier.EMPTY}),
+    Tier.COLD: frozenset({Tier.COLD, Tier.HOT, Tier.WARM, Tier.EMPTY}),
+}
+
+
+class IllegalTierMove(RuntimeError):
+    """A tier change the table does not allow: a bug in the engine, never a client's doing."""
+
+
 @dataclass(slots=True)
 class AgentRecord:
     agent_id: str
@@ -94,6 +111,12 @@ class AgentRecord:
     turn_ends: list[int] = field(default_factory=list)
     # How the last turns met the cache (domain/forensics.py), oldest first.
     history: "deque[TurnForensics]" = field(default_factory=lambda: deque(maxlen=HISTORY_KEPT))
+
+    def move_to(self, tier: Tier) -> None:
+        """The agent's cache is now in ``tier`` (the one place a tier changes: ``TIER_MOVES`` says where from)."""
+        if tier not in TIER_MOVES[self.tier]:
+            raise IllegalTierMove(f"agent {self.agent_id!r}: {self.tier.value} -> {tier.value} is not a tier move")
+        self.tier = tier
 
     @property
     def is_busy(self) -> bool:

@@ -86,7 +86,7 @@ class Branching:
         copied += self.hot.copy_prefix(fork, source.kv, n)
         fork.tokens = list(source.tokens[:n])
         fork.turn_ends = [end for end in source.turn_ends if end <= n]
-        fork.tier = Tier.HOT
+        fork.move_to(Tier.HOT)
         self.hot.publish(fork)
         self.events.emit(EventKind.SHARE, f"{new_id}: forked from {source_id} at token {n} "
                          f"({shared} shared by reference)", new_id)
@@ -103,7 +103,7 @@ class Branching:
         self.hot.tidy(agent)
         if kept == 0:
             self.hot.drop(agent)
-            agent.tier = Tier.EMPTY
+            agent.move_to(Tier.EMPTY)
         agent.turn_ends = [end for end in agent.turn_ends if end <= kept]
         self.events.emit(EventKind.INFO, f"{agent_id}: rewound to token {kept}"
                          + (f" (turn {turn})" if turn is not None else ""), agent_id)

@@ -150,7 +150,7 @@ class HotCache:
         if agent.kv is None or reused == 0:
             self.fresh(agent)
         agent.tokens = agent.tokens[:reused]
-        agent.tier = Tier.HOT
+        agent.move_to(Tier.HOT)
         self.publish(agent)
         return reused
 
@@ -318,7 +318,7 @@ class HotCache:
         while not self.pay(agent) and (kv.drop_oldest_checkpoint(keep=1) or kv.drop_oldest_checkpoint()):
             self.settle(agent)
         agent.tokens = list(tokens)
-        agent.tier = Tier.HOT
+        agent.move_to(Tier.HOT)
         self.publish(agent)
         return True
 

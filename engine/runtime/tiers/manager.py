@@ -106,7 +106,8 @@ class TierManager:
         self.hot.drop(agent)
         got = self.hot.pool.allocate(agent.agent_id, {0: blocks})
         assert got is not None, "cooling frees more blocks than it takes"
-        agent.blocks, agent.cool, agent.tier = got, cool, Tier.COOL
+        agent.blocks, agent.cool = got, cool
+        agent.move_to(Tier.COOL)
         agent.stored_tokens, agent.stored_bytes = n_tokens, cool.nbytes
         self.evictions["cool"] += 1
         self.eviction_rate.add(1)
@@ -119,7 +120,7 @@ class TierManager:
         agent.stored_tokens = len(agent.cool.tokens) if agent.cool is not None else len(agent.tokens)
         if tier is Tier.WARM and self.store is not None and self.store.usable:
             agent.stored_bytes = warm.spill(self.store, agent)
-            agent.tier = Tier.WARM
+            agent.move_to(Tier.WARM)
             self.evictions["warm"] += 1
             self.eviction_rate.add(1)
             self._drop(agent)
@@ -139,7 +140,7 @@ class TierManager:
         if self.store is not None:
             self.store.forget(agent.agent_id)
             self.store.remember_cold(warm.cold_entry(agent))
-        agent.tier = Tier.COLD
+        agent.move_to(Tier.COLD)
         agent.stored_bytes = 0
         self.evictions["cold"] += 1
         self.eviction_rate.add(1)
@@ -159,7 +160,7 @@ class TierManager:
         if state is LoadState.PENDING:
             return HotState.PENDING
         if state is LoadState.MISSING or loaded is None:
-            agent.tier = Tier.COLD
+            agent.move_to(Tier.COLD)
             self.events.emit(EventKind.DISCARD, f"{agent.agent_id}: warm cache unusable, prefilling its conversation again (only a prefix shared with other agents is reused)", agent.agent_id, logging.WARNING)
             return HotState.READY
         return self._install(agent, loaded, set(protect) | {agent.agent_id})
@@ -177,7 +178,8 @@ class TierManager:
             # install released the cool blocks; they are still free (nothing ran in between).
             got = self.hot.pool.allocate(agent.agent_id, {0: held})
             assert got is not None
-            agent.blocks, agent.tier = got, Tier.COOL
+            agent.blocks = got
+            agent.move_to(Tier.COOL)
             return HotState.NO_ROOM
         agent.cool = None
         self.restores += 1
@@ -232,7 +234,7 @@ class TierManager:
         for agent_id in self.store.take_went_cold():
             agent = self.agents.get(agent_id)
             if agent is not None and agent.tier is Tier.WARM:
-                agent.tier = Tier.COLD
+                agent.move_to(Tier.COLD)
                 agent.stored_bytes = 0
                 self.evictions["cold"] += 1
                 self.store.remember_cold(warm.cold_entry(agent))

@@ -38,12 +38,14 @@ def _index_disk(agents: AgentTable, store: "WarmStore", events: EventLog,
                 whole_shards: Callable[[list[Any]], list[Any]], rank0s: Callable[[Any], Any]) -> None:
     for header in whole_shards(store.scan()):
         record = agents.add(AgentRecord(header.agent_id, agent_source(header.source), header.display_name))
-        record.tier, record.stored_tokens = Tier.WARM, header.n_tokens
+        record.stored_tokens = header.n_tokens
+        record.move_to(Tier.WARM)
         record.stored_bytes = store.entries[header.agent_id].nbytes
         record.created_at, record.last_used = header.created_at, header.last_used
     for entry in rank0s(store.cold.entries()):
         if entry.agent_id not in agents:
             record = agents.add(AgentRecord(entry.agent_id, agent_source(entry.source), entry.display_name))
-            record.tier, record.stored_tokens, record.last_used = Tier.COLD, entry.n_tokens, entry.last_used
+            record.stored_tokens, record.last_used = entry.n_tokens, entry.last_used
+            record.move_to(Tier.COLD)
     if len(agents):
         events.emit(EventKind.RESTORE, f"indexed {len(agents)} agents from {store.directory}")
