@@ -14,7 +14,8 @@ Each part runs the engine as ``semantic`` does (the device's compute backend, sp
    mlx-lm's forward with its own cache at each setting (QuantizedKVCache: what the pool holds, each position
    packed when written), and greedy agreement through the engine: ``--conversations`` two-turn conversations
    (the second turn's history is full precision's first reply), each reply's first token that differs from
-   full precision's.
+   full precision's; and the perplexity with K and V packed at different widths (K8V4), which the pool does
+   not offer, measured over the values such a pool would hold.
 
 Run: ``LD_PRELOAD=... python -m bench.bench_kv_bits [--model gemma3-270m] [--quick] [--json PATH]``.
 """
@@ -174,6 +175,10 @@ def perplexity(loaded: LoadedModel, bits: int | None, tokens: list[int]) -> floa
     """The second half's perplexity given the first, each position's K/V as the pool at ``bits`` holds it."""
     caches = [QuantizedKVCache(group_size=64, bits=bits) if bits is not None and type(c) is KVCache else c
               for c in loaded.model.make_cache()]
+    return _perplexity_over(loaded, caches, tokens)
+
+
+def _perplexity_over(loaded: LoadedModel, caches: list, tokens: list[int]) -> float:
     half = len(tokens) // 2
     for i in range(0, half, 512):
         loaded.model(mx.array([tokens[i:min(i + 512, half)]]), cache=caches)
@@ -186,6 +191,29 @@ def perplexity(loaded: LoadedModel, bits: int | None, tokens: list[int]) -> floa
         losses.append(nn.losses.cross_entropy(logits, targets, reduction="sum"))
         mx.eval(losses[-1], [c.state for c in caches])
     return math.exp(sum(float(x) for x in losses) / (len(tokens) - 1 - half))
+
+
+class RoundedKV(KVCache):
+    """mlx-lm's KVCache holding each position's K and V as a pool packing K at ``k_bits`` and V at ``v_bits`` would
+    give them back (``mx.quantize`` then ``mx.dequantize`` once, when written): the values such a pool attends
+    over, for a pairing the pool does not offer (K8V4)."""
+
+    def __init__(self, k_bits: int, v_bits: int, group_size: int = 64) -> None:
+        super().__init__()
+        self.k_bits, self.v_bits, self.group_size = k_bits, v_bits, group_size
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        return super().update_and_fetch(self._rounded(keys, self.k_bits), self._rounded(values, self.v_bits))
+
+    def _rounded(self, x: mx.array, bits: int) -> mx.array:
+        packed = mx.quantize(x, group_size=self.group_size, bits=bits)
+        return mx.dequantize(*packed, group_size=self.group_size, bits=bits).astype(x.dtype)
+
+
+def rounded_perplexity(loaded: LoadedModel, k_bits: int, v_bits: int, tokens: list[int]) -> float:
+    """:func:`perplexity` with K rounded as ``k_bits`` and V as ``v_bits`` would pack them (RoundedKV)."""
+    caches = [RoundedKV(k_bits, v_bits) if type(c) is KVCache else c for c in loaded.model.make_cache()]
+    return _perplexity_over(loaded, caches, tokens)
 
 
 def first_difference(reference: list[int], other: list[int]) -> int:
@@ -244,6 +272,13 @@ def quality(loaded: LoadedModel, n: int, tokens: int, result: BenchResult) -> No
             result.metric("quality", f"first difference, median token, {label(bits)}",
                           statistics.median(firsts_by_turn[0] + firsts_by_turn[1]), "tokens")
         rows.append([label(bits), f"{ppl:.3f}", agree])
+    # K and V apart, measured with the values such a pool would hold (the pool packs both at one width); 8 and 8
+    # the same way, beside the packed cache's 8-bit row, shows what the rounding alone gives.
+    for k_bits, v_bits in ((8, 4), (8, 8)):
+        ppl = rounded_perplexity(loaded, k_bits, v_bits, text)
+        name = f"K{k_bits}V{v_bits} (values rounded, not offered)" if k_bits != v_bits else "K8V8 (values rounded)"
+        result.metric("quality", f"perplexity {name}", ppl, "", better="lower")
+        rows.append([name, f"{ppl:.3f}", "-"])
     print_table(["K/V", "perplexity", "greedy agreement with full precision"], rows)
 
 
