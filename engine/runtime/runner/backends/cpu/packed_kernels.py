@@ -28,7 +28,8 @@ from engine.runtime.runner.backends.cpu.host_kernels import bytes_at, floats_at,
 _FAST = {"reassoc", "contract"}  # (as host_kernels': sums reassociated for SIMD, exp and infinities kept)
 
 # Columns of the ``parts`` table batch_rows_packed reads, one part per line: the addresses of the keys' bytes,
-# scales and biases and the values', the part's capacity (positions its arrays hold) and its length.
+# scales and biases and the values' (each packing's three in that order: ``_packing``), the part's capacity
+# (positions its arrays hold) and its length.
 K_WORDS, K_SCALES, K_BIASES, V_WORDS, V_SCALES, V_BIASES, CAPACITY, LENGTH = range(8)
 PACKED_COLUMNS = 8
 
@@ -114,17 +115,24 @@ def unpack_positions(words, scales, biases, capacity, bits, group, out):  # prag
             unpack_into(words, scales, biases, h * capacity + p, width, bits, group, out[h, p])
 
 
+@numba.njit(nogil=True, cache=True)
+def _packing(part, words_col, kv_heads, width, bits, group):  # pragma: no cover (compiled)
+    """One packed K or V of a part (``words_col``: K_WORDS or V_WORDS; its scales and biases follow): its words
+    as bytes, its scales and its biases, each over every head's capacity."""
+    capacity = part[CAPACITY]
+    groups = kv_heads * capacity * (width // group)
+    return (numba.carray(bytes_at(part[words_col]), (kv_heads * capacity * (width * bits // 8),)),
+            numba.carray(floats_at(part[words_col + 1]), (groups,)),
+            numba.carray(floats_at(part[words_col + 2]), (groups,)))
+
+
 @numba.njit(nogil=True, fastmath=_FAST, cache=True)
 def packed_scores(q, part, column, scores, bits, group, key):  # pragma: no cover (compiled)
     """``scores[h, r, column + p]`` = query ``h * repeats + r`` . key ``p`` of head ``h`` of a packed part."""
     kv_heads, repeats, _ = scores.shape
     dim = q.shape[1]
     capacity, length = part[CAPACITY], part[LENGTH]
-    heads_bytes = kv_heads * capacity * (dim * bits // 8)
-    heads_groups = kv_heads * capacity * (dim // group)
-    words = numba.carray(bytes_at(part[K_WORDS]), (heads_bytes,))
-    scales = numba.carray(floats_at(part[K_SCALES]), (heads_groups,))
-    biases = numba.carray(floats_at(part[K_BIASES]), (heads_groups,))
+    words, scales, biases = _packing(part, K_WORDS, kv_heads, dim, bits, group)
     for h in range(kv_heads):
         for p in range(length):
             unpack_into(words, scales, biases, h * capacity + p, dim, bits, group, key)
@@ -142,11 +150,7 @@ def packed_values(scores, part, column, out, accumulate, bits, group, value):  #
     kv_heads, repeats, _ = scores.shape
     v_dim = out.shape[1]
     capacity, length = part[CAPACITY], part[LENGTH]
-    heads_bytes = kv_heads * capacity * (v_dim * bits // 8)
-    heads_groups = kv_heads * capacity * (v_dim // group)
-    words = numba.carray(bytes_at(part[V_WORDS]), (heads_bytes,))
-    scales = numba.carray(floats_at(part[V_SCALES]), (heads_groups,))
-    biases = numba.carray(floats_at(part[V_BIASES]), (heads_groups,))
+    words, scales, biases = _packing(part, V_WORDS, kv_heads, v_dim, bits, group)
     for h in range(kv_heads):
         if not accumulate:
             for r in range(repeats):
@@ -161,13 +165,10 @@ def packed_values(scores, part, column, out, accumulate, bits, group, value):  #
 
 
 @numba.njit(nogil=True, cache=True)
-def _pack_into_part(part, words_col, scales_col, biases_col, new, bits, group):  # pragma: no cover (compiled)
+def _pack_into_part(part, words_col, new, bits, group):  # pragma: no cover (compiled)
     kv_heads, width = new.shape
-    capacity = part[CAPACITY]
-    words = numba.carray(bytes_at(part[words_col]), (kv_heads * capacity * (width * bits // 8),))
-    scales = numba.carray(floats_at(part[scales_col]), (kv_heads * capacity * (width // group),))
-    biases = numba.carray(floats_at(part[biases_col]), (kv_heads * capacity * (width // group),))
-    pack_last(words, scales, biases, capacity, part[LENGTH], new, bits, group)
+    words, scales, biases = _packing(part, words_col, kv_heads, width, bits, group)
+    pack_last(words, scales, biases, part[CAPACITY], part[LENGTH], new, bits, group)
 
 
 @numba.njit(nogil=True, fastmath=_FAST, cache=True)
@@ -186,8 +187,8 @@ def batch_rows_packed(q, parts, row_parts, hidden, kv_heads, out, first, last, n
     for b in range(first, last):
         if writes[b]:
             own = parts[row_parts[b + 1] - 1]
-            _pack_into_part(own, K_WORDS, K_SCALES, K_BIASES, new_keys[b], bits, group)
-            _pack_into_part(own, V_WORDS, V_SCALES, V_BIASES, new_values[b], bits, group)
+            _pack_into_part(own, K_WORDS, new_keys[b], bits, group)
+            _pack_into_part(own, V_WORDS, new_values[b], bits, group)
         total = 0
         for i in range(row_parts[b], row_parts[b + 1]):
             total += parts[i, LENGTH]
