@@ -9,7 +9,8 @@ Each part runs the engine as ``semantic`` does (the device's compute backend, sp
 2. decode: ``--agents`` agents at once, each a distinct ~300-token prompt, ``--tokens`` greedy tokens each:
    aggregate tok/s over the burst (first tokens included);
 3. crowd: 16 agents x 3 turns of bench_cache_store's crowded workload on a pool for ``--crowd-fit``
-   full-precision agents: wall time, tokens prefilled again, agents hot at the end;
+   full-precision agents: wall time, tokens prefilled again, agents hot at the end (``crowd-without-disk``:
+   the same with no warm tier, so that a spilled agent prefills its conversation again);
 4. quality: perplexity of a fixed text (this repository's README, second half given the first) through
    mlx-lm's forward with its own cache at each setting (QuantizedKVCache: what the pool holds, each position
    packed when written), and greedy agreement through the engine: ``--conversations`` two-turn conversations
@@ -143,17 +144,21 @@ def decode(loaded: LoadedModel, agents: int, tokens: int, repeats: int, result: 
 
 
 # -- 3: crowd --------------------------------------------------------------------------------------
-def crowd(loaded: LoadedModel, context: int, fit: int, repeats: int, result: BenchResult) -> None:
+def crowd(loaded: LoadedModel, context: int, fit: int, repeats: int, result: BenchResult, disk: bool = True) -> None:
+    """``disk``: spills go to a warm tier on disk (and come back from it); else there is none, and a spilled
+    agent's next turn prefills its conversation again (a server run without a cache directory)."""
     from bench.bench_cache_store import _crowd
 
-    print(f"\n## Crowd: 16 agents x 3 turns of ~{context} tokens on a pool for {fit} full-precision agents")
+    where = "" if disk else ", no warm tier (spills dropped)"
+    print(f"\n## Crowd: 16 agents x 3 turns of ~{context} tokens on a pool for {fit} full-precision agents{where}")
     budget = fit * loaded.spec.bytes_for_tokens(context + 150)
     times: dict[int | None, list[float]] = {bits: [] for bits in SETTINGS}
     rows = []
+    part = "crowd" if disk else "crowd without disk"
     for order in orders(repeats):
         for bits in order:
             with TemporaryDirectory() as root:
-                engine = start(at_bits(loaded, bits), budget, Path(root))
+                engine = start(at_bits(loaded, bits), budget, Path(root) if disk else None)
                 try:
                     total, prompt, prefilled, reused, share = _crowd(engine, loaded, 16, 3, context)
                     snap = engine.fresh_snapshot()
@@ -164,10 +169,11 @@ def crowd(loaded: LoadedModel, context: int, fit: int, repeats: int, result: Ben
                          snap.tiers.warm_agents])
     print_table(["K/V", "wall s", "prefilled", "reused", "hot at end", "on disk"], rows)
     for bits in SETTINGS:
-        result.metric("crowd", f"wall time {label(bits)}", statistics.median(times[bits]), "s", better="lower")
+        result.metric(part, f"wall time {label(bits)}", statistics.median(times[bits]), "s", better="lower")
         if bits is not None:
             speedup = statistics.median([f / b for f, b in zip(times[None], times[bits])])
-            result.metric("crowd", f"faster than full precision, {label(bits)}", speedup, "x", target=1.5)
+            result.metric(part, f"faster than full precision, {label(bits)}", speedup, "x",
+                          target=1.5 if disk else None)
 
 
 # -- 4: quality -------------------------------------------------------------------------------------
@@ -293,7 +299,8 @@ def main() -> None:
     parser.add_argument("--conversations", type=int, default=20, help="two-turn conversations compared")
     parser.add_argument("--reply-tokens", type=int, default=48, help="tokens of a compared reply")
     parser.add_argument("--repeats", type=int, default=2, help="repeats of the decode and crowd parts")
-    parser.add_argument("--parts", default="capacity,decode,crowd,quality", help="which parts to run")
+    parser.add_argument("--parts", default="capacity,decode,crowd,quality",
+                        help="which parts to run (also: crowd-without-disk, the crowd with no warm tier)")
     args = parser.parse_args()
     if args.quick:
         args.context, args.tokens, args.crowd_context, args.conversations, args.repeats = 1024, 32, 300, 4, 1
@@ -309,6 +316,8 @@ def main() -> None:
             decode(loaded, args.agents, args.tokens, args.repeats, result)
         if "crowd" in parts:
             crowd(loaded, args.crowd_context, args.crowd_fit, args.repeats, result)
+        if "crowd-without-disk" in parts:
+            crowd(loaded, args.crowd_context, args.crowd_fit, args.repeats, result, disk=False)
         if "quality" in parts:
             quality(loaded, args.conversations, args.reply_tokens, result)
 
