@@ -22,8 +22,7 @@ from starlette.background import BackgroundTask
 from engine.errors import AgentNotFoundError, EngineUnavailableError, SemanticError
 from engine.runtime.tiers.agents import Tier
 from engine.domain.forensics import TurnForensics
-from engine.domain.requests import AgentSource, FinishEvent
-from engine.domain.speculation_tally import SpeculationTally
+from engine.domain.requests import FinishEvent
 from engine.runtime.engine_thread.snapshot import AgentView, EngineSnapshot
 from engine.runtime.engine_thread.engine import Engine
 from engine.runtime.engine_thread.engine_ops import DeleteAgent, EvictAgent, PauseAgent, PinAgent, SetAgentPriority
@@ -31,6 +30,7 @@ from engine.runtime.engine_thread.engine_ops import DeleteAgent, EvictAgent, Pau
 from .admission import SSE_HEADERS, await_admission
 from .agent_turns import StatefulTurn, busy_error, start_turn, user_message
 from .agents_schemas import (
+    AGENT_FIELDS,
     AgentDetailOut,
     TURN_EVENT_SCHEMA,
     AgentList,
@@ -92,22 +92,15 @@ async def fresh_snapshot(service: EngineService, engine: Engine | None = None) -
         return service.snapshot() or last
 
 
-_VIEW_FIELDS = ("agent_id", "display_name", "source", "state", "tier", "pinned", "cached_tokens", "blocks",
-                "bytes", "turns", "reuse_ratio", "last_ttft_s", "decode_tok_s", "last_used", "last_finish",
-                "last_finish_note", "retained_s", "checkpoint_bytes", "state_bytes", "speculation", "last_reasoning_tokens",
-                "agent_class", "family", "parent", "priority", "priority_set", "paused", "queue_position",
-                "waiting_on_tool")
-
-
 def agent_body(view: AgentView | None, conversation: AgentConversation | None,
                model: str | None = None) -> dict[str, Any]:
     """One agent as JSON, from the engine's view when it has one; ``model``: the alias of the model whose
     cache it is."""
-    if view is not None:
-        body = {name: getattr(view, name) for name in _VIEW_FIELDS}
-    else:
+    if view is None:
+        # An agent only the store knows: created here, no turn yet, so no cache anywhere.
         assert conversation is not None
-        body = _never_ran(conversation)
+        view = AgentView(conversation.agent_id, conversation.display_name, last_used=conversation.updated_at)
+    body = {name: getattr(view, name) for name in AGENT_FIELDS}
     body["speculation"] = asdict(body["speculation"])
     if conversation is not None and conversation.display_name:
         body["display_name"] = conversation.display_name
@@ -115,20 +108,6 @@ def agent_body(view: AgentView | None, conversation: AgentConversation | None,
     body["has_conversation"] = conversation is not None
     body["model"] = model
     return body
-
-
-def _never_ran(conversation: AgentConversation) -> dict[str, Any]:
-    """An agent only the store knows: created here, no turn yet, so no cache anywhere."""
-    return {
-        "agent_id": conversation.agent_id, "display_name": conversation.display_name,
-        "source": AgentSource.API.value, "state": "idle", "tier": Tier.EMPTY.value, "pinned": False,
-        "cached_tokens": 0, "blocks": 0, "bytes": 0, "turns": 0, "reuse_ratio": 0.0,
-        "last_ttft_s": None, "decode_tok_s": None, "last_used": conversation.updated_at,
-        "last_finish": None, "last_finish_note": None, "retained_s": 0.0, "checkpoint_bytes": 0, "state_bytes": 0,
-        "speculation": SpeculationTally(), "last_reasoning_tokens": 0, "agent_class": "main", "family": None,
-        "parent": None, "priority": 1, "priority_set": False, "paused": False, "queue_position": 0,
-        "waiting_on_tool": False,
-    }
 
 
 async def _find(request: Request, agent_id: str, fresh: bool = False) -> tuple[AgentView | None, AgentConversation | None]:

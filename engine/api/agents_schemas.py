@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import dataclasses
+from typing import Any, Literal, get_type_hints
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from engine.domain.speculation_tally import SpeculationTally
+from engine.runtime.engine_thread.snapshot import AgentView
 
 
 class _Body(BaseModel):
@@ -87,55 +88,30 @@ class CacheTurnOut(BaseModel):
     divergence: CacheDivergenceOut | None = None
 
 
-class AgentOut(BaseModel):
-    agent_id: str
-    model: str | None = Field(None, description="The model whose cache this is: its alias (--model, --extra-model); "
-                                                "an agent of two models is listed once under each")
-    display_name: str | None
-    source: str
-    state: str
-    tier: Literal["hot", "warm", "cold", "empty"]
-    pinned: bool
-    cached_tokens: int
-    blocks: int
-    bytes: int
-    turns: int
-    reuse_ratio: float
-    last_ttft_s: float | None
-    decode_tok_s: float | None
-    last_used: float
-    last_finish: str | None = Field(None, description="How the last turn ended: stop, stop_sequence, length, "
-                                    "repetition (a runaway loop cut short), capacity, cancelled, error")
-    last_finish_note: str | None = Field(None, description="Why, when the server ended it (a loop, the output cap)")
-    retained_s: float = Field(0.0, description="Seconds left of a client's cache_control retention (Anthropic "
-                              "breakpoints): the cache is evicted only after every unmarked agent's")
-    checkpoint_bytes: int = Field(0, description="Of bytes, what checkpoints of the model's sliding or chunked "
-                                  "layers, and snapshots of its recurrent layers' state, hold (where a later turn, "
-                                  "fork or rewind can resume them)")
-    state_bytes: int = Field(0, description="Of bytes, the current state of the model's recurrent layers (Qwen3.5, "
-                             "Mamba, RWKV: the same size at any length; 0 for attention-only models)")
-    speculation: SpeculationTally = Field(
-        default_factory=SpeculationTally,
-        description="Speculative decoding over the agent's turns here: drafts verified and kept, acceptance, tokens "
-                    "per speculative step")
-    last_reasoning_tokens: int = Field(0, description="A thinking model's reasoning tokens in the agent's last turn")
-    agent_class: Literal["interactive", "main", "side", "subagent", "background"] = Field(
-        "main", description="Who the agent is (docs/scheduling.md): read from its client's headers")
-    family: str | None = Field(None, description="The session its client's agents group under (a Claude Code "
-                                                 "session, a Codex root thread); null: none")
-    parent: str | None = Field(None, description="The agent that started it, where its client says")
-    priority: int = Field(1, description="Its level, 0 most urgent .. 9: its running or queued turn's, else "
-                                         "the operator's setting, else its class's")
-    priority_set: bool = Field(False, description="Whether the operator set the level (POST .../priority)")
-    paused: bool = Field(False, description="Paused by the operator: its turns wait, its cache stays")
-    queue_position: int = Field(0, description="Its place among the waiting turns, 1 next; 0: none waiting")
-    waiting_on_tool: bool = Field(False, description="Idle while its client runs the tool its last reply called "
-                                                     "(its cache held hot for tool_loop_hold_s)")
-    messages: int = Field(description="Messages in the stored conversation (0 for agents of other APIs).")
-    has_conversation: bool
+# The agent fields the API publishes: AgentView's (the one description of an agent), less the engine's own.
+AGENT_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(AgentView) if f.metadata["api"])
 
 
-class AgentDetailOut(AgentOut):
+def _agent_fields() -> dict[str, Any]:
+    """AgentView's published fields as the response model's: type, default and description from the view."""
+    hints = get_type_hints(AgentView)
+    return {f.name: (hints[f.name], Field(f.default if f.default is not dataclasses.MISSING else ...,
+                                          description=f.metadata["doc"]))
+            for f in dataclasses.fields(AgentView) if f.name in AGENT_FIELDS}
+
+
+AgentOut = create_model(
+    "AgentOut",
+    **_agent_fields(),
+    model=(str | None, Field(None, description="The model whose cache this is: its alias (--model, --extra-model); "
+                                               "an agent of two models is listed once under each")),
+    messages=(int, Field(description="Messages in the stored conversation (0 for agents of other APIs).")),
+    has_conversation=(bool, Field(description="Whether the server stores the agent's conversation (the direct "
+                                              "agent API's agents)")),
+)
+
+
+class AgentDetailOut(AgentOut):  # type: ignore[misc,valid-type] (built from AgentView)
     cache_history: list[CacheTurnOut] = Field(description="How the agent's last turns met its cache, oldest first")
 
 

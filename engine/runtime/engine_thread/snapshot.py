@@ -7,7 +7,8 @@ one reference; readers never take a lock and never see a half-updated state.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field
+from typing import Any, Literal
 
 from engine.domain.block_pool import PoolSnapshot
 
@@ -15,57 +16,70 @@ from engine.domain.forensics import TurnForensics
 from engine.domain.speculation_tally import SpeculationTally
 
 
+# The names an agent's tier and class take in a view (the values of tiers/agents.Tier and domain/priority.AgentClass;
+# a test holds them equal).
+TierName = Literal["hot", "cool", "warm", "cold", "empty"]
+ClassName = Literal["interactive", "main", "side", "subagent", "background"]
+
+
+def _shown(doc: str, default: Any = MISSING, *, api: bool = True) -> Any:
+    """A view field, described once: the workbench reads the field, the HTTP API publishes it with ``doc`` as
+    its description (api/agents_schemas.py builds its agent models from these fields) unless ``api`` is False."""
+    metadata = {"doc": doc, "api": api}
+    return field(metadata=metadata) if default is MISSING else field(default=default, metadata=metadata)
+
+
 @dataclass(frozen=True, slots=True)
 class AgentView:
-    agent_id: str
-    display_name: str | None
-    source: str
-    state: str
-    tier: str
-    pinned: bool
-    model_id: str | None
-    cached_tokens: int
-    blocks: int
-    bytes: int
-    turns: int
-    reuse_ratio: float
-    last_ttft_s: float | None
-    decode_tok_s: float | None
-    prefill_done: int
-    prefill_total: int
-    last_used: float
-    created_at: float
-    # How the last turn ended (stop, length, repetition, capacity, error...) and why, when the
-    # engine or a server limit ended it rather than the model.
-    last_finish: str | None = None
-    last_finish_note: str | None = None
-    # How the last turns met the cache, oldest first (forensics.TurnForensics).
-    history: tuple[TurnForensics, ...] = ()
-    # Seconds left of a client's cache_control retention (0: none).
-    retained_s: float = 0.0
-    # Cached tokens at the end of each turn run since the agent was loaded: what a rewind offers.
-    turn_ends: tuple[int, ...] = ()
-    # Of ``bytes``, what the checkpoints of its window layers hold (sliding or chunked; hot agents only),
-    # and for recurrent layers (Qwen3.5, Mamba...) the snapshots of their state.
-    checkpoint_bytes: int = 0
-    # Of ``bytes``, its recurrent layers' current state (the same at any length; hot agents only).
-    state_bytes: int = 0
-    # Speculative decoding over its turns here (drafts verified and kept, tokens per speculative step).
-    speculation: SpeculationTally = SpeculationTally()
-    # A thinking model's reasoning tokens in the agent's last turn (0: none, or not a thinking model).
-    last_reasoning_tokens: int = 0
-    # Scheduling (domain/priority.py): its class, the session it groups under and its parent agent, its level
-    # (the operator's, its running or queued turn's, else its class's) and whether the operator set it, whether
-    # it is paused, and its place among the waiting turns (0: none waiting).
-    agent_class: str = "main"
-    family: str | None = None
-    parent: str | None = None
-    priority: int = 1
-    priority_set: bool = False
-    paused: bool = False
-    queue_position: int = 0
-    # Idle while its client runs the tool its last reply called (its cache held hot meanwhile).
-    waiting_on_tool: bool = False
+    """One agent as the engine last published it: the one description of an agent that the workbench, the
+    agents API and the stream share. The defaults describe an agent that has run no turn here."""
+
+    agent_id: str = _shown("The agent's id")
+    display_name: str | None = _shown("A name to show instead of the id (null: the id)", None)
+    source: str = _shown("Which client drives it: claude-code, codex, anthropic, openai, api, tui or bench", "api")
+    state: str = _shown("idle, queued, prefilling or decoding", "idle")
+    tier: TierName = _shown("Where its cache is: hot (in the pool), cool (quantized in the pool), warm (on disk), "
+                            "cold (dropped, metadata only) or empty (nothing cached yet)", "empty")
+    pinned: bool = _shown("Pinned by the operator: its cache is never evicted", False)
+    model_id: str | None = _shown("The model whose cache this is", None, api=False)
+    cached_tokens: int = _shown("Tokens whose K/V its cache holds", 0)
+    blocks: int = _shown("Pool blocks it holds (hot or cool; 0 otherwise)", 0)
+    bytes: int = _shown("Bytes its cache takes: in the pool when hot or cool, on disk when warm", 0)
+    turns: int = _shown("Turns run since it was created here", 0)
+    reuse_ratio: float = _shown("Of all its prompt tokens, the share served from its cache", 0.0)
+    last_ttft_s: float | None = _shown("Its last turn's time to first token, seconds", None)
+    decode_tok_s: float | None = _shown("Its last turn's decode rate, tokens a second", None)
+    prefill_done: int = _shown("Prompt tokens prefilled of its running turn", 0, api=False)
+    prefill_total: int = _shown("Prompt tokens its running turn prefills", 0, api=False)
+    last_used: float = _shown("When it last ran a turn (Unix seconds)", 0.0)
+    created_at: float = _shown("When it was created (Unix seconds)", 0.0, api=False)
+    last_finish: str | None = _shown("How the last turn ended: stop, stop_sequence, length, repetition (a runaway "
+                                     "loop cut short), capacity, cancelled, error", None)
+    last_finish_note: str | None = _shown("Why, when the server ended it (a loop, the output cap)", None)
+    history: tuple[TurnForensics, ...] = _shown("How the last turns met the cache, oldest first", (), api=False)
+    retained_s: float = _shown("Seconds left of a client's cache_control retention (Anthropic breakpoints): the "
+                               "cache is evicted only after every unmarked agent's", 0.0)
+    turn_ends: tuple[int, ...] = _shown("Cached tokens at the end of each turn run since the agent was loaded: "
+                                        "what a rewind offers", (), api=False)
+    checkpoint_bytes: int = _shown("Of bytes, what checkpoints of the model's sliding or chunked layers, and "
+                                   "snapshots of its recurrent layers' state, hold (where a later turn, fork or "
+                                   "rewind can resume them)", 0)
+    state_bytes: int = _shown("Of bytes, the current state of the model's recurrent layers (Qwen3.5, Mamba, RWKV: "
+                              "the same size at any length; 0 for attention-only models)", 0)
+    speculation: SpeculationTally = _shown("Speculative decoding over the agent's turns here: drafts verified and "
+                                           "kept, acceptance, tokens per speculative step", SpeculationTally())
+    last_reasoning_tokens: int = _shown("A thinking model's reasoning tokens in the agent's last turn", 0)
+    agent_class: ClassName = _shown("Who the agent is (docs/scheduling.md): read from its client's headers", "main")
+    family: str | None = _shown("The session its client's agents group under (a Claude Code session, a Codex root "
+                                "thread); null: none", None)
+    parent: str | None = _shown("The agent that started it, where its client says", None)
+    priority: int = _shown("Its level, 0 most urgent .. 9: its running or queued turn's, else the operator's "
+                           "setting, else its class's", 1)
+    priority_set: bool = _shown("Whether the operator set the level (POST .../priority)", False)
+    paused: bool = _shown("Paused by the operator: its turns wait, its cache stays", False)
+    queue_position: int = _shown("Its place among the waiting turns, 1 next; 0: none waiting", 0)
+    waiting_on_tool: bool = _shown("Idle while its client runs the tool its last reply called (its cache held hot "
+                                   "for tool_loop_hold_s)", False)
 
     @property
     def label(self) -> str:
