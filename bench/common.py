@@ -21,6 +21,7 @@ from engine.models.loaded import LoadedModel  # noqa: E402
 from engine.models.loader import load_model  # noqa: E402
 from engine.platform import blas_report  # noqa: E402
 from engine.runtime.engine_thread.engine import Engine  # noqa: E402
+from engine.runtime.engine_thread.engine_seams import EngineSeams
 from engine.settings import BatchSettings, CacheSettings, EngineSettings  # noqa: E402
 from engine.settings import default_cache_dir  # noqa: E402
 
@@ -54,7 +55,7 @@ def start_engine(
     settings = EngineSettings(cache=CacheSettings(int(pool_mb * 2**20), prefix_sharing=prefix_sharing,
                                                   kv_bits_at_rest=kv_bits),
                               batch=BatchSettings(batch, prefill_step))
-    engine = Engine(loaded, settings, store=store, backend=backend)
+    engine = Engine(loaded, settings, store=store, seams=EngineSeams(backend=backend))
     engine.start()
     return engine
 

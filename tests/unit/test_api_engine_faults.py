@@ -26,6 +26,7 @@ from engine.api.app import create_app
 from engine.runtime.tiers.agents import Tier
 from engine.runtime.scheduler.scheduler import sequence_batch_factory
 from engine.runtime.engine_thread.engine import Engine
+from engine.runtime.engine_thread.engine_seams import EngineSeams
 from tests.support.engine_settings import engine_settings
 from engine.domain.requests import FinishEvent, FinishReason, PrefillEvent, QueuedEvent, TokenEvent
 from tests.support.router_app import LiveServer, make_service
@@ -81,7 +82,7 @@ def served(tmp_path: Path) -> Iterator[Served]:
         return SlowFlakyGenerator(sequence_batch_factory(loaded, limits, hooks), switch)
 
     config = engine_settings(256 * loaded.spec.block_bytes, 4, 32)
-    engine = Engine(loaded, config, generator_factory=flaky_factory)
+    engine = Engine(loaded, config, seams=EngineSeams(batch_factory=flaky_factory))
     engine.start()
     timeline: list[tuple[float, str, Any]] = []
     submit = engine.submit

@@ -13,6 +13,7 @@ from engine.api.app import create_app
 from engine.errors import QueueFullError
 from engine.runtime.scheduler.scheduler import sequence_batch_factory
 from engine.runtime.engine_thread.engine import Engine
+from engine.runtime.engine_thread.engine_seams import EngineSeams
 from tests.support.engine_settings import engine_settings
 from engine.domain.requests import FinishEvent, FinishReason, GenerationRequest
 from tests.support.router_app import make_service
@@ -45,7 +46,7 @@ class Gate:
 
 def engine_with(gate: Gate, **config) -> Engine:
     loaded = loaded_tiny("llama")
-    engine = Engine(loaded, engine_settings(64 << 20, 2, 32, **config), generator_factory=gate.factory)
+    engine = Engine(loaded, engine_settings(64 << 20, 2, 32, **config), seams=EngineSeams(batch_factory=gate.factory))
     engine.start()
     return engine
 

@@ -17,9 +17,10 @@ import pytest
 from engine.runtime.runner.backends.cpu import host_kernels, linear_kernel, top_k_kernel  # noqa: F401
 from engine.domain.requests import GenerationRequest
 from engine.runtime.engine_thread.sync_client import run_turns
-from engine.runtime.runner.backends import MlxBackend, choose_backend
+from engine.runtime.runner.backends import Backend, MlxBackend, choose_backend
 from engine.runtime.runner.backends.cpu.backend import CpuBackend
 from engine.runtime.engine_thread.engine import Engine
+from engine.runtime.engine_thread.engine_seams import EngineSeams
 from tests.support.engine_settings import engine_settings
 from tests.support.byte_tokenizer import BOS
 from tests.support.tiny_models import loaded_tiny
@@ -67,7 +68,7 @@ def test_each_backend_runs_a_turn_and_leaves_no_global_state_behind(kind: str) -
     before = global_state(loaded.model)
     outputs = []
     for backend in (MlxBackend(), CpuBackend(), MlxBackend()):
-        engine = Engine(loaded, engine_settings(64 << 20, 8, 32), backend=backend)
+        engine = Engine(loaded, engine_settings(64 << 20, 8, 32), seams=EngineSeams(backend=backend))
         engine.start()
         try:
             assert engine.backend is backend
@@ -82,6 +83,22 @@ def test_each_backend_runs_a_turn_and_leaves_no_global_state_behind(kind: str) -
                          and k.rpartition(".")[0] not in sys.modules.keys() - modules_before)
         assert changed == [], f"{backend.name} left global state changed: {changed}"
     assert outputs[0] == outputs[1] == outputs[2]
+
+
+def test_both_backends_implement_the_protocol_and_neither_derives_from_the_other() -> None:
+    """Each backend class defines every method of ``Backend`` itself (none inherited from a concrete
+    backend), with the protocol's parameters, and neither class is a base of the other."""
+    import inspect
+
+    members = [name for name in dir(Backend) if not name.startswith("_") and callable(getattr(Backend, name))]
+    assert {"decode", "verify", "forward", "attach", "top_k_of_logits"} <= set(members)
+    for cls in (MlxBackend, CpuBackend):
+        assert isinstance(cls(), Backend)
+        assert cls.__mro__ == (cls, object), f"{cls.__name__} derives from {cls.__mro__[1:-1]}"
+        for name in members:
+            assert name in vars(cls), f"{cls.__name__} does not define {name}"
+            assert (list(inspect.signature(vars(cls)[name]).parameters)
+                    == list(inspect.signature(getattr(Backend, name)).parameters)), f"{cls.__name__}.{name}"
 
 
 def test_the_device_and_the_setting_choose_the_backend() -> None:

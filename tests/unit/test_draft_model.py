@@ -120,7 +120,7 @@ def test_a_second_turn_drafts_from_the_agents_kept_draft_cache() -> None:
         follow = (*first.request.prompt_tokens, *first.tokens, *b" And then?")
         second = run_turn(engine, GenerationRequest("a", follow, 24))
         assert second.tokens == reference_greedy(engine.loaded.model, list(follow), 24, {EOS})[:len(second.tokens)]
-        caches = engine.call(lambda e: e.scheduler._generator.speculative.draft_caches).result()
+        caches = engine.call(lambda e: e.scheduler._batch.speculative.draft_caches).result()
         drafter = caches._by_owner["a"]
         # Fed: the first prompt, the reply's drafts, the follow-up's new tokens; never the first prompt again.
         assert len(first.request.prompt_tokens) < drafter.fed < len(first.request.prompt_tokens) + len(follow)
@@ -153,12 +153,12 @@ def test_a_draft_model_as_large_as_the_served_one_is_never_asked_for_drafts(monk
     monkeypatch.undo()  # (priced by its real size)
     engine = engine_with_draft(0)
     try:
-        assert engine.call(lambda e: e.scheduler._generator.speculative._draft_cost()).result() == pytest.approx(1.0)
+        assert engine.call(lambda e: e.scheduler._batch.speculative._draft_cost()).result() == pytest.approx(1.0)
         result = run_turn(engine, GenerationRequest("a", prose(1), 24))
         assert result.tokens == reference_greedy(engine.loaded.model, list(prose(1)), 24, {EOS})[:len(result.tokens)]
         tally = result.finish.usage.speculation
         assert tally is not None and tally.drafted == 0
-        drafter = engine.call(lambda e: e.scheduler._generator.speculative.draft_caches._by_owner["a"]).result()
+        drafter = engine.call(lambda e: e.scheduler._batch.speculative.draft_caches._by_owner["a"]).result()
         assert drafter.fed == 0  # not one step of the draft model was spent
     finally:
         engine.stop()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from engine.runtime.engine_thread.engine import Engine
+from engine.runtime.engine_thread.engine_seams import EngineSeams
 from tests.support.engine_settings import engine_settings
 from engine.domain.requests import FinishReason, GenerationRequest, SamplingParams
 from tests.support.byte_tokenizer import BOS, EOS
@@ -22,7 +23,7 @@ def make_engine(
     loaded = loaded_tiny(kind, **kw)
     budget = blocks * loaded.spec.block_bytes if blocks else int(budget_mb * 2**20)
     config = engine_settings(budget, batch, prefill_step, prefix_sharing=prefix_sharing)
-    engine = Engine(loaded, config, backend=backend)
+    engine = Engine(loaded, config, seams=EngineSeams(backend=backend))
     engine.start()
     return engine
 

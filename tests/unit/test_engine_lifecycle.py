@@ -12,6 +12,7 @@ from engine.errors import EngineUnavailableError, PromptTooLongError, RequestToo
 from engine.runtime.tiers.agents import Tier
 from engine.runtime.scheduler.scheduler import sequence_batch_factory
 from engine.runtime.engine_thread.engine import Engine
+from engine.runtime.engine_thread.engine_seams import EngineSeams
 from engine.domain.requests import FinishEvent, FinishReason, GenerationRequest, TokenEvent
 from tests.support.byte_tokenizer import BOS, EOS
 from engine.runtime.engine_thread.sync_client import run_turn, run_turns
@@ -251,7 +252,7 @@ def test_generator_failure_fails_turns_but_engine_survives() -> None:
     from tests.support.engine_settings import engine_settings
     from tests.support.tiny_models import loaded_tiny
 
-    engine = Engine(loaded_tiny("llama"), engine_settings(64 << 20, 4, 32), generator_factory=flaky_factory)
+    engine = Engine(loaded_tiny("llama"), engine_settings(64 << 20, 4, 32), seams=EngineSeams(batch_factory=flaky_factory))
     engine.start()
     try:
         failed = run_turn(engine, GenerationRequest("f", prompt_for(0), 8))

@@ -14,6 +14,7 @@ from mlx_lm.models import llama
 from engine.runtime.runner.backends.cpu import host_forward
 from engine.runtime.runner.backends.cpu.backend import CpuBackend, CpuOptions
 from engine.runtime.runner.backends.cpu.host_kv import HostFullKV
+from engine.runtime.runner.backends.mlx import MlxBackend
 from engine.runtime.runner.kv.full_kv import FullKV, KVShape
 from engine.domain.requests import GenerationRequest
 from engine.runtime.engine_thread.sync_client import run_turns
@@ -128,7 +129,7 @@ def test_prompt_chunks_ride_a_decode_step_with_mlx_forward_logits_and_cache_writ
     assert not backend.carries_prompts(model, [], [(host_prompts[0], 4)])  # nothing decodes: a prefill pass
     host_prompts[0].layers[0].trim_to(2)  # rewound: its next positions may not be written in place
     assert not backend.carries_prompts(model, host_rows, [(host_prompts[0], 4)])
-    mlx_backend = CpuBackend.__mro__[1]()  # MLX's forward: chunks in passes of their own, the same writes
+    mlx_backend = MlxBackend()  # MLX's forward: chunks in passes of their own, the same writes
     assert not mlx_backend.carries_prompts(model, host_rows, [(host_prompts[1], 4)])
     chunk = [3, 1, 4, 1, 5]
     mlx_backend.decode(model, mx.array(tokens[:1], dtype=mx.uint32), [Row(mlx_rows[0])], [(Row(mlx_prompts[1]), chunk)])

@@ -189,14 +189,14 @@ def test_a_message_torn_by_a_dying_peer_reads_as_a_lost_rank() -> None:
 def test_an_idle_pair_pauses_between_ticks_and_wakes_for_the_next_request(tmp_path: Path) -> None:
     """Idle, rank 0 announces a pause with each tick and rank 1 sleeps it out instead of waiting inside the
     next collective (where MLX's ring backend spins a core); a request after the pause is served as before."""
-    from engine.runtime.engine_thread.replica import MAX_PAUSE_S
+    from engine.runtime.engine_thread.replica import MAX_PAUSE_S, Replica
 
     leader, follower = start_pair(tmp_path)
     try:
         run_turns(leader, [request("a0", "hello there")])
         time.sleep(3.0)  # idle long enough for the longest pause (a tenth of the time idle, from 2.5 s)
-        replica = follower._replica
-        assert replica is not None and replica.pause_s == pytest.approx(MAX_PAUSE_S)
+        replica = follower._ranks
+        assert isinstance(replica, Replica) and replica.pause_s == pytest.approx(MAX_PAUSE_S)
         before = replica.lockstep.ticks
         time.sleep(1.0)
         ticks = replica.lockstep.ticks - before

@@ -23,6 +23,7 @@ from engine.domain.requests import FinishEvent, GenerationRequest, TokenEvent
 from engine.errors import MemoryPressureError
 from engine.platform.memory import GIB, MemoryReading, default_watermarks
 from engine.runtime.engine_thread.engine import Engine
+from engine.runtime.engine_thread.engine_seams import EngineSeams
 from engine.runtime.engine_thread.sync_client import TurnResult, run_turn, run_turns
 from engine.runtime.memory_pressure import MemoryWatch, Pressure, Watermarks
 from engine.runtime.tiers.agents import Tier
@@ -97,7 +98,7 @@ def loaded():
 def pressured(loaded, tmp_path: Path) -> Iterator[tuple[Engine, FakeMemory]]:
     memory = FakeMemory()
     engine = Engine(loaded, engine_settings(64 * 2**20, 8, 32), store=WarmStore(tmp_path, stored_model(loaded), 1 << 30, EventLog()),
-                    memory=MemoryWatch(MARKS, memory))
+                    seams=EngineSeams(memory=MemoryWatch(MARKS, memory)))
     engine.start()
     try:
         yield engine, memory
@@ -194,7 +195,7 @@ def test_hard_pressure_is_anthropic_529_and_openai_503_with_retry_after(loaded, 
     from tests.support.router_app import LiveServer, make_service
 
     memory = FakeMemory()
-    engine = Engine(loaded, engine_settings(64 * 2**20, 8, 32), memory=MemoryWatch(MARKS, memory))
+    engine = Engine(loaded, engine_settings(64 * 2**20, 8, 32), seams=EngineSeams(memory=MemoryWatch(MARKS, memory)))
     engine.start()
     try:
         with LiveServer(create_app(make_service(tmp_path, engine))) as server:  # type: ignore[arg-type]

@@ -16,6 +16,7 @@ from engine.domain.event_log import EventLog
 from engine.domain.requests import GenerationRequest
 from engine.models.loaded import LoadedModel
 from engine.runtime.engine_thread.engine import Engine
+from engine.runtime.engine_thread.engine_seams import EngineSeams
 from engine.runtime.engine_thread.engine_ops import EvictAgent, ForkAgent
 from engine.runtime.engine_thread.sync_client import run_turn, run_turns
 from engine.runtime.runner.backends.cpu.backend import CpuBackend
@@ -64,7 +65,7 @@ def start(loaded: LoadedModel, root: Path | None = None, backend: MlxBackend | N
     store = WarmStore(root, stored_model(loaded), 1 << 30, events) if root is not None else None
     budget = 4 * loaded.spec.bytes_for_tokens(1024)  # room for every agent here
     engine = Engine(loaded, engine_settings(budget, 8, 32), store=store, events=events,
-                    backend=backend or MlxBackend())
+                    seams=EngineSeams(backend=backend or MlxBackend()))
     engine.start()
     return engine
 

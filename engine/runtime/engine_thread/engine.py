@@ -21,34 +21,39 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeVar
 import mlx.core as mx
 
 from engine.domain.block_pool import BlockPool
-from engine.errors import EngineUnavailableError, PromptTooLongError, QueueFullError, RequestTooLargeForPoolError
-from engine.models.loaded import LoadedModel
-from engine.models.draft_model import speculation_mode
-from engine.models.sampling_defaults import model_sampling_defaults
-from engine.settings import EngineSettings
-from engine.store.kv_at_rest import quantization_for
-
+from engine.domain.event_log import EventKind, EventLog
+from engine.domain.requests import EventSink, FinishEvent, FinishReason, GenerationRequest, clamped
+from engine.errors import (
+    EngineUnavailableError,
+    PromptTooLongError,
+    QueueFullError,
+    RequestTooLargeForPoolError,
+)
 from engine.grammar.output_grammars import OutputGrammars
-from engine.runtime.tiers.agent_table import AgentTable
-from engine.runtime.tiers.agents import Tier
-from engine.runtime.runner.backends import MlxBackend, choose_backend
-from engine.runtime.scheduler.parts import SchedulerState
-from engine.runtime.scheduler.scheduler import BatchHooks, GeneratorFactory, Scheduler, sequence_batch_factory
+from engine.models.draft_model import speculation_mode
+from engine.models.loaded import LoadedModel
+from engine.models.sampling_defaults import model_sampling_defaults
+from engine.platform.memory import read_memory
 from engine.runtime.engine_thread.agent_ops import AgentOps
 from engine.runtime.engine_thread.device_turns import CONTENDED_PREFILL_TOKENS, DeviceTurns
 from engine.runtime.engine_thread.engine_ops import EngineOp
+from engine.runtime.engine_thread.engine_seams import EngineSeams
+from engine.runtime.engine_thread.ranks import Ranks, SoleRank
 from engine.runtime.engine_thread.replica import Replica
-from engine.domain.event_log import EventKind, EventLog
-from engine.runtime.tiers.hot import HotCache
-from engine.domain.requests import EventSink, FinishEvent, FinishReason, GenerationRequest, clamped
 from engine.runtime.engine_thread.snapshot import AgentView, EngineSnapshot
 from engine.runtime.engine_thread.snapshot_builder import SnapshotSources, build_snapshot
-from engine.runtime.tiers.manager import TierManager
-from engine.platform.memory import read_memory
 from engine.runtime.memory_pressure import MemoryWatch, Watermarks
+from engine.runtime.runner.backends import choose_backend
 from engine.runtime.scheduler.memory_policy import MemoryPolicy
-from engine.runtime.tiers.startup_index import index_agents
+from engine.runtime.scheduler.parts import SchedulerState
+from engine.runtime.scheduler.scheduler import BatchHooks, Scheduler
 from engine.runtime.scheduler.turn import Turn, admission_tokens
+from engine.runtime.tiers.agent_table import AgentTable
+from engine.runtime.tiers.agents import Tier
+from engine.runtime.tiers.hot import HotCache
+from engine.runtime.tiers.manager import TierManager
+from engine.settings import EngineSettings
+from engine.store.kv_at_rest import quantization_for
 
 if TYPE_CHECKING:
     from engine.distributed.lockstep import Lockstep
@@ -70,19 +75,17 @@ class Engine:
         settings: EngineSettings,
         *,
         store: "WarmStore | None" = None,
-        generator_factory: GeneratorFactory = sequence_batch_factory,
         events: EventLog | None = None,
         seed_agents: Iterable[AgentView] = (),
         lockstep: "Lockstep | None" = None,
-        backend: MlxBackend | None = None,
-        memory: MemoryWatch | None = None,
         device_turns: DeviceTurns | None = None,
+        seams: EngineSeams = EngineSeams(),
     ) -> None:
         self.loaded = loaded
         # Several resident models: their engines take turns on the device, a step each (device_turns.py).
         self.device_turns = device_turns
         # How the model is computed (runner/backends/): given, else chosen for this device and the settings.
-        self.backend = backend if backend is not None else choose_backend(settings.fast_cpu_math)
+        self.backend = seams.backend if seams.backend is not None else choose_backend(settings.fast_cpu_math)
         # Why the engine thread ended on its own (a rank lost, ranks diverged); None while it runs
         # or after a requested stop. ``on_failure`` (set by the owner) hears of it at once.
         self.failure: BaseException | None = None
@@ -93,7 +96,7 @@ class Engine:
         self.settings = settings
         self.events = events or EventLog()
         self._store = store
-        self._factory = generator_factory
+        self._batch_factory = seams.batch_factory
         self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
@@ -116,8 +119,8 @@ class Engine:
         self._set_up_caches(store)
         # Under a sharded model: rank 0 sends this engine's inputs to the other ranks, which replay
         # them (engine_thread/replica.py). None: this process holds the whole model.
-        self._replica = (Replica(lockstep, self.agents, self.events, lambda op: op(self))
-                         if lockstep is not None else None)
+        self._ranks: Ranks = (Replica(lockstep, self.agents, self.events, lambda op: op(self))
+                              if lockstep is not None else SoleRank())
         # What requests that name no temperature sample with (engine/models/sampling_defaults.py).
         sampling = settings.sampling
         self.sampling_defaults = model_sampling_defaults(loaded.model_id, loaded.path).with_overrides(
@@ -129,7 +132,7 @@ class Engine:
         # Memory watermarks (runtime/memory_pressure.py) and what the engine does about them
         # (scheduler/memory_policy.py). Not under lockstep: every rank would have to give way at the same point
         # of its loop, and each reads its own machine.
-        self.memory = memory if memory is not None or lockstep is not None else _memory_watch(settings)
+        self.memory = seams.memory if seams.memory is not None or not self._ranks.alone else _memory_watch(settings)
         self.memory_policy = MemoryPolicy(self.memory, self._pool, self.tiers, self.events)
 
     def _set_up_caches(self, store: "WarmStore | None") -> None:
@@ -181,7 +184,7 @@ class Engine:
     def submit(self, request: GenerationRequest, sink: EventSink) -> str:
         """Queue a turn; events for it go to ``sink`` (called on the engine thread: keep it cheap)."""
         request = self.validate(request)
-        request = self._replica.seeded(request) if self._replica is not None else request
+        request = self._ranks.seeded(request)
         self.memory_policy.refuse_under_hard_pressure()
         queued = len(self.scheduler.waiting) + self._commands.qsize() if self.scheduler is not None else 0
         limit = self.settings.turns.max_queued_requests
@@ -327,7 +330,7 @@ class Engine:
     @property
     def rank_reports(self) -> tuple[Any, ...]:
         """Every rank's report from the last lockstep tick (empty when this process runs alone)."""
-        return self._replica.lockstep.reports if self._replica is not None else ()
+        return self._ranks.reports
 
     @property
     def pool(self) -> BlockPool:
@@ -340,16 +343,15 @@ class Engine:
     # -- the loop ---------------------------------------------------------------------------
     def _run(self) -> None:
         try:
-            if self._replica is not None:
-                self._replica.agree_on_settings(self.loaded.identity.key, self._pool.total_blocks,
-                                                self.loaded.spec.block_bytes, self.settings,
-                                                self.sampling_defaults.describe())
+            self._ranks.agree_on_settings(self.loaded.identity.key, self._pool.total_blocks,
+                                          self.loaded.spec.block_bytes, self.settings,
+                                          self.sampling_defaults.describe())
             self._index_store()
             self._settle_disk_budget()
             # Under lockstep every rank must decide alike from the same inputs: the batch may not keep time.
             self.scheduler = Scheduler(self.loaded, SchedulerState(self.hot, self.agents, self.tiers, self.events),
-                                       self.settings, BatchHooks(self.backend, timed=self._replica is None),
-                                       self._factory, self.grammars)
+                                       self.settings, BatchHooks(self.backend, timed=self._ranks.alone),
+                                       self._batch_factory, self.grammars)
             self.ops.priorities = self.scheduler.priorities
         except BaseException as exc:
             self._startup_error = exc
@@ -367,7 +369,7 @@ class Engine:
         try:
             self._loop()
         except Exception as exc:
-            if self._replica is None:
+            if self._ranks.alone:
                 raise
             self._fail(exc)
         finally:
@@ -375,8 +377,7 @@ class Engine:
 
     def _fail(self, exc: Exception) -> None:
         """Lockstep broke (a rank died, ranks diverged): this rank stops, and says why."""
-        assert self._replica is not None
-        exc = self._replica.lockstep.world.explain(exc)  # type: ignore[assignment]
+        exc = self._ranks.explain(exc)  # type: ignore[assignment]
         self.failure = exc
         self._status = "failed"
         log.error("engine stopped: %s", exc)
@@ -386,12 +387,7 @@ class Engine:
 
     def _index_store(self) -> None:
         """Agents from earlier runs (warm ones resume from disk, cold ones are listed) and from before a swap."""
-        replica, store = self._replica, self._store
-        if replica is None or store is None:
-            index_agents(self.agents, store, self._seeds, self.events)
-            return
-        index_agents(self.agents, store, self._seeds, self.events,
-                     lambda headers: replica.whole_shards(store, headers), replica.rank0s)
+        self._ranks.index_store(self.agents, self._store, self._seeds, self.events)
 
     def _settle_disk_budget(self) -> None:
         """Before ready: a process killed between a write and the budget's next pass (or mid-swap, after
@@ -425,20 +421,19 @@ class Engine:
 
     def _take_inputs(self, scheduler: Scheduler) -> bool:
         """This pass's commands, and under lockstep the tick every rank applies. True: stop now."""
-        replica = self._replica
+        ranks = self._ranks
         stop = False
-        if replica is None or replica.is_root:
+        if ranks.is_root:
             # Wait for commands only when nothing is decoding, and only briefly
             # when turns are queued behind a disk read.
             idle = not scheduler.queues.by_uid
-            wait = self._idle_wait(scheduler)
-            self._run_commands(block=idle, timeout=max(wait, replica.pause_s) if replica is not None else wait)
+            self._run_commands(block=idle, timeout=max(self._idle_wait(scheduler), ranks.pause_s))
             if idle and scheduler.waiting:
                 self._gather_arrivals()
             stop = self._stop.is_set() and self._drained_or_late(scheduler)
         else:
-            self._sleep_out(replica.pause_s)  # running this rank's own reads (snapshots) meanwhile
-        return stop if replica is None else replica.tick(scheduler, stop)
+            self._sleep_out(ranks.pause_s)  # running this rank's own reads (snapshots) meanwhile
+        return ranks.tick(scheduler, stop)
 
     def _sleep_out(self, pause_s: float) -> None:
         """A follower waits out rank 0's announced pause here, not spinning inside the next tick's collective."""
@@ -449,8 +444,7 @@ class Engine:
 
     def _record(self, kind: str, *args: Any) -> None:
         """Rank 0: an input the other ranks replay at the same point (nothing without lockstep)."""
-        if self._replica is not None:
-            self._replica.record(kind, *args)
+        self._ranks.record(kind, *args)
 
     def _gather_arrivals(self) -> None:
         """An idle engine that just got work waits one short window for more.
@@ -487,15 +481,14 @@ class Engine:
                 scheduler.limit_prefill(min(CONTENDED_PREFILL_TOKENS, self.settings.batch.prefill_step_size)
                                         if contended else self.settings.batch.prefill_step_size)
                 self._admit_and_step(scheduler)
-        if self._replica is not None:
-            self._replica.after_step(scheduler, self._pool.used_blocks)
+        self._ranks.after_step(scheduler, self._pool.used_blocks)
 
     def _admit_and_step(self, scheduler: Scheduler) -> None:
         try:
             scheduler.admit()
             scheduler.step()
         except Exception as exc:
-            if self._replica is not None:
+            if not self._ranks.alone:
                 # A rank cannot fail its turns alone: its peers would wait in the next collective.
                 raise
             log.exception("engine step failed")

@@ -12,23 +12,21 @@ import logging
 import os
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from engine.distributed.lockstep import Lockstep, OpKind, ReplicatedOp
-from engine.domain.event_log import EventLog
-from engine.runtime.tiers.agent_table import AgentTable
-
-from engine.runtime import clock
-from engine.runtime.tiers.agents import AgentRecord, Tier
-from engine.domain.event_log import EventKind
+from engine.domain.event_log import EventKind, EventLog
 from engine.domain.requests import AgentSource, GenerationRequest
+from engine.runtime import clock
 from engine.runtime.scheduler.turn import Turn
+from engine.runtime.tiers.agent_table import AgentTable
+from engine.runtime.tiers.agents import AgentRecord, Tier
+from engine.runtime.tiers.startup_index import index_agents
 from engine.settings import EngineSettings
 
 if TYPE_CHECKING:
-    from engine.store.warm_store import WarmStore
-
     from engine.runtime.scheduler.scheduler import Scheduler
+    from engine.store.warm_store import WarmStore
 
 log = logging.getLogger("semantic.engine")
 
@@ -40,6 +38,10 @@ MAX_PAUSE_S = 0.25
 
 
 class Replica:
+    """This rank's side of lockstep (ranks.Ranks): rank 0 records its inputs, every rank ticks."""
+
+    alone = False
+
     def __init__(self, lockstep: Lockstep, agents: AgentTable, events: EventLog,
                  apply: Callable[[Any], Any]) -> None:
         self.lockstep = lockstep
@@ -54,6 +56,13 @@ class Replica:
     def is_root(self) -> bool:
         return self.lockstep.is_root
 
+    @property
+    def reports(self) -> tuple[Any, ...]:
+        return self.lockstep.reports
+
+    def explain(self, exc: BaseException) -> BaseException:
+        return self.lockstep.world.explain(exc)  # type: ignore[arg-type]
+
     # -- start-up -------------------------------------------------------------------------------
     def agree_on_settings(self, model_key: str, pool_blocks: int, block_bytes: int, settings: EngineSettings,
                           sampling: str) -> None:
@@ -61,6 +70,14 @@ class Replica:
         settings = replace(settings, batch=replace(settings.batch, batch_window_ms=0),
                            turns=replace(settings.turns, watchdog_s=0))
         self.lockstep.agree("the engine's settings", (model_key, pool_blocks, block_bytes, repr(settings), sampling))
+
+    def index_store(self, agents: AgentTable, store: "WarmStore | None", seeds: Iterable[Any],
+                    events: EventLog) -> None:
+        """The warm agents every rank holds whole (the others go cold everywhere), and rank 0's cold list."""
+        if store is None:
+            index_agents(agents, store, seeds, events)
+            return
+        index_agents(agents, store, seeds, events, lambda headers: self.whole_shards(store, headers), self.rank0s)
 
     def whole_shards(self, store: "WarmStore", headers: list[Any]) -> list[Any]:
         """The warm agents every rank holds a matching shard of; the others go cold on every rank."""

@@ -38,6 +38,7 @@ import mlx.core as mx
 
 from engine.domain.images import is_image_token
 from engine.runtime.runner.backends.mlx import MlxBackend
+from engine.runtime.runner.backends.protocol import Backend
 from engine.runtime.runner import rotary_passes
 from engine.runtime.runner.image_embeddings import ImageEmbedder, has_images
 from engine.runtime.runner.kv.sequence_kv import CheckpointKind, SequenceKV
@@ -67,7 +68,7 @@ class _Launched:
 class SequenceBatch:
     def __init__(
         self, model: Any, prefill_step_size: int, max_batch_size: int, keep_turn_checkpoints: int = 1,
-        backend: MlxBackend | None = None, speculation: SpeculationSetup = SpeculationSetup(),
+        backend: Backend | None = None, speculation: SpeculationSetup = SpeculationSetup(),
         images: ImageEmbedder | None = None,
     ) -> None:
         self.model = model
@@ -537,5 +538,5 @@ class SequenceBatch:
                 self.speculative.observe(sequence, token)
 
 
-def _sample(logits: mx.array, rows: list[Sequence], backend: MlxBackend) -> mx.array:
+def _sample(logits: mx.array, rows: list[Sequence], backend: Backend) -> mx.array:
     return sample(logits, [s.sampler for s in rows], backend.top_k_of_logits)

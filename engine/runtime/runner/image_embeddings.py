@@ -23,7 +23,7 @@ class ImageEmbedder:
     def __init__(self, vision: VisionModel, model: Any, capacity: int = 64,
                  vision_pass: Callable[[], ContextManager[None]] = contextlib.nullcontext) -> None:
         self.vision = vision
-        # The compute backend's context for a tower run (MlxBackend.vision_pass: the CPU's faster attention and GELU).
+        # The compute backend's context for a tower run (Backend.vision_pass: the CPU's faster attention and GELU).
         self.vision_pass = vision_pass
         self.embed = embedding_table(model)
         self.capacity = capacity

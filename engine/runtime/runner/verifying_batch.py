@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from engine.runtime.runner.backends.mlx import MlxBackend
+from engine.runtime.runner.backends.protocol import Backend
 from engine.runtime.runner.sequence import Sequence
 from engine.runtime.runner.step_output import StepOutput
 
 
 class VerifyingBatch(Protocol):
     model: Any  # mlx.nn.Module
-    backend: MlxBackend
+    backend: Backend
     sequences: dict[int, Sequence]
     max_batch_size: int
     prefill_step_size: int

@@ -21,13 +21,14 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from engine.domain.requests import EventSink, FinishReason, QueuedEvent
-from engine.models.loaded import LoadedModel
 from engine.grammar.output_grammars import OutputGrammars
-from engine.runtime.runner.backends.mlx import MlxBackend
+from engine.models.loaded import LoadedModel
+from engine.runtime.runner.backends.protocol import Backend
 from engine.runtime.runner.batch import SequenceBatch
 from engine.runtime.runner.image_embeddings import ImageEmbedder
 from engine.runtime.runner.sequence import Phase
 from engine.runtime.runner.speculative_step import SpeculationSetup
+from engine.runtime.runner.stepped_batch import SteppedBatch
 from engine.runtime.scheduler.admission import Admission
 from engine.runtime.scheduler.completion import Completion
 from engine.runtime.scheduler.parts import SchedulerPart, SchedulerState
@@ -50,13 +51,13 @@ EXPECTED_BACK_S = 60.0
 class BatchHooks:
     """What the batch gets from the engine: how to compute (the backend), and whether it may keep time."""
 
-    backend: MlxBackend
+    backend: Backend
     # Whether the batch may decide by its own clock (how fast its steps run). Under lockstep every rank must
     # decide alike from the same inputs, so it may not.
     timed: bool = True
 
 
-GeneratorFactory = Callable[[LoadedModel, BatchSettings, BatchHooks], Any]
+BatchFactory = Callable[[LoadedModel, BatchSettings, BatchHooks], SteppedBatch]
 
 
 def sequence_batch_factory(loaded: LoadedModel, batch: BatchSettings, hooks: BatchHooks) -> SequenceBatch:
@@ -79,17 +80,17 @@ def turn_checkpoints(loaded: LoadedModel, batch: BatchSettings) -> int:
 
 class Scheduler(SchedulerPart):
     def __init__(self, loaded: LoadedModel, state: SchedulerState, settings: EngineSettings, hooks: BatchHooks,
-                 generator_factory: GeneratorFactory = sequence_batch_factory,
+                 batch_factory: BatchFactory = sequence_batch_factory,
                  grammars: OutputGrammars | None = None) -> None:
         super().__init__(state)
         self.loaded = loaded
         self.batch_settings = batch = settings.batch
         turns = settings.turns
-        self._factory = generator_factory
+        self._factory = batch_factory
         self._hooks = hooks
         self.room = StepRoom(state)
-        self._generator = generator_factory(loaded, batch, hooks)
-        self.completion = Completion(state, loaded.identity.key, lambda uid: self._generator.remove(uid))
+        self._batch: SteppedBatch | None = batch_factory(loaded, batch, hooks)
+        self.completion = Completion(state, loaded.identity.key, lambda uid: self._stepped().remove(uid))
         start = TurnStart(loaded.tokenizer, frozenset(loaded.eos_token_ids), turns.repetition_window, grammars,
                           loaded.reasoning)
         caches = TurnCaches(state, loaded, settings.cache.prefix_sharing)
@@ -113,7 +114,7 @@ class Scheduler(SchedulerPart):
     @property
     def images(self) -> ImageEmbedder | None:
         """The batch's image embedder (a vision model's), for its meters; None for a text model."""
-        return getattr(self._generator, "images", None)
+        return self._batch.images if self._batch is not None else None
 
     @property
     def waiting(self) -> Any:
@@ -125,7 +126,7 @@ class Scheduler(SchedulerPart):
 
     def limit_prefill(self, tokens: int) -> None:
         """Prompt tokens the next steps may prefill (the engine lowers it while another model waits for the
-        device, engine_thread/device_turns.py; a generator without chunked prefill ignores it)."""
+        device, engine_thread/device_turns.py)."""
         self._prefill_limit = tokens
 
     @property
@@ -164,21 +165,20 @@ class Scheduler(SchedulerPart):
         # before the batch steps again: a turn arriving meanwhile waits that long, not for every queued turn.
         within = self.pacer.gap_s if self.pacer.enabled and self.queues.by_uid else None
         for sequence in self.admission.admit(within):
-            self._generator.insert(sequence)
+            self._stepped().insert(sequence)
 
     def step(self) -> None:
         """One batch step: prefill chunks and/or one decoded token per sequence (more where it speculates)."""
         self._remove_cancelled()
         if not self.queues.by_uid:
             return
-        generator = self._generator
-        if hasattr(generator, "prefill_step_size"):
-            generator.prefill_step_size = self._prefill_budget()
-        plan = generator.plan()  # what the step will do, and the room each cache needs for it
+        batch = self._stepped()
+        batch.prefill_step_size = self._prefill_budget()
+        plan = batch.plan()  # what the step will do, and the room each cache needs for it
         room = self.room.grant(plan)  # reserved before the model runs; the only part that may evict
-        decoding = getattr(generator, "decoding", 0)
+        decoding = batch.decoding
         started = time.perf_counter()
-        out = generator.step(plan, room)  # model work only, within that room
+        out = batch.step(plan, room)  # model work only, within that room
         self.pacer.observe(time.perf_counter() - started, sum(max(m for _, m in g) * len(g) for g in plan.prefill),
                            decoding)
         self.room.pay_checkpoints(out.checkpoints)
@@ -205,6 +205,10 @@ class Scheduler(SchedulerPart):
         expected = self.agents.most_urgent_expected(EXPECTED_BACK_S)
         return self.pacer.budget(limit) if expected is not None and expected < top else limit
 
+    def _stepped(self) -> SteppedBatch:
+        assert self._batch is not None, "the scheduler is closed"
+        return self._batch
+
     def _remove_cancelled(self) -> None:
         for turn in [t for t in self.queues.by_uid.values() if t.cancel_reason is not None]:
             self.completion.complete(turn, turn.cancel_reason)  # type: ignore[arg-type]
@@ -215,7 +219,7 @@ class Scheduler(SchedulerPart):
         message = f"{type(error).__name__}: {error}"
         for turn in list(self.queues.by_uid.values()):
             self.completion.complete(turn, FinishReason.ERROR, error=message, error_type="api_error")
-        self._generator = self._factory(self.loaded, self.batch_settings, self._hooks)
+        self._batch = self._factory(self.loaded, self.batch_settings, self._hooks)
 
     def cancel_all(self, reason: FinishReason = FinishReason.CANCELLED) -> None:
         for turn in list(self.queues.waiting):
@@ -226,4 +230,4 @@ class Scheduler(SchedulerPart):
 
     def close(self) -> None:
         """Release the batch on the engine thread (its arrays belong to this thread's stream)."""
-        self._generator = None
+        self._batch = None

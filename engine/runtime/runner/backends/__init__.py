@@ -1,8 +1,9 @@
 """Compute backends of the model runner, and the one place that chooses between them.
 
-``mlx.py``: MLX's own kernels (Metal, CUDA, and the CPU with
-``--no-fast-cpu-math``). ``cpu/``: the host paths that pay on MLX's CPU
-device. Nothing under ``cpu/`` is imported unless :func:`choose_backend`
+``protocol.py``: the interface both implement (``Backend``). ``mlx.py``:
+MLX's own kernels (Metal, CUDA, and the CPU with ``--no-fast-cpu-math``).
+``cpu/``: the host paths that pay on MLX's CPU device. ``mlx_passes.py``:
+the steps through the model's own forward that both run. Nothing under ``cpu/`` is imported unless :func:`choose_backend`
 picks it.
 """
 
@@ -11,9 +12,10 @@ from __future__ import annotations
 import mlx.core as mx
 
 from engine.runtime.runner.backends.mlx import MlxBackend
+from engine.runtime.runner.backends.protocol import Backend
 
 
-def choose_backend(fast_cpu_math: bool = True) -> MlxBackend:
+def choose_backend(fast_cpu_math: bool = True) -> Backend:
     """The backend for this process's default device: the CPU's host paths when MLX runs on the CPU and
     ``fast_cpu_math`` (the setting) allows them, else MLX's own kernels."""
     if fast_cpu_math and mx.default_device().type == mx.DeviceType.cpu:
@@ -23,4 +25,4 @@ def choose_backend(fast_cpu_math: bool = True) -> MlxBackend:
     return MlxBackend()
 
 
-__all__ = ["MlxBackend", "choose_backend"]
+__all__ = ["Backend", "MlxBackend", "choose_backend"]

@@ -41,19 +41,34 @@ from typing import Any, Callable, Iterator, Sequence
 
 import mlx.core as mx
 
+import engine.runtime.runner.backends.mlx_passes as mlx_passes
 from engine.domain.cache_spec import ModelCacheSpec
-from engine.runtime.runner.backends.cpu import (host_conv, host_decode, host_forward, host_gated_delta, host_heads,
-                                               host_linear, host_packed_decode, host_softmax)
+from engine.runtime.runner.backends.cpu import (
+    host_conv,
+    host_decode,
+    host_forward,
+    host_gated_delta,
+    host_heads,
+    host_linear,
+    host_packed_decode,
+    host_softmax,
+)
 from engine.runtime.runner.backends.cpu.hooks import ActivationHooks
 from engine.runtime.runner.backends.cpu.host_attention import HOST_ATTENTION
-from engine.runtime.runner.backends.cpu.host_kv import (HOST_KINDS, HOST_KINDS_BESIDE_RECURRENT, HostFullKV,
-                                                       HostPaddedLayerCache, HostRaggedLayerCache)
+from engine.runtime.runner.backends.cpu.host_kv import (
+    HOST_KINDS,
+    HOST_KINDS_BESIDE_RECURRENT,
+    HostFullKV,
+    HostPaddedLayerCache,
+    HostRaggedLayerCache,
+)
 from engine.runtime.runner.backends.cpu.host_top_k import HostTopK
-from engine.runtime.runner.backends.mlx import MlxBackend
+from engine.runtime.runner.backends.protocol import PromptChunk
 from engine.runtime.runner.kv.kinds import LayerKinds
 from engine.runtime.runner.kv.padded import PaddedLayerCache
 from engine.runtime.runner.kv.ragged import RaggedLayerCache
 from engine.runtime.runner.kv.sequence_kv import SequenceKV
+from engine.runtime.runner.sampling import mlx_top_k
 
 log = logging.getLogger("semantic.engine")
 # The load stage (engine/models/gguf_import.py ImportProgress) under which the compiled loops' loading is reported.
@@ -78,13 +93,13 @@ class CpuOptions:
     vision_tower: bool = True  # a vision tower's attention (host_attention) and GELU (cpu_math): vision_pass
 
 
-class CpuBackend(MlxBackend):
+class CpuBackend:
     name = "cpu"
     kinds: LayerKinds = HOST_KINDS
 
     def __init__(self, options: CpuOptions = CpuOptions()) -> None:
-        super().__init__()
         self.options = options
+        self._ragged_hooks = mlx_passes.RaggedHooks()
         # The compiled loops load in the background (attach); a failure to load turns them off here. Without
         # numba (a Linux dependency only) they are off from the start.
         compiler = importlib.util.find_spec("numba") is not None
@@ -113,8 +128,8 @@ class CpuBackend(MlxBackend):
     def attach(self, model: Any, batchable: bool = True) -> bool:
         key = id(model)
         if key in self._host_step:
-            return super().attach(model)
-        batched = super().attach(model, batchable)
+            return self._ragged_hooks.attach(model)
+        batched = self._ragged_hooks.attach(model, batchable)
         hooks = self._hooks[key] = ActivationHooks(self.inside_forward)
         if self.options.activations:
             hooks.install(model)
@@ -140,7 +155,10 @@ class CpuBackend(MlxBackend):
         host_linear.swap_out(model, self)
         host_heads.swap_out(model)
         self._host_step.pop(key, None)
-        super().detach(model)
+        self._ragged_hooks.detach(model)
+
+    def batched_attention(self, model: Any) -> bool:
+        return self._ragged_hooks.attach(model)
 
     def close(self) -> None:
         """Stop the attention threads (the engine is done)."""
@@ -196,7 +214,7 @@ class CpuBackend(MlxBackend):
         # Graphs are built while the model is called, so marking the call is enough.
         self._forward_thread = threading.get_ident()
         try:
-            return super().forward(model, inputs, cache, embeddings)
+            return mlx_passes.forward(model, inputs, cache, embeddings)
         finally:
             self._forward_thread = None
 
@@ -232,6 +250,9 @@ class CpuBackend(MlxBackend):
     def padded(self, layers: Sequence[Any]) -> PaddedLayerCache:
         return HostPaddedLayerCache(layers)
 
+    def layer_views(self, rows: Sequence[SequenceKV]) -> list[Any]:
+        return mlx_passes.layer_views(rows, self.ragged, self.padded)
+
     def loops_ready(self) -> bool:
         return self._loops_ok
 
@@ -247,7 +268,7 @@ class CpuBackend(MlxBackend):
                 and _claimable(kvs, [*(widths or [1] * len(rows)), *(m for _, m in chunks)]))
 
     def decode(self, model: Any, inputs: mx.array, rows: Sequence[SequenceKV],
-               chunks: Sequence[tuple[SequenceKV, Sequence[int]]] = ()) -> mx.array:
+               chunks: Sequence[PromptChunk] = ()) -> mx.array:
         if chunks:
             flat = mx.concatenate([inputs.astype(mx.uint32), mx.array([t for _, c in chunks for t in c], dtype=mx.uint32)])
             return host_forward.decode(model, flat, [*rows, *(kv for kv, _ in chunks)], self._tables, self._workers,
@@ -256,7 +277,7 @@ class CpuBackend(MlxBackend):
             return host_forward.decode(model, inputs, rows, self._tables, self._workers, self._linear_ok)
         if len(rows) > 1 and rows[0].spec.latent:
             return self._latent_batch(model, inputs, rows)
-        return super().decode(model, inputs, rows)
+        return mlx_passes.decode(self, model, inputs, rows)
 
     def _latent_batch(self, model: Any, inputs: mx.array, rows: Sequence[SequenceKV]) -> mx.array:
         """A latent-attention model's batch step with every product in BLAS: its heads' projections folded over
@@ -267,12 +288,12 @@ class CpuBackend(MlxBackend):
         bench.random_model's ``--family deepseek_v3`` folder, the 2-core x86 box)."""
         self._blas_step = True
         try:
-            return super().decode(model, inputs, rows)
+            return mlx_passes.decode(self, model, inputs, rows)
         finally:
             self._blas_step = False
 
     def verify(self, model: Any, inputs: Sequence[Sequence[int]], rows: Sequence[SequenceKV],
-               chunks: Sequence[tuple[SequenceKV, Sequence[int]]] = ()) -> tuple[mx.array, bool]:
+               chunks: Sequence[PromptChunk] = ()) -> tuple[mx.array, bool]:
         """A speculative step whole on the host where a decode step would run there and every row may claim all
         of its positions (each token a row of its own: ``host_forward.decode``'s widths); else through MLX.
         ``chunks`` (where :meth:`carries_prompts` said so) ride it as in :meth:`decode`."""
@@ -282,7 +303,7 @@ class CpuBackend(MlxBackend):
                             dtype=mx.uint32)
             return host_forward.decode(model, flat, [*rows, *(kv for kv, _ in chunks)], self._tables, self._workers,
                                        self._linear_ok, widths + [len(c) for _, c in chunks], len(chunks)), True
-        return super().verify(model, inputs, rows)
+        return mlx_passes.verify(self, model, inputs, rows)
 
     def draft_row_cost(self, model: Any) -> float:
         """On the host path each sequence's own token is a row of the linear layers' products and of
@@ -292,7 +313,7 @@ class CpuBackend(MlxBackend):
         (:meth:`draft_token_cost`)."""
         if self._host_step.get(id(model)) and self._loops_ok:
             return 0.3
-        return super().draft_row_cost(model)
+        return mlx_passes.draft_row_cost()
 
     def draft_token_cost(self, model: Any) -> float:
         """On the host path a sequence's tokens attend together (``host_verify_attention.py``) and the linear
@@ -302,7 +323,7 @@ class CpuBackend(MlxBackend):
         (the 2-core CPU box)."""
         if self._host_step.get(id(model)) and self._loops_ok:
             return 0.13
-        return super().draft_token_cost(model)
+        return mlx_passes.draft_row_cost()
 
     def steps_on_host(self, model: Any, rows: Sequence[Any]) -> bool:
         """Whether a decode step of ``rows`` runs whole on the host (``host_forward.py``): a model whose every
@@ -324,16 +345,15 @@ class CpuBackend(MlxBackend):
     # -- sampling ------------------------------------------------------------------------
     def top_k_of_logits(self, logits: mx.array, k: int) -> tuple[mx.array, mx.array]:
         if not self.options.host_top_k:
-            return super().top_k_of_logits(logits, k)
+            return mlx_top_k(logits, k)
         return self._top_k(logits, k)
 
     def describe(self) -> dict[str, object]:
-        return super().describe() | {
+        return {"compute": self.name, "device": str(mx.default_device()),
             "host_paths": asdict(self.options) | {"decode_loops": self._loops_ok, "linear_pass": self._linear_ok,
                                                   "recurrence": self._recurrence_ok,
                                                   "depthwise_conv": self._conv_ok,
-                                                  "prefill_softmax": host_softmax.ROW_SOFTMAX.ready},
-        }
+                                                  "prefill_softmax": host_softmax.ROW_SOFTMAX.ready}}
 
 
 def _claimable(rows: Sequence[Any], widths: Sequence[int] | None = None) -> bool:
