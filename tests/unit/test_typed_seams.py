@@ -64,3 +64,55 @@ def test_the_engine_loop_runs_lockstep_through_its_ranks() -> None:
             if name is not None and ("lockstep" in name.lower() or "replica" in name.lower()):
                 offenders.append(f"{method.name}:{node.lineno} {name}")
     assert offenders == []
+
+
+def test_a_turn_changes_only_through_its_own_methods() -> None:
+    """No module of the runtime but turn.py assigns a field of a Turn (a variable named ``turn``, ``t`` or
+    ``..._turn`` whose assigned attribute is a Turn field): the scheduler's parts call Turn's methods."""
+    import dataclasses
+
+    from engine.runtime.scheduler.turn import Turn
+
+    fields = {f.name for f in dataclasses.fields(Turn)}
+    writes = []
+    for path in sorted((ROOT / "engine" / "runtime").rglob("*.py")):
+        if path.name == "turn.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            targets = (node.targets if isinstance(node, ast.Assign)
+                       else [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+            for target in targets:
+                for part in (target.elts if isinstance(target, ast.Tuple) else [target]):
+                    if (isinstance(part, ast.Attribute) and isinstance(part.value, ast.Name)
+                            and (part.value.id in {"turn", "t"} or part.value.id.endswith("_turn"))
+                            and part.attr in fields):
+                        writes.append(f"{path.relative_to(ROOT)}:{node.lineno} {part.value.id}.{part.attr}")
+    assert writes == []
+
+
+def test_an_agent_record_changes_only_through_its_own_methods() -> None:
+    """No module of the engine but tiers/agents.py assigns a field of an AgentRecord (a variable named
+    ``agent``, ``record``, ``fork``, ``holder``, ``donor`` or ``source``, or ``<x>.agent``, whose assigned
+    attribute is an AgentRecord field): what happens to an agent is AgentRecord's methods."""
+    import dataclasses
+
+    from engine.runtime.tiers.agents import AgentRecord
+
+    fields = {f.name for f in dataclasses.fields(AgentRecord)}
+    names = {"agent", "record", "fork", "holder", "donor", "source"}
+    writes = []
+    for path in sorted((ROOT / "engine").rglob("*.py")):
+        if path.relative_to(ROOT).as_posix() == "engine/runtime/tiers/agents.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            targets = (node.targets if isinstance(node, ast.Assign)
+                       else [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+            for target in targets:
+                for part in (target.elts if isinstance(target, ast.Tuple) else [target]):
+                    if not (isinstance(part, ast.Attribute) and part.attr in fields):
+                        continue
+                    owner = part.value
+                    if ((isinstance(owner, ast.Name) and owner.id in names)
+                            or (isinstance(owner, ast.Attribute) and owner.attr == "agent")):
+                        writes.append(f"{path.relative_to(ROOT)}:{node.lineno} .{part.attr}")
+    assert writes == []

@@ -53,14 +53,14 @@ class AgentOps:
         return len(victims)
 
     def pin_agent(self, agent_id: str, pinned: bool) -> None:
-        self._agent(agent_id).pinned = pinned
+        self._agent(agent_id).pin(pinned)
 
     def delete_agent(self, agent_id: str) -> None:
         agent = self._agent(agent_id)
         if agent.is_busy:
             raise EngineUnavailableError(f"agent {agent_id!r} is generating", retry_after_s=1)
         self.hot.drop(agent)
-        agent.cool = None
+        agent.uncooled()
         if self.store is not None:
             self.store.forget(agent_id)
             self.store.forget_cold(agent_id)
@@ -73,7 +73,7 @@ class AgentOps:
         if self.priorities is not None:
             self.priorities.set_level(agent, level)
         else:
-            agent.priority = level
+            agent.set_priority(level)
 
     def pause_agent(self, agent_id: str, paused: bool) -> None:
         """Pause (its turns wait, its cache stays) or resume an agent."""
@@ -81,7 +81,7 @@ class AgentOps:
         if self.priorities is not None:
             self.priorities.set_paused(agent, paused)
         else:
-            agent.paused = paused
+            agent.set_paused(paused)
 
     def hold_agent(self, agent_id: str, seconds: float) -> None:
         """Keep the agent's cache hot for ``seconds`` while other idle caches can go first (a tool loop: its
@@ -89,7 +89,7 @@ class AgentOps:
         agent = self.agents.get(agent_id)
         if agent is not None:
             agent.retain(seconds, clock.now())
-            agent.tool_hold_until = clock.now() + seconds
+            agent.hold_for_tool(clock.now() + seconds)
 
     def fork_agent(self, source_id: str, new_id: str, turn: int | None = None,
                    prompt: tuple[int, ...] | None = None, display_name: str | None = None,
@@ -140,13 +140,13 @@ class AgentOps:
         if agent is not None:
             self.check_import(agent_id, replace=True)
             self.hot.drop(agent)
-            agent.cool = None
+            agent.uncooled()
         else:
             agent = self.agents.add(AgentRecord(agent_id, agent_source(header.source), header.display_name))
-        agent.stored_tokens = header.n_tokens
         agent.move_to(Tier.WARM)
-        agent.stored_bytes = self.store.entries[agent_id].nbytes
-        agent.created_at, agent.last_used, agent.turn_ends = header.created_at, header.last_used, []
+        agent.stored(header.n_tokens, self.store.entries[agent_id].nbytes)
+        agent.known_since(header.created_at, header.last_used)
+        agent.keep_turn_ends(0, [])
         self.events.emit(EventKind.RESTORE, f"{agent_id}: imported, {header.n_tokens} tokens on disk", agent_id)
         return agent_id
 

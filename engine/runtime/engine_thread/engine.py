@@ -553,9 +553,9 @@ class Engine:
         here are only freed during interpreter teardown."""
         for agent in self.agents:
             if agent.tier in (Tier.HOT, Tier.COOL):
-                agent.stored_tokens = agent.cached_tokens
+                agent.stored(agent.cached_tokens, agent.stored_bytes)
                 self.hot.drop(agent)
-                agent.cool = None
+                agent.uncooled()
                 agent.move_to(Tier.COLD)
 
     def _persist_all(self) -> None:

@@ -23,10 +23,10 @@ from engine.runtime.scheduler.completion import Completion
 from engine.runtime.scheduler.parts import SchedulerPart, SchedulerState
 from engine.runtime.scheduler.priorities import Priorities
 from engine.runtime.scheduler.shared_prefill import awaits_leader, share_point
-from engine.runtime.scheduler.turn import Turn, TurnPhase
+from engine.runtime.scheduler.turn import Turn
 from engine.runtime.scheduler.turn_cache import Readiness, TurnCaches
 from engine.runtime.scheduler.turn_start import TurnStart
-from engine.runtime.tiers.agents import AgentState, Tier
+from engine.runtime.tiers.agents import Tier
 from engine.settings import BatchSettings, TurnSettings
 
 log = logging.getLogger("semantic.engine")
@@ -143,17 +143,13 @@ class Admission(SchedulerPart):
         request, agent = turn.request, turn.agent
         assert agent is not None
         k = turn.reused
-        if self.prefix_sharing and turn.on_own_cache:
-            turn.share_at = share_point(turn, self.hot.spec.block_tokens)
+        share_at = share_point(turn, self.hot.spec.block_tokens) if self.prefix_sharing and turn.on_own_cache else 0
         uid = next(self._uids)
-        turn.sequence = self.start.sequence(uid, turn, tuple(sorted({turn.share_at, self._prefix_point(turn)} - {0})))
-        turn.uid, turn.phase, turn.admitted_at = uid, TurnPhase.PREFILLING, time.monotonic()
+        sequence = self.start.sequence(uid, turn, tuple(sorted({share_at, self._prefix_point(turn)} - {0})))
+        turn.admit(uid, sequence, *self.start.readers(request), share_at)
         self.priorities.admitted(turn)
-        turn.text, turn.guard = self.start.readers(request)
         self.queues.by_uid[uid] = turn
-        agent.active_requests += 1
-        agent.state = AgentState.PREFILLING
-        agent.prefill_done, agent.prefill_total = 0, turn.to_prefill
+        agent.turn_started(turn.to_prefill)
         self.stats.count_reuse(turn)
         self.delivery.emit(turn, PrefillEvent(turn.request_id, 0, turn.to_prefill, k))
         self.events.emit(

@@ -11,10 +11,10 @@ import time
 from typing import Any, Callable
 
 from engine.domain.event_log import EventKind
-from engine.domain.requests import FinishEvent, FinishReason
+from engine.domain.requests import FinishReason
 from engine.runtime.scheduler.parts import SchedulerPart, SchedulerState
-from engine.runtime.scheduler.turn import Turn, TurnPhase
-from engine.runtime.tiers.agents import AgentRecord, AgentState, Tier
+from engine.runtime.scheduler.turn import Turn
+from engine.runtime.tiers.agents import AgentRecord, Tier
 from engine.runtime.runner.kv.disk_slices import prefix_slices
 
 
@@ -27,7 +27,7 @@ class Completion(SchedulerPart):
     def complete(self, turn: Turn, reason: FinishReason, **extra: Any) -> None:
         started = time.monotonic()
         self.stats.completed += 1
-        turn.phase = TurnPhase.DONE
+        turn.finish()
         self.queues.by_request.pop(turn.request_id, None)
         if turn.uid is not None:
             self.queues.by_uid.pop(turn.uid, None)
@@ -36,18 +36,17 @@ class Completion(SchedulerPart):
         kv = turn.holder.kv if turn.holder is not None and turn.uid is not None else None
         if agent is not None:
             self._settle(turn, agent, failed=reason is FinishReason.ERROR and turn.uid is not None)
-        if kv is not None:
-            turn.copied_bytes += kv.copied - turn.copied_mark  # growth while running, and the tidy after
-        turn.handoff_out_s = time.monotonic() - started
+        # (bytes copied: growth while running, and the tidy after)
+        turn.settled(time.monotonic() - started, kv.copied if kv is not None else None)
         event = turn.finish_event(reason, **extra)
         if event.usage.speculation is not None:
             self.stats.speculation = self.stats.speculation + event.usage.speculation
         if agent is not None and turn.uid is not None:
-            _record_turn(agent, event)
             asked = turn.request.asked_max_tokens
+            note = event.note or event.error
             if reason is FinishReason.LENGTH and asked is not None and event.note is None:
-                agent.last_finish_note = (f"max_tokens {asked} clamped to {turn.request.max_tokens} "
-                                          "by the server's max_output_tokens")
+                note = f"max_tokens {asked} clamped to {turn.request.max_tokens} by the server's max_output_tokens"
+            agent.record_turn(event.reason.value, note, event.usage)
         self.delivery.emit(turn, event)
         failed = reason is FinishReason.ERROR
         self.events.emit(
@@ -61,27 +60,27 @@ class Completion(SchedulerPart):
     def _settle(self, turn: Turn, agent: AgentRecord, failed: bool) -> None:
         """The turn is over: its cache now holds what was fed; account for it (or drop it)."""
         if turn.uid is not None:
-            agent.active_requests = max(0, agent.active_requests - 1)
+            agent.turn_left()
             if failed and turn.on_own_cache:
                 # A step that raised may have updated some layers and not others.
                 self.hot.drop(agent)
                 agent.move_to(Tier.COLD)
             elif turn.on_own_cache and turn.sequence is not None:
-                agent.tokens = list(turn.request.prompt_tokens[:turn.reused]) + turn.sequence.fed
+                tokens = list(turn.request.prompt_tokens[:turn.reused]) + turn.sequence.fed
                 reported = turn.prompt_len + turn.generated
-                if len(agent.tokens) > reported:
+                if len(tokens) > reported:
                     # A speculative step fed drafts past the token the turn ended at (a stop string, the
                     # repetition guard, a cancel): the cache keeps what the client was sent.
-                    agent.tokens = agent.tokens[:turn.sequence.kv.continue_from(reported)]
-                agent.turn_ends = [end for end in agent.turn_ends if end <= turn.reused] + [len(agent.tokens)]
+                    tokens = tokens[:turn.sequence.kv.continue_from(reported)]
+                agent.holds(tokens)
+                agent.turn_ended_at(turn.reused)
                 self.hot.tidy(agent)
                 self.hot.publish(agent)
-                agent.model_id = self.model_key
+                agent.holds(agent.tokens, self.model_key)
                 self._store_prefix(turn, agent)
             elif turn.holder is not None:
                 self.hot.release(turn.holder)  # a side request's private cache
-        if not agent.is_busy:
-            agent.state = AgentState.QUEUED if self.queues.has_waiting(agent.agent_id) else AgentState.IDLE
+        agent.settle_state(self.queues.has_waiting(agent.agent_id))
 
     def _store_prefix(self, turn: Turn, agent: AgentRecord) -> None:
         """The turn computed its prompt's shareable prefix: write it once for later agents."""
@@ -95,19 +94,3 @@ class Completion(SchedulerPart):
         slices = prefix_slices(agent.kv, point)
         if slices is not None:
             store.store_prefix(agent.tokens[:point], slices)
-
-
-def _record_turn(agent: AgentRecord, event: FinishEvent) -> None:
-    usage = event.usage
-    agent.last_finish, agent.last_finish_note = event.reason.value, event.note or event.error
-    agent.turns += 1
-    agent.prompt_tokens_total += usage.prompt_tokens
-    agent.reused_tokens_total += usage.reused_tokens
-    agent.generated_tokens_total += usage.generated_tokens
-    agent.last_reasoning_tokens = usage.reasoning_tokens
-    agent.reasoning_tokens_total += usage.reasoning_tokens
-    agent.last_ttft_s = usage.ttft_s
-    agent.last_decode_tok_s = usage.decode_tok_s
-    if usage.speculation is not None:
-        agent.speculation = agent.speculation + usage.speculation
-    agent.prefill_done = agent.prefill_total = 0

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 
-from engine.domain.requests import EngineEvent, EventSink, FinishReason
-from engine.runtime.scheduler.turn import Turn, TurnPhase
+from engine.domain.requests import EngineEvent, EventSink
+from engine.runtime.scheduler.turn import Turn
 
 log = logging.getLogger("semantic.engine")
 
@@ -29,16 +29,10 @@ class Delivery:
             turn.sink(event)
         except Exception:
             log.exception("event sink of %s failed; detaching it", turn.request_id)
-            turn.sink = _discard
-            if turn.phase is not TurnPhase.DONE:
-                turn.cancel_reason = FinishReason.CANCELLED
+            turn.sink_failed()
         for watcher in list(self.watchers.get(turn.request.agent_id, ())):
             try:
                 watcher(event)
             except Exception:
                 log.exception("a watcher of %s failed; detaching it", turn.request.agent_id)
                 self.unwatch(turn.request.agent_id, watcher)
-
-
-def _discard(event: EngineEvent) -> None:
-    """The sink of a turn whose own sink failed: nobody is listening any more."""

@@ -27,8 +27,8 @@ class Priorities(SchedulerPart):
     def place(self, turn: Turn, agent: AgentRecord) -> None:
         """A submitted turn's level and order."""
         request = turn.request
-        turn.level = self.policy.level(request.agent_class, request.priority, agent.priority)
-        turn.order = self.policy.virtual_arrival(turn.submitted_at, turn.level)
+        level = self.policy.level(request.agent_class, request.priority, agent.priority)
+        turn.place(level, self.policy.virtual_arrival(turn.submitted_at, level))
 
     def in_order(self, turns: Iterable[Turn]) -> list[Turn]:
         """Most urgent first: by virtual arrival, ties by arrival."""
@@ -56,7 +56,7 @@ class Priorities(SchedulerPart):
     def set_level(self, agent: AgentRecord, level: int | None) -> None:
         """The operator's level for ``agent`` (None: back to its requests' and class's); its queued and
         running turns move now."""
-        agent.priority = level
+        agent.set_priority(level)
         for turn in self._turns_of(agent.agent_id):
             self.place(turn, agent)
             if turn.sequence is not None:
@@ -67,7 +67,7 @@ class Priorities(SchedulerPart):
     def set_paused(self, agent: AgentRecord, paused: bool) -> None:
         if agent.paused == paused:
             return
-        agent.paused = paused
+        agent.set_paused(paused)
         for turn in self._turns_of(agent.agent_id):
             if turn.sequence is not None:
                 self._pause_turn(turn) if paused else self._resume_turn(turn)
@@ -86,15 +86,8 @@ class Priorities(SchedulerPart):
 
     @staticmethod
     def _pause_turn(turn: Turn) -> None:
-        assert turn.sequence is not None
-        turn.sequence.paused = True
-        turn.paused_at = clock.now()
+        turn.pause(clock.now())
 
     @staticmethod
     def _resume_turn(turn: Turn) -> None:
-        assert turn.sequence is not None
-        turn.sequence.paused = False
-        turn.last_token_at = None  # the pause is no gap between tokens
-        if turn.paused_at is not None and turn.first_token_tick is not None:
-            turn.first_token_tick += clock.now() - turn.paused_at  # the pause is not generation time
-        turn.paused_at = None
+        turn.resume(clock.now())

@@ -39,7 +39,6 @@ from engine.runtime.scheduler.stepping import Stepping
 from engine.runtime.scheduler.turn import Turn, TurnPhase
 from engine.runtime.scheduler.turn_cache import TurnCaches
 from engine.runtime.scheduler.turn_start import TurnStart
-from engine.runtime.tiers.agents import AgentState
 from engine.settings import BatchSettings, EngineSettings
 
 # An agent that started a turn this recently may send the next one any moment (a person reading the reply, a
@@ -144,7 +143,7 @@ class Scheduler(SchedulerPart):
         agent = self.agents.for_request(turn.request)
         self.priorities.place(turn, agent)
         if not agent.is_busy:
-            agent.state = AgentState.QUEUED
+            agent.queued()
         self.tiers.prefetch(agent)
         self.delivery.emit(turn, QueuedEvent(turn.request_id, len(self.queues.waiting)))
 
@@ -156,7 +155,7 @@ class Scheduler(SchedulerPart):
             self.queues.waiting.remove(turn)
             self.completion.complete(turn, reason)
         else:
-            turn.cancel_reason = reason
+            turn.cancel(reason)
         return True
 
     # -- the engine loop's steps ---------------------------------------------------------
@@ -225,7 +224,7 @@ class Scheduler(SchedulerPart):
         for turn in list(self.queues.waiting):
             self.cancel(turn.request_id, reason)
         for turn in list(self.queues.by_uid.values()):
-            turn.cancel_reason = reason
+            turn.cancel(reason)
         self._remove_cancelled()
 
     def close(self) -> None:

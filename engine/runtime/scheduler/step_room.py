@@ -45,9 +45,8 @@ class StepRoom(SchedulerPart):
             held = ("side requests may not evict conversations' caches" if turn.request.auxiliary
                     else "the rest is held by running, pinned or busy agents")
             missing = self.hot.missing_blocks(holder, n_tokens)
-            turn.room_note = (f"the KV pool could not grow the turn past {sequence.kv.offset} positions: "
-                              f"{missing} more blocks needed, {pool.free_blocks} of {pool.total_blocks} free "
-                              f"({held})")
+            turn.no_room(f"the KV pool could not grow the turn past {sequence.kv.offset} positions: "
+                         f"{missing} more blocks needed, {pool.free_blocks} of {pool.total_blocks} free ({held})")
         return False
 
     def pay_checkpoints(self, uids: list[int]) -> None:

@@ -17,9 +17,8 @@ from engine.runtime.runner.routed_text import RoutedDelta
 from engine.runtime.runner.sequence import RowStop
 from engine.runtime.scheduler.completion import Completion
 from engine.runtime.scheduler.parts import SchedulerPart, SchedulerState
-from engine.runtime.scheduler.turn import Turn, TurnPhase
+from engine.runtime.scheduler.turn import Turn
 from engine.runtime.scheduler.turn_end import Ending, out_of_room, turn_end
-from engine.runtime.tiers.agents import AgentState
 from engine.settings import TurnSettings
 
 
@@ -46,20 +45,19 @@ class Stepping(SchedulerPart):
         if turn is None:
             return
         self.stats.prefill.add(progress.done - turn.prefill_done)
-        turn.prefill_done = progress.done
+        turn.prefilled(progress.done)
         if turn.agent is not None:
-            turn.agent.prefill_done = progress.done
+            turn.agent.prefilled(progress.done)
         if turn.share_at and not turn.published and turn.reused + progress.done >= turn.share_at:
             self._publish_early(turn)
         self.delivery.emit(turn, PrefillEvent(turn.request_id, progress.done, progress.total + 1, turn.reused))
 
     def _publish_early(self, turn: Turn) -> None:
         """The prefill passed ``share_at``: offer the cache so far to waiting turns with the same prefix."""
-        turn.published = True
+        turn.shared_early()
         agent = turn.agent
         assert agent is not None and agent.kv is not None
-        agent.tokens = list(turn.request.prompt_tokens[:agent.kv.offset])
-        agent.model_id = self.completion.model_key
+        agent.holds(list(turn.request.prompt_tokens[:agent.kv.offset]), self.completion.model_key)
         self.hot.publish(agent)
         self.events.emit(EventKind.ADMIT, f"{agent.agent_id}: first {agent.kv.offset} prompt tokens shareable "
                          "before the turn ends", agent.agent_id)
@@ -71,7 +69,6 @@ class Stepping(SchedulerPart):
             return
         self._mark_first_token(turn)
         self._meter_gap(turn)
-        turn.generated += 1
         self.stats.decode.add(1)
         delta = self._decode(turn, out)
         if not _ends_with_stop_token(out) or not delta.empty:
@@ -93,26 +90,22 @@ class Stepping(SchedulerPart):
         self.completion.complete(turn, ending.reason, note=ending.note, stop_sequence=ending.stop_sequence)
 
     def _meter_gap(self, turn: Turn) -> None:
-        now = time.monotonic()
-        if turn.last_token_at is not None:
-            self.stats.of_class(turn.request.agent_class.value).gaps.add(now - turn.last_token_at)
-        turn.last_token_at = now
+        gap = turn.token(time.monotonic())
+        if gap is not None:
+            self.stats.of_class(turn.request.agent_class.value).gaps.add(gap)
 
     def _mark_first_token(self, turn: Turn) -> None:
         if turn.first_token_at is not None:
             return
-        turn.first_token_at = time.monotonic()
-        turn.first_token_tick = clock.now()
-        turn.phase = TurnPhase.DECODING
         self.stats.prefill.add(turn.to_prefill - turn.prefill_done)
-        turn.prefill_done = turn.to_prefill
+        turn.first_token(clock.now())
+        assert turn.first_token_at is not None
         self.stats.ttft.add(turn.first_token_at - turn.submitted_at)
         meter = self.stats.of_class(turn.request.agent_class.value)
         meter.ttft.add(turn.first_token_at - turn.submitted_at)
         meter.turns += 1
         if turn.agent is not None:
-            turn.agent.state = AgentState.DECODING
-            turn.agent.prefill_done = turn.to_prefill
+            turn.agent.decoding(turn.to_prefill)
 
     def _decode(self, turn: Turn, out: TokenOut) -> RoutedDelta:
         """The token as text, on its route (stop strings held back until they can be told apart); the end of the

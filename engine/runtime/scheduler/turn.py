@@ -1,4 +1,9 @@
-"""One admitted or waiting turn and its bookkeeping."""
+"""One admitted or waiting turn and its bookkeeping.
+
+The scheduler's parts read a turn's fields freely and change them only
+through its methods below (a test holds them to it), so what can happen to a
+turn, and in which words, is all here.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +16,8 @@ from engine.runtime.runner.sequence import Sequence
 from engine.domain.forensics import TurnForensics
 from engine.runtime.tiers.hot import Holder, ReusePlan
 from engine.domain.repetition import RepetitionGuard
-from engine.domain.requests import EventSink, FinishEvent, FinishReason, GenerationRequest, LoopClosed, Usage
+from engine.domain.requests import (EngineEvent, EventSink, FinishEvent, FinishReason, GenerationRequest, LoopClosed,
+                                    Usage)
 from engine.runtime.runner.routed_text import RoutedText
 
 
@@ -81,6 +87,102 @@ class Turn:
     paused_at: float | None = None
     # When its latest token came (time.monotonic): the gap to the next one is metered per class.
     last_token_at: float | None = None
+
+    # -- what happens to a turn ----------------------------------------------------------------
+    def place(self, level: int, order: float) -> None:
+        """Its priority level and its place in the serving order (virtual arrival: earlier first)."""
+        self.level, self.order = level, order
+
+    def arrive(self, tier: str, model_changed: bool) -> None:
+        """Its agent's tier, and whether the cache was another model's, as the turn first met them (kept when
+        admission is tried again)."""
+        if self.arrival is None:
+            self.arrival = (tier, model_changed)
+
+    def take_request(self, request: GenerationRequest) -> None:
+        """Its request as admitted: the prompt with the last reply's cached tokens spliced back (reply_splice.py)."""
+        self.request = request
+
+    def take_cache(self, agent: AgentRecord, plan: ReusePlan, holder: Holder) -> None:
+        """Its agent, the reuse planned, and whose cache it runs on (its agent's, or a side cache)."""
+        self.agent, self.plan, self.holder = agent, plan, holder
+
+    def replan(self, plan: ReusePlan) -> None:
+        """Less of the cache was kept than planned, or a stored prefix came from disk instead."""
+        self.plan = plan
+
+    def cache_ready(self, copied_bytes: int, copied_mark: int, forensics: TurnForensics, handoff_in_s: float) -> None:
+        """Its cache is prepared: bytes copied on the way, the cache's copy counter now, how the prompt met the
+        cache, and the seconds it took."""
+        self.copied_bytes, self.copied_mark = copied_bytes, copied_mark
+        self.forensics, self.handoff_in_s = forensics, handoff_in_s
+
+    def admit(self, uid: int, sequence: Sequence, text: RoutedText, guard: RepetitionGuard, share_at: int) -> None:
+        """It enters the batch as ``sequence``; ``share_at``: the prompt position its cache is offered at to
+        turns with the same prefix while it still prefills (0: not offered)."""
+        self.uid, self.sequence, self.text, self.guard, self.share_at = uid, sequence, text, guard, share_at
+        self.phase, self.admitted_at = TurnPhase.PREFILLING, time.monotonic()
+
+    def prefilled(self, done: int) -> None:
+        """``done`` of its prompt tokens to prefill are in its cache."""
+        self.prefill_done = done
+
+    def shared_early(self) -> None:
+        """Its cache so far was offered to waiting turns with the same prefix (shared_prefill.py)."""
+        self.published = True
+
+    def first_token(self, tick: float) -> None:
+        """Its first token came: the prompt is all in, it decodes from now (``tick``: clock.now())."""
+        self.first_token_at, self.first_token_tick = time.monotonic(), tick
+        self.phase = TurnPhase.DECODING
+        self.prefill_done = self.to_prefill
+
+    def token(self, now: float) -> float | None:
+        """A token came at ``now`` (time.monotonic); the gap since the one before (None: the first, or the
+        first after a pause)."""
+        gap = None if self.last_token_at is None else now - self.last_token_at
+        self.generated += 1
+        self.last_token_at = now
+        return gap
+
+    def pause(self, tick: float) -> None:
+        """Its agent was paused mid-turn (``tick``: clock.now()): its sequence waits in the batch."""
+        assert self.sequence is not None
+        self.sequence.paused = True
+        self.paused_at = tick
+
+    def resume(self, tick: float) -> None:
+        """Its agent goes on: the pause is no gap between tokens and no generation time."""
+        assert self.sequence is not None
+        self.sequence.paused = False
+        self.last_token_at = None
+        if self.paused_at is not None and self.first_token_tick is not None:
+            self.first_token_tick += tick - self.paused_at
+        self.paused_at = None
+
+    def no_room(self, note: str) -> None:
+        """Why the pool could not grow it (the note its capacity finish carries)."""
+        self.room_note = note
+
+    def cancel(self, reason: FinishReason) -> None:
+        """End it at the next step, for ``reason``."""
+        self.cancel_reason = reason
+
+    def sink_failed(self) -> None:
+        """Its client's sink raised: nobody listens any more, so it ends unless it already has."""
+        self.sink = _nobody_listens
+        if self.phase is not TurnPhase.DONE:
+            self.cancel_reason = FinishReason.CANCELLED
+
+    def finish(self) -> None:
+        self.phase = TurnPhase.DONE
+
+    def settled(self, handoff_out_s: float, copied_now: int | None) -> None:
+        """Its cache is settled after the last token (``copied_now``: the cache's copy counter, None when it ran
+        on no cache): the seconds that took, and the bytes copied since admission."""
+        if copied_now is not None:
+            self.copied_bytes += copied_now - self.copied_mark
+        self.handoff_out_s = handoff_out_s
 
     @property
     def on_own_cache(self) -> bool:
@@ -154,3 +256,7 @@ class Turn:
 
     def finish_event(self, reason: FinishReason, **extra: object) -> FinishEvent:
         return FinishEvent(self.request_id, reason, self.usage(), **extra)  # type: ignore[arg-type]
+
+
+def _nobody_listens(event: EngineEvent) -> None:
+    """The sink of a turn whose own sink failed."""

@@ -47,12 +47,11 @@ class TurnCaches(SchedulerPart):
         request = turn.request
         agent = self.agents.for_request(request)
         if agent.turns == 0 and agent.tier in (Tier.EMPTY, Tier.COLD):
-            agent.auxiliary = request.auxiliary
+            agent.first_request(request.auxiliary)
         self.agents.touch(agent)
         agent.retain(request.retain_s, clock.now())
-        if turn.arrival is None:
-            other_model = agent.model_id is not None and agent.model_id != self.loaded.identity.key
-            turn.arrival = (agent.tier.value, other_model and agent.tier in (Tier.EMPTY, Tier.COLD))
+        other_model = agent.model_id is not None and agent.model_id != self.loaded.identity.key
+        turn.arrive(agent.tier.value, other_model and agent.tier in (Tier.EMPTY, Tier.COLD))
         state = self.tiers.ensure_hot(agent, protect=running)
         if state is HotState.PENDING:
             return Readiness.DEFERRED
@@ -62,7 +61,8 @@ class TurnCaches(SchedulerPart):
         cached = agent.tokens  # replaced, never mutated, when the turn cuts it back
         kept_reply = spliced(cached, request, self.loaded.tokenizer.decode)
         if kept_reply is not None:
-            turn.request = request = kept_reply
+            turn.take_request(kept_reply)
+            request = kept_reply
         plan, side = self._plan(agent, turn)
         if kept_reply is not None:
             plan = replace(plan, note=_joined(plan.note, "the last reply came back as text that reads the same but "
@@ -72,19 +72,19 @@ class TurnCaches(SchedulerPart):
         if stored is PENDING:
             return Readiness.DEFERRED  # a shared prefix is being read from disk; other turns go ahead
         holder: Holder = SideCache(f"{agent.agent_id}~{request.request_id}") if side else agent
-        turn.agent, turn.plan, turn.holder = agent, plan, holder
+        turn.take_cache(agent, plan, holder)
         if stored is not None:
-            turn.plan, slices = stored
+            stored_plan, slices = stored
+            turn.replan(stored_plan)
             copied = self._prepare_from_disk(holder, agent, turn, slices, running)
         else:
             copied = self._prepare(holder, agent, turn, running)
         if copied is None:
             return Readiness.NO_ROOM
         assert holder.kv is not None
-        turn.copied_bytes, turn.copied_mark = copied, holder.kv.copied
-        turn.forensics = self._examine(turn, agent, cached, side)
-        agent.history.append(turn.forensics)
-        turn.handoff_in_s = time.monotonic() - started
+        forensics = self._examine(turn, agent, cached, side)
+        agent.history.append(forensics)
+        turn.cache_ready(copied, holder.kv.copied, forensics, time.monotonic() - started)
         return Readiness.READY
 
     def _examine(self, turn: Turn, agent: AgentRecord, cached: list[int], side: bool) -> TurnForensics:
@@ -138,7 +138,7 @@ class TurnCaches(SchedulerPart):
         self.hot.load_prefix(holder, plan.reused, slices)
         self.tiers.store.prefixes.done_with(plan.prefix)
         if holder is agent:
-            agent.tokens = list(turn.request.prompt_tokens[:plan.reused])
+            agent.holds(list(turn.request.prompt_tokens[:plan.reused]))
             agent.move_to(Tier.HOT)
             self.hot.publish(agent)
         self.events.emit(EventKind.SHARE, f"{agent.agent_id}: {plan.reused} prompt tokens from the shared prefix "
@@ -150,7 +150,7 @@ class TurnCaches(SchedulerPart):
         """No room after all: give back what the fresh cache took."""
         self.hot.release(holder)
         if holder is agent:
-            agent.tokens = []
+            agent.holds([])
             agent.move_to(Tier.COLD if agent.turns else Tier.EMPTY)
             self.hot.publish(agent)
 
@@ -168,8 +168,8 @@ class TurnCaches(SchedulerPart):
         if holder is agent and donor is None:
             kept = self.hot.continue_own(agent, plan.reused)
             if kept != plan.reused:
-                turn.plan = ReusePlan(kept, "self" if kept else "none",
-                                      note=f"no pool room to re-base the shared prefix; {kept} tokens kept")
+                turn.replan(ReusePlan(kept, "self" if kept else "none",
+                                      note=f"no pool room to re-base the shared prefix; {kept} tokens kept"))
             before = agent.kv.copied if agent.kv is not None else 0
             if not self._reserve(agent, need, protect, turn):
                 return None
@@ -187,7 +187,7 @@ class TurnCaches(SchedulerPart):
             assert source.kv is not None
             copied += self.hot.copy_prefix(holder, source.kv, plan.reused)
         if holder is agent and donor is not None:
-            agent.tokens = list(donor.tokens[:plan.reused])
+            agent.holds(list(donor.tokens[:plan.reused]))
             agent.move_to(Tier.HOT)
             self.hot.publish(agent)
             self.events.emit(EventKind.SHARE, f"{agent.agent_id}: shares {plan.reused} prefix tokens of "

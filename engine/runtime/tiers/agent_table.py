@@ -39,10 +39,7 @@ class AgentTable:
         record = self._agents.get(request.agent_id)
         if record is None:
             record = self.add(AgentRecord(request.agent_id, request.source, request.display_name))
-        elif request.display_name and not record.display_name:
-            record.display_name = request.display_name
-        record.agent_class, record.lineage = request.agent_class, request.lineage
-        record.asked_priority = request.priority
+        record.identify(request.display_name, request.agent_class, request.lineage, request.priority)
         return record
 
     def remove(self, agent_id: str) -> AgentRecord | None:

@@ -84,8 +84,8 @@ class Branching:
             raise PoolExhaustedError(f"no pool room for the {n - shared} own positions of a fork of {source_id!r}")
         assert source.kv is not None and fork.kv is not None
         copied += self.hot.copy_prefix(fork, source.kv, n)
-        fork.tokens = list(source.tokens[:n])
-        fork.turn_ends = [end for end in source.turn_ends if end <= n]
+        fork.holds(list(source.tokens[:n]))
+        fork.keep_turn_ends(n, source.turn_ends)
         fork.move_to(Tier.HOT)
         self.hot.publish(fork)
         self.events.emit(EventKind.SHARE, f"{new_id}: forked from {source_id} at token {n} "
@@ -104,7 +104,7 @@ class Branching:
         if kept == 0:
             self.hot.drop(agent)
             agent.move_to(Tier.EMPTY)
-        agent.turn_ends = [end for end in agent.turn_ends if end <= kept]
+        agent.keep_turn_ends(kept)
         self.events.emit(EventKind.INFO, f"{agent_id}: rewound to token {kept}"
                          + (f" (turn {turn})" if turn is not None else ""), agent_id)
         shared = agent.kv.base if agent.kv is not None else 0

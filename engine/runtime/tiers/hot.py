@@ -46,6 +46,12 @@ class Holder(Protocol):
     @property
     def owner(self) -> str: ...
 
+    def hold_kv(self, kv: SequenceKV) -> None: ...
+
+    def let_go(self) -> None:
+        """Its cache and the blocks paying for it are given back."""
+        ...
+
 
 @dataclass(slots=True)
 class SideCache:
@@ -54,6 +60,12 @@ class SideCache:
     owner: str
     kv: SequenceKV | None = None
     blocks: dict[int, list[int]] = field(default_factory=dict)
+
+    def hold_kv(self, kv: SequenceKV) -> None:
+        self.kv = kv
+
+    def let_go(self) -> None:
+        self.blocks, self.kv = {}, None
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,7 +161,7 @@ class HotCache:
                 reused = 0
         if agent.kv is None or reused == 0:
             self.fresh(agent)
-        agent.tokens = agent.tokens[:reused]
+        agent.holds(agent.tokens[:reused])
         agent.move_to(Tier.HOT)
         self.publish(agent)
         return reused
@@ -215,7 +227,7 @@ class HotCache:
     def fresh(self, holder: Holder) -> None:
         """Give ``holder`` a new empty cache, releasing whatever it held."""
         self.release(holder)
-        holder.kv = SequenceKV.empty(self.spec, self.kinds)
+        holder.hold_kv(SequenceKV.empty(self.spec, self.kinds))
 
     def copy_prefix(self, holder: Holder, donor: SequenceKV, n_tokens: int) -> int:
         """Load the donor's first ``n_tokens`` positions into ``holder``'s cache (room reserved); bytes copied."""
@@ -268,8 +280,7 @@ class HotCache:
         ids = [b for group in sorted(holder.blocks) for b in holder.blocks[group]]
         if holder.kv is not None:
             ids += [b for seg in holder.kv.segments for b in seg.block_ids]
-        holder.blocks = {}
-        holder.kv = None
+        holder.let_go()
         return self.pool.release(holder.owner, ids) if ids else 0
 
     def keep_checkpoint(self, holder: Holder) -> bool:
@@ -317,7 +328,7 @@ class HotCache:
         kv = agent.kv
         while not self.pay(agent) and (kv.drop_oldest_checkpoint(keep=1) or kv.drop_oldest_checkpoint()):
             self.settle(agent)
-        agent.tokens = list(tokens)
+        agent.holds(list(tokens))
         agent.move_to(Tier.HOT)
         self.publish(agent)
         return True
@@ -325,7 +336,7 @@ class HotCache:
     def drop(self, agent: AgentRecord) -> int:
         """Free the agent's hot cache; returns blocks returned to the pool."""
         freed = self.release(agent)
-        agent.tokens = []
+        agent.holds([])
         self.prefix.remove(agent.agent_id)
         return freed
 

@@ -106,9 +106,7 @@ class TierManager:
         self.hot.drop(agent)
         got = self.hot.pool.allocate(agent.agent_id, {0: blocks})
         assert got is not None, "cooling frees more blocks than it takes"
-        agent.blocks, agent.cool = got, cool
-        agent.move_to(Tier.COOL)
-        agent.stored_tokens, agent.stored_bytes = n_tokens, cool.nbytes
+        agent.cooled(got, cool, n_tokens)
         self.evictions["cool"] += 1
         self.eviction_rate.add(1)
         self.events.emit(EventKind.EVICT, f"{agent.agent_id}: hot -> cool, {n_tokens} tokens quantized to "
@@ -117,9 +115,10 @@ class TierManager:
 
     def _evict_hot(self, agent: AgentRecord, tier: Tier, reason: str, source: str = "hot") -> None:
         """A hot or cool agent's cache leaves the pool: written to disk, or dropped."""
-        agent.stored_tokens = len(agent.cool.tokens) if agent.cool is not None else len(agent.tokens)
+        n_tokens = len(agent.cool.tokens) if agent.cool is not None else len(agent.tokens)
+        agent.stored(n_tokens, agent.stored_bytes)  # (what a warm file or a cold entry records)
         if tier is Tier.WARM and self.store is not None and self.store.usable:
-            agent.stored_bytes = warm.spill(self.store, agent)
+            agent.stored(n_tokens, warm.spill(self.store, agent))
             agent.move_to(Tier.WARM)
             self.evictions["warm"] += 1
             self.eviction_rate.add(1)
@@ -134,14 +133,13 @@ class TierManager:
 
     def _drop(self, agent: AgentRecord) -> None:
         self.hot.drop(agent)
-        agent.cool = None
+        agent.uncooled()
 
     def _to_cold(self, agent: AgentRecord, message: str) -> None:
         if self.store is not None:
             self.store.forget(agent.agent_id)
             self.store.remember_cold(warm.cold_entry(agent))
-        agent.move_to(Tier.COLD)
-        agent.stored_bytes = 0
+        agent.went_cold()
         self.evictions["cold"] += 1
         self.eviction_rate.add(1)
         self.events.emit(EventKind.EVICT, f"{agent.agent_id}: {message}", agent.agent_id)
@@ -178,10 +176,10 @@ class TierManager:
             # install released the cool blocks; they are still free (nothing ran in between).
             got = self.hot.pool.allocate(agent.agent_id, {0: held})
             assert got is not None
-            agent.blocks = got
+            agent.take_blocks(got)
             agent.move_to(Tier.COOL)
             return HotState.NO_ROOM
-        agent.cool = None
+        agent.uncooled()
         self.restores += 1
         self.restore_rate.add(1)
         self.events.emit(EventKind.RESTORE, f"{agent.agent_id}: cool -> hot, {len(agent.tokens)} tokens dequantized",
@@ -234,7 +232,6 @@ class TierManager:
         for agent_id in self.store.take_went_cold():
             agent = self.agents.get(agent_id)
             if agent is not None and agent.tier is Tier.WARM:
-                agent.move_to(Tier.COLD)
-                agent.stored_bytes = 0
+                agent.went_cold()
                 self.evictions["cold"] += 1
                 self.store.remember_cold(warm.cold_entry(agent))

@@ -28,24 +28,23 @@ def index_agents(agents: AgentTable, store: "WarmStore | None", seeds: Iterable[
     for seed in seeds:
         if seed.agent_id not in agents:
             record = agents.add(AgentRecord(seed.agent_id, agent_source(seed.source), seed.display_name))
-            record.pinned, record.created_at, record.last_used = seed.pinned, seed.created_at, seed.last_used
-            record.model_id = seed.model_id  # a turn under this model then reports model_changed
+            record.seeded(seed.pinned, seed.created_at, seed.last_used, seed.model_id)
         else:
-            agents.get(seed.agent_id).pinned = seed.pinned
+            agents.get(seed.agent_id).pin(seed.pinned)
 
 
 def _index_disk(agents: AgentTable, store: "WarmStore", events: EventLog,
                 whole_shards: Callable[[list[Any]], list[Any]], rank0s: Callable[[Any], Any]) -> None:
     for header in whole_shards(store.scan()):
         record = agents.add(AgentRecord(header.agent_id, agent_source(header.source), header.display_name))
-        record.stored_tokens = header.n_tokens
         record.move_to(Tier.WARM)
-        record.stored_bytes = store.entries[header.agent_id].nbytes
-        record.created_at, record.last_used = header.created_at, header.last_used
+        record.stored(header.n_tokens, store.entries[header.agent_id].nbytes)
+        record.known_since(header.created_at, header.last_used)
     for entry in rank0s(store.cold.entries()):
         if entry.agent_id not in agents:
             record = agents.add(AgentRecord(entry.agent_id, agent_source(entry.source), entry.display_name))
-            record.stored_tokens, record.last_used = entry.n_tokens, entry.last_used
+            record.stored(entry.n_tokens, 0)
+            record.known_since(record.created_at, entry.last_used)
             record.move_to(Tier.COLD)
     if len(agents):
         events.emit(EventKind.RESTORE, f"indexed {len(agents)} agents from {store.directory}")
