@@ -27,6 +27,8 @@ from engine.runtime.runner.sampling import mlx_top_k
 
 
 class MlxBackend:
+    """``protocol.Backend`` through MLX's own kernels."""
+
     name = "mlx"
     kinds: LayerKinds = MLX_KINDS
 

@@ -94,6 +94,9 @@ class CpuOptions:
 
 
 class CpuBackend:
+    """``protocol.Backend`` on MLX's CPU device: the host paths above where they apply, MLX's forward
+    (``mlx_passes``) for the rest."""
+
     name = "cpu"
     kinds: LayerKinds = HOST_KINDS
 
@@ -349,11 +352,9 @@ class CpuBackend:
         return self._top_k(logits, k)
 
     def describe(self) -> dict[str, object]:
-        return {"compute": self.name, "device": str(mx.default_device()),
-            "host_paths": asdict(self.options) | {"decode_loops": self._loops_ok, "linear_pass": self._linear_ok,
-                                                  "recurrence": self._recurrence_ok,
-                                                  "depthwise_conv": self._conv_ok,
-                                                  "prefill_softmax": host_softmax.ROW_SOFTMAX.ready}}
+        loaded = {"decode_loops": self._loops_ok, "linear_pass": self._linear_ok, "recurrence": self._recurrence_ok,
+                  "depthwise_conv": self._conv_ok, "prefill_softmax": host_softmax.ROW_SOFTMAX.ready}
+        return {"compute": self.name, "device": str(mx.default_device()), "host_paths": asdict(self.options) | loaded}
 
 
 def _claimable(rows: Sequence[Any], widths: Sequence[int] | None = None) -> bool:
