@@ -54,3 +54,33 @@ async def test_a_cool_agent_is_served_by_the_agents_api(tmp_path: Path) -> None:
             assert one.json()["tier"] == "cool" and one.json()["cached_tokens"] > 0
     finally:
         engine.stop()
+
+
+def test_a_view_takes_the_records_fields_by_name_and_computes_only_the_rest() -> None:
+    """Every AgentView field is the record's field or property of the same name (an enum as its value) or one
+    the snapshot computes (COMPUTED); on a real engine after a turn, the shared ones equal the record's."""
+    from enum import Enum
+
+    from engine.domain.requests import GenerationRequest
+    from engine.runtime.engine_thread.engine import Engine
+    from engine.runtime.engine_thread.snapshot_builder import COMPUTED, SHARED_WITH_RECORD
+    from engine.runtime.engine_thread.sync_client import run_turn
+    from engine.runtime.tiers.agents import AgentRecord
+    from tests.support.byte_tokenizer import BOS
+    from tests.support.engine_settings import engine_settings
+    from tests.support.tiny_models import loaded_tiny
+
+    assert set(SHARED_WITH_RECORD) | COMPUTED == {f.name for f in dataclasses.fields(AgentView)}
+    assert all(hasattr(AgentRecord, name) for name in SHARED_WITH_RECORD)
+    engine = Engine(loaded_tiny("llama"), engine_settings(64 << 20, 4, 32))
+    engine.start()
+    try:
+        run_turn(engine, GenerationRequest("viewed", (BOS, *b"a view of the record"), 6))
+        view = engine.fresh_snapshot().agent("viewed")
+        record = engine.call(lambda e: {name: getattr(e.agents.get("viewed"), name) for name in SHARED_WITH_RECORD}
+                             ).result()
+    finally:
+        engine.stop()
+    assert view is not None and view.turns == 1 and view.tier == "hot" and view.cached_tokens > 0
+    for name, value in record.items():
+        assert getattr(view, name) == (value.value if isinstance(value, Enum) else value), name

@@ -6,7 +6,8 @@ The engine hands over the parts it reads (:class:`SnapshotSources`), not itself.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from enum import Enum
 from typing import Any
 
 from engine.domain.cache_spec import ModelCacheSpec
@@ -88,47 +89,46 @@ def _standing(scheduler: Scheduler | None) -> dict[str, tuple[int, int]]:
 
 def _agent_view(agent: AgentRecord, sources: SnapshotSources,
                 standing: dict[str, tuple[int, int]]) -> AgentView:
+    """The record's fields a view shares by name (an enum as its value), and what the view computes."""
+    return AgentView(**{name: _plain(getattr(agent, name)) for name in SHARED_WITH_RECORD},
+                     **_computed(agent, sources, standing))
+
+
+def _computed(agent: AgentRecord, sources: SnapshotSources,
+              standing: dict[str, tuple[int, int]]) -> dict[str, Any]:
+    """The view's fields the record does not hold under the same name (``COMPUTED``)."""
     in_pool = agent.tier in (Tier.HOT, Tier.COOL)
     blocks = sources.pool.owned_blocks(agent.agent_id) if in_pool else 0
-    nbytes = blocks * sources.pool.block_bytes if in_pool else agent.stored_bytes
     hot = agent.tier is Tier.HOT and agent.kv is not None
-    return AgentView(
-        agent_id=agent.agent_id,
-        display_name=agent.display_name,
-        source=agent.source.value,
-        state=agent.state.value,
-        tier=agent.tier.value,
-        pinned=agent.pinned,
-        model_id=agent.model_id,
-        cached_tokens=agent.cached_tokens,
+    return dict(
         blocks=blocks,
-        bytes=nbytes,
-        turns=agent.turns,
-        reuse_ratio=agent.reuse_ratio,
-        last_ttft_s=agent.last_ttft_s,
+        bytes=blocks * sources.pool.block_bytes if in_pool else agent.stored_bytes,
         decode_tok_s=agent.last_decode_tok_s,
-        last_reasoning_tokens=agent.last_reasoning_tokens,
-        prefill_done=agent.prefill_done,
-        prefill_total=agent.prefill_total,
-        last_used=agent.last_used,
-        created_at=agent.created_at,
-        last_finish=agent.last_finish,
-        last_finish_note=agent.last_finish_note,
         history=tuple(agent.history),
         turn_ends=tuple(end for end in agent.turn_ends if end <= agent.cached_tokens),
         retained_s=agent.retained_for(time.monotonic()),
         checkpoint_bytes=agent.kv.checkpoint_bytes() if hot else 0,
         state_bytes=sources.loaded.spec.state_bytes if hot else 0,
-        speculation=agent.speculation,
-        agent_class=agent.agent_class.value,
         family=agent.lineage.family,
         parent=agent.lineage.parent,
         priority=standing.get(agent.agent_id, (sources.agents.level_of(agent), 0))[0],
         priority_set=agent.priority is not None,
-        paused=agent.paused,
         queue_position=standing.get(agent.agent_id, (0, 0))[1],
         waiting_on_tool=not agent.is_busy and agent.tool_hold_until > time.monotonic(),
     )
+
+
+# AgentView's fields computed from the record (_computed); every other field of the view is the record's
+# field or property of the same name, so a field added to both is published without a copy to keep.
+COMPUTED = frozenset({"blocks", "bytes", "decode_tok_s", "history", "turn_ends", "retained_s", "checkpoint_bytes",
+                      "state_bytes", "family", "parent", "priority", "priority_set", "queue_position",
+                      "waiting_on_tool"})
+SHARED_WITH_RECORD = tuple(f.name for f in fields(AgentView) if f.name not in COMPUTED)
+
+
+def _plain(value: Any) -> Any:
+    """An enum as its value (the view holds names, not the engine's enums)."""
+    return value.value if isinstance(value, Enum) else value
 
 
 def _model_view(sources: SnapshotSources) -> ModelView:
