@@ -73,10 +73,8 @@ class Replica:
 
     def index_store(self, agents: AgentTable, store: "WarmStore | None", seeds: Iterable[Any],
                     events: EventLog) -> None:
-        """The warm agents every rank holds whole (the others go cold everywhere), and rank 0's cold list."""
-        if store is None:
-            index_agents(agents, store, seeds, events)
-            return
+        """The warm agents every rank holds whole (the others go cold everywhere), and rank 0's cold list (both
+        read only where there is a store)."""
         index_agents(agents, store, seeds, events, lambda headers: self.whole_shards(store, headers), self.rank0s)
 
     def whole_shards(self, store: "WarmStore", headers: list[Any]) -> list[Any]:
