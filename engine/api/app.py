@@ -50,6 +50,7 @@ def _include_routers(app: FastAPI, service: EngineService) -> None:
         agents_routes,
         anthropic_routes,
         branch_routes,
+        completions_routes,
         health_routes,
         metrics,
         models_routes,
@@ -65,8 +66,9 @@ def _include_routers(app: FastAPI, service: EngineService) -> None:
     app.state.metrics = recorder
     app.state.stream_hub = StreamHub(service, service.settings.stream_max_clients)
     recorder.registry.register(metrics.StreamCollector(app.state.stream_hub))
-    for module in (anthropic_routes, openai_routes, responses_routes, models_routes, transfer_routes, agents_routes, branch_routes,
-                   admin_routes, stream_routes, swap_routes, health_routes):
+    for module in (anthropic_routes, openai_routes, completions_routes, responses_routes, models_routes,
+                   transfer_routes, agents_routes, branch_routes, admin_routes, stream_routes, swap_routes,
+                   health_routes):
         app.include_router(module.router)
     app.include_router(metrics.router)
 

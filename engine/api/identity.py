@@ -120,6 +120,16 @@ def openai_identity(headers: Mapping[str, str], body_session: str | None, conver
     return AgentIdentity(f"openai-{prefix}", AgentSource.OPENAI, f"OpenAI client {prefix[:8]}", derived=True)
 
 
+def completions_identity(headers: Mapping[str, str], body_session: str | None) -> AgentIdentity:
+    """A text completion's agent: its ``session_id`` (or ``X-Session-Id``) as on chat completions; without one, one
+    agent for every such client, whose concurrent requests take sibling lanes (agent_lanes.py), each lane reusing
+    what its last prompt shares with the next. (A raw prompt has no system prompt or tools to name it by.)"""
+    session = _session(body_session, "session_id") or _session(headers.get("x-session-id"), "X-Session-Id")
+    if session is not None:
+        return AgentIdentity(f"oa-{session}", AgentSource.OPENAI, f"OpenAI session {session[:24]}")
+    return AgentIdentity("completions", AgentSource.OPENAI, "Completions client", derived=True)
+
+
 def responses_identity(
     headers: Mapping[str, str], prompt_cache_key: str | None, conversation: Conversation,
 ) -> AgentIdentity:

@@ -59,8 +59,8 @@ class CompletionMeta:
     agent_id: str
 
     @classmethod
-    def new(cls, model: str, agent_id: str) -> "CompletionMeta":
-        return cls(f"chatcmpl-{secrets.token_hex(12)}", int(time.time()), model, agent_id)
+    def new(cls, model: str, agent_id: str, id_prefix: str = "chatcmpl") -> "CompletionMeta":
+        return cls(f"{id_prefix}-{secrets.token_hex(12)}", int(time.time()), model, agent_id)
 
 
 # -- request ----------------------------------------------------------------------------------

@@ -101,6 +101,9 @@ class TurnSpec:
     # Asked by the operator (the embedded workbench's own chats), not by a client over the network: no
     # --open-priority-limit.
     by_operator: bool = False
+    # A raw completion (/v1/completions): the prompt as the client wrote it, text (tokenized for the model the
+    # turn is routed to) or token ids, continued as it is: no template, no turn ends, no reasoning or tool parsing.
+    raw_prompt: str | tuple[int, ...] | None = None
 
 
 def renderer_for(service: EngineService, engine: Engine | None = None) -> PromptRenderer:
@@ -179,7 +182,10 @@ async def _prepared_for(service: EngineService, engine: Engine, spec: TurnSpec, 
                         request_id: str) -> GenerationRequest:
     loaded = engine.loaded
     images: tuple[PromptImage, ...] = ()
-    if spec.prompt_tokens is not None:
+    raw = spec.raw_prompt is not None
+    if spec.raw_prompt is not None:
+        tokens, head = await raw_tokens(service, engine, spec.raw_prompt), 0
+    elif spec.prompt_tokens is not None:
         tokens, head = list(spec.prompt_tokens), 0
     else:
         conversation = spec.conversation
@@ -210,7 +216,7 @@ async def _prepared_for(service: EngineService, engine: Engine, spec: TurnSpec, 
         retain_s=spec.retention.ttl_s if spec.retention else 0.0,
         retain_tokens=retained_tokens(spec.retention, len(tokens), head),
         stop_strings=spec.stop,
-        turn_end_strings=renderer.turn_end_strings,
+        turn_end_strings=() if raw else renderer.turn_end_strings,
         source=spec.identity.source,
         display_name=(spec.identity.display_name if agent_id == spec.identity.agent_id
                       else f"{spec.identity.display_name} (lane {agent_id.rsplit('-', 1)[-1]})"),
@@ -218,7 +224,8 @@ async def _prepared_for(service: EngineService, engine: Engine, spec: TurnSpec, 
         model_id=loaded.identity.key,
         output_format=output_format,
         reasoning_budget=spec.reasoning.engine_budget,
-        reply_start=opened_at(loaded.reasoning, tokens),
+        reply_start=0 if raw else opened_at(loaded.reasoning, tokens),
+        plain_text=raw,
         images=images,
         agent_class=spec.identity.agent_class,
         lineage=spec.identity.lineage,
@@ -228,6 +235,20 @@ async def _prepared_for(service: EngineService, engine: Engine, spec: TurnSpec, 
     if request.asked_max_tokens is not None:
         service.note_output_cap(request)
     return request
+
+
+async def raw_tokens(service: EngineService, engine: Engine, prompt: str | tuple[int, ...]) -> list[int]:
+    """A raw completion's prompt as the routed model reads it: text through its tokenizer (special tokens such
+    as a BOS added, as mlx-lm's server does), token ids checked against its vocabulary."""
+    tokenizer = engine.loaded.tokenizer
+    if isinstance(prompt, str):
+        return list(await service.in_thread(tokenizer.encode, prompt))
+    size = len(tokenizer)
+    bad = next((token for token in prompt if not 0 <= token < size), None)
+    if bad is not None:
+        raise InvalidRequestError(f"prompt: token id {bad} is not in the model's vocabulary (0-{size - 1})",
+                                  field="prompt")
+    return list(prompt)
 
 
 CAP_HEADER = "x-semantic-max-tokens"

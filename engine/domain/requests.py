@@ -97,6 +97,8 @@ class GenerationRequest:
     # tokens, so the turn's checkpoint (window and recurrent layers) is taken there rather than one token short of
     # the prompt's end. 0: one short of the end.
     reply_start: int = 0
+    # A raw completion's reply: the model's text whole, no reasoning told apart (a thinking model's markers stay).
+    plain_text: bool = False
     # The prompt's images (a vision model's): where each run of image tokens lies and what the vision tower takes.
     images: tuple[PromptImage, ...] = ()
     # Who the agent is to the person at the machine, and its place in its client's tree (domain/priority.py).

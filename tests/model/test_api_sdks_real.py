@@ -19,6 +19,7 @@ import pytest
 from pydantic import SecretStr
 
 from tests.model.real_api import RealApi, extra_app, running_api
+from tests.support.reference import reference_greedy
 
 QUESTION = "What is the capital of France?"
 # Any model name is answered by the loaded model and echoed back.
@@ -209,6 +210,21 @@ def test_openai_invalid_field_is_a_bad_request(gpt: openai.OpenAI) -> None:
 # -- OpenAI Responses API ----------------------------------------------------------------------------
 WEATHER_TOOL = {"type": "function", "name": "get_weather", "description": "Get the current weather in a city.",
                 "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+
+
+def test_openai_text_completion_continues_mid_line_as_mlx_lm_does(gpt: openai.OpenAI, smollm2) -> None:
+    """A raw prompt that stops mid-sentence: the continuation is plain mlx-lm's, greedy, token for token, and
+    its text begins with the blank its first token carries (a chat reply drops it; a continuation cannot)."""
+    prompt_text = "The three primary colors are"
+    completion = gpt.completions.create(model=MODEL, prompt=prompt_text, max_tokens=12, temperature=0)
+    eos = set(smollm2.eos_token_ids)
+    prompt = smollm2.tokenizer.encode(prompt_text)
+    expected = [t for t in reference_greedy(smollm2.model, prompt, 12, eos) if t not in eos]
+    before = smollm2.tokenizer.decode(prompt)
+    continuation = smollm2.tokenizer.decode(prompt + expected)[len(before):]
+    assert continuation.startswith(" ")  # (the case this is about)
+    assert completion.choices[0].text == continuation
+    assert completion.usage is not None and completion.usage.completion_tokens == len(expected)
 
 
 def test_responses_create_and_stream(gpt: openai.OpenAI) -> None:

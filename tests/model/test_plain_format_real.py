@@ -17,9 +17,11 @@ from pathlib import Path
 from typing import Iterator
 
 import httpx
+import openai
 import pytest
 
 from tests.model.real_api import RealApi, running_api
+from tests.support.reference import reference_greedy
 
 pytestmark = pytest.mark.model
 
@@ -93,3 +95,31 @@ def test_the_next_turn_reads_the_first_from_its_cache(api: RealApi) -> None:
     history = httpx.get(f"{api.url}/v1/agents/oa-plain-two-turns", timeout=30).json()["cache_history"]
     assert history[-1]["outcome"] != "diverged", history[-1]
     assert cached >= first["usage"]["prompt_tokens"] + first["usage"]["completion_tokens"] - 1, usage
+
+
+# -- /v1/completions: a base model's own endpoint ----------------------------------------------------
+RAW_PROMPT = "The three primary colors are"
+RAW_TOKENS = 24
+
+
+def test_a_raw_completion_continues_the_prompt_as_mlx_lm_does(api: RealApi, gemma3) -> None:
+    """The OpenAI SDK's text completion, greedy: the prompt's own tokens (BOS and the text, no template)
+    continued token for token as plain mlx-lm continues them, the text exactly what follows the prompt (its
+    leading blank kept); the same prompt grown by that text reads both from the agent's cache."""
+    client = openai.OpenAI(base_url=f"{api.url}/v1", api_key="local", max_retries=0, timeout=300)
+    first = client.completions.create(model="gemma", prompt=RAW_PROMPT, max_tokens=RAW_TOKENS, temperature=0,
+                                      extra_body={"session_id": "raw-colors"})
+    eos = set(gemma3.eos_token_ids)
+    prompt = gemma3.tokenizer.encode(RAW_PROMPT)
+    expected = [t for t in reference_greedy(gemma3.model, prompt, RAW_TOKENS, eos) if t not in eos]
+    full = gemma3.tokenizer.decode(prompt[1:] + expected)
+    text = first.choices[0].text
+    assert RAW_PROMPT + text == full, (text, full)
+    assert first.usage is not None and first.usage.prompt_tokens == len(prompt)
+    assert first.usage.completion_tokens == len(expected) and first.choices[0].finish_reason == "length"
+
+    second = client.completions.create(model="gemma", prompt=RAW_PROMPT + text + "\n\n", max_tokens=4,
+                                       temperature=0, extra_body={"session_id": "raw-colors"})
+    details = second.usage.prompt_tokens_details if second.usage is not None else None
+    assert details is not None and details.cached_tokens is not None
+    assert details.cached_tokens >= len(prompt) + len(expected) - 1, second.usage

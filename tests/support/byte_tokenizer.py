@@ -47,6 +47,9 @@ class ByteTokenizer:
     tokens = [bytes([i]) for i in range(256)] + [b"<s>", b"</s>"]
     special_token_ids = [BOS, EOS]
 
+    def __len__(self) -> int:  # (as TokenizerWrapper's: every id it knows, special ones included)
+        return VOCAB_SIZE
+
     def __call__(self, data: bytes) -> list[int]:
         return list(data)
 

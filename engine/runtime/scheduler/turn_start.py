@@ -15,6 +15,7 @@ from engine.domain.reasoning import ReasoningFormat
 from engine.domain.reasoning_tracker import ReasoningTracker, start_tracker
 from engine.domain.requests import GenerationRequest
 from engine.grammar.output_grammars import OutputGrammars
+from engine.runtime.runner.leading_blank import LeadingBlankKept
 from engine.runtime.runner.routed_text import RoutedText
 from engine.runtime.runner.sampling import build_sampler
 from engine.runtime.runner.sequence import Sequence
@@ -53,12 +54,17 @@ class TurnStart:
 
     def readers(self, request: GenerationRequest) -> tuple[RoutedText, RepetitionGuard]:
         """How the turn's tokens are read: text on its routes (stop strings held back), and the loop guard."""
-        text = RoutedText(lambda: self.tokenizer.detokenizer, request.stop_strings, request.turn_end_strings)
+        def detokenizer() -> Any:
+            if request.plain_text:  # a raw completion continues its prompt mid-line: its leading blank is text
+                return LeadingBlankKept(self.tokenizer.detokenizer, self.tokenizer.decode, request.prompt_tokens)
+            return self.tokenizer.detokenizer
+
+        text = RoutedText(detokenizer, request.stop_strings, request.turn_end_strings)
         return text, RepetitionGuard(self.repetition_window)
 
     def _reasoning(self, request: GenerationRequest) -> ReasoningTracker | None:
         """The turn's reasoning tracker: where the prompt leaves off (reasoning opened or not), with its budget."""
-        if self.reasoning is None:
+        if self.reasoning is None or request.plain_text:
             return None
         return start_tracker(self.reasoning, request.prompt_tokens, self.tokenizer.decode, request.reasoning_budget,
                              constrained=request.output_format is not None)
