@@ -98,18 +98,22 @@ class Bench:
     sizes: Sizes
     result: BenchResult
     peer_at_defaults: bool = False  # --peer defaults: mlx_lm.server as users start it, no flags
+    raw_prompts: bool = False  # --api completions: turns as raw prompts to /v1/completions (base models)
 
     def peer(self, cache_entries: int, cache_bytes: int | None = None) -> Launch:
         """The peer: tuned (its batching set equal to semantic's, a cache sized like semantic's pool) or at its
         defaults."""
         if self.peer_at_defaults:
-            return peer_defaults_launch(self.folder)
-        return peer_launch(self.folder, self.batching, cache_entries=cache_entries, cache_bytes=cache_bytes)
+            launch = peer_defaults_launch(self.folder)
+        else:
+            launch = peer_launch(self.folder, self.batching, cache_entries=cache_entries, cache_bytes=cache_bytes)
+        return replace(launch, raw_prompts=self.raw_prompts)
 
     def semantic(self, workload: str, pool_mb: float | None = None, persist: bool = False) -> Launch:
         """semantic with its own disk tier for this workload, emptied before each fresh start."""
         state = self.work_dir / f"semantic-{workload}"
-        return semantic_launch(self.folder, state, pool_mb or self.pool_mb, self.batching, persist=persist)
+        launch = semantic_launch(self.folder, state, pool_mb or self.pool_mb, self.batching, persist=persist)
+        return replace(launch, raw_prompts=self.raw_prompts)
 
     def record(self, comparisons_from: int = 0) -> None:
         print_comparisons(self.result.comparisons[comparisons_from:])
@@ -314,9 +318,10 @@ def kv_bytes(folder: Path, n_tokens: int) -> int:
 
 
 def greedy_match(workload: str, ours: list[Turn], theirs: list[Turn]) -> str:
-    """Same model, same template, greedy: any difference points at a template or tokenizer gap."""
-    peer_text = {(t.agent, t.index): t.text for t in theirs}
-    same = [t for t in ours if peer_text.get((t.agent, t.index)) == t.text]
+    """Same model, same template, greedy: any difference points at a template or tokenizer gap. (Compared without
+    a leading blank: mlx_lm.server drops a raw completion's, semantic keeps it; a chat reply's both drop.)"""
+    peer_text = {(t.agent, t.index): t.text.lstrip(" ") for t in theirs}
+    same = [t for t in ours if peer_text.get((t.agent, t.index)) == t.text.lstrip(" ")]
     return f"{workload}: greedy outputs identical on both servers for {len(same)}/{len(ours)} turns (first repeat)"
 
 
@@ -362,6 +367,10 @@ def main() -> None:
                         help="tuned: mlx_lm.server with its batching set equal to semantic's and a prompt cache "
                              "sized like semantic's pool (the default); defaults: "
                              "`mlx_lm.server --model FOLDER` as users run it")
+    parser.add_argument("--api", choices=("chat", "completions"), default="chat",
+                        help="chat: turns as chat completions (the default); completions: each turn's messages as "
+                             "one raw prompt to /v1/completions, for a base model with no chat template, which "
+                             "both servers then continue alike")
     args = parser.parse_args()
     chosen = [w.strip() for w in args.workloads.split(",") if w.strip()]
     if unknown := [w for w in chosen if w not in WORKLOADS]:
@@ -382,11 +391,12 @@ def main() -> None:
     print(f"# peer: mlx_lm.server {'at its defaults' if args.peer == 'defaults' else 'tuned (batching as semantic)'}")
     result = BenchResult("bench_vs_mlx_lm_server", "semantic vs mlx_lm.server",
                          args={"model": args.model, "quick": args.quick, "workloads": chosen, "sizes": str(sizes),
-                               "peer": args.peer})
+                               "peer": args.peer, "api": args.api})
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-vs-mlx-lm-") as work:
         bench = Bench(folder, Tokenizer.from_file(str(folder / "tokenizer.json")), Batching(), args.pool_mb,
-                      Path(work), sizes, result, peer_at_defaults=args.peer == "defaults")
+                      Path(work), sizes, result, peer_at_defaults=args.peer == "defaults",
+                      raw_prompts=args.api == "completions")
         for name in chosen:
             WORKLOADS[name](bench)
             result.duration_s = time.perf_counter() - started

@@ -3,6 +3,11 @@
 Time to first token is taken at the first chunk with non-empty ``content``:
 semantic sends an empty role delta as soon as a turn is admitted, before its
 prefill, so the first chunk of any kind would flatter it.
+
+With ``raw_prompts`` it sends each turn to ``/v1/completions`` instead, its
+messages' texts joined by blank lines as one prompt: how a base model (no
+chat template) is served alike by every server, each continuing the same text
+to the token cap or its end token.
 """
 
 from __future__ import annotations
@@ -59,7 +64,7 @@ class _StreamState:
             raise RuntimeError(f"server error in stream: {chunk['error']}")
         self.usage = chunk.get("usage") or self.usage
         for choice in chunk.get("choices") or ():
-            content = (choice.get("delta") or {}).get("content")
+            content = (choice.get("delta") or {}).get("content") or choice.get("text")
             if content:
                 self.first_token_at = self.first_token_at or time.perf_counter()
                 self.pieces.append(content)
@@ -69,10 +74,12 @@ class ChatClient:
     """Streams chat turns to one server; ``session_id`` is sent only where the server understands it."""
 
     def __init__(self, base_url: str, sends_session_id: bool, timeout_s: float = 3600.0,
-                 model: str | None = None) -> None:
-        """``model``: the body's model field (which of a server's models serves the turns; None: none sent)."""
+                 model: str | None = None, raw_prompts: bool = False) -> None:
+        """``model``: the body's model field (which of a server's models serves the turns; None: none sent).
+        ``raw_prompts``: turns go to /v1/completions as one raw prompt each."""
         self.sends_session_id = sends_session_id
         self.model = model
+        self.raw_prompts = raw_prompts
         # Up to 16 streams at once, plus room for the connections the peer closes after each answer.
         limits = httpx.Limits(max_connections=64, max_keepalive_connections=32)
         self._http = httpx.AsyncClient(base_url=base_url, timeout=timeout_s, limits=limits)
@@ -96,8 +103,8 @@ class ChatClient:
 
     async def turn(self, agent: str, index: int, messages: list[dict[str, str]], max_tokens: int) -> Turn:
         body: dict[str, Any] = {
-            "messages": messages, "max_tokens": max_tokens, "temperature": 0,
-            "stream": True, "stream_options": {"include_usage": True},
+            "max_tokens": max_tokens, "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
+            **({"prompt": raw_prompt(messages)} if self.raw_prompts else {"messages": messages}),
         }
         if self.sends_session_id:
             body["session_id"] = agent
@@ -118,7 +125,8 @@ class ChatClient:
 
     async def _open(self, body: dict[str, Any], state: _StreamState) -> httpx.Response | None:
         """The response once its headers are in; None, after a pause, when the request must be sent again."""
-        request = self._http.build_request("POST", "/v1/chat/completions", json=body)
+        path = "/v1/completions" if self.raw_prompts else "/v1/chat/completions"
+        request = self._http.build_request("POST", path, json=body)
         try:
             response = await self._http.send(request, stream=True)
         except httpx.TransportError:
@@ -136,6 +144,11 @@ class ChatClient:
     async def _pause(state: _StreamState, seconds: float) -> None:
         state.retries += 1
         await asyncio.sleep(seconds)
+
+
+def raw_prompt(messages: list[dict[str, str]]) -> str:
+    """A chat's messages as one text to continue: their contents, a blank line apart, and one to continue after."""
+    return "\n\n".join(message["content"] for message in messages) + "\n\n"
 
 
 async def _read_events(response: httpx.Response, state: _StreamState) -> None:

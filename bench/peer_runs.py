@@ -93,5 +93,6 @@ def served_with_restart(launch: Launch, log_dir: Path, before: Callable[[ChatCli
 
 
 async def _drive(url: str, launch: Launch, work: Callable[[ChatClient], Awaitable[T]]) -> T:
-    async with ChatClient(url, launch.sends_session_id, model=launch.model_field) as client:
+    async with ChatClient(url, launch.sends_session_id, model=launch.model_field,
+                          raw_prompts=launch.raw_prompts) as client:
         return await work(client)

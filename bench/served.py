@@ -60,6 +60,8 @@ class Launch:
     model_field: str | None = None
     # Environment the server is started with, beyond the bench's own (a setting only read from there).
     env: tuple[tuple[str, str], ...] = ()
+    # Each turn's messages sent as one raw prompt to /v1/completions (a base model's endpoint), not as a chat.
+    raw_prompts: bool = False
 
     def flags(self) -> str:
         return " ".join(self.argv[3:])
