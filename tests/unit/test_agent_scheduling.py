@@ -16,6 +16,7 @@ import pytest
 from engine.domain.priority import AgentClass, PriorityPolicy, class_levels_from, parse_level
 from engine.domain.requests import FinishEvent, GenerationRequest, PrefillEvent, TokenEvent
 from engine.runtime.engine_thread.engine import Engine
+from engine.runtime.runner.batch import REPLY_START_TOKENS
 from engine.runtime.engine_thread.engine_ops import PauseAgent, SetAgentPriority
 from engine.runtime.scheduler.admission import Admission
 from engine.runtime.scheduler.turn_cache import TurnCaches
@@ -220,6 +221,31 @@ def test_an_urgent_turn_overtakes_a_long_prompt_mid_prefill_which_resumes_intact
         after = [e.done for t, a, e in timeline.events
                  if a == "sub" and isinstance(e, PrefillEvent) and t > main_first]
         assert after and min(after) > 0 and max(progress) > min(after)  # ...which resumed where it stopped
+        assert timeline.tokens("main") == expected(engine, short)
+        assert timeline.tokens("sub") == expected(engine, long)
+
+
+def test_a_less_urgent_prompt_waits_out_the_urgent_replys_first_tokens() -> None:
+    """The person sees text once the detokenizer has the reply's first word: those first decode steps run
+    without a less urgent prompt's chunk beside them (at most the one step already in flight), then it resumes."""
+    with running_engine(batch=4, prefill_step=32) as engine:
+        timeline = Timeline()
+        long = GenerationRequest("sub", prompt("a long file the subagent reads. ", 20), 4,
+                                 agent_class=AgentClass.SUBAGENT)
+        timeline.submit(engine, long)
+        timeline.wait_until(lambda: any(a == "sub" and isinstance(e, PrefillEvent) and e.done > 0
+                                        for _, a, e in timeline.events), "the long prompt never started its prefill")
+        short = GenerationRequest("main", prompt("the person's turn. "), REPLY_START_TOKENS + 2,
+                                  agent_class=AgentClass.MAIN)
+        timeline.submit(engine, short)
+        timeline.wait("main")
+        timeline.wait("sub")
+        main_tokens = [i for i, (_, a, e) in enumerate(timeline.events) if a == "main" and isinstance(e, TokenEvent)]
+        start, end = main_tokens[0], main_tokens[REPLY_START_TOKENS - 1]
+        beside = [e for _, a, e in timeline.events[start:end] if a == "sub" and isinstance(e, PrefillEvent)]
+        assert len(beside) <= 1, beside
+        after = [e for _, a, e in timeline.events[end:] if a == "sub" and isinstance(e, PrefillEvent)]
+        assert after, "the long prompt never resumed"
         assert timeline.tokens("main") == expected(engine, short)
         assert timeline.tokens("sub") == expected(engine, long)
 

@@ -55,6 +55,10 @@ from engine.runtime.runner.step_plan import Room, RoomAsk, StepPlan
 PAD_SLACK = 32
 # Prefix checkpoints a sequence keeps (at shared-prefix points of window and recurrent caches).
 KEEP_PREFIX_CHECKPOINTS = 2
+# A reply's first tokens during which less urgent prompts do not prefill beside it: a client sees a reply's text
+# once the detokenizer knows where its first word ends (a BPE detokenizer: when the next word's token comes),
+# so the person's time to first text spans the first few decode steps, which a paced chunk would lengthen.
+REPLY_START_TOKENS = 4
 
 
 @dataclass(slots=True)
@@ -127,14 +131,17 @@ class SequenceBatch:
     def prefill_order(self) -> list[Sequence]:
         """The prompts this step may prefill, most urgent first (``Sequence.rank``, set by the scheduler).
 
-        While a more urgent prompt waits for its first token, only prompts of its level share its step: a
-        person's short warm turn is not held behind the chunks of subagents' long prompts. Paused rows wait.
+        While a more urgent prompt waits for its first token, or its reply is in its first
+        ``REPLY_START_TOKENS``, only prompts of its level share its step: a person's short warm turn is not held
+        behind the chunks of subagents' long prompts. Paused rows wait.
         """
         waiting = sorted((s for s in self.sequences.values() if s.phase is Phase.PREFILL and not s.paused),
                          key=lambda s: s.rank)
         if not waiting:
             return waiting
-        top = waiting[0].level
+        starting = (s.level for s in self.sequences.values()
+                    if s.phase is Phase.DECODE and not s.paused and s.generated < REPLY_START_TOKENS)
+        top = min([waiting[0].level, *starting])
         return [s for s in waiting if s.level == top]
 
     # -- the plan ------------------------------------------------------------------------
