@@ -8,7 +8,8 @@ mlx_lm.server speaks only OpenAI chat completions and gets the same conversation
 a time, order rotating per repeat: semantic (priorities and paced prefill on, its defaults), semantic with both
 off (``--no-priorities --decode-gap-ms 0``: first come, first served, whole prefill chunks), semantic with the
 pacer's gap at 750 ms (``--decode-gap-ms 750``: the knob turned toward throughput), and mlx_lm.server at its
-defaults.
+defaults; on request (``--servers``) semantic with ``--speculate off``, where the main reply's first word waits for
+the decode steps after its prefill.
 
 Measured: the main turn's time to first token alone and loaded (target: loaded within 1.5x of alone), the
 longest gap between two tokens of a decoding subagent (target: at most 1 s), subagents' tokens per second, and
@@ -163,7 +164,8 @@ def main() -> None:
     parser = base_parser(__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=2, help="runs per server (default: 2)")
     parser.add_argument("--servers", default="semantic,semantic-off,semantic-gap750,mlx_lm.server",
-                        help="which servers to run, comma-separated (default: all four)")
+                        help="which servers to run, comma-separated (default: the four above; also "
+                             "semantic-speculate-off)")
     args = parser.parse_args()
     long_lines = 60 if args.quick else 260
     folder = model_folder(args.model, args.cache_dir)
@@ -180,6 +182,11 @@ def main() -> None:
             # The pacer's knob turned toward throughput: steps of up to 750 ms.
             "semantic-gap750": semantic_launch(folder, Path(work) / "gap750", args.pool_mb, Batching(),
                                                flags=("--decode-gap-ms", "750")),
+            # Without speculative decoding: a reply's first tokens come one decode step each (with it, a reply
+            # that copies its history can come several to a step), so the steps after the main turn's prefill
+            # decide when its first word shows.
+            "semantic-speculate-off": semantic_launch(folder, Path(work) / "nospec", args.pool_mb, Batching(),
+                                                      flags=("--speculate", "off")),
             "mlx_lm.server": peer_defaults_launch(folder),
         }
         order = [launches[name] for name in wanted]
@@ -211,7 +218,7 @@ def record(result: BenchResult, runs: dict[str, list[Run]]) -> None:
         result.metric(group, "main TTFT loaded", median(name, "loaded_ttft_s"), "s", "lower")
         ratios = [r.loaded_ttft_s / r.alone_ttft_s for r in runs[name]]
         result.metric(group, "main TTFT loaded / alone", statistics.median(ratios), "x", "lower",
-                      target=1.5 if name == "semantic" else None)
+                      target=1.5 if name in ("semantic", "semantic-speculate-off") else None)
         result.metric(group, "longest subagent gap during the long prefill", median(name, "longest_gap_s"), "s",
                       "lower", target=1.0 if name == "semantic" else None)
         result.metric(group, "subagents", median(name, "sub_tok_s"), "tok/s")
