@@ -11,7 +11,7 @@ behind others still starts its stream (and its keep-alives) in time.
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 from engine.domain.requests import EngineEvent, FinishEvent, FinishReason, PrefillEvent, TokenEvent
 
@@ -64,3 +64,18 @@ async def replay(seen: list[EngineEvent], turn: AsyncTurn, ping_s: float) -> Asy
         yield event
     async for event in turn.events(ping_s):
         yield event
+
+
+async def stream_admitted(turn: AsyncTurn, wait_s: float,
+                          observe: Callable[[FinishEvent | None], None]) -> list[EngineEvent]:
+    """:func:`await_admission` for a route about to stream: a turn that failed there is counted (``observe``: the
+    protocol's metrics) before its error is answered; anything else that ends the wait (the client went away, the
+    handler was cancelled) cancels the turn."""
+    try:
+        return await await_admission(turn, wait_s)
+    except ApiError:
+        observe(turn.finish)
+        raise
+    except BaseException:
+        turn.cancel()
+        raise

@@ -17,12 +17,11 @@ from starlette.background import BackgroundTask
 from engine.domain.requests import FinishEvent, GenerationRequest
 from engine.errors import SemanticError
 
-from .admission import SSE_HEADERS, await_admission
+from .admission import SSE_HEADERS, stream_admitted
 from .completion import run_to_end
 from .completions_schemas import CompletionRequest, CompletionResponse
 from .completions_stream import TextStream
 from .completions_translate import completion_body, to_turn_spec
-from .errors import ApiError
 from .metrics import MetricsRecorder
 from .openai_routes import AGENT_HEADER, RESPONSES
 from .openai_schemas import STREAM_EVENT_SCHEMA
@@ -63,14 +62,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
                                      lambda f: metrics.observe(PROTOCOL, f))
         return JSONResponse(completion_body(meta, echo + assembler.text, finish), headers=headers)
     ping_s = service.settings.ping_interval_s
-    try:
-        seen = await await_admission(turn, ping_s)
-    except ApiError:
-        metrics.observe(PROTOCOL, turn.finish)
-        raise
-    except BaseException:
-        turn.cancel()
-        raise
+    seen = await stream_admitted(turn, ping_s, lambda finish: metrics.observe(PROTOCOL, finish))
 
     def on_end(finish: FinishEvent | None) -> None:
         metrics.observe(PROTOCOL, finish, outcome=None if finish else "disconnected")

@@ -16,10 +16,9 @@ from starlette.background import BackgroundTask
 from engine.domain.requests import FinishEvent
 from engine.errors import SemanticError
 
-from .admission import SSE_HEADERS, await_admission
+from .admission import SSE_HEADERS, stream_admitted
 from .async_turn import AsyncTurn
 from .completion import run_to_end
-from .errors import ApiError
 from .metrics import MetricsRecorder
 from .openai_schemas import (
     STREAM_EVENT_SCHEMA,
@@ -79,14 +78,7 @@ async def _streamed(
 ) -> Response:
     metrics: MetricsRecorder = request.app.state.metrics
     ping_s = request.app.state.service.settings.ping_interval_s
-    try:
-        seen = await await_admission(turn, ping_s)
-    except ApiError:
-        metrics.observe("openai", turn.finish)
-        raise
-    except BaseException:
-        turn.cancel()
-        raise
+    seen = await stream_admitted(turn, ping_s, lambda finish: metrics.observe("openai", finish))
 
     def on_end(finish: FinishEvent | None) -> None:
         metrics.observe("openai", finish, outcome=None if finish else "disconnected")

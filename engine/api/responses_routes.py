@@ -27,7 +27,7 @@ from engine.domain.requests import FinishEvent
 from engine.errors import PromptTooLongError, SemanticError
 from engine.store.stored_responses import ResponseStore, StoredResponse
 
-from .admission import SSE_HEADERS, await_admission
+from .admission import SSE_HEADERS, stream_admitted
 from .async_turn import AsyncTurn
 from .completion import run_to_end
 from .errors import ApiError, from_domain
@@ -140,14 +140,7 @@ async def _streamed(request: Request, turn: AsyncTurn, assembler: OutputAssemble
                     settle: Any) -> Response:
     metrics: MetricsRecorder = request.app.state.metrics
     ping_s = request.app.state.service.settings.ping_interval_s
-    try:
-        seen = await await_admission(turn, ping_s)
-    except ApiError:
-        metrics.observe(PROTOCOL, turn.finish)
-        raise
-    except BaseException:
-        turn.cancel()
-        raise
+    seen = await stream_admitted(turn, ping_s, lambda finish: metrics.observe(PROTOCOL, finish))
 
     def on_end(finish: FinishEvent | None) -> None:
         metrics.observe(PROTOCOL, finish, outcome=None if finish else "disconnected")
