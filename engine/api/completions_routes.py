@@ -25,6 +25,7 @@ from .completions_translate import completion_body, to_turn_spec
 from .metrics import MetricsRecorder
 from .openai_routes import AGENT_HEADER, RESPONSES
 from .openai_schemas import STREAM_EVENT_SCHEMA
+from .openai_stream import ChunkWriter
 from .openai_translate import CompletionMeta
 from .service import EngineService
 from .turns import OutputAssembler, cap_headers, prepare
@@ -67,7 +68,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     def on_end(finish: FinishEvent | None) -> None:
         metrics.observe(PROTOCOL, finish, outcome=None if finish else "disconnected")
 
-    stream = TextStream(turn, seen, assembler, meta, echo, body.include_usage, ping_s, on_end)
+    stream = TextStream(turn, seen, assembler, ChunkWriter(meta), body.include_usage, ping_s, on_end, echo=echo)
     return StreamingResponse(stream.frames(), media_type="text/event-stream", headers={**SSE_HEADERS, **headers},
                              background=BackgroundTask(stream.close))
 

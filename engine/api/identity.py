@@ -113,9 +113,9 @@ def anthropic_identity(
 
 
 def openai_identity(headers: Mapping[str, str], body_session: str | None, conversation: Conversation) -> AgentIdentity:
-    session = _session(body_session, "session_id") or _session(headers.get("x-session-id"), "X-Session-Id")
-    if session is not None:
-        return AgentIdentity(f"oa-{session}", AgentSource.OPENAI, f"OpenAI session {session[:24]}")
+    named = _openai_session(headers, body_session)
+    if named is not None:
+        return named
     prefix = prefix_hash(conversation)
     return AgentIdentity(f"openai-{prefix}", AgentSource.OPENAI, f"OpenAI client {prefix[:8]}", derived=True)
 
@@ -124,10 +124,16 @@ def completions_identity(headers: Mapping[str, str], body_session: str | None) -
     """A text completion's agent: its ``session_id`` (or ``X-Session-Id``) as on chat completions; without one, one
     agent for every such client, whose concurrent requests take sibling lanes (agent_lanes.py), each lane reusing
     what its last prompt shares with the next. (A raw prompt has no system prompt or tools to name it by.)"""
+    named = _openai_session(headers, body_session)
+    return named or AgentIdentity("completions", AgentSource.OPENAI, "Completions client", derived=True)
+
+
+def _openai_session(headers: Mapping[str, str], body_session: str | None) -> AgentIdentity | None:
+    """The agent an OpenAI request names: its body's ``session_id``, else ``X-Session-Id``; None: it names none."""
     session = _session(body_session, "session_id") or _session(headers.get("x-session-id"), "X-Session-Id")
-    if session is not None:
-        return AgentIdentity(f"oa-{session}", AgentSource.OPENAI, f"OpenAI session {session[:24]}")
-    return AgentIdentity("completions", AgentSource.OPENAI, "Completions client", derived=True)
+    if session is None:
+        return None
+    return AgentIdentity(f"oa-{session}", AgentSource.OPENAI, f"OpenAI session {session[:24]}")
 
 
 def responses_identity(

@@ -69,7 +69,8 @@ class ChatStream:
 
     async def frames(self) -> AsyncIterator[str]:
         try:
-            yield self.writer.delta({"role": "assistant", "content": ""})
+            for text in self._opening():
+                yield text
             async for event in replay(self.seen, self.turn, self.ping_s):
                 if event is None:
                     yield KEEP_ALIVE
@@ -94,6 +95,9 @@ class ChatStream:
         self._ended = True
         self.turn.cancel()
         self.on_end(self.turn.finish)
+
+    def _opening(self) -> list[str]:
+        return [self.writer.delta({"role": "assistant", "content": ""})]
 
     def _frames_for(self, event: EngineEvent) -> list[str]:
         if isinstance(event, TokenEvent):

@@ -202,18 +202,25 @@ def test_admission_goes_by_level_then_arrival_and_tokens_match_either_way(priori
         assert order == (["person", "sub", "batch-job"] if priorities else ["batch-job", "sub", "person"])
 
 
+def main_turn_mid_long_prefill(engine: Engine, timeline: Timeline, sub_tokens: int,
+                               main_tokens: int) -> tuple[GenerationRequest, GenerationRequest]:
+    """A subagent's long prompt, and once its prefill has begun a main agent's short turn; both run to their end."""
+    long = GenerationRequest("sub", prompt("a long file the subagent reads. ", 20), sub_tokens,
+                             agent_class=AgentClass.SUBAGENT)
+    timeline.submit(engine, long)
+    timeline.wait_until(lambda: any(a == "sub" and isinstance(e, PrefillEvent) and e.done > 0
+                                    for _, a, e in timeline.events), "the long prompt never started its prefill")
+    short = GenerationRequest("main", prompt("the person's turn. "), main_tokens, agent_class=AgentClass.MAIN)
+    timeline.submit(engine, short)
+    timeline.wait("main")
+    timeline.wait("sub")
+    return long, short
+
+
 def test_an_urgent_turn_overtakes_a_long_prompt_mid_prefill_which_resumes_intact() -> None:
     with running_engine(batch=4, prefill_step=32) as engine:
         timeline = Timeline()
-        long = GenerationRequest("sub", prompt("a long file the subagent reads. ", 20), 12,
-                                 agent_class=AgentClass.SUBAGENT)
-        timeline.submit(engine, long)
-        timeline.wait_until(lambda: any(a == "sub" and isinstance(e, PrefillEvent) and e.done > 0
-                                        for _, a, e in timeline.events), "the long prompt never started its prefill")
-        short = GenerationRequest("main", prompt("the person's turn. "), 6, agent_class=AgentClass.MAIN)
-        timeline.submit(engine, short)
-        timeline.wait("main")
-        timeline.wait("sub")
+        long, short = main_turn_mid_long_prefill(engine, timeline, 12, 6)
         # The main turn's first token came before the long prompt finished its prefill...
         assert timeline.first("main", TokenEvent) < timeline.first("sub", TokenEvent)
         progress = [e.done for _, a, e in timeline.events if a == "sub" and isinstance(e, PrefillEvent)]
@@ -230,16 +237,7 @@ def test_a_less_urgent_prompt_waits_out_the_urgent_replys_first_tokens() -> None
     without a less urgent prompt's chunk beside them (at most the one step already in flight), then it resumes."""
     with running_engine(batch=4, prefill_step=32) as engine:
         timeline = Timeline()
-        long = GenerationRequest("sub", prompt("a long file the subagent reads. ", 20), 4,
-                                 agent_class=AgentClass.SUBAGENT)
-        timeline.submit(engine, long)
-        timeline.wait_until(lambda: any(a == "sub" and isinstance(e, PrefillEvent) and e.done > 0
-                                        for _, a, e in timeline.events), "the long prompt never started its prefill")
-        short = GenerationRequest("main", prompt("the person's turn. "), REPLY_START_TOKENS + 2,
-                                  agent_class=AgentClass.MAIN)
-        timeline.submit(engine, short)
-        timeline.wait("main")
-        timeline.wait("sub")
+        long, short = main_turn_mid_long_prefill(engine, timeline, 4, REPLY_START_TOKENS + 2)
         main_tokens = [i for i, (_, a, e) in enumerate(timeline.events) if a == "main" and isinstance(e, TokenEvent)]
         start, end = main_tokens[0], main_tokens[REPLY_START_TOKENS - 1]
         beside = [e for _, a, e in timeline.events[start:end] if a == "sub" and isinstance(e, PrefillEvent)]
