@@ -1,4 +1,4 @@
-"""A decode step's linear layers at 1-16 rows: MLX's matmul, numpy's BLAS and the few-row pass; and one mx.eval.
+"""A decode step's linear layers at 1-64 rows (one per agent, or agents with their drafts): MLX's matmul, numpy's BLAS and the few-row pass; and one mx.eval.
 
 Times every linear layer of the model once (each weight matrix times a
 batch of ``rows`` inputs, what one decode step does), three ways:
@@ -30,7 +30,7 @@ from bench.results import BenchResult, recorded
 
 from engine.runtime.runner.backends.cpu import host_linear, linear_kernel
 
-ROWS = (1, 2, 4, 8, 16)
+ROWS = (1, 2, 4, 8, 16, 32, 64)
 
 
 def weights_of(model) -> list[mx.array]:

@@ -71,21 +71,21 @@ def linear(bias: bool, backend: CpuBackend) -> nn.Linear:
 
 
 @pytest.mark.parametrize("bias", [False, True])
-def test_inside_the_backends_forward_up_to_8_rows_take_the_pass(backend, passes: list[int], bias: bool) -> None:
+def test_inside_the_backends_forward_up_to_16_rows_take_the_pass(backend, passes: list[int], bias: bool) -> None:
     layer = linear(bias, backend)
-    x = mx.array(np.random.default_rng(0).standard_normal((8, 1, 48)).astype(np.float32))  # 8 one-token rows
+    x = mx.array(np.random.default_rng(0).standard_normal((16, 1, 48)).astype(np.float32))  # 16 one-token rows
     got = inside(backend, layer, x)
     expected = x @ layer.weight.T + (layer.bias if bias else 0)
-    assert got.shape == (8, 1, 20) and passes == [8]
+    assert got.shape == (16, 1, 20) and passes == [16]
     np.testing.assert_allclose(np.asarray(got), np.asarray(expected), rtol=1e-5, atol=1e-5)
-    nine = mx.ones((9, 48))
-    np.testing.assert_allclose(np.asarray(inside(backend, layer, nine)),
-                               np.asarray(nine @ layer.weight.T + (layer.bias if bias else 0)), rtol=1e-6)
-    assert passes == [8]  # 9 rows: MLX's matmul (sgemm is as fast there)
+    wider = mx.ones((host_linear.MAX_ROWS + 1, 48))
+    np.testing.assert_allclose(np.asarray(inside(backend, layer, wider)),
+                               np.asarray(wider @ layer.weight.T + (layer.bias if bias else 0)), rtol=1e-6)
+    assert passes == [16]  # 17 rows: MLX's matmul (past what was measured to pay)
     chunk = mx.array(np.random.default_rng(1).standard_normal((2, 4, 48)).astype(np.float32))
     np.testing.assert_allclose(np.asarray(inside(backend, layer, chunk)),
                                np.asarray(chunk @ layer.weight.T + (layer.bias if bias else 0)), rtol=1e-5, atol=1e-5)
-    assert passes == [8]  # two rows of 4 tokens each (a short chunk, a speculative step): MLX's matmul, faster there
+    assert passes == [16]  # two rows of 4 tokens each (a short chunk, a speculative step): MLX's matmul, faster there
 
 
 def test_outside_the_backends_forward_and_for_other_dtypes_mlx_computes(backend, passes: list[int]) -> None:

@@ -1,8 +1,9 @@
 """A decode step's linear layers on the CPU, through ``linear_kernel`` instead of BLAS's ``sgemm``.
 
-At one to eight rows (agents decoding together) a linear layer is bound by
-reading its weights, and MLX's CPU matmul (``sgemm``) reads them at about
-half the rate the compiled pass in ``linear_kernel.py`` does. SmolLM2's
+At a few rows (agents decoding together) a linear layer is bound by reading
+its weights, and MLX's CPU matmul (``sgemm``) reads them at a half to a third
+of the rate the compiled pass in ``linear_kernel.py`` does (SmolLM2's weights
+at 1 / 8 / 16 rows: 58 / 74 / 76 ms against 24 / 30 / 38 ms). SmolLM2's
 one-agent forward spent ~50 of its ~67 ms in linear layers.
 
 The CPU backend gives the model's float32 ``nn.Linear`` layers (and a tied
@@ -10,11 +11,10 @@ output layer, ``nn.Embedding.as_linear``) a class of its own
 (:func:`layer_classes`): its ``__call__``, inside that backend's forward pass
 and for at most ``MAX_ROWS`` rows, evaluates its input and runs the pass on
 the weights' own buffer (an evaluated MLX array hands numpy its memory:
-nothing is copied). Everywhere else (prefill chunks, 16-row batches where
-``sgemm`` is as fast, other dtypes, quantized layers, mlx-lm's own
-generation on the same model) MLX's matmul runs. The price is one
-``mx.eval`` where a layer's input was not evaluated yet (four a decoder
-layer), which is why this stops at 8 rows.
+nothing is copied). Everywhere else (prefill chunks, wider batches, other
+dtypes, quantized layers, mlx-lm's own generation on the same model) MLX's
+matmul runs. The price is one ``mx.eval`` where a layer's input was not
+evaluated yet (four a decoder layer), which is why this stops at 16 rows.
 
 Why a class swap: mlx-lm's layers call ``nn.Linear.__call__``; only the layer
 objects can route one model's products without touching every other model.
@@ -32,13 +32,14 @@ import numpy as np
 from engine.distributed.local_ranks import process_cores
 from engine.runtime.runner.backends.cpu.parallel_gate import PARALLEL
 
-# Rows up to which a layer inside MLX's forward takes the pass: each call evaluates its input first, and
-# above 8 rows that costs what the pass saves (16 rows: 56 ms both ways over SmolLM2's weights).
-MAX_ROWS = 8
+# Rows up to which a layer inside MLX's forward takes the pass: each call evaluates its input first, which
+# the pass's lead pays for up to 16 agents (Gemma 3 270M, 16 agents decoding: 68.7-69.7 tok/s against
+# 67.4-67.9 at 8, where the pass cost what it saved at 16 rows before it fetched ahead).
+MAX_ROWS = 16
 # Rows up to which a step run whole on the host (``host_forward``, no evaluation per layer) takes the pass:
-# 16 agents, or 8 agents' tokens and 7 drafts each in a verification. At 64 rows BLAS is about as fast
-# alone (~160-180 ms both ways, ``linear_kernel``'s docstring), but its threads then spin on the cores the
-# step's compiled loops use next.
+# 16 agents with drafts, or 8 agents' tokens and 7 drafts each in a verification. At 64 rows it is a little
+# faster than BLAS alone (115-118 ms against 128-132 over SmolLM2's weights), and BLAS's threads then spin on
+# the cores the step's compiled loops use next.
 HOST_STEP_MAX_ROWS = 64
 # numba's work-queue threading layer (where OpenMP is missing) is one per process and must not be entered
 # from two threads at once; a second caller takes BLAS's product instead of waiting.

@@ -1,101 +1,190 @@
-"""``x @ W.T`` for a few rows of ``x``, in one compiled pass over the weights (numba).
+"""``x @ W.T`` for a few rows of ``x``, in one compiled pass over the weights that fetches ahead of itself.
 
-A decode step multiplies a handful of rows (one per agent) by every weight
-matrix of the model, so its linear layers read the weights once and do
-little arithmetic per byte: they are bound by memory bandwidth. BLAS's
-``sgemm`` first copies ("packs") the weight matrix into its own layout,
-which at a few rows costs more than the product. Over SmolLM2's 538 MB of
-float32 weights on this project's 2-core x86 machines
-(``bench/bench_linear_pass.py``), MLX's
-matmul took 52.4 / 55.7 / 76.4 / 82.3 ms at 1 / 2 / 4 / 8 rows, this pass
-21.5 / 23.8 / 28.7 / 40.9 ms (25 down to 13 GB/s), and both ~65 ms at 16.
+A decode step multiplies a handful of rows (one per agent, or an agent's
+token and its drafts) by every weight matrix of the model. Each weight row is
+read from memory once and multiplied with every row of ``x`` (which stays in
+the CPU's cache), four weight rows by up to four rows of ``x`` at a time: 16
+sums in vector registers, so a load of a weight vector feeds four
+multiply-adds and so does a load of ``x``. BLAS's ``sgemm`` first copies
+("packs") the weights into its own layout, which at a few rows costs more
+than the product.
 
-Four weight rows at a time: each is read from memory once and multiplied
-with every row of ``x`` (which stays in the CPU's cache). Rows of ``x`` go
-four at a time too (16 sums in registers: a load of a weight row feeds
-four multiply-adds, and so does a load of ``x``), the rest one at a time.
-A speculative step's verification carries 8-64 rows (each agent's last
-token and its drafts); over SmolLM2's weights (the 2-core x86 box)
-four-by-four took 53 / 67 / 92 ms at 8 / 16 / 32 rows against 54 / 82 /
-125 ms one row at a time and 109 / 109 / 141 ms through numpy's BLAS; at
-64 rows BLAS is as fast (160 ms both). Output rows are split across threads
-(``parallel``: numba's OpenMP layer, or its work queue where OpenMP is not
-installed). Sums may be reassociated for SIMD (``fastmath`` reassoc and
-contract only), as BLAS's blocked sums are; the real-model tests hold greedy
-tokens to mlx-lm's.
+What bounds it is memory, and not its bandwidth alone: on this project's
+2-core x86 boxes a core keeps only so many cache misses in flight, so reading
+the weights and multiplying them do not overlap unless the pass asks for the
+next weights before it needs them. With 16 rows a block of four weight rows
+is multiplied in four passes; the first waited on memory and the other three
+computed with nothing fetched meanwhile (measured: the time with the weights
+out of the cache was the time with them in it plus the time to read them).
+So every pass here prefetches its share of the next block's rows
+(``llvm.prefetch``, a hint that never faults): over SmolLM2's 538 MB of
+float32 weights on a 2-core Sapphire Rapids box, 4 / 8 / 16 / 32 rows took
+28.8 / 28.8 / 36.0 / 55.6 ms against 38.5 / 43.0 / 56.0 / 75.9 ms without it
+(``bench/bench_linear_pass.py`` keeps the current figures).
+
+numba's loops cannot hold a prefetch (LLVM then does not vectorize them), so
+the block's inner loop is written as LLVM IR (``_block``): vectors of eight
+floats, ``llvm.fma``, one prefetch per prefetched row an iteration, and the
+sums reduced once at the end. Sums are reassociated across the eight lanes,
+as BLAS's blocked sums are; the real-model tests hold greedy tokens to
+mlx-lm's. Output rows are split across threads (``parallel``: numba's OpenMP
+layer, or its work queue where OpenMP is not installed).
 """
 
 from __future__ import annotations
 
+import functools
+
 import numba
 import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 _FAST = {"reassoc", "contract"}
-# Weight rows per block; a thread's share of the output is a multiple of it.
+# Weight rows per block (and rows of ``x`` per pass); a thread's share of the output is a multiple of it.
 _BLOCK = 4
+# Floats a vector holds (256 bits: AVX2, AVX-512 and two NEON registers all take it).
+_LANES = 8
+# How far ahead the passes fetch: the next block.
+_AHEAD = _BLOCK
+
+_F32 = ir.FloatType()
+_I32 = ir.IntType(32)
+_I64 = ir.IntType(64)
+_BYTES = ir.IntType(8).as_pointer()
+_VECTOR = ir.VectorType(_F32, _LANES)
+
+
+@functools.cache
+def _block(rows: int, fetched_rows: int):
+    """An intrinsic ``block(x, weights, out, m, j, fetch_row)``: ``out[m + a, j + b]`` for ``a < rows`` and
+    ``b < 4``, the sums over the first ``inner // 8 * 8`` columns; meanwhile the ``fetched_rows`` weight rows
+    from ``fetch_row`` on are prefetched, spread over the loop (``inner * 4`` bytes each)."""
+
+    @intrinsic
+    def block(typingctx, x, weights, out, m, j, fetch_row):
+        signature = types.void(x, weights, out, m, j, fetch_row)
+
+        def codegen(context, builder, sig, args):
+            x_type, w_type, out_type = sig.args[:3]
+            xs = context.make_array(x_type)(context, builder, args[0])
+            ws = context.make_array(w_type)(context, builder, args[1])
+            outs = context.make_array(out_type)(context, builder, args[2])
+            m_, j_, fetch = args[3:]
+            zero = context.get_constant(types.intp, 0)
+
+            def row(array, array_type, index):
+                return cgutils.get_item_pointer(context, builder, array_type, array, [index, zero], wraparound=False)
+
+            x_rows = [row(xs, x_type, builder.add(m_, _I64(a))) for a in range(rows)]
+            w_rows = [row(ws, w_type, builder.add(j_, _I64(b))) for b in range(_BLOCK)]
+            ahead = builder.bitcast(row(ws, w_type, fetch), _BYTES)
+            module = builder.module
+            fma = cgutils.get_or_insert_function(module, ir.FunctionType(_VECTOR, [_VECTOR] * 3), "llvm.fma.v8f32")
+            prefetch = cgutils.get_or_insert_function(
+                module, ir.FunctionType(ir.VoidType(), [_BYTES, _I32, _I32, _I32]), "llvm.prefetch.p0")
+            add_up = cgutils.get_or_insert_function(
+                module, ir.FunctionType(_F32, [_F32, _VECTOR]), "llvm.vector.reduce.fadd.v8f32")
+            sums = [cgutils.alloca_once_value(builder, ir.Constant(_VECTOR, [0.0] * _LANES))
+                    for _ in range(rows * _BLOCK)]
+            inner = builder.extract_value(xs.shape, 1)
+            with cgutils.for_range(builder, builder.udiv(inner, _I64(_LANES))) as loop:
+                k = builder.mul(loop.index, _I64(_LANES))
+                # Each iteration reads 32 bytes of a weight row: fetching 32 bytes of each fetched row keeps pace.
+                fetched = builder.mul(loop.index, _I64(32 * fetched_rows))
+                for r in range(fetched_rows):
+                    # (address, write: no, locality: keep in every cache level, data)
+                    builder.call(prefetch, [builder.gep(ahead, [builder.add(fetched, _I64(32 * r))]),
+                                            _I32(0), _I32(3), _I32(1)])
+                xv = [builder.load(builder.bitcast(builder.gep(p, [k]), _VECTOR.as_pointer()), align=4) for p in x_rows]
+                wv = [builder.load(builder.bitcast(builder.gep(p, [k]), _VECTOR.as_pointer()), align=4) for p in w_rows]
+                for a in range(rows):
+                    for b in range(_BLOCK):
+                        total = sums[a * _BLOCK + b]
+                        builder.store(builder.call(fma, [xv[a], wv[b], builder.load(total)]), total)
+            for a in range(rows):
+                for b in range(_BLOCK):
+                    value = builder.call(add_up, [ir.Constant(_F32, 0.0), builder.load(sums[a * _BLOCK + b])],
+                                         fastmath=("reassoc",))
+                    at = cgutils.get_item_pointer(context, builder, out_type, outs,
+                                                  [builder.add(m_, _I64(a)), builder.add(j_, _I64(b))],
+                                                  wraparound=False)
+                    builder.store(value, at)
+            return context.get_dummy_value()
+
+        return signature, codegen
+
+    return block
+
+
+# Every block shape a pass runs: four rows of ``x`` or the last one to three, fetching one, two or four rows
+# (a lone row of ``x``: none).
+_B41, _B42, _B44 = _block(4, 1), _block(4, 2), _block(4, 4)
+_B31, _B32, _B34 = _block(3, 1), _block(3, 2), _block(3, 4)
+_B21, _B22, _B24 = _block(2, 1), _block(2, 2), _block(2, 4)
+_B11, _B12, _B14 = _block(1, 1), _block(1, 2), _block(1, 4)
+_B10 = _block(1, 0)
 
 
 @numba.njit(nogil=True, fastmath=_FAST, cache=True)
-def _four_by_four(xa, xb, xc, xd, w0, w1, w2, w3, out, m, j, inner):  # pragma: no cover (compiled)
-    """``out[m + a, j + b]`` for four rows of ``x`` and four weight rows: 16 sums kept in registers."""
-    a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = np.float32(0.0)
-    c0 = c1 = c2 = c3 = d0 = d1 = d2 = d3 = np.float32(0.0)
-    for k in range(inner):
-        u, v, t, r = xa[k], xb[k], xc[k], xd[k]
-        p0, p1, p2, p3 = w0[k], w1[k], w2[k], w3[k]
-        a0 += u * p0
-        a1 += u * p1
-        a2 += u * p2
-        a3 += u * p3
-        b0 += v * p0
-        b1 += v * p1
-        b2 += v * p2
-        b3 += v * p3
-        c0 += t * p0
-        c1 += t * p1
-        c2 += t * p2
-        c3 += t * p3
-        d0 += r * p0
-        d1 += r * p1
-        d2 += r * p2
-        d3 += r * p3
-    out[m, j], out[m, j + 1], out[m, j + 2], out[m, j + 3] = a0, a1, a2, a3
-    out[m + 1, j], out[m + 1, j + 1], out[m + 1, j + 2], out[m + 1, j + 3] = b0, b1, b2, b3
-    out[m + 2, j], out[m + 2, j + 1], out[m + 2, j + 2], out[m + 2, j + 3] = c0, c1, c2, c3
-    out[m + 3, j], out[m + 3, j + 1], out[m + 3, j + 2], out[m + 3, j + 3] = d0, d1, d2, d3
+def _pass(x, weights, out, m, j, rows, fetched_rows, fetch_row):  # pragma: no cover (compiled)
+    """One pass: ``rows`` (1-4) rows of ``x`` from ``m`` by the weight block at ``j``, fetching ``fetched_rows``."""
+    if fetched_rows == 0:
+        _B10(x, weights, out, m, j, fetch_row)
+    elif rows == 4:
+        if fetched_rows == 1:
+            _B41(x, weights, out, m, j, fetch_row)
+        elif fetched_rows == 2:
+            _B42(x, weights, out, m, j, fetch_row)
+        else:
+            _B44(x, weights, out, m, j, fetch_row)
+    elif rows == 3:
+        if fetched_rows == 1:
+            _B31(x, weights, out, m, j, fetch_row)
+        elif fetched_rows == 2:
+            _B32(x, weights, out, m, j, fetch_row)
+        else:
+            _B34(x, weights, out, m, j, fetch_row)
+    elif rows == 2:
+        if fetched_rows == 1:
+            _B21(x, weights, out, m, j, fetch_row)
+        elif fetched_rows == 2:
+            _B22(x, weights, out, m, j, fetch_row)
+        else:
+            _B24(x, weights, out, m, j, fetch_row)
+    elif fetched_rows == 1:
+        _B11(x, weights, out, m, j, fetch_row)
+    elif fetched_rows == 2:
+        _B12(x, weights, out, m, j, fetch_row)
+    else:
+        _B14(x, weights, out, m, j, fetch_row)
+    # The columns past the last whole vector (an inner size not a multiple of eight: tiny test models).
+    inner = x.shape[1]
+    for k in range(inner - inner % _LANES, inner):
+        for a in range(rows):
+            v = x[m + a, k]
+            for b in range(_BLOCK):
+                out[m + a, j + b] += v * weights[j + b, k]
 
 
 @numba.njit(nogil=True, fastmath=_FAST, cache=True)
 def _rows(x, weights, out, start, end):  # pragma: no cover (compiled)
     """``out[:, j] = x @ weights[j]`` for ``start <= j < end``."""
     batch, inner = x.shape
+    passes = (batch + _BLOCK - 1) // _BLOCK
+    # The next block's four rows shared out over the passes: one each from four passes on, else two or four.
+    # One row of ``x`` fetches nothing: one pass reads the weights steadily enough for the CPU's own prefetcher
+    # (fetching too took 3-6% longer).
+    fetched_rows = 1 if passes >= 4 else (2 if passes >= 2 else (4 if batch > 1 else 0))
+    last = weights.shape[0] - fetched_rows  # a fetch stays inside the weights
     j = start
     while j + _BLOCK <= end:
-        w0 = weights[j]
-        w1 = weights[j + 1]
-        w2 = weights[j + 2]
-        w3 = weights[j + 3]
-        m = 0
-        while m + _BLOCK <= batch:
-            _four_by_four(x[m], x[m + 1], x[m + 2], x[m + 3], w0, w1, w2, w3, out, m, j, inner)
-            m += _BLOCK
-        while m < batch:
-            xm = x[m]
-            s0 = np.float32(0.0)
-            s1 = np.float32(0.0)
-            s2 = np.float32(0.0)
-            s3 = np.float32(0.0)
-            for k in range(inner):
-                v = xm[k]
-                s0 += v * w0[k]
-                s1 += v * w1[k]
-                s2 += v * w2[k]
-                s3 += v * w3[k]
-            out[m, j] = s0
-            out[m, j + 1] = s1
-            out[m, j + 2] = s2
-            out[m, j + 3] = s3
-            m += 1
+        for p in range(passes):
+            m = p * _BLOCK
+            ahead = min(last, j + _AHEAD + (p * fetched_rows) % _BLOCK)
+            _pass(x, weights, out, m, j, min(_BLOCK, batch - m), fetched_rows, max(0, ahead))
         j += _BLOCK
     while j < end:
         w0 = weights[j]
