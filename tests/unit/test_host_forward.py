@@ -12,7 +12,7 @@ import pytest
 from mlx_lm.models import llama
 
 from engine.runtime.runner.backends.cpu import host_forward
-from engine.runtime.runner.backends.cpu.backend import CpuBackend, CpuOptions
+from engine.runtime.runner.backends.cpu.backend import HOST_PREFILL_MAX_TOKENS, CpuBackend, CpuOptions
 from engine.runtime.runner.backends.cpu.host_kv import HostFullKV
 from engine.runtime.runner.backends.mlx import MlxBackend
 from engine.runtime.runner.kv.full_kv import FullKV, KVShape
@@ -95,6 +95,38 @@ def test_decode_steps_give_mlx_forward_logits_and_cache_writes(changes: dict, ro
     backend.close()
 
 
+def test_a_short_prefill_pass_of_chunks_alone_runs_on_the_host_and_writes_what_mlx_forward_writes() -> None:
+    """With nothing decoding, chunks of up to HOST_PREFILL_MAX_TOKENS together take the host path (MLX's forward
+    costs more than its arithmetic there): each chunk unpadded, no logits, the caches as MLX's forward leaves them.
+    Longer passes, and a backend with the path off, stay with MLX's forward."""
+    model = llama_model()
+    backend = CpuBackend()
+    backend.attach(model)
+    starts = [[(5 * b + 3 * i) % 97 for i in range(4 + 9 * b)] for b in range(3)]
+    host_prompts = [Row(prefilled(model, p)) for p in starts]
+    mlx_prompts = [prefilled(model, p, FullKV) for p in starts]
+    for layers in [r.layers for r in host_prompts] + mlx_prompts:
+        for layer in layers:
+            layer.reserve(layer.offset + HOST_PREFILL_MAX_TOKENS + 8)
+    for step in range(2):
+        chunks = [[(11 * step + 13 * b + i) % 97 for i in range(1 + 9 * b + step)] for b in range(3)]
+        assert backend.carries_prompts(model, [], [(r, len(c)) for r, c in zip(host_prompts, chunks)])
+        got = backend.decode(model, mx.zeros((0,), dtype=mx.uint32), [], list(zip(host_prompts, chunks)))
+        assert got.shape == (0, 97)
+        for chunk, layers in zip(chunks, mlx_prompts):
+            mx.eval(model(mx.array([chunk]), cache=layers))
+        assert_same_caches(host_prompts, mlx_prompts)
+    assert not backend.carries_prompts(model, [], [(host_prompts[0], HOST_PREFILL_MAX_TOKENS + 1)])
+    assert not backend.carries_prompts(model, [], [(host_prompts[0], 40), (host_prompts[1], 40)])
+    off = CpuBackend(CpuOptions(host_prefill=False))
+    off.attach(model)
+    assert not off.carries_prompts(model, [], [(host_prompts[0], 4)])
+    assert off.carries_prompts(model, [Row(prefilled(model, [1, 2, 3]))], [(host_prompts[0], 4)])  # riding still
+    for b in (backend, off):
+        b.detach(model)
+        b.close()
+
+
 @pytest.mark.parametrize("decoding", [1, 3], ids=["1-decoding", "3-decoding"])
 def test_prompt_chunks_ride_a_decode_step_with_mlx_forward_logits_and_cache_writes(decoding: int) -> None:
     """Prompt chunks fed in a decode step's pass write what a prefill pass of their own writes, and the decoding
@@ -126,7 +158,6 @@ def test_prompt_chunks_ride_a_decode_step_with_mlx_forward_logits_and_cache_writ
         assert (got.argmax(-1) == expected.argmax(-1)).all()
         assert_same_caches(host_rows + host_prompts, mlx_rows + mlx_prompts)
         tokens = [int(t) for t in got.argmax(-1)]
-    assert not backend.carries_prompts(model, [], [(host_prompts[0], 4)])  # nothing decodes: a prefill pass
     host_prompts[0].layers[0].trim_to(2)  # rewound: its next positions may not be written in place
     assert not backend.carries_prompts(model, host_rows, [(host_prompts[0], 4)])
     mlx_backend = MlxBackend()  # MLX's forward: chunks in passes of their own, the same writes
@@ -247,3 +278,34 @@ def test_an_engine_feeds_prompt_chunks_in_its_decode_passes_with_the_same_tokens
     assert any(prompt_rows > 0 for prompt_rows in carried), carried
     carried.clear()
     assert decode(False) == riding and not any(prompt_rows > 0 for prompt_rows in carried)
+
+
+def test_an_engine_runs_short_prefill_passes_on_the_host_with_the_same_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With nothing decoding, a prompt's prefill pass of at most HOST_PREFILL_MAX_TOKENS runs on the host (rows:
+    only prompt chunks); an agent's two turns give the tokens they give with every prefill pass through MLX's
+    forward, and a prompt longer than the limit still takes MLX's forward."""
+    alone = []
+    real = host_forward.decode
+    # (a pass whose rows are all prompt chunks: decode's eighth argument equals its row count)
+    monkeypatch.setattr(host_forward, "decode",
+                        lambda *a: (alone.append(a[6]) if len(a) > 7 and a[7] == len(a[2]) else None) or real(*a))
+    first = (BOS, *b"agent one asks a short question.")
+
+    def turns(options: CpuOptions) -> list[list[int]]:
+        engine = make_engine("llama", backend=CpuBackend(options), prefill_step=2 * HOST_PREFILL_MAX_TOKENS)
+        try:
+            one = run_turns(engine, [GenerationRequest("a", first, 12)])[0]
+            grown = (*first, *one.tokens, *b" and a follow-up.")
+            two = run_turns(engine, [GenerationRequest("a", grown, 12)])[0]
+            short_passes = len(alone)
+            long = run_turns(engine, [GenerationRequest("b", (BOS, *(b"x" * (HOST_PREFILL_MAX_TOKENS + 20))), 4)])[0]
+            on_host = sum(sum(widths) for widths in alone[short_passes:])
+            assert on_host < HOST_PREFILL_MAX_TOKENS  # its longest pass went through MLX's forward
+            return [one.tokens, two.tokens, long.tokens]
+        finally:
+            engine.stop()
+
+    on_host = turns(CpuOptions())
+    assert len(alone) >= 2 and all(sum(widths) <= HOST_PREFILL_MAX_TOKENS for widths in alone), alone
+    alone.clear()
+    assert turns(CpuOptions(host_prefill=False)) == on_host and not alone

@@ -11,7 +11,7 @@ import pytest
 from engine.domain.event_log import EventLog
 from engine.domain.requests import GenerationRequest
 from engine.runtime.engine_thread.sync_client import run_turn
-from engine.runtime.runner.backends.cpu import cpu_math, host_softmax
+from engine.runtime.runner.backends.cpu import backend as cpu_backend, cpu_math, host_softmax
 from engine.runtime.runner.backends.cpu.backend import CpuBackend
 from engine.runtime.runner.backends.cpu.host_attention import HOST_ATTENTION, HOST_ATTENTION_IN_GRAPH
 from engine.runtime.runner.backends.cpu.host_softmax import ROW_SOFTMAX
@@ -163,6 +163,7 @@ def test_engine_turns_through_the_rows_are_token_identical_to_mlx_lm(kind: str, 
     from the first one's prefix (attention over a shared segment and its own keys), each equal to mlx-lm."""
     monkeypatch.setattr(cpu_math, "MAX_SCORES", 2000)
     monkeypatch.setattr(host_softmax, "BLOCK_SCORES", 20_000)
+    monkeypatch.setattr(cpu_backend, "HOST_PREFILL_MAX_TOKENS", 0)  # (else a tiny Llama's passes run on the host)
     loaded = loaded_tiny(kind)
     engine = start(loaded, WarmStore(tmp_path / "agents", stored_model(loaded), 1 << 30, EventLog()))  # (keeps shared prefixes)
     try:

@@ -367,7 +367,11 @@ class SequenceBatch:
         embeddings = self._image_embeddings(group, chunks, n)
         if embeddings is not None:
             chunks = [[0 if is_image_token(t) else t for t in chunk] for chunk in chunks]  # (the model reads none)
-        if len(group) == 1:
+        if embeddings is None and self.backend.carries_prompts(self.model, [], [(s.kv, m) for s, m in group]):
+            # The backend runs a pass of prompt chunks alone as it runs those riding a decode step: unpadded.
+            self.backend.decode(self.model, mx.zeros((0,), dtype=mx.uint32), [],
+                                [(s.kv, chunk) for (s, _), chunk in zip(group, chunks)])
+        elif len(group) == 1:
             self._run_model(mx.array(chunks), group[0][0].kv.caches(), embeddings)
         else:
             # Filler repeats a row's last token: any id works, the row's real positions never attend to it.

@@ -69,7 +69,8 @@ class Backend(Protocol):
 
     def carries_prompts(self, model: Any, rows: Sequence[SequenceKV], chunks: Sequence[tuple[SequenceKV, int]],
                         widths: Sequence[int] | None = None) -> bool:
-        """Whether a decode step of ``rows`` can also feed prompt chunks in the same pass."""
+        """Whether a decode step of ``rows`` can also feed prompt chunks in the same pass; with no ``rows``,
+        whether :meth:`decode` runs a prefill pass of the chunks alone (each chunk ``m`` tokens, unpadded)."""
         ...
 
     def decode(self, model: Any, inputs: mx.array, rows: Sequence[SequenceKV],

@@ -71,6 +71,12 @@ from engine.runtime.runner.kv.sequence_kv import SequenceKV
 from engine.runtime.runner.sampling import mlx_top_k
 
 log = logging.getLogger("semantic.engine")
+# The most prompt tokens a prefill pass of their own runs whole on the host (``CpuOptions.host_prefill``). A
+# warm turn's time to its first token on SmolLM2 (in-process engine, medians of 3, two runs each way, the 2-core
+# Sapphire Rapids box), through MLX's forward -> on the host: 8 / 31 / 64 new tokens after 1,100 cached
+# 239-248 / 309-312 / 347-374 ms -> 168-178 / 254-281 / 278-291 ms, and with none cached 203-208 / 243-254 /
+# 241-249 -> 167-188 / 210-219 / 214-233; from 128 tokens on no faster (256 with none cached: 438-440 -> 510-518).
+HOST_PREFILL_MAX_TOKENS = 64
 # The load stage (engine/models/gguf_import.py ImportProgress) under which the compiled loops' loading is reported.
 COMPILING = "compiling"
 
@@ -84,6 +90,7 @@ class CpuOptions:
     linear_pass: bool = True  # few-row products through linear_kernel
     head_products: bool = True  # latent attention's per-head projections, the batch folded in (host_heads)
     host_step: bool = True  # a Llama-family decode step whole on the host
+    host_prefill: bool = True  # and its short prefill passes (``HOST_PREFILL_MAX_TOKENS``)
     host_top_k: bool = True  # sampling's top-k pass in numpy
     recurrence: bool = True  # a gated-delta hybrid's prefill steps in a compiled loop
     depthwise_conv: bool = True  # a hybrid's short convolution over a prefill chunk in a compiled loop
@@ -265,9 +272,15 @@ class CpuBackend:
         step's linear layers and attend together over their sequence's cache (as a verification's drafts do), so
         the step reads the weights once for both. A prefill pass of its own costs ~150 ms here before its first
         token (SmolLM2, the 2-core x86 box: an in-process engine timing prefill passes of cycled chunk sizes),
-        which is most of a paced step."""
+        which is most of a paced step.
+
+        With no ``rows`` (a prefill pass of the chunks alone), the same path where the chunks hold at most
+        ``HOST_PREFILL_MAX_TOKENS`` tokens together: MLX's forward costs more than its arithmetic there."""
         kvs = [*rows, *(kv for kv, _ in chunks)]
-        return (bool(rows) and self.steps_on_host(model, kvs)
+        if not rows and not (self.options.host_prefill and chunks
+                             and sum(m for _, m in chunks) <= HOST_PREFILL_MAX_TOKENS):
+            return False
+        return (self.steps_on_host(model, kvs)
                 and _claimable(kvs, [*(widths or [1] * len(rows)), *(m for _, m in chunks)]))
 
     def decode(self, model: Any, inputs: mx.array, rows: Sequence[SequenceKV],

@@ -19,8 +19,9 @@ and the families mlx-lm loads as ``llama``) with full attention in every
 layer, ``nn.RoPE`` rotations, float32 weights in plain ``nn.Linear``
 layers; a batch whose every row may be written in place (``HostFullKV.can_claim``:
 not after a rewind). The CPU backend decides that (``backend.py``). Everything else (Gemma's sliding windows, quantized
-weights, prefill passes of their own) runs through MLX's forward; a prompt chunk that rides a decode
-step (``prompt_rows`` below) runs here with it.
+weights, long prefill passes) runs through MLX's forward; a prompt chunk that rides a decode
+step (``prompt_rows`` below) runs here with it, and so does a short prefill pass of chunks alone (no decode
+rows: no logits).
 
 Numerics: the rotations' cosines and sines come from ``mx.fast.rope`` itself
 (a table per position, so they are bit-identical to MLX's); the rest is
@@ -160,10 +161,12 @@ def decode(model: Any, inputs: mx.array, rows: Sequence[Any], tables: RopeTables
         x = _rms_norm(h, layer.post_attention_layernorm)
         gate, up = _linear(x, mlp.gate_proj, linear_pass), _linear(x, mlp.up_proj, linear_pass)
         h = h + _linear(_swiglu(gate, up), mlp.down_proj, linear_pass)
+    head = body.embed_tokens.weight if model.args.tie_word_embeddings else model.lm_head.weight
     if prompt_rows:
         h = h[:batch - sum(widths[len(widths) - prompt_rows:])]
+        if not len(h):  # a prefill pass of prompt chunks alone: no logits
+            return mx.zeros((0, head.shape[0]), dtype=mx.float32)
     x = _rms_norm(h, body.norm)
-    head = body.embed_tokens.weight if model.args.tie_word_embeddings else model.lm_head.weight
     return mx.array(_times(x, np.asarray(head), linear_pass))
 
 
