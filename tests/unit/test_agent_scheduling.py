@@ -20,7 +20,7 @@ from engine.runtime.runner.batch import REPLY_START_TOKENS
 from engine.runtime.engine_thread.engine_ops import PauseAgent, SetAgentPriority
 from engine.runtime.scheduler.admission import Admission
 from engine.runtime.scheduler.turn_cache import TurnCaches
-from engine.runtime.scheduler.prefill_pacer import FIRST_CHUNK, MIN_CHUNK, PrefillPacer
+from engine.runtime.scheduler.prefill_pacer import FIRST_CHUNK, GAP_FLOOR_S, MIN_CHUNK, PrefillPacer
 from engine.runtime.tiers.agent_table import AgentTable
 from engine.runtime.tiers.agents import AgentRecord, Tier
 from engine.settings import SchedulingSettings, Settings
@@ -80,6 +80,8 @@ def test_the_pacer_sizes_prefill_to_the_gap_it_measures() -> None:
     assert pacer.cost() == pytest.approx((0.02, 0.002))
     assert pacer.budget(512) == pytest.approx((0.3 - 0.05 - 0.02) / 0.002, abs=1)
     assert pacer.budget(64) == 64
+    # Nobody decodes, a more urgent agent is expected back: steps of about the gap's floor, no decode work in them.
+    assert pacer.budget(512, expected_only=True) == pytest.approx((GAP_FLOOR_S - 0.02) / 0.002, abs=1)
     slow = PrefillPacer(1.0, timed=True)  # a gap shorter than a decode step still moves the prompt
     slow.observe(0.05, 0, 4)
     slow.observe(0.05 + 0.2, 1, 4)
@@ -103,6 +105,7 @@ def test_no_pacing_when_turned_off_or_under_lockstep() -> None:
     assert not PrefillPacer(0, timed=True).enabled
     assert not PrefillPacer(None, timed=False).enabled
     assert PrefillPacer(800, timed=True).gap_s == 0.8
+    assert PrefillPacer(800, timed=True).expected_gap_s == 0.8  # a gap the operator set holds for both
 
 
 # -- eviction by class ------------------------------------------------------------------------
@@ -311,6 +314,10 @@ def test_prefill_is_paced_while_an_agent_decodes(monkeypatch: pytest.MonkeyPatch
 def test_with_nothing_decoding_a_subagents_prompt_is_paced_only_while_a_main_agent_may_come_back(
         monkeypatch: pytest.MonkeyPatch, main_was_here: bool) -> None:
     passes = record_prefill_passes(monkeypatch)
+    paced_for: list[bool] = []  # each paced step: whether only an agent expected back would wait on it
+    budget = PrefillPacer.budget
+    monkeypatch.setattr(PrefillPacer, "budget", lambda self, ceiling, expected_only=False: (
+        paced_for.append(expected_only), budget(self, ceiling, expected_only))[1])
     with running_engine(batch=4, prefill_step=96, decode_gap_ms=1.0) as engine:
         timeline = Timeline()
         if main_was_here:  # a person's agent that just had a turn: its next one may come any moment
@@ -325,6 +332,7 @@ def test_with_nothing_decoding_a_subagents_prompt_is_paced_only_while_a_main_age
         widths = [n for _, n in passes[start:]]
         if main_was_here:
             assert len(widths) > 2 and max(widths[1:]) <= MIN_CHUNK, widths
+            assert paced_for.count(True) >= len(widths) - 1, (paced_for, widths)  # their own target: expected_gap_s
         else:  # nobody more urgent about: whole chunks
             assert max(widths) == 96, widths
         assert timeline.tokens("sub") == expected(engine, sub)

@@ -202,7 +202,7 @@ class Scheduler(SchedulerPart):
         if any(s.phase is Phase.DECODE for s in rows):
             return limit
         expected = self.agents.most_urgent_expected(EXPECTED_BACK_S)
-        return self.pacer.budget(limit) if expected is not None and expected < top else limit
+        return self.pacer.budget(limit, expected_only=True) if expected is not None and expected < top else limit
 
     def _stepped(self) -> SteppedBatch:
         assert self._batch is not None, "the scheduler is closed"
