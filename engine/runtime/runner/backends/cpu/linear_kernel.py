@@ -33,8 +33,6 @@ layer, or its work queue where OpenMP is not installed).
 
 from __future__ import annotations
 
-import functools
-
 import numba
 import numpy as np
 from llvmlite import ir
@@ -57,109 +55,87 @@ _BYTES = ir.IntType(8).as_pointer()
 _VECTOR = ir.VectorType(_F32, _LANES)
 
 
-@functools.cache
-def _block(rows: int, fetched_rows: int):
-    """An intrinsic ``block(x, weights, out, m, j, fetch_row)``: ``out[m + a, j + b]`` for ``a < rows`` and
-    ``b < 4``, the sums over the first ``inner // 8 * 8`` columns; meanwhile the ``fetched_rows`` weight rows
-    from ``fetch_row`` on are prefetched, spread over the loop (``inner * 4`` bytes each)."""
-
-    @intrinsic
-    def block(typingctx, x, weights, out, m, j, fetch_row):
-        signature = types.void(x, weights, out, m, j, fetch_row)
-
-        def codegen(context, builder, sig, args):
-            x_type, w_type, out_type = sig.args[:3]
-            xs = context.make_array(x_type)(context, builder, args[0])
-            ws = context.make_array(w_type)(context, builder, args[1])
-            outs = context.make_array(out_type)(context, builder, args[2])
-            m_, j_, fetch = args[3:]
-            zero = context.get_constant(types.intp, 0)
-
-            def row(array, array_type, index):
-                return cgutils.get_item_pointer(context, builder, array_type, array, [index, zero], wraparound=False)
-
-            x_rows = [row(xs, x_type, builder.add(m_, _I64(a))) for a in range(rows)]
-            w_rows = [row(ws, w_type, builder.add(j_, _I64(b))) for b in range(_BLOCK)]
-            ahead = builder.bitcast(row(ws, w_type, fetch), _BYTES)
-            module = builder.module
-            fma = cgutils.get_or_insert_function(module, ir.FunctionType(_VECTOR, [_VECTOR] * 3), "llvm.fma.v8f32")
-            prefetch = cgutils.get_or_insert_function(
-                module, ir.FunctionType(ir.VoidType(), [_BYTES, _I32, _I32, _I32]), "llvm.prefetch.p0")
-            add_up = cgutils.get_or_insert_function(
-                module, ir.FunctionType(_F32, [_F32, _VECTOR]), "llvm.vector.reduce.fadd.v8f32")
-            sums = [cgutils.alloca_once_value(builder, ir.Constant(_VECTOR, [0.0] * _LANES))
-                    for _ in range(rows * _BLOCK)]
-            inner = builder.extract_value(xs.shape, 1)
-            with cgutils.for_range(builder, builder.udiv(inner, _I64(_LANES))) as loop:
-                k = builder.mul(loop.index, _I64(_LANES))
-                # Each iteration reads 32 bytes of a weight row: fetching 32 bytes of each fetched row keeps pace.
-                fetched = builder.mul(loop.index, _I64(32 * fetched_rows))
-                for r in range(fetched_rows):
-                    # (address, write: no, locality: keep in every cache level, data)
-                    builder.call(prefetch, [builder.gep(ahead, [builder.add(fetched, _I64(32 * r))]),
-                                            _I32(0), _I32(3), _I32(1)])
-                xv = [builder.load(builder.bitcast(builder.gep(p, [k]), _VECTOR.as_pointer()), align=4) for p in x_rows]
-                wv = [builder.load(builder.bitcast(builder.gep(p, [k]), _VECTOR.as_pointer()), align=4) for p in w_rows]
-                for a in range(rows):
-                    for b in range(_BLOCK):
-                        total = sums[a * _BLOCK + b]
-                        builder.store(builder.call(fma, [xv[a], wv[b], builder.load(total)]), total)
-            for a in range(rows):
-                for b in range(_BLOCK):
-                    value = builder.call(add_up, [ir.Constant(_F32, 0.0), builder.load(sums[a * _BLOCK + b])],
-                                         fastmath=("reassoc",))
-                    at = cgutils.get_item_pointer(context, builder, out_type, outs,
-                                                  [builder.add(m_, _I64(a)), builder.add(j_, _I64(b))],
-                                                  wraparound=False)
-                    builder.store(value, at)
-            return context.get_dummy_value()
-
-        return signature, codegen
-
-    return block
+# Every block shape a pass runs: (rows of ``x``, weight rows fetched meanwhile). Four rows of ``x`` or the last one
+# to three, fetching one, two or four rows; a lone row of ``x`` fetches none.
+_SHAPES = tuple((rows, fetched) for rows in (1, 2, 3, 4) for fetched in (1, 2, 4)) + ((1, 0),)
 
 
-# Every block shape a pass runs: four rows of ``x`` or the last one to three, fetching one, two or four rows
-# (a lone row of ``x``: none).
-_B41, _B42, _B44 = _block(4, 1), _block(4, 2), _block(4, 4)
-_B31, _B32, _B34 = _block(3, 1), _block(3, 2), _block(3, 4)
-_B21, _B22, _B24 = _block(2, 1), _block(2, 2), _block(2, 4)
-_B11, _B12, _B14 = _block(1, 1), _block(1, 2), _block(1, 4)
-_B10 = _block(1, 0)
+@intrinsic
+def _block(typingctx, x, weights, out, m, j, fetch_row, rows, fetched_rows):
+    """``_block(x, weights, out, m, j, fetch_row, rows, fetched_rows)``: ``out[m + a, j + b]`` for ``a < rows``
+    and ``b < 4``, the sums over the first ``inner // 8 * 8`` columns; meanwhile the ``fetched_rows`` weight rows
+    from ``fetch_row`` on are prefetched, spread over the loop. One loop is emitted per shape in ``_SHAPES`` and
+    the call switches to its own (a shape outside them does nothing)."""
+    signature = types.void(x, weights, out, m, j, fetch_row, rows, fetched_rows)
+
+    def codegen(context, builder, sig, args):
+        x_type, w_type, out_type = sig.args[:3]
+        arrays = (context.make_array(x_type)(context, builder, args[0]),
+                  context.make_array(w_type)(context, builder, args[1]),
+                  context.make_array(out_type)(context, builder, args[2]))
+        rows_, fetched_ = (context.cast(builder, v, t, types.int64) for v, t in zip(args[6:], sig.args[6:]))
+        shape = builder.add(builder.mul(rows_, _I64(8)), fetched_)
+        done = builder.append_basic_block("block.done")
+        switch = builder.switch(shape, done)
+        for rows, fetched in _SHAPES:
+            case = builder.append_basic_block(f"block.{rows}x{fetched}")
+            switch.add_case(_I64(rows * 8 + fetched), case)
+            builder.position_at_end(case)
+            _emit_block(context, builder, sig.args[:3], arrays, args[3:6], rows, fetched)
+            builder.branch(done)
+        builder.position_at_end(done)
+        return context.get_dummy_value()
+
+    return signature, codegen
+
+
+def _emit_block(context, builder, array_types, arrays, at, rows: int, fetched_rows: int) -> None:
+    """The IR of one block shape (see :func:`_block`): vectors of eight floats, ``rows`` x 4 sums."""
+    x_type, w_type, out_type = array_types
+    xs, ws, outs = arrays
+    m_, j_, fetch = at
+    zero = context.get_constant(types.intp, 0)
+
+    def row(array, array_type, index):
+        return cgutils.get_item_pointer(context, builder, array_type, array, [index, zero], wraparound=False)
+
+    x_rows = [row(xs, x_type, builder.add(m_, _I64(a))) for a in range(rows)]
+    w_rows = [row(ws, w_type, builder.add(j_, _I64(b))) for b in range(_BLOCK)]
+    ahead = builder.bitcast(row(ws, w_type, fetch), _BYTES)
+    module = builder.module
+    fma = cgutils.get_or_insert_function(module, ir.FunctionType(_VECTOR, [_VECTOR] * 3), "llvm.fma.v8f32")
+    prefetch = cgutils.get_or_insert_function(
+        module, ir.FunctionType(ir.VoidType(), [_BYTES, _I32, _I32, _I32]), "llvm.prefetch.p0")
+    add_up = cgutils.get_or_insert_function(
+        module, ir.FunctionType(_F32, [_F32, _VECTOR]), "llvm.vector.reduce.fadd.v8f32")
+    sums = [cgutils.alloca_once_value(builder, ir.Constant(_VECTOR, [0.0] * _LANES)) for _ in range(rows * _BLOCK)]
+    inner = builder.extract_value(xs.shape, 1)
+    with cgutils.for_range(builder, builder.udiv(inner, _I64(_LANES))) as loop:
+        k = builder.mul(loop.index, _I64(_LANES))
+        # Each iteration reads 32 bytes of a weight row: fetching 32 bytes of each fetched row keeps pace.
+        fetched = builder.mul(loop.index, _I64(32 * fetched_rows))
+        for r in range(fetched_rows):
+            # (address, write: no, locality: keep in every cache level, data)
+            builder.call(prefetch, [builder.gep(ahead, [builder.add(fetched, _I64(32 * r))]), _I32(0), _I32(3), _I32(1)])
+        xv = [builder.load(builder.bitcast(builder.gep(p, [k]), _VECTOR.as_pointer()), align=4) for p in x_rows]
+        wv = [builder.load(builder.bitcast(builder.gep(p, [k]), _VECTOR.as_pointer()), align=4) for p in w_rows]
+        for a in range(rows):
+            for b in range(_BLOCK):
+                total = sums[a * _BLOCK + b]
+                builder.store(builder.call(fma, [xv[a], wv[b], builder.load(total)]), total)
+    for a in range(rows):
+        for b in range(_BLOCK):
+            value = builder.call(add_up, [ir.Constant(_F32, 0.0), builder.load(sums[a * _BLOCK + b])],
+                                 fastmath=("reassoc",))
+            at_out = cgutils.get_item_pointer(context, builder, out_type, outs,
+                                              [builder.add(m_, _I64(a)), builder.add(j_, _I64(b))], wraparound=False)
+            builder.store(value, at_out)
 
 
 @numba.njit(nogil=True, fastmath=_FAST, cache=True)
 def _pass(x, weights, out, m, j, rows, fetched_rows, fetch_row):  # pragma: no cover (compiled)
     """One pass: ``rows`` (1-4) rows of ``x`` from ``m`` by the weight block at ``j``, fetching ``fetched_rows``."""
-    if fetched_rows == 0:
-        _B10(x, weights, out, m, j, fetch_row)
-    elif rows == 4:
-        if fetched_rows == 1:
-            _B41(x, weights, out, m, j, fetch_row)
-        elif fetched_rows == 2:
-            _B42(x, weights, out, m, j, fetch_row)
-        else:
-            _B44(x, weights, out, m, j, fetch_row)
-    elif rows == 3:
-        if fetched_rows == 1:
-            _B31(x, weights, out, m, j, fetch_row)
-        elif fetched_rows == 2:
-            _B32(x, weights, out, m, j, fetch_row)
-        else:
-            _B34(x, weights, out, m, j, fetch_row)
-    elif rows == 2:
-        if fetched_rows == 1:
-            _B21(x, weights, out, m, j, fetch_row)
-        elif fetched_rows == 2:
-            _B22(x, weights, out, m, j, fetch_row)
-        else:
-            _B24(x, weights, out, m, j, fetch_row)
-    elif fetched_rows == 1:
-        _B11(x, weights, out, m, j, fetch_row)
-    elif fetched_rows == 2:
-        _B12(x, weights, out, m, j, fetch_row)
-    else:
-        _B14(x, weights, out, m, j, fetch_row)
+    _block(x, weights, out, m, j, fetch_row, rows, fetched_rows)
     # The columns past the last whole vector (an inner size not a multiple of eight: tiny test models).
     inner = x.shape[1]
     for k in range(inner - inner % _LANES, inner):
