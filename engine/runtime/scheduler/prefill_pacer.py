@@ -59,7 +59,7 @@ class PrefillPacer:
         """The target length of a step that decodes nothing, paced only because a more urgent agent is expected
         back: its turn would wait for the step in flight, and no decoding agent's rate is at stake, so the step is
         kept to ``GAP_FLOOR_S`` (``decode_gap_ms`` when set). bench_agent_priority (SmolLM2, 2-core Sapphire
-        Rapids, 3 repeats, report s52): the main turn's loaded/alone time to first token median 1.54x -> 1.22x at
+        Rapids, 3 repeats): the main turn's loaded/alone time to first token median 1.54x -> 1.22x at
         the floor, all agents' tok/s 0.89x -> 0.90x of priorities off."""
         return self._fixed_gap_s if self._fixed_gap_s is not None else GAP_FLOOR_S
 
