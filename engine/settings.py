@@ -104,7 +104,8 @@ class Settings(BaseSettings):
     max_batch_size: int = Field(16, ge=1, le=512, description="Most sequences decoded together in one step.")
     batch_window_ms: float = Field(
         10.0, ge=0, le=1000,
-        description="An idle engine waits this long for more requests to prefill together.")
+        description="An idle engine waits this long for more requests to prefill together, while requests have "
+                    "been arriving together; a lone request is stepped at once.")
     prefill_step_size: int = Field(
         512, ge=16,
         description="Most prompt tokens in one prefill chunk (bounds memory; progress is reported per chunk); while "

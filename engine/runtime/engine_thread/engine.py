@@ -35,6 +35,7 @@ from engine.models.loaded import LoadedModel
 from engine.models.sampling_defaults import model_sampling_defaults
 from engine.platform.memory import read_memory
 from engine.runtime.engine_thread.agent_ops import AgentOps
+from engine.runtime.engine_thread.arrival_window import ArrivalWindow
 from engine.runtime.engine_thread.device_turns import CONTENDED_PREFILL_TOKENS, DeviceTurns
 from engine.runtime.engine_thread.engine_ops import EngineOp
 from engine.runtime.engine_thread.engine_seams import EngineSeams
@@ -113,6 +114,7 @@ class Engine:
         # are replaced atomically): when the loop last finished a pass, and whether work was waiting.
         self._beat = time.monotonic()
         self._busy = False
+        self._arrivals = ArrivalWindow(self.settings.batch.batch_window_ms / 1000)
         self._status = "starting"
         self._startup_error: BaseException | None = None
         self._snapshot = EngineSnapshot(status="starting", model=None, pool=None)
@@ -225,6 +227,7 @@ class Engine:
 
     def _submit(self, turn: Turn) -> None:
         self._record("submit", turn.request, turn.submitted_at)
+        self._arrivals.arrived(turn.submitted_at)
         self._scheduler().submit(turn)
 
     def validate(self, request: GenerationRequest) -> GenerationRequest:
@@ -429,7 +432,7 @@ class Engine:
             idle = not scheduler.queues.by_uid
             self._run_commands(block=idle, timeout=max(self._idle_wait(scheduler), ranks.pause_s))
             if idle and scheduler.waiting:
-                self._gather_arrivals()
+                self._gather_arrivals(scheduler.waiting)
             stop = self._stop.is_set() and self._drained_or_late(scheduler)
         else:
             self._sleep_out(ranks.pause_s)  # running this rank's own reads (snapshots) meanwhile
@@ -446,14 +449,12 @@ class Engine:
         """Rank 0: an input the other ranks replay at the same point (nothing without lockstep)."""
         self._ranks.record(kind, *args)
 
-    def _gather_arrivals(self) -> None:
-        """An idle engine that just got work waits one short window for more.
-
-        Requests of a burst (agents started together) arrive a few ms apart;
-        prefilling them in one batch instead of one by one saves each later
-        request a whole prefill of waiting.
-        """
-        deadline = time.monotonic() + self.settings.batch.batch_window_ms / 1000
+    def _gather_arrivals(self, waiting: Iterable[Turn]) -> None:
+        """An idle engine that just got work waits one short window for more, while requests have been
+        arriving together (arrival_window.py)."""
+        turns = list(waiting)
+        window = self._arrivals.woke(min(t.submitted_at for t in turns), len(turns))
+        deadline = time.monotonic() + window
         while (left := deadline - time.monotonic()) > 0:
             try:
                 command = self._commands.get(timeout=left)
