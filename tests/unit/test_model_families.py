@@ -18,6 +18,7 @@ import pytest
 
 from engine.domain.event_log import EventLog
 from engine.domain.requests import GenerationRequest
+from engine.runtime.runner.backends.cpu import linear_kernel
 from engine.runtime.engine_thread.engine_ops import EvictAgent, ForkAgent, RewindAgent
 from engine.runtime.engine_thread.sync_client import run_turn, run_turns
 from engine.runtime.tiers.agents import Tier
@@ -100,6 +101,30 @@ def test_agents_decode_and_prefill_in_shared_passes_and_resume_their_own_caches(
         accounts_agree(engine)
     finally:
         engine.stop()
+
+
+@pytest.mark.parametrize("kind", ["deepseek_v3", "glm4_moe_lite"])
+def test_a_latent_batch_keeps_its_layers_in_blas_and_gives_its_output_head_the_pass(
+        kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the CPU, a latent-attention batch step's layers run in BLAS (the pass and BLAS taking turns in one
+    step costs) and its output head, the step's last product, takes the linear pass; tokens unchanged."""
+    loaded = loaded_tiny(kind)
+    vocab = loaded.model.args.vocab_size
+    products: list[tuple[int, int]] = []  # (rows, outputs) of each product through the pass
+    engine = start(loaded)  # (its compiled pass loaded first: the spy below only records calls)
+    real = linear_kernel.times_transposed
+    monkeypatch.setattr(linear_kernel, "times_transposed",
+                        lambda x, w, *rest: products.append((x.shape[0], w.shape[0])) or real(x, w, *rest))
+    try:
+        if engine.backend.name != "cpu":
+            pytest.skip("the linear pass is the CPU backend's")
+        requests = [GenerationRequest(f"h{i}", (BOS, *(f"agent {i} writes. " * 2).encode()), TOKENS) for i in range(4)]
+        for result in run_turns(engine, requests):
+            check(loaded, result)
+    finally:
+        engine.stop()
+    batched = [outputs for rows, outputs in products if rows > 1]
+    assert batched and set(batched) == {vocab}, products
 
 
 def test_a_cache_evicted_to_disk_comes_back_after_a_restart(loaded, tmp_path: Path) -> None:

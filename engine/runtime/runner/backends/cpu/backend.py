@@ -296,12 +296,16 @@ class CpuBackend:
         return mlx_passes.decode(self, model, inputs, rows)
 
     def _latent_batch(self, model: Any, inputs: mx.array, rows: Sequence[SequenceKV]) -> mx.array:
-        """A latent-attention model's batch step with every product in BLAS: its heads' projections folded over
-        the rows (``host_heads``) and the rows' attention in one product a layer (``HostPaddedLayerCache``), the
-        linear pass kept out. The pass and BLAS taking turns in one step is what costs here: at 8 rows of the
-        DeepSeek V3 shape, 142-147 tok/s with the pass, 170-176 without; at 4 rows 102-108 against 98-103; a
-        lone row keeps the pass (in-process engine, 48 tokens for each of N distinct prompts, 2 repeats each way,
-        bench.random_model's ``--family deepseek_v3`` folder, the 2-core x86 box)."""
+        """A latent-attention model's batch step with its layers' products in BLAS: its heads' projections folded
+        over the rows (``host_heads``) and the rows' attention in one product a layer (``HostPaddedLayerCache``),
+        the linear pass kept out of the layers. The pass and BLAS taking turns in one step is what costs there: at
+        8 rows of the DeepSeek V3 shape, 142-147 tok/s with the pass in every layer, 170-176 without (2 repeats),
+        and the pass for the layers' larger products only (medians of 4) 112-124 against 219. The output head,
+        the step's last product and a third of the weights read, takes the pass (``few_rows``'s ``head``):
+        DeepSeek V3 shape at 8 / 16 rows 192 / 273 -> 237 / 294 tok/s (6 repeats); GLM-4.7-Flash shape at 4 /
+        8 / 16 rows 100 / 159 / 262 -> 120 / 197 / 277 (4 repeats). A lone row keeps the pass everywhere.
+        (In-process engine, N distinct prompts of 96 tokens each, the variants alternating in one process,
+        bench.random_model's folders, the 2-core x86 box.)"""
         self._blas_step = True
         try:
             return mlx_passes.decode(self, model, inputs, rows)
@@ -346,10 +350,11 @@ class CpuBackend:
         part it knows, the compiled loops loaded, every row's next position writable in place."""
         return bool(self._host_step.get(id(model))) and self._loops_ok and _claimable(rows)
 
-    def few_rows(self, x: mx.array, weights: mx.array) -> mx.array | None:
+    def few_rows(self, x: mx.array, weights: mx.array, head: bool = False) -> mx.array | None:
         """A host layer's product through the compiled pass (``host_linear.py``), inside this backend's forward
-        passes; None: MLX's matmul."""
-        if not (self._linear_ok and self.inside_forward()) or self._blas_step:
+        passes; None: MLX's matmul. A latent batch's layers keep to BLAS, its output head takes the pass
+        (``_latent_batch``)."""
+        if not (self._linear_ok and self.inside_forward()) or (self._blas_step and not head):
             return None
         if x.ndim == 3 and x.shape[1] > 1:
             # Several tokens a row (a short prompt chunk, a speculative step's drafts): the pass's evaluation

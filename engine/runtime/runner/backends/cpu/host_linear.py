@@ -51,7 +51,8 @@ THREADS = min(8, process_cores())
 class ProductRouter(Protocol):
     """Who decides, per call, whether a layer's product runs through the pass (the CPU backend)."""
 
-    def few_rows(self, x: mx.array, weights: mx.array) -> mx.array | None: ...
+    def few_rows(self, x: mx.array, weights: mx.array, head: bool = False) -> mx.array | None:
+        """``head``: the model's output layer (the last product of a pass)."""
 
 
 def product(x: mx.array, weights: mx.array) -> mx.array | None:
@@ -108,21 +109,32 @@ class HostLinear(nn.Linear):
         return out + self["bias"] if "bias" in self else out
 
 
+class HostHead(HostLinear):
+    """A model's output layer (``lm_head``): the router is told it is the head."""
+
+    def __call__(self, x: mx.array) -> mx.array:
+        out = self.router.few_rows(x, self["weight"], head=True)
+        if out is None:
+            return nn.Linear.__call__(self, x)
+        return out + self["bias"] if "bias" in self else out
+
+
 class HostEmbedding(nn.Embedding):
     """``nn.Embedding`` whose ``as_linear`` (a tied output layer) does the same."""
 
     router: ProductRouter
 
     def as_linear(self, x: mx.array) -> mx.array:
-        out = self.router.few_rows(x, self.weight)
+        out = self.router.few_rows(x, self.weight, head=True)
         return super().as_linear(x) if out is None else out
 
 
-def layer_classes(router: ProductRouter) -> tuple[type[HostLinear], type[HostEmbedding]]:
-    """The two classes, bound to ``router`` (one backend's): a model's layers take them while it is attached."""
+def layer_classes(router: ProductRouter) -> tuple[type[HostLinear], type[HostHead], type[HostEmbedding]]:
+    """The classes, bound to ``router`` (one backend's): a model's layers take them while it is attached."""
     linear = type("HostLinear", (HostLinear,), {"router": router})
+    head = type("HostHead", (HostHead,), {"router": router})
     embedding = type("HostEmbedding", (HostEmbedding,), {"router": router})
-    return linear, embedding
+    return linear, head, embedding
 
 
 def swap_in(model: Any, router: ProductRouter) -> int:
@@ -132,11 +144,11 @@ def swap_in(model: Any, router: ProductRouter) -> int:
     keeps its own ``__call__``), or layers another router had taken;
     parameters, names and saving are unchanged.
     """
-    linear, embedding = layer_classes(router)
+    linear, head, embedding = layer_classes(router)
     swapped = 0
-    for _, module in model.named_modules():
+    for name, module in model.named_modules():
         if type(module) is nn.Linear or isinstance(module, HostLinear):
-            module.__class__ = linear
+            module.__class__ = head if name.rpartition(".")[2] == "lm_head" else linear
             swapped += 1
         elif type(module) is nn.Embedding or isinstance(module, HostEmbedding):
             module.__class__ = embedding
