@@ -33,6 +33,7 @@ from engine.grammar.output_grammars import OutputGrammars
 from engine.models.draft_model import speculation_mode
 from engine.models.loaded import LoadedModel
 from engine.models.sampling_defaults import model_sampling_defaults
+from engine.platform import heap
 from engine.platform.memory import read_memory
 from engine.runtime.engine_thread.agent_ops import AgentOps
 from engine.runtime.engine_thread.arrival_window import ArrivalWindow
@@ -368,6 +369,7 @@ class Engine:
         self.events.emit(EventKind.LOAD, f"engine ready: {self.loaded.model_id}, {self._pool.total_blocks} blocks; "
                          f"requests without a temperature sample with {self.sampling_defaults.describe()}")
         self._publish(force=True)
+        heap.settle()  # (after loading, before the first request: engine/platform/heap.py)
         self._ready.set()
         try:
             self._loop()
@@ -533,6 +535,7 @@ class Engine:
         scheduler.close()
         # Anything left in reference cycles is collected here, on the thread
         # whose stream made its arrays.
+        heap.release()
         gc.collect()
         mx.synchronize()
         # This thread's streams and compile cache (mlx.nn's activations are
