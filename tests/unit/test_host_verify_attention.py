@@ -126,3 +126,18 @@ def test_a_verification_on_the_host_gives_mlx_forward_logits_and_cache_writes(wi
         assert_same_caches(host_rows, mlx_rows)
     backend.detach(model)
     backend.close()
+
+
+def test_the_backends_warm_up_loads_the_verification_softmax_before_the_engine_is_ready() -> None:
+    """A fresh process: the loops a verification or a riding prompt chunk uses are loaded during the warm-up the
+    engine waits for, not on the first such step (a compile there stalled every agent for ~1 s after an
+    install, ~0.3 s on each start)."""
+    import subprocess
+    import sys
+
+    script = ("from engine.runtime.runner.backends.cpu import host_decode\n"
+              "from engine.runtime.runner.backends.cpu.softmax_kernel import softmax_rows_here\n"
+              "host_decode.warm_up()\n"
+              "print(len(softmax_rows_here.signatures))\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=True)
+    assert int(out.stdout.split()[-1]) >= 1, out.stderr

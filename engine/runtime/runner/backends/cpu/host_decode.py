@@ -65,6 +65,7 @@ def warm_up() -> None:
     several rows does not wait for it.
     """
     from engine.runtime.runner.backends.cpu import host_kernels
+    from engine.runtime.runner.backends.cpu.softmax_kernel import softmax_rows_here  # (verifications' and chunks')
     from engine.runtime.runner.backends.cpu.top_k_kernel import top_k_rows  # (sampling's: same compiler)
 
     alive: list[np.ndarray] = []
@@ -76,6 +77,7 @@ def warm_up() -> None:
     host_kernels.batch_rows(q, table, np.array([0, 1, 2]), np.zeros(2, dtype=np.int64), 1, out, 0, 2,
                             np.zeros((2, 1, 4), dtype=np.float32), np.zeros((2, 1, 4), dtype=np.float32), writes)
     top_k_rows(np.zeros((1, 4), dtype=np.float32), 2, np.empty((1, 2), dtype=np.int64))
+    softmax_rows_here(np.zeros((2, 4), dtype=np.float32), np.array([4, 1], dtype=np.int64))
 
 
 def worker_count() -> int:
