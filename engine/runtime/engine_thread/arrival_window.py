@@ -14,6 +14,8 @@ from __future__ import annotations
 
 
 class ArrivalWindow:
+    """Whether arrivals have been clustering, from the wakes of an idle engine and the requests after them."""
+
     def __init__(self, window_s: float) -> None:
         self.window_s = window_s
         self.clustering = True
@@ -28,8 +30,7 @@ class ArrivalWindow:
     def woke(self, first_at: float, waiting: int) -> float:
         """The idle engine got work: ``waiting`` requests, the first submitted at ``first_at``. The seconds to
         wait for more before stepping."""
-        if self._woke_at is not None:
-            self.clustering = self._followers > 0
+        followed = self._woke_at is None or self._followers > 0  # (the first wake counts as followed)
         self._woke_at, self._followers = first_at, waiting - 1
-        self.clustering = self.clustering or self._followers > 0
+        self.clustering = followed or waiting > 1
         return self.window_s if self.clustering else 0.0

@@ -101,9 +101,10 @@ class HostLinear(nn.Linear):
     """``nn.Linear`` whose products its router may take (see :func:`layer_classes`)."""
 
     router: ProductRouter
+    is_head = False
 
     def __call__(self, x: mx.array) -> mx.array:
-        out = self.router.few_rows(x, self["weight"])
+        out = self.router.few_rows(x, self["weight"], head=self.is_head)
         if out is None:
             return super().__call__(x)
         return out + self["bias"] if "bias" in self else out
@@ -112,11 +113,7 @@ class HostLinear(nn.Linear):
 class HostHead(HostLinear):
     """A model's output layer (``lm_head``): the router is told it is the head."""
 
-    def __call__(self, x: mx.array) -> mx.array:
-        out = self.router.few_rows(x, self["weight"], head=True)
-        if out is None:
-            return nn.Linear.__call__(self, x)
-        return out + self["bias"] if "bias" in self else out
+    is_head = True
 
 
 class HostEmbedding(nn.Embedding):
