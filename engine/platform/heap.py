@@ -1,13 +1,12 @@
 """A served process's long-lived objects, set aside from Python's cycle collector.
 
-From startup a server holds about a hundred thousand objects that live as long as it does (the model's
-modules, the tokenizer, the web stack), and every full collection walks them all: 66-98 ms a collection in a
-served DeepSeek V3-shape process on the 2-core x86 box, on whichever thread set it off, the engine's
-included, where every agent's next token waits for it. ``gc.freeze`` moves them to a permanent generation
-that collections skip; they are still freed by their reference counts. A full collection in an in-process
-engine on that model (~105,000 objects) 45-59 ms -> 14 ms; served, two rounds of 16 agents saw two 90 ms
-collections on the engine's thread, four rounds after it none. Before a model is unloaded they are
-let back in (:func:`release`), so that cycles among its objects are collected with it.
+From startup a process holds about a hundred thousand objects that live as long as it does (the model's
+modules, the tokenizer, the web stack), and every full collection walks them all, on whichever thread set it off,
+the engine's included, where every agent's next token waits for it. ``gc.freeze`` moves them to a permanent
+generation that collections skip; they are still freed by their reference counts. An in-process engine on the
+DeepSeek V3-shape folder (``bench.random_model``, the 2-core x86 box, medians of 5): a full collection 63-87 ms,
+14-19 ms once they are set aside. Before a model is unloaded they are let back in (:func:`release`), so that
+cycles among its objects are collected with it.
 """
 
 from __future__ import annotations

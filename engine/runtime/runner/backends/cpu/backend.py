@@ -302,8 +302,8 @@ class CpuBackend:
         8 rows of the DeepSeek V3 shape, 142-147 tok/s with the pass in every layer, 170-176 without (2 repeats),
         and the pass for the layers' larger products only (medians of 4) 112-124 against 219. The output head,
         the step's last product and a third of the weights read, takes the pass (``few_rows``'s ``head``):
-        DeepSeek V3 shape at 8 / 16 rows 192 / 273 -> 237 / 294 tok/s (6 repeats); GLM-4.7-Flash shape at 4 /
-        8 / 16 rows 100 / 159 / 262 -> 120 / 197 / 277 (4 repeats). A lone row keeps the pass everywhere.
+        DeepSeek V3 shape at 4 / 8 / 16 rows 136 / 234 / 363 -> 168 / 307 / 376 tok/s, GLM-4.7-Flash shape
+        128 / 210 / 318 -> 160 / 240 / 336 (medians of 4). A lone row keeps the pass everywhere.
         (In-process engine, N distinct prompts of 96 tokens each, the variants alternating in one process,
         bench.random_model's folders, the 2-core x86 box.)"""
         self._blas_step = True
